@@ -1,0 +1,211 @@
+"""The GPU and vGPU-profile catalogue: data (``catalog.json``) and pure look-ups.
+
+Used offline (``validate``), by the planner when SR-IOV is still off (no VF lists types yet), and
+by the simulator to build realistic hosts. A GPU missing here still works from what sysfs reports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+_PROFILE_NAME = re.compile(
+    r"^(?P<vendor>NVIDIA|GRID) (?P<gpu>\S+?)-(?:(?P<slices>\d)-)?(?P<size>\d+)(?P<series>[ABCQ])$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A vGPU profile (type) a GPU model offers."""
+
+    name: str  # "NVIDIA A2-4Q"
+    series: str  # A, B, C or Q
+    framebuffer_mib: int
+    max_instances: int  # per physical GPU
+    num_heads: int = 1
+    max_resolution: str = ""
+    frl_config: int = 60
+    mig: bool = False
+    gpu_instance_slices: int = 0
+
+    @property
+    def size_gb(self) -> int:
+        return self.framebuffer_mib // 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PciId:
+    vendor: str
+    device: str
+    subsystem_vendor: str = ""
+    subsystem_device: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    name: str  # "NVIDIA A2"
+    short: str  # "A2": the part profile names use
+    aliases: tuple[str, ...]
+    architecture: str
+    pci_ids: tuple[PciId, ...]
+    framebuffer_mib: int
+    vfs: int
+    vf_offset: int
+    vf_stride: int
+    gpus_per_board: int
+    multi_vgpu_series: tuple[str, ...] | None  # None: not known
+    first_type_id: int
+    profiles: tuple[Profile, ...]
+
+    def profile(self, name: str) -> Profile | None:
+        for p in self.profiles:
+            if p.name == name:
+                return p
+        return None
+
+    @property
+    def time_sliced_profiles(self) -> tuple[Profile, ...]:
+        return tuple(p for p in self.profiles if not p.mig)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedProfileName:
+    """What a profile name alone says: ``NVIDIA A2-4Q`` → gpu ``A2``, 4 GB, series Q."""
+
+    name: str
+    gpu: str
+    size_gb: int
+    series: str
+    mig_slices: int = 0
+
+
+def parse_profile_name(name: str) -> ParsedProfileName | None:
+    m = _PROFILE_NAME.match(name)
+    if m is None:
+        return None
+    return ParsedProfileName(
+        name=name,
+        gpu=m["gpu"],
+        size_gb=int(m["size"]),
+        series=m["series"],
+        mig_slices=int(m["slices"] or 0),
+    )
+
+
+def long_profile_name(name: str) -> str:
+    """``A2-4Q`` → ``NVIDIA A2-4Q``; names that already carry a vendor prefix are kept."""
+    name = " ".join(name.split())
+    if name.startswith(("NVIDIA ", "GRID ")):
+        return name
+    return f"NVIDIA {name}"
+
+
+def _load_models(raw: Mapping[str, object]) -> tuple[GpuModel, ...]:
+    models = []
+    for m in raw["models"]:  # type: ignore[attr-defined]
+        models.append(
+            GpuModel(
+                name=m["name"],
+                short=m["short"],
+                aliases=tuple(m.get("aliases", [])),
+                architecture=m.get("architecture", ""),
+                pci_ids=tuple(
+                    PciId(
+                        vendor=i["vendor"],
+                        device=i["device"],
+                        subsystem_vendor=i.get("subsystemVendor", ""),
+                        subsystem_device=i.get("subsystemDevice", ""),
+                    )
+                    for i in m["pciIds"]
+                ),
+                framebuffer_mib=m["framebufferMiB"],
+                vfs=m["vfs"],
+                vf_offset=m["vfOffset"],
+                vf_stride=m["vfStride"],
+                gpus_per_board=m.get("gpusPerBoard", 1),
+                multi_vgpu_series=None
+                if m.get("multiVgpuSeries") is None
+                else tuple(m["multiVgpuSeries"]),
+                first_type_id=m.get("firstTypeId", 1),
+                profiles=tuple(
+                    Profile(
+                        name=p["name"],
+                        series=p["series"],
+                        framebuffer_mib=p["framebufferMiB"],
+                        max_instances=p["maxInstances"],
+                        num_heads=p.get("numHeads", 1),
+                        max_resolution=p.get("maxResolution", ""),
+                        frl_config=p.get("frlConfig", 60),
+                        mig=p.get("mig", False),
+                        gpu_instance_slices=p.get("gpuInstanceSlices", 0),
+                    )
+                    for p in m["profiles"]
+                ),
+            )
+        )
+    return tuple(models)
+
+
+class Catalog:
+    """Look-ups over the model list; build one from data with :meth:`from_json`."""
+
+    def __init__(self, models: tuple[GpuModel, ...]) -> None:
+        self.models = models
+        self._by_profile: dict[str, tuple[GpuModel, Profile]] = {}
+        self._by_key: dict[str, GpuModel] = {}
+        for m in models:
+            for p in m.profiles:
+                self._by_profile[p.name] = (m, p)
+            for key in (m.name, m.short, *m.aliases):
+                self._by_key[_norm(key)] = m
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, object]) -> Catalog:
+        return cls(_load_models(raw))
+
+    def model(self, name: str) -> GpuModel | None:
+        """By full name (``NVIDIA A2``), short name (``A2``) or alias (``A100-80GB``)."""
+        key = _norm(name)
+        if key.startswith("nvidia "):
+            key_short = key.removeprefix("nvidia ")
+            return self._by_key.get(key) or self._by_key.get(key_short)
+        return self._by_key.get(key)
+
+    def model_for_ids(
+        self, vendor: str, device: str, subsystem_vendor: str = "", subsystem_device: str = ""
+    ) -> GpuModel | None:
+        """The model a PF's PCI ids name. Subsystem ids decide where devices share an id (A2/A16)."""
+        vendor, device = vendor.lower(), device.lower()
+        by_device = [
+            (m, i) for m in self.models for i in m.pci_ids if (i.vendor, i.device) == (vendor, device)
+        ]
+        exact = [
+            m
+            for m, i in by_device
+            if i.subsystem_device and i.subsystem_device == subsystem_device.lower()
+        ]
+        if exact:
+            return exact[0]
+        candidates = {m.name: m for m, _ in by_device}
+        return next(iter(candidates.values())) if len(candidates) == 1 else None
+
+    def profile(self, name: str) -> tuple[GpuModel, Profile] | None:
+        return self._by_profile.get(name)
+
+    def model_names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+
+def _norm(name: str) -> str:
+    return " ".join(name.lower().replace("_", " ").split())
+
+
+@cache
+def default_catalog() -> Catalog:
+    """The catalogue shipped with the package."""
+    text = resources.files(__package__).joinpath("catalog.json").read_text(encoding="utf-8")
+    return Catalog.from_json(json.loads(text))

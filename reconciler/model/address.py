@@ -1,0 +1,76 @@
+"""PCI addresses (``domain:bus:slot.function``), validated once at the boundary.
+
+Every address that reaches a sysfs path or a command line has been through
+:meth:`PciAddress.parse`, so a hostile string such as ``../../x`` never becomes a path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import total_ordering
+
+_PATTERN = re.compile(
+    r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-1][0-9a-fA-F])\.(?P<function>[0-7])$"
+)
+
+
+@total_ordering
+@dataclass(frozen=True, slots=True)
+class PciAddress:
+    """A PCI function address. Orders numerically; prints in the kernel's lower-case form."""
+
+    domain: int
+    bus: int
+    slot: int
+    function: int
+
+    @classmethod
+    def parse(cls, text: str) -> PciAddress:
+        """Parse ``0000:08:00.4``; raise ``ValueError`` naming the expected form otherwise."""
+        m = _PATTERN.match(text.strip()) if isinstance(text, str) else None
+        if m is None or int(m["slot"], 16) > 0x1F:
+            raise ValueError(
+                f"invalid PCI address {text!r}: expected domain:bus:slot.function "
+                "such as 0000:08:00.4"
+            )
+        return cls(int(m["domain"], 16), int(m["bus"], 16), int(m["slot"], 16), int(m["function"]))
+
+    @classmethod
+    def is_valid(cls, text: str) -> bool:
+        try:
+            cls.parse(text)
+        except ValueError:
+            return False
+        return True
+
+    @classmethod
+    def from_routing_id(cls, domain: int, routing_id: int) -> PciAddress:
+        """The address of ``bus << 8 | devfn``: how the kernel places VFs (offset and stride)."""
+        bus, devfn = divmod(routing_id, 0x100)
+        if bus > 0xFF:
+            raise ValueError(f"routing id {routing_id:#x} is beyond bus 0xff")
+        return cls(domain, bus, devfn >> 3, devfn & 0x7)
+
+    @property
+    def routing_id(self) -> int:
+        return (self.bus << 8) | (self.slot << 3) | self.function
+
+    @property
+    def compact(self) -> str:
+        """The address without punctuation, as Harvester's object names use it (``000008004``)."""
+        return f"{self.domain:04x}{self.bus:02x}{self.slot:02x}{self.function:x}"
+
+    def __str__(self) -> str:
+        return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+
+    def __repr__(self) -> str:
+        return f"PciAddress({str(self)!r})"
+
+    def _key(self) -> tuple[int, int, int, int]:
+        return (self.domain, self.bus, self.slot, self.function)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, PciAddress):
+            return NotImplemented
+        return self._key() < other._key()

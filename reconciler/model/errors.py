@@ -1,0 +1,79 @@
+"""One exception root, subclassed by phase and by retryability.
+
+Third-party exceptions are wrapped at the boundary where they occur; the CLI turns a
+:class:`ReconcilerError` into a one-line message and an exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One located problem: ``file:line:col: message`` when the location is known."""
+
+    message: str
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        if self.file is None:
+            return self.message
+        if self.line is None:
+            return f"{self.file}: {self.message}"
+        return f"{self.file}:{self.line}:{self.column or 1}: {self.message}"
+
+
+class ReconcilerError(Exception):
+    """Root of every error the engine raises on purpose."""
+
+    #: Whether running again later may succeed without a change of input.
+    transient: bool = False
+
+    def __init__(self, message: str, problems: Sequence[Problem] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.problems: tuple[Problem, ...] = tuple(problems)
+
+    def lines(self) -> list[str]:
+        """What a user should read: each problem on its own line, else the message."""
+        return [str(p) for p in self.problems] or [self.message]
+
+
+class UsageError(ReconcilerError):
+    """The command line itself is wrong."""
+
+
+class ValidationError(ReconcilerError):
+    """The desired state is malformed or impossible (offline checks)."""
+
+
+class ObserveError(ReconcilerError):
+    """The host (or cluster) could not be read."""
+
+
+class PlanError(ReconcilerError):
+    """The desired state cannot be reached on the observed host."""
+
+
+class ApplyError(ReconcilerError):
+    """An action failed on the host."""
+
+
+class TransientError(ReconcilerError):
+    """Worth retrying with a delay (busy device, timeout, conflict)."""
+
+    transient = True
+
+
+class LockHeldError(ApplyError):
+    """Another apply holds the node lock."""
+
+    transient = True
+
+
+class ConflictError(TransientError):
+    """An optimistic-concurrency write lost a race (resourceVersion)."""

@@ -1,0 +1,245 @@
+"""What a host is observed to have: GPUs, their VFs, vGPU types and existing vGPUs.
+
+An :class:`Inventory` is built by ``observe`` (from sysfs) or loaded from inventory JSON
+(``schemas/inventory.schema.json``). It is immutable; its :meth:`Inventory.fingerprint` lets a
+saved plan detect that the host changed since it was made.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.model.address import PciAddress
+
+
+class Interface(enum.StrEnum):
+    """How vGPUs are made on a GPU (DOMAIN.md §3)."""
+
+    MDEV = "mdev"
+    VFIO = "vfio"  # NVIDIA vendor-specific VFIO (vGPU 17+, kernel 6.8+)
+    NONE = "none"  # SR-IOV is off: no VF exposes an interface yet
+
+
+@dataclass(frozen=True, slots=True)
+class VGPUType:
+    """A vGPU type as the driver offers it on a GPU (same on every VF of that GPU)."""
+
+    name: str  # "NVIDIA A2-4Q": the stable key; type ids vary by driver branch
+    type_id: str  # "nvidia-745" (mdev) or "745" (vfio)
+    framebuffer_mib: int
+    max_instance: int  # per physical GPU
+    num_heads: int = 0
+    max_resolution: str = ""
+    frl_config: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "id": self.type_id,
+            "framebufferMiB": self.framebuffer_mib,
+            "maxInstances": self.max_instance,
+            "numHeads": self.num_heads,
+            "maxResolution": self.max_resolution,
+            "frlConfig": self.frl_config,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> VGPUType:
+        return cls(
+            name=str(raw["name"]),
+            type_id=str(raw.get("id", "")),
+            framebuffer_mib=int(raw["framebufferMiB"]),
+            max_instance=int(raw["maxInstances"]),
+            num_heads=int(raw.get("numHeads", 0)),
+            max_resolution=str(raw.get("maxResolution", "")),
+            frl_config=int(raw.get("frlConfig", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class VGPU:
+    """A vGPU that exists on a VF (an mdev, or a configured VF on the vfio interface)."""
+
+    uuid: str  # mdev UUID; on vfio the VF address stands in
+    type_name: str
+    in_use: bool = False  # held by a VM: never removed
+    holder: str = ""  # who holds it, when known (a VM name, a process)
+
+
+@dataclass(frozen=True, slots=True)
+class Vf:
+    """A virtual function of a GPU, in numeric ``virtfn`` order."""
+
+    address: PciAddress
+    index: int
+    vgpu: VGPU | None = None
+    #: Names of the types that can be created on this VF now (``available_instances`` > 0).
+    creatable: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """An NVIDIA physical function that supports SR-IOV vGPU."""
+
+    address: PciAddress
+    vendor_id: str  # "10de"
+    device_id: str  # "25b6"
+    subsystem_vendor_id: str = ""
+    subsystem_device_id: str = ""
+    model: str | None = None  # "NVIDIA A2" when the catalogue knows the ids
+    interface: Interface = Interface.NONE
+    total_vfs: int = 0
+    num_vfs: int = 0
+    vf_offset: int = 0
+    vf_stride: int = 1
+    vfs: tuple[Vf, ...] = ()
+    #: The types the driver offers on this GPU's VFs (empty while SR-IOV is off).
+    types: tuple[VGPUType, ...] = ()
+    driver: str = ""
+
+    @property
+    def sriov_enabled(self) -> bool:
+        return self.num_vfs > 0
+
+    def type_named(self, name: str) -> VGPUType | None:
+        for t in self.types:
+            if t.name == name:
+                return t
+        return None
+
+    def vf(self, key: PciAddress | int) -> Vf | None:
+        for v in self.vfs:
+            if (v.index if isinstance(key, int) else v.address) == key:
+                return v
+        return None
+
+    def predicted_vf_address(self, index: int) -> PciAddress:
+        """Where VF ``index`` will appear, from the PF's ``sriov_offset``/``sriov_stride``.
+
+        This is the kernel's own computation; the executor still re-reads the ``virtfn`` link
+        after enabling and refuses to act if the two disagree.
+        """
+        return PciAddress.from_routing_id(
+            self.address.domain, self.address.routing_id + self.vf_offset + index * self.vf_stride
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """Everything observed on one node's host."""
+
+    node: str
+    gpus: tuple[Gpu, ...] = ()
+    sysfs_root: str = "/sys"
+    #: Extra facts that do not affect planning (driver version, notes); not fingerprinted.
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def gpu(self, address: PciAddress) -> Gpu | None:
+        for g in self.gpus:
+            if g.address == address:
+                return g
+        return None
+
+    def owner_of_vf(self, address: PciAddress) -> Gpu | None:
+        for g in self.gpus:
+            if any(v.address == address for v in g.vfs):
+                return g
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The inventory contract (``schemas/inventory.schema.json``)."""
+        return {
+            "node": self.node,
+            "sysfsRoot": self.sysfs_root,
+            "gpus": [_gpu_json(g) for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Inventory:
+        return cls(
+            node=str(raw["node"]),
+            sysfs_root=str(raw.get("sysfsRoot", "/sys")),
+            gpus=tuple(_gpu_from_json(g) for g in raw.get("gpus", [])),
+        )
+
+    def fingerprint(self) -> str:
+        """A digest of everything planning depends on (not the sysfs root's path)."""
+        doc = self.to_json()
+        doc.pop("sysfsRoot")
+        blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _gpu_json(g: Gpu) -> dict[str, Any]:
+    return {
+        "address": str(g.address),
+        "vendorId": g.vendor_id,
+        "deviceId": g.device_id,
+        "subsystemVendorId": g.subsystem_vendor_id,
+        "subsystemDeviceId": g.subsystem_device_id,
+        "model": g.model,
+        "interface": g.interface.value,
+        "driver": g.driver,
+        "sriov": {
+            "totalVFs": g.total_vfs,
+            "numVFs": g.num_vfs,
+            "vfOffset": g.vf_offset,
+            "vfStride": g.vf_stride,
+        },
+        "vgpuTypes": [t.to_json() for t in g.types],
+        "vfs": [
+            {
+                "address": str(v.address),
+                "index": v.index,
+                "vgpu": None
+                if v.vgpu is None
+                else {"type": v.vgpu.type_name, "uuid": v.vgpu.uuid, "holder": v.vgpu.holder},
+                "creatableTypes": sorted(v.creatable),
+                "inUse": bool(v.vgpu and v.vgpu.in_use),
+            }
+            for v in g.vfs
+        ],
+    }
+
+
+def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
+    sriov = raw.get("sriov", {})
+    vfs = []
+    for v in raw.get("vfs", []):
+        vg = v.get("vgpu")
+        vfs.append(
+            Vf(
+                address=PciAddress.parse(v["address"]),
+                index=int(v["index"]),
+                vgpu=None
+                if vg is None
+                else VGPU(
+                    uuid=str(vg["uuid"]),
+                    type_name=str(vg["type"]),
+                    in_use=bool(v.get("inUse", False)),
+                    holder=str(vg.get("holder", "")),
+                ),
+                creatable=frozenset(v.get("creatableTypes", [])),
+            )
+        )
+    return Gpu(
+        address=PciAddress.parse(raw["address"]),
+        vendor_id=str(raw.get("vendorId", "10de")),
+        device_id=str(raw.get("deviceId", "")),
+        subsystem_vendor_id=str(raw.get("subsystemVendorId", "")),
+        subsystem_device_id=str(raw.get("subsystemDeviceId", "")),
+        model=raw.get("model"),
+        interface=Interface(raw.get("interface", "none")),
+        driver=str(raw.get("driver", "")),
+        total_vfs=int(sriov.get("totalVFs", 0)),
+        num_vfs=int(sriov.get("numVFs", 0)),
+        vf_offset=int(sriov.get("vfOffset", 0)),
+        vf_stride=int(sriov.get("vfStride", 1)),
+        vfs=tuple(sorted(vfs, key=lambda x: x.index)),
+        types=tuple(VGPUType.from_json(t) for t in raw.get("vgpuTypes", [])),
+    )

@@ -1,0 +1,1 @@
+"""The continuous reconcile loop (``vgpuctl watch``). Built in a later issue."""
