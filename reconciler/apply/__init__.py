@@ -1,1 +1,69 @@
-"""(placeholder: filled in by its owner)"""
+"""Apply: the only layer that changes a host.
+
+Ports (:mod:`~reconciler.apply.ports`) for sysfs writes, commands and host drivers; the real
+adapters (:class:`ConfinedSysfsWriter`, :class:`SubprocessRunner`, :class:`MdevDriver`); the
+idempotent :func:`execute`; and the per-node :class:`NodeLock` and :class:`Journal`.
+"""
+
+from reconciler.apply.errors import (
+    CommandFailedError,
+    CommandNotExecutableError,
+    CommandNotFoundError,
+    CommandTimeoutError,
+    DeviceBusyError,
+    DriverRefusedError,
+    HostChangedError,
+    PathEscapeError,
+    VerificationError,
+)
+from reconciler.apply.executor import (
+    SKIPPED_NOT_HOST,
+    ApplyCounts,
+    ApplyResult,
+    Outcome,
+    OutcomeStatus,
+    execute,
+)
+from reconciler.apply.journal import Journal, JournalRecord, Phase
+from reconciler.apply.lock import NodeLock
+from reconciler.apply.mdev import MdevDriver, checked_uuid
+from reconciler.apply.ports import (
+    CommandResult,
+    CommandRunner,
+    HostDriver,
+    HostedVGPU,
+    SysfsWriter,
+)
+from reconciler.apply.runner import SubprocessRunner
+from reconciler.apply.sysfs import ConfinedSysfsWriter
+
+__all__ = [
+    "SKIPPED_NOT_HOST",
+    "ApplyCounts",
+    "ApplyResult",
+    "CommandFailedError",
+    "CommandNotExecutableError",
+    "CommandNotFoundError",
+    "CommandResult",
+    "CommandRunner",
+    "CommandTimeoutError",
+    "ConfinedSysfsWriter",
+    "DeviceBusyError",
+    "DriverRefusedError",
+    "HostChangedError",
+    "HostDriver",
+    "HostedVGPU",
+    "Journal",
+    "JournalRecord",
+    "MdevDriver",
+    "NodeLock",
+    "Outcome",
+    "OutcomeStatus",
+    "PathEscapeError",
+    "Phase",
+    "SubprocessRunner",
+    "SysfsWriter",
+    "VerificationError",
+    "checked_uuid",
+    "execute",
+]

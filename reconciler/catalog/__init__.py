@@ -178,10 +178,13 @@ class Catalog:
     def model_for_ids(
         self, vendor: str, device: str, subsystem_vendor: str = "", subsystem_device: str = ""
     ) -> GpuModel | None:
-        """The model a PF's PCI ids name. Subsystem ids decide where devices share an id (A2/A16)."""
+        """The model a PF's PCI ids name; subsystem ids decide where ids are shared (A2/A16)."""
         vendor, device = vendor.lower(), device.lower()
         by_device = [
-            (m, i) for m in self.models for i in m.pci_ids if (i.vendor, i.device) == (vendor, device)
+            (m, i)
+            for m in self.models
+            for i in m.pci_ids
+            if (i.vendor, i.device) == (vendor, device)
         ]
         exact = [
             m

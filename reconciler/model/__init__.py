@@ -17,7 +17,7 @@ from reconciler.model.errors import (
     UsageError,
     ValidationError,
 )
-from reconciler.model.inventory import Gpu, Interface, Inventory, Vf, VGPU, VGPUType
+from reconciler.model.inventory import VGPU, Gpu, Interface, Inventory, Vf, VGPUType
 from reconciler.model.plan import Action, ActionKind, Blocked, Noop, Plan, Summary
 
 __all__ = [

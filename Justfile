@@ -1,0 +1,42 @@
+# vgpuctl tasks. `just --list` shows them.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+python := env_var_or_default("PYTHON", "python3")
+
+# Build a simulated A2 node (the seed's), plan, apply, show status, re-plan to "No changes."
+demo:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    dir=$(mktemp -d -t vgpuctl-demo.XXXXXX)
+    trap 'rm -rf "$dir"' EXIT
+    export VGPUCTL_NODE=harvester-kgd9c
+    host=(--sysfs-root "$dir/sys" --sriov-manage "$dir/bin/sriov-manage")
+    say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
+    say vgpuctl sim init "$dir" --gpu A2@0000:08:00.0
+    vgpuctl sim init "$dir" --gpu A2@0000:08:00.0
+    say vgpuctl validate desired-state/harvester-kgd9c.yaml
+    vgpuctl validate desired-state/harvester-kgd9c.yaml
+    say vgpuctl plan desired-state/harvester-kgd9c.yaml
+    vgpuctl plan desired-state/harvester-kgd9c.yaml "${host[@]}"
+    say vgpuctl apply desired-state/harvester-kgd9c.yaml --yes
+    vgpuctl apply desired-state/harvester-kgd9c.yaml --yes "${host[@]}"
+    say vgpuctl status
+    vgpuctl status "${host[@]}"
+    say vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode
+    vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode "${host[@]}"
+
+# Lint and type-check, then run the whole test suite.
+test: lint
+    {{python}} -m pytest -q -n auto
+
+# ruff, mypy --strict and the import-linter layer contracts.
+lint:
+    {{python}} -m ruff check reconciler tests
+    {{python}} -m ruff format --check reconciler tests
+    {{python}} -m mypy --strict reconciler
+    lint-imports
+
+# Benchmarks; results as JSON in bench-results.json (and on stdout).
+bench:
+    {{python}} tests/bench/run.py --out bench-results.json

@@ -1,0 +1,49 @@
+"""Why an apply step failed, sorted by how the caller handles it.
+
+All are ``ApplyError`` (the apply phase); ``transient`` ones may succeed if run again later
+without a change of input (a VM lets go of a vGPU, a slow command finishes next time).
+"""
+
+from __future__ import annotations
+
+from reconciler.model import ApplyError
+
+
+class PathEscapeError(ApplyError):
+    """A sysfs write was refused: its path is absolute, has ``..``, or resolves outside the root."""
+
+
+class CommandNotFoundError(ApplyError):
+    """The program to run does not exist."""
+
+
+class CommandNotExecutableError(ApplyError):
+    """The program exists but cannot be executed."""
+
+
+class CommandTimeoutError(ApplyError):
+    """The program did not finish in time; it was killed with its whole process group."""
+
+    transient = True
+
+
+class CommandFailedError(ApplyError):
+    """The program ran and exited non-zero."""
+
+
+class DeviceBusyError(ApplyError):
+    """The device is in use (a VM holds the vGPU): nothing was changed."""
+
+    transient = True
+
+
+class DriverRefusedError(ApplyError):
+    """The kernel driver rejected a write (errno explained in the message)."""
+
+
+class HostChangedError(ApplyError):
+    """The host is not what the plan was made from: re-plan rather than guess."""
+
+
+class VerificationError(ApplyError):
+    """The action ran but its effect never became visible within the bounded wait."""

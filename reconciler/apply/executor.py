@@ -1,0 +1,571 @@
+"""The executor: runs a plan's actions in order, idempotently, and reports each outcome.
+
+For every action it journals an intent, re-reads the exact state the action depends on (the
+effect already there → a no-op with its reason; the host not as planned → a clear failure
+instead of a guess), acts through the :class:`~reconciler.apply.ports.HostDriver`, then waits a
+bounded time for the effect to become visible, because a driver may report success having done
+nothing (``sriov-manage`` exiting 0, DOMAIN.md §2). The first failure stops the run.
+
+Steps are looked up in a table by :class:`~reconciler.model.ActionKind`; only host steps exist
+yet, and other kinds are recorded as skipped. Step logic speaks only the driver port, so a new
+host interface is a new driver, not a new executor.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from reconciler.apply.errors import HostChangedError, VerificationError
+from reconciler.apply.journal import RUN_KIND, Journal, Phase
+from reconciler.apply.ports import HostDriver
+from reconciler.model import (
+    Action,
+    ActionKind,
+    ApplyError,
+    PciAddress,
+    Plan,
+    Problem,
+    ReconcilerError,
+)
+
+
+class OutcomeStatus(enum.StrEnum):
+    DONE = "done"
+    NOOP = "noop"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one action, and why."""
+
+    action: Action
+    status: OutcomeStatus
+    message: str
+    #: For a failure: whether running again later may succeed unchanged (a VM let go, …).
+    transient: bool = False
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.action.seq,
+            "kind": self.action.kind.value,
+            "target": self.action.target,
+            "status": self.status.value,
+            "message": self.message,
+            "transient": self.transient,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyCounts:
+    done: int
+    noop: int
+    failed: int
+    skipped: int
+    not_run: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "done": self.done,
+            "noop": self.noop,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "notRun": self.not_run,
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"{self.done} done, {self.noop} no-op, {self.failed} failed, "
+            f"{self.skipped} skipped, {self.not_run} not run"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """Every attempted action's outcome in plan order; the actions after a failure, not run."""
+
+    node: str
+    run_id: str
+    outcomes: tuple[Outcome, ...]
+    not_run: tuple[Action, ...] = ()
+
+    @property
+    def failed(self) -> Outcome | None:
+        for o in self.outcomes:
+            if o.status is OutcomeStatus.FAILED:
+                return o
+        return None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+    @property
+    def changed(self) -> bool:
+        return any(o.status is OutcomeStatus.DONE for o in self.outcomes)
+
+    @property
+    def counts(self) -> ApplyCounts:
+        def n(status: OutcomeStatus) -> int:
+            return sum(1 for o in self.outcomes if o.status is status)
+
+        return ApplyCounts(
+            done=n(OutcomeStatus.DONE),
+            noop=n(OutcomeStatus.NOOP),
+            failed=n(OutcomeStatus.FAILED),
+            skipped=n(OutcomeStatus.SKIPPED),
+            not_run=len(self.not_run),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        failed = self.failed
+        return {
+            "node": self.node,
+            "run": self.run_id,
+            "ok": self.ok,
+            "outcomes": [o.to_json() for o in self.outcomes],
+            "failed": None if failed is None else failed.to_json(),
+            "notRun": [a.to_json() for a in self.not_run],
+            "counts": self.counts.to_json(),
+        }
+
+
+# -- steps --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    driver: HostDriver
+    verify_timeout: float
+    wait_until: Callable[[Callable[[], bool]], bool]
+
+
+class _Step(Protocol):
+    """One action's host logic. Constructed from the action (params checked then)."""
+
+    def precheck(self, ctx: _Context) -> str | None:
+        """Re-read the host: a no-op reason when the effect is there, ``None`` to act.
+
+        Raises ``ApplyError`` when the host is not as the plan expects.
+        """
+        ...
+
+    def act(self, ctx: _Context) -> None: ...
+
+    def visible(self, ctx: _Context) -> bool:
+        """Whether the effect can be seen on the host now."""
+        ...
+
+    def unverified(self, ctx: _Context) -> str:
+        """Why the effect never showed (called after the bounded wait ran out)."""
+        ...
+
+    def done(self) -> str: ...
+
+
+class _BadParams(Exception):
+    """An action's params do not fit its kind (collected for every action before any runs)."""
+
+
+def _param(action: Action, name: str, kind: type[Any]) -> Any:
+    value = action.params.get(name)
+    # bool is an int: a vfIndex of True is a mistake, not VF 1.
+    if (
+        value is None
+        or not isinstance(value, kind)
+        or (kind is int and isinstance(value, bool))
+        or (kind is str and not value)
+    ):
+        raise _BadParams(f"params.{name} must be {'an integer' if kind is int else 'a string'}")
+    return value
+
+
+def _address(text: object, what: str) -> PciAddress:
+    try:
+        return PciAddress.parse(str(text))
+    except ValueError as e:
+        raise _BadParams(f"{what}: {e}") from None
+
+
+def _gpu(action: Action) -> PciAddress:
+    return (
+        _address(action.params["gpu"], "params.gpu")
+        if "gpu" in action.params
+        else _address(action.target, "target")
+    )
+
+
+class _EnableStep:
+    def __init__(self, action: Action) -> None:
+        self.gpu = _gpu(action)
+        if _address(action.target, "target") != self.gpu:
+            raise _BadParams(f"target {action.target} is not params.gpu {self.gpu}")
+        self.want: int = _param(action, "numVFs", int)
+        if self.want < 1:
+            raise _BadParams("params.numVFs must be at least 1")
+
+    def _seen(self, ctx: _Context) -> tuple[int, int]:
+        return ctx.driver.num_vfs(self.gpu), len(ctx.driver.vf_addresses(self.gpu))
+
+    def precheck(self, ctx: _Context) -> str | None:
+        num, links = self._seen(ctx)
+        if num == links == self.want:
+            return f"already enabled ({num} VFs)"
+        if num and num != self.want:
+            raise HostChangedError(
+                f"{self.gpu} already has {num} VFs but the plan expects {self.want}: "
+                "the host changed since the plan was made; run plan again"
+            )
+        return None
+
+    def act(self, ctx: _Context) -> None:
+        ctx.driver.enable_sriov(self.gpu)
+
+    def visible(self, ctx: _Context) -> bool:
+        return self._seen(ctx) == (self.want, self.want)
+
+    def unverified(self, ctx: _Context) -> str:
+        num, links = self._seen(ctx)
+        return (
+            f"SR-IOV enable on {self.gpu} reported success but the VF count never appeared: "
+            f"expected {self.want} VFs within {ctx.verify_timeout:g} s, "
+            f"found sriov_numvfs {num} and {links} virtfn links"
+        )
+
+    def done(self) -> str:
+        return f"enabled {self.want} VFs"
+
+
+class _DisableStep:
+    def __init__(self, action: Action) -> None:
+        self.gpu = _gpu(action)
+        if _address(action.target, "target") != self.gpu:
+            raise _BadParams(f"target {action.target} is not params.gpu {self.gpu}")
+
+    def _seen(self, ctx: _Context) -> tuple[int, int]:
+        return ctx.driver.num_vfs(self.gpu), len(ctx.driver.vf_addresses(self.gpu))
+
+    def precheck(self, ctx: _Context) -> str | None:
+        if self._seen(ctx) == (0, 0):
+            return "already disabled"
+        # Disabling destroys every vGPU on the GPU; the plan removes them first, so one still
+        # there means the host changed (or a removal was blocked): never sweep it away.
+        for vf in ctx.driver.vf_addresses(self.gpu):
+            hosted = ctx.driver.vgpu_on(vf)
+            if hosted is not None:
+                raise HostChangedError(
+                    f"{self.gpu} still hosts vGPU {hosted.uuid} ({hosted.type_name}) on {vf}: "
+                    "not disabling SR-IOV under it; run plan again"
+                )
+        return None
+
+    def act(self, ctx: _Context) -> None:
+        ctx.driver.disable_sriov(self.gpu)
+
+    def visible(self, ctx: _Context) -> bool:
+        return self._seen(ctx) == (0, 0)
+
+    def unverified(self, ctx: _Context) -> str:
+        num, links = self._seen(ctx)
+        return (
+            f"SR-IOV disable on {self.gpu} reported success but VFs remained after "
+            f"{ctx.verify_timeout:g} s: sriov_numvfs {num}, {links} virtfn links"
+        )
+
+    def done(self) -> str:
+        return "disabled SR-IOV"
+
+
+class _CreateStep:
+    def __init__(self, action: Action) -> None:
+        self.vf = _address(action.target, "target")
+        self.gpu = _address(_param(action, "gpu", str), "params.gpu")
+        self.index: int = _param(action, "vfIndex", int)
+        if self.index < 0:
+            raise _BadParams("params.vfIndex must not be negative")
+        self.type_name: str = _param(action, "type", str)
+        self.uuid: str = _param(action, "uuid", str)
+
+    def precheck(self, ctx: _Context) -> str | None:
+        # The plan may have predicted this VF's address before SR-IOV was on; now the
+        # virtfn links say for sure. Acting on another VF than the one planned is a guess.
+        vfs = ctx.driver.vf_addresses(self.gpu)
+        if self.index >= len(vfs):
+            raise HostChangedError(
+                f"{self.gpu} has {len(vfs)} VFs, so VF index {self.index} ({self.vf}) does "
+                "not exist: is SR-IOV enabled?"
+            )
+        if vfs[self.index] != self.vf:
+            raise HostChangedError(
+                f"VF index {self.index} of {self.gpu} is {vfs[self.index]}, but the plan "
+                f"targets {self.vf}: refusing to guess; run plan again"
+            )
+        where = ctx.driver.vgpu_exists(self.uuid)
+        if where is not None and where != self.vf:
+            raise HostChangedError(
+                f"a vGPU with UUID {self.uuid} already exists on {where}: "
+                f"refusing to create a duplicate on {self.vf}"
+            )
+        hosted = ctx.driver.vgpu_on(self.vf)
+        if hosted == (self.uuid, self.type_name):
+            return f"already hosts that vGPU ({self.type_name} {self.uuid})"
+        if hosted is not None:
+            raise HostChangedError(
+                f"{self.vf} already hosts vGPU {hosted.uuid} ({hosted.type_name}), but the plan "
+                f"expects it empty for {self.type_name}: run plan again"
+            )
+        # Right after an enable the VFs exist before the vGPU manager has registered them.
+        if not ctx.wait_until(lambda: ctx.driver.vgpu_parent_ready(self.vf)):
+            raise VerificationError(
+                f"{self.vf} never offered vGPU types within {ctx.verify_timeout:g} s: "
+                "is the NVIDIA vGPU manager running?"
+            )
+        return None
+
+    def act(self, ctx: _Context) -> None:
+        ctx.driver.create_vgpu(
+            gpu=self.gpu, vf=self.vf, vf_index=self.index, type_name=self.type_name, uuid=self.uuid
+        )
+
+    def visible(self, ctx: _Context) -> bool:
+        return ctx.driver.vgpu_on(self.vf) == (self.uuid, self.type_name)
+
+    def unverified(self, ctx: _Context) -> str:
+        hosted = ctx.driver.vgpu_on(self.vf)
+        seen = "no vGPU" if hosted is None else f"{hosted.type_name} {hosted.uuid}"
+        return (
+            f"created {self.type_name} {self.uuid} on {self.vf}, but it did not appear within "
+            f"{ctx.verify_timeout:g} s (the VF shows {seen})"
+        )
+
+    def done(self) -> str:
+        return f"created {self.type_name} {self.uuid}"
+
+
+class _RemoveStep:
+    def __init__(self, action: Action) -> None:
+        self.vf = _address(action.target, "target")
+        self.gpu = _address(_param(action, "gpu", str), "params.gpu")
+        self.uuid: str = _param(action, "uuid", str)
+        type_name = action.params.get("type")
+        if type_name is not None and not isinstance(type_name, str):
+            raise _BadParams("params.type must be a string")
+        self.type_name: str | None = type_name
+
+    def precheck(self, ctx: _Context) -> str | None:
+        where = ctx.driver.vgpu_exists(self.uuid)
+        if where is None:
+            return "already gone"
+        if where != self.vf:
+            raise HostChangedError(
+                f"vGPU {self.uuid} is on {where}, not on {self.vf} as planned: run plan again"
+            )
+        hosted = ctx.driver.vgpu_on(self.vf)
+        if (
+            self.type_name is not None
+            and hosted is not None
+            and hosted.uuid == self.uuid
+            and hosted.type_name != self.type_name
+        ):
+            raise HostChangedError(
+                f"vGPU {self.uuid} on {self.vf} is {hosted.type_name}, but the plan expects "
+                f"{self.type_name}: run plan again"
+            )
+        return None
+
+    def act(self, ctx: _Context) -> None:
+        ctx.driver.remove_vgpu(gpu=self.gpu, vf=self.vf, uuid=self.uuid)
+
+    def visible(self, ctx: _Context) -> bool:
+        return ctx.driver.vgpu_exists(self.uuid) is None
+
+    def unverified(self, ctx: _Context) -> str:
+        return (
+            f"removed vGPU {self.uuid} from {self.vf}, but it was still there after "
+            f"{ctx.verify_timeout:g} s"
+        )
+
+    def done(self) -> str:
+        return f"removed {self.type_name or 'vGPU'} {self.uuid}"
+
+
+#: Which step carries out each kind. Kinds not here (CR writes, KubeVirt, device plugin) are
+#: recorded as skipped until their executors exist.
+_HOST_STEPS: Mapping[ActionKind, Callable[[Action], _Step]] = {
+    ActionKind.VGPU_REMOVE: _RemoveStep,
+    ActionKind.SRIOV_DISABLE: _DisableStep,
+    ActionKind.SRIOV_ENABLE: _EnableStep,
+    ActionKind.VGPU_CREATE: _CreateStep,
+}
+
+SKIPPED_NOT_HOST = "skipped: not a host action"
+
+#: Plan interfaces that name one host driver (a plan made while SR-IOV is off may say "none").
+_INTERFACES = frozenset({"mdev", "vfio"})
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def execute(
+    plan: Plan,
+    *,
+    driver: HostDriver,
+    journal: Journal,
+    verify_timeout: float = 60.0,
+    poll_interval: float = 0.05,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    run_id: str | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
+) -> ApplyResult:
+    """Apply ``plan`` through ``driver``, journaling each step; stop at the first failure.
+
+    ``on_outcome`` is told of each action's outcome as it happens (the CLI shows progress).
+
+    An action failure is an outcome in the result, not an exception. Raises ``ApplyError``
+    before touching anything when an action's params do not fit its kind, ``ValueError`` when
+    the plan's node or interface does not match the journal's or driver's, and lets unexpected
+    exceptions (bugs) through after journaling them.
+    """
+    if plan.node != journal.node:
+        raise ValueError(f"plan for node {plan.node} given a journal for node {journal.node}")
+    if plan.interface in _INTERFACES and plan.interface != driver.interface:
+        raise ValueError(
+            f"a plan for the {plan.interface} interface given the {driver.interface} driver"
+        )
+    steps = _prepare(plan)
+    run = run_id or journal.new_run_id()
+
+    def wait_until(predicate: Callable[[], bool]) -> bool:
+        deadline = clock() + verify_timeout
+        while not predicate():
+            now = clock()
+            if now >= deadline:
+                return False
+            sleep(max(0.0, min(poll_interval, deadline - now)))
+        return True
+
+    ctx = _Context(driver=driver, verify_timeout=verify_timeout, wait_until=wait_until)
+    journal.record(
+        run=run,
+        seq=0,
+        kind=RUN_KIND,
+        target=plan.node,
+        phase=Phase.START,
+        message=f"{len(plan.actions)} actions, interface {driver.interface}, "
+        f"observed {plan.observed_fingerprint}",
+    )
+    rec = _Recorder(journal, run)
+    outcomes: list[Outcome] = []
+    not_run: tuple[Action, ...] = ()
+    for i, action in enumerate(plan.actions):
+        step = steps.get(action.seq)
+        if step is None:
+            outcome = rec.outcome(action, OutcomeStatus.SKIPPED, SKIPPED_NOT_HOST)
+        else:
+            outcome = _run_step(rec, action, step, ctx=ctx, clock=clock)
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+        if outcome.status is OutcomeStatus.FAILED:
+            not_run = plan.actions[i + 1 :]
+            break
+    result = ApplyResult(node=plan.node, run_id=run, outcomes=tuple(outcomes), not_run=not_run)
+    journal.record(
+        run=run,
+        seq=0,
+        kind=RUN_KIND,
+        target=plan.node,
+        phase=Phase.END,
+        message=str(result.counts),
+    )
+    return result
+
+
+def _prepare(plan: Plan) -> dict[int, _Step]:
+    """Build every host step first, so a malformed plan fails before the host is touched."""
+    steps: dict[int, _Step] = {}
+    problems: list[Problem] = []
+    seen: set[int] = set()
+    for action in plan.actions:
+        if action.seq in seen:
+            problems.append(Problem(f"action {action.seq}: duplicate seq"))
+        seen.add(action.seq)
+        factory = _HOST_STEPS.get(action.kind)
+        if factory is None:
+            continue
+        try:
+            steps[action.seq] = factory(action)
+        except _BadParams as e:
+            problems.append(Problem(f"action {action.seq} ({action.kind} {action.target}): {e}"))
+    if problems:
+        raise ApplyError("the plan's actions are malformed; nothing was applied", problems)
+    return steps
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorder:
+    """Journals one run's records and turns outcomes into :class:`Outcome` values."""
+
+    journal: Journal
+    run: str
+
+    def intent(self, action: Action) -> None:
+        self._record(action, Phase.INTENT, action.reason)
+
+    def outcome(
+        self,
+        action: Action,
+        status: OutcomeStatus,
+        message: str,
+        *,
+        seconds: float = 0.0,
+        transient: bool = False,
+    ) -> Outcome:
+        self._record(action, Phase(status.value), message)
+        return Outcome(action, status, message, transient=transient, seconds=seconds)
+
+    def _record(self, action: Action, phase: Phase, message: str) -> None:
+        self.journal.record(
+            run=self.run,
+            seq=action.seq,
+            kind=action.kind.value,
+            target=action.target,
+            phase=phase,
+            message=message,
+        )
+
+
+def _run_step(
+    rec: _Recorder, action: Action, step: _Step, *, ctx: _Context, clock: Callable[[], float]
+) -> Outcome:
+    rec.intent(action)
+    started = clock()
+    try:
+        noop = step.precheck(ctx)
+        if noop is not None:
+            return rec.outcome(action, OutcomeStatus.NOOP, noop, seconds=clock() - started)
+        step.act(ctx)
+        if not ctx.wait_until(lambda: step.visible(ctx)):
+            raise VerificationError(step.unverified(ctx))
+    except ReconcilerError as e:
+        return rec.outcome(
+            action,
+            OutcomeStatus.FAILED,
+            e.message,
+            seconds=clock() - started,
+            transient=e.transient,
+        )
+    except Exception as e:
+        # A bug, not a host condition: leave evidence for the crash-repair story, then raise.
+        rec.outcome(action, OutcomeStatus.FAILED, f"internal error: {e!r}")
+        raise
+    return rec.outcome(action, OutcomeStatus.DONE, step.done(), seconds=clock() - started)

@@ -1,0 +1,254 @@
+"""The mdev host driver (DOMAIN.md §2, §3a): ``sriov-manage`` for VFs, mdev sysfs for vGPUs.
+
+Writes go through a :class:`~reconciler.apply.ports.SysfsWriter` (the confined real writer, or
+the simulator's kernel emulation) and commands through a
+:class:`~reconciler.apply.ports.CommandRunner`; reads are plain file reads under the same root.
+Kernel errnos become messages an operator can act on.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import uuid as uuidlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final, NoReturn
+
+from reconciler.apply.errors import (
+    CommandFailedError,
+    CommandNotExecutableError,
+    CommandNotFoundError,
+    DeviceBusyError,
+    DriverRefusedError,
+    HostChangedError,
+)
+from reconciler.apply.ports import CommandRunner, HostedVGPU, SysfsWriter
+from reconciler.apply.sysfs import SysfsReader
+from reconciler.model import ApplyError, PciAddress
+
+_VIRTFN = re.compile(r"^virtfn(\d+)$")
+#: How many trailing lines of a failed command's output go into the message.
+_OUTPUT_LINES = 5
+
+
+def checked_uuid(text: str) -> str:
+    """Return ``text`` if it is a UUID in canonical lower-case form; raise ``ApplyError`` else.
+
+    Only such a string may become a sysfs path component or a value written to ``create``.
+    """
+    try:
+        canonical = str(uuidlib.UUID(text))
+    except (ValueError, TypeError, AttributeError):
+        canonical = None
+    if canonical != text:
+        raise ApplyError(
+            f"invalid vGPU UUID {text!r}: expected the canonical lower-case form, "
+            "e.g. 2b1c6e1a-8d3f-5b7e-9a40-1c2d3e4f5a6b"
+        )
+    return text
+
+
+def _is_uuid(name: str) -> bool:
+    try:
+        return str(uuidlib.UUID(name)) == name
+    except ValueError:
+        return False
+
+
+class MdevDriver:
+    """:class:`~reconciler.apply.ports.HostDriver` for GPUs whose VFs are mdev parents."""
+
+    interface: Final = "mdev"
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: Path,
+        writer: SysfsWriter,
+        runner: CommandRunner,
+        sriov_manage: Sequence[str],
+        command_timeout: float = 300.0,
+    ) -> None:
+        if isinstance(sriov_manage, str) or not sriov_manage:
+            raise ValueError("sriov_manage must be a non-empty argv prefix (a list), not a string")
+        self._read = SysfsReader(sysfs_root)
+        self._writer = writer
+        self._runner = runner
+        self._sriov_manage = tuple(str(a) for a in sriov_manage)
+        self._command_timeout = command_timeout
+
+    # -- SR-IOV -----------------------------------------------------------------------------
+
+    def enable_sriov(self, gpu: PciAddress) -> None:
+        self._run_sriov_manage("-e", gpu)
+
+    def disable_sriov(self, gpu: PciAddress) -> None:
+        self._run_sriov_manage("-d", gpu)
+
+    def _run_sriov_manage(self, flag: str, gpu: PciAddress) -> None:
+        argv = [*self._sriov_manage, flag, str(gpu)]
+        what = f"{os.path.basename(self._sriov_manage[-1])} {flag} {gpu}"
+        try:
+            result = self._runner.run(argv, timeout=self._command_timeout)
+        except (CommandNotFoundError, CommandNotExecutableError) as e:
+            raise type(e)(f"{e.message}: set --sriov-manage") from e
+        if result.returncode != 0:
+            raise CommandFailedError(
+                f"{what} failed (exit {result.returncode}): "
+                f"{_tail(result.stderr) or _tail(result.stdout) or 'no output'}"
+            )
+
+    # -- vGPUs ------------------------------------------------------------------------------
+
+    def create_vgpu(
+        self, *, gpu: PciAddress, vf: PciAddress, vf_index: int, type_name: str, uuid: str
+    ) -> None:
+        uuid = checked_uuid(uuid)
+        offered = self._offered_types(vf)
+        if not offered:
+            raise DriverRefusedError(
+                f"{vf} (VF {vf_index} of {gpu}) offers no vGPU types (no mdev_supported_types): "
+                "is SR-IOV enabled and the NVIDIA vGPU manager running?"
+            )
+        type_dir = offered.get(type_name)
+        if type_dir is None:
+            raise DriverRefusedError(
+                f"{type_name} is not offered on {vf}; it offers: {', '.join(sorted(offered))}"
+            )
+        rel = f"bus/pci/devices/{vf}/mdev_supported_types/{type_dir}"
+        try:
+            self._writer.write(f"{rel}/create", uuid)
+        except OSError as e:
+            self._explain_create(e, vf=vf, type_name=type_name, uuid=uuid, type_rel=rel)
+
+    def _explain_create(
+        self, e: OSError, *, vf: PciAddress, type_name: str, uuid: str, type_rel: str
+    ) -> NoReturn:
+        code = e.errno
+        if code in (errno.EINVAL, errno.ENOSPC, errno.EDQUOT):
+            available = self._available_instances(type_rel)
+            if available == 0:
+                detail = (
+                    "no available instance: available_instances is 0 (the VF already hosts a "
+                    "vGPU, the GPU hosts vGPUs of another size, or the profile's maximum is "
+                    "reached)"
+                )
+            else:
+                detail = f"{_errno_text(e)}; available_instances is {available}"
+            raise DriverRefusedError(
+                f"the driver refused to create {type_name} on {vf} ({detail})"
+            ) from e
+        if code == errno.EEXIST:
+            raise HostChangedError(
+                f"the driver refused to create {type_name} on {vf}: "
+                f"a vGPU with UUID {uuid} already exists"
+            ) from e
+        if code == errno.EBUSY:
+            raise DeviceBusyError(f"{vf} is busy: {type_name} not created, try again") from e
+        if code in (errno.ENOENT, errno.ENODEV):
+            raise HostChangedError(
+                f"{type_name} on {vf} disappeared while creating (SR-IOV disabled meanwhile?)"
+            ) from e
+        raise self._write_failed(e, f"create {type_name} on {vf}") from e
+
+    def remove_vgpu(self, *, gpu: PciAddress, vf: PciAddress, uuid: str) -> None:
+        uuid = checked_uuid(uuid)
+        try:
+            self._writer.write(f"bus/mdev/devices/{uuid}/remove", "1")
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ENODEV):
+                # Gone between the precondition check and the write: what removal wants.
+                return
+            if e.errno == errno.EBUSY:
+                raise DeviceBusyError(
+                    f"vGPU {uuid} on {vf} is in use (held by a VM): not removed"
+                ) from e
+            raise self._write_failed(e, f"remove vGPU {uuid} from {vf}") from e
+
+    def _write_failed(self, e: OSError, what: str) -> ApplyError:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return DriverRefusedError(
+                f"cannot {what}: {_errno_text(e)} writing {e.filename or 'sysfs'} "
+                "(apply must run as root on the host)"
+            )
+        if e.errno == errno.EIO:
+            return DriverRefusedError(
+                f"the driver failed to {what} (I/O error): see the kernel log (dmesg) "
+                "and the nvidia-vgpu-mgr service"
+            )
+        return DriverRefusedError(f"the driver refused to {what}: {_errno_text(e)}")
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def num_vfs(self, gpu: PciAddress) -> int:
+        pf = f"bus/pci/devices/{gpu}"
+        if not self._read.exists(pf):
+            raise ApplyError(f"no PCI device {gpu} under {self._read.path('bus/pci/devices')}")
+        if not self._read.exists(f"{pf}/sriov_numvfs"):
+            raise ApplyError(f"{gpu} has no sriov_numvfs: it is not an SR-IOV device")
+        return self._read.integer(f"{pf}/sriov_numvfs")
+
+    def vf_addresses(self, gpu: PciAddress) -> list[PciAddress]:
+        pf = f"bus/pci/devices/{gpu}"
+        # Sort by the number, not the name: a glob order puts virtfn10 before virtfn2.
+        links = sorted(
+            (int(m[1]), name) for name in self._read.entries(pf) if (m := _VIRTFN.match(name))
+        )
+        out = []
+        for _, name in links:
+            target = self._read.link_name(f"{pf}/{name}")
+            try:
+                out.append(PciAddress.parse(target))
+            except ValueError:
+                raise ApplyError(f"{gpu}/{name} points to {target!r}, not a PCI address") from None
+        return out
+
+    def vgpu_parent_ready(self, vf: PciAddress) -> bool:
+        return bool(self._read.entries(f"bus/pci/devices/{vf}/mdev_supported_types"))
+
+    def vgpu_on(self, vf: PciAddress) -> HostedVGPU | None:
+        dev = f"bus/pci/devices/{vf}"
+        for name in self._read.entries(dev):
+            if _is_uuid(name) and self._read.exists(f"{dev}/{name}/mdev_type"):
+                return HostedVGPU(name, self._read.text(f"{dev}/{name}/mdev_type/name"))
+        return None
+
+    def vgpu_exists(self, uuid: str) -> PciAddress | None:
+        link = f"bus/mdev/devices/{checked_uuid(uuid)}"
+        if not self._read.exists(link):
+            return None
+        # The link points at <VF dir>/<uuid>: the parent's name is the VF's address.
+        parent = self._read.resolved(link).parent.name
+        try:
+            return PciAddress.parse(parent)
+        except ValueError:
+            raise ApplyError(
+                f"{self._read.path(link)} does not point into a VF (parent {parent!r})"
+            ) from None
+
+    def _offered_types(self, vf: PciAddress) -> dict[str, str]:
+        """Type name → type directory (``nvidia-745``): ids vary by driver branch, names do not."""
+        base = f"bus/pci/devices/{vf}/mdev_supported_types"
+        out: dict[str, str] = {}
+        for type_dir in self._read.entries(base):
+            if self._read.exists(f"{base}/{type_dir}/name"):
+                out.setdefault(self._read.text(f"{base}/{type_dir}/name"), type_dir)
+        return out
+
+    def _available_instances(self, type_rel: str) -> int | None:
+        try:
+            return self._read.integer(f"{type_rel}/available_instances")
+        except ApplyError:
+            return None
+
+
+def _errno_text(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno or 0, str(e.errno))
+    return f"{e.strerror or name} ({name})"
+
+
+def _tail(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return "; ".join(lines[-_OUTPUT_LINES:])

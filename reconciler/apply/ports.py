@@ -1,0 +1,104 @@
+"""The ports through which ``apply`` changes a host: sysfs writes, commands, and a host driver.
+
+The executor speaks only :class:`HostDriver`; each host interface (mdev now, NVIDIA
+vendor-specific VFIO later, DOMAIN.md §3) is one adapter behind it. Adapters in turn write
+through :class:`SysfsWriter` and run programs through :class:`CommandRunner`, so the simulator
+(or a test's fake kernel) plugs in underneath the real adapter code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from reconciler.model import PciAddress
+
+
+class SysfsWriter(Protocol):
+    """Writes one value to one existing sysfs attribute."""
+
+    def write(self, path: str, value: str) -> None:
+        """Write ``value`` to ``path`` (relative to the sysfs root).
+
+        Raises ``OSError`` carrying the errno the kernel returned; the driver explains it.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """How a finished command ended. A non-zero ``returncode`` is a result, not an exception."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandRunner(Protocol):
+    """Runs a program from an argv list (never a shell string) with a time limit."""
+
+    def run(self, argv: Sequence[str], *, timeout: float) -> CommandResult:
+        """Run ``argv`` to completion.
+
+        Raises an ``ApplyError`` subclass when the program cannot be started or does not finish
+        within ``timeout`` seconds (see ``reconciler.apply.errors``).
+        """
+        ...
+
+
+class HostedVGPU(NamedTuple):
+    """The vGPU a VF hosts, as the host shows it. Compares equal to ``(uuid, type_name)``."""
+
+    uuid: str
+    type_name: str
+
+
+class HostDriver(Protocol):
+    """Enable/disable SR-IOV and create/remove vGPUs on one host interface, plus the reads the
+    executor needs to re-check preconditions and verify effects.
+
+    Writes raise ``ApplyError`` subclasses with a message fit for an operator. Reads raise
+    ``ApplyError`` when the GPU itself is missing or a file cannot be read; VFs, vGPUs and
+    types that are simply not there read as ``0``/``[]``/``False``/``None``. Every identifier
+    is validated before it reaches a path or a command line.
+    """
+
+    @property
+    def interface(self) -> str:
+        """The host interface this driver speaks (``mdev`` or ``vfio``, as in plans)."""
+        ...
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def enable_sriov(self, gpu: PciAddress) -> None: ...
+
+    def disable_sriov(self, gpu: PciAddress) -> None: ...
+
+    def create_vgpu(
+        self, *, gpu: PciAddress, vf: PciAddress, vf_index: int, type_name: str, uuid: str
+    ) -> None: ...
+
+    def remove_vgpu(self, *, gpu: PciAddress, vf: PciAddress, uuid: str) -> None: ...
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def num_vfs(self, gpu: PciAddress) -> int:
+        """``sriov_numvfs`` of the GPU (0 when SR-IOV is off)."""
+        ...
+
+    def vf_addresses(self, gpu: PciAddress) -> list[PciAddress]:
+        """The GPU's VFs from its ``virtfn<N>`` links, in numeric ``N`` order (index = position)."""
+        ...
+
+    def vgpu_parent_ready(self, vf: PciAddress) -> bool:
+        """Whether the VF shows the vGPU interface yet (it appears a moment after the VF)."""
+        ...
+
+    def vgpu_on(self, vf: PciAddress) -> HostedVGPU | None:
+        """The vGPU the VF hosts, if any."""
+        ...
+
+    def vgpu_exists(self, uuid: str) -> PciAddress | None:
+        """The VF that hosts the vGPU with this UUID, or ``None`` when no such vGPU exists."""
+        ...

@@ -1,0 +1,426 @@
+"""The node-local subcommands: validate, plan, apply, status, export, assert.
+
+Each handler composes the engine (load → observe → plan → apply), renders for people or
+machines, and returns an exit code. Errors travel as ``ReconcilerError`` to ``main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reconciler.cli.host import Host
+from reconciler.cli.options import GlobalOptions
+from reconciler.cli.render import Style, gpu_summary, plan_text, status_table, summary_line
+from reconciler.model import (
+    ApplyError,
+    Desired,
+    DesiredNode,
+    Inventory,
+    Plan,
+    UsageError,
+    ValidationError,
+)
+
+if TYPE_CHECKING:
+    from reconciler.apply import ApplyResult, Outcome
+
+EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+
+Subparsers = Any  # argparse's private _SubParsersAction
+
+
+def _style(options: GlobalOptions, stream: Any = None) -> Style:
+    stream = stream or sys.stdout
+    return Style(enabled=not options.no_color and stream.isatty())
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+# ---------------------------------------------------------------- shared steps
+
+
+def load(paths: Sequence[str], host: Host) -> Desired:
+    from reconciler.desired import load_desired
+
+    return load_desired([Path(p) for p in paths], catalog=host.catalog)
+
+
+def select_node(desired: Desired, node: str) -> DesiredNode:
+    found = desired.node(node)
+    if found is None:
+        names = ", ".join(sorted(desired.nodes)) or "none"
+        files = ", ".join(desired.files)
+        raise UsageError(
+            f"node {node!r} is not in {files} (nodes there: {names}); "
+            "pass --node NAME or set NODE_NAME"
+        )
+    return found
+
+
+def make_plan(node: DesiredNode, inventory: Inventory, host: Host) -> Plan:
+    from reconciler.plan import plan_node
+
+    return plan_node(node, inventory, catalog=host.catalog)
+
+
+# ---------------------------------------------------------------- validate
+
+
+def _add_validate(sub: Subparsers) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "validate",
+        help="check desired-state files offline (schema and catalogue rules)",
+        description="Check desired-state files against the schema and the profile rules the "
+        "catalogue knows (equal size, maxima, VF counts), without a host. Problems are "
+        "printed as file:line:col: message.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(handler=cmd_validate)
+    return p
+
+
+def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    host = Host(options)
+    desired = load(ns.files, host)
+    gpus = sum(len(n.gpus) for n in desired.nodes.values())
+    vgpus = 0
+    for n in desired.nodes.values():
+        for g in n.gpus:
+            vgpus += len(g.vgpus or {}) + sum((g.profiles or {}).values())
+    files = ", ".join(desired.files)
+    _out(
+        f"{files}: valid ({len(desired.nodes)} node{'s' * (len(desired.nodes) != 1)}, "
+        f"{gpus} GPU{'s' * (gpus != 1)}, {vgpus} vGPU{'s' * (vgpus != 1)})\n"
+    )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- plan
+
+
+def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan",
+        help="show what apply would change on this node",
+        description="Observe this node, compare it with the desired state and print the ordered "
+        "actions that would converge it: + create, - remove, -/+ replace, ! blocked.",
+    )
+    p.add_argument("file", metavar="FILE", nargs="+", help="desired-state file(s)")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.add_argument("--out", metavar="PLANFILE", help="also save the plan (JSON) for 'apply'")
+    p.add_argument(
+        "--detailed-exitcode",
+        action="store_true",
+        help="exit 2 when there are changes (or blocked ones), 0 when none",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
+    p.set_defaults(handler=cmd_plan)
+    return p
+
+
+def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    host = Host(options)
+    desired = load(ns.file, host)
+    node = select_node(desired, options.node)
+    inventory = host.observe()
+    plan = make_plan(node, inventory, host)
+    doc = saved_plan_document(plan, node)
+    if ns.out:
+        _write_plan_file(Path(ns.out), doc)
+    if ns.output == "json":
+        _out(json.dumps(plan.to_json(), indent=2) + "\n")
+    else:
+        _out(plan_text(plan, inventory=inventory, style=_style(options), verbose=ns.verbose))
+        if ns.out:
+            _err(f"Saved the plan to {ns.out}: run 'vgpuctl apply {ns.out}' to apply exactly it.")
+    return EXIT_CHANGES if ns.detailed_exitcode and plan.has_changes else EXIT_OK
+
+
+def saved_plan_document(plan: Plan, node: DesiredNode) -> dict[str, Any]:
+    """The plan JSON plus the desired state it was planned from (to re-check after apply)."""
+    from reconciler.cli.documents import node_document
+
+    doc = plan.to_json()
+    doc["desiredState"] = node_document(node)
+    return doc
+
+
+def _write_plan_file(path: Path, doc: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
+
+
+# ---------------------------------------------------------------- apply
+
+
+def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "apply",
+        help="converge this node on a desired state (or run a saved plan)",
+        description="Plan and apply: each action re-checks its precondition, acts, and verifies "
+        "its effect; the first failure stops the run (exit 1). A saved plan (from "
+        "'plan --out') is refused when the host changed since it was made. vGPUs in use by a "
+        "VM are never removed. Without a terminal, --yes is required.",
+    )
+    p.add_argument("file", metavar="FILE|PLANFILE", nargs="+")
+    p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
+    p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long one sriov-manage call may take before it is killed (default 300)",
+    )
+    p.add_argument(
+        "--verify-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for an action's effect to appear in sysfs (default 120: "
+        "enabling VFs on many GPUs takes tens of seconds)",
+    )
+    p.set_defaults(handler=cmd_apply)
+    return p
+
+
+def _read_saved_plan(path: Path) -> dict[str, Any] | None:
+    """The saved plan in ``path``, or None when the file is not JSON (a desired-state file)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None  # the desired-state loader reports unreadable files with their location
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(
+            f"{path}:{exc.lineno}:{exc.colno}: not a saved plan: {exc.msg}"
+        ) from None
+    if not isinstance(doc, dict) or "formatVersion" not in doc or "actions" not in doc:
+        raise ValidationError(
+            f"{path}: not a saved plan (expected the JSON written by 'vgpuctl plan --out')"
+        )
+    return doc
+
+
+def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.model import Plan as PlanType
+
+    host = Host(options)
+    saved = _read_saved_plan(Path(ns.file[0])) if len(ns.file) == 1 else None
+    inventory = host.observe()
+    if saved is not None:
+        from reconciler.cli.documents import node_from_document
+
+        try:
+            plan = PlanType.from_json(saved)
+            node = node_from_document(saved.get("desiredState"), host.catalog, ns.file[0])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValidationError(f"{ns.file[0]}: not a valid saved plan: {exc}") from None
+        if plan.node != options.node:
+            raise UsageError(
+                f"{ns.file[0]} was planned for node {plan.node!r}, this is {options.node!r} "
+                "(pass --node to pick the node)"
+            )
+        now = inventory.fingerprint()
+        if plan.observed_fingerprint != now:
+            raise ApplyError(
+                f"{ns.file[0]} is stale: the host changed since the plan was made "
+                f"(planned from {plan.observed_fingerprint[:19]}…, now {now[:19]}…); "
+                "run 'vgpuctl plan' again"
+            )
+    else:
+        node = select_node(load(ns.file, host), options.node)
+        plan = make_plan(node, inventory, host)
+
+    style = _style(options)
+    _out(plan_text(plan, inventory=inventory, style=style, verbose=ns.verbose))
+    if not plan.actions:
+        return EXIT_CHANGES if plan.blocked else EXIT_OK
+    if not ns.yes:
+        _confirm(plan)
+    result = _execute(plan, host, style, timeout=ns.timeout, verify_timeout=ns.verify_timeout)
+    if not result.ok:
+        return EXIT_ERROR
+    return _report_convergence(node, host)
+
+
+def _confirm(plan: Plan) -> None:
+    if not sys.stdin.isatty():
+        raise UsageError("apply needs --yes when not run from a terminal (nothing was changed)")
+    n = len(plan.actions)
+    sys.stderr.write(
+        f"\nApply {n} action{'s' * (n != 1)} to node {plan.node}? Only 'yes' will be accepted: "
+    )
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip()
+    if answer != "yes":
+        raise UsageError("apply cancelled (nothing was changed)")
+
+
+def _execute(
+    plan: Plan, host: Host, style: Style, *, timeout: float, verify_timeout: float
+) -> ApplyResult:
+    from reconciler.apply import Journal, NodeLock, execute
+
+    driver = host.driver(command_timeout=timeout)
+    started = time.monotonic()
+    with NodeLock(host.state_dir, plan.node, command=" ".join(["vgpuctl", *sys.argv[1:]])):
+        journal = Journal(host.state_dir, plan.node)
+        result = execute(
+            plan,
+            driver=driver,
+            journal=journal,
+            verify_timeout=verify_timeout,
+            on_outcome=_progress(style),
+        )
+    elapsed = time.monotonic() - started
+    if result.ok:
+        _err(f"Applied {len(plan.actions)} actions in {elapsed:.1f} s.")
+    else:
+        failed = result.failed
+        _err(style.red(f"Apply failed: {failed.message if failed else 'unknown'}"))
+        _err("Nothing after the failed action ran; fix the cause and run apply again.")
+    return result
+
+
+def _progress(style: Style) -> Callable[[Outcome], None]:
+    marks = {"done": style.green("✓"), "noop": "=", "failed": style.red("✗"), "skipped": "-"}
+
+    def show(outcome: Outcome) -> None:
+        a = outcome.action
+        status = outcome.status.value
+        _err(
+            f"  {marks.get(status, ' ')} {a.seq:>3} {a.kind.value} {a.target}: "
+            f"{outcome.message} ({outcome.seconds:.2f} s)"
+        )
+
+    return show
+
+
+def _report_convergence(node: DesiredNode, host: Host) -> int:
+    inventory = host.observe()
+    after = make_plan(node, inventory, host)
+    if not after.has_changes:
+        _out("Converged: the node matches the desired state.\n")
+        return EXIT_OK
+    if not after.actions:
+        _out(f"Applied; {len(after.blocked)} change(s) remain blocked:\n")
+        for b in after.blocked:
+            _out(f"  ! {b.kind.value} {b.target}: {b.reason}\n")
+        return EXIT_CHANGES
+    _out("Not converged: a fresh plan still has changes:\n")
+    _out(plan_text(after, inventory=inventory))
+    return EXIT_ERROR
+
+
+# ---------------------------------------------------------------- status / export / assert
+
+
+def _add_status(sub: Subparsers) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "status",
+        help="show the node's GPUs, VFs and vGPUs",
+        description="Observe the host. 'table' is the 'kubectl get vgpudevices' view; 'json' is "
+        "the inventory contract (schemas/inventory.schema.json).",
+    )
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p.set_defaults(handler=cmd_status)
+    return p
+
+
+def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    inventory = Host(options).observe()
+    if ns.output == "json":
+        _out(json.dumps(inventory.to_json(), indent=2) + "\n")
+    elif ns.output == "yaml":
+        import yaml
+
+        _out(yaml.safe_dump(inventory.to_json(), sort_keys=False))
+    else:
+        if not inventory.gpus:
+            _err(f"No NVIDIA SR-IOV vGPU-capable GPU found under {options.sysfs_root}.")
+            return EXIT_OK
+        _out(status_table(inventory))
+        _err(gpu_summary(inventory))
+    return EXIT_OK
+
+
+def _add_export(sub: Subparsers) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "export",
+        help="print the observed state as a desired-state file",
+        description="Write what this node has now as a desired-state document; planning it "
+        "against the same host gives 'No changes.'",
+    )
+    p.add_argument("--name", default=None, help="metadata.name (default: the node name)")
+    p.set_defaults(handler=cmd_export)
+    return p
+
+
+def cmd_export(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    import yaml
+
+    from reconciler.cli.documents import export_document
+
+    inventory = Host(options).observe()
+    doc = export_document(inventory, name=ns.name or inventory.node)
+    _out(
+        f"# Exported by vgpuctl {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
+        f"from node {inventory.node}\n"
+    )
+    _out(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    return EXIT_OK
+
+
+def _add_assert(sub: Subparsers) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "assert",
+        help="exit 0 if the node matches the desired state, 2 if it drifted",
+        description="Plan silently; print a one-line verdict. Exit 0 matches, 2 drift, 1 error.",
+    )
+    p.add_argument("file", metavar="FILE", nargs="+")
+    p.set_defaults(handler=cmd_assert)
+    return p
+
+
+def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    host = Host(options)
+    node = select_node(load(ns.file, host), options.node)
+    plan = make_plan(node, host.observe(), host)
+    if not plan.has_changes:
+        _out(f"node {plan.node} matches the desired state\n")
+        return EXIT_OK
+    _out(f"node {plan.node} has drifted: {summary_line(plan)}\n")
+    for a in plan.actions:
+        _out(f"  {a.kind.value} {a.target}: {a.reason}\n")
+    for b in plan.blocked:
+        _out(f"  ! {b.kind.value} {b.target}: {b.reason}\n")
+    return EXIT_CHANGES
+
+
+REGISTRY: tuple[Callable[[Subparsers], argparse.ArgumentParser], ...] = (
+    _add_validate,
+    _add_plan,
+    _add_apply,
+    _add_status,
+    _add_export,
+    _add_assert,
+)

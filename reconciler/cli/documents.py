@@ -1,0 +1,69 @@
+"""Desired-state documents written by vgpuctl itself: ``export`` and the copy in a saved plan.
+
+Both are plain desired-state files (``schemas/desired-state.schema.json``), so they go back in
+through the same loader and validation as a file a person wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler.catalog import Catalog
+from reconciler.model import DesiredNode, Inventory, PciAddress, ValidationError
+
+API_VERSION = "vgpu.reconciler.dev/v1alpha1"
+KIND = "VGPUDesiredState"
+
+
+def _document(name: str, nodes: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name},
+        "spec": {"nodes": dict(nodes)},
+    }
+
+
+def node_document(node: DesiredNode) -> dict[str, Any]:
+    """A one-node desired-state document equal, once loaded, to ``node``."""
+    gpus = []
+    for g in node.gpus:
+        entry: dict[str, Any] = {"address": str(g.address)}
+        if g.model:
+            entry["model"] = g.model
+        entry["sriov"] = "enabled" if g.sriov else "disabled"
+        if g.vgpus is not None:
+            entry["vgpus"] = {
+                (str(k) if isinstance(k, PciAddress) else k): v for k, v in g.vgpus.items()
+            }
+        if g.profiles is not None:
+            entry["profiles"] = dict(g.profiles)
+        gpus.append(entry)
+    return _document(node.name, {node.name: {"gpus": gpus}})
+
+
+def export_document(inventory: Inventory, *, name: str) -> dict[str, Any]:
+    """What the host has now, as a desired state that plans to no changes."""
+    gpus = []
+    for g in inventory.gpus:
+        entry: dict[str, Any] = {"address": str(g.address)}
+        if g.model:
+            entry["model"] = g.model
+        entry["sriov"] = "enabled" if g.sriov_enabled else "disabled"
+        if g.sriov_enabled:
+            entry["vgpus"] = {str(v.address): v.vgpu.type_name for v in g.vfs if v.vgpu}
+        gpus.append(entry)
+    return _document(name, {inventory.node: {"gpus": gpus}})
+
+
+def node_from_document(doc: object, catalog: Catalog, source: str) -> DesiredNode:
+    """Load the desired state a saved plan carries, through the normal loader."""
+    from reconciler.desired import load_document
+
+    if not isinstance(doc, Mapping):
+        raise ValidationError(f"{source}: the saved plan carries no desired state")
+    desired = load_document(doc, source=f"{source}#desiredState", catalog=catalog)
+    if len(desired.nodes) != 1:
+        raise ValidationError(f"{source}: the saved plan's desired state must name one node")
+    return next(iter(desired.nodes.values()))

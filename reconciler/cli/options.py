@@ -1,0 +1,92 @@
+"""Global options shared by every subcommand, each also read from ``VGPUCTL_<NAME>``.
+
+As with kubectl, a global option works before or after the subcommand: the top-level parser holds
+the defaults and each subparser re-declares the options with ``argparse.SUPPRESS`` so a value
+given after the subcommand overrides without clobbering one given before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SYSFS_ROOT = "/sys"
+DEFAULT_SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
+DEFAULT_STATE_DIR = "/var/lib/vgpuctl"
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(f"VGPUCTL_{name}")
+    return value if value else None
+
+
+def default_node() -> str:
+    return _env("NODE") or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """Declare the global options; ``suppress`` for the copies on subparsers."""
+
+    def dflt(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--sysfs-root",
+        metavar="PATH",
+        default=dflt(None),
+        help="sysfs tree to observe and change "
+        f"(env VGPUCTL_SYSFS_ROOT; default {DEFAULT_SYSFS_ROOT})",
+    )
+    group.add_argument(
+        "--sriov-manage",
+        metavar="CMD",
+        default=dflt(None),
+        help="NVIDIA sriov-manage command: a path, or a wrapper such as "
+        "'chroot /host /usr/lib/nvidia/sriov-manage' (split into argv, never run by a shell; "
+        f"env VGPUCTL_SRIOV_MANAGE; default {DEFAULT_SRIOV_MANAGE}, or the simulator's own)",
+    )
+    group.add_argument(
+        "--node",
+        metavar="NAME",
+        default=dflt(None),
+        help="this node's name in the desired state (env VGPUCTL_NODE, else NODE_NAME, "
+        "else the host name)",
+    )
+    group.add_argument(
+        "--state-dir",
+        metavar="PATH",
+        default=dflt(None),
+        help="where the per-node lock and journal live (env VGPUCTL_STATE_DIR; default "
+        f"{DEFAULT_STATE_DIR}, or DIR/state for a simulated host)",
+    )
+    group.add_argument(
+        "--no-color",
+        action="store_true",
+        default=dflt(False),
+        help="never colour output (also NO_COLOR or VGPUCTL_NO_COLOR)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalOptions:
+    sysfs_root: Path
+    sriov_manage: str | None  # None: the default (or the simulator's)
+    node: str
+    state_dir: Path | None  # None: the default (or the simulator's)
+    no_color: bool
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> GlobalOptions:
+        no_color = bool(ns.no_color or os.environ.get("NO_COLOR") or _env("NO_COLOR"))
+        state_dir = ns.state_dir or _env("STATE_DIR")
+        return cls(
+            sysfs_root=Path(ns.sysfs_root or _env("SYSFS_ROOT") or DEFAULT_SYSFS_ROOT),
+            sriov_manage=ns.sriov_manage or _env("SRIOV_MANAGE"),
+            node=ns.node or default_node(),
+            state_dir=Path(state_dir) if state_dir else None,
+            no_color=no_color,
+        )

@@ -1,0 +1,223 @@
+"""Rendering for people: the plan as Terraform-style text, the status table, apply progress.
+
+Pure functions from values to strings; colour is decided by the caller (TTY and NO_COLOR).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from reconciler.model import Action, ActionKind, Blocked, Inventory, PciAddress, Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Style:
+    """ANSI styling, or none at all."""
+
+    enabled: bool
+
+    def _wrap(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+
+    def green(self, text: str) -> str:
+        return self._wrap("32", text)
+
+    def red(self, text: str) -> str:
+        return self._wrap("31", text)
+
+    def yellow(self, text: str) -> str:
+        return self._wrap("33", text)
+
+    def bold(self, text: str) -> str:
+        return self._wrap("1", text)
+
+    def dim(self, text: str) -> str:
+        return self._wrap("2", text)
+
+
+PLAIN = Style(False)
+
+
+def _gpu_of(target: str, params: dict[str, object]) -> str:
+    gpu = params.get("gpu")
+    return str(gpu) if gpu else target
+
+
+def _sort_key(target: str) -> tuple[int, ...]:
+    try:
+        a = PciAddress.parse(target)
+    except ValueError:
+        return (1 << 30,)
+    return (a.domain, a.bus, a.slot, a.function)
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    symbol: str
+    title: str
+    reason: str
+    order: int
+
+
+def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Line]]:
+    """Group actions per GPU; merge a replacement's remove and create into one ``-/+`` line."""
+    per_gpu: dict[str, list[_Line]] = defaultdict(list)
+    creates = {a.target: a for a in actions if a.kind is ActionKind.VGPU_CREATE}
+    for a in actions:
+        params = dict(a.params)
+        gpu = _gpu_of(a.target, params)
+        if a.kind is ActionKind.VGPU_REMOVE and a.is_replacement and a.target in creates:
+            continue  # shown with its create
+        if a.kind is ActionKind.VGPU_CREATE and a.is_replacement:
+            line = _Line(
+                style.yellow("-/+"),
+                f"vgpu {a.target}  {params.get('replaces')} → {params.get('type')}"
+                f"  (uuid {params.get('uuid')})",
+                a.reason,
+                1,
+            )
+        elif a.kind is ActionKind.VGPU_CREATE:
+            line = _Line(
+                style.green("+"),
+                f"vgpu {a.target}  {params.get('type')}  (uuid {params.get('uuid')})",
+                a.reason,
+                1,
+            )
+        elif a.kind is ActionKind.VGPU_REMOVE:
+            line = _Line(
+                style.red("-"),
+                f"vgpu {a.target}  {params.get('type')}  (uuid {params.get('uuid')})",
+                a.reason,
+                1,
+            )
+        elif a.kind is ActionKind.SRIOV_ENABLE:
+            line = _Line(
+                style.green("+"),
+                f"sriov {a.target}  enable {params.get('numVFs', '')} VFs".rstrip(),
+                a.reason,
+                0,
+            )
+        elif a.kind is ActionKind.SRIOV_DISABLE:
+            line = _Line(style.red("-"), f"sriov {a.target}  disable", a.reason, 0)
+        else:
+            line = _Line(style.yellow("~"), f"{a.kind.value} {a.target}", a.reason, 2)
+        per_gpu[gpu].append(line)
+    return per_gpu
+
+
+def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[_Line]]:
+    per_gpu: dict[str, list[_Line]] = defaultdict(list)
+    for b in blocked:
+        params = dict(b.params)
+        detail = f"  {params['type']}" if "type" in params else ""
+        per_gpu[_gpu_of(b.target, params)].append(
+            _Line(style.red("!"), f"{b.kind.value} {b.target}{detail}", b.reason, 3)
+        )
+    return per_gpu
+
+
+def plan_text(
+    plan: Plan,
+    *,
+    inventory: Inventory | None = None,
+    style: Style = PLAIN,
+    verbose: bool = False,
+) -> str:
+    """The plan as a person reads it: per GPU, one line per change with its reason."""
+    out: list[str] = []
+    models = {str(g.address): g.model for g in inventory.gpus} if inventory else {}
+    actions = _action_lines(plan.actions, style)
+    blocked = _blocked_lines(plan.blocked, style)
+    gpus = sorted(set(actions) | set(blocked), key=_sort_key)
+    if gpus:
+        out.append(f"vgpuctl will perform the following actions on node {style.bold(plan.node)}:")
+    for gpu in gpus:
+        model = models.get(gpu)
+        out.append("")
+        out.append(style.bold(f"  # GPU {gpu}" + (f" ({model})" if model else "")))
+        lines = sorted(
+            actions.get(gpu, []) + blocked.get(gpu, []),
+            key=lambda ln: (ln.order, _sort_key(ln.title.split()[1])),
+        )
+        for ln in lines:
+            out.append(f"  {ln.symbol:>3} {ln.title}")
+            out.append(style.dim(f"        {ln.reason}"))
+    if verbose and plan.noops:
+        out.append("")
+        out.append("Unchanged:")
+        for n in plan.noops:
+            out.append(style.dim(f"    = {n.target}  {n.reason}"))
+    for note in plan.notes:
+        out.append("")
+        out.append(f"Note: {note}")
+    if out:
+        out.append("")
+    out.append(summary_line(plan))
+    return "\n".join(out) + "\n"
+
+
+def summary_line(plan: Plan) -> str:
+    if not plan.has_changes:
+        return "No changes. The node matches the desired state."
+    s = plan.summary
+    return (
+        f"Plan: {s.create} to create, {s.change} to change, {s.remove} to remove, "
+        f"{s.blocked} blocked."
+    )
+
+
+STATUS_COLUMNS = ("NAME", "ADDRESS", "NODE NAME", "ENABLED", "UUID", "VGPUTYPE", "PARENTGPUDEVICE")
+
+
+def object_name(node: str, address: PciAddress) -> str:
+    """Harvester's object name: ``<node>-<address without punctuation>``."""
+    return f"{node}-{address.compact}"
+
+
+def status_rows(inventory: Inventory) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for gpu in inventory.gpus:
+        for vf in gpu.vfs:
+            rows.append(
+                (
+                    object_name(inventory.node, vf.address),
+                    str(vf.address),
+                    inventory.node,
+                    "true" if vf.vgpu else "false",
+                    vf.vgpu.uuid if vf.vgpu else "",
+                    vf.vgpu.type_name if vf.vgpu else "",
+                    str(gpu.address),
+                )
+            )
+    rows.sort(key=lambda r: r[0])
+    return rows
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(c) for c in columns]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r, strict=True)]
+    lines = []
+    for r in [tuple(columns), *rows]:
+        lines.append("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def status_table(inventory: Inventory) -> str:
+    """The seed's ``kubectl get vgpudevices`` table, one row per VF."""
+    return table(STATUS_COLUMNS, status_rows(inventory))
+
+
+def gpu_summary(inventory: Inventory) -> str:
+    """One line per GPU, for stderr under the table."""
+    lines = []
+    for g in inventory.gpus:
+        used = sum(1 for v in g.vfs if v.vgpu)
+        sriov = f"SR-IOV on, {g.num_vfs} VFs" if g.sriov_enabled else "SR-IOV off"
+        lines.append(
+            f"GPU {g.address} {g.model or f'{g.vendor_id}:{g.device_id} (not in the catalogue)'}: "
+            f"{sriov}, {used} vGPUs"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""``vgpuctl sim …``: build and drive the built-in NVIDIA host simulator.
+
+``sim init DIR`` makes ``DIR/sys`` and ``DIR/bin/sriov-manage``; every other command then drives
+it with ``--sysfs-root DIR/sys --sriov-manage DIR/bin/sriov-manage``, through the same code that
+drives a real host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from reconciler.cli.options import GlobalOptions
+from reconciler.model import UsageError
+
+EXIT_OK = 0
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    sim: argparse.ArgumentParser = sub.add_parser(
+        "sim",
+        help="build and drive a simulated NVIDIA vGPU host",
+        description="A simulated host follows the NVIDIA driver's rules (equal-size profiles, "
+        "per-size maxima, sriov-manage all-or-nothing, busy vGPUs) so plans and applies can be "
+        "tried without a GPU.",
+    )
+    ssub = sim.add_subparsers(dest="sim_command", metavar="SIMCOMMAND")
+    ssub.required = True
+
+    p = ssub.add_parser(
+        "init",
+        help="build DIR/sys and DIR/bin/sriov-manage",
+        description="Build a simulated host. MODEL is a catalogue name (A2, A16, A10, A40, L4, "
+        "L40, L40S, A100-40GB, A100-80GB, H100-80GB); @ADDRESS places its PF (an A16 board "
+        "is four GPUs on consecutive buses). SR-IOV starts disabled.",
+    )
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument(
+        "--gpu",
+        dest="gpus",
+        metavar="MODEL[@ADDRESS]",
+        action="append",
+        required=True,
+        help="a GPU to install (repeat for more)",
+    )
+    p.add_argument("--interface", choices=("mdev", "vfio"), default="mdev")
+    p.add_argument(
+        "--no-extra-devices",
+        action="store_true",
+        help="leave out the non-GPU devices (an Intel SR-IOV NIC, an audio function)",
+    )
+    p.set_defaults(handler=cmd_init)
+
+    p = ssub.add_parser("hold", help="a VM starts using a vGPU (its removal will fail busy)")
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("uuid", metavar="UUID")
+    p.set_defaults(handler=cmd_hold)
+
+    p = ssub.add_parser("release", help="the VM lets go of a vGPU")
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("uuid", metavar="UUID")
+    p.set_defaults(handler=cmd_release)
+
+    p = ssub.add_parser(
+        "fail",
+        help="inject faults into the next writes or sriov-manage call",
+        description="One-shot faults: --writes N fails the next N sysfs writes with EIO; "
+        "--sriov MODE makes the next sriov-manage call fail (error), exit 0 doing "
+        "nothing (silent, a real driver bug) or hang; --crash-after N kills the process "
+        "that makes the Nth further change (to test crash recovery).",
+    )
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("--writes", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--sriov", dest="sriov_mode", choices=("error", "silent", "hang"), metavar="MODE"
+    )
+    p.add_argument("--crash-after", type=int, metavar="N")
+    p.set_defaults(handler=cmd_fail)
+
+    p = ssub.add_parser("reboot", help="power-cycle: every VF and vGPU is gone")
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.set_defaults(handler=cmd_reboot)
+    return sim
+
+
+def _wrap(exc: Exception) -> UsageError:
+    return UsageError(str(exc))
+
+
+def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.sim import init_host
+
+    if ns.interface != "mdev":
+        raise UsageError(
+            "sim init --interface vfio: the vendor-specific VFIO interface is not simulated yet "
+            "(only mdev)"
+        )
+    try:
+        init_host(ns.dir, ns.gpus, interface=ns.interface, extra_devices=not ns.no_extra_devices)
+    except (ValueError, OSError) as exc:
+        raise _wrap(exc) from None
+    root = ns.dir / "sys"
+    print(f"Simulated host ready in {ns.dir}. Drive it with:", file=sys.stderr)
+    print(f"  --sysfs-root {root} --sriov-manage {ns.dir / 'bin' / 'sriov-manage'}")
+    return EXIT_OK
+
+
+def cmd_hold(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.sim import hold
+
+    try:
+        hold(ns.dir, ns.uuid)
+    except (ValueError, OSError) as exc:
+        raise _wrap(exc) from None
+    print(f"vGPU {ns.uuid} is now held by a simulated VM", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_release(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.sim import release
+
+    try:
+        release(ns.dir, ns.uuid)
+    except (ValueError, OSError) as exc:
+        raise _wrap(exc) from None
+    print(f"vGPU {ns.uuid} is released", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_fail(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.sim import fail
+
+    if not (ns.writes or ns.sriov_mode or ns.crash_after):
+        raise UsageError("sim fail: give --writes N, --sriov MODE or --crash-after N")
+    try:
+        fail(ns.dir, writes=ns.writes, sriov_manage=ns.sriov_mode, crash_after=ns.crash_after)
+    except (ValueError, OSError) as exc:
+        raise _wrap(exc) from None
+    return EXIT_OK
+
+
+def cmd_reboot(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.sim import reboot
+
+    try:
+        reboot(ns.dir)
+    except (ValueError, OSError) as exc:
+        raise _wrap(exc) from None
+    print(f"{ns.dir}: rebooted (SR-IOV off, no vGPUs)", file=sys.stderr)
+    return EXIT_OK

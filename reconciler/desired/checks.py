@@ -1,0 +1,303 @@
+"""Offline semantic checks of one desired GPU: what can be known without a host.
+
+Fourth stage of ``desired`` (``vgpuctl validate`` runs it in CI). Some checks need only the
+profile names (equal-size mode, one GPU model per GPU, ``vgpus`` xor ``profiles``); the rest use
+the catalogue once the GPU's model is known, from ``model:`` or from the profile names. A GPU the
+catalogue does not know gets the first kind only: the planner checks the rest against what the
+host reports.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from reconciler.catalog import Catalog, GpuModel, ParsedProfileName, Profile, parse_profile_name
+from reconciler.desired.normalise import GpuEntry
+from reconciler.desired.shape import did_you_mean
+from reconciler.desired.source import line_ref, problem_at
+from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
+
+#: ``report(location, message)``: records one problem (at the GPU when the location is unknown).
+_Report = Callable[[SourceLocation | None, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One ``vgpus`` entry (count 1) or ``profiles`` entry, in the order written."""
+
+    key: VfKey | str
+    profile: str
+    count: int
+    location: SourceLocation
+
+
+@dataclass(frozen=True, slots=True)
+class _Named:
+    """An entry whose profile name parses: what the name alone says."""
+
+    entry: _Entry
+    name: ParsedProfileName
+
+    @property
+    def location(self) -> SourceLocation:
+        return self.entry.location
+
+    @property
+    def profile(self) -> str:
+        return self.entry.profile
+
+
+def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> list[Problem]:
+    """Every offline problem of one GPU, each at the line it concerns."""
+    gpu = entry.gpu
+    problems: list[Problem] = []
+
+    def report(location: SourceLocation | None, message: str) -> None:
+        problems.append(problem_at(location or entry.location, message))
+
+    entries = [
+        _Entry(key, profile, 1, entry.locations[key]) for key, profile in (gpu.vgpus or {}).items()
+    ] + [
+        _Entry(name, name, count, entry.locations[name])
+        for name, count in (gpu.profiles or {}).items()
+    ]
+
+    if "vgpus" in entry.fields and "profiles" in entry.fields:
+        later = max(entry.fields["vgpus"], entry.fields["profiles"], key=_order)
+        report(
+            later,
+            f"'vgpus' and 'profiles' are exclusive on GPU {gpu.address}: name the VFs in "
+            "vgpus or give counts in profiles, not both",
+        )
+    if not gpu.sriov:
+        for field_name, given in (("vgpus", gpu.vgpus), ("profiles", gpu.profiles)):
+            if given:
+                report(
+                    entry.fields.get(field_name),
+                    f"GPU {gpu.address} has sriov: disabled but lists {field_name}: vGPUs live "
+                    "on SR-IOV VFs; set sriov: enabled or remove the entries",
+                )
+
+    named: list[_Named] = []
+    for e in entries:
+        if isinstance(e.key, PciAddress) and e.key == gpu.address:
+            report(e.location, f"{gpu.address} is the GPU itself (its physical function), not a VF")
+        parsed = parse_profile_name(e.profile)
+        if parsed is not None:
+            named.append(_Named(e, parsed))
+            continue
+        suggestion = did_you_mean(e.profile, _all_profile_names(catalog))
+        hint = f"; did you mean '{suggestion}'?" if suggestion else ""
+        report(
+            e.location,
+            f"'{entry.written.get(e.key, e.profile)}' is not a vGPU profile name: expected "
+            f"<GPU>-<size><series> such as NVIDIA A2-4Q{hint}",
+        )
+
+    model = _model(entry, catalog=catalog, report=report)
+    if model is not None:
+        # ``model:`` is known: every profile must be for it.
+        consistent = []
+        for n in named:
+            if catalog.model(n.name.gpu) is model:
+                consistent.append(n)
+            else:
+                report(
+                    n.location,
+                    f"profile '{n.profile}' is for GPU {n.name.gpu}, but model is {model.name}",
+                )
+        named = consistent
+    else:
+        # No usable ``model:``: the profile names say which model this is, if they agree.
+        groups = _by_gpu(named, catalog=catalog)
+        if len(groups) > 1:
+            first, other = (members[0] for members in list(groups.values())[:2])
+            report(
+                other.location,
+                f"profiles of two GPU models on GPU {gpu.address}: '{other.profile}' "
+                f"({other.name.gpu}) and '{first.profile}' ({first.name.gpu}, "
+                f"{line_ref(first.location)}); a GPU hosts profiles of its own model only",
+            )
+            return problems  # sizes and maxima of a mix of models would only repeat this
+        if groups:
+            model = catalog.model(named[0].name.gpu)
+
+    _check_sizes(gpu.address, named, report=report)
+    if model is not None:
+        _check_against_model(gpu.address, model, entries, named, report=report)
+    return problems
+
+
+def _model(entry: GpuEntry, *, catalog: Catalog, report: _Report) -> GpuModel | None:
+    """The model ``model:`` names, reporting a name the catalogue does not know."""
+    written = entry.gpu.model
+    if written is None:
+        return None
+    model = catalog.model(written)
+    if model is None:
+        names = [n for m in catalog.models for n in (m.name, m.short, *m.aliases)]
+        suggestion = did_you_mean(written, names)
+        if suggestion is not None:
+            hint = f"did you mean '{suggestion}'?"
+        else:
+            hint = f"known: {', '.join(catalog.model_names())}"
+        report(
+            entry.fields.get("model"),
+            f"unknown GPU model '{written}'; {hint} (leave model: out for a GPU the catalogue "
+            "does not list)",
+        )
+    return model
+
+
+def _check_sizes(address: PciAddress, named: list[_Named], *, report: _Report) -> None:
+    """Equal-size mode, and no MIG-backed next to time-sliced: from the names alone."""
+    time_sliced = [n for n in named if not n.name.mig_slices]
+    mig = [n for n in named if n.name.mig_slices]
+    if time_sliced and mig:
+        later, earlier = sorted((time_sliced[0], mig[0]), key=lambda n: _order(n.location))[::-1]
+        report(
+            later.location,
+            f"MIG-backed and time-sliced profiles on GPU {address}: '{later.profile}' and "
+            f"'{earlier.profile}' ({line_ref(earlier.location)}); a GPU in MIG mode hosts "
+            "MIG-backed vGPUs only",
+        )
+    if not time_sliced:
+        return
+    first = time_sliced[0]
+    for n in time_sliced[1:]:
+        if n.name.size_gb != first.name.size_gb:
+            report(
+                n.location,
+                f"mixed framebuffer sizes on GPU {address}: '{n.profile}' ({n.name.size_gb} GB) "
+                f"and '{first.profile}' ({first.name.size_gb} GB, {line_ref(first.location)}); "
+                "time-sliced vGPUs on one GPU share one size (equal-size mode)",
+            )
+            return
+
+
+def _check_against_model(
+    address: PciAddress,
+    model: GpuModel,
+    entries: list[_Entry],
+    named: list[_Named],
+    *,
+    report: _Report,
+) -> None:
+    """VF indexes, VF identities, known profiles and per-GPU maxima, from the catalogue."""
+    by_index: dict[PciAddress, _Entry] = {}
+    for e in entries:
+        if not isinstance(e.key, int):
+            continue
+        if e.key >= model.vfs:
+            report(
+                e.location,
+                f"VF index {e.key} is out of range: {model.name} has {model.vfs} VFs "
+                f"(indexes 0..{model.vfs - 1})",
+            )
+            continue
+        try:
+            by_index[_vf_address(address, model, e.key)] = e
+        except ValueError:  # beyond bus 0xff: no such VF, nothing to compare
+            continue
+    for e in entries:
+        if isinstance(e.key, PciAddress) and e.key in by_index:
+            other = by_index[e.key]
+            later = max(e, other, key=lambda x: _order(x.location))
+            report(
+                later.location,
+                f"VF {e.key} is named twice: as index {other.key} ({line_ref(other.location)}) "
+                f"and by its address ({line_ref(e.location)}); "
+                f"on {model.name}, VF {other.key} is {e.key}",
+            )
+
+    known: list[tuple[_Entry, Profile]] = []
+    for n in named:
+        profile = model.profile(n.profile)
+        if profile is not None:
+            known.append((n.entry, profile))
+            continue
+        suggestion = did_you_mean(n.profile, [p.name for p in model.profiles])
+        if suggestion and suggestion.casefold() == n.profile.casefold():
+            hint = f"; did you mean '{suggestion}'?"
+        else:
+            hint = f", which offers {_offer(model)}"
+        report(n.location, f"unknown profile '{n.profile}' for {model.name}{hint}")
+
+    # The driver's max_instance counts per framebuffer size for time-sliced profiles (4A and 4Q
+    # share the limit), per profile for MIG-backed ones.
+    groups: dict[tuple[bool, str | int], list[tuple[_Entry, Profile]]] = defaultdict(list)
+    for e, profile in known:
+        group = (True, profile.name) if profile.mig else (False, profile.framebuffer_mib)
+        groups[group].append((e, profile))
+    exceeded = False
+    for members in groups.values():
+        running = 0
+        for e, profile in members:
+            running += e.count
+            if running > profile.max_instances:
+                total = sum(m.count for m, _ in members)
+                if profile.mig:
+                    what, limit = f"'{profile.name}'", "it allows"
+                else:
+                    what, limit = f"{profile.size_gb} GB", f"'{profile.name}' allows"
+                report(
+                    e.location,
+                    f"{total} vGPUs of {what} on GPU {address}, but {limit} at most "
+                    f"{profile.max_instances} per {model.name}",
+                )
+                exceeded = True
+                break
+    if exceeded:
+        return  # a per-profile maximum is never above the VF count: that message says it all
+    running = 0
+    for e in entries:
+        running += e.count
+        if running > model.vfs:
+            total = sum(x.count for x in entries)
+            report(
+                e.location,
+                f"{total} vGPUs requested on GPU {address}, but {model.name} has {model.vfs} "
+                "VFs (one vGPU per VF)",
+            )
+            return
+
+
+def _vf_address(address: PciAddress, model: GpuModel, index: int) -> PciAddress:
+    return PciAddress.from_routing_id(
+        address.domain, address.routing_id + model.vf_offset + index * model.vf_stride
+    )
+
+
+def _offer(model: GpuModel) -> str:
+    """``A2-1A 2A 4A 8A 16A 1B 2B …``: a model's profiles, compactly."""
+    suffixes = []
+    for p in sorted(
+        model.profiles,
+        key=lambda p: (p.mig, p.series, p.gpu_instance_slices, p.framebuffer_mib),
+    ):
+        parsed = parse_profile_name(p.name)
+        if parsed is None:
+            suffixes.append(p.name)
+            continue
+        slices = f"{parsed.mig_slices}-" if parsed.mig_slices else ""
+        suffixes.append(f"{slices}{parsed.size_gb}{parsed.series}")
+    return f"{model.short}-{' '.join(suffixes)}" if suffixes else "no profiles"
+
+
+def _by_gpu(named: Iterable[_Named], *, catalog: Catalog) -> dict[str, list[_Named]]:
+    """Entries grouped by the GPU model their names are for (the catalogue's, else the name's)."""
+    groups: dict[str, list[_Named]] = {}
+    for n in named:
+        model = catalog.model(n.name.gpu)
+        groups.setdefault(model.name if model else n.name.gpu.casefold(), []).append(n)
+    return groups
+
+
+def _all_profile_names(catalog: Catalog) -> list[str]:
+    return [p.name for m in catalog.models for p in m.profiles]
+
+
+def _order(location: SourceLocation) -> tuple[int, int]:
+    return (location.line, location.column)

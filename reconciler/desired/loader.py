@@ -1,0 +1,115 @@
+"""Load desired-state files into one :class:`Desired`, or report every problem in them.
+
+The shell of ``desired``: read → schema → normalise → merge → offline checks, each stage adding
+located problems instead of stopping at the first. ``vgpuctl validate`` prints them; ``plan``
+and ``apply`` get a :class:`Desired` or a :class:`ValidationError` carrying all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from reconciler.catalog import Catalog
+from reconciler.desired.checks import gpu_problems
+from reconciler.desired.normalise import FileEntry, normalise
+from reconciler.desired.shape import shape_problems
+from reconciler.desired.source import Document, document_from_data, problem_at, read_document
+from reconciler.model import (
+    Desired,
+    DesiredGpu,
+    DesiredNode,
+    PciAddress,
+    Problem,
+    SourceLocation,
+    ValidationError,
+)
+
+
+def load_desired(paths: Sequence[Path], *, catalog: Catalog) -> Desired:
+    """The desired state the files describe together (nodes merge across files).
+
+    Raises :class:`ValidationError` whose ``problems`` are every problem found, in file order.
+    """
+    return _raise_if_invalid(*_load(paths, catalog=catalog))
+
+
+def validate_files(paths: Sequence[Path], *, catalog: Catalog) -> list[Problem]:
+    """Every problem in the files (empty when they are valid): ``vgpuctl validate``."""
+    return _load(paths, catalog=catalog)[1]
+
+
+def load_document(document: Mapping[str, Any], *, source: str, catalog: Catalog) -> Desired:
+    """A desired state given as data, such as the copy a saved plan carries.
+
+    Checked exactly like a file; problems name ``source`` and no line (data has none), and the
+    result carries no source locations.
+    """
+    parsed = document_from_data(document, file=source)
+    return _raise_if_invalid(*_combine([(parsed, [])], files=(source,), catalog=catalog))
+
+
+def _raise_if_invalid(desired: Desired | None, problems: list[Problem]) -> Desired:
+    if problems or desired is None:
+        count = len(problems)
+        raise ValidationError(
+            f"desired state is invalid: {count} problem{'s' if count != 1 else ''}", problems
+        )
+    return desired
+
+
+def _load(paths: Sequence[Path], *, catalog: Catalog) -> tuple[Desired | None, list[Problem]]:
+    if not paths:
+        return None, [Problem("no desired-state files given")]
+    read = [read_document(Path(path)) for path in paths]
+    return _combine(read, files=tuple(str(p) for p in paths), catalog=catalog)
+
+
+def _combine(
+    read: Sequence[tuple[Document | None, list[Problem]]],
+    *,
+    files: tuple[str, ...],
+    catalog: Catalog,
+) -> tuple[Desired | None, list[Problem]]:
+    problems: list[Problem] = []
+    entries: list[FileEntry] = []
+    for document, found in read:
+        problems.extend(found)
+        if document is None:
+            continue
+        shape = shape_problems(document)
+        problems.extend(p for _, p in shape)
+        entry = normalise(document, catalog=catalog, broken={where for where, _ in shape})
+        problems.extend(entry.problems)
+        entries.append(entry)
+
+    nodes: dict[str, DesiredNode] = {}
+    defined: dict[tuple[str, PciAddress], SourceLocation] = {}
+    for file in entries:
+        for node in file.nodes:
+            gpus: list[DesiredGpu] = []
+            for gpu_entry in node.gpus:
+                gpu = gpu_entry.gpu
+                first = defined.get((node.name, gpu.address))
+                if first is not None:
+                    there = str(first) if first.line else first.file
+                    message = f"GPU {gpu.address} on node {node.name} is already defined at {there}"
+                    problems.append(problem_at(gpu_entry.location, message))
+                    continue
+                defined[(node.name, gpu.address)] = gpu_entry.location
+                problems.extend(gpu_problems(gpu_entry, catalog=catalog))
+                gpus.append(gpu)
+            known = nodes.get(node.name)
+            if known is None:
+                nodes[node.name] = DesiredNode(node.name, tuple(gpus), node.location)
+            else:
+                nodes[node.name] = DesiredNode(node.name, known.gpus + tuple(gpus), known.location)
+
+    order = {name: i for i, name in reversed(list(enumerate(files)))}
+    problems.sort(key=lambda p: (order.get(p.file or "", -1), p.line or 0, p.column or 0))
+    if problems:
+        return None, problems
+    name = next((f.name for f in entries if f.name), "")
+    return Desired(name=name, nodes=MappingProxyType(nodes), files=files), []

@@ -1,0 +1,180 @@
+"""Turn a schema-checked document into the model's desired-state values.
+
+Third stage of ``desired``: addresses parsed (and so lower-cased), short profile names made long
+(``A2-4Q`` → ``NVIDIA A2-4Q``), VF keys made a :class:`PciAddress` or an ``int`` index, ``sriov``
+a bool, a known ``model:`` spelled as the catalogue names it (``A2`` → ``NVIDIA A2``, the name
+observed GPUs carry). Every GPU and entry keeps where it was written.
+
+Parts with schema problems are skipped, not guessed at: their problems are already reported,
+and checking a half-understood GPU would only add noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from reconciler.catalog import Catalog, long_profile_name
+from reconciler.desired.source import Document, JsonPath, known, line_ref, problem_at
+from reconciler.model import DesiredGpu, PciAddress, Problem, SourceLocation, VfKey
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEntry:
+    """A normalised GPU, with where its fields were written (for located semantic problems)."""
+
+    gpu: DesiredGpu
+    #: Where the GPU was written (line 0 in a data document, where ``gpu.location`` is None).
+    location: SourceLocation
+    #: Where each field's key was written: ``address``, ``model``, ``sriov``, ``vgpus``, …
+    fields: Mapping[str, SourceLocation]
+    #: Where each ``vgpus``/``profiles`` entry was written (line 0 in a data document, where
+    #: ``gpu.entry_locations`` leaves it out).
+    locations: Mapping[VfKey | str, SourceLocation]
+    #: Each entry's profile name as written (``A2-4Q``), for messages about the name itself.
+    written: Mapping[VfKey | str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEntry:
+    name: str
+    location: SourceLocation | None
+    gpus: tuple[GpuEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """What one file says, normalised as far as it is well-formed."""
+
+    file: str
+    name: str | None
+    nodes: tuple[NodeEntry, ...] = ()
+    problems: tuple[Problem, ...] = field(default=())
+
+
+def normalise(
+    document: Document, *, catalog: Catalog, broken: Collection[JsonPath] = ()
+) -> FileEntry:
+    """Normalise ``document``, skipping nodes and GPUs under a path in ``broken``."""
+    problems: list[Problem] = []
+    data = document.data if isinstance(document.data, dict) else {}
+    metadata = data.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    spec = data.get("spec")
+    raw_nodes = spec.get("nodes") if isinstance(spec, dict) else None
+    nodes: list[NodeEntry] = []
+    for node_name, raw_node in (raw_nodes if isinstance(raw_nodes, dict) else {}).items():
+        node_path: JsonPath = ("spec", "nodes", node_name)
+        if node_path in broken or not isinstance(raw_node, dict):
+            continue
+        raw_gpus = raw_node.get("gpus")
+        gpus: list[GpuEntry] = []
+        for index, raw_gpu in enumerate(raw_gpus if isinstance(raw_gpus, list) else []):
+            gpu_path: JsonPath = (*node_path, "gpus", index)
+            if not isinstance(raw_gpu, dict) or _touches(gpu_path, broken):
+                continue
+            entry = _gpu(document, gpu_path, raw_gpu, catalog=catalog, problems=problems)
+            if entry is not None:
+                gpus.append(entry)
+        nodes.append(
+            NodeEntry(node_name, known(document.location(node_path, key=True)), tuple(gpus))
+        )
+    return FileEntry(
+        file=document.file,
+        name=name if isinstance(name, str) else None,
+        nodes=tuple(nodes),
+        problems=tuple(problems),
+    )
+
+
+def _touches(path: JsonPath, broken: Collection[JsonPath]) -> bool:
+    return any(b[: len(path)] == path for b in broken)
+
+
+def _gpu(
+    document: Document,
+    path: JsonPath,
+    raw: Mapping[str, Any],
+    *,
+    catalog: Catalog,
+    problems: list[Problem],
+) -> GpuEntry | None:
+    fields = {k: document.location((*path, k), key=True) for k in raw}
+    try:
+        address = PciAddress.parse(str(raw["address"]))
+    except ValueError as exc:
+        # The schema pattern catches malformed addresses first; this keeps the model's own
+        # rule (slot ≤ 0x1f) authoritative should the two ever differ.
+        problems.append(problem_at(document.location((*path, "address"), key=True), str(exc)))
+        return None
+    sriov = raw["sriov"] == "enabled"
+    model: str | None = None
+    if "model" in raw:
+        model_text = " ".join(str(raw["model"]).split())
+        catalogued = catalog.model(model_text)
+        model = catalogued.name if catalogued is not None else model_text
+
+    entry_locations: dict[VfKey | str, SourceLocation] = {}
+    written: dict[VfKey | str, str] = {}
+    vgpus: dict[VfKey, str] | None = None
+    if "vgpus" in raw:
+        vgpus = {}
+        for key_text, profile in raw["vgpus"].items():
+            entry_path = (*path, "vgpus", key_text)
+            where = document.location(entry_path, key=True)
+            vf: VfKey
+            try:
+                vf = (
+                    int(key_text)
+                    if key_text.isascii() and key_text.isdigit()
+                    else PciAddress.parse(key_text)
+                )
+            except ValueError as exc:
+                problems.append(problem_at(where, str(exc)))
+                continue
+            if vf in vgpus:
+                # Two spellings of one address (``0000:0A:…`` and ``0000:0a:…``): YAML saw two
+                # keys, the host has one VF.
+                first = line_ref(entry_locations[vf])
+                problems.append(problem_at(where, f"VF {vf} is given twice (first at {first})"))
+                continue
+            vgpus[vf] = long_profile_name(profile)
+            written[vf] = profile
+            entry_locations[vf] = where
+    profiles: dict[str, int] | None = None
+    if "profiles" in raw:
+        profiles = {}
+        for written_name, count in raw["profiles"].items():
+            entry_path = (*path, "profiles", written_name)
+            where = document.location(entry_path, key=True)
+            long = long_profile_name(written_name)
+            if long in profiles:
+                first = line_ref(entry_locations[long])
+                problems.append(
+                    problem_at(where, f"profile '{long}' is given twice (first at {first})")
+                )
+                continue
+            profiles[long] = int(count)
+            written[long] = written_name
+            entry_locations[long] = where
+    if sriov and vgpus is None and profiles is None:
+        # SR-IOV on and nothing named: VFs without vGPUs (the model wants one of the two set).
+        vgpus = {}
+    gpu = DesiredGpu(
+        address=address,
+        sriov=sriov,
+        model=model,
+        vgpus=None if vgpus is None else MappingProxyType(vgpus),
+        profiles=None if profiles is None else MappingProxyType(profiles),
+        location=known(document.location(path)),
+        entry_locations=MappingProxyType({k: v for k, v in entry_locations.items() if v.line}),
+    )
+    return GpuEntry(
+        gpu,
+        location=document.location(path),
+        fields=MappingProxyType(fields),
+        locations=MappingProxyType(entry_locations),
+        written=MappingProxyType(written),
+    )

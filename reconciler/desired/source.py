@@ -1,0 +1,351 @@
+"""Read one desired-state file into plain data plus where every value was written.
+
+First stage of ``desired``: bytes → text → YAML node graph (PyYAML's compose API, which keeps a
+start mark on every node) → plain ``dict``/``list``/scalars and a position index keyed by the
+JSON path of each value. The later stages (schema, normalisation, semantic checks) locate their
+problems through that index. Anything wrong with the file itself (unreadable, binary, YAML
+syntax, duplicate keys) becomes a located :class:`Problem`, never an exception.
+
+Mapping keys are kept as the text written in the file: every key in this format is a name
+(node, field, VF, profile), and YAML would turn ``0:`` into an int and ``0000:08:00.4:`` into a
+number. Values follow the YAML 1.2 core schema, not PyYAML's YAML 1.1 default: only
+``true``/``false`` are booleans and only plain numerals are numbers, so ``sriov: on`` stays the
+text ``on`` and an unquoted ``address: 0000:08:00.0`` stays an address instead of the
+sexagesimal number 480.0.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reconciler.model import Problem, SourceLocation
+
+if TYPE_CHECKING:
+    import yaml
+
+#: A JSON path: mapping keys (str) and list indexes (int) from the document root.
+JsonPath = tuple[str | int, ...]
+
+#: Desired-state files are a few kilobytes; anything far bigger is a wrong file, not a lab.
+MAX_BYTES = 4 * 1024 * 1024
+#: Bounds the work aliases can cause (a "billion laughs" document expands exponentially).
+MAX_NODES = 200_000
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One parsed file: its data and the 1-based (line, column) of every value and key."""
+
+    file: str
+    data: Any
+    values: Mapping[JsonPath, tuple[int, int]]
+    keys: Mapping[JsonPath, tuple[int, int]]
+    #: The source text of scalar values, to quote the user's own spelling in messages
+    #: (``sriov: on`` is the boolean ``True`` to YAML but ``'on'`` to the person who wrote it).
+    texts: Mapping[JsonPath, str]
+
+    def location(self, path: JsonPath, *, key: bool = False) -> SourceLocation:
+        """Where ``path`` was written: its key when ``key`` and it has one, else its value.
+
+        A path with no recorded position (a missing field) falls back to its nearest ancestor;
+        a document made from data has none at all, and every location is line 0 ("unknown"),
+        which :func:`problem_at` and the normaliser turn into no position.
+        """
+        probe = path
+        while True:
+            if key and probe in self.keys:
+                line, column = self.keys[probe]
+                break
+            if probe in self.values:
+                line, column = self.values[probe]
+                break
+            if not probe:
+                line, column = 0, 0
+                break
+            probe = probe[:-1]
+        return SourceLocation(self.file, line, column)
+
+    def shown(self, path: JsonPath, value: object) -> object:
+        """The value as the user wrote it, for quoting in a message."""
+        return self.texts.get(path, value)
+
+
+def dotted(path: JsonPath) -> str:
+    """``spec.nodes.n1.gpus[0].vgpus["0000:08:00.4"]``: a path as messages show it."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.match(part):
+            out += f".{part}" if out else part
+        else:
+            out += '["' + part.replace("\\", "\\\\").replace('"', '\\"') + '"]'
+    return out or "document"
+
+
+def problem_at(location: SourceLocation, message: str) -> Problem:
+    if not location.line:
+        return Problem(message, file=location.file)
+    return Problem(message, file=location.file, line=location.line, column=location.column)
+
+
+def known(location: SourceLocation) -> SourceLocation | None:
+    """``location`` if it is a real place in a file (not a data document's line 0)."""
+    return location if location.line else None
+
+
+def line_ref(location: SourceLocation) -> str:
+    """``line 12`` for cross-references in messages (``line ?`` where data has no lines)."""
+    return f"line {location.line}" if location.line else "line ?"
+
+
+def document_from_data(data: object, *, file: str) -> Document:
+    """A document given as data (JSON-like), checked like a file but without positions.
+
+    Keys become text as in a parsed file, so ``{0: "A2-4Q"}`` and ``{"0": "A2-4Q"}`` agree.
+    """
+    return Document(file=file, data=_plain(data), values={}, keys={}, texts={})
+
+
+def _plain(value: object) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def read_document(path: Path) -> tuple[Document | None, list[Problem]]:
+    """Read and parse ``path``: the document (None if unusable) and every problem found.
+
+    A document can come back together with problems (a duplicate key, a bad merge): the rest of
+    it is still checked, so one run reports everything.
+    """
+    file = str(path)
+    try:
+        if path.is_dir():
+            return None, [Problem("is a directory, not a desired-state file", file=file)]
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_BYTES + 1)
+    except OSError as exc:
+        return None, [Problem(f"cannot read: {exc.strerror or exc}", file=file)]
+    if len(raw) > MAX_BYTES:
+        return None, [Problem(f"larger than {MAX_BYTES // (1024 * 1024)} MiB", file=file)]
+    body = raw.removeprefix(codecs.BOM_UTF8)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _line_column_bytes(body, exc.start)
+        message = (
+            f"not UTF-8 text: byte {body[exc.start]:#04x} cannot be decoded "
+            "(is this a binary file?)"
+        )
+        return None, [Problem(message, file=file, line=line, column=column)]
+    return parse_text(text, file=file)
+
+
+def parse_text(text: str, *, file: str) -> tuple[Document | None, list[Problem]]:
+    """Parse YAML ``text``; the document (None if unusable) and every problem found in it."""
+    import yaml
+
+    loader: yaml.SafeLoader | None = None
+    try:
+        loader = _core_loader()(text)  # checks for non-printable characters already
+        root = loader.get_single_node()
+        if root is None:
+            message = (
+                "empty document: expected a VGPUDesiredState with apiVersion, kind, metadata "
+                "and spec"
+            )
+            return None, [Problem(message, file=file, line=1, column=1)]
+        builder = _Builder(loader, file=file)
+        data = builder.build(root, ())
+    except yaml.MarkedYAMLError as exc:
+        return None, [_syntax_problem(exc, file=file)]
+    except yaml.reader.ReaderError as exc:
+        line, column = _line_column_text(text, exc.position)
+        message = (
+            f"not a text file: character U+{exc.character:04X} is not allowed in YAML "
+            "(is this a binary file?)"
+        )
+        return None, [Problem(message, file=file, line=line, column=column)]
+    except yaml.YAMLError as exc:
+        return None, [Problem(f"YAML error: {exc}", file=file)]
+    except RecursionError:
+        return None, [Problem("YAML nesting is too deep", file=file)]
+    except _TooLarge:
+        return None, [Problem("document too large (too many nodes or aliases)", file=file)]
+    finally:
+        if loader is not None:
+            loader.dispose()
+    document = Document(
+        file=file, data=data, values=builder.values, keys=builder.keys, texts=builder.texts
+    )
+    return document, builder.problems
+
+
+@cache
+def _core_loader() -> type[yaml.SafeLoader]:
+    """A SafeLoader resolving plain scalars by the YAML 1.2 core schema.
+
+    The pure-Python loader on purpose: libyaml's composer recurses in C and crashes the
+    interpreter on deeply nested input, where this one raises RecursionError.
+    """
+    import yaml
+
+    class CoreSchemaLoader(yaml.SafeLoader):
+        pass
+
+    CoreSchemaLoader.yaml_implicit_resolvers = {}
+    resolvers = [
+        ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+        ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+        (
+            "tag:yaml.org,2002:float",
+            r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+            r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+            "-+.0123456789",
+        ),
+        ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+        (_MERGE_TAG, r"^<<$", "<"),
+    ]
+    for tag, pattern, first in resolvers:
+        CoreSchemaLoader.add_implicit_resolver(tag, re.compile(pattern), list(first))
+
+    def construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
+        # YAML 1.2: "010" is ten (PyYAML's 1.1 reading would make it octal eight).
+        text = str(node.value)
+        return int(text, 0) if text.startswith(("0x", "0o")) else int(text, 10)
+
+    CoreSchemaLoader.add_constructor("tag:yaml.org,2002:int", construct_int)
+    return CoreSchemaLoader
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Builder:
+    """Turns a composed YAML node graph into plain data, recording positions on the way."""
+
+    def __init__(self, loader: yaml.SafeLoader, *, file: str) -> None:
+        self.loader = loader
+        self.file = file
+        self.values: dict[JsonPath, tuple[int, int]] = {}
+        self.keys: dict[JsonPath, tuple[int, int]] = {}
+        self.texts: dict[JsonPath, str] = {}
+        self.problems: list[Problem] = []
+        self.count = 0
+
+    def build(self, node: yaml.Node, path: JsonPath) -> Any:
+        import yaml
+
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise _TooLarge
+        self.values[path] = _mark(node.start_mark)
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        assert isinstance(node, yaml.ScalarNode)  # noqa: S101 - the composer makes no other kind
+        self.texts[path] = node.value
+        if node.tag == _MERGE_TAG:  # a plain ``<<`` as a value is just text
+            return node.value
+        try:
+            return self.loader.construct_object(node)
+        except yaml.constructor.ConstructorError as exc:
+            # Well-formed YAML this loader will not build (``!!python/object``, a bad ``!!int``).
+            mark = _mark(exc.problem_mark or node.start_mark)
+            self._problem(mark, f"unsupported YAML: {exc.problem}")
+            return None
+
+    def _mapping(self, node: yaml.MappingNode, path: JsonPath) -> dict[str, Any]:
+        import yaml
+
+        result: dict[str, Any] = {}
+        first_seen: dict[str, tuple[int, int]] = {}
+        merged: dict[str, Any] = {}
+        # Merged entries first, so that the positions of explicit keys (which win) are the ones
+        # left in the index.
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                merged.update(self._merge(value_node, path, merged))
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            key_mark = _mark(key_node.start_mark)
+            if not isinstance(key_node, yaml.ScalarNode):
+                self._problem(key_mark, "a mapping key must be plain text, not a list or mapping")
+                continue
+            key = key_node.value
+            if key in first_seen:
+                # YAML would silently keep the last value; a repeated key is almost always a
+                # copy-paste slip that hides one of the two entries.
+                line = first_seen[key][0]
+                message = f"duplicate key '{key}' in {dotted(path)} (first given at line {line})"
+                self._problem(key_mark, message)
+                continue
+            first_seen[key] = key_mark
+            self.keys[(*path, key)] = key_mark
+            result[key] = self.build(value_node, (*path, key))
+        self.values[path] = _mark(node.start_mark)
+        # Explicit keys win over merged ones (YAML merge-key semantics).
+        return {**{k: v for k, v in merged.items() if k not in result}, **result}
+
+    def _merge(self, value: yaml.Node, path: JsonPath, done: Mapping[str, Any]) -> dict[str, Any]:
+        import yaml
+
+        sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+        out: dict[str, Any] = {}
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode):
+                self._problem(
+                    _mark(source.start_mark), "'<<' merges a mapping or a list of mappings only"
+                )
+                continue
+            built = self._mapping(source, path)
+            # Earlier sources win in a merge list; keys already merged stay.
+            out.update({k: v for k, v in built.items() if k not in out and k not in done})
+        return out
+
+    def _problem(self, mark: tuple[int, int], message: str) -> None:
+        # An anchored node is built once per alias; its problem is reported once.
+        if all((p.line, p.column) != mark for p in self.problems):
+            self.problems.append(Problem(message, file=self.file, line=mark[0], column=mark[1]))
+
+
+def _mark(mark: yaml.Mark) -> tuple[int, int]:
+    return mark.line + 1, mark.column + 1
+
+
+def _syntax_problem(exc: yaml.MarkedYAMLError, *, file: str) -> Problem:
+    mark = exc.problem_mark or exc.context_mark
+    message = f"YAML syntax error: {exc.problem or exc.context or 'invalid document'}"
+    if exc.context and exc.problem and exc.context_mark is not None:
+        message += f" ({exc.context} at line {exc.context_mark.line + 1})"
+    if mark is None:
+        return Problem(message, file=file)
+    line, column = _mark(mark)
+    return Problem(message, file=file, line=line, column=column)
+
+
+def _line_column_bytes(raw: bytes, offset: int) -> tuple[int, int]:
+    line_start = raw.rfind(b"\n", 0, offset) + 1
+    # Columns count characters, as editors do, not bytes.
+    column = len(raw[line_start:offset].decode("utf-8", errors="replace")) + 1
+    return raw.count(b"\n", 0, offset) + 1, column
+
+
+def _line_column_text(text: str, offset: int) -> tuple[int, int]:
+    line_start = text.rfind("\n", 0, offset) + 1
+    return text.count("\n", 0, offset) + 1, offset - line_start + 1

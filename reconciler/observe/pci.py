@@ -1,0 +1,116 @@
+"""Find the NVIDIA SR-IOV vGPU physical functions on a host and read their PCI/SR-IOV facts.
+
+Independent of the host interface (mdev or NVIDIA VFIO): the result, a :class:`PhysicalFunction`
+per GPU with its VFs in ``virtfn`` order, is what each interface reader (``mdev.py``) starts from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reconciler.model import ObserveError, PciAddress
+from reconciler.observe.parse import (
+    NVIDIA_VENDOR_ID,
+    is_gpu_class,
+    is_nvidia_vgpu_pf,
+    link_basename,
+    parse_class,
+    parse_hex_id,
+    parse_int,
+    virtfn_links,
+)
+from reconciler.observe.sysfs import SysfsTree
+
+PCI_DEVICES = "bus/pci/devices"
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualFunction:
+    index: int  # N of the PF's virtfn<N> link
+    address: PciAddress
+    path: str  # resolved, relative to the sysfs root
+
+
+@dataclass(frozen=True, slots=True)
+class PhysicalFunction:
+    address: PciAddress
+    path: str  # resolved, relative to the sysfs root
+    vendor_id: str
+    device_id: str
+    subsystem_vendor_id: str
+    subsystem_device_id: str
+    driver: str  # "" when no driver is bound
+    total_vfs: int
+    num_vfs: int
+    vf_offset: int
+    vf_stride: int
+    vfs: tuple[VirtualFunction, ...]
+
+
+def find_vgpu_pfs(tree: SysfsTree) -> list[PhysicalFunction]:
+    """Every NVIDIA SR-IOV vGPU PF under ``bus/pci/devices``, sorted by address."""
+    found = []
+    for name in tree.list_dir(PCI_DEVICES):
+        if not PciAddress.is_valid(name):
+            continue
+        path = tree.resolve(f"{PCI_DEVICES}/{name}")
+        # Cheapest filter first: one read rules out every other vendor's device.
+        if _hex(tree, f"{path}/vendor") != NVIDIA_VENDOR_ID:
+            continue
+        pci_class = parse_class(
+            tree.read_text(f"{path}/class"), source=tree.describe(f"{path}/class")
+        )
+        # A VF (it has physfn) is read through its PF; skip it before listing its directory.
+        if not is_gpu_class(pci_class) or tree.exists(f"{path}/physfn"):
+            continue
+        entries = set(tree.list_dir(path))
+        total_vfs = _int(tree, f"{path}/sriov_totalvfs") if "sriov_totalvfs" in entries else None
+        vf_device = _hex(tree, f"{path}/sriov_vf_device") if "sriov_vf_device" in entries else None
+        if not is_nvidia_vgpu_pf(NVIDIA_VENDOR_ID, pci_class, False, total_vfs, vf_device):
+            continue
+        found.append(_read_pf(tree, PciAddress.parse(name), path, entries, total_vfs or 0))
+    found.sort(key=lambda pf: pf.address)
+    return found
+
+
+def _read_pf(
+    tree: SysfsTree, address: PciAddress, path: str, entries: set[str], total_vfs: int
+) -> PhysicalFunction:
+    vfs = []
+    for index, link in virtfn_links(list(entries)):
+        vf_path = tree.resolve(f"{path}/{link}")
+        vfs.append(VirtualFunction(index, _address(tree, vf_path, link=f"{path}/{link}"), vf_path))
+    driver = tree.read_link(f"{path}/driver") if "driver" in entries else None
+    return PhysicalFunction(
+        address=address,
+        path=path,
+        vendor_id=NVIDIA_VENDOR_ID,
+        device_id=_hex(tree, f"{path}/device"),
+        subsystem_vendor_id=_hex(tree, f"{path}/subsystem_vendor")
+        if "subsystem_vendor" in entries
+        else "",
+        subsystem_device_id=_hex(tree, f"{path}/subsystem_device")
+        if "subsystem_device" in entries
+        else "",
+        driver=link_basename(driver) if driver else "",
+        total_vfs=total_vfs,
+        num_vfs=_int(tree, f"{path}/sriov_numvfs") if "sriov_numvfs" in entries else len(vfs),
+        vf_offset=_int(tree, f"{path}/sriov_offset") if "sriov_offset" in entries else 0,
+        vf_stride=_int(tree, f"{path}/sriov_stride") if "sriov_stride" in entries else 1,
+        vfs=tuple(vfs),
+    )
+
+
+def _address(tree: SysfsTree, path: str, *, link: str) -> PciAddress:
+    name = link_basename(path)
+    if not PciAddress.is_valid(name):
+        raise ObserveError(f"{tree.describe(link)} links to {name!r}, which is not a PCI address")
+    return PciAddress.parse(name)
+
+
+def _hex(tree: SysfsTree, rel: str) -> str:
+    return parse_hex_id(tree.read_text(rel), source=tree.describe(rel))
+
+
+def _int(tree: SysfsTree, rel: str) -> int:
+    return parse_int(tree.read_text(rel), source=tree.describe(rel))

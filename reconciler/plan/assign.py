@@ -1,0 +1,43 @@
+"""The count form (``profiles: {NVIDIA L40S-8Q: 6}``): which VFs host which profile.
+
+Deterministic and minimal: VFs that already host a wanted profile keep it (in-use ones first,
+then the lowest indexes); the rest of each count goes to the lowest free VFs, preferring VFs
+with no vGPU, then VFs whose vGPU must go anyway. Profiles are served in name order, so the
+result depends only on the observed VFs and the counts, never on the order they were read in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from reconciler.model import Vf
+
+
+def assign_counts(vfs: Iterable[Vf], counts: Mapping[str, int]) -> dict[int, str]:
+    """VF index → profile for ``counts``. The caller has checked the counts fit the VFs."""
+    ordered = sorted(vfs, key=lambda vf: vf.index)
+    chosen: dict[int, str] = {}
+    hosting: dict[str, list[Vf]] = {}
+    for vf in ordered:
+        if vf.vgpu is not None and vf.vgpu.type_name in counts:
+            hosting.setdefault(vf.vgpu.type_name, []).append(vf)
+    missing: list[str] = []
+    for name in sorted(counts):
+        keep = sorted(hosting.get(name, ()), key=_keep_order)[: max(counts[name], 0)]
+        chosen.update((vf.index, name) for vf in keep)
+        missing.extend([name] * (counts[name] - len(keep)))
+    free = sorted((vf for vf in ordered if vf.index not in chosen), key=_fill_order)
+    chosen.update((vf.index, name) for vf, name in zip(free, missing, strict=False))
+    return chosen
+
+
+def _keep_order(vf: Vf) -> tuple[bool, int]:
+    # A surplus must be removed; an in-use vGPU cannot be, so it is kept before any other.
+    return (not (vf.vgpu is not None and vf.vgpu.in_use), vf.index)
+
+
+def _fill_order(vf: Vf) -> tuple[int, int]:
+    if vf.vgpu is None:
+        return (0, vf.index)
+    # An in-use VF comes last: a create there waits until its VM lets go.
+    return (2 if vf.vgpu.in_use else 1, vf.index)

@@ -1,0 +1,261 @@
+"""Plan-time checks: can a desired GPU be reached on this host at all?
+
+Resolves each desired entry against the observed GPU (VF keys to VFs, profiles to the types the
+GPU offers) and checks the state it asks for: one vGPU per VF, profiles the GPU offers, one
+framebuffer size per GPU (equal-size mode) and the per-size maximum. Removes run before creates,
+so only the resulting state matters, not the way there. Every problem is collected, located in
+the desired file when known, so an impossible desired state fails at ``plan`` with all its
+reasons rather than half-way through ``apply``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+from reconciler.catalog import Catalog
+from reconciler.model import (
+    DesiredGpu,
+    Gpu,
+    Inventory,
+    Problem,
+    SourceLocation,
+    Vf,
+    VfKey,
+)
+from reconciler.plan.offer import Offer, TypeFacts
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """One desired entry: a profile on a named VF (per-VF form) or a count (count form)."""
+
+    profile: str
+    count: int
+    vf: Vf | None  # the VF named; None in the count form, where the planner picks VFs
+    location: SourceLocation | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCheck:
+    wants: tuple[Want, ...]
+    problems: tuple[Problem, ...]
+    notes: tuple[str, ...]
+
+
+def located(message: str, location: SourceLocation | None) -> Problem:
+    if location is None:
+        return Problem(message)
+    return Problem(message, location.file, location.line, location.column)
+
+
+def vf_slots(gpu: Gpu) -> tuple[Vf, ...]:
+    """The GPU's VFs; while SR-IOV is off, the VFs enabling it will make, where they will appear.
+
+    The kernel places VF ``i`` at the PF's routing id + offset + i × stride; the executor
+    re-resolves the VF by index after enabling, so a wrong prediction cannot misdirect a write.
+    """
+    if gpu.sriov_enabled:
+        # Index order whatever order the VFs were read in: the plan's order must not depend on it.
+        return tuple(sorted(gpu.vfs, key=lambda vf: vf.index))
+    return tuple(Vf(gpu.predicted_vf_address(i), i) for i in range(gpu.total_vfs))
+
+
+def check_gpu(
+    desired: DesiredGpu,
+    gpu: Gpu,
+    slots: tuple[Vf, ...],
+    offer: Offer,
+    *,
+    inventory: Inventory,
+    catalog: Catalog,
+) -> GpuCheck:
+    problems: list[Problem] = []
+    notes: list[str] = []
+    label = offer.label
+    if desired.model is not None:
+        entry = catalog.model(desired.model)
+        wanted = entry.name if entry is not None else desired.model
+        if offer.model is None:
+            notes.append(
+                f"{label}: desired model {desired.model} not checked: "
+                "the catalogue does not know these PCI ids"
+            )
+        elif not _same_model(wanted, offer.model, catalog):
+            problems.append(
+                located(
+                    f"GPU {gpu.address} is an {offer.model}, not the desired {desired.model}",
+                    desired.location,
+                )
+            )
+    # The loader enforces the next two; re-checked because the planner is also an API.
+    if desired.vgpus and desired.profiles:
+        problems.append(located(f"{label}: give vgpus or profiles, not both", desired.location))
+    if not desired.sriov:
+        if desired.vgpus or desired.profiles:
+            problems.append(
+                located(f"{label}: vGPUs are desired but sriov is disabled", desired.location)
+            )
+        return GpuCheck((), tuple(problems), tuple(notes))
+    if gpu.total_vfs == 0:
+        problems.append(
+            located(
+                f"{label} has no SR-IOV VFs (sriov_totalvfs is 0): it cannot host vGPUs",
+                desired.location,
+            )
+        )
+        return GpuCheck((), tuple(problems), tuple(notes))
+
+    if desired.vgpus:
+        wants, found = _named_vfs(desired, slots, gpu=gpu, inventory=inventory, label=label)
+        problems.extend(found)
+    else:
+        wants = tuple(
+            Want(name, count, None, desired.location_of(name))
+            for name, count in sorted((desired.profiles or {}).items())
+            if count > 0
+        )
+    if wants and not offer.checked:
+        when = (
+            "the driver lists none"
+            if gpu.sriov_enabled
+            else "SR-IOV is off; plan again once it is enabled"
+        )
+        notes.append(
+            f"{label}: the catalogue does not know this GPU, so its profiles are not checked "
+            f"({when})"
+        )
+    problems.extend(_constraints(wants, gpu, slots, offer))
+    return GpuCheck(wants, tuple(problems), tuple(notes))
+
+
+def _same_model(wanted: str, observed: str, catalog: Catalog) -> bool:
+    entry = catalog.model(observed)
+    observed = entry.name if entry is not None else observed
+    return wanted.casefold() == observed.casefold()
+
+
+def _named_vfs(
+    desired: DesiredGpu, slots: tuple[Vf, ...], *, gpu: Gpu, inventory: Inventory, label: str
+) -> tuple[tuple[Want, ...], list[Problem]]:
+    problems: list[Problem] = []
+    by_index = {vf.index: vf for vf in slots}
+    by_address = {vf.address: vf for vf in slots}
+    named: dict[int, VfKey] = {}
+    wants: list[Want] = []
+    for key, profile in (desired.vgpus or {}).items():
+        location = desired.location_of(key)
+        vf = by_index.get(key) if isinstance(key, int) else by_address.get(key)
+        if vf is None:
+            problems.append(located(_not_a_vf(key, gpu, slots, inventory, label), location))
+            continue
+        if vf.index in named:
+            problems.append(
+                located(
+                    f"VF {vf.address} of {label} is named twice: as {_key_text(named[vf.index])}"
+                    f" and as {_key_text(key)}",
+                    location,
+                )
+            )
+            continue
+        named[vf.index] = key
+        wants.append(Want(profile, 1, vf, location))
+    # VF order, not file order: "the first over the limit" then means the highest VFs.
+    return tuple(sorted(wants, key=lambda w: w.vf.index if w.vf is not None else -1)), problems
+
+
+def _key_text(key: VfKey) -> str:
+    return f"index {key}" if isinstance(key, int) else str(key)
+
+
+def _not_a_vf(key: VfKey, gpu: Gpu, slots: tuple[Vf, ...], inventory: Inventory, label: str) -> str:
+    if not slots:
+        return f"{_key_text(key)} is not a VF of {label}: it has no VFs"
+    if isinstance(key, int):
+        return (
+            f"VF index {key} is out of range for {label}: it has {len(slots)} VFs "
+            f"(index 0..{len(slots) - 1})"
+        )
+    for other in inventory.gpus:
+        if other.address != gpu.address and any(vf.address == key for vf in vf_slots(other)):
+            return f"{key} is a VF of GPU {other.address}, not of {gpu.address}"
+    return f"{key} is not a VF of {label}: its VFs are {slots[0].address} … {slots[-1].address}"
+
+
+def _constraints(
+    wants: tuple[Want, ...], gpu: Gpu, slots: tuple[Vf, ...], offer: Offer
+) -> list[Problem]:
+    problems: list[Problem] = []
+    # A type a VF already hosts is offered even if the driver stopped listing it (vfio does).
+    hosted = {vf.vgpu.type_name for vf in gpu.vfs if vf.vgpu is not None}
+    sized: list[tuple[Want, TypeFacts]] = []
+    for w in wants:
+        if offer.checked and w.profile not in offer.types and w.profile not in hosted:
+            problems.append(located(_not_offered(w, offer), w.location))
+            continue
+        facts = offer.facts(w.profile)
+        if facts is not None:
+            sized.append((w, facts))
+
+    requested = sum(w.count for w in wants)
+    if requested > len(slots):
+        problems.append(
+            located(
+                f"{offer.label}: {requested} vGPUs requested, but it has {len(slots)} VFs "
+                "(one vGPU per VF)",
+                wants[-1].location,
+            )
+        )
+
+    groups: dict[int, list[tuple[Want, TypeFacts]]] = {}
+    for w, facts in sized:
+        groups.setdefault(facts.framebuffer_mib, []).append((w, facts))
+    if len(groups) > 1:
+        first_of_second = list(groups.values())[1][0][0]
+        problems.append(located(_mixed_sizes(groups, offer.label), first_of_second.location))
+
+    for size, members in groups.items():
+        limits = [(f.max_instance, f.name) for _, f in members if f.max_instance is not None]
+        if not limits:
+            continue
+        limit, limiter = min(limits)
+        total = sum(w.count for w, _ in members)
+        if total <= limit:
+            continue
+        running = accumulate(w.count for w, _ in members)
+        culprit = next(w for (w, _), n in zip(members, running, strict=True) if n > limit)
+        message = (
+            f"{offer.label}: {total} × {size} MiB vGPUs requested, the maximum is {limit} "
+            f"({limiter} max_instance={limit})"
+        )
+        if culprit.vf is not None:
+            message += f"; first over the limit: VF {culprit.vf.address} ({culprit.profile})"
+        problems.append(located(message, culprit.location))
+    return problems
+
+
+def _not_offered(want: Want, offer: Offer) -> str:
+    where = f"VF {want.vf.address}: " if want.vf is not None else ""
+    known = offer.catalog.profile(want.profile)
+    hint = ""
+    if known is not None and known[0].name != offer.model:
+        hint = f" (a profile of {known[0].name})"
+    return f"{where}{offer.label} does not offer {want.profile}{hint}; offered: {offer.listing()}"
+
+
+def _mixed_sizes(groups: dict[int, list[tuple[Want, TypeFacts]]], label: str) -> str:
+    parts: list[str] = []
+    for size, members in groups.items():
+        by_profile: dict[str, list[Want]] = {}
+        for w, _ in members:
+            by_profile.setdefault(w.profile, []).append(w)
+        for profile, ws in by_profile.items():
+            vfs = [str(w.vf.address) for w in ws if w.vf is not None]
+            if vfs:
+                parts.append(f"{profile} ({size} MiB) on {', '.join(vfs)}")
+            else:
+                parts.append(f"{sum(w.count for w in ws)} × {profile} ({size} MiB)")
+    return (
+        f"{label}: vGPUs of different framebuffer sizes requested: {'; '.join(parts)}; "
+        "all vGPUs on one GPU must have the same size (equal-size mode)"
+    )

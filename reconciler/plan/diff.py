@@ -1,0 +1,272 @@
+"""The per-VF diff of one managed GPU: which vGPUs go, which come, what stays, and why.
+
+Minimal by design: a VF that already hosts its desired profile is never touched, whatever its
+UUID; a profile change is a remove and a create of that one VF. A vGPU in use is never removed:
+its removal is blocked, and so is everything that needs it gone (the replacement on its VF, the
+GPU's SR-IOV disable, creates that would not fit beside it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from reconciler.model import VGPU, ActionKind, Gpu, Noop, Vf
+from reconciler.plan.offer import Offer, TypeFacts
+from reconciler.plan.uuids import vgpu_uuid
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """An action before it is numbered; also the shape of a blocked one."""
+
+    kind: ActionKind
+    target: str
+    reason: str
+    params: Mapping[str, Any]
+    vf_index: int = -1  # -1: a GPU-level step
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDiff:
+    """One GPU's steps, each list in run order (kind, then VF index)."""
+
+    actions: list[Step] = field(default_factory=list)
+    blocked: list[Step] = field(default_factory=list)
+    noops: list[Noop] = field(default_factory=list)
+
+
+def diff_gpu(
+    gpu: Gpu,
+    slots: tuple[Vf, ...],
+    *,
+    sriov: bool,
+    profiles: Mapping[int, str],
+    offer: Offer,
+    node: str,
+) -> GpuDiff:
+    """Steps that take ``gpu`` to ``profiles`` (VF index → profile; absent: no vGPU)."""
+    diff = GpuDiff()
+    pf = str(gpu.address)
+    if not sriov:
+        _disable(gpu, slots, diff)
+        return diff
+    if gpu.sriov_enabled:
+        diff.noops.append(Noop(pf, "SR-IOV enabled as desired"))
+    else:
+        diff.actions.append(
+            Step(
+                ActionKind.SRIOV_ENABLE,
+                pf,
+                "SR-IOV is off; desired enabled",
+                {"gpu": pf, "numVFs": gpu.total_vfs},
+            )
+        )
+
+    creates: list[Step] = []
+    kept: list[str] = []  # types that stay as desired
+    held: list[Vf] = []  # in-use vGPUs that should go but cannot
+    for vf in slots:
+        want = profiles.get(vf.index)
+        have = vf.vgpu
+        address = str(vf.address)
+        if have is None:
+            if want is not None:
+                appears = "has no vGPU" if gpu.sriov_enabled else "appears when SR-IOV is enabled"
+                creates.append(
+                    _create(
+                        pf,
+                        address,
+                        vf.index,
+                        want,
+                        node,
+                        reason=f"VF {address} {appears}; desired {want}",
+                    )
+                )
+            elif gpu.sriov_enabled:  # a VF that does not exist yet needs no word
+                diff.noops.append(Noop(address, "no vGPU, none desired"))
+            continue
+        if have.type_name == want:
+            diff.noops.append(Noop(address, f"hosts {want} as desired"))
+            kept.append(want)
+            continue
+        wanted = f"desired {want}" if want is not None else "no vGPU desired"
+        remove = _remove(
+            pf,
+            address,
+            vf.index,
+            have,
+            replaced_by=want,
+            reason=f"VF {address} hosts {have.type_name}; {wanted}",
+        )
+        create = (
+            None
+            if want is None
+            else _create(
+                pf, address, vf.index, want, node, reason=remove.reason, replaces=have.type_name
+            )
+        )
+        if have.in_use:
+            diff.blocked.append(
+                replace(
+                    remove, reason=f"VF {address} hosts {have.type_name}, {_in_use(have)}; {wanted}"
+                )
+            )
+            held.append(vf)
+            if create is not None:
+                diff.blocked.append(replace(create, reason=_waits_for([vf])))
+        else:
+            diff.actions.append(remove)
+            if create is not None:
+                creates.append(create)
+
+    run, waiting = _hold_back(creates, held, kept, offer)
+    # A replacement is marked only while both halves share a fate: a remove that runs while its
+    # create waits is a plain remove (and counted as one), the waiting create a plain create.
+    split = {s.vf_index for s in waiting if "replaces" in s.params}
+    if split:
+        diff.actions[:] = [_plain(s) if s.vf_index in split else s for s in diff.actions]
+        waiting = [_plain(s) if s.vf_index in split else s for s in waiting]
+    diff.actions.extend(run)
+    diff.blocked.extend(waiting)
+    diff.blocked.sort(key=lambda s: (s.kind.order, s.vf_index))
+    return diff
+
+
+def _disable(gpu: Gpu, slots: tuple[Vf, ...], diff: GpuDiff) -> None:
+    pf = str(gpu.address)
+    if not gpu.sriov_enabled:
+        diff.noops.append(Noop(pf, "SR-IOV disabled as desired"))
+        return
+    held: list[Vf] = []
+    for vf in slots:
+        have = vf.vgpu
+        if have is None:
+            continue  # the VF itself goes with SR-IOV
+        address = str(vf.address)
+        remove = _remove(
+            pf,
+            address,
+            vf.index,
+            have,
+            replaced_by=None,
+            reason=f"VF {address} hosts {have.type_name}; desired SR-IOV disabled",
+        )
+        if have.in_use:
+            held.append(vf)
+            diff.blocked.append(
+                replace(
+                    remove,
+                    reason=f"VF {address} hosts {have.type_name}, {_in_use(have)}; "
+                    "desired SR-IOV disabled",
+                )
+            )
+        else:
+            diff.actions.append(remove)
+    disable = Step(
+        ActionKind.SRIOV_DISABLE,
+        pf,
+        f"SR-IOV is on ({gpu.num_vfs} VFs); desired disabled",
+        {"gpu": pf},
+    )
+    if held:
+        diff.blocked.append(replace(disable, reason=_waits_for(held)))
+    else:
+        diff.actions.append(disable)
+
+
+def _remove(
+    pf: str, address: str, index: int, have: VGPU, *, replaced_by: str | None, reason: str
+) -> Step:
+    params: dict[str, Any] = {
+        "gpu": pf,
+        "vfIndex": index,
+        "type": have.type_name,
+        "uuid": have.uuid,
+    }
+    if replaced_by is not None:
+        params["replacedBy"] = replaced_by
+    return Step(ActionKind.VGPU_REMOVE, address, reason, params, index)
+
+
+def _create(
+    pf: str,
+    address: str,
+    index: int,
+    profile: str,
+    node: str,
+    *,
+    reason: str,
+    replaces: str | None = None,
+) -> Step:
+    params: dict[str, Any] = {
+        "gpu": pf,
+        "vfIndex": index,
+        "type": profile,
+        "uuid": vgpu_uuid(node, address),
+    }
+    if replaces is not None:
+        params["replaces"] = replaces
+    return Step(ActionKind.VGPU_CREATE, address, reason, params, index)
+
+
+def _plain(step: Step) -> Step:
+    params = {k: v for k, v in step.params.items() if k not in ("replaces", "replacedBy")}
+    return replace(step, params=params)
+
+
+def _in_use(vgpu: VGPU) -> str:
+    return f"in use by {vgpu.holder}" if vgpu.holder else "in use (holder unknown)"
+
+
+def _waits_for(vfs: Iterable[Vf]) -> str:
+    names = ", ".join(
+        f"{vf.vgpu.type_name} on {vf.address} (in use)" for vf in vfs if vf.vgpu is not None
+    )
+    return f"waits for {names} to be removed"
+
+
+def _hold_back(
+    creates: list[Step], held: list[Vf], kept: list[str], offer: Offer
+) -> tuple[list[Step], list[Step]]:
+    """Split creates into those that fit beside the in-use vGPUs that stay, and the rest.
+
+    The desired state itself was checked; what can break it is a vGPU that should have been
+    removed but is in use: creates of another framebuffer size, or beyond the size's maximum
+    counting it, must wait for it.
+    """
+    if not held:
+        return creates, []
+    stays: list[tuple[Vf, TypeFacts]] = []
+    for vf in held:
+        facts = offer.facts(vf.vgpu.type_name) if vf.vgpu is not None else None
+        if facts is not None:  # a type nothing describes cannot be reasoned about
+            stays.append((vf, facts))
+    present = [f for f in (offer.facts(name) for name in kept) if f is not None]
+    present += [f for _, f in stays]
+    per_size = Counter(f.framebuffer_mib for f in present)
+    run: list[Step] = []
+    waiting: list[Step] = []
+    for step in creates:
+        facts = offer.facts(step.params["type"])
+        if facts is None:
+            run.append(step)
+            continue
+        size = facts.framebuffer_mib
+        blockers = [vf for vf, f in stays if f.framebuffer_mib != size]
+        if not blockers:
+            limits = [
+                f.max_instance
+                for f in (facts, *present)
+                if f.framebuffer_mib == size and f.max_instance is not None
+            ]
+            if limits and per_size[size] >= min(limits):
+                blockers = [vf for vf, _ in stays]
+        if blockers:
+            waiting.append(replace(step, reason=_waits_for(blockers)))
+        else:
+            run.append(step)
+            per_size[size] += 1
+    return run, waiting

@@ -1,0 +1,120 @@
+"""What a GPU offers: its vGPU types with sizes and limits, from the driver or the catalogue.
+
+The driver's list (``Gpu.types``) is the truth once SR-IOV is on. Before that no VF lists
+anything, so the catalogue's time-sliced profiles for the GPU's model stand in; a GPU the
+catalogue does not know offers nothing checkable until SR-IOV is enabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reconciler.catalog import Catalog, GpuModel, parse_profile_name
+from reconciler.model import Gpu
+
+
+@dataclass(frozen=True, slots=True)
+class TypeFacts:
+    """What the constraints need to know about one vGPU type."""
+
+    name: str
+    framebuffer_mib: int
+    max_instance: int | None  # per physical GPU; None when only the name was parsed
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """The types one GPU offers, and how messages name the GPU."""
+
+    label: str  # "GPU 0000:08:00.0 (NVIDIA A2)"
+    model: str | None  # "NVIDIA A2"; None when neither the host nor the catalogue names it
+    types: Mapping[str, TypeFacts]  # offered types, in the driver's (or catalogue's) order
+    #: False when nothing says what the GPU offers (unknown model, SR-IOV off): no checks yet.
+    checked: bool
+    catalog: Catalog
+
+    def facts(self, name: str) -> TypeFacts | None:
+        """Sizes of ``name``: offered here, else from the catalogue, else from the name itself.
+
+        The fall-backs matter for vGPUs that exist but the driver no longer lists, and for GPUs
+        the catalogue does not know while SR-IOV is off.
+        """
+        offered = self.types.get(name)
+        if offered is not None:
+            return offered
+        known = self.catalog.profile(name)
+        if known is not None:
+            _, p = known
+            return TypeFacts(name, p.framebuffer_mib, p.max_instances)
+        parsed = parse_profile_name(name)
+        if parsed is None or parsed.mig_slices:
+            return None
+        return TypeFacts(name, parsed.size_gb * 1024, None)
+
+    def listing(self) -> str:
+        """The offered names, compactly: ``NVIDIA A2-1B, -2B, -1Q``."""
+        return compact_names(list(self.types)) or "none"
+
+
+def compact_names(names: list[str]) -> str:
+    """Join profile names, dropping the GPU part a name shares with the one before it."""
+    out: list[str] = []
+    previous: str | None = None
+    for name in names:
+        head, dash, tail = name.rpartition("-")
+        if dash and head == previous:
+            out.append(f"-{tail}")
+        else:
+            out.append(name)
+            previous = head if dash else None
+    return ", ".join(out)
+
+
+def gpu_label(gpu: Gpu, catalog: Catalog) -> str:
+    """``GPU 0000:08:00.0 (NVIDIA A2)``, or the PCI ids when the model is unknown."""
+    return _label(gpu, model_name(gpu, catalog))
+
+
+def _label(gpu: Gpu, model: str | None) -> str:
+    return f"GPU {gpu.address} ({model or f'{gpu.vendor_id}:{gpu.device_id}'})"
+
+
+def model_name(gpu: Gpu, catalog: Catalog) -> str | None:
+    """The GPU's model as the host names it, else as the catalogue does from its PCI ids."""
+    if gpu.model:
+        return gpu.model
+    entry = catalog_model(gpu, catalog)
+    return entry.name if entry is not None else None
+
+
+def catalog_model(gpu: Gpu, catalog: Catalog) -> GpuModel | None:
+    """The catalogue's entry for ``gpu``: by the observed model name, else by its PCI ids."""
+    if gpu.model:
+        found = catalog.model(gpu.model)
+        if found is not None:
+            return found
+    return catalog.model_for_ids(
+        gpu.vendor_id, gpu.device_id, gpu.subsystem_vendor_id, gpu.subsystem_device_id
+    )
+
+
+def offer_for(gpu: Gpu, catalog: Catalog) -> Offer:
+    entry = catalog_model(gpu, catalog)
+    model = gpu.model or (entry.name if entry is not None else None)
+    if gpu.types:
+        types = {t.name: TypeFacts(t.name, t.framebuffer_mib, t.max_instance) for t in gpu.types}
+    elif entry is not None:
+        types = {
+            p.name: TypeFacts(p.name, p.framebuffer_mib, p.max_instances)
+            for p in entry.time_sliced_profiles
+        }
+    else:
+        types = {}
+    return Offer(
+        label=_label(gpu, model),
+        model=model,
+        types=types,
+        checked=bool(types),
+        catalog=catalog,
+    )

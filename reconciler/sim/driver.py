@@ -1,0 +1,162 @@
+"""The emulated NVIDIA host driver: each operation changes the state and renders the tree delta.
+
+Called with the host lock held, by the kernel writer (create/remove a vGPU), by the
+``sriov-manage`` emulation (enable/disable VFs), and by host set-up (``build_host``, ``reboot``).
+Refusals are ``OSError`` with the errno the real driver returns; the rules themselves are in
+``rules.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from reconciler.model import PciAddress
+from reconciler.sim.rules import SimModel, creatable, create_refusal, model_vf_addresses
+from reconciler.sim.state import GpuRecord, SimState, VfRecord, VgpuRecord
+from reconciler.sim.tree import SysfsTree
+
+
+def refusal(code: int, message: str) -> OSError:
+    """An ``OSError`` whose subclass follows the errno (EEXIST → FileExistsError, …)."""
+    return OSError(code, f"{os.strerror(code)}: {message}")
+
+
+def enable_vfs(state: SimState, tree: SysfsTree, gpu: GpuRecord) -> bool:
+    """All VFs at once (``sriov_totalvfs`` of them); False if the GPU already has VFs."""
+    if gpu.vfs:
+        return False
+    model = state.model_of(gpu)
+    addresses = [str(a) for a in model_vf_addresses(PciAddress.parse(gpu.address), model)]
+    gpu.vfs = [VfRecord(a, state.allocate_group(a)) for a in addresses]
+    tree.gpu_vfs(
+        pf=gpu.address,
+        root_port=gpu.root_port,
+        model=model,
+        vfs=[(v.address, v.iommu_group) for v in gpu.vfs],
+        interface=state.interface,
+        creatable=creatable(model, state.hosted(gpu)),
+    )
+    return True
+
+
+def disable_vfs(state: SimState, tree: SysfsTree, gpu: GpuRecord, *, force: bool = False) -> bool:
+    """Remove every VF; the GPU's vGPUs go first. EBUSY if a VM holds one (unless ``force``).
+
+    Returns False if the GPU had no VFs.
+    """
+    if not gpu.vfs:
+        return False
+    on_gpu = state.vgpus_on(gpu)
+    held = [vid for vid in on_gpu if vid in state.held]
+    if held and not force:
+        vid = held[0]
+        raise refusal(
+            errno.EBUSY,
+            f"vGPU {vid} on {state.vgpus[vid].vf} is in use by {state.held[vid]}",
+        )
+    for vid in on_gpu:
+        remove_vgpu(state, tree, vid, force=force, refresh=False)
+    tree.drop_gpu_vfs(
+        pf=gpu.address, root_port=gpu.root_port, vfs=[(v.address, v.iommu_group) for v in gpu.vfs]
+    )
+    for v in gpu.vfs:
+        state.free_group(v.iommu_group)
+    gpu.vfs = []
+    return True
+
+
+def create_vgpu(state: SimState, tree: SysfsTree, *, vf: str, type_name: str, vgpu_id: str) -> None:
+    """Create a vGPU of ``type_name`` on ``vf``; ``vgpu_id`` is the mdev UUID (vfio: the VF).
+
+    EEXIST for a UUID already in use; EINVAL when the type is not creatable there now
+    (``available_instances`` 0): the errno the NVIDIA driver's create returns.
+    """
+    gpu = state.vf_owner(vf)
+    if gpu is None:
+        raise refusal(errno.ENODEV, f"{vf} is not an enabled VF of a simulated GPU")
+    if vgpu_id in state.vgpus:
+        raise refusal(errno.EEXIST, f"a vGPU with UUID {vgpu_id} already exists")
+    model = state.model_of(gpu)
+    hosted = state.hosted(gpu)
+    reason = create_refusal(model, hosted, vf, type_name)
+    if reason is not None:
+        raise refusal(errno.EINVAL, reason)
+    vgpu_type = model.type_named(type_name)
+    if vgpu_type is None:  # create_refusal has said so already; this keeps the types exact
+        raise refusal(errno.EINVAL, f"no vGPU type {type_name!r}")
+    before = creatable(model, hosted)
+    if state.interface == "mdev":
+        group = state.allocate_group(vgpu_id)
+        state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, group)
+        tree.mdev(vf=vf, root_port=gpu.root_port, uuid=vgpu_id, vgpu_type=vgpu_type, group=group)
+    else:
+        # A configured VF is handed to the VM whole: it keeps its own IOMMU group.
+        state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, _vf_group(gpu, vf))
+        tree.vfio_current(vf=vf, root_port=gpu.root_port, type_id=vgpu_type.type_id)
+    _refresh(state, tree, gpu, model, before)
+
+
+def remove_vgpu(
+    state: SimState, tree: SysfsTree, vgpu_id: str, *, force: bool = False, refresh: bool = True
+) -> None:
+    """Remove a vGPU; EBUSY while a VM holds it (unless ``force``: a power cycle)."""
+    rec = state.vgpus.get(vgpu_id)
+    if rec is None:
+        raise refusal(errno.ENODEV, f"no vGPU {vgpu_id}")
+    if vgpu_id in state.held and not force:
+        raise refusal(errno.EBUSY, f"vGPU {vgpu_id} is in use by {state.held[vgpu_id]}")
+    gpu = state.vf_owner(rec.vf)
+    if gpu is None:  # a vGPU always sits on an enabled VF; a state file edited by hand may not
+        raise refusal(errno.ENODEV, f"vGPU {vgpu_id} sits on {rec.vf}, which is no enabled VF")
+    model = state.model_of(gpu)
+    before = creatable(model, state.hosted(gpu))
+    del state.vgpus[vgpu_id]
+    state.held.pop(vgpu_id, None)
+    if state.interface == "mdev":
+        tree.drop_mdev(
+            vf=rec.vf,
+            root_port=gpu.root_port,
+            uuid=vgpu_id,
+            vgpu_type=model.type_named(rec.type),
+            group=rec.iommu_group,
+        )
+        state.free_group(rec.iommu_group)
+    else:
+        tree.vfio_current(vf=rec.vf, root_port=gpu.root_port, type_id=0)
+    if refresh:
+        _refresh(state, tree, gpu, model, before)
+
+
+def _refresh(
+    state: SimState,
+    tree: SysfsTree,
+    gpu: GpuRecord,
+    model: SimModel,
+    before: dict[str, frozenset[str]],
+) -> None:
+    tree.update_creatable(
+        root_port=gpu.root_port,
+        model=model,
+        interface=state.interface,
+        before=before,
+        after=creatable(model, state.hosted(gpu)),
+    )
+
+
+def _vf_group(gpu: GpuRecord, vf: str) -> int:
+    for v in gpu.vfs:
+        if v.address == vf:
+            return v.iommu_group
+    raise refusal(errno.ENODEV, f"{vf} is not a VF of {gpu.address}")
+
+
+def power_cycle(state: SimState, tree: SysfsTree) -> None:
+    """A reboot: every VF and vGPU gone, holds and faults cleared; PFs and the rest unchanged."""
+    for gpu in state.gpus:
+        disable_vfs(state, tree, gpu, force=True)
+    state.vgpus.clear()
+    state.held.clear()
+    state.faults.writes = 0
+    state.faults.sriov_manage = None
+    state.faults.crash_after = None

@@ -1,0 +1,599 @@
+"""Simulated hosts: create one (``init_host``, ``build_host``), find one, and act as its operator.
+
+A simulated host is a directory ``DIR`` with ``DIR/sys`` (the sysfs tree, with the hidden state
+in ``DIR/sys/.vgpuctl-sim/``) and ``DIR/bin/sriov-manage``. :class:`SimHost` is the handle the
+CLI gets from ``SimHost.open(sysfs_root)``: it supplies the kernel writer, the hold probe and
+counters. ``hold``/``release`` play a VM, ``fail`` injects faults, ``reboot`` power-cycles.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid as uuidlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.catalog import Catalog, default_catalog, long_profile_name
+from reconciler.model import PciAddress
+from reconciler.sim import driver
+from reconciler.sim.kernel import SimHoldProbe, SimSysfsWriter
+from reconciler.sim.rules import (
+    NIC_BUSES,
+    GpuRequest,
+    PlacedGpu,
+    SimModel,
+    occupied,
+    place_gpus,
+    root_port_address,
+    vf_addresses,
+)
+from reconciler.sim.sriov_manage import install_script
+from reconciler.sim.state import (
+    SRIOV_MANAGE_FAULTS,
+    STATE_DIR,
+    DeviceRecord,
+    GpuRecord,
+    SimState,
+    load_state,
+    locked,
+    save_state,
+    state_path,
+)
+from reconciler.sim.tree import NVIDIA_DRIVER, PciFunction, SysfsTree, device_dir
+
+INTERFACES = ("mdev", "vfio")
+DEFAULT_HOLDER = "simulated VM"
+
+# The distractors: an Intel 82599 10 GbE NIC with SR-IOV on (2 VFs), an NVIDIA HD-audio
+# function beside a GPU, and the root ports every device hangs off.
+_INTEL = 0x8086
+_NIC = {"device": 0x10FB, "vf_device": 0x10ED, "subsystem": 0x000C, "class": 0x020000}
+_NIC_TOTAL_VFS, _NIC_VFS, _NIC_VF_OFFSET, _NIC_VF_STRIDE = 63, 2, 128, 2
+_ROOT_PORT = {"device": 0x347A, "class": 0x060400}
+_AUDIO = {"device": 0x228B, "class": 0x040300}
+_DRIVERS = (
+    NVIDIA_DRIVER,
+    "bus/pci/drivers/pcieport",
+    "bus/pci/drivers/ixgbe",
+    "bus/pci/drivers/ixgbevf",
+    "bus/pci/drivers/snd_hda_intel",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    """A simulated GPU as ``SimHost.gpus()`` lists it."""
+
+    address: PciAddress
+    model: str  # "NVIDIA A2"
+    sriov_enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SimHost:
+    """A handle on a simulated host, by its sysfs root (``DIR/sys``). Holds no state itself."""
+
+    sysfs_root: Path
+
+    @classmethod
+    def open(cls, sysfs_root: Path | str) -> SimHost | None:
+        """The simulated host at ``sysfs_root``, or None if that is not a simulated tree."""
+        root = Path(sysfs_root)
+        return cls(root) if state_path(root).is_file() else None
+
+    @property
+    def directory(self) -> Path:
+        return self.sysfs_root.parent
+
+    @property
+    def sriov_manage(self) -> Path:
+        return self.directory / "bin" / "sriov-manage"
+
+    @property
+    def interface(self) -> str:
+        return load_state(self.sysfs_root).interface
+
+    def gpus(self) -> tuple[SimGpu, ...]:
+        state = load_state(self.sysfs_root)
+        return tuple(SimGpu(PciAddress.parse(g.address), g.model, bool(g.vfs)) for g in state.gpus)
+
+    def writer(self) -> SimSysfsWriter:
+        """The kernel emulation behind the sysfs-writer port."""
+        return SimSysfsWriter(self.sysfs_root)
+
+    def hold_probe(self) -> SimHoldProbe:
+        return SimHoldProbe(self.sysfs_root)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: ``writes`` (sysfs write calls, refused ones too), ``sriovManageCalls``."""
+        counters = load_state(self.sysfs_root).counters
+        return {
+            "writes": counters.get("writes", 0),
+            "sriovManageCalls": counters.get("sriovManageCalls", 0),
+        }
+
+
+# --- creating a host ------------------------------------------------------------------------
+
+
+def init_host(
+    directory: Path,
+    gpus: Sequence[str],
+    *,
+    interface: str = "mdev",
+    extra_devices: bool = True,
+    catalog: Catalog | None = None,
+) -> SimHost:
+    """Build ``DIR/sys`` and ``DIR/bin/sriov-manage`` for GPUs given as ``MODEL[@ADDRESS]``.
+
+    SR-IOV starts disabled. A multi-GPU board (A16) is several GPUs on consecutive buses,
+    starting at the address given. Raises ValueError for an unknown model, a bad or duplicate
+    address, an unknown interface; FileExistsError if ``DIR/sys`` exists.
+    """
+    cat = catalog or default_catalog()
+    requests = [_parse_gpu_arg(g, cat) for g in gpus]
+    directory = Path(directory)
+    _create_host(directory, requests, interface=interface, extra_devices=extra_devices)
+    return SimHost(directory / "sys")
+
+
+def build_host(
+    directory: Path, spec: Mapping[str, Any], *, catalog: Catalog | None = None
+) -> SimHost:
+    """Build a host in a given state straight from a spec (golden tests, benchmarks).
+
+    ``spec``: ``{gpus: [{model, address?, sriov?: enabled|disabled, vgpus?: {VF index or
+    address: "NVIDIA A2-4Q" | {type, uuid?, held?, holder?}}}], interface?, extraDevices?}``.
+    ``sriov`` defaults to enabled when ``vgpus`` is given. A multi-GPU board entry covers the
+    whole board: ``sriov`` applies to each GPU, an index key means a VF of its first GPU, an
+    address key any VF of the board. vGPU UUIDs default to ``uuid5(NAMESPACE_URL, "sim/<VF>")``.
+    A spec the driver would not allow (sizes mixed, too many, unknown type) is a ValueError.
+    """
+    cat = catalog or default_catalog()
+    if not isinstance(spec, Mapping):
+        raise ValueError("simulator spec: expected a mapping with a 'gpus' list")
+    unknown = set(spec) - {"gpus", "interface", "extraDevices", "node", "description"}
+    if unknown:
+        raise ValueError(f"simulator spec: unknown keys {sorted(unknown)}")
+    interface = str(spec.get("interface", "mdev"))
+    extra = spec.get("extraDevices", True)
+    if not isinstance(extra, bool):
+        raise ValueError("simulator spec: extraDevices must be true or false")
+    entries = spec.get("gpus") or []
+    if not isinstance(entries, list):
+        raise ValueError("simulator spec: 'gpus' must be a list")
+    parsed = [_parse_gpu_entry(i, e, cat) for i, e in enumerate(entries)]
+
+    directory = Path(directory)
+    state, placed = _create_host(
+        directory, [p.request for p in parsed], interface=interface, extra_devices=extra
+    )
+    root = directory / "sys"
+    try:
+        with locked(root):
+            tree = SysfsTree(root)
+            for i, entry in enumerate(parsed):
+                board = [state.gpu(str(g.address)) for g in placed if g.board == i]
+                gpus = [g for g in board if g is not None]
+                if entry.sriov:
+                    for gpu in gpus:
+                        driver.enable_vfs(state, tree, gpu)
+                for key, vgpu in entry.vgpus:
+                    _build_vgpu(state, tree, i=i, gpus=gpus, key=key, spec=vgpu)
+            save_state(root, state)
+    except BaseException:
+        _remove_host(directory)
+        raise
+    return SimHost(root)
+
+
+@dataclass(frozen=True, slots=True)
+class _VgpuSpec:
+    type_name: str
+    uuid: str | None
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuEntry:
+    request: GpuRequest
+    sriov: bool
+    vgpus: tuple[tuple[int | PciAddress, _VgpuSpec], ...]
+
+
+def _parse_gpu_entry(i: int, raw: Any, cat: Catalog) -> _GpuEntry:
+    where = f"simulator spec gpus[{i}]"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping with 'model'")
+    unknown = set(raw) - {"model", "address", "sriov", "vgpus"}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    if "model" not in raw:
+        raise ValueError(f"{where}: 'model' is required")
+    model = _model(str(raw["model"]), cat)
+    address = None
+    if raw.get("address") is not None:
+        try:
+            address = PciAddress.parse(str(raw["address"]))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    vgpus_raw = raw.get("vgpus") or {}
+    if not isinstance(vgpus_raw, Mapping):
+        raise ValueError(f"{where}.vgpus: expected a mapping VF → profile")
+    sriov_raw = raw.get("sriov", "enabled" if vgpus_raw else "disabled")
+    if sriov_raw in (True, "enabled"):
+        sriov = True
+    elif sriov_raw in (False, "disabled"):
+        sriov = False
+    else:
+        raise ValueError(f"{where}.sriov: expected enabled or disabled, got {sriov_raw!r}")
+    if vgpus_raw and not sriov:
+        raise ValueError(f"{where}: vGPUs need SR-IOV enabled")
+    vgpus: list[tuple[int | PciAddress, _VgpuSpec]] = []
+    for key, value in vgpus_raw.items():
+        vgpus.append((_vf_key(f"{where}.vgpus", key), _vgpu_spec(f"{where}.vgpus[{key}]", value)))
+    return _GpuEntry(GpuRequest(model, address), sriov, tuple(vgpus))
+
+
+def _vf_key(where: str, key: Any) -> int | PciAddress:
+    if isinstance(key, bool):
+        raise ValueError(f"{where}: VF key {key!r} is neither an index nor an address")
+    if isinstance(key, int):
+        return key
+    text = str(key).strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        return PciAddress.parse(text)
+    except ValueError:
+        raise ValueError(f"{where}: VF key {key!r} is neither an index nor an address") from None
+
+
+def _vgpu_spec(where: str, value: Any) -> _VgpuSpec:
+    if isinstance(value, str):
+        return _VgpuSpec(long_profile_name(value), None, None)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected a profile name or {{type, uuid?, held?}}")
+    unknown = set(value) - {"type", "uuid", "held", "holder"}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    if not isinstance(value.get("type"), str):
+        raise ValueError(f"{where}: 'type' (a profile name) is required")
+    uuid = value.get("uuid")
+    if uuid is not None:
+        try:
+            uuid = str(uuidlib.UUID(str(uuid)))
+        except ValueError:
+            raise ValueError(f"{where}: {uuid!r} is not a UUID") from None
+    held = value.get("held", False)
+    if not isinstance(held, bool):
+        raise ValueError(f"{where}.held: expected true or false")
+    holder = value.get("holder")
+    if holder is not None and not held:
+        held = True
+    return _VgpuSpec(
+        long_profile_name(value["type"]),
+        uuid,
+        (str(holder) if holder is not None else DEFAULT_HOLDER) if held else None,
+    )
+
+
+def _build_vgpu(
+    state: SimState,
+    tree: SysfsTree,
+    *,
+    i: int,
+    gpus: list[GpuRecord],
+    key: int | PciAddress,
+    spec: _VgpuSpec,
+) -> None:
+    where = f"simulator spec gpus[{i}].vgpus[{key}]"
+    if isinstance(key, int):
+        vfs = gpus[0].vfs
+        if not 0 <= key < len(vfs):
+            raise ValueError(f"{where}: VF index out of range 0..{len(vfs) - 1}")
+        vf = vfs[key].address
+    else:
+        vf = str(key)
+        if not any(v.address == vf for g in gpus for v in g.vfs):
+            raise ValueError(f"{where}: {vf} is not a VF of this GPU")
+    if state.interface == "vfio":
+        if spec.uuid is not None:
+            raise ValueError(f"{where}: the vfio interface has no UUIDs (the VF is the vGPU)")
+        vgpu_id = vf
+    else:
+        vgpu_id = spec.uuid or str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"sim/{vf}"))
+    try:
+        driver.create_vgpu(state, tree, vf=vf, type_name=spec.type_name, vgpu_id=vgpu_id)
+    except OSError as exc:
+        raise ValueError(f"{where}: {spec.type_name}: {_reason(exc)}") from None
+    if spec.holder is not None:
+        state.held[vgpu_id] = spec.holder
+
+
+def _reason(exc: OSError) -> str:
+    text = str(exc.strerror or exc)
+    return text.split(": ", 1)[1] if ": " in text else text
+
+
+def _model(name: str, cat: Catalog) -> SimModel:
+    model = cat.model(name)
+    if model is None:
+        known = ", ".join(m.short for m in cat.models)
+        raise ValueError(f"unknown GPU model {name!r}; known models: {known}")
+    return SimModel.from_catalog(model)
+
+
+def _parse_gpu_arg(text: str, cat: Catalog) -> GpuRequest:
+    """``A2`` or ``L40S@0000:41:00.0``."""
+    name, sep, addr = text.partition("@")
+    model = _model(name.strip(), cat)
+    if not sep:
+        return GpuRequest(model)
+    return GpuRequest(model, PciAddress.parse(addr.strip()))
+
+
+def _create_host(
+    directory: Path, requests: Sequence[GpuRequest], *, interface: str, extra_devices: bool
+) -> tuple[SimState, list[PlacedGpu]]:
+    if interface not in INTERFACES:
+        raise ValueError(
+            f"unknown interface {interface!r}: expected one of {', '.join(INTERFACES)}"
+        )
+    placed = place_gpus(requests)
+    state = _layout(placed, interface=interface, extra_devices=extra_devices)
+    root = directory / "sys"
+    if root.exists():
+        raise FileExistsError(f"{root} already exists: remove it to build a new simulated host")
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir()
+        (root / STATE_DIR).mkdir()
+        _render(SysfsTree(root), state)
+        save_state(root, state)
+        install_script(directory)
+    except BaseException:
+        _remove_host(directory)
+        raise
+    return state, placed
+
+
+def _remove_host(directory: Path) -> None:
+    shutil.rmtree(directory / "sys", ignore_errors=True)
+    (directory / "bin" / "sriov-manage").unlink(missing_ok=True)
+
+
+def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool) -> SimState:
+    """Decide every function's place, root port and IOMMU group (deterministically)."""
+    taken = occupied(placed)
+    nic: PciAddress | None = None
+    audio: tuple[PciAddress, PlacedGpu] | None = None
+    if extra_devices:
+        gpu_buses = {(a.domain, a.bus) for a in taken}
+        bus = next(b for b in NIC_BUSES if (0, b) not in gpu_buses)
+        nic = PciAddress(0, bus, 0, 0)
+        for g in sorted(placed, key=lambda g: g.address):
+            a = PciAddress(g.address.domain, g.address.bus, g.address.slot, 1)
+            # Function 1 of the GPU's slot, unless a VF (offset 1) or another GPU sits there.
+            if g.address.function == 0 and a not in taken:
+                audio = (a, g)
+                break
+
+    # Endpoints that get their own root port, numbered per domain in address order.
+    endpoints = sorted([g.address for g in placed] + ([nic] if nic else []))
+    per_domain: dict[int, int] = {}
+    root_ports: dict[PciAddress, PciAddress] = {}
+    for a in endpoints:
+        k = per_domain.get(a.domain, 0)
+        per_domain[a.domain] = k + 1
+        root_ports[a] = root_port_address(a.domain, k)
+
+    state = SimState(
+        interface=interface,
+        models={g.model.name: g.model for g in placed},
+        gpus=[],
+        devices=[],
+    )
+    functions: list[tuple[PciAddress, str, str]] = [  # address, role, root port
+        (rp, "root-port", "") for rp in root_ports.values()
+    ]
+    functions += [(g.address, "gpu", str(root_ports[g.address])) for g in placed]
+    if nic is not None:
+        functions.append((nic, "nic", str(root_ports[nic])))
+        for vf in vf_addresses(nic, total=_NIC_VFS, offset=_NIC_VF_OFFSET, stride=_NIC_VF_STRIDE):
+            functions.append((vf, "nic-vf", str(root_ports[nic])))
+    if audio is not None:
+        functions.append((audio[0], "audio", str(root_ports[audio[1].address])))
+
+    models = {g.address: g.model for g in placed}
+    groups: dict[PciAddress, int] = {}
+    for address, role, rp in sorted(functions, key=lambda f: f[0]):
+        if role == "audio" and audio is not None:
+            # A GPU and its audio function share the slot, hence the IOMMU group (the GPU,
+            # function 0, sorts first and has it already).
+            group = groups[audio[1].address]
+        else:
+            group = state.allocate_group(str(address))
+        groups[address] = group
+        if role == "gpu":
+            state.gpus.append(GpuRecord(str(address), models[address].name, rp, group))
+        else:
+            state.devices.append(DeviceRecord(str(address), role, rp, group))
+    return state
+
+
+def _render(tree: SysfsTree, state: SimState) -> None:
+    tree.skeleton(_DRIVERS)
+    for d in state.devices:
+        if d.role == "root-port":
+            tree.function(_root_port(d))
+    for g in state.gpus:
+        tree.gpu_pf(g.address, g.root_port, state.model_of(g), g.iommu_group)
+    nic = next((d for d in state.devices if d.role == "nic"), None)
+    nic_vfs = [d for d in state.devices if d.role == "nic-vf"]
+    if nic is not None:
+        tree.function(_nic(nic, nic_vfs))
+        for d in nic_vfs:
+            tree.function(_nic_vf(d, nic))
+    for d in state.devices:
+        if d.role == "audio":
+            tree.function(_audio(d, state))
+
+
+def _root_port(d: DeviceRecord) -> PciFunction:
+    return PciFunction(
+        address=d.address,
+        root_port="",
+        vendor=_INTEL,
+        device=_ROOT_PORT["device"],
+        class_code=_ROOT_PORT["class"],
+        subsystem_vendor=_INTEL,
+        subsystem_device=0,
+        revision=0x04,
+        driver="bus/pci/drivers/pcieport",
+        iommu_group=d.iommu_group,
+    )
+
+
+def _nic(d: DeviceRecord, vfs: Sequence[DeviceRecord]) -> PciFunction:
+    return PciFunction(
+        address=d.address,
+        root_port=d.root_port,
+        vendor=_INTEL,
+        device=_NIC["device"],
+        class_code=_NIC["class"],
+        subsystem_vendor=_INTEL,
+        subsystem_device=_NIC["subsystem"],
+        revision=0x01,
+        driver="bus/pci/drivers/ixgbe",
+        iommu_group=d.iommu_group,
+        files={
+            "sriov_totalvfs": (f"{_NIC_TOTAL_VFS}\n", 0o444),
+            "sriov_numvfs": (f"{len(vfs)}\n", 0o644),
+            "sriov_offset": (f"{_NIC_VF_OFFSET}\n", 0o444),
+            "sriov_stride": (f"{_NIC_VF_STRIDE}\n", 0o444),
+            "sriov_vf_device": (f"{_NIC['vf_device']:x}\n", 0o444),
+        },
+        links={f"virtfn{i}": device_dir(v.address, v.root_port) for i, v in enumerate(vfs)},
+    )
+
+
+def _nic_vf(d: DeviceRecord, pf: DeviceRecord) -> PciFunction:
+    return PciFunction(
+        address=d.address,
+        root_port=d.root_port,
+        vendor=_INTEL,
+        device=_NIC["vf_device"],
+        class_code=_NIC["class"],
+        subsystem_vendor=_INTEL,
+        subsystem_device=_NIC["subsystem"],
+        revision=0x01,
+        driver="bus/pci/drivers/ixgbevf",
+        iommu_group=d.iommu_group,
+        links={"physfn": device_dir(pf.address, pf.root_port)},
+    )
+
+
+def _audio(d: DeviceRecord, state: SimState) -> PciFunction:
+    pf = PciAddress.parse(d.address)
+    gpu = state.gpu(str(PciAddress(pf.domain, pf.bus, pf.slot, 0)))
+    model = state.model_of(gpu) if gpu is not None else None
+    return PciFunction(
+        address=d.address,
+        root_port=d.root_port,
+        vendor=0x10DE,
+        device=_AUDIO["device"],
+        class_code=_AUDIO["class"],
+        subsystem_vendor=model.subsystem_vendor if model else 0x10DE,
+        subsystem_device=model.subsystem_device if model else 0,
+        revision=0xA1,
+        driver="bus/pci/drivers/snd_hda_intel",
+        iommu_group=d.iommu_group,
+    )
+
+
+# --- operating a host -----------------------------------------------------------------------
+
+
+def _root_of(directory: Path) -> Path:
+    """``DIR/sys`` of a simulated host (``DIR/sys`` itself is accepted too)."""
+    directory = Path(directory)
+    for root in (directory / "sys", directory):
+        if state_path(root).is_file():
+            return root
+    raise ValueError(
+        f"{directory} is not a simulated host (no sys/{STATE_DIR}/state.json): "
+        "create one with 'vgpuctl sim init'"
+    )
+
+
+def _vgpu_key(state: SimState, vgpu: str) -> str:
+    key = vgpu.strip().lower()
+    if key not in state.vgpus:
+        known = ", ".join(sorted(state.vgpus)[:8]) or "none"
+        raise ValueError(f"no vGPU {vgpu!r} on this simulated host (vGPUs: {known})")
+    return key
+
+
+def hold(directory: Path, uuid: str, *, holder: str = DEFAULT_HOLDER) -> None:
+    """A VM opens the vGPU: removing it (or disabling its GPU's VFs) now fails with EBUSY."""
+    root = _root_of(directory)
+    with locked(root):
+        state = load_state(root)
+        state.held[_vgpu_key(state, uuid)] = holder
+        save_state(root, state)
+
+
+def release(directory: Path, uuid: str) -> None:
+    """The VM lets go of the vGPU (nothing happens if it was not held)."""
+    root = _root_of(directory)
+    with locked(root):
+        state = load_state(root)
+        state.held.pop(_vgpu_key(state, uuid), None)
+        save_state(root, state)
+
+
+def fail(
+    directory: Path,
+    *,
+    writes: int = 0,
+    sriov_manage: str | None = None,
+    crash_after: int | None = None,
+) -> None:
+    """Arm one-shot faults; only the ones given are changed (``reboot`` clears them all).
+
+    ``writes=N``: the next N sysfs writes fail with EIO. ``sriov_manage``: the next call fails
+    ("error", exit 1), does nothing but exits 0 ("silent"), or sleeps an hour ("hang").
+    ``crash_after=N``: after the Nth further successful change (a sysfs write or an
+    sriov-manage call that changed something) the process that asked for it is SIGKILLed.
+    """
+    if writes < 0:
+        raise ValueError(f"writes must be 0 or more, not {writes}")
+    if sriov_manage is not None and sriov_manage not in SRIOV_MANAGE_FAULTS:
+        raise ValueError(
+            f"unknown sriov-manage fault {sriov_manage!r}: "
+            f"expected one of {', '.join(SRIOV_MANAGE_FAULTS)}"
+        )
+    if crash_after is not None and crash_after < 1:
+        raise ValueError(f"crash_after must be 1 or more, not {crash_after}")
+    root = _root_of(directory)
+    with locked(root):
+        state = load_state(root)
+        if writes:
+            state.faults.writes = writes
+        if sriov_manage is not None:
+            state.faults.sriov_manage = sriov_manage
+        if crash_after is not None:
+            state.faults.crash_after = crash_after
+        save_state(root, state)
+
+
+def reboot(directory: Path) -> None:
+    """Power-cycle: every VF and vGPU gone, holds and faults cleared; PFs and the rest stay."""
+    root = _root_of(directory)
+    with locked(root):
+        state = load_state(root)
+        driver.power_cycle(state, SysfsTree(root))
+        save_state(root, state)

@@ -1,0 +1,168 @@
+"""The kernel behind the simulated sysfs: what happens when something writes a file there.
+
+:class:`SimSysfsWriter` is the simulator's adapter for the project's sysfs-writer port
+(``write(path, value)``, path relative to the sysfs root). It resolves the path the way the
+kernel's VFS would (symlinks included), refuses anything outside the root, and dispatches on
+what the resolved file is: an mdev type's ``create``, an mdev's ``remove``, ``vgpu_params``, a
+VF's ``nvidia/current_vgpu_type``; everything else is refused with the errno sysfs gives.
+
+:class:`SimHoldProbe` answers the observer's "is a VM holding this vGPU?" from the state file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+from reconciler.sim import driver
+from reconciler.sim.driver import refusal
+from reconciler.sim.state import STATE_DIR, SimState, load_state, locked, save_state
+from reconciler.sim.tree import SysfsTree
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+UUID_LEN = 36
+
+
+class SimSysfsWriter:
+    """Writes to a simulated sysfs tree, with the effects and errnos of the real kernel."""
+
+    def __init__(self, sysfs_root: Path) -> None:
+        self._root = Path(sysfs_root)
+        self._root_real = os.path.realpath(self._root)
+
+    def write(self, path: str, value: str) -> None:
+        """Write ``value`` to ``path`` (relative to the sysfs root); raise ``OSError`` like sysfs.
+
+        Every call counts in ``stats()["writes"]``, refused ones too. A pending ``fail(writes=N)``
+        makes the write fail with EIO; a pending ``fail(crash_after=N)`` SIGKILLs this process
+        right after the Nth further successful change (the change itself is complete).
+        """
+        error: OSError | None = None
+        crash = False
+        with locked(self._root):
+            state = load_state(self._root)
+            state.counters["writes"] = state.counters.get("writes", 0) + 1
+            try:
+                parts = self._resolve(path)
+                if state.faults.take_write_fault():
+                    raise refusal(errno.EIO, f"{path}: injected fault")
+                changed = _dispatch(state, SysfsTree(self._root), parts, value, shown=path)
+                crash = changed and state.faults.change_made()
+            except OSError as exc:
+                error = exc
+            save_state(self._root, state)
+        if crash:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if error is not None:
+            raise error
+
+    def _resolve(self, path: str) -> list[str]:
+        """The resolved path's parts below the root; PermissionError outside it, ENOENT, EISDIR."""
+        try:
+            resolved = os.path.realpath(os.path.join(self._root_real, path))
+        except ValueError as exc:  # an embedded NUL
+            raise refusal(errno.EINVAL, f"{path!r}: {exc}") from None
+        if os.path.commonpath([resolved, self._root_real]) != self._root_real:
+            raise refusal(errno.EACCES, f"{path}: outside the simulated sysfs root")
+        rel = os.path.relpath(resolved, self._root_real)
+        parts = [] if rel == "." else rel.split(os.sep)
+        if parts and parts[0] == STATE_DIR:
+            raise refusal(errno.EACCES, f"{path}: the simulator's own state, not sysfs")
+        if not os.path.exists(resolved):
+            raise refusal(errno.ENOENT, path)
+        if os.path.isdir(resolved):
+            raise refusal(errno.EISDIR, path)
+        return parts
+
+
+def _dispatch(
+    state: SimState, tree: SysfsTree, parts: list[str], value: str, *, shown: str
+) -> bool:
+    """Act on a write to an existing, resolved file; True if it changed the host."""
+    name = parts[-1]
+    parent = parts[-2] if len(parts) >= 2 else ""
+    grandparent = parts[-3] if len(parts) >= 3 else ""
+
+    if (
+        name == "create"
+        and grandparent == "mdev_supported_types"
+        and len(parts) >= 4
+        and state.interface == "mdev"
+    ):
+        return _create(state, tree, vf=parts[-4], type_dir=parent, value=value, shown=shown)
+    if name == "remove" and parent in state.vgpus and state.vgpus[parent].vf == grandparent:
+        try:
+            flag = int(value.strip(), 0)
+        except ValueError:
+            raise refusal(errno.EINVAL, f"{shown}: expected 1, got {value!r}") from None
+        if flag == 0:
+            return False  # the kernel accepts 0 and does nothing
+        driver.remove_vgpu(state, tree, parent)
+        return True
+    if name == "vgpu_params" and parent == "nvidia" and grandparent in state.vgpus:
+        if grandparent in state.held:
+            raise refusal(errno.EBUSY, f"{shown}: vGPU is open in a VM")
+        tree.replace("/".join(parts), value if value.endswith("\n") else value + "\n", 0o644)
+        return True
+    if name == "current_vgpu_type" and parent == "nvidia" and state.interface == "vfio":
+        return _set_vfio_type(state, tree, vf=grandparent, value=value, shown=shown)
+    if name == "sriov_numvfs":
+        # The NVIDIA driver refuses raw writes: VFs are made by sriov-manage (DOMAIN.md §2).
+        raise refusal(errno.EPERM, f"{shown}: use sriov-manage to enable or disable VFs")
+    raise refusal(errno.EACCES, f"{shown}: read-only attribute")
+
+
+def _create(
+    state: SimState, tree: SysfsTree, *, vf: str, type_dir: str, value: str, shown: str
+) -> bool:
+    gpu = state.vf_owner(vf)
+    vgpu_type = None
+    if gpu is not None and type_dir.startswith("nvidia-") and type_dir[7:].isdigit():
+        vgpu_type = state.model_of(gpu).type_with_id(int(type_dir[7:]))
+    if gpu is None or vgpu_type is None:
+        raise refusal(errno.ENOENT, shown)
+    # As mdev's create_store: 36 characters, or 37 with a trailing newline.
+    text = value[:-1] if value.endswith("\n") else value
+    if len(text) != UUID_LEN or not _UUID.match(text):
+        raise refusal(errno.EINVAL, f"{shown}: {value!r} is not a UUID")
+    driver.create_vgpu(state, tree, vf=vf, type_name=vgpu_type.name, vgpu_id=text.lower())
+    return True
+
+
+def _set_vfio_type(state: SimState, tree: SysfsTree, *, vf: str, value: str, shown: str) -> bool:
+    gpu = state.vf_owner(vf)
+    if gpu is None:
+        raise refusal(errno.ENOENT, shown)
+    try:
+        type_id = int(value.strip())
+    except ValueError:
+        raise refusal(errno.EINVAL, f"{shown}: {value!r} is not a type id") from None
+    current = state.vgpu_on_vf(vf)
+    if type_id == 0:
+        if current is None:
+            raise refusal(errno.EPERM, f"{shown}: VF {vf} has no vGPU type to clear")
+        driver.remove_vgpu(state, tree, current)
+        return True
+    if current is not None:
+        raise refusal(errno.EPERM, f"{shown}: VF {vf} already has a vGPU type; write 0 first")
+    vgpu_type = state.model_of(gpu).type_with_id(type_id)
+    if vgpu_type is None:
+        raise refusal(errno.EINVAL, f"{shown}: no vGPU type {type_id} on this GPU")
+    driver.create_vgpu(state, tree, vf=vf, type_name=vgpu_type.name, vgpu_id=vf)
+    return True
+
+
+class SimHoldProbe:
+    """Which vGPUs a simulated VM holds (``vgpuctl sim hold``); reads the state, never locks."""
+
+    def __init__(self, sysfs_root: Path) -> None:
+        self._root = Path(sysfs_root)
+
+    def held(self, vgpus: Mapping[str, str | None]) -> dict[str, str]:
+        """Input: vGPU UUID (vfio: VF address) → IOMMU group or None; output: held ones → holder."""
+        holds = load_state(self._root).held
+        return {u: holds[u.lower()] for u in vgpus if u.lower() in holds}

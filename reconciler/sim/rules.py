@@ -1,0 +1,349 @@
+"""The simulated NVIDIA driver's rules, as pure functions: no files, no state.
+
+Which vGPU types a GPU offers and under which ids, where its VFs appear (the kernel's routing-id
+arithmetic), which types a VF can create now (the equal-size rule and the per-size maximum), and
+where simulated GPUs sit on the PCI buses. The writer, ``sriov-manage`` and ``build_host`` all ask
+these same functions, so a spec that ``build_host`` accepts is one the writer would also accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.catalog import GpuModel
+from reconciler.model import PciAddress
+
+
+@dataclass(frozen=True, slots=True)
+class SimType:
+    """A vGPU type as the simulated driver offers it on every VF of a GPU."""
+
+    type_id: int  # 745: the mdev type dir is ``nvidia-745``, the vfio id is ``745``
+    name: str  # "NVIDIA A2-4Q"
+    framebuffer_mib: int
+    max_instance: int  # per physical GPU
+    num_heads: int
+    frl_config: int
+    max_resolution: str
+
+    @property
+    def mdev_type(self) -> str:
+        return f"nvidia-{self.type_id}"
+
+    @property
+    def description(self) -> str:
+        """The one line the driver prints in ``mdev_supported_types/<type>/description``."""
+        return (
+            f"num_heads={self.num_heads}, frl_config={self.frl_config}, "
+            f"framebuffer={self.framebuffer_mib}M, max_resolution={self.max_resolution}, "
+            f"max_instance={self.max_instance}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.type_id,
+            "name": self.name,
+            "framebufferMiB": self.framebuffer_mib,
+            "maxInstance": self.max_instance,
+            "numHeads": self.num_heads,
+            "frlConfig": self.frl_config,
+            "maxResolution": self.max_resolution,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> SimType:
+        return cls(
+            type_id=int(raw["id"]),
+            name=str(raw["name"]),
+            framebuffer_mib=int(raw["framebufferMiB"]),
+            max_instance=int(raw["maxInstance"]),
+            num_heads=int(raw["numHeads"]),
+            frl_config=int(raw["frlConfig"]),
+            max_resolution=str(raw["maxResolution"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SimModel:
+    """What the simulator needs of a catalogue model, copied into the state file.
+
+    Copying it makes a simulated host self-contained: a later catalogue edit does not change
+    the hardware of a tree that already exists.
+    """
+
+    name: str  # "NVIDIA A2"
+    vendor: int
+    device: int
+    subsystem_vendor: int
+    subsystem_device: int
+    vf_device: int  # NVIDIA VFs report the PF's device id
+    vfs: int
+    vf_offset: int
+    vf_stride: int
+    gpus_per_board: int
+    types: tuple[SimType, ...]
+
+    @classmethod
+    def from_catalog(cls, model: GpuModel) -> SimModel:
+        ids = model.pci_ids[0]
+        device = int(ids.device, 16)
+        # MIG-backed profiles are never offered: MIG mode is off on simulated GPUs. Ids still
+        # count every catalogue profile, so an id names the same profile whatever is offered.
+        types = tuple(
+            SimType(
+                type_id=model.first_type_id + i,
+                name=p.name,
+                framebuffer_mib=p.framebuffer_mib,
+                max_instance=p.max_instances,
+                num_heads=p.num_heads,
+                frl_config=p.frl_config,
+                max_resolution=p.max_resolution,
+            )
+            for i, p in enumerate(model.profiles)
+            if not p.mig
+        )
+        return cls(
+            name=model.name,
+            vendor=int(ids.vendor, 16),
+            device=device,
+            subsystem_vendor=int(ids.subsystem_vendor or ids.vendor, 16),
+            subsystem_device=int(ids.subsystem_device or "0", 16),
+            vf_device=device,
+            vfs=model.vfs,
+            vf_offset=model.vf_offset,
+            vf_stride=model.vf_stride,
+            gpus_per_board=model.gpus_per_board,
+            types=types,
+        )
+
+    def type_named(self, name: str) -> SimType | None:
+        for t in self.types:
+            if t.name == name:
+                return t
+        return None
+
+    def type_with_id(self, type_id: int) -> SimType | None:
+        for t in self.types:
+            if t.type_id == type_id:
+                return t
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "vendor": self.vendor,
+            "device": self.device,
+            "subsystemVendor": self.subsystem_vendor,
+            "subsystemDevice": self.subsystem_device,
+            "vfDevice": self.vf_device,
+            "vfs": self.vfs,
+            "vfOffset": self.vf_offset,
+            "vfStride": self.vf_stride,
+            "gpusPerBoard": self.gpus_per_board,
+            "types": [t.to_json() for t in self.types],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> SimModel:
+        return cls(
+            name=str(raw["name"]),
+            vendor=int(raw["vendor"]),
+            device=int(raw["device"]),
+            subsystem_vendor=int(raw["subsystemVendor"]),
+            subsystem_device=int(raw["subsystemDevice"]),
+            vf_device=int(raw["vfDevice"]),
+            vfs=int(raw["vfs"]),
+            vf_offset=int(raw["vfOffset"]),
+            vf_stride=int(raw["vfStride"]),
+            gpus_per_board=int(raw["gpusPerBoard"]),
+            types=tuple(SimType.from_json(t) for t in raw["types"]),
+        )
+
+
+def vf_addresses(pf: PciAddress, *, total: int, offset: int, stride: int) -> tuple[PciAddress, ...]:
+    """Where the kernel places VF 0..total-1: routing id of the PF + offset + index × stride."""
+    return tuple(
+        PciAddress.from_routing_id(pf.domain, pf.routing_id + offset + i * stride)
+        for i in range(total)
+    )
+
+
+def model_vf_addresses(pf: PciAddress, model: SimModel) -> tuple[PciAddress, ...]:
+    return vf_addresses(pf, total=model.vfs, offset=model.vf_offset, stride=model.vf_stride)
+
+
+def creatable(model: SimModel, hosted: Mapping[str, str | None]) -> dict[str, frozenset[str]]:
+    """Per VF of one GPU, the names of the types whose ``available_instances`` is 1 now.
+
+    ``hosted`` maps every VF address of the GPU to the type name of its vGPU (or None). A type
+    is creatable on a VF iff the VF hosts nothing, the GPU hosts nothing or only vGPUs of the
+    type's framebuffer size (equal-size mode), and fewer vGPUs of that size exist on the GPU than
+    the type's ``max_instance``.
+    """
+    by_name = {t.name: t for t in model.types}
+    sizes: dict[int, int] = {}
+    for type_name in hosted.values():
+        if type_name is not None:
+            size = by_name[type_name].framebuffer_mib if type_name in by_name else -1
+            sizes[size] = sizes.get(size, 0) + 1
+    if len(sizes) > 1:
+        open_types: frozenset[str] = frozenset()  # mixed sizes: only a mixed-size host does this
+    else:
+        hosted_size = next(iter(sizes), None)
+        open_types = frozenset(
+            t.name
+            for t in model.types
+            if (hosted_size is None or t.framebuffer_mib == hosted_size)
+            and sizes.get(t.framebuffer_mib, 0) < t.max_instance
+        )
+    return {
+        vf: (open_types if type_name is None else frozenset()) for vf, type_name in hosted.items()
+    }
+
+
+def create_refusal(
+    model: SimModel, hosted: Mapping[str, str | None], vf: str, type_name: str
+) -> str | None:
+    """Why the driver would refuse to create ``type_name`` on ``vf`` now; None if it would not."""
+    t = model.type_named(type_name)
+    if t is None:
+        return f"{model.name} does not offer vGPU type {type_name!r}"
+    if vf not in hosted:
+        return f"{vf} is not a VF of this {model.name}"
+    current = hosted[vf]
+    if current is not None:
+        return f"VF {vf} already hosts a {current} vGPU (one vGPU per VF)"
+    by_name = {x.name: x for x in model.types}
+    others = [by_name[n] for n in hosted.values() if n is not None and n in by_name]
+    sizes = {o.framebuffer_mib for o in others}
+    if sizes and sizes != {t.framebuffer_mib}:
+        size = min(sizes)
+        return (
+            f"{type_name} has {t.framebuffer_mib} MiB of framebuffer but the GPU already hosts "
+            f"{size} MiB vGPUs (equal-size mode)"
+        )
+    same = sum(1 for o in others if o.framebuffer_mib == t.framebuffer_mib)
+    if same >= t.max_instance:
+        return (
+            f"{type_name}: the GPU already hosts {same} vGPUs of {t.framebuffer_mib} MiB "
+            f"(max_instance={t.max_instance})"
+        )
+    return None
+
+
+# --- where simulated devices sit on the PCI buses -------------------------------------------
+
+#: Buses handed out to GPUs given without an address: 0x08, 0x18, …, 0xf8, then the next domain.
+DEFAULT_BUS_FIRST = 0x08
+DEFAULT_BUS_STEP = 0x10
+#: Buses tried, in order, for the distractor NIC (domain 0).
+NIC_BUSES = (0x03, 0x04, 0x05, 0x06, 0x07, 0x02, 0x01, *range(0x09, 0x100))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """One ``MODEL[@ADDRESS]`` asked for; a multi-GPU board expands to several GPUs."""
+
+    model: SimModel
+    address: PciAddress | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedGpu:
+    model: SimModel
+    address: PciAddress
+    board: int  # index of the request that produced it
+
+
+def _board_addresses(first: PciAddress, count: int) -> list[PciAddress]:
+    if first.bus + count - 1 > 0xFF:
+        raise ValueError(f"a {count}-GPU board at {first} would run past bus ff")
+    return [
+        PciAddress(first.domain, first.bus + k, first.slot, first.function) for k in range(count)
+    ]
+
+
+def _default_bases() -> Iterator[tuple[int, int]]:
+    for domain in range(0x10000):
+        for bus in range(DEFAULT_BUS_FIRST, 0x100, DEFAULT_BUS_STEP):
+            yield domain, bus
+
+
+def place_gpus(requests: Sequence[GpuRequest]) -> list[PlacedGpu]:
+    """Give every GPU an address: requested ones first, the rest on free default buses.
+
+    Raises ValueError for a duplicate address, a GPU on bus 00 (the root complex here) or
+    functions that would overlap (a PF or one of its VFs landing on another device).
+    """
+    out: dict[int, list[PlacedGpu]] = {}
+    taken: dict[PciAddress, str] = {}  # every function a placed GPU uses, PF and VFs
+    pfs: dict[PciAddress, str] = {}
+    buses: set[tuple[int, int]] = set()
+
+    def claim(gpus: list[PlacedGpu]) -> None:
+        for g in gpus:
+            if g.address.bus == 0:
+                raise ValueError(
+                    f"GPU address {g.address}: bus 00 holds the simulated root ports; "
+                    "use another bus"
+                )
+            if g.address in pfs:
+                raise ValueError(f"duplicate address {g.address}: already used by {pfs[g.address]}")
+            functions = [g.address, *model_vf_addresses(g.address, g.model)]
+            for a in functions:
+                if a in taken:
+                    raise ValueError(
+                        f"{g.model.name} at {g.address}: function {a} overlaps {taken[a]}"
+                    )
+            pfs[g.address] = f"{g.model.name} at {g.address}"
+            for i, a in enumerate(functions):
+                taken[a] = f"{g.model.name} at {g.address}" + ("" if i == 0 else f" (VF {i - 1})")
+                buses.add((a.domain, a.bus))
+
+    for i, req in enumerate(requests):
+        if req.address is not None:
+            gpus = [
+                PlacedGpu(req.model, a, i)
+                for a in _board_addresses(req.address, req.model.gpus_per_board)
+            ]
+            claim(gpus)
+            out[i] = gpus
+    bases = _default_bases()
+    for i, req in enumerate(requests):
+        if req.address is not None:
+            continue
+        n = req.model.gpus_per_board
+        for domain, bus in bases:
+            if bus + n - 1 > 0xFF:
+                continue
+            if all((domain, bus + k) not in buses for k in range(n)):
+                gpus = [
+                    PlacedGpu(req.model, a, i)
+                    for a in _board_addresses(PciAddress(domain, bus, 0, 0), n)
+                ]
+                claim(gpus)
+                out[i] = gpus
+                break
+        else:  # pragma: no cover - 65536 domains
+            raise ValueError("no free PCI bus left for another GPU")
+    return [g for i in range(len(requests)) for g in out[i]]
+
+
+def occupied(gpus: Iterable[PlacedGpu]) -> set[PciAddress]:
+    """Every function a set of GPUs uses or will use once SR-IOV is on."""
+    out: set[PciAddress] = set()
+    for g in gpus:
+        out.add(g.address)
+        out.update(model_vf_addresses(g.address, g.model))
+    return out
+
+
+def root_port_address(domain: int, index: int) -> PciAddress:
+    """The ``index``-th simulated root port of a domain: ``dddd:00:01.0``, ``dddd:00:02.0``, …"""
+    slot = 1 + index % 31
+    function = index // 31
+    if function > 7:
+        raise ValueError(f"more than {31 * 8} devices in PCI domain {domain:04x}")
+    return PciAddress(domain, 0, slot, function)

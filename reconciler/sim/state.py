@@ -1,0 +1,268 @@
+"""The simulator's hidden state file and the lock that serialises every change to a host.
+
+``<sysfs root>/.vgpuctl-sim/state.json`` holds what the sysfs files do not say by themselves:
+which catalogue model each GPU is (with its types, copied), the VFs and vGPUs with their IOMMU
+groups, which vGPUs a simulated VM holds, pending faults, counters, and the IOMMU group
+allocator. The tree is rendered from it, and both change together under one ``fcntl`` lock
+(``.vgpuctl-sim/lock``): the apply process (through the writer) and ``sriov-manage``
+subprocesses act on one host concurrently. The file is replaced atomically, so readers (the hold
+probe, ``stats``) need no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reconciler.sim.rules import SimModel
+
+STATE_DIR = ".vgpuctl-sim"
+STATE_FILE = "state.json"
+LOCK_FILE = "lock"
+FORMAT_VERSION = 1
+
+#: Faults ``sriov-manage`` can be told to show once.
+SRIOV_MANAGE_FAULTS = ("error", "silent", "hang")
+
+
+def state_path(sysfs_root: Path) -> Path:
+    return sysfs_root / STATE_DIR / STATE_FILE
+
+
+# The records below are mutable on purpose: they are the in-memory image of the state file,
+# changed by one operation at a time while it holds the lock, then written back whole.
+
+
+@dataclass(slots=True)
+class VfRecord:
+    address: str
+    iommu_group: int
+
+
+@dataclass(slots=True)
+class GpuRecord:
+    address: str
+    model: str  # key into SimState.models
+    root_port: str
+    iommu_group: int
+    vfs: list[VfRecord] = field(default_factory=list)  # in virtfn order; empty: SR-IOV off
+
+
+@dataclass(slots=True)
+class DeviceRecord:
+    """A non-GPU function (root port, NIC and its VFs, audio): fixed for the host's life."""
+
+    address: str
+    role: str  # root-port | nic | nic-vf | audio
+    root_port: str  # "" for a root port itself
+    iommu_group: int
+
+
+@dataclass(slots=True)
+class VgpuRecord:
+    vf: str
+    type: str  # type name
+    iommu_group: int
+
+
+@dataclass(slots=True)
+class Faults:
+    writes: int = 0  # the next N sysfs writes fail with EIO
+    sriov_manage: str | None = None  # the next sriov-manage call: error | silent | hang
+    crash_after: int | None = None  # SIGKILL the caller after N more successful changes
+
+    def take_write_fault(self) -> bool:
+        """Consume one pending EIO write fault; True if this write must fail."""
+        if self.writes <= 0:
+            return False
+        self.writes -= 1
+        return True
+
+    def take_sriov_manage_fault(self) -> str | None:
+        fault, self.sriov_manage = self.sriov_manage, None
+        return fault
+
+    def change_made(self) -> bool:
+        """Count a successful change; True when it is the one after which to kill the caller."""
+        if self.crash_after is None:
+            return False
+        self.crash_after -= 1
+        if self.crash_after > 0:
+            return False
+        self.crash_after = None
+        return True
+
+
+@dataclass(slots=True)
+class SimState:
+    interface: str  # mdev | vfio
+    models: dict[str, SimModel]
+    gpus: list[GpuRecord]
+    devices: list[DeviceRecord]
+    #: vGPU id (the mdev UUID; on vfio the VF address) → record.
+    vgpus: dict[str, VgpuRecord] = field(default_factory=dict)
+    #: vGPU id → who holds it (a simulated VM).
+    held: dict[str, str] = field(default_factory=dict)
+    faults: Faults = field(default_factory=Faults)
+    counters: dict[str, int] = field(default_factory=lambda: {"writes": 0, "sriovManageCalls": 0})
+    #: IOMMU group number → the device (address or UUID) in it; the lowest free number is next.
+    iommu_groups: dict[int, str] = field(default_factory=dict)
+
+    # --- look-ups -------------------------------------------------------------------------
+
+    def gpu(self, address: str) -> GpuRecord | None:
+        for g in self.gpus:
+            if g.address == address:
+                return g
+        return None
+
+    def vf_owner(self, vf: str) -> GpuRecord | None:
+        for g in self.gpus:
+            for v in g.vfs:
+                if v.address == vf:
+                    return g
+        return None
+
+    def model_of(self, gpu: GpuRecord) -> SimModel:
+        return self.models[gpu.model]
+
+    def hosted(self, gpu: GpuRecord) -> dict[str, str | None]:
+        """Every VF of the GPU → the type name of its vGPU, or None."""
+        out: dict[str, str | None] = {v.address: None for v in gpu.vfs}
+        for rec in self.vgpus.values():
+            if rec.vf in out:
+                out[rec.vf] = rec.type
+        return out
+
+    def vgpus_on(self, gpu: GpuRecord) -> list[str]:
+        vfs = {v.address for v in gpu.vfs}
+        return [vid for vid, rec in self.vgpus.items() if rec.vf in vfs]
+
+    def vgpu_on_vf(self, vf: str) -> str | None:
+        for vid, rec in self.vgpus.items():
+            if rec.vf == vf:
+                return vid
+        return None
+
+    # --- IOMMU groups ---------------------------------------------------------------------
+
+    def allocate_group(self, owner: str) -> int:
+        """The lowest free group number, as the kernel's IDA hands them out."""
+        n = 0
+        while n in self.iommu_groups:
+            n += 1
+        self.iommu_groups[n] = owner
+        return n
+
+    def free_group(self, number: int) -> None:
+        self.iommu_groups.pop(number, None)
+
+    # --- JSON -----------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "formatVersion": FORMAT_VERSION,
+            "interface": self.interface,
+            "models": {k: m.to_json() for k, m in self.models.items()},
+            "gpus": [
+                {
+                    "address": g.address,
+                    "model": g.model,
+                    "rootPort": g.root_port,
+                    "iommuGroup": g.iommu_group,
+                    "vfs": [{"address": v.address, "iommuGroup": v.iommu_group} for v in g.vfs],
+                }
+                for g in self.gpus
+            ],
+            "devices": [
+                {
+                    "address": d.address,
+                    "role": d.role,
+                    "rootPort": d.root_port,
+                    "iommuGroup": d.iommu_group,
+                }
+                for d in self.devices
+            ],
+            "vgpus": {
+                vid: {"vf": r.vf, "type": r.type, "iommuGroup": r.iommu_group}
+                for vid, r in self.vgpus.items()
+            },
+            "held": dict(self.held),
+            "faults": {
+                "writes": self.faults.writes,
+                "sriovManage": self.faults.sriov_manage,
+                "crashAfter": self.faults.crash_after,
+            },
+            "counters": dict(self.counters),
+            "iommuGroups": {str(k): v for k, v in sorted(self.iommu_groups.items())},
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SimState:
+        if raw.get("formatVersion") != FORMAT_VERSION:
+            raise ValueError(
+                f"simulator state format {raw.get('formatVersion')!r} is not {FORMAT_VERSION}"
+            )
+        faults = raw.get("faults", {})
+        return cls(
+            interface=str(raw["interface"]),
+            models={k: SimModel.from_json(m) for k, m in raw["models"].items()},
+            gpus=[
+                GpuRecord(
+                    address=g["address"],
+                    model=g["model"],
+                    root_port=g["rootPort"],
+                    iommu_group=int(g["iommuGroup"]),
+                    vfs=[VfRecord(v["address"], int(v["iommuGroup"])) for v in g["vfs"]],
+                )
+                for g in raw["gpus"]
+            ],
+            devices=[
+                DeviceRecord(d["address"], d["role"], d["rootPort"], int(d["iommuGroup"]))
+                for d in raw["devices"]
+            ],
+            vgpus={
+                vid: VgpuRecord(r["vf"], r["type"], int(r["iommuGroup"]))
+                for vid, r in raw["vgpus"].items()
+            },
+            held={str(k): str(v) for k, v in raw["held"].items()},
+            faults=Faults(
+                writes=int(faults.get("writes", 0)),
+                sriov_manage=faults.get("sriovManage"),
+                crash_after=faults.get("crashAfter"),
+            ),
+            counters={str(k): int(v) for k, v in raw["counters"].items()},
+            iommu_groups={int(k): str(v) for k, v in raw["iommuGroups"].items()},
+        )
+
+
+def load_state(sysfs_root: Path) -> SimState:
+    """Read the state without the lock (it is replaced atomically)."""
+    with state_path(sysfs_root).open(encoding="utf-8") as f:
+        return SimState.from_json(json.load(f))
+
+
+def save_state(sysfs_root: Path, state: SimState) -> None:
+    path = state_path(sysfs_root)
+    tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+    # Compact on purpose: indenting makes json fall back to its slow pure-Python encoder, and
+    # this file is rewritten on every simulated sysfs write.
+    tmp.write_text(json.dumps(state.to_json(), separators=(",", ":")) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def locked(sysfs_root: Path) -> Iterator[None]:
+    """Hold the host's lock (blocking): one change to a simulated host at a time."""
+    fd = os.open(sysfs_root / STATE_DIR / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock

@@ -1,0 +1,318 @@
+"""``just bench``: measure what the issue's targets name; print and save the results as JSON.
+
+Targets (reported, never asserted in tests): cold ``vgpuctl plan`` ≤ 0.5 s; planning a
+1,000-node fleet ≤ 5 s and ≤ 1 GiB. Also: in-process scan + plan of an 8×L40S node (256 VFs),
+and the sysfs writes of a one-VF change, beside what a per-GPU recreate strategy (NVIDIA's
+vgpu-device-manager) would make for the same change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+NODE = "bench-node"
+L40S_ADDRESSES = [
+    f"0000:{bus:02x}:00.0" for bus in (0x08, 0x18, 0x28, 0x38, 0x48, 0x58, 0x68, 0x78)
+]
+
+
+def _timeit(fn: Callable[[], object], *, repeat: int) -> dict[str, float]:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return {
+        "median_s": round(statistics.median(samples), 4),
+        "min_s": round(min(samples), 4),
+        "max_s": round(max(samples), 4),
+        "runs": repeat,
+    }
+
+
+def _l40s_spec() -> dict[str, Any]:
+    """8 L40S, SR-IOV on, each with six 8 GB vGPUs on VFs 0..5 (a typical busy node)."""
+    return {
+        "gpus": [
+            {
+                "model": "L40S",
+                "address": a,
+                "sriov": "enabled",
+                "vgpus": dict.fromkeys(range(6), "NVIDIA L40S-8Q"),
+            }
+            for a in L40S_ADDRESSES
+        ]
+    }
+
+
+def _l40s_desired_yaml() -> str:
+    lines = [
+        "apiVersion: vgpu.reconciler.dev/v1alpha1",
+        "kind: VGPUDesiredState",
+        "metadata: {name: bench}",
+        "spec:",
+        "  nodes:",
+        f"    {NODE}:",
+        "      gpus:",
+    ]
+    for a in L40S_ADDRESSES:
+        lines += [
+            f'        - address: "{a}"',
+            "          sriov: enabled",
+            "          profiles: {NVIDIA L40S-8Q: 6}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def bench_node(tmp: Path) -> dict[str, Any]:
+    from reconciler.catalog import default_catalog
+    from reconciler.desired import load_desired
+    from reconciler.observe import observe_host
+    from reconciler.plan import plan_node
+    from reconciler.sim import build_host
+
+    host_dir = tmp / "l40s"
+    t0 = time.perf_counter()
+    sim = build_host(host_dir, _l40s_spec())
+    build_s = time.perf_counter() - t0
+    desired_file = tmp / "l40s.yaml"
+    desired_file.write_text(_l40s_desired_yaml())
+    catalog = default_catalog()
+    desired = load_desired([desired_file], catalog=catalog)
+    node = desired.node(NODE)
+    probe = sim.hold_probe()
+    root = host_dir / "sys"
+
+    def scan_and_plan() -> object:
+        inv = observe_host(root, node=NODE, catalog=catalog, hold_probe=probe)
+        return plan_node(node, inv, catalog=catalog)
+
+    plan = scan_and_plan()
+    inv = observe_host(root, node=NODE, catalog=catalog, hold_probe=probe)
+    scan = _timeit(
+        lambda: observe_host(root, node=NODE, catalog=catalog, hold_probe=probe), repeat=10
+    )
+    plan_only = _timeit(lambda: plan_node(node, inv, catalog=catalog), repeat=20)
+    both = _timeit(scan_and_plan, repeat=10)
+
+    argv = [
+        sys.executable, "-m", "reconciler", "plan", str(desired_file),
+        "--sysfs-root", str(root), "--node", NODE,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUCTL_")}
+
+    def cold() -> None:
+        subprocess.run(argv, check=True, capture_output=True, env=env)
+
+    cold()  # warm the page cache and .pyc files: what a node sees on its second run
+    cold_plan = _timeit(cold, repeat=10)
+    script = subprocess.run(["which", "vgpuctl"], capture_output=True, text=True, check=False)
+    cold_script = None
+    if script.returncode == 0:
+        exe = script.stdout.strip()
+        cold_script = _timeit(
+            lambda: subprocess.run([exe, *argv[3:]], check=True, capture_output=True, env=env),
+            repeat=10,
+        )
+    return {
+        "host": "8 x NVIDIA L40S, 256 VFs, 48 vGPUs",
+        "vfs": sum(len(g.vfs) for g in inv.gpus),
+        "types_per_vf": len(inv.gpus[0].types),
+        "plan_actions": len(plan.actions),  # type: ignore[attr-defined]
+        "simulator_build_s": round(build_s, 3),
+        "scan_in_process": scan,
+        "plan_in_process": plan_only,
+        "scan_and_plan_in_process": both,
+        "cold_plan_process": cold_plan,
+        "cold_plan_console_script": cold_script,
+        "target_cold_plan_s": 0.5,
+    }
+
+
+FLEET_CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from reconciler.catalog import default_catalog
+from reconciler.desired import load_desired
+from reconciler.model import Inventory
+from reconciler.plan import plan_node
+from pathlib import Path
+from dataclasses import replace
+catalog = default_catalog()
+inv = Inventory.from_json(json.loads(Path(sys.argv[2]).read_text()))
+desired = load_desired([Path(sys.argv[3])], catalog=catalog)
+node = desired.node(sys.argv[4])
+n = int(sys.argv[5])
+# 1,000 distinct inventories (distinct node names: distinct UUIDs), all alive at once,
+# as a CI job planning a whole fleet from the cluster would hold them.
+fleet = [replace(inv, node=f"node-{i:04d}") for i in range(n)]
+nodes = [replace(node, name=f"node-{i:04d}") for i in range(n)]
+rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+plans = [plan_node(d, i, catalog=catalog) for d, i in zip(nodes, fleet)]
+elapsed = time.perf_counter() - t0
+print(json.dumps({"nodes": n, "plan_s": round(elapsed, 3),
+                  "per_node_ms": round(elapsed / n * 1000, 3),
+                  "actions_total": sum(len(p.actions) for p in plans),
+                  "peak_rss_mib": round(
+                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                  "rss_before_plan_mib": round(rss_before / 1024, 1)}))
+"""
+
+
+def bench_fleet(tmp: Path, nodes: int) -> dict[str, Any]:
+    from reconciler.catalog import default_catalog
+    from reconciler.observe import observe_host
+    from reconciler.sim import build_host
+
+    # A fleet member: 8 L40S with SR-IOV on and 4 vGPUs each; desired: 6 each, and two GPUs
+    # switching profile, so every node's plan has real work (creates and replacements).
+    spec = _l40s_spec()
+    for g in spec["gpus"]:
+        g["vgpus"] = dict.fromkeys(range(4), "NVIDIA L40S-8Q")
+    sim = build_host(tmp / "fleet", spec)
+    inv = observe_host(
+        tmp / "fleet" / "sys", node=NODE, catalog=default_catalog(), hold_probe=sim.hold_probe()
+    )
+    inv_file = tmp / "fleet-inventory.json"
+    inv_file.write_text(json.dumps(inv.to_json()))
+    desired = tmp / "fleet.yaml"
+    text = _l40s_desired_yaml()
+    # The last two GPUs switch to 8 GB A-series vGPUs: removals and creations on those.
+    head, _, tail = text.rpartition("profiles: {NVIDIA L40S-8Q: 6}")
+    head2, _, mid = head.rpartition("profiles: {NVIDIA L40S-8Q: 6}")
+    desired.write_text(
+        head2 + "profiles: {NVIDIA L40S-8A: 4}" + mid + "profiles: {NVIDIA L40S-8A: 4}" + tail
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", FLEET_CHILD, str(REPO), str(inv_file), str(desired), NODE,
+         str(nodes)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    result["vfs_per_node"] = sum(len(g.vfs) for g in inv.gpus)
+    result["target_plan_s"] = 5.0
+    result["target_peak_rss_mib"] = 1024
+    return result
+
+
+def bench_writes(tmp: Path) -> dict[str, Any]:
+    """Sysfs writes to change one VF of a full 16-VF A2: ours vs a per-GPU recreate."""
+    from reconciler.apply import Journal, MdevDriver, SubprocessRunner, execute
+    from reconciler.catalog import default_catalog
+    from reconciler.desired import load_desired
+    from reconciler.model import Action, ActionKind, Plan
+    from reconciler.observe import observe_host
+    from reconciler.plan import plan_node
+    from reconciler.sim import build_host
+
+    spec = {
+        "gpus": [
+            {
+                "model": "A2",
+                "address": "0000:08:00.0",
+                "sriov": "enabled",
+                "vgpus": dict.fromkeys(range(16), "NVIDIA A2-1Q"),
+            }
+        ]
+    }
+    desired_yaml = (
+        "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
+        "metadata: {name: w}\nspec:\n  nodes:\n    " + NODE + ":\n      gpus:\n"
+        '        - address: "0000:08:00.0"\n          sriov: enabled\n'
+        "          vgpus: {"
+        + ", ".join(f"{i}: {'A2-1B' if i == 3 else 'A2-1Q'}" for i in range(16))
+        + "}\n"
+    )
+    desired_file = tmp / "w.yaml"
+    desired_file.write_text(desired_yaml)
+    catalog = default_catalog()
+    node = load_desired([desired_file], catalog=catalog).node(NODE)
+    results = {}
+    for strategy in ("vgpuctl", "per-gpu-recreate"):
+        host_dir = tmp / f"w-{strategy}"
+        sim = build_host(host_dir, spec)
+        root = host_dir / "sys"
+        inv = observe_host(root, node=NODE, catalog=catalog, hold_probe=sim.hold_probe())
+        plan = plan_node(node, inv, catalog=catalog)
+        if strategy == "per-gpu-recreate":
+            # vgpu-device-manager's strategy: tear down every vGPU of the touched GPU, then
+            # create the whole new configuration.
+            gpu = inv.gpus[0]
+            actions = []
+            for vf in gpu.vfs:
+                assert vf.vgpu is not None
+                actions.append(Action(
+                    seq=len(actions) + 1, kind=ActionKind.VGPU_REMOVE, target=str(vf.address),
+                    reason="recreate", params={"gpu": str(gpu.address), "vfIndex": vf.index,
+                                               "type": vf.vgpu.type_name, "uuid": vf.vgpu.uuid},
+                ))  # fmt: skip
+            for vf in gpu.vfs:
+                assert vf.vgpu is not None
+                actions.append(Action(
+                    seq=len(actions) + 1, kind=ActionKind.VGPU_CREATE, target=str(vf.address),
+                    reason="recreate",
+                    params={"gpu": str(gpu.address), "vfIndex": vf.index,
+                            "type": "NVIDIA A2-1B" if vf.index == 3 else "NVIDIA A2-1Q",
+                            "uuid": vf.vgpu.uuid},
+                ))  # fmt: skip
+            plan = Plan(
+                node=NODE, interface="mdev", observed_fingerprint="", actions=tuple(actions)
+            )
+        before = sim.stats()["writes"]
+        driver = MdevDriver(
+            sysfs_root=root,
+            writer=sim.writer(),
+            runner=SubprocessRunner(),
+            sriov_manage=[str(host_dir / "bin" / "sriov-manage")],
+        )
+        result = execute(plan, driver=driver, journal=Journal(host_dir / "state", NODE))
+        assert result.ok, result.failed
+        results[strategy] = sim.stats()["writes"] - before
+    return {
+        "change": "one VF of a full A2 (16 x A2-1Q): VF 3 -> A2-1B",
+        "sysfs_writes_vgpuctl": results["vgpuctl"],
+        "sysfs_writes_per_gpu_recreate": results["per-gpu-recreate"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, help="also write the JSON results here")
+    parser.add_argument("--fleet-nodes", type=int, default=1000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="vgpuctl-bench-") as d:
+        tmp = Path(d)
+        results = {
+            "machine": {
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+            },
+            "node_8xL40S": bench_node(tmp),
+            "fleet_plan": bench_fleet(tmp, args.fleet_nodes),
+            "one_vf_change_writes": bench_writes(tmp),
+        }
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,485 @@
+"""The executor against a fake kernel: no-ops, verification, refusals, stopping, journaling."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_apply_fakes import (
+    GPU,
+    UUID_A,
+    UUID_B,
+    UUID_C,
+    FakeKernel,
+    FakeSriovManage,
+    FakeTime,
+    FakeWriter,
+    vf_address,
+)
+
+from reconciler.apply import (
+    SKIPPED_NOT_HOST,
+    ApplyResult,
+    Journal,
+    MdevDriver,
+    OutcomeStatus,
+    Phase,
+    execute,
+)
+from reconciler.model import Action, ActionKind, ApplyError, PciAddress, Plan
+
+NODE = "n1"
+VF0, VF1, VF2 = (vf_address(i) for i in range(3))
+
+
+class Host:
+    """Fake kernel + fake sriov-manage + the real MdevDriver + a journal + a fake clock."""
+
+    def __init__(self, tmp_path: Path, *, sriov: str = "works", **kernel: Any) -> None:
+        self.kernel = FakeKernel(tmp_path, **kernel)
+        self.sriov = FakeSriovManage(self.kernel, behaviour=sriov)
+        self.driver = MdevDriver(
+            sysfs_root=self.kernel.root,
+            writer=FakeWriter(self.kernel),
+            runner=self.sriov,
+            sriov_manage=["/usr/lib/nvidia/sriov-manage"],
+        )
+        self.journal = Journal(tmp_path / "state", NODE)
+        self.time = FakeTime(on_sleep=self.sriov.tick)
+
+    def apply(self, *actions: Action, verify_timeout: float = 5.0) -> ApplyResult:
+        plan = Plan(node=NODE, interface="mdev", observed_fingerprint="sha256:x", actions=actions)
+        return execute(
+            plan,
+            driver=self.driver,
+            journal=self.journal,
+            verify_timeout=verify_timeout,
+            poll_interval=0.5,
+            clock=self.time.clock,
+            sleep=self.time.sleep,
+        )
+
+
+def _action(seq: int, kind: ActionKind, target: object, **params: Any) -> Action:
+    return Action(seq=seq, kind=kind, target=str(target), reason=f"because {seq}", params=params)
+
+
+def enable(seq: int = 1, num_vfs: int = 4) -> Action:
+    return _action(seq, ActionKind.SRIOV_ENABLE, GPU, gpu=str(GPU), numVFs=num_vfs)
+
+
+def disable(seq: int = 1) -> Action:
+    return _action(seq, ActionKind.SRIOV_DISABLE, GPU, gpu=str(GPU))
+
+
+def create(
+    seq: int, vf: PciAddress, index: int, uuid: str, type_name: str = "NVIDIA A2-4Q"
+) -> Action:
+    return _action(
+        seq, ActionKind.VGPU_CREATE, vf, gpu=str(GPU), vfIndex=index, type=type_name, uuid=uuid
+    )
+
+
+def remove(
+    seq: int, vf: PciAddress, index: int, uuid: str, type_name: str = "NVIDIA A2-4Q"
+) -> Action:
+    return _action(
+        seq, ActionKind.VGPU_REMOVE, vf, gpu=str(GPU), vfIndex=index, type=type_name, uuid=uuid
+    )
+
+
+def statuses(result: ApplyResult) -> list[tuple[int, str, str]]:
+    return [(o.action.seq, o.status.value, o.message) for o in result.outcomes]
+
+
+def journal_lines(host: Host) -> list[tuple[int, str, str]]:
+    return [(r.seq, r.kind, r.phase.value) for r in host.journal.last_run()]
+
+
+# -- the happy path and idempotence ---------------------------------------------------------------
+
+
+def test_enable_then_create_runs_in_order_and_verifies(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    result = host.apply(
+        enable(1), create(2, VF0, 0, UUID_A), create(3, VF1, 1, UUID_B, "NVIDIA A2-4A")
+    )
+    assert statuses(result) == [
+        (1, "done", "enabled 4 VFs"),
+        (2, "done", f"created NVIDIA A2-4Q {UUID_A}"),
+        (3, "done", f"created NVIDIA A2-4A {UUID_B}"),
+    ]
+    assert result.ok
+    assert result.changed
+    assert str(result.counts) == "3 done, 0 no-op, 0 failed, 0 skipped, 0 not run"
+    assert host.driver.vgpu_on(VF1) == (UUID_B, "NVIDIA A2-4A")
+    assert host.sriov.calls == [(["/usr/lib/nvidia/sriov-manage", "-e", str(GPU)], 300.0)]
+
+
+def test_a_second_apply_of_the_same_plan_is_all_noops_and_touches_nothing(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    plan = (enable(1), create(2, VF0, 0, UUID_A), remove(3, VF2, 2, UUID_C))
+    host.kernel.enable()
+    host.kernel.make_mdev(VF2, "nvidia-745", UUID_C)
+    assert host.apply(*plan).ok
+    writes, calls = len(host.kernel.writes), len(host.sriov.calls)
+
+    again = host.apply(*plan)
+    assert statuses(again) == [
+        (1, "noop", "already enabled (4 VFs)"),
+        (2, "noop", f"already hosts that vGPU (NVIDIA A2-4Q {UUID_A})"),
+        (3, "noop", "already gone"),
+    ]
+    assert not again.changed
+    assert (len(host.kernel.writes), len(host.sriov.calls)) == (writes, calls)
+
+
+def test_disable_of_a_gpu_without_vfs_is_a_noop(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    assert statuses(host.apply(disable())) == [(1, "noop", "already disabled")]
+    assert host.sriov.calls == []
+
+
+def test_remove_then_disable(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF1, "nvidia-745", UUID_A)
+    result = host.apply(remove(1, VF1, 1, UUID_A), disable(2))
+    assert statuses(result) == [
+        (1, "done", f"removed NVIDIA A2-4Q {UUID_A}"),
+        (2, "done", "disabled SR-IOV"),
+    ]
+    assert host.kernel.num_vfs() == 0
+
+
+def test_slow_vf_creation_is_waited_for(tmp_path: Path) -> None:
+    host = Host(tmp_path, sriov="later")
+    result = host.apply(enable(1), create(2, VF0, 0, UUID_A))
+    assert [o.status for o in result.outcomes] == [OutcomeStatus.DONE, OutcomeStatus.DONE]
+    assert host.time.sleeps == 3
+
+
+def test_create_waits_for_the_vf_to_become_an_mdev_parent(tmp_path: Path) -> None:
+    host = Host(tmp_path, mdev_parents=False)
+    host.kernel.enable()
+    host.time = FakeTime(on_sleep=lambda: host.kernel.register(VF0))
+    result = host.apply(create(1, VF0, 0, UUID_A))
+    assert statuses(result) == [(1, "done", f"created NVIDIA A2-4Q {UUID_A}")]
+
+
+def test_create_on_a_vf_that_never_becomes_an_mdev_parent_fails(tmp_path: Path) -> None:
+    host = Host(tmp_path, mdev_parents=False)
+    host.kernel.enable()
+    result = host.apply(create(1, VF0, 0, UUID_A), verify_timeout=2)
+    assert statuses(result) == [
+        (
+            1,
+            "failed",
+            "0000:08:00.4 never offered vGPU types within 2 s: is the NVIDIA vGPU manager running?",
+        )
+    ]
+    assert host.kernel.writes == []
+
+
+# -- verification ---------------------------------------------------------------------------------
+
+
+def test_sriov_manage_exiting_0_having_done_nothing_is_a_failure(tmp_path: Path) -> None:
+    host = Host(tmp_path, sriov="silent")
+    result = host.apply(enable(1), create(2, VF0, 0, UUID_A), verify_timeout=2)
+    failed = result.failed
+    assert failed is not None
+    assert failed.action.seq == 1
+    assert failed.message == (
+        "SR-IOV enable on 0000:08:00.0 reported success but the VF count never appeared: "
+        "expected 4 VFs within 2 s, found sriov_numvfs 0 and 0 virtfn links"
+    )
+    assert [a.seq for a in result.not_run] == [2]
+    # Bounded: it polled until the timeout, then stopped.
+    assert 1000.0 + 2 <= host.time.now < 1000.0 + 3
+    assert host.time.sleeps == 4
+
+
+def test_sriov_manage_failing_reports_its_stderr(tmp_path: Path) -> None:
+    host = Host(tmp_path, sriov="fails")
+    result = host.apply(enable(1))
+    assert statuses(result) == [
+        (
+            1,
+            "failed",
+            "sriov-manage -e 0000:08:00.0 failed (exit 1): "
+            "Enabling VFs on 0000:08:00.0; Error: GPU is in use",
+        )
+    ]
+
+
+def test_a_create_the_driver_accepts_but_never_shows_fails_verification(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+
+    class Swallow:
+        def write(self, path: str, value: str) -> None:
+            pass  # accepted, nothing happens
+
+    host.driver = MdevDriver(
+        sysfs_root=host.kernel.root,
+        writer=Swallow(),
+        runner=host.sriov,
+        sriov_manage=["sriov-manage"],
+    )
+    result = host.apply(create(1, VF0, 0, UUID_A), verify_timeout=1)
+    assert statuses(result) == [
+        (
+            1,
+            "failed",
+            f"created NVIDIA A2-4Q {UUID_A} on 0000:08:00.4, but it did not appear within 1 s "
+            "(the VF shows no vGPU)",
+        )
+    ]
+
+
+# -- refusals: the host is not what the plan was made from ----------------------------------------
+
+
+def test_create_re_resolves_the_vf_and_refuses_a_mismatch(tmp_path: Path) -> None:
+    # The plan predicted VF1 at .5 (A2 layout); this card puts VF0 at .2, so VF1 is .3.
+    host = Host(tmp_path, first_function=2)
+    result = host.apply(enable(1), create(2, PciAddress.parse("0000:08:00.5"), 1, UUID_A))
+    assert statuses(result)[1] == (
+        2,
+        "failed",
+        "VF index 1 of 0000:08:00.0 is 0000:08:00.3, but the plan targets 0000:08:00.5: "
+        "refusing to guess; run plan again",
+    )
+    assert host.kernel.writes == []
+
+
+def test_create_of_a_vf_index_beyond_the_vfs_fails(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    result = host.apply(create(1, VF1, 1, UUID_A))
+    assert result.failed is not None
+    assert result.failed.message == (
+        "0000:08:00.0 has 0 VFs, so VF index 1 (0000:08:00.5) does not exist: is SR-IOV enabled?"
+    )
+
+
+def test_create_never_duplicates_a_uuid_living_on_another_vf(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF0, "nvidia-745", UUID_A)
+    result = host.apply(create(1, VF1, 1, UUID_A))
+    assert statuses(result) == [
+        (
+            1,
+            "failed",
+            f"a vGPU with UUID {UUID_A} already exists on 0000:08:00.4: "
+            "refusing to create a duplicate on 0000:08:00.5",
+        )
+    ]
+    assert host.kernel.writes == []
+
+
+def test_create_on_a_vf_hosting_another_vgpu_fails(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF1, "nvidia-742", UUID_B)
+    result = host.apply(create(1, VF1, 1, UUID_A))
+    assert result.failed is not None
+    assert result.failed.message == (
+        f"0000:08:00.5 already hosts vGPU {UUID_B} (NVIDIA A2-4A), but the plan expects it "
+        "empty for NVIDIA A2-4Q: run plan again"
+    )
+
+
+def test_remove_of_a_uuid_found_on_another_vf_fails(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF2, "nvidia-745", UUID_A)
+    result = host.apply(remove(1, VF1, 1, UUID_A))
+    assert result.failed is not None
+    assert result.failed.message == (
+        f"vGPU {UUID_A} is on 0000:08:00.6, not on 0000:08:00.5 as planned: run plan again"
+    )
+    assert host.kernel.mdevs_on(VF2) == [UUID_A]
+
+
+def test_remove_of_a_vgpu_of_another_type_fails(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF1, "nvidia-810", UUID_A)
+    result = host.apply(remove(1, VF1, 1, UUID_A))
+    assert result.failed is not None
+    assert "is NVIDIA A2-2Q, but the plan expects NVIDIA A2-4Q" in result.failed.message
+    assert host.kernel.mdevs_on(VF1) == [UUID_A]
+
+
+def test_disable_refuses_while_a_vgpu_remains(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF2, "nvidia-745", UUID_C)
+    result = host.apply(disable())
+    assert result.failed is not None
+    assert result.failed.message == (
+        f"0000:08:00.0 still hosts vGPU {UUID_C} (NVIDIA A2-4Q) on 0000:08:00.6: "
+        "not disabling SR-IOV under it; run plan again"
+    )
+    assert host.sriov.calls == []
+
+
+def test_enable_with_another_vf_count_already_there_fails(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    result = host.apply(enable(1, num_vfs=16))
+    assert result.failed is not None
+    assert result.failed.message.startswith(
+        "0000:08:00.0 already has 4 VFs but the plan expects 16"
+    )
+
+
+# -- stopping, skipping, result -------------------------------------------------------------------
+
+
+def test_the_run_stops_at_the_first_failure(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF0, "nvidia-745", UUID_A)
+    host.kernel.held.add(UUID_A)
+    result = host.apply(remove(1, VF0, 0, UUID_A), create(2, VF1, 1, UUID_B), disable(3))
+    assert statuses(result) == [
+        (1, "failed", f"vGPU {UUID_A} on 0000:08:00.4 is in use (held by a VM): not removed")
+    ]
+    failed = result.failed
+    assert failed is not None
+    assert failed.transient
+    assert [a.seq for a in result.not_run] == [2, 3]
+    assert result.counts.to_json() == {
+        "done": 0,
+        "noop": 0,
+        "failed": 1,
+        "skipped": 0,
+        "notRun": 2,
+    }
+    assert host.driver.vgpu_on(VF1) is None
+    assert result.to_json()["failed"]["seq"] == 1
+
+
+def test_non_host_actions_are_skipped_and_the_run_goes_on(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    cr = _action(2, ActionKind.CR_CREATE, "n1-000008004", spec={"address": "0000:08:00.4"})
+    result = host.apply(enable(1), cr, create(3, VF0, 0, UUID_A))
+    assert [(o.action.seq, o.status) for o in result.outcomes] == [
+        (1, OutcomeStatus.DONE),
+        (2, OutcomeStatus.SKIPPED),
+        (3, OutcomeStatus.DONE),
+    ]
+    assert result.outcomes[1].message == SKIPPED_NOT_HOST
+    assert result.ok
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        (
+            {"gpu": str(GPU), "type": "NVIDIA A2-4Q", "uuid": UUID_A},
+            "params.vfIndex must be an integer",
+        ),
+        (
+            {"gpu": str(GPU), "vfIndex": True, "type": "NVIDIA A2-4Q", "uuid": UUID_A},
+            "params.vfIndex must be an integer",
+        ),
+        ({"gpu": "08:00.0", "vfIndex": 0, "type": "NVIDIA A2-4Q", "uuid": UUID_A}, "params.gpu"),
+        ({"gpu": str(GPU), "vfIndex": 0, "uuid": UUID_A}, "params.type must be a string"),
+        ({"gpu": str(GPU), "vfIndex": 0, "type": "", "uuid": UUID_A}, "params.type must be"),
+    ],
+)
+def test_malformed_params_fail_before_anything_runs(
+    tmp_path: Path, params: Mapping[str, Any], problem: str
+) -> None:
+    host = Host(tmp_path)
+    bad = Action(seq=2, kind=ActionKind.VGPU_CREATE, target=str(VF0), reason="r", params=params)
+    with pytest.raises(ApplyError) as info:
+        host.apply(enable(1), bad)
+    assert "nothing was applied" in info.value.message
+    (only,) = info.value.problems
+    assert only.message.startswith(f"action 2 (vgpu-create 0000:08:00.4): {problem}")
+    assert host.sriov.calls == []
+    assert host.journal.records() == []
+
+
+def test_a_plan_for_another_node_is_a_programming_error(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    plan = Plan(node="other", interface="mdev", observed_fingerprint="x", actions=(enable(),))
+    with pytest.raises(ValueError, match="plan for node other given a journal for node n1"):
+        execute(plan, driver=host.driver, journal=host.journal)
+
+
+def test_a_plan_for_another_interface_is_a_programming_error(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    plan = Plan(node=NODE, interface="vfio", observed_fingerprint="x", actions=(enable(),))
+    with pytest.raises(ValueError, match="plan for the vfio interface given the mdev driver"):
+        execute(plan, driver=host.driver, journal=host.journal)
+    assert host.journal.records() == []
+
+
+def test_a_bug_in_a_driver_is_journaled_then_raised(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+
+    def broken(gpu: PciAddress) -> int:
+        raise KeyError("bug")
+
+    host.driver.num_vfs = broken  # type: ignore[method-assign]
+    with pytest.raises(KeyError):
+        host.apply(enable(1))
+    last = host.journal.last_run()[-1]
+    assert (last.seq, last.phase, last.message) == (
+        1,
+        Phase.FAILED,
+        "internal error: KeyError('bug')",
+    )
+
+
+# -- the journal of a run -------------------------------------------------------------------------
+
+
+def test_the_run_is_journaled_intent_then_outcome(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF0, "nvidia-745", UUID_A)
+    host.kernel.held.add(UUID_A)
+    result = host.apply(
+        enable(1),
+        _action(2, ActionKind.DEVICE_PLUGIN_REFRESH, "nvidia.com/NVIDIA_A2-4Q"),
+        create(3, VF1, 1, UUID_B),
+        remove(4, VF0, 0, UUID_A),
+        create(5, VF2, 2, UUID_C),
+    )
+    assert journal_lines(host) == [
+        (0, "run", "start"),
+        (1, "sriov-enable", "intent"),
+        (1, "sriov-enable", "noop"),
+        (2, "device-plugin-refresh", "skipped"),
+        (3, "vgpu-create", "intent"),
+        (3, "vgpu-create", "done"),
+        (4, "vgpu-remove", "intent"),
+        (4, "vgpu-remove", "failed"),
+        (0, "run", "end"),
+    ]
+    records = host.journal.last_run()
+    assert {r.run for r in records} == {result.run_id}
+    assert records[0].target == NODE
+    assert records[1].message == "because 1"  # the intent carries the plan's reason
+    assert records[4].target == str(VF1)
+    assert records[-2].message.endswith("is in use (held by a VM): not removed")
+    assert records[-1].message == "1 done, 1 no-op, 1 failed, 1 skipped, 1 not run"
+    assert host.journal.interrupted() == []
+
+
+def test_each_run_gets_its_own_id(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    first = host.apply(disable())
+    second = host.apply(disable())
+    assert first.run_id != second.run_id
+    assert {r.run for r in host.journal.last_run()} == {second.run_id}
+    assert len(host.journal.records()) == 2 * len(host.journal.last_run())

@@ -1,0 +1,434 @@
+"""The planner beyond the golden cases: UUIDs, ordering, determinism, and plan-time checks the
+desired-state loader already rejects offline (so no golden case can reach them)."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.catalog import default_catalog
+from reconciler.model import (
+    VGPU,
+    ActionKind,
+    DesiredGpu,
+    DesiredNode,
+    Gpu,
+    Interface,
+    Inventory,
+    PciAddress,
+    Plan,
+    PlanError,
+    SourceLocation,
+    Vf,
+    VGPUType,
+)
+from reconciler.plan import VGPU_UUID_NAMESPACE, plan_node, vgpu_uuid
+from reconciler.plan.assign import assign_counts
+
+CATALOG = default_catalog()
+NODE = "node-1"
+A2 = PciAddress.parse("0000:08:00.0")
+A2_B = PciAddress.parse("0000:09:00.0")
+A2_C = PciAddress.parse("0000:0a:00.0")
+
+
+def card(
+    short: str,
+    address: PciAddress,
+    vgpus: Mapping[int, str] | None = None,
+    *,
+    enabled: bool = True,
+    in_use: Mapping[int, str] | None = None,
+) -> Gpu:
+    """A GPU of a catalogue model; ``vgpus``: VF index → short profile name."""
+    model = CATALOG.model(short)
+    assert model is not None
+    pci = model.pci_ids[0]
+    vgpus = vgpus or {}
+    in_use = in_use or {}
+    off = Gpu(
+        address,
+        pci.vendor,
+        pci.device,
+        pci.subsystem_vendor,
+        pci.subsystem_device,
+        model=model.name,
+        total_vfs=model.vfs,
+        vf_offset=model.vf_offset,
+        vf_stride=model.vf_stride,
+    )
+    if not enabled:
+        return off
+    vfs = tuple(
+        Vf(
+            off.predicted_vf_address(i),
+            i,
+            None
+            if i not in vgpus
+            else VGPU(f"uuid-{address}-{i}", f"NVIDIA {vgpus[i]}", i in in_use, in_use.get(i, "")),
+        )
+        for i in range(model.vfs)
+    )
+    types = tuple(
+        VGPUType(p.name, f"nvidia-{model.first_type_id + n}", p.framebuffer_mib, p.max_instances)
+        for n, p in enumerate(model.time_sliced_profiles)
+    )
+    return replace(off, interface=Interface.MDEV, num_vfs=model.vfs, vfs=vfs, types=types)
+
+
+def a2(
+    address: PciAddress = A2,
+    vgpus: Mapping[int, str] | None = None,
+    *,
+    enabled: bool = True,
+    in_use: Mapping[int, str] | None = None,
+) -> Gpu:
+    """An NVIDIA A2: 16 VFs, VF 0 at function 4."""
+    return card("A2", address, vgpus, enabled=enabled, in_use=in_use)
+
+
+def want(
+    address: PciAddress = A2,
+    vgpus: Mapping[PciAddress | int, str] | None = None,
+    *,
+    profiles: Mapping[str, int] | None = None,
+    sriov: bool = True,
+    line: int | None = None,
+) -> DesiredGpu:
+    """A desired GPU; profile names short (``A2-4Q``). ``line`` locates it in ``d.yaml``."""
+    where = None if line is None else SourceLocation("d.yaml", line, 11)
+    return DesiredGpu(
+        address=address,
+        sriov=sriov,
+        vgpus=None if vgpus is None else {k: f"NVIDIA {v}" for k, v in vgpus.items()},
+        profiles=None if profiles is None else {f"NVIDIA {k}": n for k, n in profiles.items()},
+        location=where,
+    )
+
+
+def plan(*gpus: DesiredGpu, host: tuple[Gpu, ...], node: str = NODE) -> Plan:
+    return plan_node(DesiredNode(node, gpus), Inventory(node, host), catalog=CATALOG)
+
+
+def problems(*gpus: DesiredGpu, host: tuple[Gpu, ...]) -> list[str]:
+    with pytest.raises(PlanError) as caught:
+        plan(*gpus, host=host)
+    return caught.value.lines()
+
+
+def _unfingerprinted(p: Plan) -> dict[str, object]:
+    # The fingerprint digests the inventory as given, VF order included; observe and
+    # Inventory.from_json always give index order, so only the rest must not depend on it.
+    doc = p.to_json()
+    doc.pop("observedFingerprint")
+    return doc
+
+
+# ---------------------------------------------------------------- deterministic UUIDs
+
+
+def test_the_namespace_is_uuid5_of_the_project_domain() -> None:
+    assert uuid.uuid5(uuid.NAMESPACE_DNS, "vgpu.reconciler.dev") == VGPU_UUID_NAMESPACE
+
+
+@pytest.mark.parametrize("name", ["harvester-kgd9c", "n", "节点-1", "a" * 300])
+def test_vgpu_uuid_is_the_standard_uuid5(name: str) -> None:
+    vf = PciAddress.parse("0000:08:01.7")
+    assert vgpu_uuid(name, vf) == str(uuid.uuid5(VGPU_UUID_NAMESPACE, f"{name}/{vf}"))
+
+
+def test_a_recreated_vgpu_gets_the_uuid_it_had() -> None:
+    fresh = plan(want(vgpus={0: "A2-4Q"}), host=(a2(enabled=False),))
+    first = next(a for a in fresh.actions if a.kind is ActionKind.VGPU_CREATE)
+    # After a reboot the VF is back without its mdev: the create carries the same UUID.
+    rebooted = plan(want(vgpus={0: "A2-4Q"}), host=(a2(),))
+    again = next(a for a in rebooted.actions if a.kind is ActionKind.VGPU_CREATE)
+    assert again.params["uuid"] == first.params["uuid"]
+    assert first.params["uuid"] == vgpu_uuid(NODE, PciAddress.parse("0000:08:00.4"))
+
+
+def test_uuids_differ_per_node_and_per_vf() -> None:
+    one = plan(want(vgpus={0: "A2-4Q", 1: "A2-4Q"}), host=(a2(),), node="n1")
+    two = plan(want(vgpus={0: "A2-4Q", 1: "A2-4Q"}), host=(a2(),), node="n2")
+    uuids = {a.params["uuid"] for p in (one, two) for a in p.actions}
+    assert len(uuids) == 4
+
+
+# ---------------------------------------------------------------- ordering
+
+
+def _mixed_host() -> tuple[Gpu, ...]:
+    return (
+        a2(A2_C, enabled=False),
+        a2(A2_B, {0: "A2-4Q", 1: "A2-4Q"}),
+        a2(A2, {0: "A2-4Q", 2: "A2-4Q"}),
+    )
+
+
+def _mixed_desired() -> tuple[DesiredGpu, ...]:
+    return (
+        want(A2_C, {1: "A2-2Q", 0: "A2-2Q"}),
+        want(A2_B, sriov=False),
+        want(A2, {2: "A2-4A", 0: "A2-4A", 5: "A2-4A"}),
+    )
+
+
+def test_actions_run_removes_then_disable_then_enable_then_creates() -> None:
+    p = plan(*_mixed_desired(), host=_mixed_host())
+    steps = [(a.seq, a.kind.value, a.target) for a in p.actions]
+    assert steps == [
+        (1, "vgpu-remove", "0000:08:00.4"),
+        (2, "vgpu-remove", "0000:08:00.6"),
+        (3, "vgpu-remove", "0000:09:00.4"),
+        (4, "vgpu-remove", "0000:09:00.5"),
+        (5, "sriov-disable", "0000:09:00.0"),
+        (6, "sriov-enable", "0000:0a:00.0"),
+        (7, "vgpu-create", "0000:08:00.4"),
+        (8, "vgpu-create", "0000:08:00.6"),
+        (9, "vgpu-create", "0000:08:01.1"),
+        (10, "vgpu-create", "0000:0a:00.4"),
+        (11, "vgpu-create", "0000:0a:00.5"),
+    ]
+    replaced = [a for a in p.actions if a.is_replacement]
+    assert [(a.kind.value, a.target) for a in replaced] == [
+        ("vgpu-remove", "0000:08:00.4"),
+        ("vgpu-remove", "0000:08:00.6"),
+        ("vgpu-create", "0000:08:00.4"),
+        ("vgpu-create", "0000:08:00.6"),
+    ]
+    assert p.summary.to_json() == {"create": 4, "change": 2, "remove": 3, "blocked": 0}
+
+
+def test_the_order_of_the_inputs_does_not_matter() -> None:
+    forward = plan(*_mixed_desired(), host=_mixed_host())
+    backward_host = tuple(replace(g, vfs=tuple(reversed(g.vfs))) for g in reversed(_mixed_host()))
+    backward = plan(*reversed(_mixed_desired()), host=backward_host)
+    assert _unfingerprinted(backward) == _unfingerprinted(forward)
+
+
+def test_blocked_entries_follow_the_run_order() -> None:
+    host = (
+        a2(A2_B, {0: "A2-4Q"}, in_use={0: "vm-b"}),
+        a2(A2, {0: "A2-4Q", 1: "A2-4Q"}, in_use={1: "vm-a"}),
+    )
+    p = plan(want(A2_B, sriov=False), want(A2, {0: "A2-2Q", 1: "A2-2Q"}), host=host)
+    assert [(b.kind.value, b.target) for b in p.blocked] == [
+        ("vgpu-remove", "0000:08:00.5"),
+        ("vgpu-remove", "0000:09:00.4"),
+        ("sriov-disable", "0000:09:00.0"),
+        ("vgpu-create", "0000:08:00.4"),
+        ("vgpu-create", "0000:08:00.5"),
+    ]
+    assert not p.applyable
+
+
+# ---------------------------------------------------------------- count form
+
+_PROFILES = ["A2-4Q", "A2-4A", "A2-2Q"]
+
+
+@given(
+    hosted=st.dictionaries(st.integers(0, 15), st.sampled_from(_PROFILES), max_size=10),
+    in_use=st.sets(st.integers(0, 15), max_size=3),
+    counts=st.dictionaries(st.sampled_from(["A2-4Q", "A2-4A"]), st.integers(1, 2), min_size=1),
+    order=st.randoms(use_true_random=False),
+)
+def test_the_count_form_ignores_input_order(
+    hosted: dict[int, str], in_use: set[int], counts: dict[str, int], order: random.Random
+) -> None:
+    gpu = a2(vgpus=hosted, in_use={i: "vm" for i in in_use if i in hosted})
+    vfs = list(gpu.vfs)
+    names = list(counts)
+    order.shuffle(vfs)
+    order.shuffle(names)
+    shuffled = replace(gpu, vfs=tuple(vfs))
+    first = plan(want(profiles=counts), host=(gpu,))
+    second = plan(want(profiles={n: counts[n] for n in names}), host=(shuffled,))
+    assert _unfingerprinted(second) == _unfingerprinted(first)
+
+
+def _vfs(hosted: Mapping[int, str], in_use: frozenset[int] = frozenset()) -> tuple[Vf, ...]:
+    return tuple(
+        Vf(
+            PciAddress(0, 8, 0, 0),
+            i,
+            VGPU(f"u{i}", hosted[i], in_use=i in in_use) if i in hosted else None,
+        )
+        for i in range(8)
+    )
+
+
+def test_the_count_form_keeps_in_use_vgpus_before_lower_indexes() -> None:
+    vfs = _vfs({0: "P", 2: "P", 5: "P"}, in_use=frozenset({5}))
+    assert assign_counts(vfs, {"P": 2}) == {0: "P", 5: "P"}
+
+
+def test_the_count_form_fills_empty_vfs_then_vfs_that_must_be_cleared_then_in_use_ones() -> None:
+    hosted = {i: "OLD" for i in range(8) if i not in (3, 6)}
+    vfs = _vfs(hosted, in_use=frozenset({0, 1}))
+    assert assign_counts(vfs, {"P": 3}) == {3: "P", 6: "P", 2: "P"}
+    assert assign_counts(vfs, {"P": 7}) == dict.fromkeys((3, 6, 2, 4, 5, 7, 0), "P")
+
+
+def test_the_count_form_serves_profiles_in_name_order() -> None:
+    assert assign_counts(_vfs({}), {"B": 1, "A": 2}) == {0: "A", 1: "A", 2: "B"}
+
+
+# ---------------------------------------------------------------- fingerprint and identity
+
+
+def test_the_fingerprint_ignores_where_sysfs_is_mounted() -> None:
+    host = (a2(vgpus={0: "A2-4Q"}),)
+    here = plan_node(None, Inventory(NODE, host, sysfs_root="/sys"), catalog=CATALOG)
+    there = plan_node(None, Inventory(NODE, host, sysfs_root="/tmp/sim/sys"), catalog=CATALOG)
+    changed = plan_node(None, Inventory(NODE, (a2(vgpus={0: "A2-4A"}),)), catalog=CATALOG)
+    assert here.observed_fingerprint == there.observed_fingerprint
+    assert changed.observed_fingerprint != here.observed_fingerprint
+
+
+def test_without_a_desired_node_every_gpu_is_left_alone() -> None:
+    p = plan_node(None, Inventory(NODE, (a2(vgpus={0: "A2-4Q"}), a2(A2_B))), catalog=CATALOG)
+    assert not p.actions
+    assert not p.blocked
+    assert p.applyable
+    assert [n.reason for n in p.noops] == [
+        "GPU 0000:08:00.0 (NVIDIA A2) is not in the desired state: unmanaged, left as is",
+        "GPU 0000:09:00.0 (NVIDIA A2) is not in the desired state: unmanaged, left as is",
+    ]
+
+
+def test_interface_is_none_until_some_gpu_has_vfs() -> None:
+    assert plan(want(), host=(a2(enabled=False),)).interface == "none"
+    assert plan(want(), host=(a2(enabled=False), a2(A2_B))).interface == "mdev"
+
+
+# ---------------------------------------------------------------- in use
+
+
+def test_an_in_use_vgpu_without_a_known_holder_says_so() -> None:
+    p = plan(want(vgpus={}), host=(a2(vgpus={0: "A2-4Q"}, in_use={0: ""}),))
+    assert [b.reason for b in p.blocked] == [
+        "VF 0000:08:00.4 hosts NVIDIA A2-4Q, in use (holder unknown); no vGPU desired"
+    ]
+
+
+def test_creates_beyond_the_maximum_wait_for_the_in_use_vgpu_only_as_far_as_needed() -> None:
+    host = (a2(vgpus={0: "A2-4Q", 1: "A2-4Q"}, in_use={0: "vm", 1: "vm"}),)
+    p = plan(want(vgpus={4: "A2-4Q", 5: "A2-4Q", 6: "A2-4Q"}), host=host)
+    assert [a.target for a in p.actions if a.kind is ActionKind.VGPU_CREATE] == [
+        "0000:08:01.0",
+        "0000:08:01.1",
+    ]
+    waiting = [b for b in p.blocked if b.kind is ActionKind.VGPU_CREATE]
+    assert [(b.target, b.reason) for b in waiting] == [
+        (
+            "0000:08:01.2",
+            "waits for NVIDIA A2-4Q on 0000:08:00.4 (in use), "
+            "NVIDIA A2-4Q on 0000:08:00.5 (in use) to be removed",
+        )
+    ]
+
+
+def test_a_replacement_whose_create_must_wait_is_a_plain_remove() -> None:
+    host = (a2(vgpus={0: "A2-4Q", 1: "A2-4Q"}, in_use={1: "vm"}),)
+    p = plan(want(vgpus={0: "A2-2Q"}), host=host)
+    [remove] = p.actions
+    assert (remove.kind, remove.target, remove.is_replacement) == (
+        ActionKind.VGPU_REMOVE,
+        "0000:08:00.4",
+        False,
+    )
+    assert [(b.kind, b.target, dict(b.params).get("replaces")) for b in p.blocked] == [
+        (ActionKind.VGPU_REMOVE, "0000:08:00.5", None),
+        (ActionKind.VGPU_CREATE, "0000:08:00.4", None),
+    ]
+    assert p.summary.to_json() == {"create": 0, "change": 0, "remove": 1, "blocked": 2}
+
+
+# ---------------------------------------------------------------- plan-time checks
+
+
+def test_every_problem_is_reported_in_file_order() -> None:
+    lines = problems(
+        want(A2_B, {0: "A2-4Q", 1: "A2-2Q"}, line=20),
+        want(PciAddress.parse("0000:41:00.0"), profiles={"L40S-8Q": 1}, line=30),
+        want(A2, profiles={"A2-3Q": 1}, line=10),
+        host=(a2(), a2(A2_B)),
+    )
+    assert lines == [
+        "d.yaml:10:11: GPU 0000:08:00.0 (NVIDIA A2) does not offer NVIDIA A2-3Q; offered: "
+        "NVIDIA A2-1B, -2B, -1Q, -2Q, -4Q, -8Q, -16Q, -1A, -2A, -4A, -8A, -16A, -4C, -8C, -16C",
+        "d.yaml:20:11: GPU 0000:09:00.0 (NVIDIA A2): vGPUs of different framebuffer sizes "
+        "requested: NVIDIA A2-4Q (4096 MiB) on 0000:09:00.4; NVIDIA A2-2Q (2048 MiB) on "
+        "0000:09:00.5; all vGPUs on one GPU must have the same size (equal-size mode)",
+        "d.yaml:30:11: GPU 0000:41:00.0 is not on node node-1: its GPUs are "
+        "0000:08:00.0 (NVIDIA A2), 0000:09:00.0 (NVIDIA A2)",
+    ]
+
+
+def test_over_the_maximum_names_the_first_vf_over_the_limit() -> None:
+    five: dict[PciAddress | int, str] = {i: "A2-4Q" if i % 2 else "A2-4A" for i in range(5)}
+    assert problems(want(vgpus=five), host=(a2(),)) == [
+        "GPU 0000:08:00.0 (NVIDIA A2): 5 × 4096 MiB vGPUs requested, the maximum is 4 "
+        "(NVIDIA A2-4A max_instance=4); first over the limit: VF 0000:08:01.0 (NVIDIA A2-4A)"
+    ]
+
+
+def test_a_vf_named_by_index_and_by_address_is_one_vf() -> None:
+    vf0 = PciAddress.parse("0000:08:00.4")
+    assert problems(want(vgpus={0: "A2-4Q", vf0: "A2-4Q"}), host=(a2(),)) == [
+        "VF 0000:08:00.4 of GPU 0000:08:00.0 (NVIDIA A2) is named twice: as index 0 and as "
+        "0000:08:00.4"
+    ]
+
+
+def test_the_count_form_cannot_ask_for_more_vgpus_than_vfs() -> None:
+    small = replace(a2(), model=None, device_id="ffff", subsystem_device_id="", types=())
+    small = replace(small, vfs=small.vfs[:4], num_vfs=4, total_vfs=4)
+    assert problems(want(profiles={"X-1Q": 5}), host=(small,)) == [
+        "GPU 0000:08:00.0 (10de:ffff): 5 vGPUs requested, but it has 4 VFs (one vGPU per VF)"
+    ]
+
+
+def test_checks_the_loader_also_makes_hold_for_api_callers() -> None:
+    assert problems(
+        want(A2, sriov=False, vgpus={0: "A2-4Q"}),
+        want(A2, {0: "A2-4Q"}),
+        want(A2_B, {0: "A2-4Q"}),
+        host=(a2(), replace(a2(A2_B, enabled=False), total_vfs=0)),
+    ) == [
+        "GPU 0000:08:00.0 (NVIDIA A2): vGPUs are desired but sriov is disabled",
+        "GPU 0000:08:00.0 is listed twice",
+        "GPU 0000:09:00.0 (NVIDIA A2) has no SR-IOV VFs (sriov_totalvfs is 0): it cannot host "
+        "vGPUs",
+    ]
+
+
+def test_a_desired_model_that_matches_by_short_name_is_no_problem() -> None:
+    p = plan(replace(want(vgpus={}), model="a2"), host=(a2(),))
+    assert p.applyable
+
+
+# ---------------------------------------------------------------- speed
+
+
+def test_a_256_vf_node_plans_in_milliseconds() -> None:
+    """The budget is 5 ms per 8×L40S node (1,000 nodes in 5 s); 4× slack for a busy CI host."""
+    buses = (0x41, 0x42, 0x43, 0x44, 0x81, 0x82, 0x83, 0x84)
+    addresses = [PciAddress(0, bus, 0, 0) for bus in buses]
+    half = dict.fromkeys(range(0, 32, 2), "L40S-1Q")
+    inventory = Inventory(NODE, tuple(card("L40S", a, half) for a in addresses))
+    node = DesiredNode(NODE, tuple(want(a, profiles={"L40S-1Q": 24}) for a in addresses))
+    runs = 50
+    started = time.perf_counter()
+    for _ in range(runs):
+        p = plan_node(node, inventory, catalog=CATALOG)
+    assert len(p.actions) == 8 * 8
+    assert (time.perf_counter() - started) / runs < 0.020
