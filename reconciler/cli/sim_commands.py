@@ -93,9 +93,11 @@ def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.sim import init_host
 
     if ns.interface != "mdev":
+        # The simulator can build vfio trees, but the observer and driver for that interface
+        # come with the nvidia-vfio issue: a tree nothing here can drive would only mislead.
         raise UsageError(
-            "sim init --interface vfio: the vendor-specific VFIO interface is not simulated yet "
-            "(only mdev)"
+            "sim init --interface vfio: vgpuctl does not drive the vendor-specific VFIO "
+            "interface yet; use --interface mdev"
         )
     try:
         init_host(ns.dir, ns.gpus, interface=ns.interface, extra_devices=not ns.no_extra_devices)

@@ -153,13 +153,13 @@ from reconciler.plan import plan_node
 from pathlib import Path
 from dataclasses import replace
 catalog = default_catalog()
-inv = Inventory.from_json(json.loads(Path(sys.argv[2]).read_text()))
 desired = load_desired([Path(sys.argv[3])], catalog=catalog)
 node = desired.node(sys.argv[4])
 n = int(sys.argv[5])
-# 1,000 distinct inventories (distinct node names: distinct UUIDs), all alive at once,
-# as a CI job planning a whole fleet from the cluster would hold them.
-fleet = [replace(inv, node=f"node-{i:04d}") for i in range(n)]
+# 1,000 distinct inventories (own objects, distinct node names: distinct UUIDs), all alive at
+# once, as a CI job planning a whole fleet from the cluster would hold them.
+raw = json.loads(Path(sys.argv[2]).read_text())
+fleet = [Inventory.from_json({**raw, "node": f"node-{i:04d}"}) for i in range(n)]
 nodes = [replace(node, name=f"node-{i:04d}") for i in range(n)]
 rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
@@ -170,7 +170,7 @@ print(json.dumps({"nodes": n, "plan_s": round(elapsed, 3),
                   "actions_total": sum(len(p.actions) for p in plans),
                   "peak_rss_mib": round(
                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                  "rss_before_plan_mib": round(rss_before / 1024, 1)}))
+                  "rss_fleet_loaded_mib": round(rss_before / 1024, 1)}))
 """
 
 
@@ -299,6 +299,7 @@ def main() -> int:
         tmp = Path(d)
         results = {
             "machine": {
+                "tmpdir": tempfile.gettempdir(),
                 "python": platform.python_version(),
                 "cpus": os.cpu_count(),
                 "platform": platform.platform(),
