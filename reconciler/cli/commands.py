@@ -76,6 +76,13 @@ def make_plan(node: DesiredNode, inventory: Inventory, host: Host) -> Plan:
     return plan_node(node, inventory, catalog=host.catalog)
 
 
+def plan_files(files: Sequence[str], host: Host) -> tuple[DesiredNode, Inventory, Plan]:
+    """Load the desired state, pick this node, observe the host, plan."""
+    node = select_node(load(files, host), host.options.node)
+    inventory = host.observe()
+    return node, inventory, make_plan(node, inventory, host)
+
+
 # ---------------------------------------------------------------- validate
 
 
@@ -133,10 +140,7 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
 
 def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
-    desired = load(ns.file, host)
-    node = select_node(desired, options.node)
-    inventory = host.observe()
-    plan = make_plan(node, inventory, host)
+    node, inventory, plan = plan_files(ns.file, host)
     doc = saved_plan_document(plan, node)
     if ns.out:
         _write_plan_file(Path(ns.out), doc)
@@ -200,7 +204,7 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
 
 
 def _read_saved_plan(path: Path) -> dict[str, Any] | None:
-    """The saved plan in ``path``, or None when the file is not JSON (a desired-state file)."""
+    """The saved plan in ``path``, or None when it is a desired-state file (YAML or JSON)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -210,9 +214,13 @@ def _read_saved_plan(path: Path) -> dict[str, Any] | None:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
+        if '"formatVersion"' not in text:
+            return None  # YAML in flow style: the desired-state loader reads it
         raise ValidationError(
             f"{path}:{exc.lineno}:{exc.colno}: not a saved plan: {exc.msg}"
         ) from None
+    if isinstance(doc, dict) and "apiVersion" in doc and "formatVersion" not in doc:
+        return None  # a desired-state document written as JSON
     if not isinstance(doc, dict) or "formatVersion" not in doc or "actions" not in doc:
         raise ValidationError(
             f"{path}: not a saved plan (expected the JSON written by 'vgpuctl plan --out')"
@@ -225,8 +233,8 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
 
     host = Host(options)
     saved = _read_saved_plan(Path(ns.file[0])) if len(ns.file) == 1 else None
-    inventory = host.observe()
     if saved is not None:
+        inventory = host.observe()
         from reconciler.cli.documents import node_from_document
 
         try:
@@ -247,8 +255,7 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
                 "run 'vgpuctl plan' again"
             )
     else:
-        node = select_node(load(ns.file, host), options.node)
-        plan = make_plan(node, inventory, host)
+        node, inventory, plan = plan_files(ns.file, host)
 
     style = _style(options)
     _out(plan_text(plan, inventory=inventory, style=style, verbose=ns.verbose))
@@ -402,9 +409,7 @@ def _add_assert(sub: Subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
-    host = Host(options)
-    node = select_node(load(ns.file, host), options.node)
-    plan = make_plan(node, host.observe(), host)
+    _, _, plan = plan_files(ns.file, Host(options))
     if not plan.has_changes:
         _out(f"node {plan.node} matches the desired state\n")
         return EXIT_OK

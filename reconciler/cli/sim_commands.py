@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,12 @@ def register(sub: Any) -> argparse.ArgumentParser:
     return sim
 
 
-def _wrap(exc: Exception) -> UsageError:
-    return UsageError(str(exc))
+def _simulator_call(fn: Callable[..., object], *args: object, **kwargs: object) -> None:
+    """Run a simulator function; its ValueError/OSError is the user's error, said in one line."""
+    try:
+        fn(*args, **kwargs)
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
@@ -99,10 +104,9 @@ def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
             "sim init --interface vfio: vgpuctl does not drive the vendor-specific VFIO "
             "interface yet; use --interface mdev"
         )
-    try:
-        init_host(ns.dir, ns.gpus, interface=ns.interface, extra_devices=not ns.no_extra_devices)
-    except (ValueError, OSError) as exc:
-        raise _wrap(exc) from None
+    _simulator_call(
+        init_host, ns.dir, ns.gpus, interface=ns.interface, extra_devices=not ns.no_extra_devices
+    )
     root = ns.dir / "sys"
     print(f"Simulated host ready in {ns.dir}. Drive it with:", file=sys.stderr)
     print(f"  --sysfs-root {root} --sriov-manage {ns.dir / 'bin' / 'sriov-manage'}")
@@ -112,10 +116,7 @@ def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
 def cmd_hold(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.sim import hold
 
-    try:
-        hold(ns.dir, ns.uuid)
-    except (ValueError, OSError) as exc:
-        raise _wrap(exc) from None
+    _simulator_call(hold, ns.dir, ns.uuid)
     print(f"vGPU {ns.uuid} is now held by a simulated VM", file=sys.stderr)
     return EXIT_OK
 
@@ -123,10 +124,7 @@ def cmd_hold(ns: argparse.Namespace, options: GlobalOptions) -> int:
 def cmd_release(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.sim import release
 
-    try:
-        release(ns.dir, ns.uuid)
-    except (ValueError, OSError) as exc:
-        raise _wrap(exc) from None
+    _simulator_call(release, ns.dir, ns.uuid)
     print(f"vGPU {ns.uuid} is released", file=sys.stderr)
     return EXIT_OK
 
@@ -136,19 +134,15 @@ def cmd_fail(ns: argparse.Namespace, options: GlobalOptions) -> int:
 
     if not (ns.writes or ns.sriov_mode or ns.crash_after):
         raise UsageError("sim fail: give --writes N, --sriov MODE or --crash-after N")
-    try:
-        fail(ns.dir, writes=ns.writes, sriov_manage=ns.sriov_mode, crash_after=ns.crash_after)
-    except (ValueError, OSError) as exc:
-        raise _wrap(exc) from None
+    _simulator_call(
+        fail, ns.dir, writes=ns.writes, sriov_manage=ns.sriov_mode, crash_after=ns.crash_after
+    )
     return EXIT_OK
 
 
 def cmd_reboot(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.sim import reboot
 
-    try:
-        reboot(ns.dir)
-    except (ValueError, OSError) as exc:
-        raise _wrap(exc) from None
+    _simulator_call(reboot, ns.dir)
     print(f"{ns.dir}: rebooted (SR-IOV off, no vGPUs)", file=sys.stderr)
     return EXIT_OK

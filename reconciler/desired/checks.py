@@ -242,10 +242,17 @@ def _check_against_model(
                     what, limit = f"'{profile.name}'", "it allows"
                 else:
                     what, limit = f"{profile.size_gb} GB", f"'{profile.name}' allows"
+                where = "" if isinstance(e.key, str) else f"; first over the limit: VF {e.key}"
+                fitting = [
+                    p.name.removeprefix("NVIDIA ")
+                    for p in model.time_sliced_profiles
+                    if p.max_instances >= total
+                ]
+                fits = f"; profiles that allow {total}: {' '.join(fitting)}" if fitting else ""
                 report(
                     e.location,
                     f"{total} vGPUs of {what} on GPU {address}, but {limit} at most "
-                    f"{profile.max_instances} per {model.name}",
+                    f"{profile.max_instances} per {model.name}{where}{fits}",
                 )
                 exceeded = True
                 break

@@ -230,6 +230,7 @@ def _constraints(
         )
         if culprit.vf is not None:
             message += f"; first over the limit: VF {culprit.vf.address} ({culprit.profile})"
+        message += f"; offered: {offer.listing()}"
         problems.append(located(message, culprit.location))
     return problems
 

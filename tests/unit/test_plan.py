@@ -377,7 +377,9 @@ def test_over_the_maximum_names_the_first_vf_over_the_limit() -> None:
     five: dict[PciAddress | int, str] = {i: "A2-4Q" if i % 2 else "A2-4A" for i in range(5)}
     assert problems(want(vgpus=five), host=(a2(),)) == [
         "GPU 0000:08:00.0 (NVIDIA A2): 5 × 4096 MiB vGPUs requested, the maximum is 4 "
-        "(NVIDIA A2-4A max_instance=4); first over the limit: VF 0000:08:01.0 (NVIDIA A2-4A)"
+        "(NVIDIA A2-4A max_instance=4); first over the limit: VF 0000:08:01.0 (NVIDIA A2-4A); "
+        "offered: NVIDIA A2-1B, -2B, -1Q, -2Q, -4Q, -8Q, -16Q, -1A, -2A, -4A, -8A, -16A, -4C, "
+        "-8C, -16C"
     ]
 
 

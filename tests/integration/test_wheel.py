@@ -1,0 +1,47 @@
+"""A non-editable install (a wheel) carries the schemas and the catalogue; it works anywhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.integration.conftest import REPO, SEED
+
+
+def test_wheel_ships_schemas_and_catalogue(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--quiet", "-w", str(dist), str(REPO)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    (wheel,) = dist.glob("vgpuctl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for schema in ("desired-state.schema.json", "plan.schema.json", "inventory.schema.json"):
+        assert f"reconciler/_schemas/{schema}" in names
+    assert "reconciler/catalog/catalog.json" in names
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    seed = elsewhere / "seed.yaml"
+    seed.write_text(SEED.read_text())
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         "import reconciler; from reconciler.desired import schema_path; "
+         "print(reconciler.__file__); print(schema_path('desired-state.schema.json'))"],
+        check=True, capture_output=True, text=True, cwd=elsewhere, env=env,
+    )  # fmt: skip
+    module, schema = probe.stdout.split()
+    assert Path(module).is_relative_to(site) and Path(schema).is_relative_to(site)
+    res = subprocess.run(
+        [sys.executable, "-m", "reconciler", "validate", str(seed)],
+        capture_output=True, text=True, cwd=elsewhere, env=env, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "valid (1 node, 1 GPU, 4 vGPUs)" in res.stdout
