@@ -367,6 +367,8 @@ def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
             return EXIT_OK
         _out(status_table(inventory))
         _err(gpu_summary(inventory))
+        for note in inventory.notes:
+            _err(f"note: {note}")
     return EXIT_OK
 
 
