@@ -77,3 +77,21 @@ class LockHeldError(ApplyError):
 
 class ConflictError(TransientError):
     """An optimistic-concurrency write lost a race (resourceVersion)."""
+
+
+class ClusterError(ReconcilerError):
+    """The cluster could not be read or written as needed."""
+
+
+class ClusterUnavailableError(ClusterError):
+    """The API server did not answer (connection refused, timeout, 5xx)."""
+
+    transient = True
+
+
+class ForbiddenError(ClusterError):
+    """RBAC denied a request; the message names the verb and the resource."""
+
+
+class ResourceMissingError(ClusterError):
+    """A resource type is not served (e.g. the CRDs are not installed)."""

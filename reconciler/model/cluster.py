@@ -1,0 +1,171 @@
+"""What the cluster holds for vGPUs: Harvester-compatible CRs, the KubeVirt allow-list, and who
+uses which vGPU (kubelet allocations, running VMIs).
+
+Produced by the cluster observer (``observe.cluster``) from the API server and the kubelet's
+checkpoint; consumed by the pure cluster planner. Objects are plain mappings as the API returns
+them (``spec``/``status`` bodies), wrapped with what the planner needs to diff them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+#: The Harvester CRDs (DOMAIN.md §5): group, version, kinds, plurals.
+GROUP = "devices.harvesterhci.io"
+VERSION = "v1beta1"
+SRIOV_GPU_KIND = "SRIOVGPUDevice"
+SRIOV_GPU_PLURAL = "sriovgpudevices"
+VGPU_KIND = "VGPUDevice"
+VGPU_PLURAL = "vgpudevices"
+PLURALS = {SRIOV_GPU_KIND: SRIOV_GPU_PLURAL, VGPU_KIND: VGPU_PLURAL}
+
+#: Labels Harvester sets and readers (UI, Rancher, kubectl) select on.
+NODE_LABEL = "nodename"
+PARENT_LABEL = "harvesterhci.io/parentSRIOVGPUDevice"
+#: Marks what vgpuctl owns; objects another controller manages are left alone unless adopted.
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "vgpuctl"
+
+#: KubeVirt (DOMAIN.md §7).
+KUBEVIRT_GROUP = "kubevirt.io"
+KUBEVIRT_VERSION = "v1"
+KUBEVIRT_PLURAL = "kubevirts"
+#: Annotation on the KubeVirt CR listing the mediatedDevices entries vgpuctl added (by
+#: mdevNameSelector), so entries someone else added are never removed.
+KUBEVIRT_OWNED_ANNOTATION = "vgpu.reconciler.dev/mediated-devices"
+
+
+def _frozen(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(m or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class KubeObject:
+    """One of our custom resources as the API server has it (or as the planner renders it)."""
+
+    kind: str  # SRIOVGPUDevice | VGPUDevice
+    name: str
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    spec: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    status: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: Empty for a rendered (not yet stored) object.
+    resource_version: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("labels", "annotations", "spec", "status"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+    @property
+    def managed_by_us(self) -> bool:
+        return self.labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+
+    @property
+    def plural(self) -> str:
+        return PLURALS[self.kind]
+
+    def to_json(self) -> dict[str, Any]:
+        """The full API body (``apiVersion``, ``kind``, ``metadata``, ``spec``, ``status``)."""
+        metadata: dict[str, Any] = {"name": self.name, "labels": dict(self.labels)}
+        if self.annotations:
+            metadata["annotations"] = dict(self.annotations)
+        if self.resource_version:
+            metadata["resourceVersion"] = self.resource_version
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": self.kind,
+            "metadata": metadata,
+            "spec": _plain(self.spec),
+            "status": _plain(self.status),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> KubeObject:
+        meta = raw.get("metadata") or {}
+        return cls(
+            kind=str(raw.get("kind", "")),
+            name=str(meta.get("name", "")),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            spec=dict(raw.get("spec") or {}),
+            status=dict(raw.get("status") or {}),
+            resource_version=str(meta.get("resourceVersion", "")),
+        )
+
+
+def _plain(value: Any) -> Any:
+    """Deep-copy mappings (including read-only proxies) and sequences into JSON types."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class KubeVirtConfig:
+    """The KubeVirt CR's allow-list of mediated devices, wherever the CR lives."""
+
+    namespace: str
+    name: str
+    resource_version: str
+    #: ``spec.configuration.permittedHostDevices.mediatedDevices`` entries, as stored.
+    mediated_devices: tuple[Mapping[str, Any], ...] = ()
+    #: mdevNameSelectors vgpuctl added (from :data:`KUBEVIRT_OWNED_ANNOTATION`).
+    owned: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUse:
+    """A vGPU (by device ID = mdev UUID) handed to a pod by the kubelet, and who has it."""
+
+    device_id: str
+    resource_name: str  # nvidia.com/NVIDIA_A2-4Q
+    holder: str  # "VM default/win11 (pod virt-launcher-win11-abcde)" or "pod <uid>"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """Everything the cluster says about one node's vGPUs, plus the cluster-wide facts the
+    KubeVirt allow-list depends on."""
+
+    node: str
+    #: Our CRs for this node (label ``nodename``), by object name.
+    sriov_gpu_devices: Mapping[str, KubeObject] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    vgpu_devices: Mapping[str, KubeObject] = field(default_factory=lambda: MappingProxyType({}))
+    #: Profiles configured (spec.enabled, spec.vGPUTypeName) by managed VGPUDevices of OTHER
+    #: nodes: an allow-list entry stays while any node still offers its profile.
+    profiles_elsewhere: frozenset[str] = frozenset()
+    kubevirt: KubeVirtConfig | None = None
+    #: Allocated vGPUs (kubelet checkpoint, joined with running VMIs), by device ID.
+    device_uses: Mapping[str, DeviceUse] = field(default_factory=lambda: MappingProxyType({}))
+    #: Resources a running VMI on this node requests whose device IDs are unknown (no
+    #: checkpoint entry): every vGPU of such a profile counts as possibly in use.
+    vmi_resources: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    #: Why parts could not be read (e.g. "KubeVirt CR not found"): shown in the plan's notes.
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("sriov_gpu_devices", "vgpu_devices", "device_uses", "vmi_resources"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+
+def object_name(node: str, address: str) -> str:
+    """Harvester's object name: ``<node>-<PCI address without ':' and '.'>``."""
+    return f"{node}-{address.replace(':', '').replace('.', '')}"
+
+
+def resource_name(type_name: str) -> str:
+    """``NVIDIA A2-4Q`` → ``nvidia.com/NVIDIA_A2-4Q`` (DOMAIN.md §6): whitespace, ``/`` and
+    ``.`` become ``_``; no upper-casing."""
+    out = []
+    for ch in type_name.strip():
+        out.append("_" if ch.isspace() or ch in "/." else ch)
+    return "nvidia.com/" + "".join(out)

@@ -1,0 +1,84 @@
+"""The port through which the engine talks to a Kubernetes API server.
+
+The real adapter (``reconciler.kube``) wraps the unmodified ``kubernetes`` client; tests point it
+at an API-server emulator over HTTP. Bodies are the API's JSON as plain dicts. Errors raised:
+``ClusterUnavailableError`` (no answer), ``ForbiddenError`` (403, naming verb and resource),
+``ResourceMissingError`` (the resource type is not served: 404 on a collection),
+``ConflictError`` (409: stale resourceVersion or already exists), ``ClusterError`` (anything else).
+A missing object on ``get_object`` is ``None``, not an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class ClusterApi(Protocol):
+    def list_objects(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> list[dict[str, Any]]:
+        """Items of a collection (all namespaces when ``namespace`` is None for a namespaced
+        resource). ``group`` "" means the core API (``/api/v1``)."""
+        ...
+
+    def get_object(
+        self, *, group: str, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None: ...
+
+    def create_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]: ...
+
+    def replace_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        """PUT; ``body.metadata.resourceVersion`` must be the version the change was planned
+        from (a stale one raises ``ConflictError``)."""
+        ...
+
+    def replace_status(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        """PUT on the ``/status`` subresource (only ``status`` is written)."""
+        ...
+
+    def delete_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> None:
+        """DELETE with a resourceVersion precondition when given; a missing object is fine."""
+        ...
