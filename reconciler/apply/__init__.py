@@ -3,8 +3,17 @@
 Ports (:mod:`~reconciler.apply.ports`) for sysfs writes, commands and host drivers; the real
 adapters (:class:`ConfinedSysfsWriter`, :class:`SubprocessRunner`, :class:`MdevDriver`); the
 idempotent :func:`execute`; and the per-node :class:`NodeLock` and :class:`Journal`.
+:func:`execute_cluster` (``cluster.py``) carries out CR and KubeVirt writes through the
+ClusterApi port.
 """
 
+from reconciler.apply.cluster import (
+    SKIPPED_NOT_CLUSTER,
+    EventSink,
+    allow_list_change,
+    execute_cluster,
+    record_host_events,
+)
 from reconciler.apply.errors import (
     CommandFailedError,
     CommandNotExecutableError,
@@ -38,6 +47,7 @@ from reconciler.apply.runner import SubprocessRunner
 from reconciler.apply.sysfs import ConfinedSysfsWriter
 
 __all__ = [
+    "SKIPPED_NOT_CLUSTER",
     "SKIPPED_NOT_HOST",
     "ApplyCounts",
     "ApplyResult",
@@ -50,6 +60,7 @@ __all__ = [
     "ConfinedSysfsWriter",
     "DeviceBusyError",
     "DriverRefusedError",
+    "EventSink",
     "HostChangedError",
     "HostDriver",
     "HostedVGPU",
@@ -64,6 +75,9 @@ __all__ = [
     "SubprocessRunner",
     "SysfsWriter",
     "VerificationError",
+    "allow_list_change",
     "checked_uuid",
     "execute",
+    "execute_cluster",
+    "record_host_events",
 ]

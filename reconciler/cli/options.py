@@ -16,6 +16,7 @@ from pathlib import Path
 DEFAULT_SYSFS_ROOT = "/sys"
 DEFAULT_SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
 DEFAULT_STATE_DIR = "/var/lib/vgpuctl"
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 
 
 def _env(name: str) -> str | None:
@@ -64,6 +65,28 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
         f"{DEFAULT_STATE_DIR}, or DIR/state for a simulated host)",
     )
     group.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        default=dflt(None),
+        help="talk to the cluster this kubeconfig names (env VGPUCTL_KUBECONFIG); without it, "
+        "the in-cluster service account when running in a pod, else no cluster: node-local only. "
+        "KUBECONFIG is deliberately not read",
+    )
+    group.add_argument(
+        "--kubevirt-namespace",
+        metavar="NS",
+        default=dflt(None),
+        help="namespace of the KubeVirt CR (env VGPUCTL_KUBEVIRT_NAMESPACE; default: found in "
+        "any namespace, e.g. harvester-system or kubevirt)",
+    )
+    group.add_argument(
+        "--kubelet-dir",
+        metavar="PATH",
+        default=dflt(None),
+        help="the kubelet's directory, for its device-plugin checkpoint (env "
+        f"VGPUCTL_KUBELET_DIR; default {DEFAULT_KUBELET_DIR})",
+    )
+    group.add_argument(
         "--no-color",
         action="store_true",
         default=dflt(False),
@@ -78,15 +101,22 @@ class GlobalOptions:
     node: str
     state_dir: Path | None  # None: the default (or the simulator's)
     no_color: bool
+    kubeconfig: Path | None = None
+    kubevirt_namespace: str | None = None
+    kubelet_dir: Path = Path(DEFAULT_KUBELET_DIR)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GlobalOptions:
         no_color = bool(ns.no_color or os.environ.get("NO_COLOR") or _env("NO_COLOR"))
         state_dir = ns.state_dir or _env("STATE_DIR")
+        kubeconfig = ns.kubeconfig or _env("KUBECONFIG")
         return cls(
             sysfs_root=Path(ns.sysfs_root or _env("SYSFS_ROOT") or DEFAULT_SYSFS_ROOT),
             sriov_manage=ns.sriov_manage or _env("SRIOV_MANAGE"),
             node=ns.node or default_node(),
             state_dir=Path(state_dir) if state_dir else None,
             no_color=no_color,
+            kubeconfig=Path(kubeconfig) if kubeconfig else None,
+            kubevirt_namespace=ns.kubevirt_namespace or _env("KUBEVIRT_NAMESPACE"),
+            kubelet_dir=Path(ns.kubelet_dir or _env("KUBELET_DIR") or DEFAULT_KUBELET_DIR),
         )

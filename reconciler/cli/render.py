@@ -5,8 +5,9 @@ Pure functions from values to strings; colour is decided by the caller (TTY and 
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reconciler.model import Action, ActionKind, Blocked, Inventory, PciAddress, Plan
@@ -62,10 +63,12 @@ class _Line:
 
 
 def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Line]]:
-    """Group actions per GPU; merge a replacement's remove and create into one ``-/+`` line."""
+    """Group host actions per GPU; merge a replacement's remove and create into one ``-/+``."""
     per_gpu: dict[str, list[_Line]] = defaultdict(list)
     creates = {a.target: a for a in actions if a.kind is ActionKind.VGPU_CREATE}
     for a in actions:
+        if not a.kind.is_host:
+            continue
         params = dict(a.params)
         gpu = _gpu_of(a.target, params)
         if a.kind is ActionKind.VGPU_REMOVE and a.is_replacement and a.target in creates:
@@ -107,6 +110,57 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Li
     return per_gpu
 
 
+def _value(v: object) -> str:
+    return json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else f'"{v}"'
+
+
+def _change_lines(changes: object, style: Style, indent: str) -> list[str]:
+    out = []
+    for c in changes if isinstance(changes, list | tuple) else []:
+        if not isinstance(c, Mapping):
+            continue
+        before, after = c.get("from"), c.get("to")
+        out.append(style.yellow(f"{indent}~ {c.get('path')}: {_value(before)} → {_value(after)}"))
+    return out
+
+
+def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
+    """Cluster writes: one line per object, with its field-level changes under it."""
+    out: list[str] = []
+    for a in actions:
+        if a.kind.is_host:
+            continue
+        params = dict(a.params)
+        kind = str(params.get("kind", ""))
+        if a.kind is ActionKind.CR_CREATE:
+            out.append(f"    {style.green('+')} {kind} {a.target}")
+        elif a.kind is ActionKind.CR_DELETE:
+            out.append(f"    {style.red('-')} {kind} {a.target}")
+        elif a.kind is ActionKind.KUBEVIRT_UPDATE:
+            out.append(f"    {style.yellow('~')} KubeVirt {a.target.removeprefix('kubevirt/')}")
+            for entry in params.get("add") or []:
+                selector = entry.get("mdevNameSelector") if isinstance(entry, Mapping) else entry
+                out.append(style.green(f"        + mediatedDevices: {selector}"))
+            for selector in params.get("remove") or []:
+                out.append(style.red(f"        - mediatedDevices: {selector}"))
+        elif a.kind is ActionKind.CR_UPDATE:
+            reset = " (reset: changed outside vgpuctl)" if params.get("drift") else ""
+            out.append(f"    {style.yellow('~')} {kind} {a.target}{reset}")
+            out.extend(_change_lines(params.get("changes"), style, "        "))
+        else:
+            out.append(f"    {style.yellow('~')} {a.kind.value} {a.target}")
+        out.append(style.dim(f"        {a.reason}"))
+    return out
+
+
+def _drift_lines(plan: Plan, style: Style) -> list[str]:
+    out: list[str] = []
+    for d in plan.drift:
+        out.append(f"    {style.yellow('!')} {d.kind} {d.target}")
+        out.extend(_change_lines([c.to_json() for c in d.changes], style, "        "))
+    return out
+
+
 def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[_Line]]:
     per_gpu: dict[str, list[_Line]] = defaultdict(list)
     for b in blocked:
@@ -131,7 +185,8 @@ def plan_text(
     actions = _action_lines(plan.actions, style)
     blocked = _blocked_lines(plan.blocked, style)
     gpus = sorted(set(actions) | set(blocked), key=_sort_key)
-    if gpus:
+    cluster = _cluster_lines(plan.actions, style)
+    if gpus or cluster:
         out.append(f"vgpuctl will perform the following actions on node {style.bold(plan.node)}:")
     for gpu in gpus:
         model = models.get(gpu)
@@ -144,6 +199,15 @@ def plan_text(
         for ln in lines:
             out.append(f"  {ln.symbol:>3} {ln.title}")
             out.append(style.dim(f"        {ln.reason}"))
+    if cluster:
+        out.append("")
+        out.append(style.bold("  # Cluster objects"))
+        out.extend(cluster)
+    drift = _drift_lines(plan, style)
+    if drift:
+        out.append("")
+        out.append(style.bold("Changed outside vgpuctl (reset by this plan):"))
+        out.extend(drift)
     if verbose and plan.noops:
         out.append("")
         out.append("Unchanged:")

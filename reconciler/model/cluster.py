@@ -117,6 +117,30 @@ class KubeVirtConfig:
     #: mdevNameSelectors vgpuctl added (from :data:`KUBEVIRT_OWNED_ANNOTATION`).
     owned: frozenset[str] = frozenset()
 
+    @property
+    def target(self) -> str:
+        """How plans name this CR: ``kubevirt/<namespace>/<name>``."""
+        return f"kubevirt/{self.namespace}/{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "resourceVersion": self.resource_version,
+            "mediatedDevices": [_plain(e) for e in self.mediated_devices],
+            "owned": sorted(self.owned),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> KubeVirtConfig:
+        return cls(
+            namespace=str(raw["namespace"]),
+            name=str(raw["name"]),
+            resource_version=str(raw.get("resourceVersion", "")),
+            mediated_devices=tuple(dict(e) for e in raw.get("mediatedDevices", [])),
+            owned=frozenset(str(s) for s in raw.get("owned", [])),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceUse:
@@ -125,6 +149,21 @@ class DeviceUse:
     device_id: str
     resource_name: str  # nvidia.com/NVIDIA_A2-4Q
     holder: str  # "VM default/win11 (pod virt-launcher-win11-abcde)" or "pod <uid>"
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "deviceId": self.device_id,
+            "resourceName": self.resource_name,
+            "holder": self.holder,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DeviceUse:
+        return cls(
+            device_id=str(raw["deviceId"]),
+            resource_name=str(raw.get("resourceName", "")),
+            holder=str(raw.get("holder", "")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +194,44 @@ class ClusterState:
     def __post_init__(self) -> None:
         for name in ("sriov_gpu_devices", "vgpu_devices", "device_uses", "vmi_resources"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON document of everything above (golden test cases keep it as ``cluster.json``).
+
+        Objects are full API bodies, sorted by name; ``vmiResources`` maps a VMI
+        (``namespace/name``) to the resource names it requests.
+        """
+        return {
+            "node": self.node,
+            "sriovGPUDevices": [
+                self.sriov_gpu_devices[n].to_json() for n in sorted(self.sriov_gpu_devices)
+            ],
+            "vgpuDevices": [self.vgpu_devices[n].to_json() for n in sorted(self.vgpu_devices)],
+            "profilesElsewhere": sorted(self.profiles_elsewhere),
+            "kubevirt": None if self.kubevirt is None else self.kubevirt.to_json(),
+            "deviceUses": [self.device_uses[d].to_json() for d in sorted(self.device_uses)],
+            "vmiResources": {k: list(self.vmi_resources[k]) for k in sorted(self.vmi_resources)},
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ClusterState:
+        sriov = (KubeObject.from_json(o) for o in raw.get("sriovGPUDevices", []))
+        vgpus = (KubeObject.from_json(o) for o in raw.get("vgpuDevices", []))
+        uses = (DeviceUse.from_json(u) for u in raw.get("deviceUses", []))
+        kubevirt = raw.get("kubevirt")
+        return cls(
+            node=str(raw["node"]),
+            sriov_gpu_devices={o.name: o for o in sriov},
+            vgpu_devices={o.name: o for o in vgpus},
+            profiles_elsewhere=frozenset(str(p) for p in raw.get("profilesElsewhere", [])),
+            kubevirt=None if kubevirt is None else KubeVirtConfig.from_json(kubevirt),
+            device_uses={u.device_id: u for u in uses},
+            vmi_resources={
+                str(k): tuple(str(r) for r in v) for k, v in (raw.get("vmiResources") or {}).items()
+            },
+            notes=tuple(str(n) for n in raw.get("notes", [])),
+        )
 
 
 def object_name(node: str, address: str) -> str:

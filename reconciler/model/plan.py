@@ -62,6 +62,17 @@ class Action:
       a replacement)
       vgpu-remove: ``gpu``, ``vfIndex`` (int), ``type``, ``uuid``, ``replacedBy`` (new type, on
       a replacement)
+
+    Cluster action params (``target`` is the object name, or ``kubevirt/<ns>/<name>``):
+      cr-create: ``kind``, ``object`` (the full API body, ``KubeObject.to_json()``)
+      cr-update: ``kind``, ``resourceVersion`` (planned from), ``object`` (the full intended
+      body, resourceVersion set), ``specChanged`` (bool: spec or metadata differ, a PUT of the
+      object), ``statusChanged`` (bool: a PUT of the status subresource), ``changes`` (list of
+      ``{path, from, to}``), ``drift`` (bool: the stored spec was edited by hand), ``adopt``
+      (true, only when the object was another controller's)
+      cr-delete: ``kind``, ``resourceVersion``
+      kubevirt-update: ``namespace``, ``name``, ``resourceVersion``, ``add`` (mediatedDevices
+      entries), ``remove`` (mdevNameSelectors), ``owned`` (the selectors vgpuctl owns after it)
     """
 
     seq: int
@@ -139,6 +150,50 @@ class Noop:
 
 
 @dataclass(frozen=True, slots=True)
+class FieldChange:
+    """One field of a cluster object that differs: ``spec.vGPUTypeName`` from X to Y.
+
+    ``old``/``new`` are JSON values; None stands for absent as well as null.
+    """
+
+    path: str  # "spec.vGPUTypeName", 'status.availableTypes["NVIDIA A2-4Q"]'
+    old: Any
+    new: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "from": self.old, "to": self.new}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> FieldChange:
+        return cls(path=str(raw["path"]), old=raw.get("from"), new=raw.get("to"))
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """A cluster object edited outside vgpuctl: its stored spec differs from the spec vgpuctl
+    last wrote. ``changes`` go from what vgpuctl wrote to what is stored; the plan resets it."""
+
+    target: str  # the object name
+    kind: str  # SRIOVGPUDevice | VGPUDevice
+    changes: tuple[FieldChange, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "kind": self.kind,
+            "changes": [c.to_json() for c in self.changes],
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Drift:
+        return cls(
+            target=str(raw["target"]),
+            kind=str(raw["kind"]),
+            changes=tuple(FieldChange.from_json(c) for c in raw.get("changes", [])),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     create: int
     change: int
@@ -165,6 +220,9 @@ class Plan:
     #: Free-text notes for the reader (e.g. "cluster actions skipped: no cluster configured").
     notes: tuple[str, ...] = ()
     format_version: int = FORMAT_VERSION
+    #: Cluster objects changed outside vgpuctl ("changed outside vgpuctl"); each has a cr-update
+    #: with ``drift: true`` among the actions that resets it.
+    drift: tuple[Drift, ...] = ()
 
     @property
     def summary(self) -> Summary:
@@ -208,6 +266,7 @@ class Plan:
             "actions": [a.to_json() for a in self.actions],
             "blocked": [b.to_json() for b in self.blocked],
             "noops": [n.to_json() for n in self.noops],
+            "drift": [d.to_json() for d in self.drift],
             "notes": list(self.notes),
             "summary": self.summary.to_json(),
             "applyable": self.applyable,
@@ -224,4 +283,5 @@ class Plan:
             blocked=tuple(Blocked.from_json(b) for b in raw.get("blocked", [])),
             noops=tuple(Noop(str(n["target"]), str(n["reason"])) for n in raw.get("noops", [])),
             notes=tuple(str(n) for n in raw.get("notes", [])),
+            drift=tuple(Drift.from_json(d) for d in raw.get("drift", [])),
         )

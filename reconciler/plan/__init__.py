@@ -1,10 +1,28 @@
-"""The diff engine: (desired node, observed inventory) → Plan. Pure; constraint checks included.
+"""The diff engine: (desired node, observed inventory[, cluster]) → Plan. Pure; constraint checks
+included.
 
 ``plan_node`` is the entry point. ``VGPU_UUID_NAMESPACE`` and ``vgpu_uuid`` define the UUIDs
-created vGPUs get (a contract: the same node and VF always give the same UUID).
+created vGPUs get (a contract: the same node and VF always give the same UUID). The cluster half:
+``render_objects`` (the node's CRs as they should be), ``predict_inventory`` (the host after the
+host actions, which CR statuses are rendered from) and ``replan_object`` (the cluster executor's
+answer to a 409).
 """
 
-from reconciler.plan.planner import plan_node
+from reconciler.plan.cluster import KUBEVIRT_MISSING, replan_object
+from reconciler.plan.planner import NO_CLUSTER, plan_node
+from reconciler.plan.predict import predict_inventory
+from reconciler.plan.render import LAST_APPLIED_ANNOTATION, canonical_json, render_objects
 from reconciler.plan.uuids import VGPU_UUID_NAMESPACE, vgpu_uuid
 
-__all__ = ["VGPU_UUID_NAMESPACE", "plan_node", "vgpu_uuid"]
+__all__ = [
+    "KUBEVIRT_MISSING",
+    "LAST_APPLIED_ANNOTATION",
+    "NO_CLUSTER",
+    "VGPU_UUID_NAMESPACE",
+    "canonical_json",
+    "plan_node",
+    "predict_inventory",
+    "render_objects",
+    "replan_object",
+    "vgpu_uuid",
+]

@@ -10,7 +10,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from reconciler.model import Vf
+from reconciler.model import DesiredGpu, Vf, VfKey
+
+
+def vf_profiles(desired: DesiredGpu, slots: Iterable[Vf]) -> dict[int, str]:
+    """VF index → profile the desired GPU asks for on ``slots`` (its VFs, or where they will be).
+
+    The one place both forms resolve: the per-VF form by VF address or index, the count form by
+    :func:`assign_counts`. The host planner diffs against it and the CR renderer writes it into
+    ``spec.vGPUTypeName``, so the two never disagree. Keys naming no VF are skipped here (the
+    planner's checks report them).
+    """
+    if not desired.sriov:
+        return {}
+    if desired.profiles:
+        counts = {name: n for name, n in desired.profiles.items() if n > 0}
+        return assign_counts(slots, counts)
+    by_key: dict[VfKey, int] = {}
+    for vf in slots:
+        by_key[vf.index] = vf.index
+        by_key[vf.address] = vf.index
+    chosen: dict[int, str] = {}
+    for key, profile in (desired.vgpus or {}).items():
+        index = by_key.get(key)
+        if index is not None:
+            chosen.setdefault(index, profile)
+    return chosen
 
 
 def assign_counts(vfs: Iterable[Vf], counts: Mapping[str, int]) -> dict[int, str]:

@@ -4,11 +4,17 @@ Pure and deterministic: no I/O, no clock, no randomness; the same inputs give th
 action for action. The desired GPUs are the managed ones; any other GPU is left as it is. The
 checks in :mod:`reconciler.plan.check` run first over every managed GPU, and if any fails the
 plan is refused with all the problems at once.
+
+With a cluster, the vGPUs it says are used count as in use before the host is planned, and the
+cluster actions follow the host's: the node's CRs rendered from the host as the host actions
+will leave it (:mod:`reconciler.plan.predict`), diffed against the stored ones, then the KubeVirt
+allow-list (:mod:`reconciler.plan.cluster`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from reconciler.catalog import Catalog
 from reconciler.model import (
@@ -25,18 +31,102 @@ from reconciler.model import (
     Problem,
     Vf,
 )
-from reconciler.plan.assign import assign_counts
+from reconciler.model.cluster import ClusterState
+from reconciler.model.plan import Drift
+from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
+from reconciler.plan.cluster import plan_cluster
 from reconciler.plan.diff import Step, diff_gpu
 from reconciler.plan.offer import Offer, gpu_label, offer_for
+from reconciler.plan.predict import predict_inventory
+from reconciler.plan.render import render_with
+from reconciler.plan.uses import mark_cluster_uses
+
+#: Plan note of a plan made without a cluster (node-local).
+NO_CLUSTER = "cluster actions skipped: no cluster configured"
 
 
-def plan_node(node: DesiredNode | None, inventory: Inventory, *, catalog: Catalog) -> Plan:
-    """The plan that takes ``inventory`` to ``node``'s desired state.
+def plan_node(
+    node: DesiredNode | None,
+    inventory: Inventory,
+    *,
+    catalog: Catalog,
+    cluster: ClusterState | None = None,
+    adopt: bool = False,
+) -> Plan:
+    """The plan that takes ``inventory`` (and, when given, ``cluster``) to ``node``'s desired
+    state.
 
     ``node`` None manages nothing: every GPU is reported unmanaged (whether that is an error is
-    the caller's call). Raises :class:`PlanError` carrying every problem found.
+    the caller's call). ``cluster`` None plans the host only and says so in a note. ``adopt``
+    lets the plan take over CRs another controller manages. Raises :class:`PlanError` carrying
+    every problem found.
     """
+    if cluster is not None and cluster.node != inventory.node:
+        raise PlanError(
+            f"the cluster state is for node {cluster.node}, the host was observed as node "
+            f"{inventory.node}"
+        )
+    # The fingerprint is the host's own: a saved plan is checked against a fresh host observation,
+    # which knows nothing of the cluster's uses.
+    fingerprint = inventory.fingerprint()
+    observed = inventory
+    if cluster is not None:
+        inventory = mark_cluster_uses(inventory, cluster)
+    host = _plan_host(node, inventory, catalog=catalog)
+    actions = [
+        Action(seq=i, kind=s.kind, target=s.target, reason=s.reason, params=s.params)
+        for i, s in enumerate(host.actions, start=1)
+    ]
+    noops = list(host.noops)
+    notes = list(host.notes)
+    drift: list[Drift] = []
+    if cluster is None:
+        notes.append(NO_CLUSTER)
+    else:
+        predicted = predict_inventory(inventory, actions, catalog=catalog)
+        configured = {p for profiles in host.assignments.values() for p in profiles.values()}
+        cluster_plan = plan_cluster(
+            render_with(inventory.node, host.managed.values(), predicted, host.assignments),
+            cluster,
+            desired=host.managed,
+            inventory=predicted,
+            configured=configured,
+            adopt=adopt,
+        )
+        actions.extend(
+            Action(seq=i, kind=s.kind, target=s.target, reason=s.reason, params=s.params)
+            for i, s in enumerate(cluster_plan.actions, start=len(actions) + 1)
+        )
+        noops.extend(cluster_plan.noops)
+        drift.extend(cluster_plan.drift)
+        for note in (*cluster.notes, *cluster_plan.notes):
+            if note not in notes:
+                notes.append(note)
+    return Plan(
+        node=observed.node,
+        interface=_interface(observed),
+        observed_fingerprint=fingerprint,
+        actions=tuple(actions),
+        blocked=tuple(Blocked(s.kind, s.target, s.reason, s.params) for s in host.blocked),
+        noops=tuple(noops),
+        notes=tuple(notes),
+        drift=tuple(drift),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _HostPlan:
+    actions: list[Step] = field(default_factory=list)
+    blocked: list[Step] = field(default_factory=list)
+    noops: list[Noop] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: The managed GPUs on the host, and the VF index → profile each is planned to.
+    managed: dict[PciAddress, DesiredGpu] = field(default_factory=dict)
+    assignments: dict[PciAddress, Mapping[int, str]] = field(default_factory=dict)
+
+
+def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catalog) -> _HostPlan:
     by_address = {g.address: g for g in inventory.gpus}
     managed: dict[PciAddress, tuple[DesiredGpu, tuple[Vf, ...], Offer, tuple[Want, ...]]] = {}
     problems: list[Problem] = []
@@ -67,54 +157,37 @@ def plan_node(node: DesiredNode | None, inventory: Inventory, *, catalog: Catalo
             sorted(problems, key=_reading_order),
         )
 
-    actions: list[Step] = []
-    blocked: list[Step] = []
-    noops: list[Noop] = []
+    plan = _HostPlan()
     for gpu in sorted(inventory.gpus, key=lambda g: g.address):
         entry = managed.get(gpu.address)
         if entry is None:
             label = gpu_label(gpu, catalog)
-            noops.append(
+            plan.noops.append(
                 Noop(
                     str(gpu.address), f"{label} is not in the desired state: unmanaged, left as is"
                 )
             )
             continue
-        desired, slots, offer, wants = entry
+        desired, slots, offer, _ = entry
+        profiles = vf_profiles(desired, slots)
+        plan.managed[gpu.address] = desired
+        plan.assignments[gpu.address] = profiles
         diff = diff_gpu(
             gpu,
             slots,
             sriov=desired.sriov,
-            profiles=_profiles(desired, slots, wants),
+            profiles=profiles,
             offer=offer,
             node=inventory.node,
         )
-        actions.extend(diff.actions)
-        blocked.extend(diff.blocked)
-        noops.extend(diff.noops)
+        plan.actions.extend(diff.actions)
+        plan.blocked.extend(diff.blocked)
+        plan.noops.extend(diff.noops)
     # Stable sorts: within a kind, GPU address then VF index, as each GPU's diff produced them.
-    actions.sort(key=lambda s: s.kind.order)
-    blocked.sort(key=lambda s: s.kind.order)
-    return Plan(
-        node=inventory.node,
-        interface=_interface(inventory),
-        observed_fingerprint=inventory.fingerprint(),
-        actions=tuple(
-            Action(seq=i, kind=s.kind, target=s.target, reason=s.reason, params=s.params)
-            for i, s in enumerate(actions, start=1)
-        ),
-        blocked=tuple(Blocked(s.kind, s.target, s.reason, s.params) for s in blocked),
-        noops=tuple(noops),
-        notes=tuple(notes),
-    )
-
-
-def _profiles(
-    desired: DesiredGpu, slots: tuple[Vf, ...], wants: tuple[Want, ...]
-) -> Mapping[int, str]:
-    if desired.profiles:
-        return assign_counts(slots, {w.profile: w.count for w in wants})
-    return {w.vf.index: w.profile for w in wants if w.vf is not None}
+    plan.actions.sort(key=lambda s: s.kind.order)
+    plan.blocked.sort(key=lambda s: s.kind.order)
+    plan.notes.extend(notes)
+    return plan
 
 
 def _not_on_host(desired: DesiredGpu, inventory: Inventory, catalog: Catalog) -> str:

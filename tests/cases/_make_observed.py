@@ -170,6 +170,24 @@ HOSTS: dict[str, list[Card]] = {
     ],
     "unknown-gpu-model-sriov-off": [Card("L20", "0000:81:00.0", sriov=False)],
     "unknown-type-on-managed-gpu": [Card("A2", A2, vgpus={0: "A2-4Q", 1: "GRID A2-4Q"})],
+    # Cases with a cluster.json (written by _make_cluster.py).
+    "cluster-seed-fresh": [Card("A2", A2, sriov=False)],
+    "cluster-seed-in-sync": [Card("A2", A2, vgpus=SEED)],
+    "cluster-drift-hand-edit": [Card("A2", A2, vgpus=SEED)],
+    "cluster-profile-change": [Card("A2", A2, vgpus=SEED)],
+    "cluster-foreign-controller": [Card("A2", A2, vgpus=SEED)],
+    "cluster-foreign-adopt": [Card("A2", A2, vgpus=SEED)],
+    "cluster-in-use-checkpoint": [Card("A2", A2, vgpus=SEED)],
+    "cluster-in-use-vmi-unknown": [Card("A2", A2, vgpus=SEED)],
+    "cluster-kubevirt-profile-gone": [Card("A2", A2, vgpus=SEED)],
+    "cluster-kubevirt-missing": [Card("A2", A2, vgpus=SEED)],
+    "cluster-gpu-dropped": [
+        Card("A2", A2, vgpus=SEED),
+        Card("L4", "0000:09:00.0", vgpus={0: "L4-6Q", 1: "L4-6Q"}),
+    ],
+    "cluster-sriov-disabled": [Card("A2", A2, vgpus=SEED)],
+    "cluster-count-form-fresh-l40s": [Card("L40S", "0000:41:00.0", sriov=False)],
+    "cluster-first-vgpu-narrows": [Card("A2", A2)],
 }
 
 

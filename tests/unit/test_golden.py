@@ -5,6 +5,10 @@ as ``observe`` reports it, ``Inventory.to_json``) and either ``expected-plan.jso
 ``Plan.to_json()``) or ``expected-error.txt`` (the expected problem lines, one per line, from
 the loader or the planner). New behaviour = a new directory.
 
+A case may also have ``cluster.json`` (the cluster as ``observe_cluster`` reports it,
+``ClusterState.to_json``): the plan then includes the cluster actions; without it the plan is
+node-local. ``options.json`` holds planner options: ``{"adopt": true}``.
+
 ``UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py`` rewrites the expectations. Read every
 changed file before committing: they are the spec.
 """
@@ -21,7 +25,8 @@ import pytest
 
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
-from reconciler.model import Inventory, PlanError, ValidationError
+from reconciler.model import Inventory, Plan, PlanError, ValidationError
+from reconciler.model.cluster import ClusterState
 from reconciler.plan import plan_node
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
@@ -36,10 +41,22 @@ def _run(case: Path) -> tuple[str, str]:
     catalog = default_catalog()
     observed = json.loads((case / "observed.json").read_text(encoding="utf-8"))
     inventory = Inventory.from_json(observed)
+    cluster_file = case / "cluster.json"
+    cluster = None
+    if cluster_file.is_file():
+        cluster = ClusterState.from_json(json.loads(cluster_file.read_text(encoding="utf-8")))
+    options_file = case / "options.json"
+    options = json.loads(options_file.read_text(encoding="utf-8")) if options_file.is_file() else {}
     try:
         # A relative path, read from the case directory: problems then say "desired.yaml:…".
         desired = load_desired([Path("desired.yaml")], catalog=catalog)
-        plan = plan_node(desired.node(inventory.node), inventory, catalog=catalog)
+        plan = plan_node(
+            desired.node(inventory.node),
+            inventory,
+            catalog=catalog,
+            cluster=cluster,
+            adopt=bool(options.get("adopt", False)),
+        )
     except (ValidationError, PlanError) as exc:
         return "expected-error.txt", "".join(f"{line}\n" for line in exc.lines())
     return "expected-plan.json", json.dumps(plan.to_json(), indent=2, ensure_ascii=False) + "\n"
@@ -70,6 +87,26 @@ def test_observed_json_is_canonical(name: str) -> None:
     assert Inventory.from_json(raw).to_json() == raw
 
 
+CLUSTER_NAMES = sorted(p.parent.name for p in CASES.glob("*/cluster.json"))
+
+
+@pytest.mark.parametrize("name", CLUSTER_NAMES)
+def test_cluster_json_is_canonical(name: str) -> None:
+    """cluster.json is exactly what ``ClusterState.to_json`` writes: nothing in it is ignored."""
+    raw = json.loads((CASES / name / "cluster.json").read_text(encoding="utf-8"))
+    assert ClusterState.from_json(raw).to_json() == raw
+
+
+def test_there_are_cluster_cases() -> None:
+    assert len(CLUSTER_NAMES) >= 9
+
+
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in CASES.glob("*/options.json")))
+def test_options_json_names_known_options(name: str) -> None:
+    raw = json.loads((CASES / name / "options.json").read_text(encoding="utf-8"))
+    assert set(raw) <= {"adopt"}
+
+
 def _expected_plans() -> list[tuple[str, Any]]:
     return [
         (p.parent.name, json.loads(p.read_text(encoding="utf-8")))
@@ -81,3 +118,9 @@ def _expected_plans() -> list[tuple[str, Any]]:
 def test_expected_plan_matches_the_plan_schema(name: str, plan: Any) -> None:
     schema = json.loads(PLAN_SCHEMA.read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator(schema).validate(plan)
+
+
+@pytest.mark.parametrize(("name", "plan"), _expected_plans())
+def test_expected_plan_round_trips_through_plan_from_json(name: str, plan: Any) -> None:
+    # A saved plan (``plan --out``) is read back with Plan.from_json: nothing may be lost.
+    assert Plan.from_json(plan).to_json() == plan

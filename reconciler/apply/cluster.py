@@ -1,0 +1,549 @@
+"""The cluster executor: carries out a plan's CR and KubeVirt writes through the ClusterApi port.
+
+Optimistic concurrency all the way: every write carries the resourceVersion the action was
+planned from, so a change made since (by a human, another controller, another vgpuctl) makes
+the API server answer 409 instead of being overwritten. On a conflict the object is read again
+and the action re-planned against what is there now (``replan``, the planner's
+``replan_object``); the re-planned write carries the fresh resourceVersion. A bounded number of
+rounds, then a clear failure: never a blind overwrite.
+
+Status is written through the ``/status`` subresource: with one enabled, the main PUT/POST
+ignores ``status``, so a create or a spec update is followed by a status write carrying the
+resourceVersion the first write returned.
+
+The KubeVirt CR is shared with KubeVirt itself and with other vgpuctl nodes: only entries of
+``spec.configuration.permittedHostDevices.mediatedDevices`` named in the action change, and
+the ownership annotation with them; ``pciHostDevices`` and everyone else's entries are
+carried over as read. Outcomes reuse the host executor's :class:`Outcome`/:class:`ApplyResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from reconciler.apply.executor import ApplyResult, Outcome, OutcomeStatus
+from reconciler.model import (
+    Action,
+    ActionKind,
+    ApplyError,
+    Blocked,
+    ConflictError,
+    PciAddress,
+    Problem,
+    ReconcilerError,
+)
+from reconciler.model.cluster import (
+    GROUP,
+    KUBEVIRT_GROUP,
+    KUBEVIRT_OWNED_ANNOTATION,
+    KUBEVIRT_PLURAL,
+    KUBEVIRT_VERSION,
+    MANAGED_BY_LABEL,
+    PLURALS,
+    SRIOV_GPU_KIND,
+    VERSION,
+    VGPU_KIND,
+    KubeObject,
+    object_name,
+)
+from reconciler.model.clusterapi import ClusterApi
+
+CLUSTER_KINDS = frozenset(
+    {ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE, ActionKind.KUBEVIRT_UPDATE}
+)
+SKIPPED_NOT_CLUSTER = "skipped: not a cluster action"
+
+
+class EventSink(Protocol):
+    """Where Events about our objects go (``kube.EventRecorder``); must never raise for a
+    failure to record."""
+
+    def event(
+        self,
+        kind: str,
+        name: str,
+        *,
+        reason: str,
+        message: str,
+        type: str = "Normal",
+        uid: str = "",
+    ) -> None: ...
+
+
+#: ``replan(intended, current)``: the write that takes ``current`` (None: absent) to
+#: ``intended`` now, or None when nothing is needed any more.
+Replan = Callable[[KubeObject, KubeObject | None], Action | None]
+
+
+def execute_cluster(
+    actions: Sequence[Action],
+    *,
+    api: ClusterApi,
+    events: EventSink | None = None,
+    replan: Replan | None = None,
+    max_conflict_retries: int = 3,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    node: str = "",
+    run_id: str = "",
+    clock: Callable[[], float] = time.monotonic,
+) -> ApplyResult:
+    """Carry out the cluster actions among ``actions`` in order; stop at the first failure.
+
+    Host actions are recorded as skipped (the host executor runs them). Each conflict (409)
+    is answered by reading the object again and re-planning; after ``max_conflict_retries``
+    retries the action fails ("… kept changing under us: gave up after N conflicts", N being
+    retries + 1). Without ``replan`` a CR conflict fails at once (nothing can decide what the
+    write should now be); KubeVirt updates re-plan themselves. An object found to be another
+    controller's on re-reading is left alone (a no-op saying so) unless the action adopts it;
+    one found gone makes a delete a no-op. A failure is an outcome (and, with ``events``, a
+    Warning Event on the object), not an exception.
+
+    ``replan`` is the planner's ``replan_object`` (bind ``adopt`` to the run's ``--adopt``).
+
+    Raises :class:`ApplyError` before writing anything when an action's params do not fit
+    its kind.
+    """
+    if max_conflict_retries < 0:
+        raise ValueError("max_conflict_retries must not be negative")
+    _check(actions)
+    writer = _Writer(api=api, replan=replan, retries=max_conflict_retries)
+    outcomes: list[Outcome] = []
+    not_run: tuple[Action, ...] = ()
+    for i, action in enumerate(actions):
+        if action.kind not in CLUSTER_KINDS:
+            outcome = Outcome(action, OutcomeStatus.SKIPPED, SKIPPED_NOT_CLUSTER)
+        else:
+            started = clock()
+            try:
+                status, message = writer.run(action)
+                outcome = Outcome(action, status, message, seconds=clock() - started)
+            except ReconcilerError as e:
+                outcome = Outcome(
+                    action,
+                    OutcomeStatus.FAILED,
+                    e.message,
+                    transient=e.transient,
+                    seconds=clock() - started,
+                )
+                if events is not None:
+                    _failure_event(events, action, e.message)
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+        if outcome.status is OutcomeStatus.FAILED:
+            not_run = tuple(actions[i + 1 :])
+            break
+    return ApplyResult(node=node, run_id=run_id, outcomes=tuple(outcomes), not_run=not_run)
+
+
+# -- param checks -------------------------------------------------------------------------------
+
+
+def _check(actions: Sequence[Action]) -> None:
+    """Every cluster action's params, checked before anything is written."""
+    problems = []
+    for a in actions:
+        if a.kind not in CLUSTER_KINDS:
+            continue
+        why = _params_problem(a)
+        if why:
+            problems.append(Problem(f"action {a.seq} ({a.kind} {a.target}): {why}"))
+    if problems:
+        raise ApplyError("the plan's cluster actions are malformed; nothing was written", problems)
+
+
+def _params_problem(a: Action) -> str | None:
+    p = a.params
+    if a.kind is ActionKind.KUBEVIRT_UPDATE:
+        for key in ("namespace", "name", "resourceVersion"):
+            if not isinstance(p.get(key), str) or not p[key]:
+                return f"params.{key} must be a non-empty string"
+        add = p.get("add", [])
+        if not isinstance(add, list | tuple) or not all(
+            isinstance(e, Mapping) and isinstance(e.get("mdevNameSelector"), str) for e in add
+        ):
+            return "params.add must list entries with an mdevNameSelector"
+        for key in ("remove", "owned"):
+            value = p.get(key, [])
+            if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
+                return f"params.{key} must list mdevNameSelectors"
+        return None
+    if p.get("kind") not in PLURALS:
+        return f"params.kind must be one of {', '.join(sorted(PLURALS))}"
+    if a.kind is not ActionKind.CR_CREATE and (
+        not isinstance(p.get("resourceVersion"), str) or not p["resourceVersion"]
+    ):
+        return "params.resourceVersion must be a non-empty string"
+    if a.kind is ActionKind.CR_DELETE:
+        return None
+    body = p.get("object")
+    if not isinstance(body, Mapping) or not isinstance(body.get("metadata"), Mapping):
+        return "params.object must be the object's full body"
+    if body["metadata"].get("name") != a.target:
+        return f"params.object is named {body['metadata'].get('name')!r}, not {a.target!r}"
+    if body.get("kind") not in (None, p["kind"]):
+        return f"params.object is a {body.get('kind')}, not a {p['kind']}"
+    return None
+
+
+# -- the writes ---------------------------------------------------------------------------------
+
+
+class _LeftAlone(Exception):
+    """After a conflict, the object turned out to be another controller's: not written."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Writer:
+    api: ClusterApi
+    replan: Replan | None
+    retries: int
+
+    def run(self, action: Action) -> tuple[OutcomeStatus, str]:
+        if action.kind is ActionKind.KUBEVIRT_UPDATE:
+            return self._kubevirt(action)
+        what = f"{PLURALS[action.params['kind']]}/{action.target}"
+        conflicts = 0
+        # What was written so far: a create can succeed and its status write then conflict.
+        done: list[str] = []
+        current: Action | None = action
+        while current is not None:
+            try:
+                self._write(current, done)
+            except _LeftAlone as e:
+                return OutcomeStatus.NOOP, f"{e}" + _after(conflicts)
+            except ConflictError as e:
+                conflicts += 1
+                if conflicts > self.retries:
+                    raise ConflictError(
+                        f"{what} kept changing under us: gave up after {conflicts} conflicts"
+                    ) from None
+                try:
+                    current = self._after_conflict(current, e)
+                except _LeftAlone as left:
+                    return OutcomeStatus.NOOP, f"{left}" + _after(conflicts)
+                continue
+            break
+        if not done:
+            state = "gone" if action.kind is ActionKind.CR_DELETE else "as intended"
+            return OutcomeStatus.NOOP, f"{what} is already {state}" + _after(conflicts)
+        return OutcomeStatus.DONE, ", ".join(done) + _after(conflicts)
+
+    def _write(self, action: Action, done: list[str]) -> None:
+        """The writes of one CR action, each appended to ``done`` once the server took it;
+        raises ConflictError on a lost race."""
+        p = action.params
+        kind = str(p["kind"])
+        plural = PLURALS[kind]
+        name = action.target
+        if action.kind is ActionKind.CR_DELETE:
+            self.api.delete_object(
+                group=GROUP,
+                version=VERSION,
+                plural=plural,
+                name=name,
+                resource_version=str(p["resourceVersion"]),
+            )
+            done.append(f"deleted {plural}/{name}")
+            return
+        body = _plain(p["object"])
+        body["apiVersion"] = f"{GROUP}/{VERSION}"
+        body["kind"] = kind
+        status = body.get("status") or None
+        if action.kind is ActionKind.CR_CREATE:
+            body["metadata"].pop("resourceVersion", None)
+            created = self.api.create_object(group=GROUP, version=VERSION, plural=plural, body=body)
+            done.append(f"created {plural}/{name}")
+            if status:
+                self._write_status(plural, name, created, status)
+                done.append("status written")
+            return
+        # cr-update: what changed decides which of the two writes are needed.
+        body["metadata"]["resourceVersion"] = str(p["resourceVersion"])
+        paths = [str(c.get("path", "")) for c in p.get("changes") or () if isinstance(c, Mapping)]
+        spec_changed = p.get("specChanged", True) is not False or any(
+            x.startswith("metadata") for x in paths
+        )
+        stored: Mapping[str, Any] = body
+        if spec_changed:
+            stored = self.api.replace_object(
+                group=GROUP, version=VERSION, plural=plural, name=name, body=body
+            )
+            done.append(
+                f"updated {plural}/{name}" + (" (hand edits reset)" if p.get("drift") else "")
+            )
+        if status is not None and p.get("statusChanged", True) is not False:
+            self._write_status(plural, name, stored, status)
+            done.append("status written" if done else f"wrote the status of {plural}/{name}")
+
+    def _write_status(
+        self, plural: str, name: str, stored: Mapping[str, Any], status: Mapping[str, Any]
+    ) -> None:
+        """PUT ``/status`` on top of what the server just returned (its resourceVersion)."""
+        body = _plain(stored)
+        body["status"] = _plain(status)
+        self.api.replace_status(group=GROUP, version=VERSION, plural=plural, name=name, body=body)
+
+    def _after_conflict(self, action: Action, conflict: ConflictError) -> Action | None:
+        """Re-read the object and decide the write it needs now (None: nothing)."""
+        kind = str(action.params["kind"])
+        plural = PLURALS[kind]
+        raw = self.api.get_object(group=GROUP, version=VERSION, plural=plural, name=action.target)
+        current = None if raw is None else KubeObject.from_json({**raw, "kind": kind})
+        if (
+            current is not None
+            and not current.managed_by_us
+            and not (action.params.get("adopt") and action.kind is not ActionKind.CR_DELETE)
+        ):
+            # Another controller took it over (or made it) meanwhile: its object now, as the
+            # planner would say; only an explicit adoption writes over it.
+            who = current.labels.get(MANAGED_BY_LABEL) or "another controller"
+            raise _LeftAlone(f"{plural}/{action.target} is now managed by {who}: left alone")
+        if action.kind is ActionKind.CR_DELETE:
+            # Whatever changed, the decision to delete does not depend on the content.
+            if current is None:
+                return None
+            return _with_params(action, resourceVersion=current.resource_version)
+        if self.replan is None:
+            raise ConflictError(
+                f"{conflict.message}; run plan again (nothing here can re-plan the write)"
+            )
+        intended = KubeObject.from_json({**_plain(action.params["object"]), "kind": kind})
+        nxt = self.replan(intended, current)
+        if nxt is not None and (
+            nxt.kind not in (ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE)
+            or nxt.target != action.target
+            or _params_problem(nxt)
+        ):
+            raise ApplyError(
+                f"re-planning {plural}/{action.target} after a conflict gave an unusable "
+                f"action ({nxt.kind} {nxt.target}: {_params_problem(nxt) or 'wrong kind'})"
+            )
+        return nxt
+
+    # -- KubeVirt --------------------------------------------------------------------------------
+
+    def _kubevirt(self, action: Action) -> tuple[OutcomeStatus, str]:
+        p = action.params
+        ns, name = str(p["namespace"]), str(p["name"])
+        what = f"kubevirt/{ns}/{name}"
+        planned = str(p["resourceVersion"])
+        conflicts = 0
+
+        def conflict() -> None:
+            nonlocal conflicts
+            conflicts += 1
+            if conflicts > self.retries:
+                raise ConflictError(
+                    f"{what} kept changing under us: gave up after {conflicts} conflicts"
+                )
+
+        # A PUT carries the whole object and the plan holds only the change: read the object,
+        # and write only if it is still the version planned from. Otherwise re-plan: compute
+        # the change against the entries read, and write with their resourceVersion.
+        raw = self._read_kubevirt(ns, name)
+        while True:
+            if raw is None:
+                return OutcomeStatus.NOOP, f"{what} no longer exists: no allow-list to update"
+            read = _resource_version(raw)
+            if read != planned:
+                conflict()
+                planned = read
+                continue
+            change = allow_list_change(
+                raw,
+                add=p.get("add") or (),
+                remove=p.get("remove") or (),
+                owned=p.get("owned") or (),
+            )
+            if change is None:
+                return OutcomeStatus.NOOP, f"{what}: mediatedDevices already as planned" + _after(
+                    conflicts
+                )
+            body, summary = change
+            body["metadata"]["resourceVersion"] = planned
+            try:
+                self.api.replace_object(
+                    group=KUBEVIRT_GROUP,
+                    version=KUBEVIRT_VERSION,
+                    plural=KUBEVIRT_PLURAL,
+                    name=name,
+                    namespace=ns,
+                    body=body,
+                )
+            except ConflictError:
+                conflict()
+                raw = self._read_kubevirt(ns, name)
+                planned = _resource_version(raw or {})
+                continue
+            return OutcomeStatus.DONE, f"{what}: {summary}" + _after(conflicts)
+
+    def _read_kubevirt(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self.api.get_object(
+            group=KUBEVIRT_GROUP,
+            version=KUBEVIRT_VERSION,
+            plural=KUBEVIRT_PLURAL,
+            name=name,
+            namespace=ns,
+        )
+
+
+def _resource_version(raw: Mapping[str, Any]) -> str:
+    return str((raw.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def allow_list_change(
+    kubevirt: Mapping[str, Any],
+    *,
+    add: Sequence[Mapping[str, Any]],
+    remove: Sequence[str],
+    owned: Sequence[str] = (),
+) -> tuple[dict[str, Any], str] | None:
+    """The KubeVirt CR with ``add`` entries appended (unless an entry for the selector is
+    there already) and ``remove`` selectors dropped (only entries the ownership annotation
+    says are ours), plus a summary; None when that changes nothing (pure).
+
+    Owned afterwards = (owned as read ∪ added ∪ ``owned``) ∩ selectors present, minus
+    removed: another vgpuctl's concurrent addition stays owned.
+    """
+    body = _plain(kubevirt)
+    meta = body.setdefault("metadata", {})
+    annotations = meta.setdefault("annotations", {}) or {}
+    meta["annotations"] = annotations
+    owned_before = {
+        s.strip()
+        for s in str(annotations.get(KUBEVIRT_OWNED_ANNOTATION, "")).split(",")
+        if s.strip()
+    }
+    config = body.setdefault("spec", {}).setdefault("configuration", {})
+    permitted = config.get("permittedHostDevices") or {}
+    config["permittedHostDevices"] = permitted
+    entries = list(permitted.get("mediatedDevices") or [])
+    present = {str(e.get("mdevNameSelector")) for e in entries if isinstance(e, Mapping)}
+
+    added = []
+    for entry in add:
+        selector = str(entry["mdevNameSelector"])
+        if selector not in present:
+            entries.append(_plain(entry))
+            present.add(selector)
+            added.append(selector)
+    removed = [s for s in dict.fromkeys(remove) if s in present and s in owned_before]
+    if removed:
+        gone = set(removed)
+        entries = [
+            e for e in entries if not (isinstance(e, Mapping) and e.get("mdevNameSelector") in gone)
+        ]
+        present -= gone
+    owned_after = ((owned_before | set(added) | set(owned)) & present) - set(removed)
+    if not added and not removed and owned_after == owned_before:
+        return None
+    permitted["mediatedDevices"] = entries
+    if owned_after:
+        annotations[KUBEVIRT_OWNED_ANNOTATION] = ",".join(sorted(owned_after))
+    else:
+        annotations.pop(KUBEVIRT_OWNED_ANNOTATION, None)
+    parts = []
+    if added:
+        parts.append("allowed " + ", ".join(added))
+    if removed:
+        parts.append("removed " + ", ".join(removed))
+    if not parts:
+        parts.append("ownership annotation updated")
+    return body, "; ".join(parts)
+
+
+# -- events -------------------------------------------------------------------------------------
+
+#: Host action kind → (object kind it is about, reason when done, reason when failed).
+_HOST_EVENTS: Mapping[ActionKind, tuple[str, str, str]] = {
+    ActionKind.VGPU_CREATE: (VGPU_KIND, "VGPUCreated", "VGPUCreateFailed"),
+    ActionKind.VGPU_REMOVE: (VGPU_KIND, "VGPURemoved", "VGPURemoveFailed"),
+    ActionKind.SRIOV_ENABLE: (SRIOV_GPU_KIND, "SRIOVEnabled", "SRIOVEnableFailed"),
+    ActionKind.SRIOV_DISABLE: (SRIOV_GPU_KIND, "SRIOVDisabled", "SRIOVDisableFailed"),
+}
+
+
+def record_host_events(
+    outcomes: Sequence[Outcome],
+    *,
+    node: str,
+    events: EventSink,
+    blocked: Sequence[Blocked] = (),
+) -> None:
+    """Events for what the host executor did (vGPU created / removed / failed, SR-IOV on or
+    off) and what the plan blocked, on the VGPUDevice (VF) or SRIOVGPUDevice (GPU) object.
+
+    Record them after the CR writes, so a first apply's objects exist when looked at.
+    """
+    for o in outcomes:
+        spec = _HOST_EVENTS.get(o.action.kind)
+        name = _object_for(node, o.action.target)
+        if spec is None or name is None:
+            continue
+        kind, done, failed = spec
+        if o.status is OutcomeStatus.DONE:
+            events.event(kind, name, reason=done, message=o.message)
+        elif o.status is OutcomeStatus.FAILED:
+            events.event(kind, name, reason=failed, message=o.message, type="Warning")
+    for b in blocked:
+        spec = _HOST_EVENTS.get(b.kind)
+        name = _object_for(node, b.target)
+        if spec is None or name is None:
+            continue
+        reason = "VGPURemovalBlocked" if b.kind is ActionKind.VGPU_REMOVE else "Blocked"
+        events.event(spec[0], name, reason=reason, message=b.reason, type="Warning")
+
+
+def _object_for(node: str, target: str) -> str | None:
+    if not PciAddress.is_valid(target):
+        return None
+    return object_name(node, str(PciAddress.parse(target)))
+
+
+def _failure_event(events: EventSink, action: Action, message: str) -> None:
+    if action.kind is ActionKind.KUBEVIRT_UPDATE:
+        return  # not one of our objects
+    kind = str(action.params.get("kind", ""))
+    reason = {
+        ActionKind.CR_CREATE: "CreateFailed",
+        ActionKind.CR_UPDATE: "UpdateFailed",
+        ActionKind.CR_DELETE: "DeleteFailed",
+    }[action.kind]
+    events.event(kind, action.target, reason=reason, message=message, type="Warning")
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _after(conflicts: int) -> str:
+    if not conflicts:
+        return ""
+    return f" (after {conflicts} conflict{'s' if conflicts > 1 else ''}: re-read and re-planned)"
+
+
+def _with_params(action: Action, **changes: Any) -> Action:
+    return Action(
+        seq=action.seq,
+        kind=action.kind,
+        target=action.target,
+        reason=action.reason,
+        params={**action.params, **changes},
+    )
+
+
+def _plain(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A mutable deep copy of a (possibly read-only) JSON mapping."""
+    out: dict[str, Any] = _thaw(value)
+    return out
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thaw(v) for v in value]
+    return value

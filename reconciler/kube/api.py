@@ -1,0 +1,376 @@
+"""The Kubernetes adapter: :class:`~reconciler.model.clusterapi.ClusterApi` over the unmodified
+``kubernetes`` client.
+
+Custom resources go through ``CustomObjectsApi``; the core group (``pods``, ``events``) through
+the generic ``ApiClient`` request path, so every body stays the API's plain JSON (the typed core
+models would be converted back and forth for nothing). Every request carries a timeout, and
+everything the client raises is translated at this boundary (``errors.py``): the engine above
+sees only :class:`~reconciler.model.ClusterError` and its subclasses.
+
+``kubernetes`` is imported inside the methods: the CLI imports this package for every command,
+and node-local commands must not pay for loading the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from reconciler.kube.errors import (
+    Request,
+    from_api_exception,
+    from_transport_error,
+    is_object_not_found,
+    server_message,
+)
+from reconciler.model import ClusterError, ConflictError
+
+T = TypeVar("T")
+
+_JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
+
+
+class _ObjectGone(Exception):
+    """A request named an object the server does not have (404 naming it)."""
+
+
+class KubernetesApi:
+    """Talks to one API server through its own ``ApiClient`` (the client's global default
+    configuration is never read or changed, so two clusters can be used side by side)."""
+
+    def __init__(self, api_client: Any, *, timeout: float = 10.0) -> None:
+        # Typed as Any: parts of the client (close, read, sanitize_for_serialization) are not
+        # annotated, and strict mypy would reject every call into them.
+        self._client: Any = api_client
+        self._timeout = timeout
+        self._custom: Any = None
+
+    @property
+    def server(self) -> str:
+        """The API server's URL (``https://10.53.0.1:443``), for messages."""
+        return str(self._client.configuration.host)
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> KubernetesApi:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- ClusterApi --------------------------------------------------------------------------
+
+    def list_objects(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> list[dict[str, Any]]:
+        req = Request("list", group, version, plural, namespace)
+        if not group:
+            query = [("labelSelector", label_selector), ("fieldSelector", field_selector)]
+            result = self._call(req, lambda: self._core("GET", req, query=query))
+        elif namespace is None:
+            # One URL for cluster-scoped resources and for namespaced ones across namespaces.
+            result = self._call(
+                req,
+                lambda: self._objects().list_cluster_custom_object(
+                    group,
+                    version,
+                    plural,
+                    label_selector=label_selector or None,
+                    field_selector=field_selector or None,
+                    _request_timeout=self._timeout,
+                ),
+            )
+        else:
+            result = self._call(
+                req,
+                lambda: self._objects().list_namespaced_custom_object(
+                    group,
+                    version,
+                    namespace,
+                    plural,
+                    label_selector=label_selector or None,
+                    field_selector=field_selector or None,
+                    _request_timeout=self._timeout,
+                ),
+            )
+        items = result.get("items") if isinstance(result, dict) else None
+        if items is None:
+            return []
+        if not isinstance(items, list):
+            raise ClusterError(f"{self.server} answered list {req.resource} without a list")
+        return [dict(item) for item in items if isinstance(item, dict)]
+
+    def get_object(
+        self, *, group: str, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        req = Request("get", group, version, plural, namespace, name)
+        try:
+            if not group:
+                return self._body(req, self._call(req, lambda: self._core("GET", req)))
+            if namespace is None:
+                fetched = self._call(
+                    req,
+                    lambda: self._objects().get_cluster_custom_object(
+                        group, version, plural, name, _request_timeout=self._timeout
+                    ),
+                )
+            else:
+                fetched = self._call(
+                    req,
+                    lambda: self._objects().get_namespaced_custom_object(
+                        group, version, namespace, plural, name, _request_timeout=self._timeout
+                    ),
+                )
+        except _ObjectGone:
+            return None
+        return self._body(req, fetched)
+
+    def create_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        name = str((body.get("metadata") or {}).get("name", "")) or None
+        req = Request("create", group, version, plural, namespace, name)
+        plain = _plain(body)
+        if not group:
+            return self._body(req, self._call(req, lambda: self._core("POST", req, body=plain)))
+        if namespace is None:
+            created = self._call(
+                req,
+                lambda: self._objects().create_cluster_custom_object(
+                    group, version, plural, plain, _request_timeout=self._timeout
+                ),
+                collection=True,
+            )
+        else:
+            created = self._call(
+                req,
+                lambda: self._objects().create_namespaced_custom_object(
+                    group, version, namespace, plural, plain, _request_timeout=self._timeout
+                ),
+                collection=True,
+            )
+        return self._body(req, created)
+
+    def replace_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        return self._replace(
+            Request("update", group, version, plural, namespace, name), _plain(body)
+        )
+
+    def replace_status(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        return self._replace(
+            Request("update", group, version, plural, namespace, name, "status"), _plain(body)
+        )
+
+    def delete_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> None:
+        from kubernetes.client import V1DeleteOptions, V1Preconditions
+
+        req = Request("delete", group, version, plural, namespace, name)
+        options = (
+            V1DeleteOptions(preconditions=V1Preconditions(resource_version=resource_version))
+            if resource_version
+            else None
+        )
+        try:
+            if not group:
+                plain = self._client.sanitize_for_serialization(options)
+                self._call(req, lambda: self._core("DELETE", req, body=plain))
+            elif namespace is None:
+                self._call(
+                    req,
+                    lambda: self._objects().delete_cluster_custom_object(
+                        group, version, plural, name, body=options, _request_timeout=self._timeout
+                    ),
+                )
+            else:
+                self._call(
+                    req,
+                    lambda: self._objects().delete_namespaced_custom_object(
+                        group,
+                        version,
+                        namespace,
+                        plural,
+                        name,
+                        body=options,
+                        _request_timeout=self._timeout,
+                    ),
+                )
+        except _ObjectGone:
+            return  # already gone: what a delete wants
+
+    # -- beyond the port ---------------------------------------------------------------------
+
+    def create_event(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a core/v1 Event (what :class:`~reconciler.kube.EventRecorder` sends)."""
+        return self.create_object(
+            group="", version="v1", plural="events", namespace=namespace, body=body
+        )
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _objects(self) -> Any:
+        if self._custom is None:
+            from kubernetes.client import CustomObjectsApi
+
+            self._custom = CustomObjectsApi(self._client)
+        return self._custom
+
+    def _replace(self, req: Request, body: dict[str, Any]) -> dict[str, Any]:
+        objects = self._objects() if req.group else None
+        status = req.subresource == "status"
+
+        def put() -> Any:
+            if objects is None:
+                return self._core("PUT", req, body=body)
+            g, v, p, n, t = req.group, req.version, req.plural, str(req.name), self._timeout
+            ns = req.namespace
+            if ns is None and status:
+                return objects.replace_cluster_custom_object_status(
+                    g, v, p, n, body, _request_timeout=t
+                )
+            if ns is None:
+                return objects.replace_cluster_custom_object(g, v, p, n, body, _request_timeout=t)
+            if status:
+                return objects.replace_namespaced_custom_object_status(
+                    g, v, ns, p, n, body, _request_timeout=t
+                )
+            return objects.replace_namespaced_custom_object(
+                g, v, ns, p, n, body, _request_timeout=t
+            )
+
+        try:
+            return self._body(req, self._call(req, put))
+        except _ObjectGone:
+            # Replacing is always planned from an object that was read: one deleted since is a
+            # lost race like a stale resourceVersion, and is handled the same way (re-read).
+            raise ConflictError(f"{req.object} was deleted since it was read") from None
+
+    def _core(
+        self,
+        method: str,
+        req: Request,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """One request on the core group (``/api/v1/...``), answered as plain JSON."""
+        path = f"/api/{quote(req.version, safe='')}"
+        if req.namespace is not None:
+            path += f"/namespaces/{quote(req.namespace, safe='')}"
+        path += f"/{quote(req.plural, safe='')}"
+        if req.name and method != "POST":  # a create goes to the collection
+            path += f"/{quote(req.name, safe='')}"
+        if req.subresource:
+            path += f"/{quote(req.subresource, safe='')}"
+        params = self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=[(k, v) for k, v in (query or []) if v] or None,
+            header_params=dict(_JSON_HEADERS),
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(*params, _request_timeout=self._timeout)
+        response.read()
+        return self._client.response_deserialize(
+            response_data=response, response_types_map={"2XX": "object"}
+        ).data
+
+    def _call(self, req: Request, fn: Callable[[], T], *, collection: bool = False) -> T:
+        """Run one client call, translating whatever it raises.
+
+        A 404 naming the object raises :class:`_ObjectGone` for the caller to interpret,
+        unless the request is on the collection (``collection``: a create), where a 404 can
+        only mean the resource type is not served.
+        """
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.config.config_exception import ConfigException
+
+        try:
+            return fn()
+        except ApiException as e:
+            code = int(e.status or 0)
+            body = e.body if isinstance(e.body, str) else None
+            if code == 404 and req.name and is_object_not_found(body):
+                if not collection:
+                    raise _ObjectGone from None
+                # A create answered "not found" naming something: the namespace is missing.
+                raise ClusterError(
+                    f"cannot create {req.object}: {server_message(body, e.reason)}"
+                ) from None
+            raise from_api_exception(
+                code, e.reason, body, request=req, server=self.server
+            ) from None
+        except urllib3.exceptions.HTTPError as e:
+            raise from_transport_error(e, server=self.server, timeout=self._timeout) from None
+        except ConfigException as e:
+            # Credentials are refreshed lazily (exec plugins, token files) on a request.
+            raise ClusterError(f"cannot authenticate to {self.server}: {e}") from None
+
+    def _body(self, req: Request, answer: object) -> dict[str, Any]:
+        if not isinstance(answer, dict):
+            raise ClusterError(
+                f"{self.server} answered {req.verb} {req.object} with something other than "
+                "a JSON object"
+            )
+        return answer
+
+
+def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON-ready deep copy (bodies may be read-only proxies from frozen model values)."""
+    out: dict[str, Any] = {str(k): _plain_value(v) for k, v in body.items()}
+    return out
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return _plain(value)
+    if isinstance(value, list | tuple):
+        return [_plain_value(v) for v in value]
+    return value

@@ -1,0 +1,176 @@
+"""Turn what the ``kubernetes`` client raises into one-line :class:`ClusterError` messages.
+
+The client raises ``ApiException`` for an HTTP answer it did not like (``status`` 0 for a TLS
+failure or a request it could not build) and lets urllib3's exceptions through when there was
+no answer at all. Each becomes the error class the engine sorts on (model/clusterapi.py), with a
+message that names the server, the verb and the resource, so an operator can act on it without
+a traceback: ``RBAC denies update on vgpudevices.devices.harvesterhci.io/status (…)``.
+
+The exception types are matched by module and name rather than imported, so this module (and
+the adapter's import) stays free of ``kubernetes`` until a request is actually made.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.model import (
+    ClusterError,
+    ClusterUnavailableError,
+    ConflictError,
+    ForbiddenError,
+    ReconcilerError,
+    ResourceMissingError,
+)
+from reconciler.model.cluster import GROUP, KUBEVIRT_GROUP
+
+#: What to do about a resource type the server does not serve, by API group.
+_MISSING_HINTS = {
+    GROUP: "are the CRDs installed? kubectl apply -k deploy/",
+    KUBEVIRT_GROUP: "is KubeVirt installed?",
+}
+
+#: Longest server message quoted in an error; API servers can answer with whole HTML pages.
+_MAX_QUOTE = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One API request as RBAC sees it: verb, resource, and where."""
+
+    verb: str  # get | list | create | update | delete
+    group: str
+    version: str
+    plural: str
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str = ""
+
+    @property
+    def resource(self) -> str:
+        """``vgpudevices.devices.harvesterhci.io`` (``pods`` for the core group), with
+        ``/status`` for the subresource, as ``kubectl auth can-i`` spells it."""
+        base = f"{self.plural}.{self.group}" if self.group else self.plural
+        return f"{base}/{self.subresource}" if self.subresource else base
+
+    @property
+    def object(self) -> str:
+        """``vgpudevices/harvester-kgd9c-000008004`` or ``kubevirts/harvester-system/kubevirt``."""
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.plural}/{where}{self.name}" if self.name else self.resource
+
+    @property
+    def scope(self) -> str:
+        return f" in namespace {self.namespace}" if self.namespace else ""
+
+
+def server_status(body: str | None) -> dict[str, Any] | None:
+    """The ``Status`` object an API server answers errors with, if the body is one."""
+    if not body:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and doc.get("kind") == "Status":
+        return doc
+    return None
+
+
+def is_object_not_found(body: str | None) -> bool:
+    """Whether a 404 says the named object is missing (a ``Status`` naming it), as opposed
+    to the whole resource type not being served (``404 page not found``, or a ``Status``
+    without details when the group exists but the resource does not)."""
+    status = server_status(body)
+    if status is None:
+        return False
+    details = status.get("details")
+    return isinstance(details, dict) and bool(details.get("name"))
+
+
+def server_message(body: str | None, reason: str | None) -> str:
+    status = server_status(body)
+    if status is not None and status.get("message"):
+        text = str(status["message"])
+    elif body and body.strip():
+        text = body.strip()
+    else:
+        text = reason or "no details"
+    text = " ".join(text.split())  # one line, whatever the server sent
+    return text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 1] + "…"
+
+
+def from_api_exception(
+    status: int, reason: str | None, body: str | None, *, request: Request, server: str
+) -> ReconcilerError:
+    """The error for an HTTP error answer (``ApiException``); ``status`` 0 means the client
+    failed before any answer (TLS, or a request it could not prepare)."""
+    said = server_message(body, reason)
+    if status == 0:
+        first = next((ln for ln in (reason or "").splitlines()[1:] if ln.strip()), reason or "")
+        if (reason or "").startswith("SSLError"):
+            # A certificate problem does not go away by retrying: not "unavailable".
+            return ClusterError(
+                f"TLS handshake with the Kubernetes API server at {server} failed: "
+                f"{' '.join(first.split())}"
+            )
+        return ClusterError(f"cannot send {request.verb} {request.object} to {server}: {said}")
+    if status == 401:
+        return ClusterError(
+            f"the Kubernetes API server at {server} rejected our credentials "
+            f"(401 Unauthorized): {said}"
+        )
+    if status == 403:
+        return ForbiddenError(
+            f"RBAC denies {request.verb} on {request.resource}{request.scope} ({said})"
+        )
+    if status == 404:
+        hint = _MISSING_HINTS.get(request.group, "")
+        return ResourceMissingError(
+            f"the API server does not serve {request.plural}.{request.group or 'core'}"
+            f"/{request.version}" + (f": {hint}" if hint else f" ({said})")
+        )
+    if status == 409:
+        return ConflictError(f"{request.object} changed since it was read (409 Conflict): {said}")
+    if status == 429 or status >= 500:
+        return ClusterUnavailableError(
+            f"the Kubernetes API server at {server} answered {status} {reason or ''}".rstrip()
+            + f" to {request.verb} {request.object}: {said}"
+        )
+    return ClusterError(
+        f"the API server refused {request.verb} {request.object} ({status} {reason or ''}): "
+        f"{said}".replace(" ()", "")
+    )
+
+
+def from_transport_error(exc: BaseException, *, server: str, timeout: float) -> ClusterError:
+    """The error for no answer at all (a urllib3 exception, possibly wrapped in
+    ``MaxRetryError`` after the configured retries)."""
+    cause: BaseException = getattr(exc, "reason", None) or exc
+    if not isinstance(cause, BaseException):
+        cause = exc
+    return ClusterUnavailableError(
+        f"cannot reach the Kubernetes API server at {server}: {_why(cause, timeout)}"
+    )
+
+
+def _why(exc: BaseException, timeout: float) -> str:
+    name = type(exc).__name__
+    if name == "ReadTimeoutError":
+        return f"no answer within {timeout:g} s"
+    if name == "ConnectTimeoutError":
+        return f"connection timed out after {timeout:g} s"
+    # urllib3 raises NewConnectionError / NameResolutionError "from" the socket's OSError,
+    # whose strerror is the plain reason ("Connection refused").
+    chain: BaseException | None = exc
+    while chain is not None:
+        if isinstance(chain, OSError) and chain.strerror:
+            text = chain.strerror
+            return text[0].lower() + text[1:]
+        chain = chain.__cause__ or chain.__context__
+    if name == "ProtocolError":
+        inner = exc.args[1] if len(exc.args) > 1 else exc
+        return f"connection lost ({inner})"
+    return " ".join(str(exc).split()) or name

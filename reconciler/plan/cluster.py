@@ -1,0 +1,348 @@
+"""The cluster half of a node plan: CR writes and the KubeVirt allow-list. Pure.
+
+The CRs as they should be (``render``) are compared with what the API server holds:
+- missing → ``cr-create``;
+- ours (label ``app.kubernetes.io/managed-by: vgpuctl``), or adopted, and different →
+  ``cr-update`` with the field-level changes; a stored spec that differs from the spec vgpuctl
+  last wrote (annotation) was edited by hand: reported as drift, and the update resets it;
+- another controller's → left alone, with the reason (``--adopt`` takes it over);
+- ours for this node but no longer rendered (GPU dropped from the desired state, VFs gone with
+  SR-IOV) → ``cr-delete``.
+Every write carries the resourceVersion it was planned from; on a conflict the executor re-reads
+the object and calls :func:`replan_object`, never overwriting blindly.
+
+The KubeVirt CR's ``mediatedDevices`` allow-list gets an entry for every profile configured on
+this node or (per the other nodes' CRs) elsewhere, and loses the entries vgpuctl added for
+profiles no node offers any more; entries someone else added are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.model import Action, ActionKind, DesiredGpu, Inventory, Noop, PciAddress
+from reconciler.model.cluster import (
+    GROUP,
+    MANAGED_BY_LABEL,
+    NODE_LABEL,
+    PARENT_LABEL,
+    SRIOV_GPU_KIND,
+    VERSION,
+    VGPU_KIND,
+    ClusterState,
+    KubeObject,
+    KubeVirtConfig,
+    resource_name,
+)
+from reconciler.model.plan import Drift, FieldChange
+from reconciler.plan.changes import section_changes
+from reconciler.plan.diff import Step
+from reconciler.plan.render import LAST_APPLIED_ANNOTATION
+
+#: The labels and annotations vgpuctl sets; any other key on a stored object is kept as is.
+OUR_LABELS = frozenset({NODE_LABEL, PARENT_LABEL, MANAGED_BY_LABEL})
+OUR_ANNOTATIONS = frozenset({LAST_APPLIED_ANNOTATION})
+#: Plan note when the KubeVirt CR could not be found.
+KUBEVIRT_MISSING = "KubeVirt CR not found: allow-list not updated"
+_KIND_RANK = {SRIOV_GPU_KIND: 0, VGPU_KIND: 1}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPlan:
+    """Cluster steps in run order (kind, then GPU, PF object before its VFs'), and the rest."""
+
+    actions: list[Step] = field(default_factory=list)
+    noops: list[Noop] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_cluster(
+    rendered: Sequence[KubeObject],
+    cluster: ClusterState,
+    *,
+    desired: Mapping[PciAddress, DesiredGpu],
+    inventory: Inventory,
+    configured: Iterable[str],
+    adopt: bool = False,
+) -> ClusterPlan:
+    """Steps that take ``cluster`` to ``rendered`` (the node's CRs as they should be, from the
+    predicted ``inventory``), and the allow-list to the ``configured`` profiles of this node.
+    ``desired`` (the managed GPUs) only words the reasons of deletes."""
+    plan = ClusterPlan()
+    stored = {**cluster.sriov_gpu_devices, **cluster.vgpu_devices}
+    untouched: dict[str, list[str]] = {}
+    for intended in rendered:
+        current = stored.get(intended.name)
+        if current is not None and not (current.managed_by_us or adopt):
+            who = _manager(current)
+            untouched.setdefault(who, []).append(current.name)
+            plan.noops.append(Noop(current.name, f"managed by {who}: not touched (use --adopt)"))
+            continue
+        step, drift = _object_step(intended, current)
+        if drift is not None:
+            plan.drift.append(drift)
+        if step is None:
+            plan.noops.append(Noop(intended.name, f"{intended.kind} up to date"))
+        else:
+            plan.actions.append(step)
+    for who, names in untouched.items():
+        plan.notes.append(_untouched_note(who, names))
+
+    wanted = {o.name for o in rendered}
+    leftovers = [o for name, o in stored.items() if name not in wanted]
+    for current in sorted(leftovers, key=_delete_order):
+        reason = _gone_reason(current, desired, inventory)
+        if not current.managed_by_us:
+            plan.noops.append(
+                Noop(current.name, f"managed by {_manager(current)}; {reason}: not touched")
+            )
+            continue
+        plan.actions.append(
+            Step(
+                ActionKind.CR_DELETE,
+                current.name,
+                reason,
+                {"kind": current.kind, "resourceVersion": current.resource_version},
+            )
+        )
+
+    profiles = frozenset(configured) | cluster.profiles_elsewhere
+    if cluster.kubevirt is None:
+        plan.notes.append(KUBEVIRT_MISSING)
+    else:
+        step_or_noop = _kubevirt_step(cluster.kubevirt, profiles)
+        if isinstance(step_or_noop, Noop):
+            plan.noops.append(step_or_noop)
+        else:
+            plan.actions.append(step_or_noop)
+    plan.actions.sort(key=lambda s: s.kind.order)  # stable: the order above within a kind
+    return plan
+
+
+def replan_object(
+    intended: KubeObject, current: KubeObject | None, *, adopt: bool = False, seq: int = 0
+) -> Action | None:
+    """The write that takes ``current`` (as just re-read, after a 409) to ``intended``, or None
+    when there is nothing to write or the object is another controller's (and not adopted).
+
+    ``intended`` may be a plan's ``params.object`` (``KubeObject.from_json``): its resourceVersion
+    and any labels or annotations that are not vgpuctl's are ignored. ``seq`` numbers the result
+    (pass the original action's). Pass ``adopt=action.params.get("adopt", False)``.
+    """
+    ours = KubeObject(
+        kind=intended.kind,
+        name=intended.name,
+        labels={k: v for k, v in intended.labels.items() if k in OUR_LABELS},
+        annotations={k: v for k, v in intended.annotations.items() if k in OUR_ANNOTATIONS},
+        spec=intended.spec,
+        status=intended.status,
+    )
+    if current is not None and not (current.managed_by_us or adopt):
+        return None
+    step, _ = _object_step(ours, current)
+    if step is None:
+        return None
+    return Action(
+        seq=seq, kind=step.kind, target=step.target, reason=step.reason, params=step.params
+    )
+
+
+def _object_step(
+    intended: KubeObject, current: KubeObject | None
+) -> tuple[Step | None, Drift | None]:
+    if current is None:
+        return (
+            Step(
+                ActionKind.CR_CREATE,
+                intended.name,
+                f"{intended.kind} for {_what(intended)} does not exist",
+                {"kind": intended.kind, "object": _body(intended, None)},
+            ),
+            None,
+        )
+    metadata_changed = any(current.labels.get(k) != v for k, v in intended.labels.items()) or any(
+        current.annotations.get(k) != v for k, v in intended.annotations.items()
+    )
+    spec_changed = current.spec != intended.spec
+    status_changed = current.status != intended.status
+    if not (metadata_changed or spec_changed or status_changed):
+        # The stored spec is the one last applied (the annotation is its canonical text).
+        return None, None
+    drift = None
+    # Our spec, stored and annotated as last applied, cannot have drifted: skip parsing it.
+    annotated = current.annotations.get(LAST_APPLIED_ANNOTATION)
+    if current.managed_by_us and (
+        spec_changed or annotated != intended.annotations.get(LAST_APPLIED_ANNOTATION)
+    ):
+        drift = _drift(current)
+    adopting = not current.managed_by_us
+    changes = _changes(intended, current)
+    params: dict[str, Any] = {
+        "kind": intended.kind,
+        "resourceVersion": current.resource_version,
+        "object": _body(intended, current),
+        "specChanged": metadata_changed or spec_changed,
+        "statusChanged": status_changed,
+        "changes": [c.to_json() for c in changes],
+        "drift": drift is not None,
+    }
+    if adopting:
+        params["adopt"] = True
+    why: list[str] = []
+    if adopting:
+        why.append(f"taken over from {_manager(current)} (--adopt)")
+    if drift is not None:
+        why.append("spec changed outside vgpuctl: reset")
+    elif spec_changed:
+        why.append("spec differs from the desired state")
+    if status_changed:
+        why.append("status differs from the host")
+    if not why:
+        why.append("labels or annotations differ")
+    reason = f"{intended.kind} for {_what(intended)}: " + "; ".join(why)
+    return Step(ActionKind.CR_UPDATE, intended.name, reason, params), drift
+
+
+def _body(intended: KubeObject, current: KubeObject | None) -> dict[str, Any]:
+    """``intended`` as the API body to write (over ``current``): what ``KubeObject.to_json``
+    writes, keeping the labels and annotations of ``current`` that are not vgpuctl's, with the
+    resourceVersion the write is planned from. Rendered spec and status values are plain JSON
+    already: copying them deeply again for each of a node's 256 VFs is what made plans slow."""
+    metadata: dict[str, Any] = {"name": intended.name}
+    if current is None:
+        metadata["labels"] = dict(intended.labels)
+        metadata["annotations"] = dict(intended.annotations)
+    else:
+        metadata["labels"] = {**current.labels, **intended.labels}
+        metadata["annotations"] = {**current.annotations, **intended.annotations}
+        metadata["resourceVersion"] = current.resource_version
+    if not metadata["annotations"]:
+        del metadata["annotations"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": intended.kind,
+        "metadata": metadata,
+        "spec": dict(intended.spec),
+        "status": dict(intended.status),
+    }
+
+
+def _changes(intended: KubeObject, current: KubeObject) -> list[FieldChange]:
+    # The last-applied annotation is the spec again, in one string: its change says nothing new.
+    shown = {k: v for k, v in intended.annotations.items() if k != LAST_APPLIED_ANNOTATION}
+    return [
+        *section_changes(
+            {k: current.labels[k] for k in intended.labels if k in current.labels},
+            intended.labels,
+            prefix=("metadata", "labels"),
+        ),
+        *section_changes(
+            {k: current.annotations[k] for k in shown if k in current.annotations},
+            shown,
+            prefix=("metadata", "annotations"),
+        ),
+        *section_changes(current.spec, intended.spec, prefix=("spec",)),
+        *section_changes(current.status, intended.status, prefix=("status",)),
+    ]
+
+
+def _drift(current: KubeObject) -> Drift | None:
+    """The hand edits on ``current``: its spec against the spec vgpuctl last wrote."""
+    text = current.annotations.get(LAST_APPLIED_ANNOTATION)
+    if text is None:
+        return None  # never written by vgpuctl (adopted): nothing to compare with
+    try:
+        applied = json.loads(text)
+    except ValueError:
+        return None  # a mangled annotation is rewritten by the update; no spec to compare
+    if not isinstance(applied, dict) or applied == dict(current.spec):
+        return None
+    changes = section_changes(applied, current.spec, prefix=("spec",))
+    return Drift(target=current.name, kind=current.kind, changes=tuple(changes))
+
+
+def _what(obj: KubeObject) -> str:
+    address = obj.spec.get("address", "")
+    return f"GPU {address}" if obj.kind == SRIOV_GPU_KIND else f"VF {address}"
+
+
+def _manager(obj: KubeObject) -> str:
+    return obj.labels.get(MANAGED_BY_LABEL) or "another controller"
+
+
+def _untouched_note(who: str, names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    count = f"{len(names)} object{'s' * (len(names) != 1)}"
+    return f"{count} managed by {who} not touched (use --adopt to manage them): {shown}{more}"
+
+
+def _gpu_of(obj: KubeObject) -> str:
+    key = "address" if obj.kind == SRIOV_GPU_KIND else "parentGPUDeviceAddress"
+    return str(obj.spec.get(key, ""))
+
+
+def _delete_order(obj: KubeObject) -> tuple[str, int, str]:
+    # Per GPU, its VFs' objects before the GPU's own: nothing is left pointing at a deleted parent.
+    return (_gpu_of(obj), -_KIND_RANK.get(obj.kind, 0), obj.name)
+
+
+def _gone_reason(
+    obj: KubeObject, desired: Mapping[PciAddress, DesiredGpu], inventory: Inventory
+) -> str:
+    gpu_text = _gpu_of(obj)
+    try:
+        address = PciAddress.parse(gpu_text)
+    except ValueError:
+        return f"{obj.kind} of no GPU the desired state manages"
+    if address not in desired:
+        return f"GPU {address} is not in the desired state"
+    gpu = inventory.gpu(address)
+    if gpu is None:
+        return f"GPU {address} is not on this host"
+    if obj.kind == SRIOV_GPU_KIND:
+        return f"GPU {address} is rendered under another name"
+    vf = obj.spec.get("address", "")
+    if not gpu.vfs:
+        return f"VF {vf} does not exist (SR-IOV off on GPU {address})"
+    return f"VF {vf} is not a VF of GPU {address}"
+
+
+def _kubevirt_step(kubevirt: KubeVirtConfig, configured: frozenset[str]) -> Step | Noop:
+    present = {str(e.get("mdevNameSelector", "")) for e in kubevirt.mediated_devices}
+    added = sorted(configured - present)
+    add = [
+        {"mdevNameSelector": p, "resourceName": resource_name(p), "externalResourceProvider": True}
+        for p in added
+    ]
+    remove = sorted((kubevirt.owned - configured) & present)
+    owned = sorted((kubevirt.owned & configured) | (configured - present))
+    if not add and not remove and owned == sorted(kubevirt.owned):
+        listed = ", ".join(sorted(configured)) or "none"
+        return Noop(kubevirt.target, f"allow-list has every configured profile ({listed})")
+    why: list[str] = []
+    if add:
+        why.append("add " + ", ".join(added) + " (configured)")
+    if remove:
+        why.append("remove " + ", ".join(remove) + " (configured on no node)")
+    if not why:
+        why.append(
+            "forget entries removed by hand: " + ", ".join(sorted(kubevirt.owned - set(owned)))
+        )
+    return Step(
+        ActionKind.KUBEVIRT_UPDATE,
+        kubevirt.target,
+        "mediated devices allow-list: " + "; ".join(why),
+        {
+            "namespace": kubevirt.namespace,
+            "name": kubevirt.name,
+            "resourceVersion": kubevirt.resource_version,
+            "add": add,
+            "remove": remove,
+            "owned": owned,
+        },
+    )

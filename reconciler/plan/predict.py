@@ -1,0 +1,152 @@
+"""The host as it will be once a plan's host actions have run: what CR statuses are rendered from.
+
+Pure. SR-IOV enabled → the GPU's VFs at the addresses the kernel will give them, offering the
+types the driver listed (or, while SR-IOV was off, the catalogue's for the model); vGPUs created
+and removed; and each touched GPU's ``creatable`` recomputed by the driver's rules: a VF with no
+vGPU can take a type whose framebuffer size equals what the GPU hosts (any size while it hosts
+none), while that size is below the type's ``max_instance``. GPUs no action touches keep exactly
+what was observed. After a real apply the host is observed again, so a wrong guess here lasts
+one plan.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+
+from reconciler.catalog import Catalog, default_catalog
+from reconciler.model import (
+    VGPU,
+    Action,
+    ActionKind,
+    Gpu,
+    Interface,
+    Inventory,
+    PciAddress,
+    Vf,
+    VGPUType,
+)
+from reconciler.plan.offer import catalog_model
+
+
+def predict_inventory(
+    inventory: Inventory, actions: Sequence[Action], *, catalog: Catalog | None = None
+) -> Inventory:
+    """``inventory`` after ``actions`` (host kinds; others are ignored), in the given order."""
+    catalog = catalog if catalog is not None else default_catalog()
+    gpus = {g.address: g for g in inventory.gpus}
+    touched: set[PciAddress] = set()
+    for action in actions:
+        if not action.kind.is_host:
+            continue
+        address = PciAddress.parse(str(action.params["gpu"]))
+        gpu = gpus.get(address)
+        if gpu is None:
+            continue  # a plan for another host: nothing to predict
+        touched.add(address)
+        if action.kind is ActionKind.SRIOV_ENABLE:
+            gpus[address] = _enabled(gpu, inventory, catalog)
+        elif action.kind is ActionKind.SRIOV_DISABLE:
+            # The driver lists types on VFs only: none while SR-IOV is off.
+            gpus[address] = replace(gpu, num_vfs=0, vfs=(), types=(), interface=Interface.NONE)
+        else:
+            index = int(action.params["vfIndex"])
+            vgpu = None
+            if action.kind is ActionKind.VGPU_CREATE:
+                vf = gpu.vf(index)
+                # On the vfio interface a configured VF is its own identity (no mdev UUID).
+                uuid = (
+                    str(vf.address)
+                    if gpu.interface is Interface.VFIO and vf is not None
+                    else str(action.params["uuid"])
+                )
+                vgpu = VGPU(uuid=uuid, type_name=str(action.params["type"]))
+            gpus[address] = replace(
+                gpu, vfs=tuple(replace(v, vgpu=vgpu) if v.index == index else v for v in gpu.vfs)
+            )
+    if not touched:
+        return inventory
+    return replace(
+        inventory,
+        gpus=tuple(
+            _recount(gpus[g.address], catalog) if g.address in touched else g
+            for g in inventory.gpus
+        ),
+    )
+
+
+def _enabled(gpu: Gpu, inventory: Inventory, catalog: Catalog) -> Gpu:
+    if gpu.sriov_enabled:
+        return gpu  # sriov-manage -e leaves a GPU that has VFs alone
+    interface = _likely_interface(inventory)
+    types = gpu.types or _catalogue_types(gpu, catalog, interface)
+    vfs = tuple(Vf(gpu.predicted_vf_address(i), i) for i in range(gpu.total_vfs))
+    return replace(gpu, num_vfs=gpu.total_vfs, vfs=vfs, types=types, interface=interface)
+
+
+def _likely_interface(inventory: Inventory) -> Interface:
+    """One driver serves a node: a GPU whose VFs are up shows the interface; else mdev (the
+    seed's)."""
+    for g in sorted(inventory.gpus, key=lambda g: g.address):
+        if g.interface is not Interface.NONE:
+            return g.interface
+    return Interface.MDEV
+
+
+def _catalogue_types(gpu: Gpu, catalog: Catalog, interface: Interface) -> tuple[VGPUType, ...]:
+    entry = catalog_model(gpu, catalog)
+    if entry is None:
+        return ()
+    # Type ids as the driver numbers them: consecutive over every profile of the model (MIG ones
+    # too, though only time-sliced ones are offered while MIG mode is off).
+    types = []
+    for i, p in enumerate(entry.profiles):
+        if p.mig:
+            continue
+        number = entry.first_type_id + i
+        types.append(
+            VGPUType(
+                name=p.name,
+                type_id=f"nvidia-{number}" if interface is Interface.MDEV else str(number),
+                framebuffer_mib=p.framebuffer_mib,
+                max_instance=p.max_instances,
+                num_heads=p.num_heads,
+                max_resolution=p.max_resolution,
+                frl_config=p.frl_config,
+            )
+        )
+    return tuple(types)
+
+
+def _recount(gpu: Gpu, catalog: Catalog) -> Gpu:
+    """``creatable`` per VF by the driver's equal-size rules (DOMAIN.md §3a, §4)."""
+    if not gpu.vfs:
+        return gpu
+    sizes: Counter[int] = Counter()
+    for vf in gpu.vfs:
+        if vf.vgpu is not None:
+            size = _size(gpu, vf.vgpu.type_name, catalog)
+            if size is not None:
+                sizes[size] += 1
+    hosted = next(iter(sizes), None) if len(sizes) == 1 else None
+    open_types = frozenset(
+        t.name
+        for t in gpu.types
+        if (not sizes or t.framebuffer_mib == hosted) and sizes[t.framebuffer_mib] < t.max_instance
+    )
+    return replace(
+        gpu,
+        vfs=tuple(
+            replace(vf, creatable=frozenset() if vf.vgpu is not None else open_types)
+            for vf in gpu.vfs
+        ),
+    )
+
+
+def _size(gpu: Gpu, type_name: str, catalog: Catalog) -> int | None:
+    offered = gpu.type_named(type_name)
+    if offered is not None:
+        return offered.framebuffer_mib
+    known = catalog.profile(type_name)
+    return known[1].framebuffer_mib if known is not None else None

@@ -1,0 +1,157 @@
+"""The node's CRs as they should be: spec from the desired state, status from the host.
+
+Pure. One SRIOVGPUDevice per managed GPU and one VGPUDevice per VF of a managed GPU whose VFs
+exist, named and labelled as Harvester's pcidevices-controller does (DOMAIN.md §5), marked as
+vgpuctl's, and annotated with the spec vgpuctl writes, so a spec edited by hand shows as drift.
+The cluster planner diffs these against what the API server holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from reconciler.model import DesiredGpu, DesiredNode, Gpu, Inventory, PciAddress, Vf
+from reconciler.model.cluster import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NODE_LABEL,
+    PARENT_LABEL,
+    SRIOV_GPU_KIND,
+    VGPU_KIND,
+    KubeObject,
+    object_name,
+)
+from reconciler.plan.assign import vf_profiles
+from reconciler.plan.check import vf_slots
+
+#: The spec vgpuctl last wrote, as canonical JSON: a stored spec that differs was edited by hand.
+LAST_APPLIED_ANNOTATION = "vgpu.reconciler.dev/last-applied-spec"
+#: ``status.vGPUStatus`` of a VF that hosts a vGPU (Harvester's value).
+VGPU_CONFIGURED = "vGPUConfigured"
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces: equal values give equal text (``json.dumps(value,
+    sort_keys=True, separators=(",", ":"))``)."""
+    return _CANONICAL.encode(value)
+
+
+def render_objects(node: str, desired: DesiredNode, inventory: Inventory) -> list[KubeObject]:
+    """The CRs of ``node``: per managed GPU on the host its SRIOVGPUDevice, then its VFs'
+    VGPUDevices in numeric VF order; GPUs in address order. Desired GPUs not on the host are
+    skipped (the planner reports them)."""
+    assignments = {}
+    for gpu in inventory.gpus:
+        entry = desired.gpu(gpu.address)
+        if entry is not None:
+            assignments[gpu.address] = vf_profiles(entry, vf_slots(gpu))
+    return render_with(node, desired.gpus, inventory, assignments)
+
+
+def render_with(
+    node: str,
+    desired: Iterable[DesiredGpu],
+    inventory: Inventory,
+    assignments: Mapping[PciAddress, Mapping[int, str]],
+) -> list[KubeObject]:
+    """:func:`render_objects` with the VF → profile assignment given (the host planner's)."""
+    by_address = {g.address: g for g in inventory.gpus}
+    objects: list[KubeObject] = []
+    for entry in sorted(desired, key=lambda d: d.address):
+        gpu = by_address.get(entry.address)
+        if gpu is None:
+            continue
+        objects.extend(_gpu_objects(node, entry, gpu, assignments.get(gpu.address, {})))
+    return objects
+
+
+def _gpu_objects(
+    node: str, desired: DesiredGpu, gpu: Gpu, profiles: Mapping[int, str]
+) -> list[KubeObject]:
+    pf = str(gpu.address)
+    pf_name = object_name(node, pf)
+    vfs = sorted(gpu.vfs, key=lambda vf: vf.index)
+    vf_addresses = [str(vf.address) for vf in vfs]
+    vf_names = [object_name(node, a) for a in vf_addresses]
+    spec = {"address": pf, "enabled": desired.sriov, "nodeName": node}
+    status = {
+        "vfAddresses": vf_addresses,
+        "vGPUDevices": vf_names,
+        "model": gpu.model,
+        "vendorId": gpu.vendor_id,
+        "deviceId": gpu.device_id,
+        "subsystemVendorId": gpu.subsystem_vendor_id,
+        "subsystemDeviceId": gpu.subsystem_device_id,
+        "interface": gpu.interface.value,
+        "driver": gpu.driver,
+        "totalVFs": gpu.total_vfs,
+        "numVFs": gpu.num_vfs,
+        "vfOffset": gpu.vf_offset,
+        "vfStride": gpu.vf_stride,
+        "vgpuTypes": [t.to_json() for t in gpu.types],
+    }
+    objects = [
+        KubeObject(
+            kind=SRIOV_GPU_KIND,
+            name=pf_name,
+            labels={NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
+            annotations={LAST_APPLIED_ANNOTATION: canonical_json(spec)},
+            spec=spec,
+            status=status,
+        )
+    ]
+    type_ids = {t.name: t.type_id for t in gpu.types}
+    labels = {NODE_LABEL: node, PARENT_LABEL: pf_name, MANAGED_BY_LABEL: MANAGED_BY}
+    available: dict[frozenset[str], dict[str, str]] = {}  # VFs of a GPU mostly offer the same
+    for vf, address, name in zip(vfs, vf_addresses, vf_names, strict=True):
+        profile = profiles.get(vf.index)
+        offered = available.get(vf.creatable)
+        if offered is None:
+            offered = available[vf.creatable] = _available(vf.creatable, type_ids)
+        vf_spec = {
+            "address": address,
+            "enabled": profile is not None,
+            "nodeName": node,
+            "parentGPUDeviceAddress": pf,
+            "vGPUTypeName": profile or "",
+        }
+        objects.append(
+            KubeObject(
+                kind=VGPU_KIND,
+                name=name,
+                labels=labels,
+                annotations={LAST_APPLIED_ANNOTATION: canonical_json(vf_spec)},
+                spec=vf_spec,
+                status=_vf_status(vf, dict(offered)),
+            )
+        )
+    return objects
+
+
+def _available(creatable: frozenset[str], type_ids: Mapping[str, str]) -> dict[str, str]:
+    """``status.availableTypes``: name → type id, in the driver's order (type ids), not the
+    set's, so the same host renders the same text."""
+    if not creatable:
+        return {}
+    available = {name: type_ids[name] for name in type_ids if name in creatable}
+    for name in sorted(creatable - type_ids.keys()):
+        available[name] = ""  # listed as creatable but not among the GPU's types: id unknown
+    return available
+
+
+def _vf_status(vf: Vf, available: dict[str, str]) -> dict[str, Any]:
+    vgpu = vf.vgpu
+    return {
+        "vGPUStatus": VGPU_CONFIGURED if vgpu is not None else "",
+        "uuid": vgpu.uuid if vgpu is not None else "",
+        "configureVGPUTypeName": vgpu.type_name if vgpu is not None else "",
+        "availableTypes": available,
+        "vfIndex": vf.index,
+        "inUse": bool(vgpu is not None and vgpu.in_use),
+        "holder": vgpu.holder if vgpu is not None else "",
+    }

@@ -1,0 +1,1 @@
+"""A Kubernetes API-server emulator for tests, and the tests of its semantics."""

@@ -1,0 +1,1179 @@
+"""An in-process Kubernetes API server for tests: the unmodified ``kubernetes`` client talks to it.
+
+The kube adapter, cluster observer and cluster executor are tested against this emulator, so it
+enforces what real API servers do and our code relies on: a global, monotonically increasing
+resourceVersion; 201 on create (409 AlreadyExists on a duplicate); optimistic concurrency on PUT
+(409 Conflict for a stale resourceVersion, 422 Invalid for a missing one on custom resources);
+the status subresource split from the main resource (status dropped on create and ignored on
+PUT of a custom resource, only status taken on PUT of ``/status``); generation bumped only when
+the spec changes; label and field selectors; watches resumable from a resourceVersion with a
+bounded history (410 Gone when too old); 404 NotFound for a resource whose CRD is not installed.
+
+Test hooks: every request is recorded as RBAC sees it (``requests``), requests can be denied
+(403 with the real message), failed (``fail_next``), the server stopped and restarted on the same
+port (an outage), and a hook can interleave a concurrent change before each write (409 races).
+
+Not emulated: finalizers and graceful deletion, strategic-merge and JSON patches (415), paging
+(``limit`` is ignored: allowed by the API), managedFields, admission, dry runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import re
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs, urlsplit
+
+JsonObject = dict[str, Any]
+
+DEFAULT_USER = "system:serviceaccount:vgpuctl-system:vgpuctl"
+DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+_COMMON_FIELDS = ("metadata.name", "metadata.namespace")
+_POD_FIELDS = (
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+)
+_EVENT_FIELDS = (
+    *(
+        f"involvedObject.{f}"
+        for f in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
+    ),
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+)
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+MERGE_PATCH = "application/merge-patch+json"
+_MISSING_RESOURCE = "the server could not find the requested resource"
+
+
+class Request(NamedTuple):
+    """One API request as RBAC authorises it (a tuple, so tests may compare with plain tuples)."""
+
+    verb: str  # get list watch create update patch delete deletecollection
+    group: str  # "" for the core group
+    resource: str  # plural
+    subresource: str | None
+    namespace: str | None
+    name: str | None
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A served resource: what a CRD (or the core API) declares."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    status_subresource: bool
+    field_selectors: frozenset[str] = frozenset(_COMMON_FIELDS)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        """The group-qualified name used in error messages: ``vgpudevices.devices.example.io``."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def custom(self) -> bool:
+        return self.group != ""
+
+
+class ApiError(Exception):
+    """A request the API server answers with a ``Status`` failure body."""
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        reason: str | None = None,
+        details: JsonObject | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or _REASONS.get(code, "Unknown")
+        self.details = details
+
+    def status(self) -> JsonObject:
+        body: JsonObject = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details is not None:
+            body["details"] = self.details
+        return body
+
+
+@dataclass(frozen=True)
+class _Change:
+    """One write, kept in the bounded history that watches resume from."""
+
+    rv: int
+    type: str  # ADDED MODIFIED DELETED
+    store: tuple[str, str]  # (group, plural)
+    obj: JsonObject
+    old: JsonObject | None
+
+
+# --- selectors ---------------------------------------------------------------------------------
+
+_KEY = r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_NOT_EXISTS = re.compile(rf"!\s*({_KEY})")
+_SET = re.compile(rf"({_KEY})\s+(in|notin)\s*\((.*)\)")
+_EQUALITY = re.compile(rf"({_KEY})\s*(==|=|!=)\s*({_VALUE})")
+_EXISTS = re.compile(_KEY)
+_FIELD_TERM = re.compile(r"([A-Za-z][A-Za-z.]*)\s*(==|=|!=)\s*(.*)")
+
+
+@dataclass(frozen=True)
+class LabelRequirement:
+    key: str
+    op: str  # in notin exists !exists (equality is "in" with one value, "!=" is "notin")
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        present = self.key in labels
+        if self.op == "exists":
+            return present
+        if self.op == "!exists":
+            return not present
+        if self.op == "in":
+            return present and labels[self.key] in self.values
+        return not present or labels[self.key] not in self.values
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside parentheses (``a in (x,y),b`` has two requirements)."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_label_selector(text: str) -> tuple[LabelRequirement, ...]:
+    """Parse a label selector as the API server does; raise 400 BadRequest when malformed."""
+    if not text.strip():
+        return ()
+    requirements = []
+    for raw in _split_top_level(text):
+        part = raw.strip()
+        if match := _NOT_EXISTS.fullmatch(part):
+            requirements.append(LabelRequirement(match[1], "!exists"))
+        elif match := _SET.fullmatch(part):
+            values = [v.strip() for v in match[3].split(",")]
+            if not all(re.fullmatch(_VALUE, v) for v in values):
+                raise ApiError(400, f"unable to parse requirement: invalid values in {part!r}")
+            requirements.append(LabelRequirement(match[1], match[2], frozenset(values)))
+        elif match := _EQUALITY.fullmatch(part):
+            op = "notin" if match[2] == "!=" else "in"
+            requirements.append(LabelRequirement(match[1], op, frozenset({match[3]})))
+        elif _EXISTS.fullmatch(part):
+            requirements.append(LabelRequirement(part, "exists"))
+        else:
+            raise ApiError(400, f"unable to parse requirement: {part!r}")
+    return tuple(requirements)
+
+
+def parse_field_selector(text: str, resource: Resource) -> tuple[tuple[str, bool, str], ...]:
+    """Parse ``field=value,field!=value``; a field the resource does not index is 400."""
+    if not text.strip():
+        return ()
+    terms = []
+    for raw in text.split(","):
+        match = _FIELD_TERM.fullmatch(raw.strip())
+        if not match:
+            raise ApiError(400, f"invalid field selector: {raw!r}")
+        field, op, value = match[1], match[2], match[3]
+        if field not in resource.field_selectors:
+            raise ApiError(400, f'field label not supported: {field} ("{resource.qualified}")')
+        terms.append((field, op != "!=", value))
+    return tuple(terms)
+
+
+def _field_value(obj: JsonObject, field: str) -> str:
+    value: Any = obj
+    for part in field.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class _Selection:
+    namespace: str | None
+    labels: tuple[LabelRequirement, ...]
+    fields: tuple[tuple[str, bool, str], ...]
+
+    def matches(self, obj: JsonObject) -> bool:
+        meta = obj.get("metadata", {})
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        labels = meta.get("labels") or {}
+        if not all(r.matches(labels) for r in self.labels):
+            return False
+        return all((_field_value(obj, f) == v) == eq for f, eq, v in self.fields)
+
+
+# --- object helpers ----------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _spec_part(obj: JsonObject, resource: Resource) -> JsonObject:
+    """What a generation counts: everything but metadata (and status when it is a subresource)."""
+    skip = {"metadata", "apiVersion", "kind"} | (
+        {"status"} if resource.status_subresource else set()
+    )
+    return {k: v for k, v in obj.items() if k not in skip}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _core_resources() -> list[Resource]:
+    def core(
+        plural: str, kind: str, namespaced: bool, status: bool, extra: Sequence[str] = ()
+    ) -> Resource:
+        fields = frozenset((*_COMMON_FIELDS, *extra))
+        return Resource("", "v1", plural, kind, namespaced, status, fields)
+
+    return [
+        core("namespaces", "Namespace", False, True, ("status.phase",)),
+        core("nodes", "Node", False, True, ("spec.unschedulable",)),
+        core("pods", "Pod", True, True, _POD_FIELDS),
+        core("events", "Event", True, False, _EVENT_FIELDS),
+        core("configmaps", "ConfigMap", True, False),
+    ]
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A parsed resource URL."""
+
+    group: str
+    version: str
+    plural: str
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+def _parse_path(path: str) -> _Target | None:
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 3 and parts[:2] == ["api", "v1"]:
+        group, version, rest = "", "v1", parts[2:]
+    elif len(parts) >= 4 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = None
+    # /namespaces/{ns}/{plural}... unless it addresses a namespace itself (or its subresource)
+    if (
+        rest[0] == "namespaces"
+        and len(rest) >= 3
+        and not (group == "" and len(rest) == 3 and rest[2] in ("status", "finalize"))
+    ):
+        namespace, rest = rest[1], rest[2:]
+    if len(rest) > 3:
+        return None
+    plural, name, subresource = [*rest, None, None][:3]
+    assert plural is not None
+    return _Target(group, version, plural, namespace, name, subresource)
+
+
+class ApiServerEmulator:
+    """A Kubernetes API server on 127.0.0.1 (a free port) serving JSON over plain HTTP/1.1.
+
+    Use as a context manager; ``kubeconfig(path)`` writes a kubeconfig for the real client.
+    """
+
+    def __init__(self, *, user: str = DEFAULT_USER, history: int = 1000) -> None:
+        self.user = user
+        self.requests: list[Request] = []
+        self._cond = threading.Condition(threading.RLock())
+        self._resources: dict[tuple[str, str, str], Resource] = {}
+        self._store: dict[tuple[str, str], dict[tuple[str, str], JsonObject]] = {}
+        self._rv = 0
+        self._history: deque[_Change] = deque(maxlen=history)
+        self._floor = 0  # watches from a resourceVersion below this get 410 Gone
+        self._denied: list[tuple[str, str, str, str | None]] = []
+        self._failures: deque[int] = deque()
+        self._before_write: Callable[[Request], None] | None = None
+        self._server: _HttpServer | None = None
+        self._thread: threading.Thread | None = None
+        self._port = 0
+        self._epoch = 0  # bumped by stop(): open watches of an older epoch end
+        for resource in _core_resources():
+            self._add_resource(resource)
+        for name in DEFAULT_NAMESPACES:
+            self.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    # --- lifecycle ---
+
+    def __enter__(self) -> ApiServerEmulator:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if not self._port:
+            raise RuntimeError("the emulator has not been started")
+        return f"http://127.0.0.1:{self._port}"
+
+    def start(self) -> None:
+        """Serve (again): the first start picks a free port, later ones reuse it."""
+        if self._server is not None:
+            return
+        server = _HttpServer(("127.0.0.1", self._port), self)
+        self._port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True, name="kube-emu")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving (state is kept): new connections are refused, open ones are cut."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        with self._cond:
+            self._epoch += 1
+            self._cond.notify_all()
+        server.shutdown()
+        server.server_close()
+        server.cut_connections()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def kubeconfig(self, path: Path) -> Path:
+        """Write a kubeconfig for this server (JSON is YAML) and return its path."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+            "contexts": [
+                {"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}
+            ],
+            "current-context": "emulator",
+        }
+        path = path / "kubeconfig" if path.is_dir() else path
+        path.write_text(json.dumps(config, indent=2))
+        return path
+
+    # --- registration and direct access (no HTTP, not recorded) ---
+
+    def register(  # noqa: PLR0917 (positional, as agreed in contracts-cluster.md)
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        kind: str,
+        namespaced: bool,
+        status_subresource: bool,
+        *,
+        field_selectors: Sequence[str] = (),
+    ) -> Resource:
+        """Serve a resource, as installing its CRD does."""
+        fields = frozenset((*_COMMON_FIELDS, *field_selectors))
+        resource = Resource(group, version, plural, kind, namespaced, status_subresource, fields)
+        self._add_resource(resource)
+        return resource
+
+    def register_crd(self, crd: Mapping[str, Any]) -> list[Resource]:
+        """Serve every served version of a CustomResourceDefinition manifest."""
+        spec = crd["spec"]
+        return [
+            self.register(
+                spec["group"],
+                version["name"],
+                spec["names"]["plural"],
+                spec["names"]["kind"],
+                spec["scope"] == "Namespaced",
+                "status" in (version.get("subresources") or {}),
+            )
+            for version in spec["versions"]
+            if version.get("served", True)
+        ]
+
+    def seed(self, obj: Mapping[str, Any]) -> JsonObject:
+        """Store an object as given (status included), creating or replacing it; returns it stored.
+
+        A namespaced object's namespace is created when missing. Watches see the change.
+        """
+        body = copy.deepcopy(dict(obj))
+        resource = self._resource_of(body)
+        meta = body.setdefault("metadata", {})
+        with self._cond:
+            if resource.namespaced:
+                meta.setdefault("namespace", "default")
+                if not self._namespace_exists(meta["namespace"]):
+                    self.seed(
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Namespace",
+                            "metadata": {"name": meta["namespace"]},
+                        }
+                    )
+            key = (meta.get("namespace", ""), meta["name"])
+            current = self._bucket(resource).get(key)
+            if current is None:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", _now())
+                meta.setdefault("generation", 1)
+                return copy.deepcopy(self._write(resource, key, body, None))
+            for field in ("uid", "creationTimestamp"):
+                meta.setdefault(field, current["metadata"].get(field))
+            generation = current["metadata"].get("generation", 1)
+            changed = _spec_part(body, resource) != _spec_part(current, resource)
+            meta["generation"] = generation + 1 if changed else generation
+            return copy.deepcopy(self._write(resource, key, body, current))
+
+    def objects(
+        self, group: str, version: str, plural: str, namespace: str | None = None
+    ) -> list[JsonObject]:
+        """The stored objects of a resource (in one namespace if given), by namespace and name."""
+        resource = self._lookup(group, version, plural)
+        with self._cond:
+            bucket = self._bucket(resource)
+            return [
+                copy.deepcopy(bucket[key])
+                for key in sorted(bucket)
+                if namespace is None or key[0] == namespace
+            ]
+
+    def get_object(
+        self, group: str, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> JsonObject | None:
+        resource = self._lookup(group, version, plural)
+        with self._cond:
+            found = self._bucket(resource).get((namespace or "", name))
+            return copy.deepcopy(found) if found is not None else None
+
+    def delete_object(
+        self, group: str, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> None:
+        """Delete an object directly (another actor did it); watches see DELETED."""
+        resource = self._lookup(group, version, plural)
+        with self._cond:
+            self._remove(resource, (namespace or "", name))
+
+    def compact(self) -> None:
+        """Forget the watch history, as etcd compaction does: older resourceVersions get 410."""
+        with self._cond:
+            self._history.clear()
+            self._floor = self._rv
+
+    @property
+    def resource_version(self) -> str:
+        with self._cond:
+            return str(self._rv)
+
+    # --- fault injection ---
+
+    def deny(self, verb: str, group: str, resource: str, subresource: str | None = None) -> None:
+        """Answer matching requests 403 Forbidden, as RBAC does.
+
+        ``subresource=None`` matches the main resource only (RBAC treats ``vgpudevices/status``
+        as a separate resource); ``"*"`` matches any verb, resource or subresource.
+        """
+        with self._cond:
+            self._denied.append((verb, group, resource, subresource))
+
+    def allow_all(self) -> None:
+        with self._cond:
+            self._denied.clear()
+
+    def fail_next(self, n: int = 1, status: int = 500) -> None:
+        """Answer the next ``n`` requests (of any kind) with a ``status`` failure."""
+        with self._cond:
+            self._failures.extend([status] * n)
+
+    def on_before_write(self, hook: Callable[[Request], None] | None) -> None:
+        """Call ``hook(request)`` before each create/update/patch/delete is applied (None clears).
+
+        The hook runs outside the emulator's lock, after the request is authorised and parsed and
+        before the stored object is read, so a change it makes (``seed``, or a request through a
+        client) is what the write then conflicts with.
+        """
+        self._before_write = hook
+
+    # --- request handling (called by the HTTP handler) ---
+
+    def handle(
+        self, method: str, raw_path: str, body: bytes, content_type: str
+    ) -> tuple[int, JsonObject] | Iterator[JsonObject]:
+        """Answer one request: a (status code, JSON body) pair, or watch events to stream."""
+        url = urlsplit(raw_path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        target = _parse_path(url.path)
+        if target is None:
+            with self._cond:
+                failure = self._failures.popleft() if self._failures else None
+            if failure is not None:
+                raise ApiError(failure, "injected failure")
+            return self._discovery(url.path)
+        request = self._request_of(method, target, query)
+        with self._cond:
+            self.requests.append(request)
+            failure = self._failures.popleft() if self._failures else None
+            denied = any(self._matches_rule(rule, request) for rule in self._denied)
+        if failure is not None:
+            raise ApiError(failure, f"Internal error occurred: injected failure ({failure})")
+        if denied:
+            raise self._forbidden(request)
+        resource = self._resources.get((target.group, target.version, target.plural))
+        if resource is None or (target.namespace is not None and not resource.namespaced):
+            raise ApiError(404, _MISSING_RESOURCE, details={})
+        if (
+            resource.namespaced
+            and target.namespace is None
+            and request.verb not in ("list", "watch")
+        ):
+            raise ApiError(404, _MISSING_RESOURCE, details={})  # only lists span namespaces
+        if target.subresource is not None and not (
+            target.subresource == "status" and resource.status_subresource
+        ):
+            raise ApiError(404, _MISSING_RESOURCE, details={})
+        verb = request.verb
+        if verb in ("list", "watch"):
+            selection = _Selection(
+                target.namespace,
+                parse_label_selector(query.get("labelSelector", "")),
+                parse_field_selector(query.get("fieldSelector", ""), resource),
+            )
+            if verb == "watch":
+                return self._watch(resource, selection, query)
+            return 200, self._list(resource, selection)
+        if verb == "get":
+            return 200, self._get(resource, target)
+        if verb == "patch" and content_type.split(";", maxsplit=1)[0] != MERGE_PATCH:
+            raise ApiError(415, f"the emulator supports only merge patches, not {content_type!r}")
+        parsed = self._parse_body(body) if body else {}
+        if verb == "create":
+            return 201, self._create(resource, target, parsed, request)
+        if verb == "update":
+            return 200, self._update(resource, target, parsed, request)
+        if verb == "patch":
+            return 200, self._patch(resource, target, parsed, request)
+        if verb == "delete":
+            return 200, self._delete(resource, target, parsed, request)
+        raise ApiError(
+            405, f"the server does not allow this method on the requested resource ({verb})"
+        )
+
+    def _request_of(self, method: str, target: _Target, query: Mapping[str, str]) -> Request:
+        if method == "GET" and target.name is None:
+            verb = "watch" if query.get("watch") in ("true", "1") else "list"
+        else:
+            verbs = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch"}
+            verbs["DELETE"] = "delete" if target.name is not None else "deletecollection"
+            verb = verbs.get(method, method.lower())
+        return Request(
+            verb, target.group, target.plural, target.subresource, target.namespace, target.name
+        )
+
+    @staticmethod
+    def _matches_rule(rule: tuple[str, str, str, str | None], request: Request) -> bool:
+        verb, group, resource, subresource = rule
+        return (
+            verb in ("*", request.verb)
+            and group in ("*", request.group)
+            and resource in ("*", request.resource)
+            and subresource in ("*", request.subresource)
+        )
+
+    def _forbidden(self, request: Request) -> ApiError:
+        qualified = f"{request.resource}.{request.group}" if request.group else request.resource
+        subject = f'{qualified} "{request.name}"' if request.name else qualified
+        resource = request.resource + (f"/{request.subresource}" if request.subresource else "")
+        scope = (
+            f'in the namespace "{request.namespace}"'
+            if request.namespace
+            else "at the cluster scope"
+        )
+        message = (
+            f'{subject} is forbidden: User "{self.user}" cannot {request.verb} resource '
+            f'"{resource}" in API group "{request.group}" {scope}'
+        )
+        details = {"group": request.group, "kind": request.resource}
+        if request.name:
+            details["name"] = request.name
+        return ApiError(403, message, details=details)
+
+    # --- verbs ---
+
+    def _get(self, resource: Resource, target: _Target) -> JsonObject:
+        with self._cond:
+            return copy.deepcopy(self._existing(resource, target))
+
+    def _list(self, resource: Resource, selection: _Selection) -> JsonObject:
+        with self._cond:
+            bucket = self._bucket(resource)
+            items = [
+                copy.deepcopy(bucket[k]) for k in sorted(bucket) if selection.matches(bucket[k])
+            ]
+            return {
+                "kind": f"{resource.kind}List",
+                "apiVersion": resource.api_version,
+                "metadata": {"resourceVersion": str(self._rv)},
+                "items": items,
+            }
+
+    def _create(
+        self, resource: Resource, target: _Target, body: JsonObject, request: Request
+    ) -> JsonObject:
+        if target.name is not None:
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+        self._check_type(resource, body)
+        meta = body.setdefault("metadata", {})
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise self._invalid(
+                    resource, "?", "metadata.name: Required value: name or generateName is required"
+                )
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        self._check_namespace(resource, target, meta)
+        if resource.custom and resource.status_subresource:
+            body.pop("status", None)  # status is written through the subresource only
+        self._call_hook(request)
+        with self._cond:
+            if resource.namespaced and not self._namespace_exists(target.namespace or ""):
+                raise ApiError(
+                    404,
+                    f'namespaces "{target.namespace}" not found',
+                    details={"name": target.namespace, "kind": "namespaces"},
+                )
+            key = (target.namespace or "", meta["name"])
+            if key in self._bucket(resource):
+                raise ApiError(
+                    409,
+                    f'{resource.qualified} "{meta["name"]}" already exists',
+                    reason="AlreadyExists",
+                    details=self._details(resource, meta["name"]),
+                )
+            for field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
+                meta.pop(field, None)
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+            return copy.deepcopy(self._write(resource, key, body, None))
+
+    def _update(
+        self, resource: Resource, target: _Target, body: JsonObject, request: Request
+    ) -> JsonObject:
+        if target.name is None:
+            raise ApiError(405, "the server does not allow this method on the requested resource")
+        self._check_type(resource, body)
+        meta = body.setdefault("metadata", {})
+        if meta.get("name") != target.name:
+            raise ApiError(
+                400,
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                f"({target.name})",
+            )
+        self._check_namespace(resource, target, meta)
+        self._call_hook(request)
+        with self._cond:
+            current = self._existing(resource, target)
+            self._check_resource_version(
+                resource, current, meta.get("resourceVersion"), required=True
+            )
+            return self._replace(resource, target, current, body)
+
+    def _patch(
+        self, resource: Resource, target: _Target, patch: JsonObject, request: Request
+    ) -> JsonObject:
+        self._call_hook(request)
+        with self._cond:
+            current = self._existing(resource, target)
+            wanted = (patch.get("metadata") or {}).get("resourceVersion")
+            self._check_resource_version(resource, current, wanted, required=False)
+            body = merge_patch(current, patch)
+            self._check_type(resource, body)
+            return self._replace(resource, target, current, body)
+
+    def _delete(
+        self, resource: Resource, target: _Target, options: JsonObject, request: Request
+    ) -> JsonObject:
+        if target.name is None:
+            raise ApiError(405, "the emulator does not serve deletecollection")
+        self._call_hook(request)
+        with self._cond:
+            current = self._existing(resource, target)
+            preconditions = options.get("preconditions") or {}
+            meta = current["metadata"]
+            for field, label in (("resourceVersion", "ResourceVersion"), ("uid", "UID")):
+                wanted = preconditions.get(field)
+                if wanted is not None and wanted != meta.get(field):
+                    raise ApiError(
+                        409,
+                        f'Operation cannot be fulfilled on {resource.qualified} "{target.name}": '
+                        f"Precondition failed: {label} in precondition: {wanted}, {label} in "
+                        f"object meta: {meta.get(field)}",
+                        details=self._details(resource, target.name),
+                    )
+            removed = self._remove(resource, (target.namespace or "", target.name))
+        if not resource.custom:
+            return copy.deepcopy(removed)  # core storage returns the deleted object
+        details = self._details(resource, target.name)
+        details["uid"] = meta.get("uid")
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": details,
+        }
+
+    def _watch(
+        self, resource: Resource, selection: _Selection, query: Mapping[str, str]
+    ) -> Iterator[JsonObject]:
+        since = query.get("resourceVersion", "")
+        if since not in ("", "0") and not since.isdigit():
+            raise ApiError(400, f"invalid resource version: {since!r}")
+        try:
+            timeout = float(query.get("timeoutSeconds") or 1800)
+        except ValueError:
+            raise ApiError(400, "invalid timeoutSeconds") from None
+        return self._watch_events(resource, selection, since, time.monotonic() + timeout)
+
+    def _watch_events(
+        self, resource: Resource, selection: _Selection, since: str, deadline: float
+    ) -> Iterator[JsonObject]:
+        store = (resource.group, resource.plural)
+        with self._cond:
+            epoch = self._epoch
+            if since in ("", "0"):
+                # Start from now, with the current state as synthetic ADDED events
+                bucket = self._bucket(resource)
+                current = sorted(
+                    (o for o in bucket.values() if selection.matches(o)),
+                    key=lambda o: int(o["metadata"]["resourceVersion"]),
+                )
+                pending = [{"type": "ADDED", "object": copy.deepcopy(o)} for o in current]
+                cursor = self._rv
+            else:
+                cursor, pending = int(since), []
+        while True:
+            yield from pending  # never while holding the lock: the client may be slow
+            pending, expired = [], None
+            with self._cond:
+                while not pending:
+                    if self._epoch != epoch:
+                        raise ConnectionAbortedError("the emulator was stopped")
+                    if cursor < self._floor:
+                        message = f"too old resource version: {cursor} ({self._floor + 1})"
+                        expired = ApiError(410, message, reason="Expired")
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    changes = [c for c in self._history if c.rv > cursor and c.store == store]
+                    cursor = self._rv
+                    pending = [e for c in changes if (e := self._event_for(c, selection))]
+                    if not pending:
+                        self._cond.wait(remaining)
+            if expired is not None:
+                # Tell the client, then end the stream, as real servers do
+                yield {"type": "ERROR", "object": expired.status()}
+                return
+
+    @staticmethod
+    def _event_for(change: _Change, selection: _Selection) -> JsonObject | None:
+        """The event a selective watch sees: entering the selection is ADDED, leaving is DELETED."""
+        now = selection.matches(change.obj)
+        before = change.old is not None and selection.matches(change.old)
+        if change.type == "MODIFIED" and now != before:
+            kind = "ADDED" if now else "DELETED"
+        elif now:
+            kind = change.type
+        else:
+            return None
+        return {"type": kind, "object": copy.deepcopy(change.obj)}
+
+    # --- storage (callers hold the lock) ---
+
+    def _add_resource(self, resource: Resource) -> None:
+        with self._cond:
+            self._resources[(resource.group, resource.version, resource.plural)] = resource
+            self._store.setdefault((resource.group, resource.plural), {})
+
+    def _lookup(self, group: str, version: str, plural: str) -> Resource:
+        try:
+            return self._resources[(group, version, plural)]
+        except KeyError:
+            raise KeyError(f"{plural}.{group}/{version} is not registered") from None
+
+    def _resource_of(self, obj: JsonObject) -> Resource:
+        group, _, version = obj.get("apiVersion", "").rpartition("/")
+        for resource in self._resources.values():
+            if (resource.group, resource.version, resource.kind) == (
+                group,
+                version,
+                obj.get("kind"),
+            ):
+                return resource
+        raise KeyError(f"{obj.get('kind')} {obj.get('apiVersion')} is not registered")
+
+    def _bucket(self, resource: Resource) -> dict[tuple[str, str], JsonObject]:
+        return self._store[(resource.group, resource.plural)]
+
+    def _namespace_exists(self, namespace: str) -> bool:
+        return ("", namespace) in self._store[("", "namespaces")]
+
+    def _existing(self, resource: Resource, target: _Target) -> JsonObject:
+        found = self._bucket(resource).get((target.namespace or "", target.name or ""))
+        if found is None:
+            raise ApiError(
+                404,
+                f'{resource.qualified} "{target.name}" not found',
+                details=self._details(resource, target.name or ""),
+            )
+        return found
+
+    def _write(
+        self, resource: Resource, key: tuple[str, str], obj: JsonObject, old: JsonObject | None
+    ) -> JsonObject:
+        self._rv += 1
+        obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._bucket(resource)[key] = obj
+        self._record(resource, "ADDED" if old is None else "MODIFIED", obj, old)
+        return obj
+
+    def _remove(self, resource: Resource, key: tuple[str, str]) -> JsonObject:
+        removed = self._bucket(resource).pop(key, None)
+        if removed is None:
+            raise ApiError(
+                404,
+                f'{resource.qualified} "{key[1]}" not found',
+                details=self._details(resource, key[1]),
+            )
+        self._rv += 1
+        removed["metadata"]["resourceVersion"] = str(self._rv)
+        self._record(resource, "DELETED", removed, None)
+        return removed
+
+    def _record(
+        self, resource: Resource, kind: str, obj: JsonObject, old: JsonObject | None
+    ) -> None:
+        if len(self._history) == self._history.maxlen:
+            self._floor = self._history[0].rv
+        self._history.append(
+            _Change(self._rv, kind, (resource.group, resource.plural), copy.deepcopy(obj), old)
+        )
+        self._cond.notify_all()
+
+    def _replace(
+        self, resource: Resource, target: _Target, current: JsonObject, body: JsonObject
+    ) -> JsonObject:
+        """Store ``body`` over ``current`` as a PUT on ``target`` would; a no-op writes nothing."""
+        if target.subresource == "status":
+            new = copy.deepcopy(current)
+            if "status" in body:
+                new["status"] = copy.deepcopy(body["status"])
+            else:
+                new.pop("status", None)
+        else:
+            new = copy.deepcopy(body)
+            meta, old_meta = new["metadata"], current["metadata"]
+            for field in ("uid", "creationTimestamp", "generation", "resourceVersion", "namespace"):
+                if field in old_meta:
+                    meta[field] = old_meta[field]
+                else:
+                    meta.pop(field, None)
+            if resource.status_subresource:
+                if "status" in current:
+                    new["status"] = copy.deepcopy(current["status"])
+                else:
+                    new.pop("status", None)
+            if _spec_part(new, resource) != _spec_part(current, resource):
+                meta["generation"] = old_meta.get("generation", 1) + 1
+        new["apiVersion"], new["kind"] = resource.api_version, resource.kind
+        if new == current:
+            return copy.deepcopy(current)  # real servers skip no-op writes: no new resourceVersion
+        key = (target.namespace or "", target.name or "")
+        return copy.deepcopy(self._write(resource, key, new, current))
+
+    # --- validation ---
+
+    def _check_resource_version(
+        self, resource: Resource, current: JsonObject, given: Any, *, required: bool
+    ) -> None:
+        name = current["metadata"]["name"]
+        if not given:
+            if required and resource.custom:
+                raise self._invalid(
+                    resource,
+                    name,
+                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                )
+            return
+        if given != current["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                f'Operation cannot be fulfilled on {resource.qualified} "{name}": the object has '
+                "been modified; please apply your changes to the latest version and try again",
+                details=self._details(resource, name),
+            )
+
+    def _check_type(self, resource: Resource, body: JsonObject) -> None:
+        for field, expected in (("apiVersion", resource.api_version), ("kind", resource.kind)):
+            if body.get(field) not in (None, expected):
+                raise ApiError(
+                    400, f"the body {field} {body.get(field)!r} does not match {expected!r}"
+                )
+        if not isinstance(body.get("metadata", {}), dict):
+            raise ApiError(400, "metadata must be an object")
+
+    @staticmethod
+    def _check_namespace(resource: Resource, target: _Target, meta: JsonObject) -> None:
+        if not resource.namespaced:
+            meta.pop("namespace", None)
+            return
+        if meta.get("namespace") not in (None, "", target.namespace):
+            raise ApiError(
+                400,
+                "the namespace of the provided object does not match the namespace sent on the "
+                "request",
+            )
+        meta["namespace"] = target.namespace
+
+    def _invalid(self, resource: Resource, name: str, cause: str) -> ApiError:
+        qualified_kind = f"{resource.kind}.{resource.group}" if resource.group else resource.kind
+        return ApiError(
+            422,
+            f'{qualified_kind} "{name}" is invalid: {cause}',
+            details={"name": name, "group": resource.group, "kind": resource.kind},
+        )
+
+    @staticmethod
+    def _details(resource: Resource, name: str) -> JsonObject:
+        return {"name": name, "group": resource.group, "kind": resource.plural}
+
+    @staticmethod
+    def _parse_body(body: bytes) -> JsonObject:
+        try:
+            parsed = json.loads(body)
+        except ValueError as error:
+            raise ApiError(400, f"the request body is not JSON: {error}") from None
+        if not isinstance(parsed, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return parsed
+
+    def _call_hook(self, request: Request) -> None:
+        hook = self._before_write
+        if hook is not None:
+            hook(request)
+
+    def _discovery(self, path: str) -> tuple[int, JsonObject]:
+        with self._cond:
+            resources = list(self._resources.values())
+        if path == "/version":
+            return 200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-emulator"}
+        if path == "/api":
+            return 200, {"kind": "APIVersions", "versions": ["v1"]}
+        if path == "/apis":
+            groups: dict[str, list[str]] = {}
+            for r in resources:
+                if r.group and r.version not in groups.setdefault(r.group, []):
+                    groups[r.group].append(r.version)
+            return 200, {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [
+                    {
+                        "name": g,
+                        "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                        "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
+                    }
+                    for g, vs in sorted(groups.items())
+                ],
+            }
+        group_version = path.removeprefix("/apis/").removeprefix("/api/").strip("/")
+        served = [r for r in resources if r.api_version == group_version]
+        if served and path.startswith(("/api/", "/apis/")):
+            return 200, {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": group_version,
+                "resources": [
+                    {"name": r.plural, "kind": r.kind, "namespaced": r.namespaced, "verbs": []}
+                    for r in served
+                ],
+            }
+        raise ApiError(404, _MISSING_RESOURCE, details={})
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], emulator: ApiServerEmulator) -> None:
+        self.emulator = emulator
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def track(self, connection: socket.socket, *, open_: bool) -> None:
+        with self._connections_lock:
+            if open_:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+    def cut_connections(self) -> None:
+        """Break kept-alive and streaming connections, as a server going away does."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HttpServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, open_=True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, open_=False)
+        with contextlib.suppress(OSError):  # the peer may have gone already
+            super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep test output clean
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def _serve(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        try:
+            answer = self.server.emulator.handle(
+                method, self.path, body, self.headers.get("Content-Type") or "application/json"
+            )
+        except ApiError as error:
+            answer = (error.code, error.status())
+        except Exception:  # a bug in the emulator: say so in the response, not a hung client
+            answer = (500, ApiError(500, traceback.format_exc()).status())
+        if isinstance(answer, tuple):
+            self._send_json(*answer)
+        else:
+            self._stream(answer)
+
+    def _send_json(self, code: int, payload: JsonObject) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, events: Iterator[JsonObject]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for event in events:
+                line = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            # The client went away, or the emulator stopped (ConnectionAbortedError): cut the
+            # stream without its final chunk, as a server going away does
+            self.close_connection = True

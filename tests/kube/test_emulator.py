@@ -1,0 +1,711 @@
+"""The API-server emulator behaves as a real API server does, through the ``kubernetes`` client.
+
+Every call goes through the unmodified client and a kubeconfig, exactly as production code makes it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+from kubernetes import client, config, watch
+
+from tests.kube.emulator import ApiServerEmulator, Request
+
+GROUP, VERSION, PLURAL, KIND = "devices.harvesterhci.io", "v1beta1", "vgpudevices", "VGPUDevice"
+CR = (GROUP, VERSION, PLURAL)
+KV = ("kubevirt.io", "v1", "kubevirts")
+# The client is only partly typed: its untyped entry points are used as Any
+new_client_from_config: Any = config.new_client_from_config
+Watch: Any = watch.Watch
+
+
+@pytest.fixture
+def emulator() -> Iterator[ApiServerEmulator]:
+    with ApiServerEmulator() as emu:
+        emu.register(GROUP, VERSION, PLURAL, KIND, False, True)
+        emu.register("kubevirt.io", "v1", "kubevirts", "KubeVirt", True, True)
+        yield emu
+
+
+@pytest.fixture
+def api_client(emulator: ApiServerEmulator, tmp_path: Path) -> Iterator[Any]:
+    # A client of its own: the global default configuration is never touched (xdist, other tests)
+    api = new_client_from_config(config_file=str(emulator.kubeconfig(tmp_path)))
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def custom(api_client: Any) -> Any:
+    return client.CustomObjectsApi(api_client)
+
+
+@pytest.fixture
+def core(api_client: Any) -> Any:
+    return client.CoreV1Api(api_client)
+
+
+def vgpu(name: str, *, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": name, "labels": labels or {"nodename": "n1"}},
+        "spec": {"address": "0000:08:00.4", "vGPUTypeName": "", **spec},
+        "status": {"uuid": ""},
+    }
+
+
+def status_of(error: client.ApiException) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(error.body or "{}")
+    return body
+
+
+def api_error(call: Any, *args: Any, **kwargs: Any) -> client.ApiException:
+    with pytest.raises(client.ApiException) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+# --- create / get / delete ---------------------------------------------------------------------
+
+
+def test_create_answers_201_and_sets_server_fields(custom: Any) -> None:
+    data, status, _ = custom.create_cluster_custom_object_with_http_info(*CR, vgpu("n1-0000080004"))
+    assert status == 201
+    meta = data["metadata"]
+    assert meta["uid"]
+    assert meta["creationTimestamp"].endswith("Z")
+    assert meta["generation"] == 1
+    assert int(meta["resourceVersion"]) > 0
+    # the status subresource is written separately: status in a create is dropped
+    assert "status" not in data
+    assert custom.get_cluster_custom_object(*CR, "n1-0000080004") == data
+
+
+def test_resource_versions_increase_across_objects(custom: Any) -> None:
+    first = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    second = custom.create_cluster_custom_object(*CR, vgpu("b"))
+    assert int(second["metadata"]["resourceVersion"]) > int(first["metadata"]["resourceVersion"])
+    assert isinstance(second["metadata"]["resourceVersion"], str)
+
+
+def test_duplicate_create_is_409_already_exists(custom: Any) -> None:
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    error = api_error(custom.create_cluster_custom_object, *CR, vgpu("a"))
+    assert error.status == 409
+    assert status_of(error)["reason"] == "AlreadyExists"
+    assert status_of(error)["message"] == f'{PLURAL}.{GROUP} "a" already exists'
+
+
+def test_get_missing_is_404_not_found(custom: Any) -> None:
+    error = api_error(custom.get_cluster_custom_object, *CR, "nope")
+    assert error.status == 404
+    body = status_of(error)
+    assert (body["kind"], body["reason"]) == ("Status", "NotFound")
+    assert body["details"] == {"name": "nope", "group": GROUP, "kind": PLURAL}
+
+
+def test_delete_answers_success_then_404(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    data, status, _ = custom.delete_cluster_custom_object_with_http_info(*CR, "a")
+    assert status == 200
+    assert data["status"] == "Success"
+    assert data["details"]["uid"] == created["metadata"]["uid"]
+    assert api_error(custom.get_cluster_custom_object, *CR, "a").status == 404
+    assert api_error(custom.delete_cluster_custom_object, *CR, "a").status == 404
+
+
+def test_delete_honours_resource_version_precondition(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    stale = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version="1"))
+    error = api_error(custom.delete_cluster_custom_object, *CR, "a", body=stale)
+    assert error.status == 409
+    assert "Precondition failed" in status_of(error)["message"]
+    rv = created["metadata"]["resourceVersion"]
+    fresh = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=rv))
+    custom.delete_cluster_custom_object(*CR, "a", body=fresh)
+    assert custom.list_cluster_custom_object(*CR)["items"] == []
+
+
+# --- update: optimistic concurrency, status subresource, generation ------------------------------
+
+
+def test_stale_put_is_409_and_fresh_put_succeeds(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    updated = custom.replace_cluster_custom_object(*CR, "a", {**created, "spec": {"enabled": True}})
+    error = api_error(custom.replace_cluster_custom_object, *CR, "a", created)  # created is stale
+    assert error.status == 409
+    assert status_of(error)["reason"] == "Conflict"
+    assert status_of(error)["message"] == (
+        f'Operation cannot be fulfilled on {PLURAL}.{GROUP} "a": the object has been modified; '
+        "please apply your changes to the latest version and try again"
+    )
+    again = custom.replace_cluster_custom_object(*CR, "a", {**updated, "spec": {"enabled": False}})
+    assert again["spec"] == {"enabled": False}
+
+
+def test_put_without_resource_version_is_422_for_custom_resources(custom: Any) -> None:
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    error = api_error(custom.replace_cluster_custom_object, *CR, "a", vgpu("a"))
+    assert error.status == 422
+    assert status_of(error)["reason"] == "Invalid"
+    assert "metadata.resourceVersion" in status_of(error)["message"]
+
+
+def test_put_with_another_name_than_the_url_is_400(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    body = {**created, "metadata": {**created["metadata"], "name": "b"}}
+    assert api_error(custom.replace_cluster_custom_object, *CR, "a", body).status == 400
+
+
+def test_put_on_the_main_resource_ignores_status(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    with_status = custom.replace_cluster_custom_object_status(
+        *CR, "a", {**created, "status": {"uuid": "u1"}}
+    )
+    body = {**with_status, "spec": {"vGPUTypeName": "NVIDIA A2-4Q"}, "status": {"uuid": "forged"}}
+    updated = custom.replace_cluster_custom_object(*CR, "a", body)
+    assert updated["spec"] == {"vGPUTypeName": "NVIDIA A2-4Q"}
+    assert updated["status"] == {"uuid": "u1"}
+
+
+def test_put_on_status_changes_only_status_and_keeps_generation(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    body = {
+        **created,
+        "metadata": {**created["metadata"], "labels": {"nodename": "other"}},
+        "spec": {"vGPUTypeName": "forged"},
+        "status": {"uuid": "u1"},
+    }
+    updated = custom.replace_cluster_custom_object_status(*CR, "a", body)
+    assert updated["status"] == {"uuid": "u1"}
+    assert updated["spec"] == created["spec"]
+    assert updated["metadata"]["labels"] == {"nodename": "n1"}
+    assert updated["metadata"]["generation"] == 1
+    assert int(updated["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
+
+
+def test_put_on_status_needs_a_fresh_resource_version(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    custom.replace_cluster_custom_object_status(*CR, "a", {**created, "status": {"uuid": "u1"}})
+    stale = {**created, "status": {"uuid": "u2"}}
+    error = api_error(custom.replace_cluster_custom_object_status, *CR, "a", stale)
+    assert error.status == 409
+
+
+def test_generation_counts_spec_changes_only(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    relabelled = custom.replace_cluster_custom_object(
+        *CR, "a", {**created, "metadata": {**created["metadata"], "labels": {"x": "y"}}}
+    )
+    assert relabelled["metadata"]["generation"] == 1
+    respecced = custom.replace_cluster_custom_object(
+        *CR, "a", {**relabelled, "spec": {"vGPUTypeName": "NVIDIA A2-4Q"}}
+    )
+    assert respecced["metadata"]["generation"] == 2
+    assert respecced["metadata"]["uid"] == created["metadata"]["uid"]
+    assert respecced["metadata"]["creationTimestamp"] == created["metadata"]["creationTimestamp"]
+
+
+def test_noop_put_keeps_the_resource_version(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    same = custom.replace_cluster_custom_object(*CR, "a", created)
+    assert same["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+
+
+def test_merge_patch_respects_the_status_split(custom: Any) -> None:
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    patched = custom.patch_cluster_custom_object(
+        *CR, "a", {"spec": {"enabled": True}, "status": {"uuid": "forged"}}
+    )
+    assert patched["spec"]["enabled"] is True
+    assert "status" not in patched
+    assert patched["metadata"]["generation"] == 2
+    status = custom.patch_cluster_custom_object_status(*CR, "a", {"status": {"uuid": "u1"}})
+    assert status["status"] == {"uuid": "u1"}
+    assert status["metadata"]["generation"] == 2
+
+
+def test_json_patch_is_unsupported(custom: Any) -> None:
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    patch = [{"op": "replace", "path": "/spec/enabled", "value": True}]
+    json_patch = "application/json-patch+json"
+    error = api_error(custom.patch_cluster_custom_object, *CR, "a", patch, _content_type=json_patch)
+    assert error.status == 415
+    # this client version sends every custom-object patch as a merge patch: a list is no object
+    assert api_error(custom.patch_cluster_custom_object, *CR, "a", patch).status == 400
+
+
+def test_a_write_racing_the_before_write_hook_is_409(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    seen: list[Request] = []
+
+    def concurrent_edit(request: Request) -> None:
+        seen.append(request)
+        emulator.seed({**created, "spec": {"vGPUTypeName": "edited by someone else"}})
+
+    emulator.on_before_write(concurrent_edit)
+    body = {**created, "spec": {"vGPUTypeName": "NVIDIA A2-4Q"}}
+    error = api_error(custom.replace_cluster_custom_object, *CR, "a", body)
+    emulator.on_before_write(None)
+    assert error.status == 409
+    assert seen == [Request("update", GROUP, PLURAL, None, None, "a")]
+    stored = emulator.get_object(*CR, "a")
+    assert stored is not None
+    assert stored["spec"] == {"vGPUTypeName": "edited by someone else"}
+    assert stored["metadata"]["generation"] == 2
+
+
+# --- namespaced resources ------------------------------------------------------------------------
+
+
+def kubevirt(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": namespace},
+        "spec": {"configuration": {}},
+    }
+
+
+def test_namespaced_resources_list_across_namespaces(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    emulator.seed(kubevirt("harvester-system"))  # seeding creates the namespace
+    custom.create_namespaced_custom_object(*KV[:2], "default", KV[2], kubevirt("default"))
+    everywhere = custom.list_cluster_custom_object(*KV)
+    assert everywhere["kind"] == "KubeVirtList"
+    assert [o["metadata"]["namespace"] for o in everywhere["items"]] == [
+        "default",
+        "harvester-system",
+    ]
+    one = custom.list_namespaced_custom_object(*KV[:2], "harvester-system", KV[2])
+    assert [o["metadata"]["namespace"] for o in one["items"]] == ["harvester-system"]
+    got = custom.get_namespaced_custom_object(*KV[:2], "harvester-system", KV[2], "kubevirt")
+    assert got["metadata"]["namespace"] == "harvester-system"
+    assert [o["metadata"]["namespace"] for o in emulator.objects(*KV, namespace="default")] == [
+        "default"
+    ]
+
+
+def test_namespaced_replace_and_status(custom: Any) -> None:
+    created = custom.create_namespaced_custom_object(*KV[:2], "default", KV[2], kubevirt("default"))
+    body = {**created, "spec": {"configuration": {"mediatedDevicesConfiguration": {}}}}
+    updated = custom.replace_namespaced_custom_object(*KV[:2], "default", KV[2], "kubevirt", body)
+    assert updated["metadata"]["generation"] == 2
+    stale = {**created, "status": {"phase": "Deployed"}}
+    error = api_error(
+        custom.replace_namespaced_custom_object_status,
+        *KV[:2],
+        "default",
+        KV[2],
+        "kubevirt",
+        stale,
+    )
+    assert error.status == 409
+
+
+def test_create_in_a_missing_namespace_is_404(custom: Any) -> None:
+    error = api_error(
+        custom.create_namespaced_custom_object, *KV[:2], "nope", KV[2], kubevirt("nope")
+    )
+    assert error.status == 404
+    assert status_of(error)["message"] == 'namespaces "nope" not found'
+
+
+def test_a_namespaced_object_needs_its_namespace_in_the_url(custom: Any) -> None:
+    error = api_error(custom.get_cluster_custom_object, *KV, "kubevirt")
+    assert error.status == 404
+
+
+# --- selectors -----------------------------------------------------------------------------------
+
+LABELLED = {
+    "a": {"nodename": "n1", "tier": "gold"},
+    "b": {"nodename": "n2", "tier": "silver"},
+    "c": {"nodename": "n3"},
+    "d": {"other": "x"},
+}
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("nodename=n1", ["a"]),
+        ("nodename==n1", ["a"]),
+        ("nodename!=n1", ["b", "c", "d"]),
+        ("nodename", ["a", "b", "c"]),
+        ("!nodename", ["d"]),
+        ("nodename in (n1,n2)", ["a", "b"]),
+        ("nodename in (n1, n3)", ["a", "c"]),
+        ("nodename notin (n1,n2)", ["c", "d"]),
+        ("nodename,tier!=gold", ["b", "c"]),
+        ("nodename in (n1,n2),tier=silver", ["b"]),
+        ("tier,!other", ["a", "b"]),
+        ("", ["a", "b", "c", "d"]),
+    ],
+)
+def test_label_selectors(
+    emulator: ApiServerEmulator, custom: Any, selector: str, expected: list[str]
+) -> None:
+    for name, labels in LABELLED.items():
+        emulator.seed(vgpu(name, labels=labels))
+    listed = custom.list_cluster_custom_object(*CR, label_selector=selector)
+    assert [o["metadata"]["name"] for o in listed["items"]] == expected
+
+
+@pytest.mark.parametrize("selector", ["nodename in n1", "a=b=c", "x in (a", "=x"])
+def test_a_malformed_label_selector_is_400(custom: Any, selector: str) -> None:
+    assert api_error(custom.list_cluster_custom_object, *CR, label_selector=selector).status == 400
+
+
+def pod(name: str, node: str, *, namespace: str = "default", app: str = "virt-launcher") -> Any:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"kubevirt.io": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "compute", "image": "x"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_pods_by_node_and_label_across_namespaces(emulator: ApiServerEmulator, core: Any) -> None:
+    emulator.seed(pod("p1", "n1"))
+    emulator.seed(pod("p2", "n1", namespace="vms"))
+    emulator.seed(pod("p3", "n2"))
+    emulator.seed(pod("p4", "n1", app="other"))
+    pods = core.list_pod_for_all_namespaces(
+        field_selector="spec.nodeName=n1", label_selector="kubevirt.io=virt-launcher"
+    )
+    assert sorted((p.metadata.namespace, p.metadata.name) for p in pods.items) == [
+        ("default", "p1"),
+        ("vms", "p2"),
+    ]
+    assert pods.items[0].spec.containers[0].name == "compute"
+
+
+def test_field_selectors_on_names_and_namespaces(emulator: ApiServerEmulator, custom: Any) -> None:
+    for name in "abc":
+        emulator.seed(vgpu(name))
+    named = custom.list_cluster_custom_object(*CR, field_selector="metadata.name=b")
+    assert [o["metadata"]["name"] for o in named["items"]] == ["b"]
+    others = custom.list_cluster_custom_object(*CR, field_selector="metadata.name!=b")
+    assert [o["metadata"]["name"] for o in others["items"]] == ["a", "c"]
+    emulator.seed(kubevirt("harvester-system"))
+    emulator.seed(kubevirt("default"))
+    kv = custom.list_cluster_custom_object(*KV, field_selector="metadata.namespace=default")
+    assert [o["metadata"]["namespace"] for o in kv["items"]] == ["default"]
+
+
+def test_events_by_involved_object(core: Any) -> None:
+    for name in ("n1-0000080004", "n1-0000080005"):
+        core.create_namespaced_event(
+            "default",
+            client.CoreV1Event(
+                metadata=client.V1ObjectMeta(generate_name=f"{name}."),
+                involved_object=client.V1ObjectReference(kind=KIND, name=name),
+                reason="VGPUCreated",
+                message="vGPU created",
+                type="Normal",
+            ),
+        )
+    events = core.list_namespaced_event(
+        "default", field_selector="involvedObject.name=n1-0000080005"
+    )
+    assert [e.involved_object.name for e in events.items] == ["n1-0000080005"]
+    assert events.items[0].metadata.name.startswith("n1-0000080005.")
+
+
+def test_an_unknown_field_selector_is_400(custom: Any, core: Any) -> None:
+    error = api_error(custom.list_cluster_custom_object, *CR, field_selector="spec.nodeName=n1")
+    assert error.status == 400
+    assert status_of(error)["reason"] == "BadRequest"
+    assert api_error(core.list_namespaced_event, "default", field_selector="x=y").status == 400
+
+
+def test_lists_carry_kind_api_version_and_resource_version(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    emulator.seed(vgpu("a"))
+    listed = custom.list_cluster_custom_object(*CR)
+    assert listed["kind"] == "VGPUDeviceList"
+    assert listed["apiVersion"] == f"{GROUP}/{VERSION}"
+    assert listed["metadata"]["resourceVersion"] == emulator.resource_version
+    assert {(o["apiVersion"], o["kind"]) for o in listed["items"]} == {(f"{GROUP}/{VERSION}", KIND)}
+
+
+# --- watch ---------------------------------------------------------------------------------------
+
+
+def watched(custom: Any, **kwargs: Any) -> list[tuple[str, str]]:
+    stream = Watch().stream(custom.list_cluster_custom_object, *CR, **kwargs)
+    return [(e["type"], e["object"]["metadata"]["name"]) for e in stream]
+
+
+def test_watch_resumes_from_a_resource_version_in_order(custom: Any) -> None:
+    start = custom.list_cluster_custom_object(*CR)["metadata"]["resourceVersion"]
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    custom.create_cluster_custom_object(*CR, vgpu("b"))
+    custom.replace_cluster_custom_object(*CR, "a", {**created, "spec": {"enabled": True}})
+    custom.delete_cluster_custom_object(*CR, "b")
+    events = watched(custom, resource_version=start, timeout_seconds=1)
+    assert events == [("ADDED", "a"), ("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b")]
+
+
+def test_watch_without_a_resource_version_starts_with_the_current_state(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    emulator.seed(vgpu("a"))
+    emulator.seed(vgpu("b"))
+    assert watched(custom, timeout_seconds=1) == [("ADDED", "a"), ("ADDED", "b")]
+
+
+def test_watch_delivers_live_changes(custom: Any) -> None:
+    start = custom.list_cluster_custom_object(*CR)["metadata"]["resourceVersion"]
+    events: list[dict[str, Any]] = []
+    watcher = Watch()
+
+    def consume() -> None:
+        for event in watcher.stream(
+            custom.list_cluster_custom_object, *CR, resource_version=start, timeout_seconds=10
+        ):
+            events.append(event)
+            if event["type"] == "DELETED":
+                watcher.stop()
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    updated = custom.replace_cluster_custom_object_status(
+        *CR, "a", {**created, "status": {"uuid": "u1"}}
+    )
+    custom.delete_cluster_custom_object(*CR, "a")
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
+    assert events[1]["object"]["status"] == {"uuid": "u1"}
+    assert (
+        events[1]["object"]["metadata"]["resourceVersion"] == updated["metadata"]["resourceVersion"]
+    )
+
+
+def test_watch_with_a_label_selector_sees_objects_enter_and_leave(custom: Any) -> None:
+    start = custom.list_cluster_custom_object(*CR)["metadata"]["resourceVersion"]
+    created = custom.create_cluster_custom_object(*CR, vgpu("a", labels={"nodename": "n2"}))
+    moved = custom.replace_cluster_custom_object(
+        *CR, "a", {**created, "metadata": {**created["metadata"], "labels": {"nodename": "n1"}}}
+    )
+    custom.replace_cluster_custom_object(
+        *CR, "a", {**moved, "metadata": {**moved["metadata"], "labels": {"nodename": "n3"}}}
+    )
+    custom.create_cluster_custom_object(*CR, vgpu("b", labels={"nodename": "n2"}))
+    events = watched(
+        custom, resource_version=start, label_selector="nodename=n1", timeout_seconds=1
+    )
+    assert events == [("ADDED", "a"), ("DELETED", "a")]
+
+
+def test_watch_from_a_compacted_resource_version_is_410_gone(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    start = custom.list_cluster_custom_object(*CR)["metadata"]["resourceVersion"]
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    emulator.compact()
+    with pytest.raises(client.ApiException) as caught:
+        watched(custom, resource_version=start, timeout_seconds=1)
+    assert caught.value.status == 410
+    assert "too old resource version" in caught.value.reason
+
+
+def test_watch_history_is_bounded(tmp_path: Path) -> None:
+    with ApiServerEmulator(history=2) as emulator:
+        emulator.register(GROUP, VERSION, PLURAL, KIND, False, True)
+        api = new_client_from_config(config_file=str(emulator.kubeconfig(tmp_path)))
+        custom = client.CustomObjectsApi(api)
+        start = emulator.resource_version
+        for name in "abc":
+            emulator.seed(vgpu(name))
+        with pytest.raises(client.ApiException) as caught:
+            watched(custom, resource_version=start, timeout_seconds=1)
+        assert caught.value.status == 410
+        recent = str(int(emulator.resource_version) - 1)
+        assert watched(custom, resource_version=recent, timeout_seconds=1) == [("ADDED", "c")]
+        api.close()
+
+
+def test_watch_of_pods_deserialises_into_models(emulator: ApiServerEmulator, core: Any) -> None:
+    start = emulator.resource_version
+    emulator.seed(pod("p1", "n1"))
+    stream = Watch().stream(
+        core.list_pod_for_all_namespaces,
+        field_selector="spec.nodeName=n1",
+        resource_version=start,
+        timeout_seconds=1,
+    )
+    assert [(e["type"], e["object"].metadata.name) for e in stream] == [("ADDED", "p1")]
+
+
+# --- missing CRDs, RBAC, outages -----------------------------------------------------------------
+
+
+def test_an_unregistered_resource_is_404_like_a_missing_crd(custom: Any) -> None:
+    error = api_error(custom.list_cluster_custom_object, GROUP, VERSION, "sriovgpudevices")
+    assert error.status == 404
+    body = status_of(error)
+    assert body["reason"] == "NotFound"
+    assert body["message"] == "the server could not find the requested resource"
+    assert api_error(custom.get_cluster_custom_object, "nope.io", "v1", "things", "x").status == 404
+
+
+def test_deny_answers_403_with_the_real_message(emulator: ApiServerEmulator, custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("x"))
+    emulator.deny("update", GROUP, PLURAL)
+    error = api_error(custom.replace_cluster_custom_object, *CR, "x", created)
+    assert error.status == 403
+    assert status_of(error)["reason"] == "Forbidden"
+    assert status_of(error)["message"] == (
+        f'{PLURAL}.{GROUP} "x" is forbidden: User "system:serviceaccount:vgpuctl-system:vgpuctl" '
+        f'cannot update resource "{PLURAL}" in API group "{GROUP}" at the cluster scope'
+    )
+    # the status subresource is a separate RBAC resource
+    custom.replace_cluster_custom_object_status(*CR, "x", {**created, "status": {"uuid": "u"}})
+    emulator.deny("update", GROUP, PLURAL, "status")
+    error = api_error(custom.replace_cluster_custom_object_status, *CR, "x", created)
+    assert f'cannot update resource "{PLURAL}/status"' in status_of(error)["message"]
+
+
+def test_deny_in_a_namespace_names_it(emulator: ApiServerEmulator, core: Any) -> None:
+    emulator.deny("list", "", "pods")
+    error = api_error(core.list_namespaced_pod, "vms")
+    assert status_of(error)["message"] == (
+        'pods is forbidden: User "system:serviceaccount:vgpuctl-system:vgpuctl" cannot list '
+        'resource "pods" in API group "" in the namespace "vms"'
+    )
+    emulator.allow_all()
+    assert core.list_namespaced_pod("vms").items == []
+
+
+def test_requests_are_recorded_as_rbac_sees_them(
+    emulator: ApiServerEmulator, custom: Any, core: Any
+) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    custom.get_cluster_custom_object(*CR, "a")
+    custom.list_cluster_custom_object(*CR, label_selector="nodename=n1")
+    watched(custom, timeout_seconds=1)
+    updated = custom.replace_cluster_custom_object(*CR, "a", {**created, "spec": {"x": 1}})
+    custom.replace_cluster_custom_object_status(*CR, "a", {**updated, "status": {"uuid": "u"}})
+    custom.patch_cluster_custom_object(*CR, "a", {"spec": {"x": 2}})
+    custom.delete_cluster_custom_object(*CR, "a")
+    custom.list_cluster_custom_object(*KV)
+    core.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1")
+    core.list_namespaced_event("default")
+    assert emulator.requests == [
+        ("create", GROUP, PLURAL, None, None, None),
+        ("get", GROUP, PLURAL, None, None, "a"),
+        ("list", GROUP, PLURAL, None, None, None),
+        ("watch", GROUP, PLURAL, None, None, None),
+        ("update", GROUP, PLURAL, None, None, "a"),
+        ("update", GROUP, PLURAL, "status", None, "a"),
+        ("patch", GROUP, PLURAL, None, None, "a"),
+        ("delete", GROUP, PLURAL, None, None, "a"),
+        ("list", "kubevirt.io", "kubevirts", None, None, None),
+        ("list", "", "pods", None, None, None),
+        ("list", "", "events", None, "default", None),
+    ]
+
+
+def test_stop_refuses_connections_and_start_serves_the_same_state(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    url = emulator.url
+    emulator.stop()
+    with pytest.raises(urllib3.exceptions.MaxRetryError) as caught:
+        custom.list_cluster_custom_object(*CR, _request_timeout=2)
+    assert isinstance(caught.value.reason, urllib3.exceptions.NewConnectionError)
+    emulator.start()
+    assert emulator.url == url
+    listed = custom.list_cluster_custom_object(*CR)
+    assert [o["metadata"]["name"] for o in listed["items"]] == ["a"]
+
+
+def test_stop_cuts_an_open_watch(emulator: ApiServerEmulator, custom: Any) -> None:
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            list(Watch().stream(custom.list_cluster_custom_object, *CR, timeout_seconds=30))
+        except Exception as error:  # what the client raises for a cut stream
+            errors.append(error)
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    # wait until the watch is being served, then go away
+    for _ in range(100):
+        if any(r.verb == "watch" for r in emulator.requests):
+            break
+        threading.Event().wait(0.05)
+    emulator.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert errors, "a cut watch must not look like a clean end of stream"
+
+
+def test_fail_next_fails_that_many_requests(emulator: ApiServerEmulator, custom: Any) -> None:
+    emulator.fail_next(2, status=503)
+    for _ in range(2):
+        error = api_error(custom.list_cluster_custom_object, *CR)
+        assert error.status == 503
+        assert status_of(error)["reason"] == "ServiceUnavailable"
+    assert custom.list_cluster_custom_object(*CR)["items"] == []
+    emulator.fail_next()
+    assert api_error(custom.get_cluster_custom_object, *CR, "a").status == 500
+
+
+# --- direct access -------------------------------------------------------------------------------
+
+
+def test_register_crd_serves_the_manifest(api_client: Any, emulator: ApiServerEmulator) -> None:
+    emulator.register_crd(
+        {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "spec": {
+                "group": GROUP,
+                "names": {"plural": "sriovgpudevices", "kind": "SRIOVGPUDevice"},
+                "scope": "Cluster",
+                "versions": [{"name": VERSION, "served": True, "subresources": {"status": {}}}],
+            },
+        }
+    )
+    custom: Any = client.CustomObjectsApi(api_client)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SRIOVGPUDevice",
+        "metadata": {"name": "n1-000008000"},
+        "spec": {"enabled": True},
+        "status": {"numVFs": 16},
+    }
+    created: dict[str, Any] = custom.create_cluster_custom_object(
+        GROUP, VERSION, "sriovgpudevices", body
+    )
+    assert "status" not in created  # the manifest declared the status subresource
+
+
+def test_seed_keeps_status_and_replaces_existing(emulator: ApiServerEmulator) -> None:
+    first = emulator.seed(vgpu("a"))
+    assert first["status"] == {"uuid": ""}
+    second = emulator.seed({**vgpu("a"), "spec": {"enabled": True}})
+    assert second["metadata"]["uid"] == first["metadata"]["uid"]
+    assert second["metadata"]["generation"] == 2
+    assert [o["spec"] for o in emulator.objects(*CR)] == [{"enabled": True}]
+    emulator.delete_object(*CR, "a")
+    assert emulator.objects(*CR) == []

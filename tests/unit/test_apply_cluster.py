@@ -1,0 +1,757 @@
+"""The cluster executor against an in-memory API server with resourceVersions and a status
+subresource: writes, preconditions, conflicts and re-planning."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from reconciler.apply.cluster import (
+    SKIPPED_NOT_CLUSTER,
+    allow_list_change,
+    execute_cluster,
+    record_host_events,
+)
+from reconciler.apply.executor import Outcome, OutcomeStatus
+from reconciler.model import (
+    Action,
+    ActionKind,
+    ApplyError,
+    Blocked,
+    ClusterUnavailableError,
+    ConflictError,
+)
+from reconciler.model.cluster import (
+    GROUP,
+    KUBEVIRT_OWNED_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NODE_LABEL,
+    VGPU_KIND,
+    KubeObject,
+)
+
+NODE = "harvester-kgd9c"
+NAME = "harvester-kgd9c-000008004"
+Key = tuple[str, str | None, str]  # plural, namespace, name
+
+
+class FakeCluster:
+    """Enough of an API server: one resourceVersion counter, 409 on a stale version, status
+    dropped on create and ignored on PUT, only status taken on PUT of ``/status``."""
+
+    def __init__(self) -> None:
+        self.store: dict[Key, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, str | None]] = []  # verb, plural, rv sent
+        self.rv = 100
+        self.before_write: Callable[[str, Key], object] | None = None
+        self.on_get: Callable[[Key], object] | None = None
+        self.down = False
+
+    def put(self, plural: str, body: Mapping[str, Any], namespace: str | None = None) -> str:
+        """Store directly (another actor); returns the new resourceVersion."""
+        obj = copy.deepcopy(dict(body))
+        self.rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        self.store[(plural, namespace, obj["metadata"]["name"])] = obj
+        return str(self.rv)
+
+    def _enter(self, verb: str, plural: str, rv: str | None, key: Key | None = None) -> None:
+        self.calls.append((verb, plural, rv))
+        if self.down:
+            raise ClusterUnavailableError("cannot reach the Kubernetes API server at x: refused")
+        if key is not None and verb != "get" and self.before_write is not None:
+            self.before_write(verb, key)
+
+    def list_objects(self, **kw: Any) -> list[dict[str, Any]]:
+        raise AssertionError("the executor does not list")
+
+    def get_object(
+        self, *, group: str, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        self._enter("get", plural, None)
+        if self.on_get is not None:
+            self.on_get((plural, namespace, name))
+        found = self.store.get((plural, namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def create_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        key = (plural, namespace, body["metadata"]["name"])
+        self._enter("create", plural, body["metadata"].get("resourceVersion"), key)
+        if key in self.store:
+            raise ConflictError(f"{plural}/{key[2]} already exists")
+        obj = copy.deepcopy(dict(body))
+        obj.pop("status", None)
+        obj["metadata"]["uid"] = f"uid-{key[2]}"
+        self.put(plural, obj, namespace)
+        return copy.deepcopy(self.store[key])
+
+    def _stored(self, plural: str, namespace: str | None, name: str, rv: str | None) -> Key:
+        key = (plural, namespace, name)
+        current = self.store.get(key)
+        if current is None:
+            raise ConflictError(f"{plural}/{name} was deleted since it was read")
+        if rv != current["metadata"]["resourceVersion"]:
+            raise ConflictError(f"{plural}/{name} changed since it was read (409 Conflict)")
+        return key
+
+    def replace_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        rv = body["metadata"].get("resourceVersion")
+        self._enter("update", plural, rv, (plural, namespace, name))
+        key = self._stored(plural, namespace, name, rv)
+        obj = copy.deepcopy(dict(body))
+        if group == GROUP:
+            obj["status"] = copy.deepcopy(self.store[key].get("status", {}))
+        obj["metadata"]["uid"] = self.store[key]["metadata"].get("uid")
+        self.put(plural, obj, namespace)
+        return copy.deepcopy(self.store[key])
+
+    def replace_status(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        rv = body["metadata"].get("resourceVersion")
+        self._enter("update/status", plural, rv, (plural, namespace, name))
+        key = self._stored(plural, namespace, name, rv)
+        obj = copy.deepcopy(self.store[key])
+        obj["status"] = copy.deepcopy(body.get("status"))
+        self.put(plural, obj, namespace)
+        return copy.deepcopy(self.store[key])
+
+    def delete_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> None:
+        key = (plural, namespace, name)
+        self._enter("delete", plural, resource_version, key)
+        current = self.store.get(key)
+        if current is None:
+            return
+        if resource_version and resource_version != current["metadata"]["resourceVersion"]:
+            raise ConflictError(f"{plural}/{name}: precondition failed (409 Conflict)")
+        del self.store[key]
+
+
+class Events:
+    def __init__(self) -> None:
+        self.recorded: list[tuple[str, str, str, str]] = []
+
+    def event(
+        self,
+        kind: str,
+        name: str,
+        *,
+        reason: str,
+        message: str,
+        type: str = "Normal",
+        uid: str = "",
+    ) -> None:
+        self.recorded.append((kind, name, reason, type))
+
+
+# -- objects and actions ------------------------------------------------------------------------
+
+
+def intended(profile: str = "NVIDIA A2-4Q", uuid: str = "u-1") -> KubeObject:
+    return KubeObject(
+        kind=VGPU_KIND,
+        name=NAME,
+        labels={NODE_LABEL: NODE, MANAGED_BY_LABEL: MANAGED_BY},
+        spec={"address": "0000:08:00.4", "enabled": True, "vGPUTypeName": profile},
+        status={"vGPUStatus": "vGPUConfigured", "uuid": uuid},
+    )
+
+
+def create(obj: KubeObject, seq: int = 1) -> Action:
+    return Action(
+        seq, ActionKind.CR_CREATE, obj.name, "missing", {"kind": obj.kind, "object": obj.to_json()}
+    )
+
+
+def update(obj: KubeObject, rv: str, *, spec: bool = True, status: bool = True) -> Action:
+    body = KubeObject(**{**_fields(obj), "resource_version": rv})
+    return Action(
+        2,
+        ActionKind.CR_UPDATE,
+        obj.name,
+        "differs",
+        {
+            "kind": obj.kind,
+            "resourceVersion": rv,
+            "object": body.to_json(),
+            "specChanged": spec,
+            "statusChanged": status,
+            "changes": [],
+            "drift": False,
+        },
+    )
+
+
+def _fields(obj: KubeObject) -> dict[str, Any]:
+    return {
+        "kind": obj.kind,
+        "name": obj.name,
+        "labels": obj.labels,
+        "annotations": obj.annotations,
+        "spec": obj.spec,
+        "status": obj.status,
+    }
+
+
+def delete(rv: str, name: str = NAME) -> Action:
+    return Action(3, ActionKind.CR_DELETE, name, "gone", {"kind": VGPU_KIND, "resourceVersion": rv})
+
+
+def simple_replan(want: KubeObject, current: KubeObject | None) -> Action | None:
+    """A stand-in for the planner's replan_object: update whatever differs."""
+    if current is None:
+        return create(want)
+    spec = dict(current.spec) != dict(want.spec)
+    status = dict(current.status) != dict(want.status)
+    if not (spec or status):
+        return None
+    return update(want, current.resource_version, spec=spec, status=status)
+
+
+def stored(fake: FakeCluster, name: str = NAME) -> dict[str, Any]:
+    return fake.store[("vgpudevices", None, name)]
+
+
+# -- writes -------------------------------------------------------------------------------------
+
+
+def test_create_then_status_through_the_subresource() -> None:
+    fake = FakeCluster()
+    result = execute_cluster([create(intended())], api=fake, node=NODE)
+    assert result.ok
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.DONE
+    assert outcome.message == f"created vgpudevices/{NAME}, status written"
+    # The status PUT carries the version the create returned.
+    assert fake.calls == [("create", "vgpudevices", None), ("update/status", "vgpudevices", "101")]
+    assert stored(fake)["status"] == {"vGPUStatus": "vGPUConfigured", "uuid": "u-1"}
+    assert result.node == NODE
+
+
+def test_create_without_status_is_one_request() -> None:
+    fake = FakeCluster()
+    obj = KubeObject(kind=VGPU_KIND, name=NAME, spec={"enabled": False})
+    result = execute_cluster([create(obj)], api=fake)
+    assert result.outcomes[0].message == f"created vgpudevices/{NAME}"
+    assert [c[0] for c in fake.calls] == ["create"]
+
+
+def test_update_sends_the_planned_version_then_status_with_the_returned_one() -> None:
+    fake = FakeCluster()
+    rv = fake.put("vgpudevices", intended("NVIDIA A2-4A").to_json())
+    result = execute_cluster([update(intended(), rv)], api=fake)
+    assert result.outcomes[0].status is OutcomeStatus.DONE
+    assert fake.calls == [
+        ("update", "vgpudevices", rv),
+        ("update/status", "vgpudevices", str(int(rv) + 1)),
+    ]
+    assert stored(fake)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+
+
+def test_status_only_update_is_one_status_request() -> None:
+    fake = FakeCluster()
+    rv = fake.put("vgpudevices", intended(uuid="old").to_json())
+    result = execute_cluster([update(intended(), rv, spec=False)], api=fake)
+    assert fake.calls == [("update/status", "vgpudevices", rv)]
+    assert result.outcomes[0].message == f"wrote the status of vgpudevices/{NAME}"
+    assert stored(fake)["status"]["uuid"] == "u-1"
+
+
+def test_spec_only_update_leaves_status_alone() -> None:
+    fake = FakeCluster()
+    rv = fake.put("vgpudevices", intended("NVIDIA A2-4A").to_json())
+    execute_cluster([update(intended(), rv, status=False)], api=fake)
+    assert [c[0] for c in fake.calls] == ["update"]
+
+
+def test_delete_carries_the_resource_version_precondition() -> None:
+    fake = FakeCluster()
+    rv = fake.put("vgpudevices", intended().to_json())
+    result = execute_cluster([delete(rv)], api=fake)
+    assert fake.calls == [("delete", "vgpudevices", rv)]
+    assert result.outcomes[0].message == f"deleted vgpudevices/{NAME}"
+    assert not fake.store
+
+
+# -- conflicts ----------------------------------------------------------------------------------
+
+
+def test_conflict_rereads_replans_and_retries_with_the_fresh_version() -> None:
+    fake = FakeCluster()
+    planned = fake.put("vgpudevices", intended("NVIDIA A2-4A").to_json())
+    # Someone edits the object after the plan was made.
+    edited = intended("NVIDIA A2-8Q", uuid="theirs").to_json()
+    fresh = fake.put("vgpudevices", edited)
+    seen: list[tuple[KubeObject, KubeObject | None]] = []
+
+    def replan(want: KubeObject, current: KubeObject | None) -> Action | None:
+        seen.append((want, current))
+        return simple_replan(want, current)
+
+    result = execute_cluster([update(intended(), planned)], api=fake, replan=replan)
+    assert result.ok
+    assert result.outcomes[0].message.endswith("(after 1 conflict: re-read and re-planned)")
+    assert [c[:2] for c in fake.calls] == [
+        ("update", "vgpudevices"),
+        ("get", "vgpudevices"),
+        ("update", "vgpudevices"),
+        ("update/status", "vgpudevices"),
+    ]
+    assert fake.calls[0][2] == planned
+    assert fake.calls[2][2] == fresh
+    ((want, current),) = seen
+    assert want.spec["vGPUTypeName"] == "NVIDIA A2-4Q"
+    assert current is not None
+    assert current.spec["vGPUTypeName"] == "NVIDIA A2-8Q"
+    assert current.resource_version == fresh
+    assert stored(fake)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+
+
+def test_gives_up_after_the_retries_and_runs_nothing_after() -> None:
+    fake = FakeCluster()
+    planned = fake.put("vgpudevices", intended("NVIDIA A2-4A").to_json())
+
+    def meddle(verb: str, key: Key) -> None:  # another writer wins every race
+        fake.put("vgpudevices", fake.store[key])
+
+    fake.before_write = meddle
+    events = Events()
+    later = delete("1", name="harvester-kgd9c-000008005")
+    result = execute_cluster(
+        [update(intended(), planned), later],
+        api=fake,
+        replan=simple_replan,
+        events=events,
+        max_conflict_retries=2,
+    )
+    failed = result.failed
+    assert failed is not None
+    assert failed.message == (
+        f"vgpudevices/{NAME} kept changing under us: gave up after 3 conflicts"
+    )
+    assert failed.transient
+    assert [c[0] for c in fake.calls].count("update") == 3  # the first try and two retries
+    assert result.not_run == (later,)
+    assert events.recorded == [(VGPU_KIND, NAME, "UpdateFailed", "Warning")]
+
+
+def test_without_replan_a_conflict_fails_asking_for_a_new_plan() -> None:
+    fake = FakeCluster()
+    planned = fake.put("vgpudevices", intended("NVIDIA A2-4A").to_json())
+    fake.put("vgpudevices", stored(fake))
+    result = execute_cluster([update(intended(), planned)], api=fake)
+    assert result.failed is not None
+    assert "run plan again" in result.failed.message
+    assert stored(fake)["spec"]["vGPUTypeName"] == "NVIDIA A2-4A"  # never overwritten blindly
+
+
+def test_replan_finding_nothing_to_do_is_a_noop() -> None:
+    fake = FakeCluster()
+    planned = fake.put("vgpudevices", intended("NVIDIA A2-4A").to_json())
+    fake.put("vgpudevices", intended().to_json())  # someone made it exactly right
+    result = execute_cluster([update(intended(), planned)], api=fake, replan=simple_replan)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.NOOP
+    assert outcome.message == (
+        f"vgpudevices/{NAME} is already as intended (after 1 conflict: re-read and re-planned)"
+    )
+
+
+def test_create_of_an_existing_object_replans_into_an_update() -> None:
+    fake = FakeCluster()
+    fake.put("vgpudevices", intended("NVIDIA A2-4A", uuid="old").to_json())
+    result = execute_cluster([create(intended())], api=fake, replan=simple_replan)
+    assert result.ok
+    assert [c[0] for c in fake.calls] == ["create", "get", "update", "update/status"]
+    assert stored(fake)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+
+
+def test_a_status_conflict_after_a_create_still_reports_the_create() -> None:
+    fake = FakeCluster()
+
+    def meddle(verb: str, key: Key) -> None:
+        if verb == "update/status" and fake.before_write is not None:
+            fake.before_write = None
+            fake.put("vgpudevices", fake.store[key])
+
+    fake.before_write = meddle
+    result = execute_cluster([create(intended())], api=fake, replan=simple_replan)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.DONE
+    assert outcome.message.startswith(f"created vgpudevices/{NAME}, status written")
+    assert stored(fake)["status"]["uuid"] == "u-1"
+
+
+def test_an_update_of_a_deleted_object_replans_into_a_create() -> None:
+    fake = FakeCluster()
+    result = execute_cluster([update(intended(), "55")], api=fake, replan=simple_replan)
+    assert result.ok
+    assert [c[0] for c in fake.calls] == ["update", "get", "create", "update/status"]
+
+
+def test_delete_conflict_retries_with_the_fresh_version_while_still_ours() -> None:
+    fake = FakeCluster()
+    planned = fake.put("vgpudevices", intended().to_json())
+    fresh = fake.put("vgpudevices", intended("NVIDIA A2-8Q").to_json())
+    result = execute_cluster([delete(planned)], api=fake)
+    assert result.ok
+    assert fake.calls == [
+        ("delete", "vgpudevices", planned),
+        ("get", "vgpudevices", None),
+        ("delete", "vgpudevices", fresh),
+    ]
+    assert not fake.store
+
+
+def test_delete_of_an_object_taken_over_meanwhile_leaves_it_alone() -> None:
+    fake = FakeCluster()
+    planned = fake.put("vgpudevices", intended().to_json())
+    taken = intended().to_json()
+    taken["metadata"]["labels"][MANAGED_BY_LABEL] = "pcidevices-controller"
+    fake.put("vgpudevices", taken)
+    result = execute_cluster([delete(planned)], api=fake)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.NOOP
+    assert outcome.message == (
+        f"vgpudevices/{NAME} is now managed by pcidevices-controller: left alone "
+        "(after 1 conflict: re-read and re-planned)"
+    )
+    assert fake.store
+
+
+def test_create_racing_another_controller_leaves_its_object_alone() -> None:
+    fake = FakeCluster()
+    theirs = intended("NVIDIA A2-16Q").to_json()
+    theirs["metadata"]["labels"] = {NODE_LABEL: NODE}  # Harvester's controller, no managed-by
+    fake.put("vgpudevices", theirs)
+    replans: list[KubeObject | None] = []
+
+    def replan(want: KubeObject, current: KubeObject | None) -> Action | None:
+        replans.append(current)
+        return simple_replan(want, current)
+
+    result = execute_cluster([create(intended())], api=fake, replan=replan)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.NOOP
+    assert "is now managed by another controller: left alone" in outcome.message
+    assert replans == []
+    assert stored(fake)["spec"]["vGPUTypeName"] == "NVIDIA A2-16Q"
+
+
+def test_an_adopting_update_replans_over_another_controllers_object() -> None:
+    fake = FakeCluster()
+    theirs = intended("NVIDIA A2-16Q").to_json()
+    theirs["metadata"]["labels"] = {NODE_LABEL: NODE}
+    planned = fake.put("vgpudevices", theirs)
+    fake.put("vgpudevices", stored(fake))  # changed since the plan
+    action = update(intended(), planned)
+    action = Action(2, action.kind, action.target, "adopt", {**action.params, "adopt": True})
+    result = execute_cluster([action], api=fake, replan=simple_replan)
+    assert result.ok
+    assert stored(fake)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+
+
+def test_delete_of_an_object_gone_meanwhile_is_a_noop() -> None:
+    fake = FakeCluster()
+    planned = fake.put("vgpudevices", intended().to_json())
+
+    def change(verb: str, key: Key) -> None:
+        fake.before_write = None
+        fake.put("vgpudevices", fake.store[key])
+
+    fake.before_write = change  # changed since the plan: the delete conflicts ...
+    fake.on_get = fake.store.pop  # ... and it is gone when re-read
+    result = execute_cluster([delete(planned)], api=fake)
+    assert result.outcomes[0].status is OutcomeStatus.NOOP
+    assert [c[0] for c in fake.calls] == ["delete", "get"]
+
+
+def test_unreachable_server_fails_transient() -> None:
+    fake = FakeCluster()
+    fake.down = True
+    result = execute_cluster([create(intended())], api=fake)
+    assert result.failed is not None
+    assert result.failed.transient
+    assert result.failed.message.startswith("cannot reach the Kubernetes API server")
+
+
+# -- plan shape ---------------------------------------------------------------------------------
+
+
+def test_host_actions_are_skipped() -> None:
+    host = Action(1, ActionKind.VGPU_CREATE, "0000:08:00.4", "x", {"gpu": "0000:08:00.0"})
+    result = execute_cluster([host], api=FakeCluster())
+    assert result.outcomes[0].status is OutcomeStatus.SKIPPED
+    assert result.outcomes[0].message == SKIPPED_NOT_CLUSTER
+
+
+def test_malformed_actions_write_nothing() -> None:
+    fake = FakeCluster()
+    bad = [
+        create(intended()),
+        Action(2, ActionKind.CR_UPDATE, NAME, "x", {"kind": VGPU_KIND, "object": {}}),
+        Action(3, ActionKind.CR_DELETE, NAME, "x", {"kind": "Pod", "resourceVersion": "1"}),
+        Action(4, ActionKind.KUBEVIRT_UPDATE, "kubevirt/a/b", "x", {"namespace": "a"}),
+    ]
+    with pytest.raises(ApplyError) as err:
+        execute_cluster(bad, api=fake)
+    assert [p.message for p in err.value.problems] == [
+        f"action 2 (cr-update {NAME}): params.resourceVersion must be a non-empty string",
+        f"action 3 (cr-delete {NAME}): params.kind must be one of SRIOVGPUDevice, VGPUDevice",
+        "action 4 (kubevirt-update kubevirt/a/b): params.name must be a non-empty string",
+    ]
+    assert fake.calls == []
+
+
+def test_on_outcome_sees_each_outcome() -> None:
+    seen: list[Outcome] = []
+    execute_cluster([create(intended())], api=FakeCluster(), on_outcome=seen.append)
+    assert [o.status for o in seen] == [OutcomeStatus.DONE]
+
+
+# -- KubeVirt -----------------------------------------------------------------------------------
+
+A2_4Q = {
+    "mdevNameSelector": "NVIDIA A2-4Q",
+    "resourceName": "nvidia.com/NVIDIA_A2-4Q",
+    "externalResourceProvider": True,
+}
+
+
+def entry(selector: str) -> dict[str, Any]:
+    return {
+        "mdevNameSelector": selector,
+        "resourceName": "nvidia.com/" + selector.replace(" ", "_"),
+        "externalResourceProvider": True,
+    }
+
+
+def kubevirt_cr(entries: list[dict[str, Any]], owned: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {
+            "name": "kubevirt",
+            "namespace": "harvester-system",
+            "annotations": {KUBEVIRT_OWNED_ANNOTATION: owned, "keep": "me"},
+        },
+        "spec": {
+            "certificateRotateStrategy": {},
+            "configuration": {
+                "developerConfiguration": {"featureGates": ["LiveMigration"]},
+                "permittedHostDevices": {
+                    "pciHostDevices": [{"pciVendorSelector": "10DE:2236", "resourceName": "a10"}],
+                    "mediatedDevices": entries,
+                },
+            },
+        },
+    }
+
+
+def kubevirt_update(rv: str, *, add: list[str], remove: list[str], owned: list[str]) -> Action:
+    return Action(
+        9,
+        ActionKind.KUBEVIRT_UPDATE,
+        "kubevirt/harvester-system/kubevirt",
+        "allow-list",
+        {
+            "namespace": "harvester-system",
+            "name": "kubevirt",
+            "resourceVersion": rv,
+            "add": [entry(s) for s in add],
+            "remove": remove,
+            "owned": owned,
+        },
+    )
+
+
+def stored_kubevirt(fake: FakeCluster) -> dict[str, Any]:
+    return fake.store[("kubevirts", "harvester-system", "kubevirt")]
+
+
+def selectors(fake: FakeCluster) -> list[str]:
+    devices = stored_kubevirt(fake)["spec"]["configuration"]["permittedHostDevices"]
+    return [e["mdevNameSelector"] for e in devices["mediatedDevices"]]
+
+
+def test_kubevirt_update_adds_and_removes_only_its_own_entries() -> None:
+    fake = FakeCluster()
+    theirs = entry("GRID T4-2Q")
+    rv = fake.put(
+        "kubevirts",
+        kubevirt_cr([theirs, entry("NVIDIA A2-8Q")], "NVIDIA A2-8Q"),
+        "harvester-system",
+    )
+    before = copy.deepcopy(stored_kubevirt(fake))
+    action = kubevirt_update(
+        rv, add=["NVIDIA A2-4Q"], remove=["NVIDIA A2-8Q"], owned=["NVIDIA A2-4Q"]
+    )
+    result = execute_cluster([action], api=fake)
+    assert result.outcomes[0].message == (
+        "kubevirt/harvester-system/kubevirt: allowed NVIDIA A2-4Q; removed NVIDIA A2-8Q"
+    )
+    assert fake.calls == [("get", "kubevirts", None), ("update", "kubevirts", rv)]
+    after = stored_kubevirt(fake)
+    assert selectors(fake) == ["GRID T4-2Q", "NVIDIA A2-4Q"]
+    assert after["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"][0] == theirs
+    assert after["metadata"]["annotations"] == {
+        KUBEVIRT_OWNED_ANNOTATION: "NVIDIA A2-4Q",
+        "keep": "me",
+    }
+    # Everything else exactly as read.
+    for path in (
+        ("spec", "certificateRotateStrategy"),
+        ("spec", "configuration", "developerConfiguration"),
+    ):
+        a, b = before, after
+        for p in path:
+            a, b = a[p], b[p]
+        assert a == b
+    assert (
+        after["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+        == before["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    )
+
+
+def test_kubevirt_conflict_recomputes_against_the_fresh_entries() -> None:
+    fake = FakeCluster()
+    planned = fake.put("kubevirts", kubevirt_cr([], ""), "harvester-system")
+
+    def other_node(verb: str, key: Key) -> None:
+        # Another vgpuctl adds its profile between our read and our write, once.
+        fake.before_write = None
+        fake.put(
+            "kubevirts", kubevirt_cr([entry("NVIDIA L4-2Q")], "NVIDIA L4-2Q"), "harvester-system"
+        )
+
+    fake.before_write = other_node
+    action = kubevirt_update(planned, add=["NVIDIA A2-4Q"], remove=[], owned=["NVIDIA A2-4Q"])
+    result = execute_cluster([action], api=fake)
+    assert result.ok
+    assert result.outcomes[0].message.endswith("(after 1 conflict: re-read and re-planned)")
+    assert selectors(fake) == ["NVIDIA L4-2Q", "NVIDIA A2-4Q"]
+    owned = stored_kubevirt(fake)["metadata"]["annotations"][KUBEVIRT_OWNED_ANNOTATION]
+    assert owned == "NVIDIA A2-4Q,NVIDIA L4-2Q"
+    puts = [c for c in fake.calls if c[0] == "update"]
+    assert puts[0][2] == planned
+    assert puts[1][2] != planned
+
+
+def test_kubevirt_changed_since_the_plan_is_replanned_before_writing() -> None:
+    fake = FakeCluster()
+    planned = fake.put("kubevirts", kubevirt_cr([], ""), "harvester-system")
+    fake.put("kubevirts", kubevirt_cr([A2_4Q], ""), "harvester-system")  # someone added it
+    action = kubevirt_update(planned, add=["NVIDIA A2-4Q"], remove=[], owned=["NVIDIA A2-4Q"])
+    result = execute_cluster([action], api=fake)
+    # Present already: nothing to add; claimed as owned because the plan says so.
+    assert result.outcomes[0].status is OutcomeStatus.DONE
+    assert [c[0] for c in fake.calls] == ["get", "update"]
+    assert selectors(fake) == ["NVIDIA A2-4Q"]
+
+
+def test_kubevirt_already_as_planned_is_a_noop() -> None:
+    fake = FakeCluster()
+    rv = fake.put("kubevirts", kubevirt_cr([A2_4Q], "NVIDIA A2-4Q"), "harvester-system")
+    action = kubevirt_update(rv, add=["NVIDIA A2-4Q"], remove=[], owned=["NVIDIA A2-4Q"])
+    result = execute_cluster([action], api=fake)
+    assert result.outcomes[0].status is OutcomeStatus.NOOP
+    assert [c[0] for c in fake.calls] == ["get"]
+
+
+def test_kubevirt_gives_up_too() -> None:
+    fake = FakeCluster()
+    planned = fake.put("kubevirts", kubevirt_cr([], ""), "harvester-system")
+    fake.before_write = lambda verb, key: fake.put("kubevirts", fake.store[key], "harvester-system")
+    action = kubevirt_update(planned, add=["NVIDIA A2-4Q"], remove=[], owned=["NVIDIA A2-4Q"])
+    result = execute_cluster([action], api=fake, max_conflict_retries=1)
+    assert result.failed is not None
+    assert result.failed.message == (
+        "kubevirt/harvester-system/kubevirt kept changing under us: gave up after 2 conflicts"
+    )
+
+
+def test_allow_list_never_removes_what_is_not_ours() -> None:
+    cr = kubevirt_cr([entry("NVIDIA A2-4Q")], "")
+    assert allow_list_change(cr, add=[], remove=["NVIDIA A2-4Q"]) is None
+
+
+def test_allow_list_forgets_owned_entries_removed_by_hand() -> None:
+    cr = kubevirt_cr([], "NVIDIA A2-4Q")
+    change = allow_list_change(cr, add=[], remove=[], owned=[])
+    assert change is not None
+    body, summary = change
+    assert KUBEVIRT_OWNED_ANNOTATION not in body["metadata"]["annotations"]
+    assert summary == "ownership annotation updated"
+
+
+def test_allow_list_change_does_not_touch_its_input() -> None:
+    cr = kubevirt_cr([], "")
+    frozen = json.dumps(cr, sort_keys=True)
+    allow_list_change(cr, add=[A2_4Q], remove=[])
+    assert json.dumps(cr, sort_keys=True) == frozen
+
+
+# -- host events --------------------------------------------------------------------------------
+
+
+def test_host_outcomes_and_blocks_become_events_on_our_objects() -> None:
+    def outcome(kind: ActionKind, target: str, status: OutcomeStatus) -> Outcome:
+        return Outcome(Action(1, kind, target, "r", {}), status, f"{kind} {status}")
+
+    events = Events()
+    record_host_events(
+        [
+            outcome(ActionKind.SRIOV_ENABLE, "0000:08:00.0", OutcomeStatus.DONE),
+            outcome(ActionKind.VGPU_CREATE, "0000:08:00.4", OutcomeStatus.DONE),
+            outcome(ActionKind.VGPU_CREATE, "0000:08:00.5", OutcomeStatus.NOOP),
+            outcome(ActionKind.VGPU_REMOVE, "0000:08:00.6", OutcomeStatus.FAILED),
+            outcome(ActionKind.CR_CREATE, NAME, OutcomeStatus.DONE),
+        ],
+        node=NODE,
+        events=events,
+        blocked=[Blocked(ActionKind.VGPU_REMOVE, "0000:08:00.7", "in use by VM default/win11")],
+    )
+    assert events.recorded == [
+        ("SRIOVGPUDevice", "harvester-kgd9c-000008000", "SRIOVEnabled", "Normal"),
+        ("VGPUDevice", NAME, "VGPUCreated", "Normal"),
+        ("VGPUDevice", "harvester-kgd9c-000008006", "VGPURemoveFailed", "Warning"),
+        ("VGPUDevice", "harvester-kgd9c-000008007", "VGPURemovalBlocked", "Warning"),
+    ]

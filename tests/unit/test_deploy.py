@@ -1,0 +1,400 @@
+"""deploy/ is how vgpuctl runs in a cluster: the manifests parse, kustomize sees every one of them,
+the CRDs are the canonical ones, the DaemonSet gives the code what it reads and writes (checked
+through the CLI's own option parsing), and the ClusterRole grants only the recorded verbs.
+
+``kubectl kustomize`` is run when kubectl is installed (it needs no cluster); the rest runs
+without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from reconciler.catalog import default_catalog
+from reconciler.desired import load_desired
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+NAMESPACE = "vgpuctl-system"
+IMAGE = "ghcr.io/vgpuctl/vgpuctl:0.1.0"
+DESIRED_CONFIGMAP = "vgpuctl-desired-state"
+
+# The requests vgpuctl makes, as RBAC sees them: (apiGroup, resource, verb). The lead reconciles
+# this with the requests a test records against the API-server emulator.
+EXPECTED_RULES = {
+    *(
+        ("devices.harvesterhci.io", resource, verb)
+        for resource in ("sriovgpudevices", "vgpudevices")
+        for verb in ("get", "list", "watch", "create", "update", "delete")
+    ),
+    ("devices.harvesterhci.io", "sriovgpudevices/status", "update"),
+    ("devices.harvesterhci.io", "vgpudevices/status", "update"),
+    ("kubevirt.io", "kubevirts", "get"),
+    ("kubevirt.io", "kubevirts", "list"),
+    ("kubevirt.io", "kubevirts", "update"),
+    ("kubevirt.io", "virtualmachineinstances", "list"),
+    ("", "pods", "list"),
+    ("", "events", "create"),
+}
+# Verbs a node agent may ever hold; escalate, bind, impersonate, patch and deletecollection
+# are never needed (writes are full PUTs carrying the resourceVersion they were planned from).
+ALLOWED_VERBS = {"get", "list", "watch", "create", "update", "delete"}
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(path.read_text("utf-8")) if d is not None]
+    assert all(isinstance(d, dict) for d in docs), path
+    return docs
+
+
+def _manifests() -> Iterator[Path]:
+    yield from sorted(DEPLOY.rglob("*.yaml"))
+
+
+def _one(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        doc
+        for path in DEPLOY.glob("*.yaml")
+        for doc in _docs(path)
+        if doc.get("kind") == kind and (name is None or doc["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, (kind, name, len(found))
+    return found[0]
+
+
+DAEMONSET = _one("DaemonSet", "vgpuctl")
+POD = DAEMONSET["spec"]["template"]["spec"]
+(CONTAINER,) = POD["containers"]
+
+
+# --- every manifest, and what kustomize builds from them ------------------------------------------
+
+
+@pytest.mark.parametrize("path", list(_manifests()), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_manifest_parses(path: Path) -> None:
+    docs = _docs(path)
+    assert docs
+    for doc in docs:
+        assert doc.get("apiVersion") and doc.get("kind"), path
+
+
+def _typed_round_trip(doc: Mapping[str, Any]) -> Any:
+    """``doc`` read into the kubernetes client's typed model and written back: a misspelled or
+    misplaced field (``hostPid``, ``readonly``) is dropped on the way, so the two differ."""
+    from kubernetes.client import ApiClient
+
+    client: Any = ApiClient()
+    # The client's own JSON-to-model step; its public wrapper's signature varies by release.
+    model = client._ApiClient__deserialize(doc, f"V1{doc['kind']}")
+    return client.sanitize_for_serialization(model)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in _manifests() if p.name != "kustomization.yaml" and p.parent.name != "git-sync"],
+    ids=lambda p: str(p.relative_to(DEPLOY)),
+)
+def test_every_field_is_one_kubernetes_knows(path: Path) -> None:
+    for doc in _docs(path):
+        assert _typed_round_trip(doc) == doc
+
+
+def _kustomization(directory: Path) -> dict[str, Any]:
+    (doc,) = _docs(directory / "kustomization.yaml")
+    return doc
+
+
+def test_the_kustomization_lists_every_manifest_and_nothing_else() -> None:
+    listed = _kustomization(DEPLOY)["resources"]
+    on_disk = sorted(
+        str(p.relative_to(DEPLOY))
+        for p in _manifests()
+        if p.name != "kustomization.yaml" and p.parent.name != "git-sync"
+    )
+    assert sorted(listed) == on_disk
+    assert len(listed) == len(set(listed))
+
+
+def test_the_git_sync_component_lists_its_patches() -> None:
+    component = _kustomization(DEPLOY / "git-sync")
+    assert component["kind"] == "Component"
+    patches = sorted(p["path"] for p in component["patches"])
+    on_disk = sorted(p.name for p in (DEPLOY / "git-sync").glob("*.yaml"))
+    assert [*patches, "kustomization.yaml"] == sorted(on_disk)
+    # Each patch targets an object of the base, by kind, name and namespace.
+    base = {
+        (d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))
+        for p in DEPLOY.glob("*.yaml")
+        if p.name != "kustomization.yaml"
+        for d in _docs(p)
+    }
+    for patch in patches:
+        (doc,) = _docs(DEPLOY / "git-sync" / patch)
+        meta = doc["metadata"]
+        assert (doc["kind"], meta["name"], meta.get("namespace")) in base, patch
+
+
+def test_deploy_crds_are_the_canonical_crds_byte_for_byte() -> None:
+    canonical = {p.name: p.read_bytes() for p in (REPO / "schemas" / "crds").iterdir()}
+    copies = {p.name: p.read_bytes() for p in (DEPLOY / "crds").iterdir()}
+    assert sorted(copies) == sorted(canonical)
+    stale = [name for name in canonical if copies[name] != canonical[name]]
+    assert stale == [], f"copy schemas/crds/{stale} to deploy/crds/"
+
+
+def test_namespaced_objects_are_in_the_agents_namespace() -> None:
+    assert _one("Namespace")["metadata"]["name"] == NAMESPACE
+    for kind in ("ServiceAccount", "ConfigMap", "DaemonSet"):
+        assert _one(kind)["metadata"]["namespace"] == NAMESPACE, kind
+
+
+def _kustomize(directory: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: kustomize builds are not checked")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def test_kustomize_builds_the_base() -> None:
+    built = {(d["kind"], d["metadata"]["name"]): d for d in _kustomize(DEPLOY)}
+    assert sorted(built) == [
+        ("ClusterRole", "vgpuctl"),
+        ("ClusterRoleBinding", "vgpuctl"),
+        ("ConfigMap", DESIRED_CONFIGMAP),
+        ("CustomResourceDefinition", "sriovgpudevices.devices.harvesterhci.io"),
+        ("CustomResourceDefinition", "vgpudevices.devices.harvesterhci.io"),
+        ("DaemonSet", "vgpuctl"),
+        ("Namespace", NAMESPACE),
+        ("ServiceAccount", "vgpuctl"),
+    ]
+    for path in sorted((REPO / "schemas" / "crds").iterdir()):
+        (crd,) = _docs(path)
+        assert built[("CustomResourceDefinition", crd["metadata"]["name"])] == crd
+    (container,) = built[("DaemonSet", "vgpuctl")]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == IMAGE
+
+
+def test_kustomize_builds_the_git_sync_variant(tmp_path: Path) -> None:
+    # A component is used from an overlay outside deploy/, as deploy/README.md shows.
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        "resources: [../deploy]\n"
+        "components: [../deploy/git-sync]\n",
+        "utf-8",
+    )
+    built = _kustomize(overlay)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in built}
+    assert ("ConfigMap", DESIRED_CONFIGMAP) not in kinds
+    (ds,) = [d for d in built if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert sorted(containers) == ["git-sync", "vgpuctl"]
+    assert [c["name"] for c in pod["initContainers"]] == ["git-sync-init"]
+    assert "--one-time" in pod["initContainers"][0]["args"]
+    assert _typed_round_trip(ds) == ds
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["desired-state"] == {"name": "desired-state", "emptyDir": {}}
+    # vgpuctl reads the checkout git-sync publishes, through the same volume.
+    vgpuctl = containers["vgpuctl"]
+    watched = PurePosixPath(vgpuctl["args"][1])
+    mount = next(m for m in vgpuctl["volumeMounts"] if m["name"] == "desired-state")
+    assert watched.is_relative_to(mount["mountPath"]) and mount["readOnly"]
+    # git-sync needs no privilege.
+    for c in [containers["git-sync"], *pod["initContainers"]]:
+        ctx = c["securityContext"]
+        assert ctx["runAsNonRoot"] and not ctx["allowPrivilegeEscalation"], c["name"]
+        assert not ctx.get("privileged")
+        assert c["envFrom"][0]["configMapRef"]["name"].startswith("vgpuctl-git-sync")
+
+
+# --- the DaemonSet gives the code what it needs ---------------------------------------------------
+
+
+def _env() -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in CONTAINER["env"]}
+
+
+def _host_path(container_path: Path | str) -> tuple[str, bool]:
+    """Where a path in the container lives on the host (via a hostPath volume), and whether
+    the container can write there."""
+    path = PurePosixPath(container_path)
+    mounts = [m for m in CONTAINER["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    assert mounts, f"{path} is not mounted"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    (volume,) = [v for v in POD["volumes"] if v["name"] == mount["name"]]
+    assert "hostPath" in volume, f"{path} is not on the host"
+    host = PurePosixPath(volume["hostPath"]["path"]) / path.relative_to(mount["mountPath"])
+    return str(host), not mount.get("readOnly", False)
+
+
+@pytest.fixture
+def options(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The CLI's global options as the container's environment sets them."""
+    from reconciler.cli.options import GlobalOptions, add_global_options
+
+    for name in list(os.environ):
+        if name.startswith("VGPUCTL_") or name in ("NODE_NAME", "NO_COLOR"):
+            monkeypatch.delenv(name)
+    for name, value in _env().items():
+        if isinstance(value, Mapping):
+            # The downward API: the kubelet fills in the pod's node.
+            assert value == {"fieldRef": {"fieldPath": "spec.nodeName"}}, name
+        monkeypatch.setenv(name, "node-a" if isinstance(value, Mapping) else value)
+    parser = argparse.ArgumentParser()
+    add_global_options(parser, suppress=False)
+    return GlobalOptions.from_namespace(parser.parse_args([]))
+
+
+def test_node_name_comes_from_the_downward_api(options: Any) -> None:
+    assert _env()["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert options.node == "node-a"
+
+
+def test_the_hosts_sysfs_is_writable_where_vgpuctl_looks(options: Any) -> None:
+    assert _host_path(options.sysfs_root) == ("/sys", True)
+
+
+def test_state_dir_is_on_the_host_and_writable(options: Any) -> None:
+    # On the host, so the lock is shared with an operator's `vgpuctl apply` on the node and the
+    # journal survives the pod.
+    assert options.state_dir is not None
+    assert _host_path(options.state_dir) == ("/var/lib/vgpuctl", True)
+
+
+def test_kubelet_checkpoint_and_device_plugin_dir_are_the_hosts(options: Any) -> None:
+    plugins = options.kubelet_dir / "device-plugins"
+    assert _host_path(plugins) == ("/var/lib/kubelet/device-plugins", True)
+    checkpoint = plugins / "kubelet_internal_checkpoint"
+    # The whole directory is mounted, not the file: the kubelet replaces the file by rename.
+    assert (
+        _host_path(checkpoint)[0] == "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    )
+    assert all(m["mountPath"] != str(checkpoint) for m in CONTAINER["volumeMounts"])
+
+
+def test_sriov_manage_runs_inside_the_hosts_root(options: Any) -> None:
+    argv = shlex.split(options.sriov_manage)
+    assert argv == ["chroot", "/host", "/usr/lib/nvidia/sriov-manage"]
+    # The host's root, read-only: sriov-manage writes only under /host/sys, which is the host's
+    # own (writable) sysfs mount.
+    assert _host_path(argv[1]) == ("/", False)
+
+
+def test_every_vgpuctl_variable_is_one_the_cli_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.cli.options import GlobalOptions, add_global_options
+
+    parser = argparse.ArgumentParser()
+    add_global_options(parser, suppress=False)
+    names = [n for n in _env() if n.startswith("VGPUCTL_")]
+    assert names
+    for name in names:
+        monkeypatch.setenv(name, "/probe/value")
+        opts = GlobalOptions.from_namespace(parser.parse_args([]))
+        monkeypatch.delenv(name)
+        assert "/probe/value" in repr(opts), f"the CLI does not read {name}"
+
+
+def test_the_desired_state_configmap_is_what_watch_reads() -> None:
+    assert CONTAINER["command"] == ["vgpuctl"]
+    assert CONTAINER["args"] == ["watch", "/etc/vgpuctl/desired-state"]
+    assert not {"sh", "bash", "-c"} & {PurePosixPath(a).name for a in CONTAINER["args"]}
+    (mount,) = [m for m in CONTAINER["volumeMounts"] if m["mountPath"] == CONTAINER["args"][1]]
+    assert mount["readOnly"]
+    (volume,) = [v for v in POD["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == DESIRED_CONFIGMAP
+    assert _one("ConfigMap", DESIRED_CONFIGMAP)["metadata"]["namespace"] == NAMESPACE
+
+
+def test_the_example_desired_state_is_the_seeds_and_valid(tmp_path: Path) -> None:
+    data = _one("ConfigMap", DESIRED_CONFIGMAP)["data"]
+    seed_file = REPO / "desired-state" / "harvester-kgd9c.yaml"
+    assert yaml.safe_load(data["harvester-kgd9c.yaml"]) == yaml.safe_load(seed_file.read_text())
+    for key, text in data.items():
+        (tmp_path / key).write_text(text, "utf-8")
+    desired = load_desired(sorted(tmp_path.iterdir()), catalog=default_catalog())
+    assert sorted(desired.nodes) == ["harvester-kgd9c"]
+
+
+def test_the_agent_is_privileged_and_sees_host_processes() -> None:
+    ctx = CONTAINER["securityContext"]
+    assert ctx["privileged"] is True
+    assert ctx["runAsUser"] == 0
+    # The in-use probe (observe/holds.py) reads /proc/*/fd of QEMU processes on the host.
+    assert POD["hostPID"] is True
+    assert not POD.get("hostNetwork", False)
+    assert ctx["readOnlyRootFilesystem"] is True
+    # /tmp (the root filesystem is read-only) is the pod's own, never the host's.
+    (tmp,) = [v for v in POD["volumes"] if v["name"] == "tmp"]
+    assert "emptyDir" in tmp
+
+
+def test_the_agent_runs_as_the_service_account_with_the_placeholder_image() -> None:
+    sa = _one("ServiceAccount")
+    assert POD["serviceAccountName"] == sa["metadata"]["name"]
+    assert POD.get("automountServiceAccountToken", True) is True
+    assert CONTAINER["image"] == IMAGE
+    assert CONTAINER["resources"]["requests"]
+    selector = DAEMONSET["spec"]["selector"]["matchLabels"]
+    labels = DAEMONSET["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items()
+
+
+# --- RBAC -----------------------------------------------------------------------------------------
+
+
+def _rules() -> list[dict[str, Any]]:
+    return list(_one("ClusterRole", "vgpuctl")["rules"])
+
+
+def test_the_role_grants_exactly_the_recorded_requests() -> None:
+    granted = {
+        (group, resource, verb)
+        for rule in _rules()
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == EXPECTED_RULES
+
+
+def test_the_role_has_no_wildcards_and_no_dangerous_verbs() -> None:
+    for rule in _rules():
+        values = [*rule["apiGroups"], *rule["resources"], *rule["verbs"]]
+        assert not any("*" in v for v in values), rule
+        assert set(rule["verbs"]) <= ALLOWED_VERBS, rule
+        assert "nonResourceURLs" not in rule
+
+
+def test_the_binding_gives_the_role_to_the_service_account() -> None:
+    binding = _one("ClusterRoleBinding", "vgpuctl")
+    sa = _one("ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": _one("ClusterRole")["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]

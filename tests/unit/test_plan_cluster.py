@@ -1,0 +1,419 @@
+"""plan_node with a cluster: uses the cluster knows, CR actions, the KubeVirt allow-list, the plan
+JSON contract, and speed. The golden cases (tests/cases/cluster-*) hold whole plans."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from reconciler.catalog import default_catalog
+from reconciler.model import (
+    VGPU,
+    ActionKind,
+    DesiredGpu,
+    DesiredNode,
+    Gpu,
+    Interface,
+    Inventory,
+    PciAddress,
+    Plan,
+    PlanError,
+    Vf,
+    VfKey,
+    VGPUType,
+)
+from reconciler.model.cluster import ClusterState, DeviceUse, KubeObject, KubeVirtConfig
+from reconciler.plan import plan_node
+from reconciler.plan.cluster import KUBEVIRT_MISSING
+from reconciler.plan.planner import NO_CLUSTER
+from reconciler.plan.render import render_objects
+
+CATALOG = default_catalog()
+NODE = "n1"
+A2 = PciAddress.parse("0000:08:00.0")
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "schemas" / "plan.schema.json").read_text("utf-8")
+)
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+def _a2(vgpus: Mapping[int, str], *, held: Mapping[int, str] | None = None) -> Gpu:
+    """An A2 with SR-IOV on, ``vgpus`` by VF index (``held``: index → host holder)."""
+    held = held or {}
+    model = CATALOG.model("A2")
+    assert model is not None
+    types = tuple(
+        VGPUType(p.name, f"nvidia-{742 + i}", p.framebuffer_mib, p.max_instances)
+        for i, p in enumerate(model.time_sliced_profiles)
+    )
+    base = Gpu(A2, "10de", "25b6", model="NVIDIA A2", total_vfs=16, num_vfs=16, vf_offset=4)
+    vfs = tuple(
+        Vf(
+            base.predicted_vf_address(i),
+            i,
+            VGPU(f"uuid-{i}", vgpus[i], i in held, held.get(i, "")) if i in vgpus else None,
+        )
+        for i in range(16)
+    )
+    return replace(base, interface=Interface.MDEV, vfs=vfs, types=types)
+
+
+def _desired(vgpus: Mapping[int, str]) -> DesiredNode:
+    keyed: dict[VfKey, str] = dict(vgpus.items())
+    return DesiredNode(NODE, (DesiredGpu(A2, True, vgpus=keyed),))
+
+
+def _entry(profile: str) -> dict[str, Any]:
+    return {
+        "mdevNameSelector": profile,
+        "resourceName": "nvidia.com/" + profile.replace(" ", "_"),
+        "externalResourceProvider": True,
+    }
+
+
+def _kubevirt(selectors: list[str], owned: list[str]) -> KubeVirtConfig:
+    entries = tuple(_entry(s) for s in selectors)
+    return KubeVirtConfig("kubevirt", "kubevirt", "5", entries, frozenset(owned))
+
+
+def _synced(desired: DesiredNode, inventory: Inventory, **kwargs: Any) -> ClusterState:
+    """The cluster as vgpuctl left it for ``desired`` on ``inventory``."""
+    objects = [
+        replace(o, resource_version=str(100 + i))
+        for i, o in enumerate(render_objects(NODE, desired, inventory))
+    ]
+    return ClusterState(
+        NODE,
+        sriov_gpu_devices={o.name: o for o in objects if o.kind == "SRIOVGPUDevice"},
+        vgpu_devices={o.name: o for o in objects if o.kind == "VGPUDevice"},
+        **kwargs,
+    )
+
+
+SEED = {0: "NVIDIA A2-4A", 1: "NVIDIA A2-4Q"}
+
+
+def test_without_a_cluster_the_host_plan_says_cluster_actions_were_skipped() -> None:
+    inventory = Inventory(NODE, (_a2(SEED),))
+    plan = plan_node(_desired({**SEED, 2: "NVIDIA A2-4Q"}), inventory, catalog=CATALOG)
+    assert plan.notes == (NO_CLUSTER,) == ("cluster actions skipped: no cluster configured",)
+    assert [a.kind for a in plan.actions] == [ActionKind.VGPU_CREATE]
+    with_cluster = plan_node(
+        _desired({**SEED, 2: "NVIDIA A2-4Q"}),
+        inventory,
+        catalog=CATALOG,
+        cluster=_synced(_desired(SEED), inventory),
+    )
+    assert with_cluster.actions[:1] == plan.actions
+    assert NO_CLUSTER not in with_cluster.notes
+
+
+def test_cluster_state_of_another_node_is_refused() -> None:
+    with pytest.raises(PlanError, match="cluster state is for node other"):
+        plan_node(
+            _desired(SEED),
+            Inventory(NODE, (_a2(SEED),)),
+            catalog=CATALOG,
+            cluster=ClusterState("other"),
+        )
+
+
+def test_a_kubelet_allocation_blocks_removal_naming_the_vm_and_wins_over_the_hosts_word() -> None:
+    inventory = Inventory(NODE, (_a2(SEED, held={1: "process 4242 (qemu)"}),))
+    cluster = _synced(
+        _desired(SEED),
+        inventory,
+        device_uses={
+            "uuid-1": DeviceUse("uuid-1", "nvidia.com/NVIDIA_A2-4Q", "VM vdi/win11 (pod p)")
+        },
+    )
+    plan = plan_node(_desired({0: "NVIDIA A2-4A"}), inventory, catalog=CATALOG, cluster=cluster)
+    (blocked,) = plan.blocked
+    assert blocked.kind is ActionKind.VGPU_REMOVE
+    assert "in use by VM vdi/win11 (pod p)" in blocked.reason
+    # The fingerprint is the host's own, whatever the cluster said.
+    assert plan.observed_fingerprint == inventory.fingerprint()
+
+
+def test_a_running_vmi_with_unknown_allocation_holds_every_vgpu_of_its_profile() -> None:
+    inventory = Inventory(NODE, (_a2({0: "NVIDIA A2-4Q", 1: "NVIDIA A2-4Q", 2: "NVIDIA A2-4A"}),))
+    cluster = ClusterState(
+        NODE,
+        vmi_resources={
+            "vdi/b": ("nvidia.com/NVIDIA_A2-4Q",),
+            "vdi/a": ("nvidia.com/NVIDIA_A2-4Q", "nvidia.com/other"),
+        },
+    )
+    plan = plan_node(_desired({}), inventory, catalog=CATALOG, cluster=cluster)
+    removable = {a.target for a in plan.actions if a.kind is ActionKind.VGPU_REMOVE}
+    assert removable == {"0000:08:00.6"}  # the A2-4A: no VMI asks for that profile
+    reasons = [b.reason for b in plan.blocked if b.kind is ActionKind.VGPU_REMOVE]
+    assert len(reasons) == 2
+    assert all("in use by VMs vdi/a, vdi/b (allocation unknown)" in r for r in reasons)
+
+
+def _kubevirt_update(plan: Plan) -> Mapping[str, Any]:
+    (action,) = [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_UPDATE]
+    assert action.target == "kubevirt/kubevirt/kubevirt"
+    return action.params
+
+
+def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones() -> None:
+    inventory = Inventory(NODE, (_a2(SEED),))
+    kubevirt = _kubevirt(
+        ["NVIDIA A2-4A", "NVIDIA A2-8Q", "NVIDIA A2-2B", "NVIDIA L4-6Q"],
+        ["NVIDIA A2-4A", "NVIDIA A2-2B", "NVIDIA L4-6Q", "NVIDIA A2-1B"],
+    )
+    cluster = _synced(
+        _desired(SEED),
+        inventory,
+        kubevirt=kubevirt,
+        profiles_elsewhere=frozenset({"NVIDIA L4-6Q", "NVIDIA A2-8Q"}),
+    )
+    params = _kubevirt_update(
+        plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
+    )
+    assert params["add"] == [_entry("NVIDIA A2-4Q")]
+    # A2-2B was ours and is configured nowhere; A2-8Q is not ours (kept although configured
+    # elsewhere only); L4-6Q is ours and still configured on another node; A2-1B was ours but
+    # someone removed its entry: forgotten.
+    assert params["remove"] == ["NVIDIA A2-2B"]
+    assert params["owned"] == ["NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA L4-6Q"]
+    assert (params["namespace"], params["name"], params["resourceVersion"]) == (
+        "kubevirt",
+        "kubevirt",
+        "5",
+    )
+
+
+def test_a_complete_allow_list_is_a_noop_and_a_missing_kubevirt_cr_a_note() -> None:
+    inventory = Inventory(NODE, (_a2(SEED),))
+    complete = _kubevirt(["NVIDIA A2-4A", "NVIDIA A2-4Q"], ["NVIDIA A2-4Q"])
+    plan = plan_node(
+        _desired(SEED),
+        inventory,
+        catalog=CATALOG,
+        cluster=_synced(_desired(SEED), inventory, kubevirt=complete),
+    )
+    assert plan.actions == () and plan.drift == ()
+    assert plan.noops[-1].target == "kubevirt/kubevirt/kubevirt"
+    missing = plan_node(
+        _desired(SEED),
+        inventory,
+        catalog=CATALOG,
+        cluster=_synced(
+            _desired(SEED), inventory, notes=("KubeVirt CR not found: allow-list not updated", "x")
+        ),
+    )
+    assert missing.notes == (KUBEVIRT_MISSING, "x")  # the observer's note is not repeated
+
+
+def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_deleted() -> None:
+    inventory = Inventory(NODE, (_a2(SEED),))
+    theirs = KubeObject(
+        "SRIOVGPUDevice",
+        "n1-000009000",
+        labels={"nodename": NODE},
+        spec={"address": "0000:09:00.0"},
+        resource_version="3",
+    )
+    ours_gone = replace(
+        theirs,
+        name="n1-00000a000",
+        labels={**theirs.labels, "app.kubernetes.io/managed-by": "vgpuctl"},
+        spec={"address": "0000:0a:00.0"},
+    )
+    cluster = replace(
+        _synced(_desired(SEED), inventory),
+        sriov_gpu_devices={
+            **_synced(_desired(SEED), inventory).sriov_gpu_devices,
+            theirs.name: theirs,
+            ours_gone.name: ours_gone,
+        },
+    )
+    for adopt in (False, True):
+        plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster, adopt=adopt)
+        assert [(a.kind, a.target, a.reason) for a in plan.actions] == [
+            (ActionKind.CR_DELETE, "n1-00000a000", "GPU 0000:0a:00.0 is not in the desired state")
+        ]
+        assert plan.actions[0].params == {"kind": "SRIOVGPUDevice", "resourceVersion": "3"}
+        noop = next(n for n in plan.noops if n.target == theirs.name)
+        assert noop.reason == (
+            "managed by another controller; GPU 0000:09:00.0 is not in the desired state: "
+            "not touched"
+        )
+
+
+def test_a_label_value_names_the_other_controller() -> None:
+    inventory = Inventory(NODE, (_a2(SEED),))
+    synced = _synced(_desired(SEED), inventory)
+    pf = next(iter(synced.sriov_gpu_devices.values()))
+    theirs = replace(pf, labels={**pf.labels, "app.kubernetes.io/managed-by": "pcidevices"})
+    cluster = replace(synced, sriov_gpu_devices={pf.name: theirs})
+    plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
+    assert plan.actions == ()
+    assert any(n.reason == "managed by pcidevices: not touched (use --adopt)" for n in plan.noops)
+    assert plan.notes == (
+        f"1 object managed by pcidevices not touched (use --adopt to manage them): {pf.name}",
+        KUBEVIRT_MISSING,
+    )
+
+
+def _busy_plan() -> Plan:
+    """Every cluster kind: a create, updates (one drifted), deletes, a KubeVirt update."""
+    inventory = Inventory(NODE, (_a2(SEED),))
+    synced = _synced(_desired({**SEED, 2: "NVIDIA A2-4A"}), inventory)
+    vgpus = dict(synced.vgpu_devices)
+    first = vgpus.pop("n1-000008004")
+    vgpus["n1-000008004"] = replace(first, spec={**first.spec, "enabled": False})  # by hand
+    del vgpus["n1-000008005"]
+    stray = replace(first, name="n1-000008099", spec={**first.spec, "address": "0000:08:09.1"})
+    vgpus[stray.name] = stray
+    cluster = replace(
+        synced, vgpu_devices=vgpus, kubevirt=_kubevirt([], []), profiles_elsewhere=frozenset()
+    )
+    return plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
+
+
+def test_summary_counts_cluster_actions_by_kind() -> None:
+    plan = _busy_plan()
+    kinds = [a.kind for a in plan.actions]
+    assert kinds == [
+        ActionKind.CR_CREATE,
+        ActionKind.CR_UPDATE,
+        ActionKind.CR_UPDATE,
+        ActionKind.CR_DELETE,
+        ActionKind.KUBEVIRT_UPDATE,
+    ]
+    assert [a.seq for a in plan.actions] == [1, 2, 3, 4, 5]
+    s = plan.summary
+    assert (s.create, s.change, s.remove, s.blocked) == (1, 3, 1, 0)
+    (drift,) = plan.drift
+    assert drift.target == "n1-000008004"
+    assert [c.to_json() for c in drift.changes] == [
+        {"path": "spec.enabled", "from": True, "to": False}
+    ]
+    assert [a.params["drift"] for a in plan.actions if a.kind is ActionKind.CR_UPDATE] == [
+        True,
+        False,
+    ]
+
+
+def test_a_cluster_plan_round_trips_through_json_and_matches_the_schema() -> None:
+    plan = _busy_plan()
+    raw = json.loads(json.dumps(plan.to_json()))
+    assert Plan.from_json(raw).to_json() == raw
+    assert Plan.from_json(raw).drift == plan.drift
+    VALIDATOR.validate(raw)
+    assert raw["drift"][0]["changes"][0]["path"] == "spec.enabled"
+
+
+def _set(path: tuple[Any, ...], value: object) -> Callable[[dict[str, Any]], None]:
+    def change(p: dict[str, Any]) -> None:
+        target: Any = p
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+
+    return change
+
+
+def _drop(path: tuple[Any, ...]) -> Callable[[dict[str, Any]], None]:
+    def change(p: dict[str, Any]) -> None:
+        target: Any = p
+        for part in path[:-1]:
+            target = target[part]
+        del target[path[-1]]
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_set(("actions", 0, "params", "kind"), "Pod"), id="cr kind"),
+        pytest.param(_drop(("actions", 0, "params", "object")), id="create without object"),
+        pytest.param(_set(("actions", 0, "target"), "N1_000008006"), id="object name"),
+        pytest.param(_drop(("actions", 1, "params", "resourceVersion")), id="update rv"),
+        pytest.param(_set(("actions", 1, "params", "drift"), "yes"), id="drift flag"),
+        pytest.param(_set(("actions", 1, "params", "changes", 0, "op"), "x"), id="change field"),
+        pytest.param(_drop(("actions", 3, "params", "resourceVersion")), id="delete rv"),
+        pytest.param(_set(("actions", 4, "target"), "kubevirt"), id="kubevirt target"),
+        pytest.param(
+            _set(("actions", 4, "params", "add", 0, "externalResourceProvider"), False),
+            id="external provider",
+        ),
+        pytest.param(_set(("drift", 0, "changes"), []), id="drift without changes"),
+        pytest.param(_set(("drift", 0, "kind"), "Node"), id="drift kind"),
+    ],
+)
+def test_the_schema_rejects_malformed_cluster_actions(
+    damage: Callable[[dict[str, Any]], None],
+) -> None:
+    raw = json.loads(json.dumps(_busy_plan().to_json()))
+    VALIDATOR.validate(raw)
+    damage(raw)
+    assert not VALIDATOR.is_valid(raw)
+
+
+def _l40s_node() -> tuple[DesiredNode, Inventory]:
+    model = CATALOG.model("L40S")
+    assert model is not None
+    types = tuple(
+        VGPUType(p.name, f"nvidia-{1144 + i}", p.framebuffer_mib, p.max_instances)
+        for i, p in enumerate(model.time_sliced_profiles)
+    )
+    gpus = []
+    for bus in (0x08, 0x18, 0x28, 0x38, 0x48, 0x58, 0x68, 0x78):
+        base = Gpu(
+            PciAddress(0, bus, 0, 0), "10de", "26b9", model="NVIDIA L40S", total_vfs=32,
+            num_vfs=32, vf_offset=2, interface=Interface.MDEV, types=types,
+        )  # fmt: skip
+        vfs = tuple(
+            Vf(base.predicted_vf_address(i), i, VGPU(f"u{bus}-{i}", "NVIDIA L40S-8Q"))
+            if i < 6
+            else Vf(base.predicted_vf_address(i), i)
+            for i in range(32)
+        )
+        gpus.append(replace(base, vfs=vfs))
+    node = DesiredNode(
+        NODE, tuple(DesiredGpu(g.address, True, profiles={"NVIDIA L40S-8Q": 6}) for g in gpus)
+    )
+    return node, Inventory(NODE, tuple(gpus))
+
+
+def _best_ms(fn: Callable[[], object], runs: int = 9) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
+def test_cluster_planning_of_a_256_vf_node_is_fast() -> None:
+    node, inventory = _l40s_node()
+    cluster = _synced(node, inventory, kubevirt=_kubevirt(["NVIDIA L40S-8Q"], ["NVIDIA L40S-8Q"]))
+    assert sum(len(g.vfs) for g in inventory.gpus) == 256
+    in_sync = plan_node(node, inventory, catalog=CATALOG, cluster=cluster)
+    assert in_sync.actions == ()
+    host_ms = _best_ms(lambda: plan_node(node, inventory, catalog=CATALOG))
+    in_sync_ms = _best_ms(lambda: plan_node(node, inventory, catalog=CATALOG, cluster=cluster))
+    assert in_sync_ms - host_ms < 10, (host_ms, in_sync_ms)
+    # One vGPU fewer per GPU: every empty VF of every GPU can create again, 216 status updates.
+    fewer = replace(
+        node,
+        gpus=tuple(replace(g, profiles={"NVIDIA L40S-8Q": 5}) for g in node.gpus),
+    )
+    busy = plan_node(fewer, inventory, catalog=CATALOG, cluster=cluster)
+    assert busy.summary.change == 216
+    busy_ms = _best_ms(lambda: plan_node(fewer, inventory, catalog=CATALOG, cluster=cluster))
+    assert busy_ms - host_ms < 15, (host_ms, busy_ms)

@@ -1,0 +1,174 @@
+"""Field-level changes (deepdiff paths → plan paths) and replan_object, the executor's 409 path."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from reconciler.model import ActionKind
+from reconciler.model.cluster import KubeObject
+from reconciler.model.plan import FieldChange
+from reconciler.plan.changes import field_path, format_path, section_changes
+from reconciler.plan.cluster import replan_object
+from reconciler.plan.render import LAST_APPLIED_ANNOTATION, canonical_json
+
+NODE = "harvester-kgd9c"
+
+
+@pytest.mark.parametrize(
+    ("deepdiff", "ours"),
+    [
+        ("root['spec']['vGPUTypeName']", "spec.vGPUTypeName"),
+        ("root['status']['vfAddresses'][3]", "status.vfAddresses[3]"),
+        ("root['status']['availableTypes']['NVIDIA A2-4Q']",
+         'status.availableTypes["NVIDIA A2-4Q"]'),
+        ("root['metadata']['labels']['app.kubernetes.io/managed-by']",
+         'metadata.labels["app.kubernetes.io/managed-by"]'),
+        ('root["it\'s"]', '["it\'s"]'),
+        ("root['a_1']['b-c']", 'a_1["b-c"]'),
+        ("root[0]['x']", "[0].x"),
+    ],
+)  # fmt: skip
+def test_deepdiff_paths_become_plan_paths(deepdiff: str, ours: str) -> None:
+    assert field_path(deepdiff) == ours
+
+
+def test_a_prefix_is_prepended() -> None:
+    assert field_path("root['vGPUTypeName']", prefix=("spec",)) == "spec.vGPUTypeName"
+
+
+@pytest.mark.parametrize("text", ["spec.vGPUTypeName", "root['a'", "root.a", "root['a']x"])
+def test_what_is_not_a_deepdiff_path_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not a deepdiff path"):
+        field_path(text)
+
+
+def test_format_path_quotes_what_is_not_an_identifier() -> None:
+    assert (
+        format_path(["status", "availableTypes", 'A "B"']) == 'status.availableTypes["A \\"B\\""]'
+    )
+
+
+def test_scalars_and_lists_are_reported_whole() -> None:
+    old = {"vGPUTypeName": "NVIDIA A2-4A", "list": [1, 2, 3], "gone": 1}
+    new = {"vGPUTypeName": "NVIDIA A2-4Q", "list": [1, 3], "added": True}
+    assert section_changes(old, new, prefix=("spec",)) == [
+        FieldChange("spec.vGPUTypeName", "NVIDIA A2-4A", "NVIDIA A2-4Q"),
+        FieldChange("spec.list", [1, 2, 3], [1, 3]),
+        FieldChange("spec.added", None, True),
+        FieldChange("spec.gone", 1, None),
+    ]
+
+
+def test_mappings_are_diffed_key_by_key_with_deepdiff() -> None:
+    old = {"availableTypes": {"NVIDIA A2-1Q": "nvidia-744", "NVIDIA A2-4Q": "nvidia-746"}}
+    new = {"availableTypes": {"NVIDIA A2-4Q": "nvidia-746", "NVIDIA A2-4A": "nvidia-751"}}
+    changes = section_changes(old, new, prefix=("status",))
+    assert sorted(changes, key=lambda c: c.path) == [
+        FieldChange('status.availableTypes["NVIDIA A2-1Q"]', "nvidia-744", None),
+        FieldChange('status.availableTypes["NVIDIA A2-4A"]', None, "nvidia-751"),
+    ]
+
+
+def test_nested_changes_go_down_to_the_field() -> None:
+    old = {"a": {"b": {"c": 1, "d": [1, 2]}}}
+    new = {"a": {"b": {"c": 2, "d": [1, 2]}}}
+    assert section_changes(old, new, prefix=("spec",)) == [FieldChange("spec.a.b.c", 1, 2)]
+
+
+def test_equal_sections_have_no_changes() -> None:
+    assert section_changes({"a": {"b": 1}}, {"a": {"b": 1}}, prefix=("spec",)) == []
+
+
+def _vf(**spec: Any) -> KubeObject:
+    body = {
+        "address": "0000:08:00.5",
+        "enabled": True,
+        "nodeName": NODE,
+        "parentGPUDeviceAddress": "0000:08:00.0",
+        "vGPUTypeName": "NVIDIA A2-4Q",
+        **spec,
+    }
+    return KubeObject(
+        kind="VGPUDevice",
+        name="harvester-kgd9c-000008005",
+        labels={
+            "nodename": NODE,
+            "harvesterhci.io/parentSRIOVGPUDevice": "harvester-kgd9c-000008000",
+            "app.kubernetes.io/managed-by": "vgpuctl",
+        },
+        annotations={LAST_APPLIED_ANNOTATION: canonical_json(body)},
+        spec=body,
+        status={"vGPUStatus": "vGPUConfigured", "uuid": "u", "configureVGPUTypeName": "x"},
+    )
+
+
+def test_replan_of_a_deleted_object_creates_it() -> None:
+    action = replan_object(_vf(), None, seq=7)
+    assert action is not None
+    assert (action.seq, action.kind, action.target) == (
+        7,
+        ActionKind.CR_CREATE,
+        "harvester-kgd9c-000008005",
+    )
+    assert action.params["object"]["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+    assert "resourceVersion" not in action.params["object"]["metadata"]
+
+
+def test_replan_when_someone_else_already_made_the_change_is_nothing() -> None:
+    assert replan_object(_vf(), replace(_vf(), resource_version="42")) is None
+
+
+def test_replan_updates_from_the_version_just_read_and_keeps_foreign_metadata() -> None:
+    intended = replace(_vf(), resource_version="41")  # the plan's params.object
+    current = replace(
+        _vf(vGPUTypeName="NVIDIA A2-4A"),
+        resource_version="42",
+        labels={**_vf().labels, "team": "vdi"},
+        annotations={**_vf(vGPUTypeName="NVIDIA A2-4A").annotations, "note": "keep"},
+    )
+    action = replan_object(intended, current, seq=3)
+    assert action is not None and action.kind is ActionKind.CR_UPDATE
+    params = action.params
+    assert params["resourceVersion"] == "42"
+    assert params["object"]["metadata"]["resourceVersion"] == "42"
+    assert params["object"]["metadata"]["labels"]["team"] == "vdi"
+    assert params["object"]["metadata"]["annotations"]["note"] == "keep"
+    assert params["object"]["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] == canonical_json(
+        dict(intended.spec)
+    )
+    assert params["specChanged"] is True and params["statusChanged"] is False
+    assert params["drift"] is False  # annotated as written: a desired change, not a hand edit
+    assert params["changes"] == [
+        {"path": "spec.vGPUTypeName", "from": "NVIDIA A2-4A", "to": "NVIDIA A2-4Q"}
+    ]
+
+
+def test_replan_of_a_hand_edited_object_flags_drift() -> None:
+    edited = replace(_vf(), spec={**_vf().spec, "enabled": False}, resource_version="9")
+    action = replan_object(_vf(), edited)
+    assert action is not None and action.params["drift"] is True
+    assert "changed outside vgpuctl" in action.reason
+
+
+def test_replan_leaves_another_controllers_object_alone_unless_adopted() -> None:
+    theirs = replace(_vf(vGPUTypeName="NVIDIA A2-4A"), labels={"nodename": NODE}, annotations={})
+    assert replan_object(_vf(), theirs) is None
+    adopted = replan_object(_vf(), theirs, adopt=True)
+    assert adopted is not None and adopted.params["adopt"] is True
+    assert adopted.params["drift"] is False  # nothing vgpuctl wrote to compare with
+    assert {c["path"] for c in adopted.params["changes"]} == {
+        'metadata.labels["harvesterhci.io/parentSRIOVGPUDevice"]',
+        'metadata.labels["app.kubernetes.io/managed-by"]',
+        "spec.vGPUTypeName",
+    }
+
+
+def test_status_only_changes_touch_only_the_status() -> None:
+    current = replace(_vf(), status={**_vf().status, "uuid": "old"}, resource_version="5")
+    action = replan_object(_vf(), current)
+    assert action is not None
+    assert (action.params["specChanged"], action.params["statusChanged"]) == (False, True)
+    assert action.reason.endswith("status differs from the host")

@@ -1,0 +1,217 @@
+"""predict_inventory: the host after the host actions, by the driver's rules; and, on the
+simulator, exactly what observing the host after a real apply gives."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.apply import Journal, MdevDriver, SubprocessRunner, execute
+from reconciler.catalog import default_catalog
+from reconciler.model import (
+    VGPU,
+    Action,
+    ActionKind,
+    DesiredGpu,
+    DesiredNode,
+    Gpu,
+    Interface,
+    Inventory,
+    PciAddress,
+    Vf,
+)
+from reconciler.model.cluster import ClusterState
+from reconciler.observe import observe_host
+from reconciler.plan import plan_node
+from reconciler.plan.predict import predict_inventory
+from reconciler.plan.render import render_objects
+from reconciler.sim import build_host
+
+CATALOG = default_catalog()
+NODE = "harvester-kgd9c"
+A2 = PciAddress.parse("0000:08:00.0")
+ALL_A2 = {p.name for p in CATALOG.model("A2").time_sliced_profiles}  # type: ignore[union-attr]
+FOUR_GB = {"NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA A2-4C"}
+
+
+def _a2_off() -> Gpu:
+    return Gpu(
+        A2,
+        "10de",
+        "25b6",
+        "10de",
+        "157e",
+        model="NVIDIA A2",
+        total_vfs=16,
+        vf_offset=4,
+        driver="nvidia",
+    )
+
+
+def _action(kind: ActionKind, target: str, **params: Any) -> Action:
+    return Action(seq=1, kind=kind, target=target, reason="test", params={"gpu": str(A2), **params})
+
+
+def _enable() -> Action:
+    return _action(ActionKind.SRIOV_ENABLE, str(A2), numVFs=16)
+
+
+def _create(index: int, profile: str) -> Action:
+    address = str(_a2_off().predicted_vf_address(index))
+    return _action(ActionKind.VGPU_CREATE, address, vfIndex=index, type=profile, uuid=f"u{index}")
+
+
+def _creatable(inventory: Inventory) -> dict[int, frozenset[str]]:
+    gpu = inventory.gpu(A2)
+    assert gpu is not None
+    return {vf.index: vf.creatable for vf in gpu.vfs}
+
+
+def test_enabling_makes_the_vfs_where_the_kernel_puts_them_with_the_catalogues_types() -> None:
+    after = predict_inventory(Inventory(NODE, (_a2_off(),)), [_enable()], catalog=CATALOG)
+    gpu = after.gpu(A2)
+    assert gpu is not None
+    assert gpu.num_vfs == 16 and gpu.interface is Interface.MDEV
+    assert [str(vf.address) for vf in gpu.vfs][:5] == [
+        "0000:08:00.4",
+        "0000:08:00.5",
+        "0000:08:00.6",
+        "0000:08:00.7",
+        "0000:08:01.0",
+    ]
+    assert {t.name for t in gpu.types} == ALL_A2
+    a2_4q = gpu.type_named("NVIDIA A2-4Q")
+    assert a2_4q is not None and (a2_4q.framebuffer_mib, a2_4q.max_instance) == (4096, 4)
+    assert set(_creatable(after).values()) == {frozenset(ALL_A2)}
+
+
+def test_the_first_vgpu_narrows_every_other_vf_to_its_size() -> None:
+    after = predict_inventory(
+        Inventory(NODE, (_a2_off(),)), [_enable(), _create(0, "NVIDIA A2-4Q")], catalog=CATALOG
+    )
+    creatable = _creatable(after)
+    assert creatable[0] == frozenset()  # it hosts one now
+    assert all(creatable[i] == FOUR_GB for i in range(1, 16))
+    gpu = after.gpu(A2)
+    assert gpu is not None and gpu.vfs[0].vgpu == VGPU("u0", "NVIDIA A2-4Q")
+
+
+def test_at_the_sizes_maximum_nothing_more_is_creatable_and_a_removal_reopens_it() -> None:
+    steps = [_enable(), *(_create(i, "NVIDIA A2-4A") for i in range(4))]
+    full = predict_inventory(Inventory(NODE, (_a2_off(),)), steps, catalog=CATALOG)
+    assert set(_creatable(full).values()) == {frozenset()}
+    gpu = full.gpu(A2)
+    assert gpu is not None
+    remove = _action(
+        ActionKind.VGPU_REMOVE, str(gpu.vfs[2].address), vfIndex=2, type="NVIDIA A2-4A", uuid="u2"
+    )
+    freed = predict_inventory(full, [remove], catalog=CATALOG)
+    creatable = _creatable(freed)
+    assert creatable[2] == FOUR_GB and creatable[4] == FOUR_GB and creatable[0] == frozenset()
+
+
+def test_disabling_takes_the_vfs_and_types_away() -> None:
+    on = predict_inventory(Inventory(NODE, (_a2_off(),)), [_enable()], catalog=CATALOG)
+    off = predict_inventory(on, [_action(ActionKind.SRIOV_DISABLE, str(A2))], catalog=CATALOG)
+    assert off.gpu(A2) == _a2_off()
+
+
+def test_gpus_no_action_touches_keep_what_was_observed() -> None:
+    # Observed creatable sets are the driver's word, even where the rules would say otherwise.
+    other = replace(_a2_off(), address=PciAddress.parse("0000:09:00.0"))
+    inventory = Inventory(NODE, (_a2_off(), other))
+    assert predict_inventory(inventory, [], catalog=CATALOG) is inventory
+    after = predict_inventory(inventory, [_enable()], catalog=CATALOG)
+    assert after.gpus[1] is other
+
+
+def test_vfio_gpus_use_the_vf_address_as_identity_and_plain_type_ids() -> None:
+    vfio_gpu = replace(
+        _a2_off(),
+        address=PciAddress.parse("0000:09:00.0"),
+        interface=Interface.VFIO,
+        num_vfs=16,
+        vfs=(Vf(PciAddress.parse("0000:09:00.4"), 0),),
+    )
+    inventory = Inventory(NODE, (_a2_off(), vfio_gpu))
+    create = Action(
+        seq=2,
+        kind=ActionKind.VGPU_CREATE,
+        target="0000:09:00.4",
+        reason="test",
+        params={"gpu": "0000:09:00.0", "vfIndex": 0, "type": "NVIDIA A2-4Q", "uuid": "u"},
+    )
+    after = predict_inventory(inventory, [_enable(), create], catalog=CATALOG)
+    a2, vfio_after = after.gpus
+    assert a2.interface is Interface.VFIO  # one driver per node
+    assert a2.types[0].type_id.isdigit()
+    assert vfio_after.vfs[0].vgpu == VGPU("0000:09:00.4", "NVIDIA A2-4Q")
+
+
+# What a real apply on the simulator leaves, observed again, renders exactly as predicted.
+SCENARIOS: dict[str, tuple[dict[str, Any], DesiredGpu]] = {
+    "seed from SR-IOV off": (
+        {"model": "A2", "address": "0000:08:00.0", "sriov": "disabled"},
+        DesiredGpu(A2, True, vgpus={0: "NVIDIA A2-4A", 1: "NVIDIA A2-4Q", 2: "NVIDIA A2-4A"}),
+    ),
+    "one 2 GB vGPU among 16 VFs": (
+        {"model": "A2", "address": "0000:08:00.0", "vgpus": {0: "NVIDIA A2-4Q"}},
+        DesiredGpu(A2, True, vgpus={5: "NVIDIA A2-2B"}),
+    ),
+    "count form from SR-IOV off": (
+        {"model": "L40S", "address": "0000:08:00.0", "sriov": "disabled"},
+        DesiredGpu(A2, True, profiles={"NVIDIA L40S-8Q": 4}),
+    ),
+    "SR-IOV disabled": (
+        {"model": "A2", "address": "0000:08:00.0", "vgpus": {3: "NVIDIA A2-8Q"}},
+        DesiredGpu(A2, False),
+    ),
+}
+
+
+def _statuses(objects: list[Any]) -> dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    return {o.name: (dict(o.spec), dict(o.status)) for o in objects}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_prediction_matches_the_simulated_host_after_apply(name: str, tmp_path: Path) -> None:
+    host_gpu, desired_gpu = SCENARIOS[name]
+    host_dir = tmp_path / "host"
+    sim = build_host(host_dir, {"gpus": [host_gpu], "extraDevices": False}, catalog=CATALOG)
+    root = host_dir / "sys"
+    node = DesiredNode(NODE, (desired_gpu,))
+    before = observe_host(root, node=NODE, catalog=CATALOG, hold_probe=sim.hold_probe())
+    plan = plan_node(node, before, catalog=CATALOG, cluster=ClusterState(NODE))
+    host_actions = tuple(a for a in plan.actions if a.kind.is_host)
+    predicted_objects = [a.params["object"] for a in plan.actions if a.kind is ActionKind.CR_CREATE]
+    driver = MdevDriver(
+        sysfs_root=root,
+        writer=sim.writer(),
+        runner=SubprocessRunner(),
+        sriov_manage=[str(host_dir / "bin" / "sriov-manage")],
+        command_timeout=60,
+    )
+    result = execute(
+        replace(plan, actions=host_actions),
+        driver=driver,
+        journal=Journal(host_dir / "state", NODE),
+    )
+    assert result.ok, result.failed
+    after = observe_host(root, node=NODE, catalog=CATALOG, hold_probe=sim.hold_probe())
+    observed = _statuses(render_objects(NODE, node, after))
+    predicted = {o["metadata"]["name"]: (o["spec"], o["status"]) for o in predicted_objects}
+    assert predicted == observed
+    assert predicted_inventory_renders_the_same(node, before, host_actions, observed)
+
+
+def predicted_inventory_renders_the_same(
+    node: DesiredNode,
+    before: Inventory,
+    actions: tuple[Action, ...],
+    observed: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]],
+) -> bool:
+    return _statuses(render_objects(NODE, node, predict_inventory(before, actions))) == observed
