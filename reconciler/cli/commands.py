@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +24,15 @@ from reconciler.model import (
     DesiredNode,
     Inventory,
     Plan,
+    ReconcilerError,
     UsageError,
     ValidationError,
 )
 
 if TYPE_CHECKING:
     from reconciler.apply import ApplyResult, Outcome
+    from reconciler.model.cluster import ClusterState
+    from reconciler.model.clusterapi import ClusterApi
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -70,17 +74,38 @@ def select_node(desired: Desired, node: str) -> DesiredNode:
     return found
 
 
-def make_plan(node: DesiredNode, inventory: Inventory, host: Host) -> Plan:
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One observation of the node (host, and cluster when configured) and its plan."""
+
+    inventory: Inventory
+    cluster: ClusterState | None
+    plan: Plan
+
+
+def plan_for(node: DesiredNode, host: Host, *, adopt: bool = False) -> Planned:
+    """Observe the host and the cluster, then plan. A cluster that cannot be read stops here,
+    before any host action could run on the strength of what it did not say."""
     from reconciler.plan import plan_node
+    from reconciler.plan.uses import mark_cluster_uses
 
-    return plan_node(node, inventory, catalog=host.catalog)
-
-
-def plan_files(files: Sequence[str], host: Host) -> tuple[DesiredNode, Inventory, Plan]:
-    """Load the desired state, pick this node, observe the host, plan."""
-    node = select_node(load(files, host), host.options.node)
     inventory = host.observe()
-    return node, inventory, make_plan(node, inventory, host)
+    cluster = host.observe_cluster()
+    planned_from = inventory
+    if cluster is None:
+        uses = host.kubelet_uses()
+        if uses is not None:
+            planned_from = mark_cluster_uses(inventory, uses)
+    plan = plan_node(node, planned_from, catalog=host.catalog, cluster=cluster, adopt=adopt)
+    return Planned(inventory, cluster, plan)
+
+
+def plan_files(
+    files: Sequence[str], host: Host, *, adopt: bool = False
+) -> tuple[DesiredNode, Planned]:
+    """Load the desired state, pick this node, observe, plan."""
+    node = select_node(load(files, host), host.options.node)
+    return node, plan_for(node, host, adopt=adopt)
 
 
 # ---------------------------------------------------------------- validate
@@ -134,13 +159,24 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
         help="exit 2 when there are changes (or blocked ones), 0 when none",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
+    p.add_argument(
+        "--observed",
+        choices=("host", "cluster"),
+        default="host",
+        help="where the current state comes from: this node's host (default), or the "
+        "cluster's CR statuses — plans every node in the file, touching no host (for CI)",
+    )
+    _add_adopt(p)
     p.set_defaults(handler=cmd_plan)
     return p
 
 
 def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
-    node, inventory, plan = plan_files(ns.file, host)
+    if ns.observed == "cluster":
+        return _plan_from_cluster(ns, host)
+    node, planned = plan_files(ns.file, host, adopt=ns.adopt)
+    plan, inventory = planned.plan, planned.inventory
     doc = saved_plan_document(plan, node)
     if ns.out:
         _write_plan_file(Path(ns.out), doc)
@@ -151,6 +187,82 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
         if ns.out:
             _err(f"Saved the plan to {ns.out}: run 'vgpuctl apply {ns.out}' to apply exactly it.")
     return EXIT_CHANGES if ns.detailed_exitcode and plan.has_changes else EXIT_OK
+
+
+def _add_adopt(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--adopt",
+        action="store_true",
+        help="take over SRIOVGPUDevice/VGPUDevice objects another controller manages "
+        "(by default they are left alone)",
+    )
+
+
+def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
+    """Plan every node of the desired state from the CR statuses in the cluster (CI)."""
+    from reconciler.observe import observe_nodes_from_cluster
+    from reconciler.plan import plan_node
+
+    api = host.cluster_api
+    if api is None:
+        raise UsageError("--observed cluster needs a cluster: pass --kubeconfig")
+    if ns.out:
+        raise UsageError("--out saves a plan for one node's apply; not with --observed cluster")
+    desired = load(ns.file, host)
+    names = sorted(desired.nodes)
+    observed = observe_nodes_from_cluster(
+        api, names, kubevirt_namespace=host.options.kubevirt_namespace
+    )
+    plans: list[Plan] = []
+    failures: dict[str, ReconcilerError] = {}
+    for name in names:
+        inventory, cluster = observed[name]
+        try:
+            plans.append(
+                plan_node(
+                    desired.nodes[name], inventory, catalog=host.catalog, cluster=cluster,
+                    adopt=ns.adopt,
+                )
+            )  # fmt: skip
+        except ReconcilerError as exc:
+            failures[name] = exc
+    changed = [p for p in plans if p.has_changes]
+    totals = {"create": 0, "change": 0, "remove": 0, "blocked": 0}
+    for p in plans:
+        for key, value in p.summary.to_json().items():
+            totals[key] += value
+    if ns.output == "json":
+        doc = {
+            "formatVersion": 1,
+            "observed": "cluster",
+            "plans": [p.to_json() for p in plans],
+            "errors": {n: e.lines() for n, e in failures.items()},
+            "summary": {"nodes": len(names), "nodesWithChanges": len(changed), **totals},
+        }
+        _out(json.dumps(doc, indent=2) + "\n")
+    else:
+        style = _style(host.options)
+        for p in plans:
+            _out(style.bold(f"=== node {p.node} ===") + "\n")
+            _out(plan_text(p, style=style, verbose=ns.verbose) + "\n")
+        for name, error in failures.items():
+            _out(style.bold(f"=== node {name} ===") + "\n")
+            for line in error.lines():
+                _err(line if _is_located(line) else f"error: {line}")
+            _out("\n")
+        _out(
+            f"Cluster plan: {len(names)} node{'s' * (len(names) != 1)}, {len(changed)} with "
+            f"changes; {totals['create']} to create, {totals['change']} to change, "
+            f"{totals['remove']} to remove, {totals['blocked']} blocked.\n"
+        )
+    if failures:
+        return EXIT_ERROR
+    return EXIT_CHANGES if ns.detailed_exitcode and changed else EXIT_OK
+
+
+def _is_located(line: str) -> bool:
+    head = line.split(": ", 1)[0]
+    return head.rsplit(":", 1)[-1].isdigit()
 
 
 def saved_plan_document(plan: Plan, node: DesiredNode) -> dict[str, Any]:
@@ -183,6 +295,7 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("file", metavar="FILE|PLANFILE", nargs="+")
     p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
+    _add_adopt(p)
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
     p.add_argument(
         "--timeout",
@@ -229,17 +342,16 @@ def _read_saved_plan(path: Path) -> dict[str, Any] | None:
 
 
 def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
-    from reconciler.model import Plan as PlanType
-
     host = Host(options)
     saved = _read_saved_plan(Path(ns.file[0])) if len(ns.file) == 1 else None
     if saved is not None:
-        inventory = host.observe()
         from reconciler.cli.documents import node_from_document
 
         try:
-            plan = PlanType.from_json(saved)
-            node = node_from_document(saved.get("desiredState"), host.catalog, ns.file[0])
+            plan = Plan.from_json(saved)
+            node = node_from_document(
+                saved.get("desiredState"), host.catalog, f"{ns.file[0]}#desiredState"
+            )
         except (KeyError, ValueError, TypeError) as exc:
             raise ValidationError(f"{ns.file[0]}: not a valid saved plan: {exc}") from None
         if plan.node != options.node:
@@ -247,15 +359,17 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
                 f"{ns.file[0]} was planned for node {plan.node!r}, this is {options.node!r} "
                 "(pass --node to pick the node)"
             )
-        now = inventory.fingerprint()
-        if plan.observed_fingerprint != now:
+        now = plan_for(node, host, adopt=ns.adopt)
+        if plan.observed_fingerprint != now.plan.observed_fingerprint:
             raise ApplyError(
                 f"{ns.file[0]} is stale: the host changed since the plan was made "
-                f"(planned from {plan.observed_fingerprint[:19]}…, now {now[:19]}…); "
-                "run 'vgpuctl plan' again"
+                f"(planned from {plan.observed_fingerprint[:19]}…, now "
+                f"{now.plan.observed_fingerprint[:19]}…); run 'vgpuctl plan' again"
             )
+        inventory = now.inventory
     else:
-        node, inventory, plan = plan_files(ns.file, host)
+        node, planned = plan_files(ns.file, host, adopt=ns.adopt)
+        plan, inventory = planned.plan, planned.inventory
 
     style = _style(options)
     _out(plan_text(plan, inventory=inventory, style=style, verbose=ns.verbose))
@@ -263,10 +377,13 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
         return EXIT_CHANGES if plan.blocked else EXIT_OK
     if not ns.yes:
         _confirm(plan)
-    result = _execute(plan, host, style, timeout=ns.timeout, verify_timeout=ns.verify_timeout)
-    if not result.ok:
+    ok = _execute(
+        plan, node, host, style, adopt=ns.adopt, timeout=ns.timeout,
+        verify_timeout=ns.verify_timeout,
+    )  # fmt: skip
+    if not ok:
         return EXIT_ERROR
-    return _report_convergence(node, host)
+    return _report_convergence(node, host, adopt=ns.adopt)
 
 
 def _confirm(plan: Plan) -> None:
@@ -283,29 +400,74 @@ def _confirm(plan: Plan) -> None:
 
 
 def _execute(
-    plan: Plan, host: Host, style: Style, *, timeout: float, verify_timeout: float
-) -> ApplyResult:
+    plan: Plan,
+    node: DesiredNode,
+    host: Host,
+    style: Style,
+    *,
+    adopt: bool,
+    timeout: float,
+    verify_timeout: float,
+) -> bool:
+    """Host actions first; then, with a cluster, the CR and KubeVirt writes planned from the
+    host as it now is, and the Events. All under the node lock. True when nothing failed."""
     from reconciler.apply import Journal, NodeLock, execute
 
-    driver = host.driver(command_timeout=timeout)
     started = time.monotonic()
+    host_actions = tuple(a for a in plan.actions if a.kind.is_host)
     with NodeLock(host.state_dir, plan.node, command=" ".join(["vgpuctl", *sys.argv[1:]])):
         journal = Journal(host.state_dir, plan.node)
         result = execute(
-            plan,
-            driver=driver,
+            replace(plan, actions=host_actions),
+            driver=host.driver(command_timeout=timeout),
             journal=journal,
             verify_timeout=verify_timeout,
             on_outcome=_progress(style),
         )
-    elapsed = time.monotonic() - started
-    if result.ok:
-        _err(f"Applied {len(plan.actions)} actions in {elapsed:.1f} s.")
-    else:
         failed = result.failed
-        _err(style.red(f"Apply failed: {failed.message if failed else 'unknown'}"))
-        _err("Nothing after the failed action ran; fix the cause and run apply again.")
-    return result
+        api = host.cluster_api
+        if failed is None and api is not None:
+            # The CR statuses were planned from a prediction of the host; plan them again from
+            # what the host now is (and from the cluster as it now is).
+            cluster_plan = plan_for(node, host, adopt=adopt).plan if host_actions else plan
+            failed = _execute_cluster(cluster_plan, result, api, style, adopt=adopt)
+    elapsed = time.monotonic() - started
+    if failed is None:
+        _err(f"Applied {len(plan.actions)} actions in {elapsed:.1f} s.")
+        return True
+    _err(style.red(f"Apply failed: {failed.message}"))
+    _err("Nothing after the failed action ran; fix the cause and run apply again.")
+    return False
+
+
+def _execute_cluster(
+    plan: Plan,
+    host_result: ApplyResult,
+    api: ClusterApi,
+    style: Style,
+    *,
+    adopt: bool,
+) -> Outcome | None:
+    from functools import partial
+
+    from reconciler.apply import execute_cluster, record_host_events
+    from reconciler.kube import EventRecorder
+    from reconciler.plan import replan_object
+
+    events = EventRecorder(api, node=plan.node)
+    result = execute_cluster(
+        [a for a in plan.actions if not a.kind.is_host],
+        api=api,
+        events=events,
+        replan=partial(replan_object, adopt=adopt),
+        node=plan.node,
+        run_id=host_result.run_id,
+        on_outcome=_progress(style),
+    )
+    record_host_events(host_result.outcomes, node=plan.node, events=events, blocked=plan.blocked)
+    if events.disabled:
+        _err(f"note: Events not recorded: {events.disabled}")
+    return result.failed
 
 
 def _progress(style: Style) -> Callable[[Outcome], None]:
@@ -322,9 +484,9 @@ def _progress(style: Style) -> Callable[[Outcome], None]:
     return show
 
 
-def _report_convergence(node: DesiredNode, host: Host) -> int:
-    inventory = host.observe()
-    after = make_plan(node, inventory, host)
+def _report_convergence(node: DesiredNode, host: Host, *, adopt: bool) -> int:
+    planned = plan_for(node, host, adopt=adopt)
+    after, inventory = planned.plan, planned.inventory
     if not after.has_changes:
         _out("Converged: the node matches the desired state.\n")
         return EXIT_OK
@@ -346,16 +508,25 @@ def _add_status(sub: Subparsers) -> argparse.ArgumentParser:
         "status",
         help="show the node's GPUs, VFs and vGPUs",
         description="Observe the host. 'table' is the 'kubectl get vgpudevices' view; 'json' is "
-        "the inventory contract (schemas/inventory.schema.json).",
+        "the inventory contract (schemas/inventory.schema.json); 'crds' prints the "
+        "SRIOVGPUDevice and VGPUDevice objects vgpuctl writes for what the host has now.",
     )
-    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml", "crds"), default="table")
     p.set_defaults(handler=cmd_status)
     return p
 
 
 def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
-    inventory = Host(options).observe()
-    if ns.output == "json":
+    host = Host(options)
+    inventory = host.observe()
+    if ns.output == "crds":
+        import yaml
+
+        from reconciler.cli.documents import crd_objects
+
+        objects = crd_objects(inventory, host.catalog)
+        _out(yaml.safe_dump_all(objects, sort_keys=False) if objects else "")
+    elif ns.output == "json":
         _out(json.dumps(inventory.to_json(), indent=2) + "\n")
     elif ns.output == "yaml":
         import yaml
@@ -411,7 +582,8 @@ def _add_assert(sub: Subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
-    _, _, plan = plan_files(ns.file, Host(options))
+    _, planned = plan_files(ns.file, Host(options))
+    plan = planned.plan
     if not plan.has_changes:
         _out(f"node {plan.node} matches the desired state\n")
         return EXIT_OK

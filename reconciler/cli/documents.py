@@ -63,7 +63,16 @@ def node_from_document(doc: object, catalog: Catalog, source: str) -> DesiredNod
 
     if not isinstance(doc, Mapping):
         raise ValidationError(f"{source}: the saved plan carries no desired state")
-    desired = load_document(doc, source=f"{source}#desiredState", catalog=catalog)
+    desired = load_document(doc, source=source, catalog=catalog)
     if len(desired.nodes) != 1:
         raise ValidationError(f"{source}: the saved plan's desired state must name one node")
     return next(iter(desired.nodes.values()))
+
+
+def crd_objects(inventory: Inventory, catalog: Catalog) -> list[dict[str, Any]]:
+    """The CR objects for the host as it is (its current vGPUs taken as the desired ones)."""
+    from reconciler.plan import render_objects
+
+    source = f"{inventory.node} (observed)"
+    desired = node_from_document(export_document(inventory, name=inventory.node), catalog, source)
+    return [o.to_json() for o in render_objects(inventory.node, desired, inventory)]

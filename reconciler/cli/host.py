@@ -6,6 +6,7 @@ emulation then stands behind the same sysfs-writer port the real adapter code wr
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,10 +16,15 @@ from typing import TYPE_CHECKING
 from reconciler.catalog import Catalog, default_catalog
 from reconciler.cli.options import DEFAULT_SRIOV_MANAGE, DEFAULT_STATE_DIR, GlobalOptions
 from reconciler.model import Inventory, UsageError
+from reconciler.model.cluster import ClusterState, DeviceUse
 
 if TYPE_CHECKING:
     from reconciler.apply import MdevDriver
+    from reconciler.kube import KubernetesApi
     from reconciler.sim import SimHost
+
+#: Set in every pod: the in-cluster service account is the connection then.
+SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 
 
 @dataclass
@@ -69,6 +75,49 @@ class Host:
         return observe_host(
             self.options.sysfs_root, node=self.options.node, catalog=self.catalog, hold_probe=probe
         )
+
+    @property
+    def has_cluster(self) -> bool:
+        """A cluster is configured: ``--kubeconfig``, or running in a pod."""
+        return self.options.kubeconfig is not None or bool(os.environ.get(SERVICE_HOST_ENV))
+
+    @cached_property
+    def cluster_api(self) -> KubernetesApi | None:
+        if not self.has_cluster:
+            return None
+        from reconciler.kube import connect
+
+        return connect(self.options.kubeconfig)
+
+    def observe_cluster(self) -> ClusterState | None:
+        """The cluster's view of this node, or None without a cluster."""
+        api = self.cluster_api
+        if api is None:
+            return None
+        from reconciler.observe import observe_cluster
+
+        return observe_cluster(
+            api,
+            node=self.options.node,
+            kubevirt_namespace=self.options.kubevirt_namespace,
+            kubelet_dir=self.options.kubelet_dir,
+        )
+
+    def kubelet_uses(self) -> ClusterState | None:
+        """Without a cluster, the kubelet's checkpoint alone still says which vGPUs are handed
+        to pods: those count as in use (None when there is no checkpoint)."""
+        from reconciler.observe import read_checkpoint
+
+        entries = read_checkpoint(self.options.kubelet_dir)
+        if not entries:
+            return None
+        uses = {
+            device: DeviceUse(device, e.resource_name, f"pod {e.pod_uid}")
+            for e in entries
+            if e.resource_name.startswith("nvidia.com/")
+            for device in e.device_ids
+        }
+        return ClusterState(node=self.options.node, device_uses=uses)
 
     def driver(self, *, command_timeout: float = 300.0) -> MdevDriver:
         from reconciler.apply import ConfinedSysfsWriter, MdevDriver, SubprocessRunner

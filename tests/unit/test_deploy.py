@@ -35,7 +35,7 @@ EXPECTED_RULES = {
     *(
         ("devices.harvesterhci.io", resource, verb)
         for resource in ("sriovgpudevices", "vgpudevices")
-        for verb in ("get", "list", "watch", "create", "update", "delete")
+        for verb in ("get", "list", "create", "update", "delete")
     ),
     ("devices.harvesterhci.io", "sriovgpudevices/status", "update"),
     ("devices.harvesterhci.io", "vgpudevices/status", "update"),

@@ -1,0 +1,493 @@
+"""Cluster integration through the CLI: a simulated host and an emulated API server.
+
+``vgpuctl`` runs as a subprocess with ``--kubeconfig``; the unmodified ``kubernetes`` client in it
+talks HTTP to the emulator running in this test process. Scenarios: the seed's node end to end,
+a hand edit reset, a 409 race, vGPUs in use per the kubelet checkpoint and per a running VMI,
+cluster-only planning of three nodes, and what RBAC must allow (recorded, not guessed).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from reconciler.model.cluster import GROUP, VERSION
+from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
+from tests.kube.emulator import ApiServerEmulator, Request
+
+SRIOV = (GROUP, VERSION, "sriovgpudevices")
+VGPUS = (GROUP, VERSION, "vgpudevices")
+KUBEVIRTS = ("kubevirt.io", "v1", "kubevirts")
+VMIS = ("kubevirt.io", "v1", "virtualmachineinstances")
+SEED_FIXTURES = REPO / "tests" / "fixtures" / "crds"
+
+
+def _register(emu: ApiServerEmulator) -> None:
+    for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
+        emu.register_crd(yaml.safe_load(path.read_text()))
+    emu.register("kubevirt.io", "v1", "kubevirts", "KubeVirt", True, True)
+    emu.register(
+        "kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True
+    )
+
+
+def _kubevirt(namespace: str = "harvester-system") -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": namespace},
+        "spec": {
+            "configuration": {
+                "permittedHostDevices": {
+                    "pciHostDevices": [
+                        {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/A10"}
+                    ],
+                    "mediatedDevices": [
+                        # Someone else's entry: vgpuctl must never remove it.
+                        {"mdevNameSelector": "GRID T4-2Q", "resourceName": "nvidia.com/GRID_T4-2Q"}
+                    ],
+                }
+            }
+        },
+    }
+
+
+@pytest.fixture
+def emu() -> Iterator[ApiServerEmulator]:
+    with ApiServerEmulator() as server:
+        _register(server)
+        server.seed(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "harvester-system"}}
+        )
+        server.seed(_kubevirt())
+        yield server
+
+
+class ClusterNode(SimNode):
+    kubeconfig: Path
+    kubelet_dir: Path
+
+    @property
+    def flags(self) -> list[str]:
+        return [
+            *super().flags,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--kubelet-dir",
+            str(self.kubelet_dir),
+        ]
+
+
+def _cluster_node(tmp_path: Path, emu: ApiServerEmulator, name: str = NODE) -> ClusterNode:
+    sim = make_sim(tmp_path / f"host-{name}", ["A2@0000:08:00.0"], node=name)
+    node = ClusterNode(sim.dir, name)
+    node.kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
+    node.kubelet_dir = tmp_path / f"kubelet-{name}"
+    (node.kubelet_dir / "device-plugins").mkdir(parents=True)
+    return node
+
+
+def _obj(emu: ApiServerEmulator, res: tuple[str, str, str], name: str) -> dict[str, Any]:
+    found = emu.get_object(*res, name)
+    assert found is not None, name
+    return found
+
+
+def _mediated(emu: ApiServerEmulator) -> list[dict[str, Any]]:
+    kv = emu.get_object(*KUBEVIRTS, "kubevirt", "harvester-system")
+    assert kv is not None
+    return kv["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]  # type: ignore[no-any-return]
+
+
+def test_seed_node_end_to_end(tmp_path: Path, emu: ApiServerEmulator) -> None:
+    node = _cluster_node(tmp_path, emu)
+    plan = node.ok("plan", SEED)
+    assert "# Cluster objects" in plan.stdout
+    assert "+ SRIOVGPUDevice harvester-kgd9c-000008000" in plan.stdout
+    assert "~ KubeVirt harvester-system/kubevirt" in plan.stdout
+    applied = node.ok("apply", SEED, "--yes")
+    assert "Converged" in applied.stdout
+
+    # The objects match the seed's examples (the UUID is ours: deterministic, not theirs).
+    seed_sriov = yaml.safe_load((SEED_FIXTURES / "seed-sriovgpudevice.yaml").read_text())
+    seed_vgpu = yaml.safe_load((SEED_FIXTURES / "seed-vgpudevice.yaml").read_text())
+    sriov = _obj(emu, SRIOV, "harvester-kgd9c-000008000")
+    assert sriov["spec"] == seed_sriov["spec"]
+    assert sriov["metadata"]["labels"]["nodename"] == NODE
+    assert sorted(sriov["status"]["vfAddresses"]) == sorted(seed_sriov["status"]["vfAddresses"])
+    assert sorted(sriov["status"]["vGPUDevices"]) == sorted(seed_sriov["status"]["vGPUDevices"])
+    vgpu = _obj(emu, VGPUS, "harvester-kgd9c-000008004")
+    assert vgpu["spec"] == seed_vgpu["spec"]
+    for label, value in seed_vgpu["metadata"]["labels"].items():
+        assert vgpu["metadata"]["labels"][label] == value
+    assert vgpu["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "vgpuctl"
+    assert vgpu["status"]["vGPUStatus"] == "vGPUConfigured"
+    assert vgpu["status"]["configureVGPUTypeName"] == "NVIDIA A2-4A"
+    status = json.loads(node.ok("status", "-o", "json").stdout)
+    assert vgpu["status"]["uuid"] == status["gpus"][0]["vfs"][0]["vgpu"]["uuid"]
+    disabled = _obj(emu, VGPUS, "harvester-kgd9c-000008010")
+    assert disabled["spec"]["enabled"] is False and disabled["status"]["uuid"] == ""
+    assert len(emu.objects(*VGPUS)) == 16
+
+    entries = {e["mdevNameSelector"]: e for e in _mediated(emu)}
+    assert entries["NVIDIA A2-4Q"] == {
+        "mdevNameSelector": "NVIDIA A2-4Q",
+        "resourceName": "nvidia.com/NVIDIA_A2-4Q",
+        "externalResourceProvider": True,
+    }
+    assert "NVIDIA A2-4A" in entries and "GRID T4-2Q" in entries
+
+    events = emu.objects("", "v1", "events", "default")
+    reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
+    assert ("harvester-kgd9c-000008004", "VGPUCreated") in reasons
+
+    # A no-op reconcile reads and writes nothing.
+    emu.requests.clear()
+    again = node.run("apply", SEED, "--yes")
+    assert again.returncode == 0 and "No changes." in again.stdout
+    assert {r.verb for r in emu.requests} <= {"get", "list"}, emu.requests
+
+
+def test_hand_edit_is_reported_then_reset(tmp_path: Path, emu: ApiServerEmulator) -> None:
+    node = _cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    edited = _obj(emu, VGPUS, "harvester-kgd9c-000008005")
+    edited["spec"]["vGPUTypeName"] = "NVIDIA A2-4C"
+    emu.seed(edited)
+
+    plan = node.run("plan", SEED, "--detailed-exitcode")
+    assert plan.returncode == 2
+    assert "Changed outside vgpuctl" in plan.stdout
+    assert '~ spec.vGPUTypeName: "NVIDIA A2-4C" → "NVIDIA A2-4Q"' in plan.stdout
+    node.ok("apply", SEED, "--yes")
+    assert _obj(emu, VGPUS, "harvester-kgd9c-000008005")["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+    assert node.run("plan", SEED, "--detailed-exitcode").returncode == 0
+
+
+def test_conflict_is_replanned_not_overwritten(tmp_path: Path, emu: ApiServerEmulator) -> None:
+    node = _cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    target = "harvester-kgd9c-000008005"
+    edited = _obj(emu, VGPUS, target)
+    edited["spec"]["vGPUTypeName"] = "NVIDIA A2-4C"
+    emu.seed(edited)
+
+    raced = []
+
+    def race(request: Request) -> None:
+        # Someone else writes the object between our read and our write, once.
+        if request.verb == "update" and request.name == target and not raced:
+            raced.append(request)
+            current = _obj(emu, VGPUS, target)
+            current["metadata"].setdefault("annotations", {})["example.com/touched"] = "yes"
+            emu.seed(current)
+
+    emu.on_before_write(race)
+    res = node.run("apply", SEED, "--yes")
+    emu.on_before_write(None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert raced, "the race never happened"
+    final = _obj(emu, VGPUS, target)
+    assert final["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+    # The other writer's change survived: we re-read and re-planned instead of overwriting.
+    assert final["metadata"]["annotations"]["example.com/touched"] == "yes"
+
+
+CHANGED = f"""apiVersion: vgpu.reconciler.dev/v1alpha1
+kind: VGPUDesiredState
+metadata: {{name: changed}}
+spec:
+  nodes:
+    {NODE}:
+      gpus:
+        - address: "0000:08:00.0"
+          sriov: enabled
+          vgpus: {{"0000:08:00.4": A2-4A, "0000:08:00.6": A2-4A}}
+"""
+
+
+def _vgpu_uuid(node: SimNode, vf: str) -> str:
+    inv = json.loads(node.ok("status", "-o", "json").stdout)
+    for vf_doc in inv["gpus"][0]["vfs"]:
+        if vf_doc["address"] == vf:
+            return str(vf_doc["vgpu"]["uuid"])
+    raise AssertionError(vf)
+
+
+def test_in_use_per_kubelet_checkpoint_blocks_removal(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    node = _cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    uuid = _vgpu_uuid(node, "0000:08:00.5")
+    pod_uid = "9f1c7d1e-0000-4000-8000-000000000001"
+    emu.seed(
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": "win11", "namespace": "default", "uid": "vmi-uid-1",
+                "labels": {"kubevirt.io/nodeName": NODE},
+            },
+            "spec": {"domain": {"devices": {"gpus": [
+                {"name": "gpu1", "deviceName": "nvidia.com/NVIDIA_A2-4Q"}]}}},
+            "status": {"phase": "Running", "nodeName": NODE},
+        }
+    )  # fmt: skip
+    emu.seed(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "virt-launcher-win11-abcde", "namespace": "default", "uid": pod_uid,
+                "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": "vmi-uid-1",
+                           "vm.kubevirt.io/name": "win11"},
+            },
+            "spec": {"nodeName": NODE, "containers": [{"name": "compute", "resources": {
+                "limits": {"nvidia.com/NVIDIA_A2-4Q": "1"}}}]},
+            "status": {"phase": "Running"},
+        }
+    )  # fmt: skip
+    checkpoint = {
+        "Data": {
+            "PodDeviceEntries": [
+                {"PodUID": pod_uid, "ContainerName": "compute",
+                 "ResourceName": "nvidia.com/NVIDIA_A2-4Q", "DeviceIDs": {"-1": [uuid]},
+                 "AllocResp": ""},
+            ],
+            "RegisteredDevices": {"nvidia.com/NVIDIA_A2-4Q": [uuid]},
+        },
+        "Checksum": 1,
+    }  # fmt: skip
+    (node.kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint").write_text(
+        json.dumps(checkpoint)
+    )
+    desired = tmp_path / "changed.yaml"
+    desired.write_text(CHANGED)
+    plan = node.run("plan", desired, "--detailed-exitcode")
+    assert plan.returncode == 2
+    assert "! vgpu-remove 0000:08:00.5" in plan.stdout
+    assert "win11" in plan.stdout
+    res = node.run("apply", desired, "--yes")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert _vgpu_uuid(node, "0000:08:00.5") == uuid  # still there
+    blocked = [
+        e for e in emu.objects("", "v1", "events", "default")
+        if e["reason"] == "VGPURemovalBlocked"
+    ]  # fmt: skip
+    assert blocked and blocked[0]["involvedObject"]["name"] == "harvester-kgd9c-000008005"
+
+
+def _vmi(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid,
+                     "labels": {"kubevirt.io/nodeName": NODE}},
+        "spec": {"domain": {"devices": {"gpus": [
+            {"name": "gpu1", "deviceName": "nvidia.com/NVIDIA_A2-4Q"}]}}},
+        "status": {"phase": "Running", "nodeName": NODE},
+    }  # fmt: skip
+
+
+def test_in_use_per_running_vmi_without_checkpoint(tmp_path: Path, emu: ApiServerEmulator) -> None:
+    node = _cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    emu.seed(_vmi("db", "prod", "vmi-uid-2"))
+    desired = tmp_path / "changed.yaml"
+    desired.write_text(CHANGED)
+    plan = node.run("plan", desired)
+    assert "! vgpu-remove 0000:08:00.5" in plan.stdout
+    assert "prod/db" in plan.stdout
+
+
+def test_cluster_only_planning_of_three_nodes(tmp_path: Path, emu: ApiServerEmulator) -> None:
+    names = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
+    lines = ["apiVersion: vgpu.reconciler.dev/v1alpha1", "kind: VGPUDesiredState",
+             "metadata: {name: fleet}", "spec:", "  nodes:"]  # fmt: skip
+    for name in names:
+        lines += [f"    {name}:", "      gpus:", '        - address: "0000:08:00.0"',
+                  "          sriov: enabled", "          profiles: {A2-4Q: 2}"]  # fmt: skip
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("\n".join(lines) + "\n")
+    for name in names:
+        _cluster_node(tmp_path, emu, name).ok("apply", fleet, "--yes")
+
+    changed = tmp_path / "fleet-changed.yaml"
+    changed.write_text(fleet.read_text().replace("{A2-4Q: 2}", "{A2-4Q: 3}", 1))
+    kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
+    emu.requests.clear()
+    res = run_vgpuctl(
+        "plan", changed, "--observed", "cluster", "--kubeconfig", kubeconfig,
+        "--detailed-exitcode", "--sysfs-root", tmp_path / "no-such-host",
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stdout.count("=== node") == 3
+    assert "Cluster plan: 3 nodes, 1 with changes" in res.stdout
+    assert {r.verb for r in emu.requests} <= {"get", "list"}
+
+    doc = json.loads(
+        run_vgpuctl(
+            "plan", changed, "--observed", "cluster", "--kubeconfig", kubeconfig, "-o", "json"
+        ).stdout
+    )
+    assert [p["node"] for p in doc["plans"]] == names
+    assert doc["summary"]["nodesWithChanges"] == 1
+    first = doc["plans"][0]
+    assert [a["kind"] for a in first["actions"]].count("vgpu-create") == 1
+    assert all(not p["actions"] for p in doc["plans"][1:])
+
+
+def test_rbac_role_allows_exactly_what_the_code_uses(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """Every request the code makes in a full life cycle, checked against deploy/rbac.yaml."""
+    node = _cluster_node(tmp_path, emu)
+    emu.requests.clear()
+    node.ok("apply", SEED, "--yes")  # creates, status writes, KubeVirt update, events
+    emu.seed(_vmi("db", "prod", "vmi-uid-2"))  # a running VM: its launcher pod is looked up
+    # Hand edits of both kinds, and another writer racing each update once: spec updates,
+    # 409s, re-reads.
+    for res, name, field, value in (
+        (VGPUS, "harvester-kgd9c-000008005", "vGPUTypeName", "NVIDIA A2-4C"),
+        (SRIOV, "harvester-kgd9c-000008000", "enabled", False),
+    ):
+        edited = _obj(emu, res, name)
+        edited["spec"][field] = value
+        emu.seed(edited)
+    raced: set[str] = set()
+
+    def race(request: Request) -> None:
+        if request.verb == "update" and request.name not in raced:
+            raced.add(request.name)
+            res = SRIOV if request.resource == "sriovgpudevices" else VGPUS
+            if request.resource in ("sriovgpudevices", "vgpudevices"):
+                emu.seed(
+                    _obj(emu, res, request.name)
+                    | {
+                        "metadata": {
+                            **_obj(emu, res, request.name)["metadata"],
+                            "annotations": {"x": "y"},
+                        }
+                    }
+                )
+
+    emu.on_before_write(race)
+    node.ok("apply", SEED, "--yes")
+    emu.on_before_write(None)
+    node.run("plan", SEED, "--observed", "cluster")
+    emu.delete_object(*VMIS, "db", "prod")  # the VM is gone: its vGPUs may go too
+    disabled = tmp_path / "disabled.yaml"
+    disabled.write_text(SEED.read_text().replace("sriov: enabled", "sriov: disabled").split(
+        "vgpus:")[0])  # fmt: skip
+    node.ok("apply", disabled, "--yes")  # VGPUDevices deleted, KubeVirt entries removed
+    dropped = tmp_path / "dropped.yaml"
+    dropped.write_text(SEED.read_text().split("gpus:")[0] + "gpus: []\n")
+    node.ok("apply", dropped, "--yes")  # the GPU is no longer managed: its object deleted
+    assert not emu.objects(*SRIOV)
+    used = {(r.group, r.resource + (f"/{r.subresource}" if r.subresource else ""), r.verb)
+            for r in emu.requests}  # fmt: skip
+
+    role = next(
+        d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text())
+        if d and d["kind"] == "ClusterRole"
+    )  # fmt: skip
+    allowed = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert used <= allowed, f"the code needs more than the role grants: {used - allowed}"
+    unused = allowed - used
+    assert not unused, f"the role grants what no code uses: {unused}"
+
+
+@pytest.mark.parametrize(
+    ("setup", "fragments"),
+    [
+        ("stopped", ["cannot reach the Kubernetes API server"]),
+        ("no-crds", ["does not serve", "CRDs"]),
+        ("forbidden", ["RBAC denies list on", "vgpudevices.devices.harvesterhci.io"]),
+    ],
+)
+def test_cluster_errors_stop_before_the_host_is_touched(
+    tmp_path: Path, setup: str, fragments: list[str]
+) -> None:
+    with ApiServerEmulator() as emu:
+        if setup != "no-crds":
+            _register(emu)
+        if setup == "forbidden":
+            emu.deny("list", GROUP, "vgpudevices")
+        node = _cluster_node(tmp_path, emu)
+        if setup == "stopped":
+            emu.stop()
+        res = node.run("apply", SEED, "--yes")
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "Traceback" not in res.stderr
+        for fragment in fragments:
+            assert fragment in res.stderr, res.stderr
+        inv = json.loads(node.ok("status", "-o", "json").stdout)
+        assert inv["gpus"][0]["sriov"]["numVFs"] == 0, "host actions ran without the cluster"
+
+
+def test_malformed_checkpoint_is_a_clear_error(tmp_path: Path, emu: ApiServerEmulator) -> None:
+    node = _cluster_node(tmp_path, emu)
+    bad = node.kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint"
+    bad.write_text("{not json")
+    res = node.run("plan", SEED)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert str(bad) in res.stderr
+
+
+def test_missing_kubevirt_cr_is_a_clear_skip(tmp_path: Path) -> None:
+    with ApiServerEmulator() as emu:
+        _register(emu)
+        node = _cluster_node(tmp_path, emu)
+        res = node.ok("apply", SEED, "--yes")
+        assert "KubeVirt CR not found" in res.stdout
+        assert len(emu.objects(*VGPUS)) == 16
+
+
+def test_status_crds_prints_the_objects(tmp_path: Path) -> None:
+    sim = make_sim(tmp_path / "h", ["A2@0000:08:00.0"])
+    sim.ok("apply", SEED, "--yes")
+    docs = [d for d in yaml.safe_load_all(sim.ok("status", "-o", "crds").stdout) if d]
+    kinds = [d["kind"] for d in docs]
+    assert kinds.count("SRIOVGPUDevice") == 1 and kinds.count("VGPUDevice") == 16
+    vgpu = next(d for d in docs if d["metadata"]["name"] == "harvester-kgd9c-000008004")
+    assert vgpu["spec"]["vGPUTypeName"] == "NVIDIA A2-4A"
+
+
+def test_no_cluster_plan_says_cluster_actions_skipped(a2_node: SimNode) -> None:
+    res = a2_node.ok("plan", SEED)
+    assert "cluster actions skipped: no cluster configured" in res.stdout
+
+
+def test_checkpoint_alone_marks_in_use_without_a_cluster(tmp_path: Path) -> None:
+    sim = make_sim(tmp_path / "h", ["A2@0000:08:00.0"])
+    sim.ok("apply", SEED, "--yes")
+    uuid = _vgpu_uuid(sim, "0000:08:00.5")
+    kubelet = tmp_path / "kubelet"
+    (kubelet / "device-plugins").mkdir(parents=True)
+    (kubelet / "device-plugins" / "kubelet_internal_checkpoint").write_text(json.dumps({
+        "Data": {"PodDeviceEntries": [{"PodUID": "p1", "ContainerName": "compute",
+                 "ResourceName": "nvidia.com/NVIDIA_A2-4Q", "DeviceIDs": {"0": [uuid]},
+                 "AllocResp": ""}], "RegisteredDevices": {}}, "Checksum": 1}))  # fmt: skip
+    desired = tmp_path / "changed.yaml"
+    desired.write_text(CHANGED)
+    res = sim.run("plan", desired, "--kubelet-dir", kubelet)
+    assert "! vgpu-remove 0000:08:00.5" in res.stdout and "pod p1" in res.stdout
+
+
+def test_cluster_flags_are_documented() -> None:
+    res = subprocess.run(["vgpuctl", "plan", "--help"], capture_output=True, text=True, check=True)
+    for flag in ("--kubeconfig", "--observed", "--adopt", "--kubelet-dir", "--kubevirt-namespace"):
+        assert flag in res.stdout
