@@ -23,6 +23,8 @@ demo:
     vgpuctl apply desired-state/harvester-kgd9c.yaml --yes "${host[@]}"
     say vgpuctl status
     vgpuctl status "${host[@]}"
+    say "vgpuctl status -o crds   # the SRIOVGPUDevice and the first of 16 VGPUDevices"
+    vgpuctl status -o crds "${host[@]}" | awk '/^---$/ { n++ } n < 2'
     say vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode
     vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode "${host[@]}"
 

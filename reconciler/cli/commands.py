@@ -525,7 +525,7 @@ def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
         from reconciler.cli.documents import crd_objects
 
         objects = crd_objects(inventory, host.catalog)
-        _out(yaml.safe_dump_all(objects, sort_keys=False) if objects else "")
+        _out(yaml.safe_dump_all(objects, sort_keys=False, width=1 << 16) if objects else "")
     elif ns.output == "json":
         _out(json.dumps(inventory.to_json(), indent=2) + "\n")
     elif ns.output == "yaml":

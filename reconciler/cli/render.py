@@ -213,9 +213,9 @@ def plan_text(
         out.append("Unchanged:")
         for n in plan.noops:
             out.append(style.dim(f"    = {n.target}  {n.reason}"))
-    for note in plan.notes:
+    if plan.notes and out:
         out.append("")
-        out.append(f"Note: {note}")
+    out.extend(f"Note: {note}" for note in plan.notes)
     if out:
         out.append("")
     out.append(summary_line(plan))
