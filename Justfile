@@ -41,6 +41,10 @@ lint:
     {{python}} -m mypy --strict reconciler
     lint-imports
 
+# Regenerate the device-plugin gRPC code from reconciler/deviceplugin/v1beta1/api.proto.
+proto:
+    {{python}} -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. --pyi_out=. reconciler/deviceplugin/v1beta1/api.proto
+
 # Benchmarks; results as JSON in bench-results.json (and on stdout).
 bench:
     if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi; \

@@ -69,6 +69,9 @@ class VGPU:
     type_name: str
     in_use: bool = False  # held by a VM: never removed
     holder: str = ""  # who holds it, when known (a VM name, a process)
+    #: The vGPU's IOMMU group: a VM opens ``/dev/vfio/<group>`` (the device plugin hands it
+    #: out). Empty when not known (e.g. an inventory rebuilt from the cluster).
+    iommu_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +201,20 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
                 "index": v.index,
                 "vgpu": None
                 if v.vgpu is None
-                else {"type": v.vgpu.type_name, "uuid": v.vgpu.uuid, "holder": v.vgpu.holder},
+                else _vgpu_json(v.vgpu),
                 "creatableTypes": sorted(v.creatable),
                 "inUse": bool(v.vgpu and v.vgpu.in_use),
             }
             for v in g.vfs
         ],
     }
+
+
+def _vgpu_json(vgpu: VGPU) -> dict[str, Any]:
+    doc: dict[str, Any] = {"type": vgpu.type_name, "uuid": vgpu.uuid, "holder": vgpu.holder}
+    if vgpu.iommu_group:
+        doc["iommuGroup"] = vgpu.iommu_group
+    return doc
 
 
 def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
@@ -223,6 +233,7 @@ def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
                     type_name=str(vg["type"]),
                     in_use=bool(v.get("inUse", False)),
                     holder=str(vg.get("holder", "")),
+                    iommu_group=str(vg.get("iommuGroup", "")),
                 ),
                 creatable=frozenset(v.get("creatableTypes", [])),
             )

@@ -47,9 +47,8 @@ def observe_host(
     vanished: OSError | None = None
     for _attempt in range(2):
         try:
-            inventory, groups = _scan(
-                tree, node=node, catalog=catalog, groups=hold_probe is not None
-            )
+            # IOMMU groups are read always: one link per vGPU, and the device plugin needs them.
+            inventory, groups = _scan(tree, node=node, catalog=catalog, groups=True)
             break
         except (FileNotFoundError, NotADirectoryError) as exc:
             vanished = exc
@@ -145,7 +144,12 @@ def _gpu(pf: PhysicalFunction, reading: GpuReading, catalog: Catalog) -> Gpu:
         vf_offset=pf.vf_offset,
         vf_stride=pf.vf_stride,
         vfs=tuple(
-            Vf(address=vf.address, index=vf.index, vgpu=r.vgpu, creatable=r.creatable)
+            Vf(
+                address=vf.address,
+                index=vf.index,
+                vgpu=replace(r.vgpu, iommu_group=r.iommu_group or "") if r.vgpu else None,
+                creatable=r.creatable,
+            )
             for vf, r in zip(pf.vfs, reading.vfs, strict=True)
         ),
         types=reading.types,

@@ -296,9 +296,9 @@ def test_enabled_vfs_without_mdev_types_read_as_no_interface(host: HostTree) -> 
 
 def test_existing_vgpu_is_found_on_its_vf_with_its_type_name(host: HostTree) -> None:
     vfs = host.gpu(A2, vfs=16)
-    host.mdev(vfs[1], UUID_1, "nvidia-746")  # NVIDIA A2-4Q
+    host.mdev(vfs[1], UUID_1, "nvidia-746", group=77)  # NVIDIA A2-4Q
     a2 = observe(host).gpus[0]
-    assert a2.vfs[1].vgpu == VGPU(uuid=UUID_1, type_name="NVIDIA A2-4Q")
+    assert a2.vfs[1].vgpu == VGPU(uuid=UUID_1, type_name="NVIDIA A2-4Q", iommu_group="77")
     assert a2.vfs[1].creatable == frozenset()
     assert [v.index for v in a2.vfs if v.vgpu] == [1]
 
@@ -322,11 +322,11 @@ def test_vgpu_type_id_not_listed_by_the_vf_is_named_from_its_own_directory(
 
 def test_vgpu_whose_type_directory_is_gone_keeps_the_type_id(host: HostTree) -> None:
     vfs = host.gpu(A2, vfs=2)
-    mdev = host.mdev(vfs[0], UUID_1, "nvidia-746")
+    mdev = host.mdev(vfs[0], UUID_1, "nvidia-746", group=12)
     (mdev / "mdev_type").unlink()
     os.symlink("../mdev_supported_types/nvidia-999", mdev / "mdev_type")
     vgpu = observe(host).gpus[0].vfs[0].vgpu
-    assert vgpu == VGPU(uuid=UUID_1, type_name="nvidia-999")
+    assert vgpu == VGPU(uuid=UUID_1, type_name="nvidia-999", iommu_group="12")
 
 
 def test_mdev_of_another_parent_is_ignored(host: HostTree) -> None:
@@ -374,8 +374,10 @@ def test_hold_probe_is_asked_with_iommu_groups_and_marks_vgpus_in_use(host: Host
     probe = RecordingProbe({UUID_1: "pid 4242 (qemu-system-x86)"})
     a2 = observe(host, hold_probe=probe).gpus[0]
     assert probe.asked == {UUID_1: "45", UUID_2: "48"}
-    assert a2.vfs[0].vgpu == VGPU(UUID_1, "NVIDIA A2-4Q", True, "pid 4242 (qemu-system-x86)")
-    assert a2.vfs[3].vgpu == VGPU(UUID_2, "NVIDIA A2-4A")
+    assert a2.vfs[0].vgpu == VGPU(
+        UUID_1, "NVIDIA A2-4Q", True, "pid 4242 (qemu-system-x86)", iommu_group="45"
+    )
+    assert a2.vfs[3].vgpu == VGPU(UUID_2, "NVIDIA A2-4A", iommu_group="48")
 
 
 def test_vgpu_without_iommu_group_is_asked_about_as_none(host: HostTree) -> None:
@@ -528,7 +530,7 @@ def test_files_vanishing_twice_is_a_clear_transient_error(
 def test_inventory_json_matches_schema_and_round_trips(host: HostTree) -> None:
     vfs = mixed_host(host)
     host.mdev(vfs[0], UUID_1, "nvidia-751")  # NVIDIA A2-4A
-    host.mdev(vfs[1], UUID_2, "nvidia-746")
+    host.mdev(vfs[1], UUID_2, "nvidia-746", group=61)
     inventory = observe(host, hold_probe=RecordingProbe({UUID_2: "pid 7 (qemu-kvm)"}))
     doc = inventory.to_json()
     schema = json.loads(SCHEMA.read_text())
@@ -539,6 +541,7 @@ def test_inventory_json_matches_schema_and_round_trips(host: HostTree) -> None:
         "type": "NVIDIA A2-4Q",
         "uuid": UUID_2,
         "holder": "pid 7 (qemu-kvm)",
+        "iommuGroup": "61",
     }
     assert doc["gpus"][0]["vfs"][1]["inUse"] is True
 

@@ -1,0 +1,1 @@
+"""Generated code for the kubelet device-plugin API v1beta1 (``just proto``; do not edit)."""
