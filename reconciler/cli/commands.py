@@ -19,6 +19,7 @@ from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import Style, gpu_summary, plan_text, status_table, summary_line
 from reconciler.model import (
+    ActionKind,
     ApplyError,
     Desired,
     DesiredNode,
@@ -425,6 +426,7 @@ def _execute(
             on_outcome=_progress(style),
         )
         failed = result.failed
+        _report_refreshes(plan)
         api = host.cluster_api
         if failed is None and api is not None:
             # The CR statuses were planned from a prediction of the host; plan them again from
@@ -433,11 +435,28 @@ def _execute(
             failed = _execute_cluster(cluster_plan, result, api, style, adopt=adopt)
     elapsed = time.monotonic() - started
     if failed is None:
-        _err(f"Applied {len(plan.actions)} actions in {elapsed:.1f} s.")
+        applied = sum(1 for a in plan.actions if a.kind is not ActionKind.DEVICE_PLUGIN_REFRESH)
+        _err(f"Applied {applied} actions in {elapsed:.1f} s.")
         return True
     _err(style.red(f"Apply failed: {failed.message}"))
     _err("Nothing after the failed action ran; fix the cause and run apply again.")
     return False
+
+
+CLUSTER_KINDS = frozenset(
+    {ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE, ActionKind.KUBEVIRT_UPDATE}
+)
+
+
+def _report_refreshes(plan: Plan) -> None:
+    """This process runs no device plugin: a running ``vgpuctl device-plugin`` (or watch) sees
+    the new vGPUs by rescanning; say which resources change."""
+    refreshed = [a.target for a in plan.actions if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH]
+    if refreshed:
+        _err(
+            f"Device plugins: {', '.join(refreshed)} change; a running device plugin picks "
+            "this up on its next rescan."
+        )
 
 
 def _execute_cluster(
@@ -456,7 +475,7 @@ def _execute_cluster(
 
     events = EventRecorder(api, node=plan.node)
     result = execute_cluster(
-        [a for a in plan.actions if not a.kind.is_host],
+        [a for a in plan.actions if a.kind in CLUSTER_KINDS],
         api=api,
         events=events,
         replan=partial(replan_object, adopt=adopt),

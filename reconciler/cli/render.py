@@ -128,7 +128,7 @@ def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
     """Cluster writes: one line per object, with its field-level changes under it."""
     out: list[str] = []
     for a in actions:
-        if a.kind.is_host:
+        if a.kind.is_host or a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
             continue
         params = dict(a.params)
         kind = str(params.get("kind", ""))
@@ -150,6 +150,17 @@ def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
         else:
             out.append(f"    {style.yellow('~')} {a.kind.value} {a.target}")
         out.append(style.dim(f"        {a.reason}"))
+    return out
+
+
+def _plugin_lines(actions: Sequence[Action], style: Style) -> list[str]:
+    """Device-plugin refreshes: which advertised resources change, and to how many devices."""
+    out = []
+    for a in actions:
+        if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
+            devices = a.params.get("devices") or ()
+            out.append(f"    {style.yellow('~')} {a.target}: {len(devices)} device(s)")
+            out.append(style.dim(f"        {a.reason}"))
     return out
 
 
@@ -186,7 +197,8 @@ def plan_text(
     blocked = _blocked_lines(plan.blocked, style)
     gpus = sorted(set(actions) | set(blocked), key=_sort_key)
     cluster = _cluster_lines(plan.actions, style)
-    if gpus or cluster:
+    plugins = _plugin_lines(plan.actions, style)
+    if gpus or cluster or plugins:
         out.append(f"vgpuctl will perform the following actions on node {style.bold(plan.node)}:")
     for gpu in gpus:
         model = models.get(gpu)
@@ -203,6 +215,10 @@ def plan_text(
         out.append("")
         out.append(style.bold("  # Cluster objects"))
         out.extend(cluster)
+    if plugins:
+        out.append("")
+        out.append(style.bold("  # Device plugins"))
+        out.extend(plugins)
     drift = _drift_lines(plan, style)
     if drift:
         out.append("")

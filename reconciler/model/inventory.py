@@ -199,9 +199,7 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
             {
                 "address": str(v.address),
                 "index": v.index,
-                "vgpu": None
-                if v.vgpu is None
-                else _vgpu_json(v.vgpu),
+                "vgpu": None if v.vgpu is None else _vgpu_json(v.vgpu),
                 "creatableTypes": sorted(v.creatable),
                 "inUse": bool(v.vgpu and v.vgpu.in_use),
             }

@@ -229,17 +229,16 @@ class Plan:
         """Terraform's counts: a replacement (remove + create on one VF) is one change.
 
         SR-IOV enable counts as a create and disable as a remove; CR and KubeVirt writes count as
-        creates, changes or removes by their kind; a device-plugin refresh counts as a change.
+        creates, changes or removes by their kind. A device-plugin refresh is not counted: it
+        follows from the vGPU changes already counted, and changes nothing by itself.
         """
         create = change = remove = 0
         for a in self.actions:
             if a.kind is ActionKind.VGPU_REMOVE and a.is_replacement:
                 continue  # counted once, on its create
-            if a.is_replacement or a.kind in (
-                ActionKind.CR_UPDATE,
-                ActionKind.KUBEVIRT_UPDATE,
-                ActionKind.DEVICE_PLUGIN_REFRESH,
-            ):
+            if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
+                continue
+            if a.is_replacement or a.kind in (ActionKind.CR_UPDATE, ActionKind.KUBEVIRT_UPDATE):
                 change += 1
             elif a.kind in (ActionKind.VGPU_CREATE, ActionKind.SRIOV_ENABLE, ActionKind.CR_CREATE):
                 create += 1

@@ -39,6 +39,7 @@ from reconciler.plan.cluster import plan_cluster
 from reconciler.plan.diff import Step, diff_gpu
 from reconciler.plan.offer import Offer, gpu_label, offer_for
 from reconciler.plan.predict import predict_inventory
+from reconciler.plan.refresh import refresh_steps
 from reconciler.plan.render import render_with
 from reconciler.plan.uses import mark_cluster_uses
 
@@ -81,10 +82,10 @@ def plan_node(
     noops = list(host.noops)
     notes = list(host.notes)
     drift: list[Drift] = []
+    predicted = predict_inventory(inventory, actions, catalog=catalog)
     if cluster is None:
         notes.append(NO_CLUSTER)
     else:
-        predicted = predict_inventory(inventory, actions, catalog=catalog)
         configured = {p for profiles in host.assignments.values() for p in profiles.values()}
         cluster_plan = plan_cluster(
             render_with(inventory.node, host.managed.values(), predicted, host.assignments),
@@ -103,6 +104,11 @@ def plan_node(
         for note in (*cluster.notes, *cluster_plan.notes):
             if note not in notes:
                 notes.append(note)
+    # Last of all: the device plugins learn the device sets the host now has.
+    actions.extend(
+        Action(seq=i, kind=s.kind, target=s.target, reason=s.reason, params=s.params)
+        for i, s in enumerate(refresh_steps(host.actions, predicted), start=len(actions) + 1)
+    )
     return Plan(
         node=observed.node,
         interface=_interface(observed),

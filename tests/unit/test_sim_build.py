@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -198,12 +197,8 @@ def test_state_file_holds_what_sysfs_cannot(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_eight_l40s_with_sriov_on_build_quickly(tmp_path: Path) -> None:
+def test_eight_l40s_with_sriov_on(tmp_path: Path) -> None:
+    """256 VFs × 29 types (about 55,000 files); its build time is in `just bench`."""
     spec = {"gpus": [{"model": "L40S", "sriov": "enabled"} for _ in range(8)]}
-    started = time.perf_counter()
     host = build_host(tmp_path, spec)
-    elapsed = time.perf_counter() - started
     assert sum(1 for g in host.gpus() if g.sriov_enabled) == 8
-    # 256 VFs × 29 types: about 55,000 files and dirs. Under a second on tmpfs; a slow or
-    # contended disk needs more, hence the generous bound.
-    assert elapsed < 20, f"building 8 × L40S took {elapsed:.1f} s"
