@@ -11,7 +11,6 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +18,9 @@ from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import Style, gpu_summary, plan_text, status_table, summary_line
 from reconciler.model import (
-    ActionKind,
     ApplyError,
     Desired,
     DesiredNode,
-    Inventory,
     Plan,
     ReconcilerError,
     UsageError,
@@ -31,9 +28,8 @@ from reconciler.model import (
 )
 
 if TYPE_CHECKING:
-    from reconciler.apply import ApplyResult, Outcome
-    from reconciler.model.cluster import ClusterState
-    from reconciler.model.clusterapi import ClusterApi
+    from reconciler.apply import Outcome
+    from reconciler.apply.reconcile import Planned
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -75,30 +71,11 @@ def select_node(desired: Desired, node: str) -> DesiredNode:
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class Planned:
-    """One observation of the node (host, and cluster when configured) and its plan."""
-
-    inventory: Inventory
-    cluster: ClusterState | None
-    plan: Plan
-
-
 def plan_for(node: DesiredNode, host: Host, *, adopt: bool = False) -> Planned:
-    """Observe the host and the cluster, then plan. A cluster that cannot be read stops here,
-    before any host action could run on the strength of what it did not say."""
-    from reconciler.plan import plan_node
-    from reconciler.plan.uses import mark_cluster_uses
+    """Observe the host and the cluster, then plan (the shared engine's step)."""
+    from reconciler.apply.reconcile import plan_for as engine_plan_for
 
-    inventory = host.observe()
-    cluster = host.observe_cluster()
-    planned_from = inventory
-    if cluster is None:
-        uses = host.kubelet_uses()
-        if uses is not None:
-            planned_from = mark_cluster_uses(inventory, uses)
-    plan = plan_node(node, planned_from, catalog=host.catalog, cluster=cluster, adopt=adopt)
-    return Planned(inventory, cluster, plan)
+    return engine_plan_for(host.ports(), node, adopt=adopt)
 
 
 def plan_files(
@@ -410,83 +387,30 @@ def _execute(
     timeout: float,
     verify_timeout: float,
 ) -> bool:
-    """Host actions first; then, with a cluster, the CR and KubeVirt writes planned from the
-    host as it now is, and the Events. All under the node lock. True when nothing failed."""
-    from reconciler.apply import Journal, NodeLock, execute
+    """Run the plan through the shared engine, showing progress. True when nothing failed."""
+    from reconciler.apply.reconcile import apply_plan
 
-    started = time.monotonic()
-    host_actions = tuple(a for a in plan.actions if a.kind.is_host)
-    with NodeLock(host.state_dir, plan.node, command=" ".join(["vgpuctl", *sys.argv[1:]])):
-        journal = Journal(host.state_dir, plan.node)
-        result = execute(
-            replace(plan, actions=host_actions),
-            driver=host.driver(command_timeout=timeout),
-            journal=journal,
-            verify_timeout=verify_timeout,
-            on_outcome=_progress(style),
+    report = apply_plan(
+        plan,
+        node,
+        host.ports(command_timeout=timeout),
+        adopt=adopt,
+        verify_timeout=verify_timeout,
+        on_outcome=_progress(style),
+        command=" ".join(["vgpuctl", *sys.argv[1:]]),
+    )
+    if report.refreshes:
+        _err(
+            f"Device plugins: {', '.join(a.target for a in report.refreshes)} change; a running "
+            "device plugin picks this up on its next rescan."
         )
-        failed = result.failed
-        _report_refreshes(plan)
-        api = host.cluster_api
-        if failed is None and api is not None:
-            # The CR statuses were planned from a prediction of the host; plan them again from
-            # what the host now is (and from the cluster as it now is).
-            cluster_plan = plan_for(node, host, adopt=adopt).plan if host_actions else plan
-            failed = _execute_cluster(cluster_plan, result, api, style, adopt=adopt)
-    elapsed = time.monotonic() - started
+    failed = report.failed
     if failed is None:
-        applied = sum(1 for a in plan.actions if a.kind is not ActionKind.DEVICE_PLUGIN_REFRESH)
-        _err(f"Applied {applied} actions in {elapsed:.1f} s.")
+        _err(f"Applied {report.applied} actions in {report.seconds:.1f} s.")
         return True
     _err(style.red(f"Apply failed: {failed.message}"))
     _err("Nothing after the failed action ran; fix the cause and run apply again.")
     return False
-
-
-CLUSTER_KINDS = frozenset(
-    {ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE, ActionKind.KUBEVIRT_UPDATE}
-)
-
-
-def _report_refreshes(plan: Plan) -> None:
-    """This process runs no device plugin: a running ``vgpuctl device-plugin`` (or watch) sees
-    the new vGPUs by rescanning; say which resources change."""
-    refreshed = [a.target for a in plan.actions if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH]
-    if refreshed:
-        _err(
-            f"Device plugins: {', '.join(refreshed)} change; a running device plugin picks "
-            "this up on its next rescan."
-        )
-
-
-def _execute_cluster(
-    plan: Plan,
-    host_result: ApplyResult,
-    api: ClusterApi,
-    style: Style,
-    *,
-    adopt: bool,
-) -> Outcome | None:
-    from functools import partial
-
-    from reconciler.apply import execute_cluster, record_host_events
-    from reconciler.kube import EventRecorder
-    from reconciler.plan import replan_object
-
-    events = EventRecorder(api, node=plan.node)
-    result = execute_cluster(
-        [a for a in plan.actions if a.kind in CLUSTER_KINDS],
-        api=api,
-        events=events,
-        replan=partial(replan_object, adopt=adopt),
-        node=plan.node,
-        run_id=host_result.run_id,
-        on_outcome=_progress(style),
-    )
-    record_host_events(host_result.outcomes, node=plan.node, events=events, blocked=plan.blocked)
-    if events.disabled:
-        _err(f"note: Events not recorded: {events.disabled}")
-    return result.failed
 
 
 def _progress(style: Style) -> Callable[[Outcome], None]:

@@ -20,6 +20,7 @@ from reconciler.model.cluster import ClusterState, DeviceUse
 
 if TYPE_CHECKING:
     from reconciler.apply import MdevDriver
+    from reconciler.apply.reconcile import NodePorts
     from reconciler.kube import KubernetesApi
     from reconciler.sim import SimHost
 
@@ -130,4 +131,26 @@ class Host:
             runner=SubprocessRunner(),
             sriov_manage=self.sriov_manage_argv,
             command_timeout=command_timeout,
+        )
+
+    def ports(self, *, command_timeout: float = 300.0) -> NodePorts:
+        """This node's parts, for the shared reconcile (``reconciler.apply.reconcile``)."""
+        from reconciler.apply.reconcile import NodePorts
+
+        api = self.cluster_api
+        events = None
+        if api is not None:
+            from reconciler.kube import EventRecorder
+
+            events = EventRecorder(api, node=self.options.node)
+        return NodePorts(
+            node=self.options.node,
+            catalog=self.catalog,
+            state_dir=self.state_dir,
+            observe_host=self.observe,
+            observe_cluster=self.observe_cluster,
+            kubelet_uses=self.kubelet_uses,
+            driver=lambda: self.driver(command_timeout=command_timeout),
+            cluster_api=api,
+            events=events,
         )
