@@ -128,8 +128,16 @@ def bench_node(tmp: Path) -> dict[str, Any]:
             lambda: subprocess.run([exe, *argv[3:]], check=True, capture_output=True, env=env),
             repeat=10,
         )
+    cluster_in_sync = _cluster_in_sync(node, inv)
+    cluster_plan = _timeit(
+        lambda: plan_node(node, inv, catalog=catalog, cluster=cluster_in_sync), repeat=20
+    )
     return {
         "host": "8 x NVIDIA L40S, 256 VFs, 48 vGPUs",
+        "plan_with_cluster_in_sync_in_process": cluster_plan,
+        "plan_with_cluster_in_sync_actions": len(
+            plan_node(node, inv, catalog=catalog, cluster=cluster_in_sync).actions
+        ),
         "vfs": sum(len(g.vfs) for g in inv.gpus),
         "types_per_vf": len(inv.gpus[0].types),
         "plan_actions": len(plan.actions),  # type: ignore[attr-defined]
@@ -141,6 +149,36 @@ def bench_node(tmp: Path) -> dict[str, Any]:
         "cold_plan_console_script": cold_script,
         "target_cold_plan_s": 0.5,
     }
+
+
+def _cluster_in_sync(node: Any, inventory: Any) -> Any:
+    """The cluster as vgpuctl leaves it for this node: every CR rendered and stored."""
+    from reconciler.model.cluster import ClusterState, KubeObject, KubeVirtConfig
+    from reconciler.plan import render_objects
+
+    stored = [
+        KubeObject.from_json({**o.to_json(), "metadata": {**o.to_json()["metadata"],
+                                                          "resourceVersion": "1"}})
+        for o in render_objects(NODE, node, inventory)
+    ]  # fmt: skip
+    return ClusterState(
+        node=NODE,
+        sriov_gpu_devices={o.name: o for o in stored if o.kind == "SRIOVGPUDevice"},
+        vgpu_devices={o.name: o for o in stored if o.kind == "VGPUDevice"},
+        kubevirt=KubeVirtConfig(
+            namespace="harvester-system",
+            name="kubevirt",
+            resource_version="1",
+            mediated_devices=(
+                {
+                    "mdevNameSelector": "NVIDIA L40S-8Q",
+                    "resourceName": "nvidia.com/NVIDIA_L40S-8Q",
+                    "externalResourceProvider": True,
+                },
+            ),
+            owned=frozenset({"NVIDIA L40S-8Q"}),
+        ),
+    )
 
 
 FLEET_CHILD = r"""
