@@ -45,7 +45,9 @@ lint:
 proto:
     {{python}} -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. --pyi_out=. reconciler/deviceplugin/v1beta1/api.proto
 
-# Benchmarks; results as JSON in bench-results.json (and on stdout).
+# Benchmarks (engine, device plugin, watch); each writes its JSON results to a file too.
 bench:
     if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi; \
-    {{python}} tests/bench/run.py --out bench-results.json
+    {{python}} tests/bench/run.py --out bench-results.json && \
+    {{python}} -m tests.bench.deviceplugin --out bench-deviceplugin.json && \
+    {{python}} -m tests.bench.watch --out bench-watch.json

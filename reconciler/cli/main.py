@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from reconciler.cli import commands, sim_commands
+    from reconciler.cli import commands, deviceplugin_command, sim_commands, watch_command
 
     parser = _Parser(
         prog="vgpuctl",
@@ -42,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for register in (*commands.REGISTRY, sim_commands.register):
+    for register in (
+        *commands.REGISTRY,
+        watch_command.register,
+        deviceplugin_command.register,
+        sim_commands.register,
+    ):
         sp = register(sub)
         for leaf in _leaves(sp):
             add_global_options(leaf, suppress=True)

@@ -7,6 +7,7 @@ and ``apply`` get a :class:`Desired` or a :class:`ValidationError` carrying all 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -28,17 +29,38 @@ from reconciler.model import (
 )
 
 
-def load_desired(paths: Sequence[Path], *, catalog: Catalog) -> Desired:
+def load_desired(paths: Sequence[Path], *, catalog: Catalog, directories: bool = False) -> Desired:
     """The desired state the files describe together (nodes merge across files).
 
+    With ``directories``, a directory stands for its desired-state files (see
+    :func:`directory_files`); without, a directory is reported as a problem.
     Raises :class:`ValidationError` whose ``problems`` are every problem found, in file order.
     """
-    return _raise_if_invalid(*_load(paths, catalog=catalog))
+    return _raise_if_invalid(*_load(paths, catalog=catalog, directories=directories))
 
 
-def validate_files(paths: Sequence[Path], *, catalog: Catalog) -> list[Problem]:
+def validate_files(
+    paths: Sequence[Path], *, catalog: Catalog, directories: bool = False
+) -> list[Problem]:
     """Every problem in the files (empty when they are valid): ``vgpuctl validate``."""
-    return _load(paths, catalog=catalog)[1]
+    return _load(paths, catalog=catalog, directories=directories)[1]
+
+
+def directory_files(directory: Path) -> list[Path]:
+    """The desired-state files of a directory: its ``*.yaml`` and ``*.yml`` entries that are
+    files (a link to a file counts), sorted by name, not descending into subdirectories.
+
+    Entries whose name starts with a dot are skipped: a ConfigMap volume keeps its real files in
+    ``..data/`` and ``..<timestamp>/`` beside the ``name.yaml`` links to them, and editors keep
+    swap and backup files there. Raises ``OSError`` when the directory cannot be listed.
+    """
+    return [
+        directory / name
+        for name in sorted(os.listdir(directory))
+        if not name.startswith(".")
+        and name.endswith((".yaml", ".yml"))
+        and os.path.isfile(directory / name)
+    ]
 
 
 def load_document(document: Mapping[str, Any], *, source: str, catalog: Catalog) -> Desired:
@@ -60,11 +82,30 @@ def _raise_if_invalid(desired: Desired | None, problems: list[Problem]) -> Desir
     return desired
 
 
-def _load(paths: Sequence[Path], *, catalog: Catalog) -> tuple[Desired | None, list[Problem]]:
+def _load(
+    paths: Sequence[Path], *, catalog: Catalog, directories: bool = False
+) -> tuple[Desired | None, list[Problem]]:
     if not paths:
         return None, [Problem("no desired-state files given")]
-    read = [read_document(Path(path)) for path in paths]
-    return _combine(read, files=tuple(str(p) for p in paths), catalog=catalog)
+    files: list[Path] = []
+    problems: list[Problem] = []
+    for path in map(Path, paths):
+        if not (directories and path.is_dir()):
+            files.append(path)
+            continue
+        try:
+            listed = directory_files(path)
+        except OSError as exc:
+            problems.append(Problem(f"cannot list: {exc.strerror or exc}", file=str(path)))
+            continue
+        if not listed:
+            problems.append(Problem("no desired-state files (*.yaml, *.yml) here", file=str(path)))
+        files.extend(listed)
+    read = [read_document(path) for path in files]
+    desired, found = _combine(read, files=tuple(str(p) for p in files), catalog=catalog)
+    if problems:
+        return None, problems + found
+    return desired, found
 
 
 def _combine(

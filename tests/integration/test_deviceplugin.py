@@ -242,6 +242,11 @@ def test_kubelet_restart_reregisters_within_1s_losing_no_device(
     before = {r: set(kubelet.devices(r)) for r in (A2_4A, A2_4Q)}
 
     for epoch in (2, 3):  # and again: the watch survives a restart
+        # Let the plugins settle first (the crash-loop test below does not).
+        kubelet.wait_for(
+            lambda: manager.registered(A2_4A) and manager.registered(A2_4Q),
+            what="the manager to have nothing left to do",
+        )
         t0 = time.monotonic()
         kubelet.restart()  # deletes every socket, the plugins' too
         assert kubelet.epoch == epoch
@@ -263,6 +268,30 @@ def test_kubelet_restart_reregisters_within_1s_losing_no_device(
     remove_vgpu(seed_host, U5)
     manager.update(observe(seed_host), removed_on_purpose=[U5])
     wait_allocatable(kubelet, {A2_4Q: 1})
+
+
+def test_kubelet_crash_loop_ends_with_every_plugin_registered_within_1s(
+    kubelet: FakeKubelet, manager: PluginManager, seed_host: SimHost, plugin_dir: Path
+) -> None:
+    # Restarts back to back: sockets vanish while plugins are still serving again and
+    # registering after the previous one. Whatever state that leaves, one more second after
+    # the last restart every plugin must serve and be registered with all its devices.
+    seeded(kubelet, manager, seed_host)
+    before = {r: set(kubelet.devices(r)) for r in (A2_4A, A2_4Q)}
+    for _ in range(5):
+        kubelet.restart()
+    t0 = time.monotonic()
+    kubelet.wait_for(
+        lambda: (
+            {r: set(kubelet.devices(r)) for r in (A2_4A, A2_4Q)} == before
+            and (plugin_dir / SOCKET_4A).exists()
+            and (plugin_dir / SOCKET_4Q).exists()
+        ),
+        timeout=1.0,
+        what="every plugin registered after a kubelet crash loop",
+    )
+    assert {r.resource for r in kubelet.accepted(epoch=kubelet.epoch)} == {A2_4A, A2_4Q}
+    assert all(r.at - t0 < 1.0 for r in kubelet.accepted(epoch=kubelet.epoch))
 
 
 def test_kubelet_restart_keeps_unhealthy_devices_listed(

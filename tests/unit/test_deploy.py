@@ -318,7 +318,7 @@ def test_every_vgpuctl_variable_is_one_the_cli_reads(monkeypatch: pytest.MonkeyP
 
 def test_the_desired_state_configmap_is_what_watch_reads() -> None:
     assert CONTAINER["command"] == ["vgpuctl"]
-    assert CONTAINER["args"] == ["watch", "/etc/vgpuctl/desired-state"]
+    assert CONTAINER["args"][:2] == ["watch", "/etc/vgpuctl/desired-state"]
     assert not {"sh", "bash", "-c"} & {PurePosixPath(a).name for a in CONTAINER["args"]}
     (mount,) = [m for m in CONTAINER["volumeMounts"] if m["mountPath"] == CONTAINER["args"][1]]
     assert mount["readOnly"]
@@ -398,3 +398,16 @@ def test_the_binding_gives_the_role_to_the_service_account() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
     ]
+
+
+def test_the_probes_reach_the_watch_endpoint() -> None:
+    """watch listens on the pod IP at the port the probes name; the args parse as the CLI's."""
+    from reconciler.cli.main import build_parser
+
+    ns = build_parser().parse_args(CONTAINER["args"])
+    host, port = ns.listen.rsplit(":", 1)
+    assert host == "0.0.0.0"  # noqa: S104 (the pod IP, so the kubelet can probe it)
+    (named,) = [p for p in CONTAINER["ports"] if p["name"] == "metrics"]
+    assert named["containerPort"] == int(port)
+    assert CONTAINER["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert CONTAINER["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}

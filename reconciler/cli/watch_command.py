@@ -1,0 +1,292 @@
+"""``vgpuctl watch FILE|DIR``: the node agent's main process (the DaemonSet runs it).
+
+Composition only: the node's ports come from :class:`~reconciler.cli.host.Host` as for
+``apply``; the device plugins (``reconciler.deviceplugin``, which loads grpc: only this command
+does) and the cluster's fingerprint are built here and handed to the loop
+(``reconciler.watch``), which knows neither the kube adapter nor grpc.
+
+Signals: SIGTERM and SIGINT ask the loop to stop; a reconcile under way runs to its end (never
+interrupted between two sysfs writes), then the device plugins stop and the process exits 0.
+The handler only wakes the main thread through a pipe (``signal.set_wakeup_fd``): it takes no
+lock, so it cannot deadlock with the code it interrupts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reconciler.cli.host import Host
+from reconciler.cli.options import GlobalOptions
+from reconciler.model import UsageError
+
+if TYPE_CHECKING:
+    from reconciler.deviceplugin import PluginManager
+    from reconciler.watch.loop import WatchLoop
+
+EXIT_OK, EXIT_ERROR = 0, 1
+DEFAULT_LISTEN = "127.0.0.1:9477"
+
+log = logging.getLogger("vgpuctl.watch")
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "watch",
+        help="keep this node converged on a desired state, continuously (the node agent)",
+        description="Reconcile at start, then whenever the desired-state file or directory "
+        "changes (editors' rename-over, a ConfigMap update, a git-sync checkout), the host "
+        "drifts (a cheap rescan every --rescan-interval seconds: a vGPU removed by hand, a "
+        "reboot) or our cluster objects are edited. One reconcile at a time; failures are "
+        "retried with backoff; an invalid desired state is reported and the last valid one "
+        "stays in force. Serves /healthz, /readyz and /metrics on --listen, and the kubelet "
+        "device plugins for the vGPUs. SIGTERM/SIGINT finish the reconcile under way and "
+        "exit 0.",
+    )
+    p.add_argument(
+        "path",
+        metavar="FILE|DIR",
+        help="a desired-state file, or a directory of them (its *.yaml and *.yml files; "
+        "names starting with a dot are skipped)",
+    )
+    p.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address of /healthz, /readyz and /metrics (default {DEFAULT_LISTEN}; port 0 "
+        "picks a free port, logged at start; 0.0.0.0:9477 for probes and scrapes from "
+        "outside the pod)",
+    )
+    p.add_argument(
+        "--rescan-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how often the host (and the cluster) are checked for drift (default 10)",
+    )
+    p.add_argument(
+        "--debounce",
+        type=float,
+        default=0.2,
+        metavar="SECONDS",
+        help="quiet time after a desired-state file event before it is read (default 0.2)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines on stderr: text (default), or JSON lines with ts, level, logger, msg "
+        "and the line's fields",
+    )
+    p.add_argument(
+        "--plugin-dir",
+        metavar="DIR",
+        help="the kubelet's device-plugin directory (default: --kubelet-dir/device-plugins)",
+    )
+    p.add_argument(
+        "--no-device-plugin",
+        action="store_true",
+        help="do not serve the kubelet device plugins",
+    )
+    p.add_argument(
+        "--adopt",
+        action="store_true",
+        help="take over SRIOVGPUDevice/VGPUDevice objects another controller manages",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long one sriov-manage call may take before it is killed (default 300)",
+    )
+    p.add_argument(
+        "--verify-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for an action's effect to appear in sysfs (default 120)",
+    )
+    p.set_defaults(handler=cmd_watch)
+    return p
+
+
+def cmd_watch(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.watch.endpoint import parse_listen
+    from reconciler.watch.logs import configure
+
+    if not ns.rescan_interval > 0:
+        raise UsageError("--rescan-interval must be a positive number of seconds")
+    if ns.debounce < 0:
+        raise UsageError("--debounce must not be negative")
+    try:
+        listen = parse_listen(ns.listen)
+    except ValueError as exc:
+        raise UsageError(f"--listen {exc}") from None
+    handler = configure(log_format=ns.log_format)
+    try:
+        return _watch(ns, options, listen)
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, int]) -> int:
+    from prometheus_client import disable_created_metrics
+
+    from reconciler.observe import ProcfsHoldProbe
+    from reconciler.observe.checkpoint import checkpoint_file
+    from reconciler.watch.endpoint import OperationsEndpoint
+    from reconciler.watch.follow import DesiredStateWatch
+    from reconciler.watch.loop import WatchLoop, WatchSettings
+    from reconciler.watch.metrics import CONTENT_TYPE, WatchMetrics
+    from reconciler.watch.signature import HostSignature, cluster_signature
+    from reconciler.watch.source import DesiredSource
+
+    host = Host(options)
+    source = DesiredSource.at(Path(ns.path))
+    cluster = None
+    api = host.cluster_api  # connects (a bad kubeconfig is an error at start, not a retry)
+    if api is not None:
+        cluster = partial(
+            cluster_signature,
+            api,
+            node=options.node,
+            kubevirt_namespace=options.kubevirt_namespace,
+        )
+    sim = host.sim
+    # Who holds a vGPU matters to a converged node only through the CR status that mirrors
+    # it; without a cluster the /proc scan is left to the full observation.
+    probe = (sim.hold_probe() if sim else ProcfsHoldProbe()) if host.has_cluster else None
+    signature = HostSignature(
+        options.sysfs_root,
+        hold_probe=probe,
+        extra_files=(checkpoint_file(options.kubelet_dir),),
+    )
+    # The *_created series double every counter for a start time nobody graphs; the
+    # switch is process-wide, and this process is the agent.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    metrics = WatchMetrics()
+    settings = WatchSettings(
+        rescan_interval=ns.rescan_interval,
+        debounce=ns.debounce,
+        adopt=ns.adopt,
+        verify_timeout=ns.verify_timeout,
+        action_budget=ns.timeout + ns.verify_timeout + 60.0,
+    )
+    plugins = _device_plugins(ns, options)
+    loop: WatchLoop | None = None
+
+    def changed() -> None:
+        if loop is not None:
+            loop.desired_changed()
+
+    files = DesiredStateWatch(source, on_change=changed)
+    endpoint: OperationsEndpoint | None = None
+    try:
+        loop = WatchLoop(
+            source=source,
+            node=options.node,
+            catalog=host.catalog,
+            ports=partial(host.ports, command_timeout=ns.timeout),
+            host_signature=signature.compute,
+            cluster_signature=cluster,
+            plugins=plugins,
+            metrics=metrics,
+            settings=settings,
+            refresh_watches=files.refresh,
+        )
+        try:
+            endpoint = OperationsEndpoint(
+                host=listen[0],
+                port=listen[1],
+                health=loop.health,
+                readiness=loop.readiness,
+                metrics=metrics.exposition,
+                metrics_content_type=CONTENT_TYPE,
+            )
+        except OSError as exc:
+            raise UsageError(f"--listen {ns.listen}: {exc.strerror or exc}") from None
+        log.info(
+            "serving /healthz, /readyz and /metrics on %s",
+            endpoint.url,
+            extra={"listen": endpoint.url},
+        )
+        if plugins is not None:
+            log.info("device plugins: sockets in %s", plugins.plugin_dir)
+        return _run_until_signalled(loop)
+    finally:
+        files.close()
+        if endpoint is not None:
+            endpoint.close()
+        if plugins is not None:
+            plugins.close()
+        log.info("stopped")
+
+
+def _device_plugins(ns: argparse.Namespace, options: GlobalOptions) -> PluginManager | None:
+    if ns.no_device_plugin:
+        return None
+    from reconciler.deviceplugin import PluginDirError, PluginManager
+
+    plugin_dir = Path(ns.plugin_dir) if ns.plugin_dir else options.kubelet_dir / "device-plugins"
+    try:
+        return PluginManager(plugin_dir=plugin_dir, node=options.node)
+    except PluginDirError as exc:
+        raise UsageError(
+            f"device plugins: {exc.message}; or run without them: --no-device-plugin"
+        ) from None
+
+
+def _run_until_signalled(loop: WatchLoop) -> int:
+    """Run the loop on a worker thread; the main thread waits for SIGTERM/SIGINT."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            loop.run()
+        except BaseException as exc:  # reported by the main thread
+            failure.append(exc)
+        finally:
+            os.write(wake_write, b"\0")  # 0 is no signal: "the worker is done"
+
+    previous_fd = signal.set_wakeup_fd(wake_write)
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
+    worker = threading.Thread(target=work, name="reconcile-worker")
+    worker.start()
+    try:
+        done = False
+        while not done:
+            for number in os.read(wake_read, 64):
+                if number == 0:
+                    done = True
+                elif number in (signal.SIGTERM, signal.SIGINT):
+                    name = signal.Signals(number).name
+                    if loop.stopping:
+                        log.info("%s: still finishing the reconcile under way", name)
+                    else:
+                        log.info("%s: stopping once the reconcile under way is done", name)
+                        loop.stop()
+        worker.join()
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(wake_read)
+        os.close(wake_write)
+    if failure:
+        exc = failure[0]
+        log.error("the watch loop failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """The Python-level handler: the wake-up byte the C handler wrote does the work."""

@@ -1,0 +1,512 @@
+"""The node's device plugins: one :class:`ProfilePlugin` per vGPU profile present, kept alive.
+
+:class:`PluginManager` turns each observed inventory into device sets (``devices.py``), starts a
+plugin for a profile that appears, pushes changed lists to running ones, and sends an empty list
+then stops the plugin of a profile that is gone. A supervisor thread registers plugins with the
+kubelet and retries with backoff while the kubelet is away or refuses; a watchdog observer on the
+device-plugin directory notices a restarting kubelet (it deletes every socket there, then creates
+``kubelet.sock`` again) so each plugin serves and registers again without losing a device.
+
+:func:`run_standalone` is ``vgpuctl device-plugin``: it rescans sysfs on an interval and learns
+which vanished vGPUs vgpuctl removed on purpose from the apply journal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from reconciler.apply import Journal, JournalRecord, Phase
+from reconciler.catalog import Catalog
+from reconciler.deviceplugin.devices import (
+    DeviceSets,
+    PluginDevice,
+    carry_vanished,
+    device_sets,
+)
+from reconciler.deviceplugin.server import (
+    KUBELET_SOCKET,
+    PluginDirError,
+    ProfilePlugin,
+    RegistrationError,
+    check_plugin_dir,
+)
+from reconciler.model import ActionKind, ApplyError, Inventory, ObserveError
+from reconciler.observe import HoldProbe, observe_host
+
+log = logging.getLogger("vgpuctl.deviceplugin")
+
+#: For this long after kubelet.sock appears, a failed registration is retried every
+#: ``_KUBELET_STARTING_RETRY_S`` instead of backing off: the kubelet is starting.
+_KUBELET_STARTING_S = 2.0
+_KUBELET_STARTING_RETRY_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delays between retries: ``initial``, doubling, at most ``cap`` seconds."""
+
+    initial: float = 0.5
+    cap: float = 5.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.cap, self.initial * 2 ** max(failures - 1, 0)))
+
+
+@dataclass(slots=True)
+class _PluginState:
+    """What the supervisor still owes one plugin. Guarded by the manager's lock."""
+
+    plugin: ProfilePlugin
+    serve: bool = False  # serve again first: its socket vanished
+    register: bool = False
+    #: Bumped whenever work is asked for, so work that raced with a newer request (a socket
+    #: deleted again during the restart, a kubelet restart during Register) is done again.
+    request: int = 0
+    serve_request: int = 0
+    failures: int = 0
+    next_try: float = 0.0
+    #: Which kubelet.sock (inode, ctime) it registered with, or is registering with now.
+    kubelet: tuple[int, int] | None = None
+
+    def ask(self, *, serve: bool = False) -> None:
+        if serve:
+            self.serve = True
+            self.serve_request += 1
+        self.register = True
+        self.request += 1
+        self.failures = 0
+        self.next_try = 0.0
+        self.kubelet = None
+
+
+class PluginManager:
+    """The device plugins of one node. Thread-safe; :meth:`close` when done.
+
+    Raises :class:`PluginDirError` when ``plugin_dir`` is missing, not a directory or not
+    writable. Kubelet trouble (no ``kubelet.sock``, a refused registration) is logged and
+    retried with ``backoff``, never raised.
+    """
+
+    def __init__(
+        self,
+        *,
+        plugin_dir: Path,
+        node: str,
+        kubelet_socket: Path | None = None,
+        backoff: Backoff = Backoff(),
+        register_timeout: float = 2.0,
+    ) -> None:
+        self.plugin_dir = Path(os.path.abspath(plugin_dir))
+        self.node = node
+        self.kubelet_socket = (
+            Path(os.path.abspath(kubelet_socket))
+            if kubelet_socket is not None
+            else self.plugin_dir / KUBELET_SOCKET
+        )
+        self._backoff = backoff
+        self._register_timeout = register_timeout
+        check_plugin_dir(self.plugin_dir)
+
+        self._lock = threading.Condition()  # state below; the supervisor waits on it
+        self._plugins: dict[str, _PluginState] = {}
+        self._advertised: DeviceSets = {}
+        self._closed = False
+        self._kubelet_seen_at = float("-inf")  # when kubelet.sock last appeared
+        # Serialises update()/refresh()/close(): servers start and stop in there.
+        self._updating = threading.RLock()
+
+        self._observer = Observer()
+        handler = _DirectoryEvents(self)
+        watched = {self.plugin_dir, self.kubelet_socket.parent}
+        for directory in sorted(watched):
+            try:
+                self._observer.schedule(handler, str(directory), recursive=False)
+            except OSError as exc:
+                raise PluginDirError(f"cannot watch {directory}: {exc.strerror or exc}") from None
+        self._observer.start()
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="deviceplugin-supervisor", daemon=True
+        )
+        self._supervisor.start()
+
+    def __enter__(self) -> PluginManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what is advertised ---------------------------------------------------------------------
+
+    def advertised(self) -> DeviceSets:
+        """Resource → the devices its plugin lists now (tombstones included)."""
+        with self._lock:
+            return dict(self._advertised)
+
+    def plugin(self, resource: str) -> ProfilePlugin | None:
+        with self._lock:
+            state = self._plugins.get(resource)
+            return state.plugin if state is not None else None
+
+    def registered(self, resource: str) -> bool:
+        """Whether the plugin of ``resource`` is registered with the current kubelet."""
+        with self._lock:
+            state = self._plugins.get(resource)
+            return state is not None and not state.register and not state.serve
+
+    def update(self, inventory: Inventory, *, removed_on_purpose: Iterable[str] = ()) -> None:
+        """Advertise what ``inventory`` holds.
+
+        A profile with vGPUs (or tombstones) gets a plugin; a running plugin gets its new list
+        (streams send it at once); a profile with nothing left sends an empty list and stops.
+        A vGPU that vanished is reported Unhealthy unless its UUID is in
+        ``removed_on_purpose`` (see :func:`~reconciler.deviceplugin.devices.carry_vanished`).
+        Raises :class:`PluginDirError` if a new profile's socket cannot be created (the other
+        profiles are still updated).
+        """
+        removed = frozenset(removed_on_purpose)
+        with self._updating:
+            if self._closed:
+                return
+            with self._lock:
+                previous = self._advertised
+            now = carry_vanished(previous, device_sets(inventory), removed_on_purpose=removed)
+            _log_changes(previous, now)
+            failed: PluginDirError | None = None
+            for resource, devices in now.items():
+                try:
+                    self._advertise(resource, devices)
+                except PluginDirError as exc:
+                    log.error("cannot serve %s: %s", resource, exc.message)
+                    failed = failed or exc
+            with self._lock:
+                gone = [r for r in self._plugins if r not in now]
+                stopping = [self._plugins.pop(r) for r in gone]
+                # A profile whose plugin could not start is tried afresh by the next update.
+                self._advertised = {r: d for r, d in now.items() if r in self._plugins}
+            for resource, state in zip(gone, stopping, strict=True):
+                state.plugin.update(())
+                state.plugin.stop()
+                log.info("profile %s is gone: sent an empty list and stopped its plugin", resource)
+            if failed is not None:
+                raise failed
+
+    def refresh(self, inventory: Inventory, *, resource: str, devices: Iterable[str]) -> None:
+        """Carry out a ``device-plugin-refresh`` action: ``devices`` are the UUIDs ``resource``
+        has after the plan; any other device it listed was removed on purpose and is dropped
+        (not reported Unhealthy). ``inventory`` is the host observed after the host actions."""
+        keep = frozenset(devices)
+        with self._updating:
+            with self._lock:
+                before = self._advertised.get(resource, ())
+            self.update(inventory, removed_on_purpose=[d.id for d in before if d.id not in keep])
+
+    def close(self) -> None:
+        """Stop the supervisor, the directory watch and every plugin (their sockets go)."""
+        with self._updating:
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
+                states = list(self._plugins.values())
+                self._plugins.clear()
+                self._lock.notify_all()
+            self._observer.stop()
+            self._observer.join(timeout=5)
+            self._supervisor.join(timeout=5)
+            for state in states:
+                state.plugin.stop()
+
+    def _advertise(self, resource: str, devices: Sequence[PluginDevice]) -> None:
+        with self._lock:
+            state = self._plugins.get(resource)
+        if state is not None:
+            state.plugin.update(devices)
+            return
+        plugin = ProfilePlugin(
+            resource,
+            plugin_dir=self.plugin_dir,
+            kubelet_socket=self.kubelet_socket,
+            register_timeout=self._register_timeout,
+        )
+        plugin.update(devices)
+        plugin.start()  # serve before registering: the kubelet dials back at once
+        state = _PluginState(plugin)
+        with self._lock:
+            self._plugins[resource] = state
+            state.ask()
+            self._lock.notify_all()
+
+    # -- kubelet events (watchdog thread) -------------------------------------------------------
+
+    def _socket_deleted(self, path: Path) -> None:
+        if path == self.kubelet_socket:
+            log.info("%s was removed (kubelet restarting?)", path)
+            return
+        with self._lock:
+            state = next((s for s in self._plugins.values() if s.plugin.socket_path == path), None)
+            # Our own restart unlinks nothing that still exists; a socket that is there again
+            # was already re-served.
+            if state is None or path.exists() or not state.plugin.serving:
+                return
+            log.warning(
+                "socket %s was deleted (kubelet restart?): serving %s again",
+                path,
+                state.plugin.resource,
+            )
+            state.ask(serve=True)
+            self._lock.notify_all()
+
+    def _kubelet_appeared(self) -> None:
+        current = _identity(self.kubelet_socket)
+        with self._lock:
+            self._kubelet_seen_at = time.monotonic()
+            # A plugin that registered (or is registering) with this very socket is known to
+            # this kubelet already: the event merely arrived late.
+            stale = [s for s in self._plugins.values() if current is None or s.kubelet != current]
+            if not stale:
+                return
+            log.info(
+                "kubelet socket appeared at %s: registering %d plugins",
+                self.kubelet_socket,
+                len(stale),
+            )
+            for state in stale:
+                state.ask()
+            self._lock.notify_all()
+
+    # -- the supervisor thread ------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        while True:
+            with self._lock:
+                due = self._wait_for_work()
+                if due is None:
+                    return
+            for state, request in due:
+                if self._closed:
+                    return
+                try:
+                    self._serve_and_register(state, request)
+                except Exception:
+                    # Whatever goes wrong with one plugin, the others are still looked after.
+                    log.exception("unexpected error serving %s", state.plugin.resource)
+                    self._failed(state, f"{state.plugin.resource} not registered")
+
+    def _wait_for_work(self) -> list[tuple[_PluginState, int]] | None:
+        """Called with the lock held: the plugins owed work now, or None once closed."""
+        while not self._closed:
+            now = time.monotonic()
+            owed = [s for s in self._plugins.values() if s.serve or s.register]
+            due = [(s, s.request) for s in owed if s.next_try <= now]
+            if due:
+                return due
+            self._lock.wait(min((s.next_try - now for s in owed), default=None))
+        return None
+
+    def _serve_and_register(self, state: _PluginState, request: int) -> None:
+        plugin = state.plugin
+        with self._lock:
+            serve, serve_request = state.serve, state.serve_request
+        if serve:
+            try:
+                plugin.restart()
+            except PluginDirError as exc:
+                self._failed(state, f"cannot serve {plugin.resource}: {exc.message}")
+                return
+            with self._lock:
+                if state.serve_request == serve_request:
+                    state.serve = False
+        if not plugin.serving:
+            return  # stopped meanwhile (its profile is gone)
+        with self._lock:
+            state.kubelet = _identity(self.kubelet_socket)
+        try:
+            plugin.register()
+        except RegistrationError as exc:
+            with self._lock:
+                state.kubelet = None
+            if exc.kubelet_missing:
+                self._failed(state, f"kubelet not ready at {self.kubelet_socket}")
+            else:
+                self._failed(state, exc.message)
+            return
+        with self._lock:
+            if state.request == request:
+                state.register = False
+                state.failures = 0
+
+    def _failed(self, state: _PluginState, message: str) -> None:
+        with self._lock:
+            state.failures += 1
+            delay = self._backoff.delay(state.failures)
+            if time.monotonic() - self._kubelet_seen_at < _KUBELET_STARTING_S:
+                # Its socket exists a moment before it answers: try again soon.
+                delay = min(delay, _KUBELET_STARTING_RETRY_S)
+            state.next_try = time.monotonic() + delay
+        log.warning("%s, retrying in %g s", message, delay)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file ``path`` is now: a re-created kubelet.sock differs in inode or ctime."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class _DirectoryEvents(FileSystemEventHandler):
+    """Watchdog callbacks on the device-plugin directory, handed to the manager."""
+
+    def __init__(self, manager: PluginManager) -> None:
+        self._manager = manager
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.is_directory:
+            return
+        if event.event_type == "deleted":
+            self._manager._socket_deleted(Path(os.fsdecode(event.src_path)))
+        elif event.event_type in ("created", "moved"):
+            path = event.dest_path if event.event_type == "moved" else event.src_path
+            if Path(os.fsdecode(path)) == self._manager.kubelet_socket:
+                self._manager._kubelet_appeared()
+
+
+def _log_changes(previous: Mapping[str, Sequence[PluginDevice]], now: DeviceSets) -> None:
+    for resource in sorted(set(previous) | set(now)):
+        before = {d.id: d for d in previous.get(resource, ())}
+        after = {d.id: d for d in now.get(resource, ())}
+        if before == after:
+            continue
+        for uuid, dev in after.items():
+            old = before.get(uuid)
+            if old is not None and old.healthy and not dev.healthy:
+                log.warning(
+                    "vGPU %s of %s vanished without vgpuctl removing it: reported Unhealthy",
+                    uuid,
+                    resource,
+                )
+            elif old is not None and not old.healthy and dev.healthy:
+                log.info("vGPU %s of %s is back: Healthy", uuid, resource)
+        for uuid in before.keys() - after.keys():
+            log.info("vGPU %s of %s was removed by vgpuctl: no longer advertised", uuid, resource)
+        if after:
+            healthy = sum(d.healthy for d in after.values())
+            log.info("%s: %d listed, %d healthy", resource, len(after), healthy)
+
+
+# -- standalone: vgpuctl device-plugin ------------------------------------------------------------
+
+_UUID = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+)
+
+
+def removals(records: Iterable[JournalRecord]) -> list[str]:
+    """UUIDs of the vGPUs the journal says vgpuctl removed: records of kind ``vgpu-remove``
+    in phase ``done``, whose message is ``removed <type> <uuid>`` (the last UUID in it).
+
+    ``noop`` ("already gone") does not count: that vGPU vanished by other means.
+    """
+    out = []
+    for record in records:
+        if record.kind != ActionKind.VGPU_REMOVE or record.phase is not Phase.DONE:
+            continue
+        found = _UUID.findall(record.message)
+        if found:
+            out.append(found[-1].lower())
+    return out
+
+
+@dataclass(slots=True)
+class _JournalTail:
+    """Reads the journal records appended since the last read (the journal only grows; a
+    journal that shrank was replaced, and is read again from its start)."""
+
+    journal: Journal
+    seen: int = 0
+    pending: set[str] = field(default_factory=set)
+
+    def skip_to_end(self) -> None:
+        self.seen = len(self._records())
+
+    def new_removals(self) -> set[str]:
+        records = self._records()
+        if len(records) < self.seen:
+            self.seen = 0
+        self.pending.update(removals(records[self.seen :]))
+        self.seen = len(records)
+        return set(self.pending)
+
+    def applied(self) -> None:
+        self.pending.clear()
+
+    def _records(self) -> list[JournalRecord]:
+        try:
+            return self.journal.records()
+        except ApplyError as exc:
+            log.warning("%s: vGPUs removed meanwhile will show as Unhealthy", exc.message)
+            return []
+
+
+def run_standalone(
+    *,
+    sysfs_root: Path,
+    plugin_dir: Path,
+    node: str,
+    state_dir: Path,
+    catalog: Catalog,
+    hold_probe: HoldProbe | None = None,
+    rescan_interval: float = 2.0,
+    stop_event: threading.Event,
+    kubelet_socket: Path | None = None,
+    backoff: Backoff = Backoff(),
+) -> None:
+    """Run the node's device plugins until ``stop_event`` is set.
+
+    Every ``rescan_interval`` seconds: read the apply journal's new ``vgpu-remove`` records
+    (removed on purpose), observe the host, update the plugins. Raises
+    :class:`PluginDirError` for a bad plugin directory and :class:`ObserveError` when the
+    first scan fails; later scan failures are logged and the lists kept. The journal is read
+    before the scan: a removal is journalled only once the vGPU is gone, so a scan never sees
+    a vGPU that the journal already called removed.
+    """
+    tail = _JournalTail(Journal(state_dir, node))
+    tail.skip_to_end()  # removals before we started concern nothing we advertised
+    with PluginManager(
+        plugin_dir=plugin_dir, node=node, kubelet_socket=kubelet_socket, backoff=backoff
+    ) as manager:
+        log.info(
+            "device plugins for node %s: scanning %s every %g s, sockets in %s",
+            node,
+            sysfs_root,
+            rescan_interval,
+            manager.plugin_dir,
+        )
+        scanned = False
+        while not stop_event.is_set():
+            removed = tail.new_removals()
+            try:
+                inventory = observe_host(
+                    sysfs_root, node=node, catalog=catalog, hold_probe=hold_probe
+                )
+            except ObserveError as exc:
+                if not scanned:
+                    raise
+                log.warning("cannot observe the host: %s; keeping the advertised lists", exc)
+            else:
+                manager.update(inventory, removed_on_purpose=removed)
+                tail.applied()
+                scanned = True
+            stop_event.wait(rescan_interval)
+        log.info("device plugins for node %s stopping", node)

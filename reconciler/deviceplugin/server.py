@@ -1,0 +1,404 @@
+"""One kubelet device plugin: the gRPC ``DevicePlugin`` server for one vGPU profile.
+
+A :class:`ProfilePlugin` serves ``v1beta1.DevicePlugin`` on its own Unix socket in the
+device-plugin directory, registers that socket with the kubelet (``kubelet.sock``), streams the
+device list (``ListAndWatch``: the full list at once, then again on every :meth:`update`), and
+answers ``Allocate``/``GetPreferredAllocation`` from the pure functions of ``devices.py``. It
+knows nothing about sysfs or other profiles: ``manager.py`` decides which plugins run, when to
+serve again and when to retry a registration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import stat
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+
+from reconciler.deviceplugin.devices import (
+    PERMISSIONS,
+    AllocationError,
+    PluginDevice,
+    allocation,
+    preferred,
+    socket_name,
+)
+from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from reconciler.model import TransientError, UsageError
+
+log = logging.getLogger("vgpuctl.deviceplugin")
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+
+#: ``sun_path`` holds 108 bytes including the terminating NUL.
+_MAX_SOCKET_PATH = 107
+#: A blocked ListAndWatch re-checks its client this often even if no wake-up reaches it (the
+#: done callback normally wakes it at once; this only bounds a lost wake-up).
+_STREAM_RECHECK_S = 1.0
+
+_OPTIONS = api_pb2.DevicePluginOptions(
+    pre_start_required=False, get_preferred_allocation_available=True
+)
+
+
+class PluginDirError(UsageError):
+    """The device-plugin directory is missing, not a directory, or not writable."""
+
+
+class RegistrationError(TransientError):
+    """The kubelet did not accept a registration; trying again later may succeed."""
+
+    def __init__(self, message: str, *, kubelet_missing: bool = False) -> None:
+        super().__init__(message)
+        #: True when no kubelet answers at all (no socket, or nobody listening on it).
+        self.kubelet_missing = kubelet_missing
+
+
+def check_plugin_dir(plugin_dir: Path) -> None:
+    """Raise :class:`PluginDirError` unless ``plugin_dir`` is a directory we can create
+    sockets in."""
+    if not plugin_dir.exists():
+        raise PluginDirError(
+            f"device-plugin directory {plugin_dir} does not exist "
+            "(is the kubelet installed on this node? pass --plugin-dir)"
+        )
+    if not plugin_dir.is_dir():
+        raise PluginDirError(f"device-plugin directory {plugin_dir} is not a directory")
+    if not os.access(plugin_dir, os.W_OK | os.X_OK):
+        raise PluginDirError(f"device-plugin directory {plugin_dir} is not writable (run as root?)")
+
+
+class ProfilePlugin:
+    """The device plugin of one resource (one vGPU profile). Thread-safe.
+
+    :meth:`start` serves, :meth:`register` announces the socket to the kubelet, :meth:`update`
+    replaces the device list (every open ``ListAndWatch`` stream sends it at once),
+    :meth:`restart` serves again after the socket was deleted, :meth:`stop` ends the streams,
+    stops the server and removes the socket.
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        *,
+        plugin_dir: Path,
+        kubelet_socket: Path | None = None,
+        register_timeout: float = 2.0,
+        stop_grace: float = 0.5,
+        workers: int = 8,
+    ) -> None:
+        self.resource = resource
+        self.plugin_dir = Path(os.path.abspath(plugin_dir))
+        self.socket_path = self.plugin_dir / socket_name(resource)
+        self.kubelet_socket = (
+            Path(os.path.abspath(kubelet_socket))
+            if kubelet_socket is not None
+            else self.plugin_dir / KUBELET_SOCKET
+        )
+        self._register_timeout = register_timeout
+        self._stop_grace = stop_grace
+        self._workers = workers
+        # Guards the device list and the stream bookkeeping; streams wait on it for changes.
+        self._changed = threading.Condition()
+        self._devices: tuple[PluginDevice, ...] = ()
+        self._generation = 0  # bumped on every change of the list
+        self._epoch = 0  # bumped whenever a server starts or stops: older streams end
+        self._serving = False
+        self._streams: set[object] = set()
+        # Serialises start/stop/restart: one server at a time owns the socket name.
+        self._lifecycle = threading.Lock()
+        self._stopped = False
+        self._server: Any = None
+        self._executor: futures.ThreadPoolExecutor | None = None
+        self._inode: int | None = None  # of the socket file this plugin put in place
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def devices(self) -> tuple[PluginDevice, ...]:
+        with self._changed:
+            return self._devices
+
+    @property
+    def serving(self) -> bool:
+        with self._changed:
+            return self._serving
+
+    @property
+    def open_streams(self) -> int:
+        """How many ``ListAndWatch`` streams are open now."""
+        with self._changed:
+            return len(self._streams)
+
+    def update(self, devices: Sequence[PluginDevice]) -> bool:
+        """Replace the device list; True if it changed (and the streams were woken)."""
+        new = tuple(devices)
+        with self._changed:
+            if new == self._devices:
+                return False
+            self._devices = new
+            self._generation += 1
+            self._changed.notify_all()
+        return True
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Serve on :attr:`socket_path` (no-op when serving). Raises :class:`PluginDirError`
+        when the socket cannot be created."""
+        with self._lifecycle:
+            self._stopped = False
+            if self._server is None:
+                self._start_locked()
+
+    def stop(self) -> None:
+        """End every stream (each sends a pending change first), stop serving, remove the
+        socket. No-op when not serving; :meth:`restart` does nothing afterwards."""
+        with self._lifecycle:
+            self._stopped = True
+            self._stop_locked()
+
+    def restart(self) -> bool:
+        """Serve afresh (the socket was deleted, as a restarting kubelet does); False, doing
+        nothing, once :meth:`stop` was called (a retry racing with the profile's end)."""
+        with self._lifecycle:
+            if self._stopped:
+                return False
+            self._stop_locked()
+            self._start_locked()
+            return True
+
+    def _start_locked(self) -> None:
+        path = str(self.socket_path)
+        if len(path.encode()) > _MAX_SOCKET_PATH:
+            raise PluginDirError(
+                f"socket path {path} is longer than {_MAX_SOCKET_PATH} bytes: "
+                "choose a shorter --plugin-dir"
+            )
+        _remove_socket(self.socket_path)  # a stale one from a process that died
+        if self.socket_path.exists() or self.socket_path.is_symlink():
+            raise PluginDirError(f"cannot serve {self.resource}: {path} is not a socket")
+        # Bind under a one-off name and rename once serving: the socket name only ever points
+        # at a server that accepts calls, and grpc's unlink of its bound path at shutdown
+        # (which may come late) can never hit a newer server's socket.
+        staging = self.plugin_dir / f".vgpuctl-{secrets.token_hex(6)}.sock"
+        executor = futures.ThreadPoolExecutor(
+            max_workers=self._workers, thread_name_prefix="deviceplugin"
+        )
+        server = grpc.server(executor)
+        # The generated module is unannotated (grpcio-tools emits no types for services).
+        api_pb2_grpc.add_DevicePluginServicer_to_server(  # type: ignore[no-untyped-call]
+            _DevicePluginServicer(self), server
+        )
+        try:
+            server.add_insecure_port("unix://" + str(staging))
+            server.start()
+            os.replace(staging, self.socket_path)
+            inode = self.socket_path.lstat().st_ino
+        except (RuntimeError, OSError) as exc:
+            server.stop(None)
+            executor.shutdown(wait=False)
+            _remove_socket(staging)
+            check_plugin_dir(self.plugin_dir)  # the likely reason, said clearly
+            reason = exc.strerror if isinstance(exc, OSError) else "cannot bind"
+            raise PluginDirError(f"cannot serve {self.resource} on {path}: {reason}") from None
+        self._server, self._executor, self._inode = server, executor, inode
+        with self._changed:
+            self._serving = True
+            self._epoch += 1
+        log.info("serving %s on %s", self.resource, path)
+
+    def _stop_locked(self) -> None:
+        server, executor = self._server, self._executor
+        if server is None:
+            return
+        self._server = self._executor = None
+        with self._changed:
+            self._serving = False
+            self._epoch += 1
+            self._changed.notify_all()
+        server.stop(self._stop_grace).wait()
+        if executor is not None:
+            executor.shutdown(wait=False)
+        _remove_socket(self.socket_path, inode=self._inode)
+        log.info("stopped serving %s", self.resource)
+
+    # -- registration ---------------------------------------------------------------------------
+
+    def register(self) -> None:
+        """Announce this plugin to the kubelet. Raises :class:`RegistrationError`."""
+        if not self.kubelet_socket.exists():
+            raise RegistrationError(
+                f"kubelet not ready at {self.kubelet_socket}", kubelet_missing=True
+            )
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.socket_path.name,
+            resource_name=self.resource,
+            options=_OPTIONS,
+        )
+        with grpc.insecure_channel("unix://" + str(self.kubelet_socket)) as channel:
+            try:
+                stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+                stub.Register(request, timeout=self._register_timeout)
+            except grpc.RpcError as exc:
+                code, details = exc.code(), exc.details()
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    raise RegistrationError(
+                        f"kubelet not ready at {self.kubelet_socket} ({details})",
+                        kubelet_missing=True,
+                    ) from None
+                raise RegistrationError(
+                    f"kubelet refused registration of {self.resource}: {code.name}: {details}"
+                ) from None
+        log.info("registered %s with the kubelet at %s", self.resource, self.kubelet_socket)
+
+    # -- the stream -----------------------------------------------------------------------------
+
+    def _list_and_watch(self, context: Any) -> Iterator[api_pb2.ListAndWatchResponse]:
+        token = object()
+        with self._changed:
+            epoch, generation, devices = self._epoch, self._generation, self._devices
+            if not self._serving:
+                return
+            self._streams.add(token)
+
+        def gone() -> None:
+            with self._changed:
+                self._streams.discard(token)
+                self._changed.notify_all()
+
+        # Wakes the waiting loop below as soon as the client goes away.
+        context.add_callback(gone)
+        log.debug("ListAndWatch opened for %s: %d devices", self.resource, len(devices))
+        try:
+            yield _list_response(devices)
+            while True:
+                with self._changed:
+                    while (
+                        self._generation == generation
+                        and self._epoch == epoch
+                        and context.is_active()
+                    ):
+                        self._changed.wait(_STREAM_RECHECK_S)
+                    if not context.is_active():
+                        log.debug("ListAndWatch for %s: the client went away", self.resource)
+                        return
+                    changed = self._generation != generation
+                    ending = self._epoch != epoch
+                    generation, devices = self._generation, self._devices
+                # A change made just before stop() (a profile gone: the empty list) is sent
+                # before the stream ends.
+                if changed:
+                    yield _list_response(devices)
+                if ending:
+                    log.debug("ListAndWatch for %s: the plugin stopped", self.resource)
+                    return
+        finally:
+            with self._changed:
+                self._streams.discard(token)
+                self._changed.notify_all()
+
+
+def _list_response(devices: Sequence[PluginDevice]) -> api_pb2.ListAndWatchResponse:
+    return api_pb2.ListAndWatchResponse(
+        devices=[api_pb2.Device(ID=d.id, health=d.health) for d in devices]
+    )
+
+
+def _abort(context: Any, code: Any, message: str) -> NoReturn:
+    context.abort(code, message)
+    raise AssertionError("context.abort returned")  # pragma: no cover - grpc always raises
+
+
+class _DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    """Translates the gRPC calls of one plugin to its state and the pure device logic."""
+
+    def __init__(self, plugin: ProfilePlugin) -> None:
+        self._plugin = plugin
+
+    def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: Any
+    ) -> api_pb2.DevicePluginOptions:
+        return _OPTIONS
+
+    def ListAndWatch(
+        self, request: api_pb2.Empty, context: Any
+    ) -> Iterator[api_pb2.ListAndWatchResponse]:
+        return self._plugin._list_and_watch(context)
+
+    def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: Any
+    ) -> api_pb2.PreferredAllocationResponse:
+        devices = self._plugin.devices
+        return api_pb2.PreferredAllocationResponse(
+            container_responses=[
+                api_pb2.ContainerPreferredAllocationResponse(
+                    deviceIDs=preferred(
+                        list(r.available_deviceIDs),
+                        list(r.must_include_deviceIDs),
+                        r.allocation_size,
+                        devices,
+                    )
+                )
+                for r in request.container_requests
+            ]
+        )
+
+    def Allocate(self, request: api_pb2.AllocateRequest, context: Any) -> api_pb2.AllocateResponse:
+        resource = self._plugin.resource
+        devices = self._plugin.devices
+        responses = []
+        for container in request.container_requests:
+            ids = list(container.devices_ids)
+            try:
+                granted = allocation(resource, ids, devices)
+            except AllocationError as exc:
+                log.warning("Allocate refused: %s", exc.message)
+                code = (
+                    grpc.StatusCode.INVALID_ARGUMENT
+                    if exc.unknown_device
+                    else grpc.StatusCode.FAILED_PRECONDITION
+                )
+                _abort(context, code, exc.message)
+            responses.append(
+                api_pb2.ContainerAllocateResponse(
+                    envs=dict(granted.envs),
+                    devices=[
+                        api_pb2.DeviceSpec(container_path=p, host_path=p, permissions=PERMISSIONS)
+                        for p in granted.device_paths
+                    ],
+                )
+            )
+            log.info(
+                "Allocate %s: %s (%s)",
+                resource,
+                ",".join(ids),
+                ", ".join(granted.device_paths[1:]),
+            )
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: Any
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+
+def _remove_socket(path: Path, *, inode: int | None = None) -> None:
+    """Remove ``path`` if it is a socket (and, given ``inode``, that very one); leave anything
+    else alone: it is not ours."""
+    try:
+        st = path.lstat()
+        if stat.S_ISSOCK(st.st_mode) and inode in (None, st.st_ino):
+            path.unlink()
+    except FileNotFoundError:
+        pass

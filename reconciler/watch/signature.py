@@ -1,0 +1,170 @@
+"""Cheap fingerprints of what a reconcile depends on, so an unchanged node costs a few reads.
+
+The watch loop rescans every ``--rescan-interval`` seconds. A full observation reads every VF's
+type directories (hundreds of files on a large node); :class:`HostSignature` reads only what
+changes when anything the planner cares about changes:
+
+- the listing of ``bus/pci/devices`` (VFs appear and vanish there; a GPU is hot-added);
+- per NVIDIA vGPU PF: ``sriov_numvfs`` and its driver link (the PFs themselves are found
+  again only when that listing changed);
+- per mdev under ``bus/mdev/devices``: the device it hangs off, its type link and its IOMMU
+  group link (a vGPU removed and re-created with another type keeps its UUID);
+- optionally who holds each vGPU (the hold probe: a ``/proc`` scan on a real host, so it is
+  asked only when a cluster mirrors holders into CR status);
+- the status (inode, size, mtime) of extra files, such as the kubelet's checkpoint.
+
+:func:`cluster_signature` is the cluster's counterpart: the resourceVersions of this node's
+SRIOVGPUDevice/VGPUDevice objects and of the KubeVirt CR, from three list calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from reconciler.model import ReconcilerError, ResourceMissingError
+from reconciler.model.cluster import (
+    GROUP,
+    KUBEVIRT_GROUP,
+    KUBEVIRT_PLURAL,
+    KUBEVIRT_VERSION,
+    NODE_LABEL,
+    SRIOV_GPU_PLURAL,
+    VERSION,
+    VGPU_PLURAL,
+)
+from reconciler.model.clusterapi import ClusterApi
+from reconciler.observe import HoldProbe, SysfsTree
+from reconciler.observe.pci import PCI_DEVICES, find_vgpu_pfs
+
+MDEV_DEVICES = "bus/mdev/devices"
+
+
+class _Digest:
+    """Feeds records into a hash; fields are separated so ``("ab", "c")`` ≠ ``("a", "bc")``."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+
+    def add(self, *fields: object) -> None:
+        for field in fields:
+            self._hash.update(str(field).encode("utf-8", "surrogateescape") + b"\x1f")
+        self._hash.update(b"\x1e")
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+class HostSignature:
+    """The host's fingerprint (see the module docstring). Not thread-safe: one caller."""
+
+    def __init__(
+        self,
+        sysfs_root: Path,
+        *,
+        hold_probe: HoldProbe | None = None,
+        extra_files: Sequence[Path] = (),
+    ) -> None:
+        self._tree = SysfsTree(sysfs_root)
+        self._hold_probe = hold_probe
+        self._extra_files = tuple(extra_files)
+        #: The PCI listing the PFs were found in, and those PFs (address, resolved path).
+        self._pfs_of: tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None = None
+
+    def compute(self) -> str:
+        """The fingerprint now. A tree that cannot be read gives a fingerprint of the error
+        (the full observation that follows reports it properly)."""
+        digest = _Digest()
+        try:
+            self._host(digest)
+        except (OSError, ReconcilerError) as exc:
+            # ObserveError: a link leaving the root, a file the parser refuses…
+            digest.add("error", type(exc).__name__, exc)
+        for path in self._extra_files:
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                digest.add("file", path, "absent", exc.errno)
+            else:
+                digest.add("file", path, st.st_ino, st.st_size, st.st_mtime_ns)
+        return digest.hexdigest()
+
+    def _host(self, digest: _Digest) -> None:
+        tree = self._tree
+        pci = tuple(sorted(tree.list_dir(PCI_DEVICES)))
+        digest.add("pci", *pci)
+        for address, path in self._pfs(pci):
+            digest.add(
+                "pf",
+                address,
+                tree.read_text(f"{path}/sriov_numvfs").strip(),
+                tree.read_link(f"{path}/driver") if tree.exists(f"{path}/driver") else "",
+            )
+        try:
+            mdevs = sorted(tree.list_dir(MDEV_DEVICES))
+        except FileNotFoundError:
+            mdevs = []  # no mdev bus: the mdev module is not loaded, so there are no vGPUs
+        groups: dict[str, str | None] = {}
+        for uuid in mdevs:
+            device = tree.resolve(f"{MDEV_DEVICES}/{uuid}")
+            group = _link_name(tree, f"{device}/iommu_group")
+            groups[uuid] = group
+            digest.add("mdev", uuid, device, tree.read_link(f"{device}/mdev_type"), group)
+        if self._hold_probe is not None and groups:
+            held = self._hold_probe.held(groups)
+            digest.add("held", *sorted(f"{uuid}={holder}" for uuid, holder in held.items()))
+
+    def _pfs(self, pci: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        if self._pfs_of is None or self._pfs_of[0] != pci:
+            # The listing changed (VFs came or went): find the PFs again, a full PCI read.
+            found = tuple((str(pf.address), pf.path) for pf in find_vgpu_pfs(self._tree))
+            self._pfs_of = (pci, found)
+        return self._pfs_of[1]
+
+
+def _link_name(tree: SysfsTree, rel: str) -> str | None:
+    try:
+        target = tree.read_link(rel)
+    except FileNotFoundError:
+        return None
+    return target.rsplit("/", 1)[-1] if target else None
+
+
+def cluster_signature(api: ClusterApi, *, node: str, kubevirt_namespace: str | None = None) -> str:
+    """The resourceVersions of this node's objects and of the KubeVirt CR.
+
+    Any write (ours, a hand edit, a deletion, a label taken off) changes a resourceVersion or
+    the set of names. Raises the port's ``ClusterError`` subclasses; KubeVirt not being
+    installed is a state, not an error.
+    """
+    digest = _Digest()
+    for plural in (SRIOV_GPU_PLURAL, VGPU_PLURAL):
+        items = api.list_objects(
+            group=GROUP, version=VERSION, plural=plural, label_selector=f"{NODE_LABEL}={node}"
+        )
+        digest.add(plural, *_versions(items))
+    try:
+        kubevirts = api.list_objects(
+            group=KUBEVIRT_GROUP,
+            version=KUBEVIRT_VERSION,
+            plural=KUBEVIRT_PLURAL,
+            namespace=kubevirt_namespace,
+        )
+    except ResourceMissingError:
+        digest.add(KUBEVIRT_PLURAL, "not served")
+    else:
+        digest.add(KUBEVIRT_PLURAL, *_versions(kubevirts))
+    return digest.hexdigest()
+
+
+def _versions(items: Iterable[dict[str, object]]) -> list[str]:
+    out = []
+    for item in items:
+        meta = item.get("metadata")
+        if isinstance(meta, dict):
+            out.append(
+                f"{meta.get('namespace', '')}/{meta.get('name')}@{meta.get('resourceVersion')}"
+            )
+    return sorted(out)

@@ -1,0 +1,93 @@
+"""Where the desired state comes from while watching: a file or a directory, read afresh.
+
+The path given is kept as written and resolved again on every look, because what it names
+changes under us: an editor writes a temporary file and renames it over the original, the
+kubelet swaps a ConfigMap volume's ``..data`` link, git-sync swaps a ``current`` link to a new
+checkout. :meth:`DesiredSource.fingerprint` says cheaply whether the content changed;
+:meth:`DesiredSource.watch_points` names the directories whose events can announce a change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.catalog import Catalog
+from reconciler.desired import directory_files, load_desired
+from reconciler.model import DesiredNode
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredSource:
+    """A desired-state file or directory (``vgpuctl watch FILE|DIR``)."""
+
+    path: Path
+
+    @classmethod
+    def at(cls, path: Path) -> DesiredSource:
+        # Absolute but not resolved: the links along the way are what gets swapped.
+        return cls(Path(os.path.abspath(path)))
+
+    def files(self) -> list[Path]:
+        """The files the desired state is read from now (raises ``OSError``)."""
+        if self.path.is_dir():
+            return directory_files(self.path)
+        return [self.path]
+
+    def fingerprint(self) -> str:
+        """A digest of the names and bytes of the files now, or of why they cannot be read.
+
+        Reading a few kilobytes is cheaper than any doubt about a modification time: a
+        ConfigMap update can keep sizes and a checkout can keep times.
+        """
+        digest = hashlib.blake2b(digest_size=16)
+        try:
+            files = self.files()
+        except OSError as exc:
+            digest.update(f"unlistable:{exc.strerror}".encode())
+            return digest.hexdigest()
+        for file in files:
+            digest.update(os.fsencode(file) + b"\0")
+            try:
+                digest.update(file.read_bytes())
+            except OSError as exc:
+                digest.update(f"\0unreadable:{exc.strerror}".encode())
+            digest.update(b"\0\0")
+        return digest.hexdigest()
+
+    def load(self, *, catalog: Catalog, node: str) -> DesiredNode | None:
+        """This node's desired state (None: the files do not name the node).
+
+        Raises :class:`~reconciler.model.ValidationError` with every located problem.
+        """
+        desired = load_desired([self.path], catalog=catalog, directories=True)
+        return desired.node(node)
+
+    def watch_points(self) -> frozenset[str]:
+        """Directories (real paths) whose entries changing may change what :meth:`files` reads.
+
+        - the directory holding the files (the path itself when it is a directory);
+        - the path's parent: the file is replaced by rename, the directory swapped as a whole;
+        - the parent of every link along the path: swapping the link (git-sync's ``current``)
+          changes what the path means without any event below it.
+        A directory that does not exist (yet) is replaced by its nearest existing ancestor, so
+        the path appearing is noticed too.
+        """
+        wanted: set[Path] = {self.path.parent}
+        if self.path.is_dir():
+            wanted.add(self.path)
+        walked = Path(self.path.anchor)
+        for part in self.path.parts[1:]:
+            walked = walked / part
+            if walked.is_symlink():
+                wanted.add(walked.parent)
+        return frozenset(_existing_real_dir(p) for p in wanted)
+
+
+def _existing_real_dir(path: Path) -> str:
+    probe = path
+    while not probe.is_dir() and probe != probe.parent:
+        probe = probe.parent
+    return os.path.realpath(probe)

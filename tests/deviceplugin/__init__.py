@@ -1,0 +1,1 @@
+"""Test doubles for the kubelet device-plugin API: a fake kubelet speaking real gRPC."""

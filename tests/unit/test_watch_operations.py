@@ -1,0 +1,196 @@
+"""The operations side of watch: the HTTP endpoint, --listen parsing, and the log formats."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from reconciler.watch.endpoint import OperationsEndpoint, Verdict, parse_listen
+from reconciler.watch.logs import JsonFormatter, TextFormatter, fields_of
+
+# -- --listen ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:9477", ("127.0.0.1", 9477)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),  # noqa: S104 - parsed, not bound
+        (":9477", ("", 9477)),
+        ("[::1]:8080", ("::1", 8080)),
+        ("localhost:65535", ("localhost", 65535)),
+    ],
+)
+def test_listen_addresses(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("9477", "is not HOST:PORT"),
+        ("127.0.0.1:http", "must be a number"),
+        ("127.0.0.1:65536", "must be a number from 0 to 65535"),
+        ("::1:9477", "in brackets"),
+    ],
+)
+def test_bad_listen_addresses_say_why(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_listen(text)
+
+
+# -- the endpoint ------------------------------------------------------------------------------
+
+
+class Probes:
+    def __init__(self) -> None:
+        self.health = Verdict(True, "alive: last sign of life 0.1 s ago")
+        self.ready = Verdict(False, "waiting for the first reconcile")
+
+
+@pytest.fixture
+def probes() -> Probes:
+    return Probes()
+
+
+@pytest.fixture
+def endpoint(probes: Probes) -> Iterator[OperationsEndpoint]:
+    server = OperationsEndpoint(
+        host="127.0.0.1",
+        port=0,
+        health=lambda: probes.health,
+        readiness=lambda: probes.ready,
+        metrics=lambda: b"vgpuctl_converged 1.0\n",
+        metrics_content_type="text/plain; version=0.0.4; charset=utf-8",
+    )
+    yield server
+    server.close()
+
+
+def get(endpoint: OperationsEndpoint, path: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(endpoint.url + path, timeout=5) as answer:  # noqa: S310
+            return answer.status, answer.headers["Content-Type"], answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def test_port_zero_binds_a_free_port(endpoint: OperationsEndpoint) -> None:
+    host, port = endpoint.address
+    assert host == "127.0.0.1"
+    assert port > 0
+    assert endpoint.url == f"http://127.0.0.1:{port}"
+
+
+def test_probes_answer_200_or_503_with_the_reason(
+    endpoint: OperationsEndpoint, probes: Probes
+) -> None:
+    assert get(endpoint, "/healthz")[0::2] == (200, "alive: last sign of life 0.1 s ago\n")
+    assert get(endpoint, "/readyz")[0::2] == (503, "waiting for the first reconcile\n")
+    probes.ready = Verdict(True, "ready: converged")
+    assert get(endpoint, "/readyz")[0::2] == (200, "ready: converged\n")
+    assert get(endpoint, "/readyz?verbose")[0] == 200
+
+
+def test_metrics_are_served_in_the_prometheus_text_format(endpoint: OperationsEndpoint) -> None:
+    status, content_type, body = get(endpoint, "/metrics")
+    assert status == 200
+    assert content_type.startswith("text/plain; version=0.0.4")
+    assert body == "vgpuctl_converged 1.0\n"
+
+
+def test_anything_else_is_404(endpoint: OperationsEndpoint) -> None:
+    assert get(endpoint, "/")[0] == 404
+    assert get(endpoint, "/healthz/x")[0] == 404
+
+
+def test_a_probe_that_raises_answers_500_and_the_server_keeps_serving(
+    probes: Probes,
+) -> None:
+    def broken() -> Verdict:
+        raise RuntimeError("bug")
+
+    server = OperationsEndpoint(
+        host="127.0.0.1",
+        port=0,
+        health=broken,
+        readiness=lambda: probes.ready,
+        metrics=lambda: b"",
+        metrics_content_type="text/plain",
+    )
+    try:
+        assert get(server, "/healthz")[0] == 500
+        assert get(server, "/readyz")[0] == 503
+    finally:
+        server.close()
+
+
+def test_a_port_in_use_is_an_os_error(endpoint: OperationsEndpoint) -> None:
+    with pytest.raises(OSError, match="in use"):
+        OperationsEndpoint(
+            host="127.0.0.1",
+            port=endpoint.address[1],
+            health=lambda: Verdict(True, ""),
+            readiness=lambda: Verdict(True, ""),
+            metrics=lambda: b"",
+            metrics_content_type="text/plain",
+        )
+
+
+# -- logs ----------------------------------------------------------------------------------------
+
+
+def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
+    logger = logging.getLogger("vgpuctl.watch")
+    rec = logger.makeRecord(
+        "vgpuctl.watch", logging.WARNING, __file__, 1, msg, args, None, extra=extra
+    )
+    rec.created = 1767225600.25  # 2026-01-01T00:00:00.250Z
+    rec.msecs = 250.0
+    return rec
+
+
+def test_json_lines_carry_ts_level_logger_msg_and_the_fields() -> None:
+    line = JsonFormatter().format(
+        record("reconcile failed: %s", "boom", error="lock", retry_in=1.5, file=None)
+    )
+    assert json.loads(line) == {
+        "ts": "2026-01-01T00:00:00.250Z",
+        "level": "warning",
+        "logger": "vgpuctl.watch",
+        "msg": "reconcile failed: boom",
+        "error": "lock",
+        "retry_in": 1.5,
+        "file": None,
+    }
+    assert "\n" not in line
+
+
+def test_json_lines_hold_a_traceback_in_one_field() -> None:
+    try:
+        raise RuntimeError("bug")
+    except RuntimeError:
+        rec = record("internal error")
+        rec.exc_info = sys.exc_info()
+    doc = json.loads(JsonFormatter().format(rec))
+    assert "RuntimeError: bug" in doc["exc"]
+
+
+def test_text_lines_append_fields_as_key_value() -> None:
+    line = TextFormatter().format(
+        record("converged", reason="host", seconds=0.031, summary={"create": 1}, note="two words")
+    )
+    assert line == (
+        "2026-01-01T00:00:00.250Z WARNING vgpuctl.watch: converged reason=host seconds=0.031 "
+        'summary={"create":1} note="two words"'
+    )
+
+
+def test_fields_are_only_what_came_through_extra() -> None:
+    assert fields_of(record("plain")) == {}
