@@ -144,7 +144,7 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
         help="where the current state comes from: this node's host (default), or the "
         "cluster's CR statuses — plans every node in the file, touching no host (for CI)",
     )
-    _add_adopt(p)
+    add_adopt_option(p)
     p.set_defaults(handler=cmd_plan)
     return p
 
@@ -167,7 +167,26 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     return EXIT_CHANGES if ns.detailed_exitcode and plan.has_changes else EXIT_OK
 
 
-def _add_adopt(p: argparse.ArgumentParser) -> None:
+def add_apply_options(p: argparse.ArgumentParser) -> None:
+    """The options every command that applies takes (``apply``, ``watch``)."""
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long one sriov-manage call may take before it is killed (default 300)",
+    )
+    p.add_argument(
+        "--verify-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for an action's effect to appear in sysfs (default 120: "
+        "enabling VFs on many GPUs takes tens of seconds)",
+    )
+
+
+def add_adopt_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--adopt",
         action="store_true",
@@ -273,23 +292,9 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("file", metavar="FILE|PLANFILE", nargs="+")
     p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
-    _add_adopt(p)
+    add_adopt_option(p)
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="how long one sriov-manage call may take before it is killed (default 300)",
-    )
-    p.add_argument(
-        "--verify-timeout",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="how long to wait for an action's effect to appear in sysfs (default 120: "
-        "enabling VFs on many GPUs takes tens of seconds)",
-    )
+    add_apply_options(p)
     p.set_defaults(handler=cmd_apply)
     return p
 

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.cli.commands import add_adopt_option, add_apply_options
 from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.model import UsageError
@@ -94,25 +95,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="do not serve the kubelet device plugins",
     )
-    p.add_argument(
-        "--adopt",
-        action="store_true",
-        help="take over SRIOVGPUDevice/VGPUDevice objects another controller manages",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="how long one sriov-manage call may take before it is killed (default 300)",
-    )
-    p.add_argument(
-        "--verify-timeout",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="how long to wait for an action's effect to appear in sysfs (default 120)",
-    )
+    add_adopt_option(p)
+    add_apply_options(p)
     p.set_defaults(handler=cmd_watch)
     return p
 
