@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -113,15 +114,18 @@ def apply_plan(
     on_outcome: Callable[[Outcome], None] | None = None,
     refresh: Callable[[Sequence[Action]], None] | None = None,
     command: str = "vgpuctl apply",
+    locked: bool = False,
 ) -> ApplyReport:
     """Carry out ``plan`` under the node lock (raises ``LockHeldError`` when another apply has
-    it): host actions, then cluster writes re-planned from the host as it now is, then Events
-    and device-plugin refreshes. Stops at the first failure."""
+    it; ``locked``: the caller already holds it, having taken it before observing): host
+    actions, then cluster writes re-planned from the host as it now is, then Events and
+    device-plugin refreshes. Stops at the first failure."""
     started = time.monotonic()
     host_actions = tuple(a for a in plan.actions if a.kind.is_host)
     refreshes = tuple(a for a in plan.actions if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH)
     cluster_result: ApplyResult | None = None
-    with NodeLock(ports.state_dir, plan.node, command=command):
+    lock = nullcontext() if locked else NodeLock(ports.state_dir, plan.node, command=command)
+    with lock:
         journal = Journal(ports.state_dir, plan.node)
         host_result = execute(
             replace(plan, actions=host_actions),

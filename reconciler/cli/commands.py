@@ -325,7 +325,16 @@ def _read_saved_plan(path: Path) -> dict[str, Any] | None:
 
 
 def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.apply import NodeLock
+
     host = Host(options)
+    # The lock comes first: a second apply fails at once naming the holder, and never plans
+    # from a host the first one is still changing.
+    with NodeLock(host.state_dir, options.node, command=" ".join(["vgpuctl", *sys.argv[1:]])):
+        return _apply_locked(ns, options, host)
+
+
+def _apply_locked(ns: argparse.Namespace, options: GlobalOptions, host: Host) -> int:
     saved = _read_saved_plan(Path(ns.file[0])) if len(ns.file) == 1 else None
     if saved is not None:
         from reconciler.cli.documents import node_from_document
@@ -402,9 +411,9 @@ def _execute(
         adopt=adopt,
         verify_timeout=verify_timeout,
         on_outcome=_progress(style),
-        command=" ".join(["vgpuctl", *sys.argv[1:]]),
+        locked=True,
     )
-    if report.refreshes:
+    if report.refreshes and report.ok:
         _err(
             f"Device plugins: {', '.join(a.target for a in report.refreshes)} change; a running "
             "device plugin picks this up on its next rescan."

@@ -15,6 +15,7 @@ from typing import NoReturn
 from reconciler import __version__
 from reconciler.cli.options import GlobalOptions, add_global_options
 from reconciler.model import ReconcilerError, UsageError
+from reconciler.model.errors import printable
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -71,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = ns.handler(ns, options)
         return code
     except ReconcilerError as exc:
-        for line in exc.lines():
+        for raw in exc.lines():
+            line = printable(raw)
             print(f"error: {line}" if not _located(line) else line, file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

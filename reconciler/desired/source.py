@@ -224,7 +224,13 @@ def _core_loader() -> type[yaml.SafeLoader]:
     def construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
         # YAML 1.2: "010" is ten (PyYAML's 1.1 reading would make it octal eight).
         text = str(node.value)
-        return int(text, 0) if text.startswith(("0x", "0o")) else int(text, 10)
+        try:
+            return int(text, 0) if text.startswith(("0x", "0o")) else int(text, 10)
+        except ValueError:  # '!!int ""', '0o9', or more digits than Python converts
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{shown!r} is not an integer", node.start_mark
+            ) from None
 
     CoreSchemaLoader.add_constructor("tag:yaml.org,2002:int", construct_int)
     return CoreSchemaLoader

@@ -10,6 +10,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters escaped: a message quoting the user's input (a key with
+    a newline or an escape sequence in it) stays one honest line on a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One located problem: ``file:line:col: message`` when the location is known."""
@@ -18,6 +29,11 @@ class Problem:
     file: str | None = None
     line: int | None = None
     column: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", printable(self.message))
+        if self.file is not None:
+            object.__setattr__(self, "file", printable(self.file))
 
     def __str__(self) -> str:
         if self.file is None:

@@ -663,3 +663,25 @@ def test_importing_the_package_loads_neither_yaml_nor_jsonschema() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_an_integer_python_cannot_convert_is_a_located_problem(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    path = _write(
+        tmp_path, "big.yaml", HEADER + "spec:\n  nodes:\n    n1:\n      gpus: !!int 0o9\n"
+    )
+    problems = _problems([path], catalog)
+    assert any(p.line is not None and "is not an integer" in p.message for p in problems)
+
+
+def test_control_characters_in_the_input_are_escaped_in_messages(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    path = _write(
+        tmp_path, "ctl.yaml", HEADER + 'spec:\n  nodes:\n    n1:\n      "gp\\nus\\x1b[31m": []\n'
+    )
+    problems = _problems([path], catalog)
+    assert problems
+    for problem in problems:
+        assert "\n" not in str(problem) and "\x1b" not in str(problem)

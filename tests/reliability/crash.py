@@ -1,0 +1,404 @@
+"""Crash safety: ``vgpuctl apply`` SIGKILLed at random points, with faults, then run again.
+
+Each run builds a random simulated host (catalogue GPUs, SR-IOV states, starting vGPUs) and a
+random valid desired state (``generators.py``); a VM holds some of the vGPUs the desired state
+would remove (``vgpuctl sim hold``); random one-shot faults are armed with ``vgpuctl sim fail``
+(``--writes N``: EIO on the next N sysfs writes; ``--sriov error|silent``). Then
+``apply --yes`` dies one of two ways:
+
+- ``sim fail --crash-after N``: the simulator SIGKILLs it right after its Nth change took effect,
+  the worst moment (done, neither verified nor journalled);
+- SIGKILL from outside after a random delay, timed from the start or from the first action
+  reported done, and sent while the simulated kernel is idle (``kernel_quiet``: a real sysfs
+  write cannot be interrupted half done either).
+
+Faults left unused are cleared, and apply runs again (at most ``MAX_RERUNS`` times) until a fresh
+plan has no actions. After every process: no UUID twice, no VF with two vGPUs, no dangling mdev
+link, every held vGPU still on its VF with its type. At the end: converged (nothing to do, blocked
+only by held vGPUs), no orphan (each vGPU on a managed GPU desired or held), unmanaged GPUs
+untouched, no traceback, no ``sriov-manage`` left running.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import statistics
+import subprocess
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reconciler.desired import load_desired
+from reconciler.model import ActionKind, Plan
+from reconciler.observe import observe_host
+from reconciler.plan import plan_node
+from reconciler.sim import SimHost, build_host
+from tests.reliability.generators import CATALOG, draw_examples, has_work, host_and_desired
+from tests.reliability.hosts import (
+    Run,
+    SimNode,
+    disarm_faults,
+    histogram,
+    kernel_quiet,
+    orphans,
+    plan_verdict,
+    read_truth,
+    reap_strays,
+    safety,
+)
+from tests.reliability.sizes import Context
+
+NODE = "crash-node"
+MAX_RERUNS = 4
+#: ``--verify-timeout``: the simulator's effects are immediate, so a short wait is plenty, and a
+#: silent sriov-manage failure costs seconds, not the default two minutes.
+APPLY = ("--yes", "--timeout", "30", "--verify-timeout", "3")
+APPLY_TIMEOUT = 90.0
+#: Figures keep this many failure descriptions.
+FAILURES_SHOWN = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    index: int
+    host: dict[str, Any]
+    desired: dict[str, Any]
+    kill: str  # crash-after | sigkill
+    writes: int
+    sriov: str | None
+    holds: int
+    #: crash-after: N = 1 + int(pick × host actions); above 1.0 the crash may never come.
+    pick: float
+    #: sigkill: when the delay starts: at "start", or at the "first-action" reported done.
+    anchor: str
+    seed: str
+
+
+@dataclass(slots=True)
+class Result:
+    """What one run found (filled in as it goes)."""
+
+    index: int
+    kill: str
+    gpus: list[str]
+    actions: int = 0
+    crash_after: int | None = None
+    delay: float | None = None
+    anchor: str | None = None
+    first: str = ""
+    first_seconds: float = 0.0
+    host_calls: int = 0
+    holds: int = 0
+    armed: dict[str, Any] = field(default_factory=dict)
+    left_unused: dict[str, Any] = field(default_factory=dict)
+    reruns: int | None = None  # None: never converged
+    rerun_outcomes: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    crowded: list[str] = field(default_factory=list)
+    dangling: list[str] = field(default_factory=list)
+    in_use_removed: list[str] = field(default_factory=list)
+    unexplained_blocked: list[str] = field(default_factory=list)
+    bugs: list[str] = field(default_factory=list)
+    hung: list[str] = field(default_factory=list)
+    strays: int = 0
+    unmanaged_touched: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.reruns is not None and not (
+            self.orphans or self.duplicates or self.crowded or self.dangling
+            or self.in_use_removed or self.unexplained_blocked or self.bugs or self.hung
+            or self.strays or self.unmanaged_touched or self.errors
+        )  # fmt: skip
+
+    def failure(self) -> str:
+        parts = [
+            *self.errors, *self.bugs, *self.hung, *self.orphans, *self.duplicates, *self.crowded,
+            *self.dangling, *self.in_use_removed, *self.unexplained_blocked,
+            *self.unmanaged_touched,
+        ]  # fmt: skip
+        if self.reruns is None:
+            parts.insert(0, f"not converged after {MAX_RERUNS} reruns {self.rerun_outcomes}")
+        if self.strays:
+            parts.append(f"{self.strays} sriov-manage process(es) left running")
+        head = (
+            f"run {self.index} ({self.kill}, crash-after {self.crash_after}, delay "
+            f"{self.delay}, armed {self.armed}, first {self.first})"
+        )
+        return f"{head}: " + "; ".join(parts[:4])
+
+
+def make_cases(ctx: Context) -> list[Case]:
+    examples = draw_examples(
+        host_and_desired(NODE), count=ctx.size.crash_runs, seed_value=ctx.seed, keep=has_work
+    )
+    cases = []
+    for i in range(ctx.size.crash_runs):
+        host, desired = examples[i % len(examples)]
+        rng = ctx.rng("crash", i)
+        cases.append(
+            Case(
+                index=i,
+                host=host,
+                desired=desired,
+                kill="crash-after" if rng.random() < 0.5 else "sigkill",
+                writes=rng.choice((0, 0, 0, 0, 0, 0, 1, 2, 3)),
+                sriov=rng.choice((None, None, None, None, None, None, "error", "silent")),
+                holds=rng.choice((0, 1, 1, 2)),
+                pick=rng.uniform(0.0, 1.15),
+                anchor=rng.choice(("start", "first-action")),
+                seed=f"{ctx.seed}:crash-run:{i}",
+            )
+        )
+    return cases
+
+
+def _plan(node: SimNode, desired_file: Path) -> Plan:
+    sim = SimHost.open(node.sysfs_root)
+    assert sim is not None
+    desired = load_desired([desired_file], catalog=CATALOG).node(node.node)
+    inventory = observe_host(
+        node.sysfs_root, node=node.node, catalog=CATALOG, hold_probe=sim.hold_probe()
+    )
+    return plan_node(desired, inventory, catalog=CATALOG)
+
+
+def _delay(case: Case, actions: int) -> float:
+    """Seconds from the anchor to the outside kill.
+
+    An apply spends 0.3 to 0.5 s starting, observing and planning, then 10 to 200 ms per action
+    (a silent sriov-manage failure adds the verify wait), then plans again to report. Timed
+    from the start, kills land mostly in start-up and planning; timed from the first action
+    reported done, among the actions: half the runs each.
+    """
+    if case.anchor == "start":
+        silent = 3.0 if case.sriov == "silent" else 0.0
+        return round(0.1 + case.pick / 1.15 * (0.5 + silent), 3)
+    return round(case.pick / 1.15 * (0.05 + 0.02 * actions), 3)
+
+
+def _first_apply(
+    node: SimNode, desired_file: Path, directory: Path, delay: float | None, anchor: str | None
+) -> Run:
+    if delay is None:
+        return node.run("apply", desired_file, *APPLY, timeout=APPLY_TIMEOUT)
+    started = node.start("apply", desired_file, *APPLY, out_dir=directory, label="first")
+    if anchor == "first-action" and not started.wait_for_progress(timeout=APPLY_TIMEOUT):
+        return started.finish(timeout=APPLY_TIMEOUT)  # it ended before any action was done
+    try:
+        started.proc.wait(timeout=delay)  # it may finish before its time is up
+    except subprocess.TimeoutExpired:
+        with kernel_quiet(node.sysfs_root):
+            started.kill()
+            started.proc.wait(timeout=30)
+    return started.finish(timeout=APPLY_TIMEOUT)
+
+
+def run_case(case: Case, directory: Path) -> Result:
+    started = time.monotonic()
+    rng = random.Random(case.seed)  # noqa: S311 - reproducible choices, not cryptography
+    gpus = [g["address"] for g in case.host["gpus"]]
+    result = Result(case.index, case.kill, [g["model"] for g in case.host["gpus"]])
+    host_dir = directory / "host"
+    build_host(host_dir, case.host, catalog=CATALOG)
+    desired_file = directory / "desired.yaml"
+    desired_file.write_text(yaml.safe_dump(case.desired, sort_keys=False))
+    node = SimNode(host_dir, NODE)
+    managed = case.desired["spec"]["nodes"][NODE]["gpus"]
+    unmanaged = sorted(set(gpus) - {g["address"] for g in managed})
+
+    # A VM holds some of the vGPUs this desired state would remove.
+    removable = sorted(
+        str(a.params["uuid"])
+        for a in _plan(node, desired_file).actions
+        if a.kind is ActionKind.VGPU_REMOVE
+    )
+    for uuid in rng.sample(removable, min(case.holds, len(removable))):
+        held_run = node.sim("hold", uuid)
+        if held_run.returncode != 0:
+            result.errors.append(f"sim hold {uuid}: {held_run.messages()}")
+    before = read_truth(node.sysfs_root, gpus)
+    sim = SimHost.open(node.sysfs_root)
+    assert sim is not None
+    held = before.held(sim.hold_probe().held({v.uuid: None for v in before.vgpus}))
+    result.holds = len(held)
+    unmanaged_before = {g: before.snapshot(g) for g in unmanaged}
+
+    result.actions = sum(1 for a in _plan(node, desired_file).actions if a.kind.is_host)
+    fail_args: list[str] = []
+    if case.writes:
+        fail_args += ["--writes", str(case.writes)]
+        result.armed["writes"] = case.writes
+    if case.sriov:
+        fail_args += ["--sriov", case.sriov]
+        result.armed["sriov"] = case.sriov
+    if case.kill == "crash-after":
+        result.crash_after = 1 + int(case.pick * result.actions)
+        fail_args += ["--crash-after", str(result.crash_after)]
+    else:
+        result.delay = _delay(case, result.actions)
+        result.anchor = case.anchor
+    if fail_args:
+        armed = node.sim("fail", *fail_args)
+        if armed.returncode != 0:
+            result.errors.append(f"sim fail {fail_args}: {armed.messages()}")
+
+    calls_before = node.stats()
+    first = _first_apply(node, desired_file, directory, result.delay, result.anchor)
+    result.first = first.outcome()
+    result.first_seconds = first.seconds
+    result.strays += len(reap_strays(node.sriov_manage))
+    calls_after = node.stats()
+    result.host_calls = sum(calls_after[k] - calls_before[k] for k in calls_after)
+    result.left_unused = disarm_faults(node.sysfs_root)
+    _check(result, first, node, gpus, held)
+
+    for attempt in range(1, MAX_RERUNS + 1):
+        rerun = node.run("apply", desired_file, *APPLY, timeout=APPLY_TIMEOUT)
+        result.rerun_outcomes.append(rerun.outcome())
+        result.strays += len(reap_strays(node.sriov_manage))
+        _check(result, rerun, node, gpus, held)
+        plan_run, plan = node.plan(desired_file)
+        if plan is None:
+            result.errors.append(f"plan failed: {plan_run.outcome()} {plan_run.messages()}")
+            break
+        done, unexplained = plan_verdict(plan, held)
+        if done:
+            result.reruns = attempt
+            result.unexplained_blocked = unexplained
+            break
+
+    after = read_truth(node.sysfs_root, gpus)
+    result.orphans = orphans(after, managed, set(held))
+    result.unmanaged_touched = [
+        f"unmanaged GPU {g} changed" for g in unmanaged if after.snapshot(g) != unmanaged_before[g]
+    ]
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _check(result: Result, run: Run, node: SimNode, gpus: list[str], held: Any) -> None:
+    """The invariants that hold at every moment, and the process's own health."""
+    bug = run.bug
+    if bug is not None:
+        result.bugs.append(f"{run.outcome()}: {bug}")
+    if run.hung:
+        result.hung.append(f"apply hung: {run.messages()}")
+    found = safety(read_truth(node.sysfs_root, gpus), held)
+    result.duplicates += found.duplicates
+    result.crowded += found.crowded
+    result.dangling += found.dangling
+    result.in_use_removed += found.in_use_removed
+
+
+def _run_in(case: Case, base: Path, deadline: float) -> Result | None:
+    if time.monotonic() > deadline:
+        return None
+    directory = base / f"run-{case.index:04d}"
+    directory.mkdir(parents=True)
+    try:
+        result = run_case(case, directory)
+    except Exception as exc:  # the harness itself failed: a failed run, reported as such
+        result = Result(case.index, case.kill, [])
+        result.errors.append(f"harness error: {type(exc).__name__}: {exc}")
+    if result.ok:
+        shutil.rmtree(directory, ignore_errors=True)
+    return result
+
+
+def crash_safety(ctx: Context) -> dict[str, Any]:
+    """Scenario: randomized kills of apply, then reruns until converged. Returns its figures."""
+    started = time.monotonic()
+    cases = make_cases(ctx)
+    base = ctx.scratch("crash")
+    deadline = started + ctx.size.budget
+    with ThreadPoolExecutor(max_workers=ctx.jobs) as pool:
+        done = list(pool.map(lambda c: _run_in(c, base, deadline), cases))
+    results = [r for r in done if r is not None]
+    return _figures(ctx, results, seconds=time.monotonic() - started)
+
+
+def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str, Any]:
+    crash = [r for r in results if r.kill == "crash-after"]
+    killed_outside = [r for r in results if r.kill == "sigkill"]
+
+    def where(r: Result) -> str:
+        n, actions = r.crash_after or 0, r.actions
+        if n > actions:
+            return "beyond the last change"
+        return "first change" if n == 1 else ("last change" if n == actions else "in between")
+
+    actions = [r.actions for r in results] or [0]
+    converged = sum(1 for r in results if r.reruns is not None)
+    figures: dict[str, Any] = {
+        "runs": len(results),
+        "planned_runs": ctx.size.crash_runs,
+        "converged": converged,
+        "orphaned": sum(len(r.orphans) for r in results),
+        "duplicates": sum(len(r.duplicates) for r in results),
+        "vfs_with_two_vgpus": sum(len(r.crowded) for r in results),
+        "dangling_mdev_links": sum(len(r.dangling) for r in results),
+        "in_use_removed": sum(len(r.in_use_removed) for r in results),
+        "blocked_not_by_held_vgpus": sum(len(r.unexplained_blocked) for r in results),
+        "tracebacks": sum(len(r.bugs) for r in results),
+        "hung_processes": sum(len(r.hung) for r in results),
+        "stray_sriov_manage": sum(r.strays for r in results),
+        "unmanaged_gpus_touched": sum(len(r.unmanaged_touched) for r in results),
+        "max_reruns_needed": max((r.reruns or 0 for r in results), default=0),
+        "reruns_needed": histogram(r.reruns for r in results),
+        "held_vgpus": sum(r.holds for r in results),
+        "runs_with_held_vgpus": sum(1 for r in results if r.holds),
+        "first_apply": histogram(r.first for r in results),
+        "reruns": histogram(o for r in results for o in r.rerun_outcomes),
+        "faults_armed": {
+            "writes_eio": sum(1 for r in results if "writes" in r.armed),
+            "sriov_error": sum(1 for r in results if r.armed.get("sriov") == "error"),
+            "sriov_silent": sum(1 for r in results if r.armed.get("sriov") == "silent"),
+            "runs_with_faults_left_unused_at_death": sum(1 for r in results if r.left_unused),
+        },
+        "kill_points": {
+            "crash_after": {
+                "runs": len(crash),
+                "killed": sum(1 for r in crash if r.first == "killed"),
+                "N": histogram(r.crash_after for r in crash),
+                "where": histogram(where(r) for r in crash),
+            },
+            "external_sigkill": {
+                "runs": len(killed_outside),
+                "killed": sum(1 for r in killed_outside if r.first == "killed"),
+                "finished_before_the_kill": sum(1 for r in killed_outside if r.first != "killed"),
+                "timed_from": histogram(r.anchor for r in killed_outside),
+                "killed_timed_from": histogram(
+                    r.anchor for r in killed_outside if r.first == "killed"
+                ),
+                "delay_s": histogram(
+                    f"{0.25 * int((r.delay or 0) / 0.25):.2f}" for r in killed_outside
+                ),
+                "host_calls_before_the_kill": histogram(
+                    r.host_calls for r in killed_outside if r.first == "killed"
+                ),
+            },
+        },
+        "host_actions_per_run": {
+            "min": min(actions),
+            "median": statistics.median(actions),
+            "max": max(actions),
+        },
+        "gpu_models": dict(Counter(m for r in results for m in r.gpus).most_common()),
+        "seconds": round(seconds, 1),
+        "budget_exceeded": len(results) < ctx.size.crash_runs,
+    }
+    failed = [r for r in results if not r.ok]
+    figures["failed_runs"] = len(failed)
+    figures["failures"] = [r.failure() for r in failed[:FAILURES_SHOWN]]
+    figures["ok"] = not failed and not figures["budget_exceeded"]
+    return figures

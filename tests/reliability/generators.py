@@ -1,0 +1,152 @@
+"""Random hosts and valid desired states, drawn by hypothesis and reproducible from a seed.
+
+Adapted from the property test (``tests/property/test_converge.py``): its per-GPU generator
+``gpu_config`` (one framebuffer size, at most the size's maximum) is reused as is; the scenario
+around it covers every single-GPU catalogue model and up to three GPUs. Multi-GPU boards (A16)
+are left out: one board entry is several PFs, which the per-GPU invariants do not model.
+
+``draw_examples`` runs a strategy outside any test to get a fixed list of examples: the suite
+then runs them in parallel, and the same seed gives the same list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hypothesis import HealthCheck, Phase, Verbosity, assume, given, seed, settings
+from hypothesis import strategies as st
+
+from reconciler.catalog import GpuModel, default_catalog
+from reconciler.model import PciAddress
+from tests.property.test_converge import gpu_config
+
+CATALOG = default_catalog()
+MODELS: tuple[GpuModel, ...] = tuple(m for m in CATALOG.models if m.gpus_per_board == 1)
+ADDRESSES = ("0000:08:00.0", "0000:41:00.0", "0000:81:00.0")
+API_VERSION = "vgpu.reconciler.dev/v1alpha1"
+KIND = "VGPUDesiredState"
+
+T = TypeVar("T")
+
+
+def vf_address(pf: str, model: GpuModel, index: int) -> str:
+    """The address of VF ``index`` of the GPU at ``pf`` (as the simulator places it)."""
+    base = PciAddress.parse(pf)
+    routing = base.routing_id + model.vf_offset + index * model.vf_stride
+    return str(PciAddress.from_routing_id(base.domain, routing))
+
+
+def document(node: str, gpus: list[dict[str, Any]], name: str = "reliability") -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name},
+        "spec": {"nodes": {node: {"gpus": gpus}}},
+    }
+
+
+@st.composite
+def host_and_desired(
+    draw: st.DrawFn, node: str, max_gpus: int = 3
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A simulator spec (random SR-IOV states and starting vGPUs) and a valid desired state.
+
+    As in the property test: about one GPU in ten is left unmanaged, one managed GPU in five is
+    desired with SR-IOV off, and the rest use either form (per-VF with index or address keys,
+    short or long profile names; or counts).
+    """
+    n = draw(st.integers(1, max_gpus))
+    host_gpus: list[dict[str, Any]] = []
+    desired_gpus: list[dict[str, Any]] = []
+    for address in ADDRESSES[:n]:
+        model = draw(st.sampled_from(MODELS))
+        on = draw(st.booleans())
+        _, start = draw(gpu_config(model))
+        host_gpus.append(
+            {
+                "model": model.short,
+                "address": address,
+                "sriov": "enabled" if on else "disabled",
+                "vgpus": dict(start) if on else {},
+            }
+        )
+        if not draw(st.integers(0, 9)):
+            continue  # unmanaged: must be left exactly as it is
+        entry: dict[str, Any] = {"address": address}
+        if draw(st.integers(0, 4)) == 0:
+            entry["sriov"] = "disabled"
+        else:
+            entry["sriov"] = "enabled"
+            _, want = draw(gpu_config(model))
+            if draw(st.booleans()):
+                counts: dict[str, int] = {}
+                for _, profile in want:
+                    counts[profile] = counts.get(profile, 0) + 1
+                entry["profiles"] = counts
+            else:
+                vgpus: dict[Any, str] = {}
+                for index, profile in want:
+                    key: Any = index if draw(st.booleans()) else vf_address(address, model, index)
+                    short = draw(st.booleans())
+                    vgpus[key] = profile.removeprefix("NVIDIA ") if short else profile
+                entry["vgpus"] = vgpus
+        desired_gpus.append(entry)
+    return {"gpus": host_gpus, "extraDevices": False}, document(node, desired_gpus)
+
+
+def has_work(case: tuple[dict[str, Any], dict[str, Any]]) -> bool:
+    """Whether the desired state plausibly asks for a change (an all-idle case tests little)."""
+    host, desired = case
+    on_host = {g["address"]: g for g in host["gpus"]}
+    for node in desired["spec"]["nodes"].values():
+        for entry in node["gpus"]:
+            have = on_host[entry["address"]]
+            if entry["sriov"] != have["sriov"]:
+                return True
+            if entry["sriov"] == "enabled" and (
+                entry.get("vgpus") or entry.get("profiles") or have["vgpus"]
+            ):
+                return True
+    return False
+
+
+class StopDrawing(Exception):
+    """Raised by a ``keep`` callback to end ``draw_examples`` early (a time budget ran out)."""
+
+
+def draw_examples(
+    strategy: st.SearchStrategy[T],
+    *,
+    count: int,
+    seed_value: int,
+    keep: Callable[[T], bool] | None = None,
+) -> list[T]:
+    """``count`` examples of ``strategy`` (fewer if hypothesis runs dry or ``keep`` raises
+    ``StopDrawing``); the same seed gives the same list.
+
+    ``keep`` may also consume each example as it comes (and say False to not count it).
+    Generation only: no shrinking, no example database, no health checks, no output.
+    """
+    found: list[T] = []
+
+    @seed(seed_value)
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+    )
+    @given(strategy)
+    def collect(example: T) -> None:
+        if keep is not None:
+            assume(keep(example))
+        found.append(example)
+
+    with contextlib.suppress(StopDrawing):
+        collect()
+    return found[:count]

@@ -1,0 +1,510 @@
+"""Common ground of the reliability scenarios: ``vgpuctl`` run as a user runs it, on a simulated
+host, and the host's truth read straight from its sysfs tree.
+
+The invariants are judged from the tree itself (``virtfn`` links, mdev directories and their
+``mdev_type``, ``bus/mdev/devices``), never through ``reconciler.observe``: the code under test
+does not grade itself. Every subprocess has a timeout; a process that outlives it is killed
+with its whole process group and reported, never waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.sim import SimHost
+
+REPO = Path(__file__).resolve().parents[2]
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+#: ``apply``'s progress line: ``  ✓   2 vgpu-create 0000:08:00.4: created … (0.01 s)``.
+PROGRESS = re.compile(
+    r"^  (?P<mark>\S) +(?P<seq>\d+) (?P<kind>[a-z-]+) (?P<target>\S+): (?P<msg>.*)"
+)
+#: What a bug looks like from outside: a traceback, or the CLI's last-resort handler.
+BUG_MARKERS = ("Traceback (most recent call last)", "internal error:")
+#: Seconds after which a vgpuctl command counts as hung (each scenario may pass less).
+DEFAULT_TIMEOUT = 120.0
+
+
+def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment without vgpuctl's own variables (flags say everything)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUCTL_")}
+    env.pop("NODE_NAME", None)
+    env.update(extra or {})
+    return env
+
+
+def vgpuctl_argv(*args: object) -> list[str]:
+    return [sys.executable, "-m", "reconciler", *map(str, args)]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    mark: str  # ✓ done, = already done (no-op), ✗ failed, - skipped
+    kind: str
+    target: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One finished (or killed) ``vgpuctl`` process."""
+
+    argv: tuple[str, ...]
+    pid: int
+    returncode: int | None  # None: it hung and was killed at its timeout
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def hung(self) -> bool:
+        return self.returncode is None
+
+    @property
+    def killed(self) -> bool:
+        return self.returncode == -signal.SIGKILL
+
+    @property
+    def bug(self) -> str | None:
+        """The first line that shows a bug (traceback or internal error), if any."""
+        for line in (self.stderr + "\n" + self.stdout).splitlines():
+            if any(marker in line for marker in BUG_MARKERS):
+                return line.strip()
+        return None
+
+    def progress(self) -> list[Progress]:
+        found = []
+        for line in self.stderr.splitlines():
+            m = PROGRESS.match(line)
+            if m:
+                found.append(Progress(m["mark"], m["kind"], m["target"], m["msg"]))
+        return found
+
+    def messages(self, limit: int = 4) -> list[str]:
+        """The stderr lines that are not progress lines: what a person would read."""
+        lines = [
+            line.strip()
+            for line in self.stderr.splitlines()
+            if line.strip() and not PROGRESS.match(line)
+        ]
+        return lines[:limit]
+
+    def outcome(self) -> str:
+        if self.hung:
+            return "hung"
+        if self.killed:
+            return "killed"
+        return f"exit {self.returncode}"
+
+
+class Started:
+    """A ``vgpuctl`` process running in the background in its own process group.
+
+    Output goes to files (a pipe nobody reads could block it); ``finish`` waits (bounded) and
+    reads them.
+    """
+
+    def __init__(self, args: Sequence[object], *, out_dir: Path, label: str) -> None:
+        self.argv = tuple(vgpuctl_argv(*args))
+        self._out = out_dir / f"{label}.stdout"
+        self._err = out_dir / f"{label}.stderr"
+        self._started = time.monotonic()
+        with self._out.open("wb") as out, self._err.open("wb") as err:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=environment(),
+                cwd=REPO,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL the process group (the process and anything it started in its group)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def wait_for_progress(self, *, timeout: float) -> bool:
+        """Wait (bounded) until the process reports its first action done; False when it ended,
+        or the time ran out, first. (Python's stderr is line-buffered, even into a file.)"""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self._err.read_text(errors="replace")
+            if any(PROGRESS.match(line) for line in text.splitlines()):
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.005)
+        return False
+
+    def finish(self, *, timeout: float = DEFAULT_TIMEOUT) -> Run:
+        try:
+            returncode: int | None = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait(timeout=30)
+            returncode = None
+        seconds = time.monotonic() - self._started
+        return Run(
+            self.argv,
+            self.proc.pid,
+            returncode,
+            self._out.read_text(errors="replace"),
+            self._err.read_text(errors="replace"),
+            seconds,
+        )
+
+
+def vgpuctl(*args: object, timeout: float = DEFAULT_TIMEOUT) -> Run:
+    """Run ``vgpuctl ARGS`` to completion (killed with its group at ``timeout``)."""
+    argv = vgpuctl_argv(*args)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env=environment(),
+        cwd=REPO,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        returncode: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=30)
+        returncode = None
+    return Run(tuple(argv), proc.pid, returncode, stdout, stderr, time.monotonic() - started)
+
+
+# --- a simulated node ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SimNode:
+    """A simulated host (``dir/sys``, ``dir/bin/sriov-manage``) as the node ``node``."""
+
+    dir: Path
+    node: str
+    #: More global flags (``--kubeconfig K --kubelet-dir D``).
+    extra: tuple[str, ...] = ()
+
+    @property
+    def sysfs_root(self) -> Path:
+        return self.dir / "sys"
+
+    @property
+    def sriov_manage(self) -> Path:
+        return self.dir / "bin" / "sriov-manage"
+
+    @property
+    def flags(self) -> list[str]:
+        return [
+            "--sysfs-root",
+            str(self.sysfs_root),
+            "--sriov-manage",
+            str(self.sriov_manage),
+            "--node",
+            self.node,
+            *self.extra,
+        ]
+
+    def run(self, *args: object, timeout: float = DEFAULT_TIMEOUT) -> Run:
+        return vgpuctl(*args, *self.flags, timeout=timeout)
+
+    def start(self, *args: object, out_dir: Path, label: str) -> Started:
+        return Started([*args, *self.flags], out_dir=out_dir, label=label)
+
+    def sim(self, command: str, *args: object) -> Run:
+        """``vgpuctl sim COMMAND DIR ARGS`` (hold, release, fail, reboot)."""
+        return vgpuctl("sim", command, self.dir, *args, timeout=60)
+
+    def stats(self) -> dict[str, int]:
+        host = SimHost.open(self.sysfs_root)
+        return host.stats() if host is not None else {}
+
+    def plan(self, desired: Path, *more: object) -> tuple[Run, dict[str, Any] | None]:
+        """``plan -o json``: the run and the plan document (None if there was none)."""
+        import json
+
+        run = self.run("plan", desired, "-o", "json", *more, timeout=60)
+        try:
+            return run, json.loads(run.stdout) if run.returncode == 0 else None
+        except ValueError:
+            return run, None
+
+
+@contextlib.contextmanager
+def kernel_quiet(sysfs_root: Path) -> Iterator[None]:
+    """Hold the simulator's host lock: no simulated sysfs write or sriov-manage change is half
+    done while this is held.
+
+    A real sysfs write is one system call; a signal cannot land in the middle of the kernel's
+    work. The simulator does that work in the writing process, so a kill sent at a random
+    moment must be sent with this held, or it would tear the simulated kernel's own state.
+    """
+    from reconciler.sim.state import locked
+
+    with locked(sysfs_root):
+        yield
+
+
+def disarm_faults(sysfs_root: Path) -> dict[str, Any]:
+    """Clear the simulator's pending one-shot faults; return those a killed run left unused.
+
+    ``vgpuctl sim fail`` can arm faults but not clear them, and a rerun must run without them.
+    """
+    from reconciler.sim.state import Faults, load_state, locked, save_state
+
+    with locked(sysfs_root):
+        state = load_state(sysfs_root)
+        left = {
+            "writes": state.faults.writes,
+            "sriovManage": state.faults.sriov_manage,
+            "crashAfter": state.faults.crash_after,
+        }
+        state.faults = Faults()
+        save_state(sysfs_root, state)
+    return {k: v for k, v in left.items() if v}
+
+
+def processes_of(program: Path) -> list[int]:
+    """Pids of running processes whose program (argv[0] or a script's argv[1]) is ``program``."""
+    wanted = str(program).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted in argv[:2]:
+            found.append(int(entry))
+    return found
+
+
+def reap_strays(program: Path, *, wait: float = 15.0) -> list[int]:
+    """Wait (bounded) for processes running ``program`` to end; SIGKILL, by pid, any left.
+
+    Returns the pids that had to be killed (an ``sriov-manage`` a killed apply left behind
+    finishes on its own; one that does not is a finding).
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        pids = processes_of(program)
+        if not pids:
+            return []
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+# --- the host's truth, from the tree ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TreeVgpu:
+    uuid: str
+    gpu: str
+    vf: str
+    index: int  # the VF's index: N of the PF's ``virtfn<N>`` link
+    type_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A vGPU a simulated VM holds, as it was when the hold began."""
+
+    uuid: str
+    vf: str
+    type_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Truth:
+    """What the sysfs tree shows for the GPUs asked about."""
+
+    #: GPU address → its VFs' addresses by index (empty: SR-IOV off).
+    vfs: Mapping[str, Mapping[int, str]]
+    vgpus: tuple[TreeVgpu, ...]
+    #: ``bus/mdev/devices``: UUID → the VF its link points into.
+    bus: Mapping[str, str]
+
+    def on(self, gpu: str) -> list[TreeVgpu]:
+        return [v for v in self.vgpus if v.gpu == gpu]
+
+    def index_of(self, gpu: str, vf: str) -> int | None:
+        for index, address in self.vfs.get(gpu, {}).items():
+            if address == vf:
+                return index
+        return None
+
+    def snapshot(self, gpu: str) -> tuple[object, ...]:
+        """Everything about one GPU, to compare before and after."""
+        return (
+            tuple(sorted(self.vfs.get(gpu, {}).items())),
+            tuple(sorted((v.uuid, v.vf, v.type_name) for v in self.on(gpu))),
+        )
+
+    def held(self, uuids: Iterable[str]) -> dict[str, Held]:
+        by_uuid = {v.uuid: v for v in self.vgpus}
+        return {u: Held(u, by_uuid[u].vf, by_uuid[u].type_name) for u in uuids if u in by_uuid}
+
+
+def read_truth(sysfs_root: Path, gpus: Iterable[str]) -> Truth:
+    devices = sysfs_root / "bus" / "pci" / "devices"
+    vfs: dict[str, dict[int, str]] = {}
+    vgpus: list[TreeVgpu] = []
+    for gpu in gpus:
+        pf = devices / gpu
+        links = {
+            int(name.removeprefix("virtfn")): os.path.basename(os.readlink(pf / name))
+            for name in os.listdir(pf)
+            if name.startswith("virtfn")
+        }
+        vfs[gpu] = dict(sorted(links.items()))
+        for index, vf in vfs[gpu].items():
+            vf_dir = devices / vf
+            for entry in sorted(os.listdir(vf_dir)):
+                if not UUID.match(entry) or not (vf_dir / entry).is_dir():
+                    continue
+                type_dir = os.path.basename(os.readlink(vf_dir / entry / "mdev_type"))
+                name_file = vf_dir / "mdev_supported_types" / type_dir / "name"
+                vgpus.append(TreeVgpu(entry, gpu, vf, index, name_file.read_text().strip()))
+    bus_dir = sysfs_root / "bus" / "mdev" / "devices"
+    bus = {
+        entry: Path(os.readlink(bus_dir / entry)).parent.name
+        for entry in (os.listdir(bus_dir) if bus_dir.is_dir() else [])
+    }
+    return Truth(vfs, tuple(vgpus), bus)
+
+
+# --- invariants ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Safety:
+    """What must hold at every moment, crashed or not."""
+
+    duplicates: tuple[str, ...]  # one UUID on two VFs (or twice)
+    crowded: tuple[str, ...]  # a VF carrying more than one vGPU
+    dangling: tuple[str, ...]  # a bus/mdev link without its device, or a device without link
+    in_use_removed: tuple[str, ...]  # a held vGPU gone, moved or changed
+
+    @property
+    def ok(self) -> bool:
+        return not (self.duplicates or self.crowded or self.dangling or self.in_use_removed)
+
+    def problems(self) -> list[str]:
+        return [*self.duplicates, *self.crowded, *self.dangling, *self.in_use_removed]
+
+
+def safety(truth: Truth, held: Mapping[str, Held]) -> Safety:
+    counts = Counter(v.uuid for v in truth.vgpus)
+    duplicates = tuple(f"vGPU {u} exists {n} times" for u, n in counts.items() if n > 1)
+    per_vf = Counter(v.vf for v in truth.vgpus)
+    crowded = tuple(f"VF {vf} carries {n} vGPUs" for vf, n in per_vf.items() if n > 1)
+    on_tree = {v.uuid: v.vf for v in truth.vgpus}
+    dangling = tuple(
+        [f"bus/mdev/devices/{u} points at {vf}, no such vGPU there"
+         for u, vf in truth.bus.items() if on_tree.get(u) != vf]
+        + [f"vGPU {u} on {vf} has no bus/mdev/devices link"
+           for u, vf in on_tree.items() if u not in truth.bus]
+    )  # fmt: skip
+    by_uuid = {v.uuid: v for v in truth.vgpus}
+    removed = []
+    for h in held.values():
+        now = by_uuid.get(h.uuid)
+        if now is None:
+            removed.append(f"in-use vGPU {h.uuid} ({h.type_name} on {h.vf}) was removed")
+        elif (now.vf, now.type_name) != (h.vf, h.type_name):
+            removed.append(
+                f"in-use vGPU {h.uuid} changed: {h.type_name} on {h.vf} → "
+                f"{now.type_name} on {now.vf}"
+            )
+    return Safety(duplicates, crowded, dangling, tuple(removed))
+
+
+def long_name(profile: str) -> str:
+    return profile if profile.startswith("NVIDIA ") else f"NVIDIA {profile}"
+
+
+def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[str]) -> list[str]:
+    """vGPUs on managed GPUs that neither the desired state nor a VM accounts for."""
+    found: list[str] = []
+    for entry in desired_gpus:
+        gpu = entry["address"]
+        present = truth.on(gpu)
+        free = [v for v in present if v.uuid not in held]
+        if entry.get("sriov") != "enabled":
+            found += [f"{v.type_name} {v.uuid} on {v.vf}: SR-IOV desired off" for v in free]
+        elif "profiles" in entry:
+            want = {long_name(p): int(n) for p, n in entry["profiles"].items()}
+            for type_name in sorted({v.type_name for v in present}):
+                of_type = [v for v in present if v.type_name == type_name]
+                kept = sum(1 for v in of_type if v.uuid in held)
+                extra = len(of_type) - max(want.get(type_name, 0), kept)
+                spare = [v for v in of_type if v.uuid not in held][: max(extra, 0)]
+                found += [f"{type_name} {v.uuid} on {v.vf}: beyond the desired count"
+                          for v in spare]  # fmt: skip
+        else:
+            want_at: dict[int, str] = {}
+            for key, profile in (entry.get("vgpus") or {}).items():
+                index = key if isinstance(key, int) else truth.index_of(gpu, str(key))
+                if index is not None:
+                    want_at[index] = long_name(profile)
+            found += [
+                f"{v.type_name} {v.uuid} on {v.vf} (VF {v.index}): desired "
+                f"{want_at.get(v.index, 'nothing')}"
+                for v in free
+                if want_at.get(v.index) != v.type_name
+            ]
+    return found
+
+
+_IN_USE_NAMED = re.compile(r" on (\S+) \(in use\)")
+
+
+def plan_verdict(plan: Mapping[str, Any], held: Mapping[str, Held]) -> tuple[bool, list[str]]:
+    """(no actions left, blocked changes not explained by a held vGPU)."""
+    held_vfs = {h.vf for h in held.values()}
+    unexplained = []
+    for b in plan.get("blocked", []):
+        if b["kind"] == "vgpu-remove":
+            explained = b.get("params", {}).get("uuid") in held
+        else:
+            named = _IN_USE_NAMED.findall(b.get("reason", ""))
+            explained = bool(named) and all(vf in held_vfs for vf in named)
+        if not explained:
+            unexplained.append(f"{b['kind']} {b['target']}: {b.get('reason', '')}")
+    return not plan.get("actions"), unexplained
+
+
+def histogram(values: Iterable[object]) -> dict[str, int]:
+    counts = Counter(str(v) for v in values)
+    return dict(sorted(counts.items(), key=lambda kv: (len(kv[0]), kv[0])))

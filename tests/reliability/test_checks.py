@@ -1,0 +1,137 @@
+"""The reliability suite's judges catch what they are there to catch.
+
+A suite whose checks cannot fail proves nothing: each check is shown a host, a plan or an
+output line that breaks its invariant, and one that does not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from reconciler.sim import build_host
+from tests.reliability.bad_input import _line_form, samples
+from tests.reliability.generators import draw_examples, has_work, host_and_desired
+from tests.reliability.hosts import (
+    Held,
+    TreeVgpu,
+    Truth,
+    orphans,
+    plan_verdict,
+    processes_of,
+    read_truth,
+    reap_strays,
+    safety,
+)
+
+GPU = "0000:08:00.0"
+U1, U2, U3 = (f"{n}0000000-0000-4000-8000-000000000000" for n in (1, 2, 3))
+
+
+def _truth(*vgpus: tuple[str, str, int, str]) -> Truth:
+    vfs = {GPU: {i: f"0000:08:00.{4 + i}" for i in range(4)}}
+    tree = tuple(TreeVgpu(u, GPU, vf, i, t) for u, vf, i, t in vgpus)
+    return Truth(vfs, tree, {v.uuid: v.vf for v in tree})
+
+
+def test_read_truth_sees_what_the_simulator_built(tmp_path: Path) -> None:
+    spec = {
+        "gpus": [{"model": "A2", "address": GPU,
+                  "vgpus": {0: "NVIDIA A2-4Q", 2: {"type": "NVIDIA A2-4A", "uuid": U1}}}],
+        "extraDevices": False,
+    }  # fmt: skip
+    build_host(tmp_path / "h", spec)
+    truth = read_truth(tmp_path / "h" / "sys", [GPU])
+    assert len(truth.vfs[GPU]) == 16
+    assert sorted((v.index, v.type_name) for v in truth.vgpus) == [
+        (0, "NVIDIA A2-4Q"),
+        (2, "NVIDIA A2-4A"),
+    ]
+    assert [v.vf for v in truth.vgpus if v.uuid == U1] == ["0000:08:00.6"]
+    assert safety(truth, {}).ok
+    # A second mdev directory on VF 0, unknown to the mdev bus: crowded and dangling.
+    vf0 = tmp_path / "h" / "sys" / "bus" / "pci" / "devices" / "0000:08:00.4"
+    existing = next(v for v in truth.vgpus if v.index == 0)
+    (vf0 / U2).mkdir()
+    os.symlink(os.readlink(vf0 / existing.uuid / "mdev_type"), vf0 / U2 / "mdev_type")
+    found = safety(read_truth(tmp_path / "h" / "sys", [GPU]), {})
+    assert found.crowded and found.dangling and not found.ok
+
+
+def test_safety_finds_duplicates_and_in_use_vgpus_removed_or_changed() -> None:
+    held = {U1: Held(U1, "0000:08:00.4", "NVIDIA A2-4Q")}
+    assert safety(_truth((U1, "0000:08:00.4", 0, "NVIDIA A2-4Q")), held).ok
+    assert safety(_truth(), held).in_use_removed
+    assert safety(_truth((U1, "0000:08:00.5", 1, "NVIDIA A2-4Q")), held).in_use_removed
+    assert safety(_truth((U1, "0000:08:00.4", 0, "NVIDIA A2-4A")), held).in_use_removed
+    twice = _truth((U1, "0000:08:00.4", 0, "NVIDIA A2-4Q"), (U1, "0000:08:00.5", 1, "NVIDIA A2-4Q"))
+    assert safety(twice, {}).duplicates
+
+
+def test_orphans_per_vf_counts_and_sriov_off() -> None:
+    truth = _truth((U1, "0000:08:00.4", 0, "NVIDIA A2-4Q"), (U2, "0000:08:00.5", 1, "NVIDIA A2-4Q"))
+    per_vf = [{"address": GPU, "sriov": "enabled", "vgpus": {0: "A2-4Q", "0000:08:00.5": "A2-4Q"}}]
+    assert orphans(truth, per_vf, set()) == []
+    one = [{"address": GPU, "sriov": "enabled", "vgpus": {0: "NVIDIA A2-4Q"}}]
+    assert len(orphans(truth, one, set())) == 1
+    assert orphans(truth, one, {U2}) == []  # held: accounted for
+    counts = [{"address": GPU, "sriov": "enabled", "profiles": {"NVIDIA A2-4Q": 1}}]
+    assert len(orphans(truth, counts, set())) == 1
+    assert [o.split()[2] for o in orphans(truth, counts, {U1})] == [U2]
+    assert orphans(truth, counts, {U1, U2}) == []
+    assert len(orphans(truth, [{"address": GPU, "sriov": "disabled"}], {U1})) == 1
+
+
+def test_plan_verdict_explains_blocked_changes_only_by_held_vgpus() -> None:
+    held = {U1: Held(U1, "0000:08:00.4", "NVIDIA A2-4Q")}
+    remove = {"kind": "vgpu-remove", "target": "0000:08:00.4", "params": {"uuid": U1},
+              "reason": "in use by simulated VM"}  # fmt: skip
+    waits = {"kind": "vgpu-create", "target": "0000:08:00.5", "params": {},
+             "reason": "waits for NVIDIA A2-4Q on 0000:08:00.4 (in use) to be removed"}  # fmt: skip
+    assert plan_verdict({"actions": [], "blocked": [remove, waits]}, held) == (True, [])
+    assert plan_verdict({"actions": [{"kind": "vgpu-create"}], "blocked": []}, held)[0] is False
+    other = {**remove, "params": {"uuid": U2}}
+    assert plan_verdict({"actions": [], "blocked": [other]}, held)[1]
+    elsewhere = {**waits, "reason": "waits for NVIDIA A2-4Q on 0000:08:00.9 (in use) to be removed"}
+    assert plan_verdict({"actions": [], "blocked": [elsewhere]}, held)[1]
+
+
+def test_cli_lines_must_name_the_file() -> None:
+    paths = ["/tmp/d.yaml"]
+    assert _line_form("/tmp/d.yaml:3:5: unknown field 'x'", paths) == "located"
+    assert _line_form("/tmp/d.yaml: larger than 4 MiB", paths) == "file"
+    assert _line_form("error: /tmp/d.yaml: YAML nesting is too deep", paths) == "error-file"
+    assert _line_form("x' at metadata (allowed: name)", paths) is None
+    assert _line_form("/tmp/other.yaml:3:5: unknown field", paths) is None
+    assert _line_form("/tmp/d.yaml:", paths) is None
+
+
+def test_generators_are_reproducible_and_varied() -> None:
+    strategy = host_and_desired("n")
+    first = draw_examples(strategy, count=20, seed_value=3, keep=has_work)
+    assert first == draw_examples(strategy, count=20, seed_value=3, keep=has_work)
+    assert len(first) == 20 and all(has_work(c) for c in first)
+    kinds = {s.kind for s in draw_examples(samples(), count=200, seed_value=1)}
+    assert len(kinds) >= 15, kinds
+
+
+def test_reap_strays_kills_only_what_outlives_the_wait(tmp_path: Path) -> None:
+    program = tmp_path / "bin" / "sriov-manage"
+    program.parent.mkdir()
+    program.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(program)])
+    try:
+        deadline = time.monotonic() + 10
+        while not processes_of(program) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert processes_of(program) == [proc.pid]
+        assert reap_strays(program, wait=0.2) == [proc.pid]
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert processes_of(program) == []
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
