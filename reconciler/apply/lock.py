@@ -14,6 +14,7 @@ import os
 import shlex
 import socket
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -67,6 +68,13 @@ class NodeLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(fd)
+            # The holder writes who it is right after taking the lock: give it that moment
+            # (bounded), so the message can name it.
+            for _ in range(_HOLDER_RETRIES):
+                if holder and "pid" in holder:
+                    break
+                time.sleep(_HOLDER_RETRY_SECONDS)
+                holder = _read_holder(fd)
             os.close(fd)
             raise LockHeldError(self._held_message(holder)) from None
         except OSError as e:
@@ -112,6 +120,11 @@ class NodeLock:
         if holder.get("started"):
             text += f" since {holder['started']}"
         return text
+
+
+#: How long a second apply waits for the holder to record itself: 20 × 10 ms.
+_HOLDER_RETRIES = 20
+_HOLDER_RETRY_SECONDS = 0.01
 
 
 def _read_holder(fd: int) -> dict[str, object] | None:

@@ -193,6 +193,10 @@ def parse_text(text: str, *, file: str) -> tuple[Document | None, list[Problem]]
     return document, builder.problems
 
 
+#: Larger integers are refused where they are written (no field needs more than 64 bits).
+_LARGEST_INTEGER = 2**64
+
+
 @cache
 def _core_loader() -> type[yaml.SafeLoader]:
     """A SafeLoader resolving plain scalars by the YAML 1.2 core schema.
@@ -224,13 +228,20 @@ def _core_loader() -> type[yaml.SafeLoader]:
     def construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
         # YAML 1.2: "010" is ten (PyYAML's 1.1 reading would make it octal eight).
         text = str(node.value)
+        shown = text if len(text) <= 40 else text[:37] + "..."
         try:
-            return int(text, 0) if text.startswith(("0x", "0o")) else int(text, 10)
+            value = int(text, 0) if text.startswith(("0x", "0o")) else int(text, 10)
         except ValueError:  # '!!int ""', '0o9', or more digits than Python converts
-            shown = text if len(text) <= 40 else text[:37] + "..."
             raise yaml.constructor.ConstructorError(
                 None, None, f"{shown!r} is not an integer", node.start_mark
             ) from None
+        if abs(value) > _LARGEST_INTEGER:
+            # No field holds such a number, and printing it could fail (Python refuses to
+            # turn an integer of more than 4,300 digits into text).
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{shown!r} is too large a number", node.start_mark
+            )
+        return value
 
     CoreSchemaLoader.add_constructor("tag:yaml.org,2002:int", construct_int)
     return CoreSchemaLoader
