@@ -547,11 +547,8 @@ SEED_NODE = "harvester-kgd9c"
 
 
 def _rendered() -> list[dict[str, Any]]:
-    try:
-        from reconciler.plan.render import render_objects
-    except ImportError as exc:  # pragma: no cover - only while the renderer is being written
-        pytest.skip(f"reconciler.plan.render is not available: {exc}")
     from reconciler.desired import load_desired
+    from reconciler.plan.render import render_objects
 
     catalog = default_catalog()
     desired = load_desired([REPO / "desired-state" / f"{SEED_NODE}.yaml"], catalog=catalog)
