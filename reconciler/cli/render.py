@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reconciler.model import Action, ActionKind, Blocked, Inventory, PciAddress, Plan
+from reconciler.model.cluster import object_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,18 +252,13 @@ def summary_line(plan: Plan) -> str:
 STATUS_COLUMNS = ("NAME", "ADDRESS", "NODE NAME", "ENABLED", "UUID", "VGPUTYPE", "PARENTGPUDEVICE")
 
 
-def object_name(node: str, address: PciAddress) -> str:
-    """Harvester's object name: ``<node>-<address without punctuation>``."""
-    return f"{node}-{address.compact}"
-
-
 def status_rows(inventory: Inventory) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for gpu in inventory.gpus:
         for vf in gpu.vfs:
             rows.append(
                 (
-                    object_name(inventory.node, vf.address),
+                    object_name(inventory.node, str(vf.address)),
                     str(vf.address),
                     inventory.node,
                     "true" if vf.vgpu else "false",

@@ -8,13 +8,10 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from concurrent import futures
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -22,6 +19,7 @@ import pytest
 from reconciler.deviceplugin import Backoff, PluginDirError, PluginManager
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from reconciler.model import VGPU, Gpu, Interface, Inventory, PciAddress, Vf
+from tests.deviceplugin.registry import kubelet, wait_until
 
 NODE = "node-1"
 Q4 = "nvidia.com/NVIDIA_A2-4Q"
@@ -70,64 +68,6 @@ def inventory(vgpus: Mapping[int, tuple[str, str]]) -> Inventory:
 
 def without(*uuids: str) -> Inventory:
     return inventory({i: v for i, v in SEED.items() if v[1] not in uuids})
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 1.0) -> bool:
-    """For states no event announces to the test (a server thread's bookkeeping)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
-# -- an in-test kubelet: Registration only --------------------------------------------------------
-
-
-class Registry(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, refuse: int = 0) -> None:
-        self.requests: list[api_pb2.RegisterRequest] = []
-        self.refused = 0
-        self._refuse = refuse
-        self._changed = threading.Condition()
-
-    def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
-        with self._changed:
-            if self.refused < self._refuse:
-                self.refused += 1
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "version not supported")
-            self.requests.append(request)
-            self._changed.notify_all()
-        return api_pb2.Empty()
-
-    def wait_for(self, resources: set[str], timeout: float = 1.0) -> bool:
-        """Until every resource in ``resources`` has registered (since this kubelet started)."""
-        with self._changed:
-            return self._changed.wait_for(
-                lambda: resources <= {r.resource_name for r in self.requests}, timeout
-            )
-
-    def wait_for_count(self, resource: str, count: int, timeout: float = 1.0) -> bool:
-        with self._changed:
-            return self._changed.wait_for(lambda: self.count(resource) >= count, timeout)
-
-    def count(self, resource: str) -> int:
-        with self._changed:
-            return sum(r.resource_name == resource for r in self.requests)
-
-
-@contextmanager
-def kubelet(plugin_dir: Path, *, refuse: int = 0) -> Iterator[Registry]:
-    registry = Registry(refuse)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_RegistrationServicer_to_server(registry, server)
-    server.add_insecure_port(f"unix://{plugin_dir / 'kubelet.sock'}")
-    server.start()
-    try:
-        yield registry
-    finally:
-        server.stop(0).wait()
 
 
 @pytest.fixture
@@ -217,7 +157,7 @@ def test_a_plugin_dir_gone_later_fails_the_update_clearly(
 def test_one_plugin_per_profile_each_registered_with_its_devices(
     manager: PluginManager, plugin_dir: Path
 ) -> None:
-    with kubelet(plugin_dir) as registry:
+    with kubelet(plugin_dir / "kubelet.sock") as registry:
         manager.update(inventory(SEED))
 
         assert registry.wait_for({A4, Q4})
@@ -249,7 +189,7 @@ def test_a_vanished_vgpu_turns_unhealthy_and_one_removed_on_purpose_is_dropped(
 def test_a_new_profile_gets_a_plugin_and_registers(
     manager: PluginManager, plugin_dir: Path
 ) -> None:
-    with kubelet(plugin_dir) as registry:
+    with kubelet(plugin_dir / "kubelet.sock") as registry:
         manager.update(inventory({0: SEED[0]}))
         assert registry.wait_for({A4})
 
@@ -296,7 +236,7 @@ def test_close_stops_every_plugin_and_removes_the_sockets(
 def test_a_deleted_socket_is_served_and_registered_again_within_1_s(
     manager: PluginManager, plugin_dir: Path
 ) -> None:
-    with kubelet(plugin_dir) as registry:
+    with kubelet(plugin_dir / "kubelet.sock") as registry:
         manager.update(inventory(SEED))
         assert registry.wait_for({A4, Q4})
         socket = socket_of(plugin_dir, Q4)
@@ -316,14 +256,14 @@ def test_a_deleted_socket_is_served_and_registered_again_within_1_s(
 def test_a_kubelet_restart_re_registers_every_plugin_within_1_s(
     manager: PluginManager, plugin_dir: Path
 ) -> None:
-    with kubelet(plugin_dir) as registry:
+    with kubelet(plugin_dir / "kubelet.sock") as registry:
         manager.update(inventory(SEED))
         assert registry.wait_for({A4, Q4})
     # The kubelet is down; coming back, it deletes every socket and serves kubelet.sock anew.
     started = time.monotonic()
     for path in plugin_dir.iterdir():
         path.unlink()
-    with kubelet(plugin_dir) as restarted:
+    with kubelet(plugin_dir / "kubelet.sock") as restarted:
         assert restarted.wait_for({A4, Q4})
         elapsed = time.monotonic() - started
 
@@ -349,7 +289,7 @@ def test_without_kubelet_sock_registration_is_retried_with_backoff(
         f"kubelet not ready at {sock}, retrying in 0.04 s",
         f"kubelet not ready at {sock}, retrying in 0.08 s",
     ]
-    with kubelet(plugin_dir) as registry:
+    with kubelet(plugin_dir / "kubelet.sock") as registry:
         assert registry.wait_for({A4})
         assert wait_until(lambda: manager.registered(A4))  # the kubelet's answer arrived
 
@@ -360,7 +300,7 @@ def test_kubelet_sock_appearing_triggers_registration_at_once(plugin_dir: Path) 
         manager.update(inventory({0: SEED[0]}))
         assert wait_until(lambda: manager.plugin(A4) is not None)
 
-        with kubelet(plugin_dir) as registry:
+        with kubelet(plugin_dir / "kubelet.sock") as registry:
             assert registry.wait_for({A4})
 
 
@@ -369,7 +309,7 @@ def test_a_refused_registration_is_logged_and_retried(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="vgpuctl.deviceplugin")
 
-    with kubelet(plugin_dir, refuse=2) as registry:
+    with kubelet(plugin_dir / "kubelet.sock", refuse=2) as registry:
         manager.update(inventory({0: SEED[0]}))
         assert registry.wait_for({A4})
 

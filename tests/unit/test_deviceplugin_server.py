@@ -6,10 +6,8 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from reconciler.deviceplugin import (
 )
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from reconciler.model import PciAddress
+from tests.deviceplugin.registry import kubelet, wait_until
 
 RES = "nvidia.com/NVIDIA_A2-4Q"
 GPU = PciAddress.parse("0000:08:00.0")
@@ -44,63 +43,6 @@ def device(uuid: str, index: int, group: str, *, healthy: bool = True) -> Plugin
 
 
 DEVICES = (device(U1, 0, "45"), device(U2, 1, "46"))
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 1.0) -> bool:
-    """For states with no event to await (a stream's server side winding down)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
-# -- an in-test kubelet: just the Registration service --------------------------------------------
-
-
-class Registry(api_pb2_grpc.RegistrationServicer):
-    """Records registrations; refuses the first ``refuse`` of them as a kubelet may."""
-
-    def __init__(self, refuse: int = 0) -> None:
-        self.requests: list[api_pb2.RegisterRequest] = []
-        self.refused = 0
-        self._refuse = refuse
-        self._changed = threading.Condition()
-
-    def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
-        with self._changed:
-            if self.refused < self._refuse:
-                self.refused += 1
-                self._changed.notify_all()
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "version not supported")
-            self.requests.append(request)
-            self._changed.notify_all()
-        return api_pb2.Empty()
-
-    def wait_for(self, count: int, timeout: float = 1.0) -> bool:
-        with self._changed:
-            return self._changed.wait_for(lambda: len(self.requests) >= count, timeout)
-
-    def resources(self) -> list[str]:
-        with self._changed:
-            return [r.resource_name for r in self.requests]
-
-
-@contextmanager
-def kubelet(path: Path, *, refuse: int = 0) -> Iterator[Registry]:
-    registry = Registry(refuse)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_RegistrationServicer_to_server(registry, server)
-    server.add_insecure_port(f"unix://{path}")
-    server.start()
-    try:
-        yield registry
-    finally:
-        server.stop(0).wait()
-
-
-# -- fixtures -------------------------------------------------------------------------------------
 
 
 @pytest.fixture
