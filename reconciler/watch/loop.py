@@ -3,8 +3,10 @@
 A single worker runs :meth:`WatchLoop.run`; everything else only puts items on its queue (the
 desired-state files changed, stop). The worker sleeps on that queue until the next thing is
 due: a debounced desired-state change, the periodic rescan, or a retry. A reconcile is the
-shared engine's (``reconciler.apply.reconcile``): observe → plan → ``apply_plan`` under the
-node lock → observe again to check convergence.
+shared engine's (``reconciler.apply.reconcile``): observe → plan; when there is something to
+do, under the node lock: observe and plan again (another process may have acted meanwhile) →
+``apply_plan`` → observe again to check convergence. A reconcile with nothing to do never takes
+the lock.
 
 What starts a reconcile, and what it costs when nothing changed:
 
@@ -22,7 +24,7 @@ What starts a reconcile, and what it costs when nothing changed:
   (the retry looks at everything).
 
 Stopping (:meth:`WatchLoop.stop`) never interrupts a reconcile: ``apply_plan`` runs to its end
-or its own failure, the node lock is released by it, then :meth:`run` returns.
+or its own failure, the node lock is released, then :meth:`run` returns.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from reconciler.apply import Outcome, OutcomeStatus
+from reconciler.apply import NodeLock, Outcome, OutcomeStatus
 from reconciler.apply.reconcile import NodePorts, Planned, apply_plan, plan_for
 from reconciler.catalog import Catalog
 from reconciler.model import (
@@ -516,16 +518,26 @@ class WatchLoop:
             self._adopt_baselines(baselines)
             self._advertise(planned.inventory)
             return planned, 0
-        self._log_plan(planned.plan)
-        report = apply_plan(
-            planned.plan,
-            desired,
-            ports,
-            adopt=self.settings.adopt,
-            verify_timeout=self.settings.verify_timeout,
-            on_outcome=self._outcome,
-            command="vgpuctl watch",
-        )
+        with NodeLock(ports.state_dir, self.node, command="vgpuctl watch"):
+            # Planned again under the lock: an apply that held it may have changed the host
+            # since (or been changing it while we looked); act only on what is true now.
+            baselines = self._fingerprints()
+            planned = plan_for(ports, desired, adopt=self.settings.adopt)
+            if not planned.plan.actions:
+                self._adopt_baselines(baselines)
+                self._advertise(planned.inventory)
+                return planned, 0
+            self._log_plan(planned.plan)
+            report = apply_plan(
+                planned.plan,
+                desired,
+                ports,
+                adopt=self.settings.adopt,
+                verify_timeout=self.settings.verify_timeout,
+                on_outcome=self._outcome,
+                command="vgpuctl watch",
+                locked=True,
+            )
         results = (report.host, report.cluster) if report.cluster else (report.host,)
         outcomes = [o for r in results for o in r.outcomes]
         removed.update(

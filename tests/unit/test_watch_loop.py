@@ -322,6 +322,45 @@ def test_a_held_node_lock_is_retried_with_backoff(tmp_path: Path) -> None:
     assert node.sample("vgpuctl_reconciles_total", result="failed") >= 2
 
 
+def test_work_another_apply_did_meanwhile_is_planned_again_under_the_lock(
+    tmp_path: Path,
+) -> None:
+    """Between the loop's first look and its taking the lock, an apply of another desired state
+    (an operator by hand) changes the host: the loop plans again under the lock and acts on
+    the host as it now is, with no failed reconcile on a stale plan."""
+    from reconciler.cli.main import main as vgpuctl
+
+    node = make_node(tmp_path, seed_text())
+    other = tmp_path / "by-hand.yaml"
+    other.write_text(seed_text(vf4="NVIDIA A2-4C"))
+    built = node.loop._ports
+    applied_by_hand: list[int] = []
+
+    def ports() -> NodePorts:
+        real = built()
+
+        def observe() -> Inventory:
+            inventory = real.observe_host()
+            if not applied_by_hand:
+                argv = ["apply", str(other), "--yes", "--node", NODE]
+                argv += ["--sysfs-root", str(node.host.sysfs_root)]
+                applied_by_hand.append(vgpuctl(argv))
+            return inventory
+
+        return replace(real, observe_host=observe)
+
+    node.loop._ports = ports
+    with running(node.loop):
+        wait_for(converged(node), "the first reconcile")
+    assert applied_by_hand == [0]
+    assert node.vgpus()[U4] == "NVIDIA A2-4A"
+    assert node.sample("vgpuctl_reconciles_total", result="failed") == 0
+    # What the loop did was the replacement of the hand-made vGPU, nothing planned before.
+    assert node.sample("vgpuctl_actions_applied_total", kind="sriov-enable") == 0
+    assert node.sample("vgpuctl_actions_applied_total", kind="vgpu-remove") == 1
+    assert node.sample("vgpuctl_actions_applied_total", kind="vgpu-create") == 1
+
+
 def test_a_blocked_change_waits_for_the_vm_then_goes_through(tmp_path: Path) -> None:
     node = make_node(tmp_path, seed_text())
     with running(node.loop):
