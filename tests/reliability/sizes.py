@@ -17,9 +17,13 @@ from pathlib import Path
 class Size:
     name: str
     crash_runs: int
+    #: Crash-safety runs that kill ``vgpuctl watch`` (counted with ``crash_runs``'s applies).
+    watch_crash_runs: int
     bad_documents: int
     bad_cli_sample: int
     concurrency_trials: int
+    #: Trials of two applies racing a running ``vgpuctl watch``.
+    watch_race_trials: int
     fault_repeats: int
     jobs: int
     #: Seconds per scenario before it stops starting new runs.
@@ -30,9 +34,11 @@ SIZES = {
     "full": Size(
         name="full",
         crash_runs=240,
+        watch_crash_runs=120,
         bad_documents=10_000,
         bad_cli_sample=200,
         concurrency_trials=30,
+        watch_race_trials=20,
         fault_repeats=3,
         jobs=2,
         budget=540.0,
@@ -40,9 +46,11 @@ SIZES = {
     "ci": Size(
         name="ci",
         crash_runs=8,
+        watch_crash_runs=4,
         bad_documents=400,
         bad_cli_sample=12,
         concurrency_trials=3,
+        watch_race_trials=2,
         fault_repeats=1,
         jobs=2,
         budget=120.0,
