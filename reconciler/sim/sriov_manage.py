@@ -50,8 +50,18 @@ def main(
         print(USAGE, file=err)
         return EXIT_FAIL
     enable, target = parsed
-    verb = "enable" if enable else "disable"
+    try:
+        return _run(enable, target, sysfs_root=sysfs_root, out=out, err=err)
+    except OSError as exc:
+        # The tree itself is gone or unreadable (the reliability suite renames it away): the
+        # real script fails the same way when sysfs cannot be read, with a message.
+        where = exc.filename or sysfs_root
+        print(f"sriov-manage: cannot read {where}: {exc.strerror or exc}", file=err)
+        return EXIT_FAIL
 
+
+def _run(enable: bool, target: str, *, sysfs_root: Path, out: TextIO, err: TextIO) -> int:
+    verb = "enable" if enable else "disable"
     fault: str | None = None
     crash = False
     status = EXIT_OK

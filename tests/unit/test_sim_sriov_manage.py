@@ -138,3 +138,16 @@ def test_calls_are_counted(host: SimHost) -> None:
     run(host, "-d", "0000:09:00.0")
     assert host.stats()["sriovManageCalls"] == 3
     assert host.stats()["writes"] == 0
+
+
+def test_a_vanished_tree_is_a_message_not_a_traceback(host: SimHost) -> None:
+    away = host.sysfs_root.with_name("sys.away")
+    host.sysfs_root.rename(away)
+    try:
+        r = run(host, "-e", A2)
+    finally:
+        away.rename(host.sysfs_root)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"sriov-manage: cannot read {host.sysfs_root}")
+    assert numvfs(host, A2) == 0
