@@ -36,6 +36,9 @@ KUBEVIRT_PLURAL = "kubevirts"
 #: Annotation on the KubeVirt CR listing the mediatedDevices entries vgpuctl added (by
 #: mdevNameSelector), so entries someone else added are never removed.
 KUBEVIRT_OWNED_ANNOTATION = "vgpu.reconciler.dev/mediated-devices"
+#: Metadata other controllers may put on an object that a PUT without them would drop: every
+#: update carries them over as stored.
+RETAINED_METADATA = ("finalizers", "ownerReferences")
 
 
 def _frozen(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -54,9 +57,11 @@ class KubeObject:
     status: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: Empty for a rendered (not yet stored) object.
     resource_version: str = ""
+    #: :data:`RETAINED_METADATA` fields as stored (finalizers, ownerReferences).
+    retained: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
-        for name in ("labels", "annotations", "spec", "status"):
+        for name in ("labels", "annotations", "spec", "status", "retained"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
 
     @property
@@ -74,6 +79,7 @@ class KubeObject:
             metadata["annotations"] = dict(self.annotations)
         if self.resource_version:
             metadata["resourceVersion"] = self.resource_version
+        metadata.update(_plain(self.retained))
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": self.kind,
@@ -93,6 +99,7 @@ class KubeObject:
             spec=dict(raw.get("spec") or {}),
             status=dict(raw.get("status") or {}),
             resource_version=str(meta.get("resourceVersion", "")),
+            retained={k: meta[k] for k in RETAINED_METADATA if meta.get(k)},
         )
 
 

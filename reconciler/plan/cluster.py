@@ -209,9 +209,10 @@ def _object_step(
 
 def _body(intended: KubeObject, current: KubeObject | None) -> dict[str, Any]:
     """``intended`` as the API body to write (over ``current``): what ``KubeObject.to_json``
-    writes, keeping the labels and annotations of ``current`` that are not vgpuctl's, with the
-    resourceVersion the write is planned from. Rendered spec and status values are plain JSON
-    already: copying them deeply again for each of a node's 256 VFs is what made plans slow."""
+    writes, keeping the labels and annotations of ``current`` that are not vgpuctl's and its
+    finalizers and owner references, with the resourceVersion the write is planned from.
+    Rendered spec and status values are plain JSON already: copying them deeply again for each
+    of a node's 256 VFs is what made plans slow."""
     metadata: dict[str, Any] = {"name": intended.name}
     if current is None:
         metadata["labels"] = dict(intended.labels)
@@ -220,6 +221,9 @@ def _body(intended: KubeObject, current: KubeObject | None) -> dict[str, Any]:
         metadata["labels"] = {**current.labels, **intended.labels}
         metadata["annotations"] = {**current.annotations, **intended.annotations}
         metadata["resourceVersion"] = current.resource_version
+        # Another controller's finalizers and owner references: a PUT without them drops them.
+        for key, value in current.retained.items():
+            metadata[key] = json.loads(json.dumps(value))
     if not metadata["annotations"]:
         del metadata["annotations"]
     return {

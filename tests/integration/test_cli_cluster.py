@@ -159,6 +159,11 @@ def test_hand_edit_is_reported_then_reset(tmp_path: Path, emu: ApiServerEmulator
     node.ok("apply", SEED, "--yes")
     edited = _obj(emu, VGPUS, "harvester-kgd9c-000008005")
     edited["spec"]["vGPUTypeName"] = "NVIDIA A2-4C"
+    # Another controller's finalizer and owner: the reset's PUT must carry them over.
+    finalizers = ["example.com/audit"]
+    owners = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "audit", "uid": "u-1"}]
+    edited["metadata"]["finalizers"] = finalizers
+    edited["metadata"]["ownerReferences"] = owners
     emu.seed(edited)
 
     plan = node.run("plan", SEED, "--detailed-exitcode")
@@ -166,7 +171,10 @@ def test_hand_edit_is_reported_then_reset(tmp_path: Path, emu: ApiServerEmulator
     assert "Changed outside vgpuctl" in plan.stdout
     assert '~ spec.vGPUTypeName: "NVIDIA A2-4C" → "NVIDIA A2-4Q"' in plan.stdout
     node.ok("apply", SEED, "--yes")
-    assert _obj(emu, VGPUS, "harvester-kgd9c-000008005")["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+    reset = _obj(emu, VGPUS, "harvester-kgd9c-000008005")
+    assert reset["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+    assert reset["metadata"]["finalizers"] == finalizers
+    assert reset["metadata"]["ownerReferences"] == owners
     assert node.run("plan", SEED, "--detailed-exitcode").returncode == 0
 
 

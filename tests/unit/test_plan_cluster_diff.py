@@ -158,6 +158,7 @@ def test_replan_leaves_another_controllers_object_alone_unless_adopted() -> None
     assert replan_object(_vf(), theirs) is None
     adopted = replan_object(_vf(), theirs, adopt=True)
     assert adopted is not None and adopted.params["adopt"] is True
+    assert "finalizers" not in adopted.params["object"]["metadata"]
     assert adopted.params["drift"] is False  # nothing vgpuctl wrote to compare with
     assert {c["path"] for c in adopted.params["changes"]} == {
         'metadata.labels["harvesterhci.io/parentSRIOVGPUDevice"]',
@@ -172,3 +173,34 @@ def test_status_only_changes_touch_only_the_status() -> None:
     assert action is not None
     assert (action.params["specChanged"], action.params["statusChanged"]) == (False, True)
     assert action.reason.endswith("status differs from the host")
+
+
+def test_an_update_carries_over_finalizers_and_owner_references() -> None:
+    """A PUT replaces metadata whole: what other controllers put there must be written back."""
+    owners = [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "n-1"}]
+    theirs = KubeObject.from_json(
+        {
+            **_vf(vGPUTypeName="NVIDIA A2-4A").to_json(),
+            "metadata": {
+                "name": "harvester-kgd9c-000008005",
+                "labels": {"nodename": NODE},
+                "resourceVersion": "8",
+                "finalizers": ["wrangler.cattle.io/vgpu-device"],
+                "ownerReferences": owners,
+            },
+        }
+    )
+    assert theirs.retained == {
+        "finalizers": ["wrangler.cattle.io/vgpu-device"],
+        "ownerReferences": owners,
+    }
+    adopted = replan_object(_vf(), theirs, adopt=True)
+    assert adopted is not None
+    metadata = adopted.params["object"]["metadata"]
+    assert metadata["finalizers"] == ["wrangler.cattle.io/vgpu-device"]
+    assert metadata["ownerReferences"] == owners
+    assert metadata["ownerReferences"] is not owners  # a copy: the plan is plain JSON
+    # Nothing to retain on an object that has none (no empty lists written).
+    mine = replan_object(_vf(), replace(_vf(vGPUTypeName="NVIDIA A2-4A"), resource_version="3"))
+    assert mine is not None
+    assert "finalizers" not in mine.params["object"]["metadata"]
