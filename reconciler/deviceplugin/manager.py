@@ -272,7 +272,11 @@ class PluginManager:
             self._kubelet_seen_at = time.monotonic()
             # A plugin that registered (or is registering) with this very socket is known to
             # this kubelet already: the event merely arrived late.
-            stale = [s for s in self._plugins.values() if current is None or s.kubelet != current]
+            stale = [
+                s
+                for s in self._plugins.values()
+                if (current is None or s.kubelet != current) and not _owed_first_try(s)
+            ]
             if not stale:
                 return
             log.info(
@@ -354,6 +358,13 @@ class PluginManager:
                 delay = min(delay, _KUBELET_STARTING_RETRY_S)
             state.next_try = time.monotonic() + delay
         log.warning("%s, retrying in %g s", message, delay)
+
+
+def _owed_first_try(state: _PluginState) -> bool:
+    """A registration asked for (its socket was deleted: the kubelet's restart) and not tried
+    yet, or being tried with whatever kubelet.sock is there now: it reaches the new kubelet as
+    it is. Asking again would make it register twice."""
+    return state.register and state.failures == 0 and state.kubelet is None
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -272,6 +272,24 @@ def test_a_kubelet_restart_re_registers_every_plugin_within_1_s(
     assert socket_of(plugin_dir, Q4).is_socket()
 
 
+def test_after_a_kubelet_restart_each_plugin_registers_once(
+    manager: PluginManager, plugin_dir: Path
+) -> None:
+    """The deleted socket and the new kubelet.sock both ask for a registration: one is made."""
+    with kubelet(plugin_dir / "kubelet.sock") as registry:
+        manager.update(inventory(SEED))
+        assert registry.wait_for({A4, Q4})
+    counts = []
+    for _ in range(5):
+        for path in plugin_dir.iterdir():
+            path.unlink()
+        with kubelet(plugin_dir / "kubelet.sock") as restarted:
+            assert restarted.wait_for({A4, Q4})
+            time.sleep(0.3)  # a second registration, if one were coming, comes now
+            counts.append((restarted.count(A4), restarted.count(Q4)))
+    assert counts == [(1, 1)] * 5
+
+
 def test_without_kubelet_sock_registration_is_retried_with_backoff(
     manager: PluginManager, plugin_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
