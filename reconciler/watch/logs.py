@@ -82,4 +82,7 @@ def configure(*, log_format: str, level: int = logging.INFO) -> logging.Handler:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level)
+    # urllib3 warns of each retry of a request to an API server that is down; the failure
+    # itself is logged once, by the reconcile that met it.
+    logging.getLogger("urllib3").setLevel(max(level, logging.ERROR))
     return handler

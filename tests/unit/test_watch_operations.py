@@ -194,3 +194,21 @@ def test_text_lines_append_fields_as_key_value() -> None:
 
 def test_fields_are_only_what_came_through_extra() -> None:
     assert fields_of(record("plain")) == {}
+
+
+def test_configured_logging_keeps_urllib3_retry_warnings_out() -> None:
+    """An API server that is down: urllib3 would warn of every retry of every request."""
+    from reconciler.watch.logs import configure
+
+    urllib3_logger = logging.getLogger("urllib3")
+    root = logging.getLogger()
+    saved = (urllib3_logger.level, root.level)
+    handler = configure(log_format="json")
+    try:
+        assert not logging.getLogger("urllib3.connectionpool").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("urllib3.connectionpool").isEnabledFor(logging.ERROR)
+        assert logging.getLogger("vgpuctl.watch").isEnabledFor(logging.INFO)
+    finally:
+        root.removeHandler(handler)
+        urllib3_logger.setLevel(saved[0])
+        root.setLevel(saved[1])
