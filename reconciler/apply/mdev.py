@@ -148,6 +148,7 @@ class MdevDriver:
         if code == errno.EBUSY:
             raise DeviceBusyError(f"{vf} is busy: {type_name} not created, try again") from e
         if code in (errno.ENOENT, errno.ENODEV):
+            self._read.check_root()
             raise HostChangedError(
                 f"{type_name} on {vf} disappeared while creating (SR-IOV disabled meanwhile?)"
             ) from e
@@ -159,7 +160,9 @@ class MdevDriver:
             self._writer.write(f"bus/mdev/devices/{uuid}/remove", "1")
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ENODEV):
-                # Gone between the precondition check and the write: what removal wants.
+                # Gone between the precondition check and the write: what removal wants
+                # (unless all of sysfs went).
+                self._read.check_root()
                 return
             if e.errno == errno.EBUSY:
                 raise DeviceBusyError(
@@ -185,6 +188,7 @@ class MdevDriver:
     def num_vfs(self, gpu: PciAddress) -> int:
         pf = f"bus/pci/devices/{gpu}"
         if not self._read.exists(pf):
+            self._read.check_root()
             raise ApplyError(f"no PCI device {gpu} under {self._read.path('bus/pci/devices')}")
         if not self._read.exists(f"{pf}/sriov_numvfs"):
             raise ApplyError(f"{gpu} has no sriov_numvfs: it is not an SR-IOV device")
@@ -218,6 +222,7 @@ class MdevDriver:
     def vgpu_exists(self, uuid: str) -> PciAddress | None:
         link = f"bus/mdev/devices/{checked_uuid(uuid)}"
         if not self._read.exists(link):
+            self._read.check_root()  # a vGPU is not "gone" because all of sysfs is
             return None
         # The link points at <VF dir>/<uuid>: the parent's name is the VF's address.
         parent = self._read.resolved(link).parent.name

@@ -84,11 +84,18 @@ class SysfsReader:
         except ValueError:
             raise ApplyError(f"{self.root / rel} holds {raw!r}, not a number") from None
 
+    def check_root(self) -> None:
+        """Raise ``ApplyError`` when the root itself is gone: then nothing under it is merely
+        absent, and no absence may pass for an effect (a vGPU removed, VFs disabled)."""
+        if not os.path.isdir(self.root):
+            raise ApplyError(f"the sysfs root {self.root} does not exist (gone, or not mounted)")
+
     def entries(self, rel: str) -> list[str]:
-        """Names in a directory, sorted; a missing directory has none."""
+        """Names in a directory, sorted; a missing directory has none (a missing root raises)."""
         try:
             return sorted(os.listdir(self.root / rel))
         except FileNotFoundError:
+            self.check_root()
             return []
         except OSError as e:
             raise ApplyError(f"cannot list {self.root / rel}: {e.strerror or e}") from e

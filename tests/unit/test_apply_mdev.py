@@ -311,3 +311,27 @@ def test_vgpu_on_names_the_type_and_ignores_other_entries(kernel: FakeKernel) ->
 def test_reading_an_unknown_gpu_fails_clearly(kernel: FakeKernel) -> None:
     with pytest.raises(ApplyError, match=r"no PCI device 0000:41:00\.0 under"):
         _driver(kernel).num_vfs(PciAddress.parse("0000:41:00.0"))
+
+
+def test_a_vanished_sysfs_root_is_named_and_no_absence_counts_as_done(kernel: FakeKernel) -> None:
+    """All of sysfs gone (unmounted, or the suite's renamed tree): no read may pass an absence
+    off as an effect, and every message says what is really wrong."""
+    kernel.make_mdev(VF1, "nvidia-745", UUID_A)
+    driver = _driver(kernel)
+    away = kernel.root.with_name("sys.away")
+    kernel.root.rename(away)
+    gone = rf"the sysfs root {kernel.root} does not exist"
+    try:
+        with pytest.raises(ApplyError, match=gone):
+            driver.vgpu_exists(UUID_A)  # not "removed"
+        with pytest.raises(ApplyError, match=gone):
+            driver.vf_addresses(GPU)  # not "0 VFs"
+        with pytest.raises(ApplyError, match=gone):
+            driver.num_vfs(GPU)
+        with pytest.raises(ApplyError, match=gone):
+            driver.vgpu_on(VF1)
+        with pytest.raises(ApplyError, match=gone):
+            driver.remove_vgpu(gpu=GPU, vf=VF1, uuid=UUID_A)  # not "already gone"
+    finally:
+        away.rename(kernel.root)
+    assert driver.vgpu_exists(UUID_A) == VF1
