@@ -513,11 +513,16 @@ class WatchLoop:
         actions were carried out; raises when the node could not be converged."""
         ports = self._ports()
         baselines = self._fingerprints()
-        planned = plan_for(ports, desired, adopt=self.settings.adopt)
-        if not planned.plan.actions:
+        try:
+            first: Planned | None = plan_for(ports, desired, adopt=self.settings.adopt)
+        except ObserveError:
+            # Perhaps an apply holding the lock is changing the host right now (VFs vanishing
+            # mid-scan): look again under the lock, which says so if it is held.
+            first = None
+        if first is not None and not first.plan.actions:
             self._adopt_baselines(baselines)
-            self._advertise(planned.inventory)
-            return planned, 0
+            self._advertise(first.inventory)
+            return first, 0
         with NodeLock(ports.state_dir, self.node, command="vgpuctl watch"):
             # Planned again under the lock: an apply that held it may have changed the host
             # since (or been changing it while we looked); act only on what is true now.

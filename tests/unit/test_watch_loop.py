@@ -361,6 +361,43 @@ def test_work_another_apply_did_meanwhile_is_planned_again_under_the_lock(
     assert node.sample("vgpuctl_actions_applied_total", kind="vgpu-create") == 1
 
 
+def test_a_scan_spoiled_by_an_apply_at_work_is_a_lock_wait_not_an_error(tmp_path: Path) -> None:
+    """VFs vanishing mid-scan while an apply holds the lock (it is disabling SR-IOV): the loop
+    looks again under the lock, so it reports the lock, not a failed observation."""
+    from reconciler.model import ObserveError
+
+    node = make_node(tmp_path, seed_text())
+    node.state_dir.mkdir(parents=True, exist_ok=True)
+    lock = NodeLock(node.state_dir, NODE, command="vgpuctl apply (test)")
+    built = node.loop._ports
+    spoiled: list[int] = []
+
+    def ports() -> NodePorts:
+        real = built()
+
+        def observe() -> Inventory:
+            if lock.held and not spoiled:
+                spoiled.append(1)
+                raise ObserveError(
+                    "0000:08:00.4 disappeared while scanning, twice: devices are changing"
+                )
+            return real.observe_host()
+
+        return replace(real, observe_host=observe)
+
+    node.loop._ports = ports
+    lock.acquire()
+    try:
+        with running(node.loop):
+            wait_for(lambda: node.sample("vgpuctl_errors_total", kind="lock") >= 1, "the lock wait")
+            assert spoiled == [1]
+            assert node.sample("vgpuctl_errors_total", kind="observe") == 0
+            lock.release()
+            wait_for(converged(node), "convergence once the lock is free")
+    finally:
+        lock.release()
+
+
 def test_a_blocked_change_waits_for_the_vm_then_goes_through(tmp_path: Path) -> None:
     node = make_node(tmp_path, seed_text())
     with running(node.loop):
