@@ -28,7 +28,15 @@ import yaml
 
 from reconciler.sim import build_host
 from tests.reliability.generators import CATALOG, document
-from tests.reliability.hosts import Run, SimNode, histogram, plan_verdict, read_truth, safety
+from tests.reliability.hosts import (
+    CREATED_UUID,
+    Run,
+    SimNode,
+    histogram,
+    plan_verdict,
+    read_truth,
+    safety,
+)
 from tests.reliability.sizes import Context
 
 NODE = "race-node"
@@ -122,9 +130,6 @@ class Trial:
         return f"trial {self.index} (layout {self.layout}): {roles}; " + "; ".join(details[:4])
 
 
-_CREATED = re.compile(r"created .* ([0-9a-f-]{36})$")
-
-
 def _role(label: str, run: Run, others: list[int]) -> Role:
     progress = run.progress()
     made = [p for p in progress if p.mark == "✓"]
@@ -172,7 +177,7 @@ def run_trial(index: int, rng: random.Random, directory: Path) -> Trial:
     # Double creates, from what the processes say they did: one UUID or one VF created twice.
     made = [p for r in runs.values() for p in r.progress() if p.mark == "✓"]
     creates = [p for p in made if p.kind == "vgpu-create"]
-    uuids = Counter(m[1] for p in creates if (m := _CREATED.search(p.message)))
+    uuids = Counter(m[1] for p in creates if (m := CREATED_UUID.search(p.message)))
     vfs = Counter(p.target for p in creates)
     trial.double_creates = [f"vGPU {u} created {n} times" for u, n in uuids.items() if n > 1]
     trial.double_creates += [f"VF {vf} given a vGPU {n} times" for vf, n in vfs.items() if n > 1]

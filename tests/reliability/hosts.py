@@ -30,6 +30,11 @@ UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 PROGRESS = re.compile(
     r"^  (?P<mark>\S) +(?P<seq>\d+) (?P<kind>[a-z-]+) (?P<target>\S+): (?P<msg>.*)"
 )
+#: A created vGPU's UUID in apply's progress message (``created NVIDIA A2-2Q <uuid> (0.01 s)``)
+#: and in watch's log message (``done vgpu-create <vf>: created NVIDIA A2-2Q <uuid>``).
+CREATED_UUID = re.compile(
+    r"\bcreated .*?\b([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\b"
+)
 #: What a bug looks like from outside: a traceback, or the CLI's last-resort handler.
 BUG_MARKERS = ("Traceback (most recent call last)", "internal error:")
 #: Seconds after which a vgpuctl command counts as hung (each scenario may pass less).

@@ -118,13 +118,14 @@ class WatchProcess:
     def wait_log(self, match: Callable[[dict[str, Any]], bool], *, timeout: float) -> bool:
         """Wait (bounded) for a log line ``match`` accepts; False if it exited or time ran out."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:  # looks at least once, whatever the timeout
             if any(match(d) for d in self.logs()):
                 return True
             if not self.alive():
                 return any(match(d) for d in self.logs())
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.01)
-        return False
 
     def wait_listening(self, *, timeout: float = 30.0) -> bool:
         if self.url is None and self.wait_log(lambda d: "listen" in d, timeout=timeout):
