@@ -91,7 +91,7 @@ class Attempt:
             self.problems.append(f"{what}: no {fragment!r} in {run.messages()}")
 
 
-def _host(directory: Path, *, extra: tuple[str, ...] = ()) -> tuple[SimNode, Path]:
+def seed_host(directory: Path, *, extra: tuple[str, ...] = ()) -> tuple[SimNode, Path]:
     """The seed's node (one A2, SR-IOV off) and a copy of its desired state to break."""
     build_host(
         directory / "host", {"gpus": [{"model": "A2", "address": GPU}], "extraDevices": False}
@@ -101,7 +101,7 @@ def _host(directory: Path, *, extra: tuple[str, ...] = ()) -> tuple[SimNode, Pat
     return SimNode(directory / "host", NODE, extra), desired
 
 
-def _busy_host(directory: Path) -> tuple[SimNode, Path, list[str]]:
+def busy_host(directory: Path) -> tuple[SimNode, Path, list[str]]:
     """The seed's A2 and an L40S to fill with 32 vGPUs: an apply long enough to interrupt."""
     gpus = [{"model": "A2", "address": GPU}, {"model": "L40S", "address": BUSY_GPU}]
     build_host(directory / "host", {"gpus": gpus, "extraDevices": False})
@@ -114,7 +114,7 @@ def _busy_host(directory: Path) -> tuple[SimNode, Path, list[str]]:
     return SimNode(directory / "host", NODE), desired, [GPU, BUSY_GPU]
 
 
-def _untouched(attempt: Attempt, node: SimNode, before: dict[str, int], what: str) -> None:
+def check_untouched(attempt: Attempt, node: SimNode, before: dict[str, int], what: str) -> None:
     if node.stats() != before:
         attempt.problems.append(f"{what}: the host was changed ({before} → {node.stats()})")
 
@@ -140,7 +140,7 @@ def _converge(
 
 def sysfs_gone_before(directory: Path, rng: random.Random) -> Attempt:
     attempt = Attempt()
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     away = node.dir / "sys.away"
     node.sysfs_root.rename(away)
     run = node.run("apply", desired, "--yes", timeout=60)
@@ -153,7 +153,7 @@ def sysfs_gone_before(directory: Path, rng: random.Random) -> Attempt:
 def sysfs_gone_for_a_while(directory: Path, rng: random.Random) -> Attempt:
     """The tree vanishes at a random moment of an apply and comes back while it still runs."""
     attempt = Attempt()
-    node, desired, gpus = _busy_host(directory)
+    node, desired, gpus = busy_host(directory)
     away = node.dir / "sys.away"
     started = node.start(
         "apply", desired, "--yes", "--verify-timeout", str(VERIFY_TIMEOUT),
@@ -175,7 +175,7 @@ def sysfs_gone_for_a_while(directory: Path, rng: random.Random) -> Attempt:
 def sysfs_gone_until_failure(directory: Path, rng: random.Random) -> Attempt:
     """The tree vanishes at a random moment of an apply and stays away until the apply ends."""
     attempt = Attempt()
-    node, desired, gpus = _busy_host(directory)
+    node, desired, gpus = busy_host(directory)
     away = node.dir / "sys.away"
     started = node.start(
         "apply", desired, "--yes", "--verify-timeout", str(VERIFY_TIMEOUT),
@@ -205,7 +205,7 @@ def _interrupted_apply(attempt: Attempt, run: Run, how: str) -> None:
         attempt.problems.append(f"apply losing sysfs {how}: exit 1 without a message")
 
 
-def _emulator() -> ApiServerEmulator:
+def emulator() -> ApiServerEmulator:
     emu = ApiServerEmulator()
     for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
         emu.register_crd(yaml.safe_load(path.read_text()))
@@ -225,14 +225,16 @@ def _emulator() -> ApiServerEmulator:
     return emu
 
 
-def _cluster_host(directory: Path, emu: ApiServerEmulator) -> tuple[SimNode, Path]:
+def cluster_host(directory: Path, emu: ApiServerEmulator) -> tuple[SimNode, Path]:
     kubelet = directory / "kubelet"
     (kubelet / "device-plugins").mkdir(parents=True)
     kubeconfig = emu.kubeconfig(directory / "kubeconfig")
-    return _host(directory, extra=("--kubeconfig", str(kubeconfig), "--kubelet-dir", str(kubelet)))
+    return seed_host(
+        directory, extra=("--kubeconfig", str(kubeconfig), "--kubelet-dir", str(kubelet))
+    )
 
 
-def _cluster_objects_right(attempt: Attempt, emu: ApiServerEmulator) -> None:
+def check_cluster_objects(attempt: Attempt, emu: ApiServerEmulator) -> None:
     sriov = emu.objects("devices.harvesterhci.io", "v1beta1", "sriovgpudevices")
     vgpus = emu.objects("devices.harvesterhci.io", "v1beta1", "vgpudevices")
     names = [o["metadata"]["name"] for o in vgpus]
@@ -247,16 +249,16 @@ def _cluster_objects_right(attempt: Attempt, emu: ApiServerEmulator) -> None:
 
 def api_down_before(directory: Path, rng: random.Random) -> Attempt:
     attempt = Attempt()
-    with _emulator() as emu:
-        node, desired = _cluster_host(directory, emu)
+    with emulator() as emu:
+        node, desired = cluster_host(directory, emu)
         emu.stop()
         before = node.stats()
         run = node.run("apply", desired, "--yes", timeout=120)
         attempt.expect_clean_failure(run, "apply with the API server down")
-        _untouched(attempt, node, before, "apply with the API server down")
+        check_untouched(attempt, node, before, "apply with the API server down")
         emu.start()
         _converge(attempt, node, desired)
-        _cluster_objects_right(attempt, emu)
+        check_cluster_objects(attempt, emu)
     return attempt
 
 
@@ -265,8 +267,8 @@ def api_down_mid_apply(directory: Path, rng: random.Random) -> Attempt:
     attempt = Attempt()
     stopping: list[threading.Thread] = []
     # The emulator's HTTP server reports the connection it loses on stderr: expected here.
-    with _emulator() as emu, contextlib.redirect_stderr(io.StringIO()):
-        node, desired = _cluster_host(directory, emu)
+    with emulator() as emu, contextlib.redirect_stderr(io.StringIO()):
+        node, desired = cluster_host(directory, emu)
 
         def go_down(request: Request) -> None:
             if stopping:
@@ -287,13 +289,13 @@ def api_down_mid_apply(directory: Path, rng: random.Random) -> Attempt:
             thread.join(timeout=10)
         emu.start()
         _converge(attempt, node, desired)
-        _cluster_objects_right(attempt, emu)
+        check_cluster_objects(attempt, emu)
     return attempt
 
 
 def sriov_manage_hangs(directory: Path, rng: random.Random) -> Attempt:
     attempt = Attempt()
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     node.sim("fail", "--sriov", "hang")
     run = node.run("apply", desired, "--yes", "--timeout", str(HANG_TIMEOUT), timeout=120)
     attempt.expect_clean_failure(
@@ -310,12 +312,12 @@ def sriov_manage_hangs(directory: Path, rng: random.Random) -> Attempt:
 
 def desired_deleted(directory: Path, rng: random.Random) -> Attempt:
     attempt = Attempt()
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     desired.unlink()
     before = node.stats()
     run = node.run("apply", desired, "--yes", timeout=60)
     attempt.expect_clean_failure(run, "apply of a deleted file", fragment=str(desired))
-    _untouched(attempt, node, before, "apply of a deleted file")
+    check_untouched(attempt, node, before, "apply of a deleted file")
     shutil.copyfile(SEED, desired)
     _converge(attempt, node, desired)
     return attempt
@@ -323,7 +325,7 @@ def desired_deleted(directory: Path, rng: random.Random) -> Attempt:
 
 def desired_invalid(directory: Path, rng: random.Random) -> Attempt:
     attempt = Attempt()
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     broken = rng.choice(
         (
             SEED.read_text().replace("sriov: enabled", "sriov: maybe"),
@@ -336,7 +338,7 @@ def desired_invalid(directory: Path, rng: random.Random) -> Attempt:
     before = node.stats()
     run = node.run("apply", desired, "--yes", timeout=60)
     attempt.expect_clean_failure(run, "apply of an invalid file", fragment=f"{desired}:")
-    _untouched(attempt, node, before, "apply of an invalid file")
+    check_untouched(attempt, node, before, "apply of an invalid file")
     shutil.copyfile(SEED, desired)
     _converge(attempt, node, desired)
     return attempt

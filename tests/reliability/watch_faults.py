@@ -62,12 +62,12 @@ from tests.reliability.faults import (
     NODE,
     SEED,
     Attempt,
-    _busy_host,
-    _cluster_host,
-    _cluster_objects_right,
-    _emulator,
-    _host,
-    _untouched,
+    busy_host,
+    check_cluster_objects,
+    check_untouched,
+    cluster_host,
+    emulator,
+    seed_host,
 )
 from tests.reliability.hosts import (
     SimNode,
@@ -476,7 +476,7 @@ def _fault(body: Callable[[WatchAttempt, Path, random.Random], None]) -> Fault:
 
 @_fault
 def desired_deleted(a: WatchAttempt, directory: Path, rng: random.Random) -> None:
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     with _Watched(a, node, desired, directory, must_stay_ready=True) as w:
         time.sleep(rng.uniform(0.0, 1.0))
         before, errors, mark = node.stats(), w.errors(), w.mark()
@@ -489,7 +489,7 @@ def desired_deleted(a: WatchAttempt, directory: Path, rng: random.Random) -> Non
         if not w.wait_metric("vgpuctl_desired_state_valid", 0.0):
             a.problems.append("vgpuctl_desired_state_valid did not go 0")
         time.sleep(HOLD)
-        _untouched(a, node, before, "with the file gone")
+        check_untouched(a, node, before, "with the file gone")
         a.outcome = "kept the last valid state" if named else "said nothing"
         w.told(mark)
         w.count_errors(errors)
@@ -520,7 +520,7 @@ def _drift(node: SimNode, rng: random.Random) -> str:
 def desired_invalid(a: WatchAttempt, directory: Path, rng: random.Random) -> None:
     """Every breakage in turn, in a random order; each followed by host drift while the file
     is still broken, then fixed with the other valid state."""
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     valid = [(_seed_text(), SEED_LAYOUT), (_edited_text(), EDITED_LAYOUT)]
     kinds = list(BREAKAGES)
     rng.shuffle(kinds)
@@ -543,7 +543,7 @@ def desired_invalid(a: WatchAttempt, directory: Path, rng: random.Random) -> Non
             if not w.wait_metric("vgpuctl_desired_state_valid", 0.0):
                 a.problems.append(f"{kind}: vgpuctl_desired_state_valid did not go 0")
             time.sleep(HOLD / 2)
-            _untouched(a, node, before, f"{kind}")
+            check_untouched(a, node, before, f"{kind}")
             drifted = w.mark()
             how = _drift(node, rng)
             a.variants.append(f"{kind}, then {how}")
@@ -593,7 +593,7 @@ def _sysfs_outage(w: _Watched, node: SimNode, rng: random.Random, mark: int) -> 
 
 @_fault
 def sysfs_gone_idle(a: WatchAttempt, directory: Path, rng: random.Random) -> None:
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     with _Watched(a, node, desired, directory) as w:
         time.sleep(rng.uniform(0.0, 1.5))
         errors, mark = w.errors(), w.mark()
@@ -613,7 +613,7 @@ def sysfs_gone_mid_reconcile(a: WatchAttempt, directory: Path, rng: random.Rando
     done, k random in 1..8, while the simulated kernel is idle. A reconcile that ended before
     the tree went away (the harness was slower than watch) tested the idle case only: the L40S
     is emptied again and the edit made again, with k = 1, at most ``MID_TRIES`` times."""
-    node, desired, _ = _busy_host(directory)
+    node, desired, _ = busy_host(directory)
     busy = desired.read_text()
     spec = yaml.safe_load(busy)
     spec["spec"]["nodes"][NODE]["gpus"][1] = {"address": BUSY_GPU, "sriov": "disabled"}
@@ -653,10 +653,10 @@ def sysfs_gone_mid_reconcile(a: WatchAttempt, directory: Path, rng: random.Rando
 @_fault
 def api_down(a: WatchAttempt, directory: Path, rng: random.Random) -> None:
     # The emulator's HTTP server reports the connections it cuts on stderr: expected here.
-    with _emulator() as emu, contextlib.redirect_stderr(io.StringIO()):
-        node, desired = _cluster_host(directory, emu)
+    with emulator() as emu, contextlib.redirect_stderr(io.StringIO()):
+        node, desired = cluster_host(directory, emu)
         with _Watched(a, node, desired, directory) as w:
-            _cluster_objects_right(a, emu)
+            check_cluster_objects(a, emu)
             time.sleep(rng.uniform(0.0, 1.0))
             before, errors, mark = node.stats(), w.errors(), w.mark()
             emu.stop()
@@ -669,7 +669,7 @@ def api_down(a: WatchAttempt, directory: Path, rng: random.Random) -> None:
             answer = w.watch.get("/readyz")
             if answer is not None:
                 w.note_readyz(f"{answer[0]} {answer[1].strip()}")
-            _untouched(a, node, before, "with the API server down")
+            check_untouched(a, node, before, "with the API server down")
             emu.start()
             back = time.time()
             w.converged_after(mark, back, "the API server came back")
@@ -679,12 +679,12 @@ def api_down(a: WatchAttempt, directory: Path, rng: random.Random) -> None:
             failures = sum(_is_failure(d) for d in w.since(mark))
             a.outcome = f"{failures} failed reconcile(s), host untouched"
         _settled(a, node, desired, EDITED_LAYOUT)
-        _cluster_objects_right(a, emu)
+        check_cluster_objects(a, emu)
 
 
 @_fault
 def sriov_manage_hangs(a: WatchAttempt, directory: Path, rng: random.Random) -> None:
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     desired.write_text(_sriov_off_text())
     extra = ("--timeout", f"{HANG_TIMEOUT:g}")
     with _Watched(a, node, desired, directory, extra=extra) as w:
@@ -718,7 +718,7 @@ def sriov_manage_hangs(a: WatchAttempt, directory: Path, rng: random.Random) -> 
 
 @_fault
 def kubelet_restart(a: WatchAttempt, directory: Path, rng: random.Random) -> None:
-    node, desired = _host(directory)
+    node, desired = seed_host(directory)
     kubelet_dir = make_plugin_dir("wfk")  # AF_UNIX paths are short: not under the scratch dir
     plugin_dir = kubelet_dir / "device-plugins"
     plugin_dir.mkdir()
@@ -756,7 +756,7 @@ def kubelet_restart(a: WatchAttempt, directory: Path, rng: random.Random) -> Non
             a.registrations += [len(k.accepted(r, epoch=epoch + 1)) for r in sorted(resources)]
             if k.allocatable_all() != SEED_ALLOCATABLE:
                 a.problems.append(f"allocatable changed after the restart: {k.describe()}")
-            _untouched(a, node, before, "after the kubelet restart")
+            check_untouched(a, node, before, "after the kubelet restart")
             w.told(mark)
             w.count_errors(errors)
             a.outcome = f"{len(resources)} plugins registered again"
