@@ -52,9 +52,10 @@ bench:
     {{python}} -m tests.bench.deviceplugin --out bench-deviceplugin.json && \
     {{python}} -m tests.bench.watch --out bench-watch.json
 
-# Reliability suite: randomized SIGKILLed applies, 10,000 bad desired-state documents, racing
-# applies, faults survived. Figures as JSON in reliability-results.json (and on stdout); about
-# seven minutes on two cores. `just reliability ci` is the bounded size (also run by `just test`).
+# Reliability suite: randomized SIGKILLed applies and watches, 10,000 bad desired-state documents,
+# applies racing each other and a watch, faults survived under apply and under watch. Figures as
+# JSON in reliability-results.json (and on stdout); about fifteen minutes on two cores.
+# `just reliability ci` is the bounded size (also run by `just test`).
 reliability size="full":
     if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi; \
     {{python}} -m tests.reliability.suite --size {{size}} --out reliability-results.json

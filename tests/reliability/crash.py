@@ -162,7 +162,8 @@ def make_cases(ctx: Context) -> list[Case]:
     return cases
 
 
-def _plan(node: SimNode, desired_file: Path) -> Plan:
+def plan_in_process(node: SimNode, desired_file: Path) -> Plan:
+    """The plan for ``node`` now, made in this process (no CLI start-up cost)."""
     sim = SimHost.open(node.sysfs_root)
     assert sim is not None
     desired = load_desired([desired_file], catalog=CATALOG).node(node.node)
@@ -219,7 +220,7 @@ def run_case(case: Case, directory: Path) -> Result:
     # A VM holds some of the vGPUs this desired state would remove.
     removable = sorted(
         str(a.params["uuid"])
-        for a in _plan(node, desired_file).actions
+        for a in plan_in_process(node, desired_file).actions
         if a.kind is ActionKind.VGPU_REMOVE
     )
     for uuid in rng.sample(removable, min(case.holds, len(removable))):
@@ -233,7 +234,7 @@ def run_case(case: Case, directory: Path) -> Result:
     result.holds = len(held)
     unmanaged_before = {g: before.snapshot(g) for g in unmanaged}
 
-    result.actions = sum(1 for a in _plan(node, desired_file).actions if a.kind.is_host)
+    result.actions = sum(1 for a in plan_in_process(node, desired_file).actions if a.kind.is_host)
     fail_args: list[str] = []
     if case.writes:
         fail_args += ["--writes", str(case.writes)]

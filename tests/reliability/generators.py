@@ -72,28 +72,38 @@ def host_and_desired(
                 "vgpus": dict(start) if on else {},
             }
         )
-        if not draw(st.integers(0, 9)):
-            continue  # unmanaged: must be left exactly as it is
-        entry: dict[str, Any] = {"address": address}
-        if draw(st.integers(0, 4)) == 0:
-            entry["sriov"] = "disabled"
-        else:
-            entry["sriov"] = "enabled"
-            _, want = draw(gpu_config(model))
-            if draw(st.booleans()):
-                counts: dict[str, int] = {}
-                for _, profile in want:
-                    counts[profile] = counts.get(profile, 0) + 1
-                entry["profiles"] = counts
-            else:
-                vgpus: dict[Any, str] = {}
-                for index, profile in want:
-                    key: Any = index if draw(st.booleans()) else vf_address(address, model, index)
-                    short = draw(st.booleans())
-                    vgpus[key] = profile.removeprefix("NVIDIA ") if short else profile
-                entry["vgpus"] = vgpus
-        desired_gpus.append(entry)
+        entry = desired_gpu(draw, address, model)
+        if entry is not None:
+            desired_gpus.append(entry)
     return {"gpus": host_gpus, "extraDevices": False}, document(node, desired_gpus)
+
+
+def desired_gpu(draw: st.DrawFn, address: str, model: GpuModel) -> dict[str, Any] | None:
+    """The desired-state entry of one GPU (``None``: left unmanaged), as ``host_and_desired``
+    draws it, with the ``draw`` of the composite strategy calling it (a plain function, not a
+    strategy of its own: the draws, so the examples of a seed, stay what they were). Also
+    draws another desired state for the same host (``watch_crash.py``)."""
+    if not draw(st.integers(0, 9)):
+        return None  # unmanaged: must be left exactly as it is
+    entry: dict[str, Any] = {"address": address}
+    if draw(st.integers(0, 4)) == 0:
+        entry["sriov"] = "disabled"
+    else:
+        entry["sriov"] = "enabled"
+        _, want = draw(gpu_config(model))
+        if draw(st.booleans()):
+            counts: dict[str, int] = {}
+            for _, profile in want:
+                counts[profile] = counts.get(profile, 0) + 1
+            entry["profiles"] = counts
+        else:
+            vgpus: dict[Any, str] = {}
+            for index, profile in want:
+                key: Any = index if draw(st.booleans()) else vf_address(address, model, index)
+                short = draw(st.booleans())
+                vgpus[key] = profile.removeprefix("NVIDIA ") if short else profile
+            entry["vgpus"] = vgpus
+    return entry
 
 
 def has_work(case: tuple[dict[str, Any], dict[str, Any]]) -> bool:

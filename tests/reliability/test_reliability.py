@@ -1,4 +1,6 @@
-"""Every reliability scenario at the ci size, with its invariants asserted (``just test``).
+"""The apply scenarios at the ci size, with their invariants asserted (``just test``); the
+watch scenarios' ci-size tests are ``test_watch_crash.py``, ``test_watch_race.py`` and
+``test_watch_faults.py``.
 
 The full size is ``python -m tests.reliability.suite`` (``just reliability``); here each scenario
 runs small enough for the test suite and must still hold every invariant, and must actually
@@ -117,6 +119,12 @@ def test_the_suite_prints_one_json_document(tmp_path: Path) -> None:
     document = json.loads(res.stdout)
     assert json.loads(out.read_text()) == document
     assert list(document["scenarios"]) == ["concurrency"]
+    assert document["summary"] == {
+        "races": {
+            "trials": CI.concurrency_trials,
+            "double_creates": document["scenarios"]["concurrency"]["double_creates"],
+        }
+    }
     assert document["size"] == "ci" and document["seed"] == 7
     assert res.returncode == (0 if document["ok"] else 1), res.stderr
     assert "reliability: concurrency" in res.stderr
