@@ -246,7 +246,9 @@ def _measure_watch(
         idle_reconciles -= reconciles_before
         rss = watch.rss_mib()
     finally:
+        stopping = time.monotonic()
         code = watch.stop()
+        stop_seconds = time.monotonic() - stopping
     cpu = cpu1 - cpu0
     return {
         "host": "1 x NVIDIA A2 (the seed's node), simulated",
@@ -267,6 +269,7 @@ def _measure_watch(
             "rss_mib": rss,
         },
         "exit_code_after_sigterm": code,
+        "sigterm_to_exit_s": round(stop_seconds, 3),
         "targets": {"edit_p50_s": 1.0, "idle_cpu_percent": 1.0},
     }
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -86,6 +88,28 @@ def test_port_zero_binds_a_free_port(endpoint: OperationsEndpoint) -> None:
     assert host == "127.0.0.1"
     assert port > 0
     assert endpoint.url == f"http://127.0.0.1:{port}"
+
+
+def test_close_stops_serving_and_frees_the_port_and_its_descriptors(probes: Probes) -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    server = OperationsEndpoint(
+        host="127.0.0.1",
+        port=0,
+        health=lambda: probes.health,
+        readiness=lambda: probes.ready,
+        metrics=lambda: b"",
+        metrics_content_type="text/plain",
+    )
+    assert get(server, "/healthz")[0] == 200
+    host, port = server.address
+    server.close()
+    assert not server._thread.is_alive()
+    assert open_fds() == before  # the socket and the wake-up pipe
+    with socket.create_server((host, port)):  # the port is free again at once
+        pass
 
 
 def test_probes_answer_200_or_503_with_the_reason(
