@@ -41,6 +41,7 @@ from reconciler.plan import plan_node
 from reconciler.sim import SimHost, build_host
 from tests.reliability.generators import CATALOG, draw_examples, has_work, host_and_desired
 from tests.reliability.hosts import (
+    Findings,
     Run,
     SimNode,
     disarm_faults,
@@ -81,8 +82,8 @@ class Case:
 
 
 @dataclass(slots=True)
-class Result:
-    """What one run found (filled in as it goes)."""
+class Result(Findings):
+    """What one run did and found (filled in as it goes)."""
 
     index: int
     kill: str
@@ -99,37 +100,16 @@ class Result:
     left_unused: dict[str, Any] = field(default_factory=dict)
     reruns: int | None = None  # None: never converged
     rerun_outcomes: list[str] = field(default_factory=list)
-    orphans: list[str] = field(default_factory=list)
-    duplicates: list[str] = field(default_factory=list)
-    crowded: list[str] = field(default_factory=list)
-    dangling: list[str] = field(default_factory=list)
-    in_use_removed: list[str] = field(default_factory=list)
-    unexplained_blocked: list[str] = field(default_factory=list)
-    bugs: list[str] = field(default_factory=list)
-    hung: list[str] = field(default_factory=list)
-    strays: int = 0
-    unmanaged_touched: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return self.reruns is not None and not (
-            self.orphans or self.duplicates or self.crowded or self.dangling
-            or self.in_use_removed or self.unexplained_blocked or self.bugs or self.hung
-            or self.strays or self.unmanaged_touched or self.errors
-        )  # fmt: skip
+        return self.reruns is not None and not self.problems()
 
     def failure(self) -> str:
-        parts = [
-            *self.errors, *self.bugs, *self.hung, *self.orphans, *self.duplicates, *self.crowded,
-            *self.dangling, *self.in_use_removed, *self.unexplained_blocked,
-            *self.unmanaged_touched,
-        ]  # fmt: skip
+        parts = self.problems()
         if self.reruns is None:
             parts.insert(0, f"not converged after {MAX_RERUNS} reruns {self.rerun_outcomes}")
-        if self.strays:
-            parts.append(f"{self.strays} sriov-manage process(es) left running")
         head = (
             f"run {self.index} ({self.kill}, crash-after {self.crash_after}, delay "
             f"{self.delay}, armed {self.armed}, first {self.first})"
@@ -294,11 +274,7 @@ def _check(result: Result, run: Run, node: SimNode, gpus: list[str], held: Any) 
         result.bugs.append(f"{run.outcome()}: {bug}")
     if run.hung:
         result.hung.append(f"apply hung: {run.messages()}")
-    found = safety(read_truth(node.sysfs_root, gpus), held)
-    result.duplicates += found.duplicates
-    result.crowded += found.crowded
-    result.dangling += found.dangling
-    result.in_use_removed += found.in_use_removed
+    result.add_safety(safety(read_truth(node.sysfs_root, gpus), held))
 
 
 def _run_in(case: Case, base: Path, deadline: float) -> Result | None:

@@ -18,7 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -453,6 +453,42 @@ def safety(truth: Truth, held: Mapping[str, Held]) -> Safety:
                 f"{now.type_name} on {now.vf}"
             )
     return Safety(duplicates, crowded, dangling, tuple(removed))
+
+
+@dataclass(slots=True, kw_only=True)
+class Findings:
+    """What a crash-safety run found wrong, filled in as it goes: every list empty, ``strays``
+    0 means every invariant held. Results of the crash scenarios extend it with their own
+    facts (their fields come first; these are keyword-only)."""
+
+    orphans: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    crowded: list[str] = field(default_factory=list)
+    dangling: list[str] = field(default_factory=list)
+    in_use_removed: list[str] = field(default_factory=list)
+    unexplained_blocked: list[str] = field(default_factory=list)
+    bugs: list[str] = field(default_factory=list)
+    hung: list[str] = field(default_factory=list)
+    strays: int = 0  # sriov-manage processes left running
+    unmanaged_touched: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def add_safety(self, found: Safety) -> None:
+        self.duplicates += found.duplicates
+        self.crowded += found.crowded
+        self.dangling += found.dangling
+        self.in_use_removed += found.in_use_removed
+
+    def problems(self) -> list[str]:
+        """Every finding as a line, the most telling first."""
+        found = [
+            *self.errors, *self.bugs, *self.hung, *self.orphans, *self.duplicates, *self.crowded,
+            *self.dangling, *self.in_use_removed, *self.unexplained_blocked,
+            *self.unmanaged_touched,
+        ]  # fmt: skip
+        if self.strays:
+            found.append(f"{self.strays} sriov-manage process(es) left running")
+        return found
 
 
 def long_name(profile: str) -> str:

@@ -8,9 +8,11 @@ suite's time is bounded whatever the machine.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +78,18 @@ class Context:
         path = self.workdir / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+#: The seed the ci-size tests run with (``just test``).
+CI_SEED = 5
+
+
+def ci_context(workdir: Path) -> Context:
+    """What a ci-size test gives a scenario."""
+    ci = SIZES["ci"]
+    return Context(ci, seed=CI_SEED, workdir=workdir, jobs=ci.jobs)
+
+
+def show(figures: dict[str, Any]) -> str:
+    """A scenario's figures as an assertion message shows them (bounded)."""
+    return json.dumps(figures, indent=1, ensure_ascii=False)[:6000]

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,87 +22,77 @@ from tests.reliability.concurrency import concurrency
 from tests.reliability.crash import crash_safety
 from tests.reliability.faults import FAULTS, faults_survived
 from tests.reliability.hosts import REPO
-from tests.reliability.sizes import SIZES, Context
+from tests.reliability.sizes import SIZES, Context, show
 
 CI = SIZES["ci"]
-SEED = 5
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def ctx(tmp_path: Path) -> Context:
-    return Context(CI, seed=SEED, workdir=tmp_path, jobs=CI.jobs)
-
-
-def _show(figures: dict[str, Any]) -> str:
-    return json.dumps(figures, indent=1, ensure_ascii=False)[:6000]
-
-
 def test_crash_safety_converges_every_time_and_loses_nothing(ctx: Context) -> None:
     f = crash_safety(ctx)
-    assert f["runs"] == CI.crash_runs, _show(f)
-    assert f["converged"] == f["runs"], _show(f)
-    assert f["orphaned"] == 0, _show(f)
-    assert f["duplicates"] == 0, _show(f)
-    assert f["vfs_with_two_vgpus"] == 0, _show(f)
-    assert f["dangling_mdev_links"] == 0, _show(f)
-    assert f["in_use_removed"] == 0, _show(f)
-    assert f["blocked_not_by_held_vgpus"] == 0, _show(f)
-    assert f["tracebacks"] == 0, _show(f)
-    assert f["hung_processes"] == 0, _show(f)
-    assert f["stray_sriov_manage"] == 0, _show(f)
-    assert f["unmanaged_gpus_touched"] == 0, _show(f)
+    assert f["runs"] == CI.crash_runs, show(f)
+    assert f["converged"] == f["runs"], show(f)
+    assert f["orphaned"] == 0, show(f)
+    assert f["duplicates"] == 0, show(f)
+    assert f["vfs_with_two_vgpus"] == 0, show(f)
+    assert f["dangling_mdev_links"] == 0, show(f)
+    assert f["in_use_removed"] == 0, show(f)
+    assert f["blocked_not_by_held_vgpus"] == 0, show(f)
+    assert f["tracebacks"] == 0, show(f)
+    assert f["hung_processes"] == 0, show(f)
+    assert f["stray_sriov_manage"] == 0, show(f)
+    assert f["unmanaged_gpus_touched"] == 0, show(f)
     # It tested what it is about: applies died mid-way, with VMs holding vGPUs.
-    assert f["kill_points"]["crash_after"]["killed"] >= 1, _show(f)
-    assert f["runs_with_held_vgpus"] >= 1, _show(f)
-    assert f["ok"], _show(f)
+    assert f["kill_points"]["crash_after"]["killed"] >= 1, show(f)
+    assert f["runs_with_held_vgpus"] >= 1, show(f)
+    assert f["ok"], show(f)
 
 
 def test_bad_input_is_always_a_located_rejection(ctx: Context) -> None:
     f = bad_input(ctx)
-    assert f["documents"] == CI.bad_documents, _show(f)
-    assert f["rejected"] > 0 and f["accepted"] > 0, _show(f)
-    assert f["exceptions"] == 0, _show(f)
-    assert f["unlocated_problems"] == 0, _show(f)
-    assert f["lines_out_of_range"] == 0, _show(f)
-    assert f["messages_with_line_breaks"] == 0, _show(f)
-    assert f["slow_documents"] == 0, _show(f)
+    assert f["documents"] == CI.bad_documents, show(f)
+    assert f["rejected"] > 0 and f["accepted"] > 0, show(f)
+    assert f["exceptions"] == 0, show(f)
+    assert f["unlocated_problems"] == 0, show(f)
+    assert f["lines_out_of_range"] == 0, show(f)
+    assert f["messages_with_line_breaks"] == 0, show(f)
+    assert f["slow_documents"] == 0, show(f)
     cli = f["cli"]
-    assert cli["documents"] >= CI.bad_cli_sample, _show(f)
-    assert cli["tracebacks"] == 0, _show(f)
-    assert cli["unlocated_lines"] == 0, _show(f)
-    assert cli["silent_rejections"] == 0, _show(f)
-    assert cli["exits"] == {"exit 1": cli["documents"]}, _show(f)
-    assert f["ok"], _show(f)
+    assert cli["documents"] >= CI.bad_cli_sample, show(f)
+    assert cli["tracebacks"] == 0, show(f)
+    assert cli["unlocated_lines"] == 0, show(f)
+    assert cli["silent_rejections"] == 0, show(f)
+    assert cli["exits"] == {"exit 1": cli["documents"]}, show(f)
+    assert f["ok"], show(f)
 
 
 def test_concurrent_applies_one_proceeds_no_double_create(ctx: Context) -> None:
     f = concurrency(ctx)
-    assert f["trials"] == CI.concurrency_trials, _show(f)
-    assert f["trials_with_exactly_one_proceeding"] == f["trials"], _show(f)
-    assert f["lock_conflicts"] >= 1, _show(f)  # the lock was contended
-    assert f["lock_conflicts_naming_the_holder"] == f["lock_conflicts"], _show(f)
-    assert f["failed_observing_a_changing_host"] == 0, _show(f)
-    assert f["broken_or_unexpected"] == 0, _show(f)
-    assert f["double_creates"] == 0, _show(f)
-    assert f["host_safety_violations"] == 0, _show(f)
-    assert f["converged"] == f["trials"], _show(f)
-    assert f["ok"], _show(f)
+    assert f["trials"] == CI.concurrency_trials, show(f)
+    assert f["trials_with_exactly_one_proceeding"] == f["trials"], show(f)
+    assert f["lock_conflicts"] >= 1, show(f)  # the lock was contended
+    assert f["lock_conflicts_naming_the_holder"] == f["lock_conflicts"], show(f)
+    assert f["failed_observing_a_changing_host"] == 0, show(f)
+    assert f["broken_or_unexpected"] == 0, show(f)
+    assert f["double_creates"] == 0, show(f)
+    assert f["host_safety_violations"] == 0, show(f)
+    assert f["converged"] == f["trials"], show(f)
+    assert f["ok"], show(f)
 
 
 def test_faults_are_survived(ctx: Context) -> None:
     f = faults_survived(ctx)
     for name in FAULTS:
-        assert f[name]["survived"], _show(f[name])
+        assert f[name]["survived"], show(f[name])
     assert any(
         "cannot reach the Kubernetes API server" in m
         for m in f["api_server_down_before_apply"]["messages"]
-    ), _show(f)
+    ), show(f)
     assert any(
         "did not finish within 2 s" in m for m in f["sriov_manage_hangs_past_timeout"]["messages"]
     )
-    assert f["ok"], _show(f)
+    assert f["ok"], show(f)
 
 
 def test_the_suite_prints_one_json_document(tmp_path: Path) -> None:

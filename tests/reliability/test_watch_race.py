@@ -6,14 +6,12 @@ The judges are shown first what they must catch (fast); the scenario itself is s
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.reliability.hosts import PROGRESS, Run
-from tests.reliability.sizes import SIZES, Context
+from tests.reliability.sizes import SIZES, Context, show
 from tests.reliability.watch_race import (
     Trial,
     WatchRole,
@@ -24,14 +22,9 @@ from tests.reliability.watch_race import (
 )
 
 CI = SIZES["ci"]
-SEED = 5
 U1 = "37ed2062-31c4-5889-a8cf-d7b103c0b722"
 U2 = "4c1d0b6e-9a0f-5b7e-8c2d-1e2f3a4b5c6d"
 LOCK = "another apply holds the lock for node race-node"
-
-
-def _show(figures: dict[str, Any]) -> str:
-    return json.dumps(figures, indent=1, ensure_ascii=False)[:6000]
 
 
 def _apply_work(label: str, line: str) -> Work:
@@ -110,25 +103,24 @@ def test_the_watch_judge() -> None:
 
 
 @pytest.mark.slow
-def test_a_watch_and_two_applies_one_proceeds_nothing_done_twice(tmp_path: Path) -> None:
-    ctx = Context(CI, seed=SEED, workdir=tmp_path, jobs=CI.jobs)
+def test_a_watch_and_two_applies_one_proceeds_nothing_done_twice(ctx: Context) -> None:
     f = watch_concurrency(ctx)
     n = CI.watch_race_trials
-    assert f["trials"] == n, _show(f)
-    assert f["trials_with_exactly_one_proceeding"] == n, _show(f)
-    assert f["apply_lock_conflicts_naming_the_holder"] == f["apply_lock_conflicts"], _show(f)
-    assert f["watch_lock_retries_naming_an_apply"] == f["watch_lock_retries"], _show(f)
-    assert f["watch_other_reconcile_failures"] == {}, _show(f)
-    assert f["broken_or_unexpected"] == 0, _show(f)
-    assert f["double_creates"] == 0, _show(f)
-    assert f["double_work"] == 0, _show(f)
-    assert f["host_safety_violations"] == 0, _show(f)
-    assert f["converged"] == n, _show(f)
-    assert f["watch_settled"] == n, _show(f)
-    assert f["watch_ready_at_end"] == n, _show(f)
-    assert f["watch_exit_codes"] == {"exit 0": n}, _show(f)
-    assert f["tracebacks"] == 0, _show(f)
+    assert f["trials"] == n, show(f)
+    assert f["trials_with_exactly_one_proceeding"] == n, show(f)
+    assert f["apply_lock_conflicts_naming_the_holder"] == f["apply_lock_conflicts"], show(f)
+    assert f["watch_lock_retries_naming_an_apply"] == f["watch_lock_retries"], show(f)
+    assert f["watch_other_reconcile_failures"] == {}, show(f)
+    assert f["broken_or_unexpected"] == 0, show(f)
+    assert f["double_creates"] == 0, show(f)
+    assert f["double_work"] == 0, show(f)
+    assert f["host_safety_violations"] == 0, show(f)
+    assert f["converged"] == n, show(f)
+    assert f["watch_settled"] == n, show(f)
+    assert f["watch_ready_at_end"] == n, show(f)
+    assert f["watch_exit_codes"] == {"exit 0": n}, show(f)
+    assert f["tracebacks"] == 0, show(f)
     # The race really happened: the lock was contended (an apply refused, or the watch retried).
-    assert f["trials_with_a_lock_conflict"] >= 1, _show(f)
-    assert f["apply_lock_conflicts"] + f["watch_lock_retries"] >= 1, _show(f)
-    assert f["ok"], _show(f)
+    assert f["trials_with_a_lock_conflict"] >= 1, show(f)
+    assert f["apply_lock_conflicts"] + f["watch_lock_retries"] >= 1, show(f)
+    assert f["ok"], show(f)

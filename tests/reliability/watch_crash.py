@@ -67,6 +67,7 @@ from tests.reliability.generators import (
     host_and_desired,
 )
 from tests.reliability.hosts import (
+    Findings,
     Held,
     Run,
     SimNode,
@@ -156,8 +157,8 @@ class Case:
 
 
 @dataclass(slots=True)
-class Result:
-    """What one run found (filled in as it goes)."""
+class Result(Findings):
+    """What one run did and found (filled in as it goes)."""
 
     index: int
     phase: str
@@ -180,44 +181,24 @@ class Result:
     restart_failed: int = 0
     converged: bool = False  # restarted, ready, and plan -o json agrees
     sigterm: str = ""
-    orphans: list[str] = field(default_factory=list)
-    duplicates: list[str] = field(default_factory=list)
-    crowded: list[str] = field(default_factory=list)
-    dangling: list[str] = field(default_factory=list)
-    in_use_removed: list[str] = field(default_factory=list)
-    unexplained_blocked: list[str] = field(default_factory=list)
     metrics_wrong: list[str] = field(default_factory=list)
-    bugs: list[str] = field(default_factory=list)
-    hung: list[str] = field(default_factory=list)
-    strays: int = 0
-    unmanaged_touched: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         return (
-            self.converged and self.sigterm == "exit 0"
-            and not (
-                self.orphans or self.duplicates or self.crowded or self.dangling
-                or self.in_use_removed or self.unexplained_blocked or self.metrics_wrong
-                or self.bugs or self.hung or self.strays or self.unmanaged_touched
-                or self.errors
-            )
-        )  # fmt: skip
+            self.converged
+            and self.sigterm == "exit 0"
+            and not self.metrics_wrong
+            and not self.problems()
+        )
 
     def failure(self) -> str:
-        parts = [
-            *self.errors, *self.bugs, *self.hung, *self.orphans, *self.duplicates, *self.crowded,
-            *self.dangling, *self.in_use_removed, *self.unexplained_blocked,
-            *self.metrics_wrong, *self.unmanaged_touched,
-        ]  # fmt: skip
+        parts = [*self.problems(), *self.metrics_wrong]
         if not self.converged:
             parts.insert(0, "not converged after the restart")
         if self.sigterm != "exit 0":
             parts.append(f"SIGTERM: {self.sigterm or 'not sent'}")
-        if self.strays:
-            parts.append(f"{self.strays} sriov-manage process(es) left running")
         head = (
             f"run {self.index} ({self.phase}, {self.kill}, crash-after {self.crash_after}, "
             f"delay {self.delay} from {self.anchor}, armed {self.armed}, first {self.first}, "
@@ -467,10 +448,7 @@ class _Run:
         if run.hung:
             result.hung.append(f"{watch.label} watch hung: {run.messages()}")
         found = safety(read_truth(self.node.sysfs_root, self.gpus), self.held)
-        result.duplicates += found.duplicates
-        result.crowded += found.crowded
-        result.dangling += found.dangling
-        result.in_use_removed += found.in_use_removed
+        result.add_safety(found)
 
     def restart(self) -> None:
         """Watch again on the same file: ready, nothing left but blocked changes, metrics that
