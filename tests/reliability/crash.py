@@ -22,12 +22,10 @@ untouched, no traceback, no ``sriov-manage`` left running.
 from __future__ import annotations
 
 import random
-import shutil
 import statistics
 import subprocess
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +49,7 @@ from tests.reliability.hosts import (
     plan_verdict,
     read_truth,
     reap_strays,
+    run_cases,
     safety,
 )
 from tests.reliability.sizes import Context
@@ -277,30 +276,24 @@ def _check(result: Result, run: Run, node: SimNode, gpus: list[str], held: Any) 
     result.add_safety(safety(read_truth(node.sysfs_root, gpus), held))
 
 
-def _run_in(case: Case, base: Path, deadline: float) -> Result | None:
-    if time.monotonic() > deadline:
-        return None
-    directory = base / f"run-{case.index:04d}"
-    directory.mkdir(parents=True)
-    try:
-        result = run_case(case, directory)
-    except Exception as exc:  # the harness itself failed: a failed run, reported as such
-        result = Result(case.index, case.kill, [])
-        result.errors.append(f"harness error: {type(exc).__name__}: {exc}")
-    if result.ok:
-        shutil.rmtree(directory, ignore_errors=True)
+def _broken(case: Case, message: str) -> Result:
+    result = Result(case.index, case.kill, [])
+    result.errors.append(message)
     return result
 
 
 def crash_safety(ctx: Context) -> dict[str, Any]:
     """Scenario: randomized kills of apply, then reruns until converged. Returns its figures."""
     started = time.monotonic()
-    cases = make_cases(ctx)
-    base = ctx.scratch("crash")
-    deadline = started + ctx.size.budget
-    with ThreadPoolExecutor(max_workers=ctx.jobs) as pool:
-        done = list(pool.map(lambda c: _run_in(c, base, deadline), cases))
-    results = [r for r in done if r is not None]
+    results = run_cases(
+        make_cases(ctx),
+        run_case,
+        _broken,
+        base=ctx.scratch("crash"),
+        budget=ctx.size.budget,
+        jobs=ctx.jobs,
+        index=lambda c: c.index,
+    )
     return _figures(ctx, results, seconds=time.monotonic() - started)
 
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from reconciler.sim import SimHost
 
@@ -489,6 +491,48 @@ class Findings:
         if self.strays:
             found.append(f"{self.strays} sriov-manage process(es) left running")
         return found
+
+
+class _Judged(Protocol):
+    @property
+    def ok(self) -> bool: ...
+
+
+C = TypeVar("C")
+R = TypeVar("R", bound=_Judged)
+
+
+def run_cases(
+    cases: Sequence[C],
+    run: Callable[[C, Path], R],
+    broken: Callable[[C, str], R],
+    *,
+    base: Path,
+    budget: float,
+    jobs: int,
+    index: Callable[[C], int],
+) -> list[R]:
+    """Run each case in a directory of its own (``base/run-NNNN``, removed once it passed) on
+    ``jobs`` threads; no case starts once ``budget`` seconds have gone. A harness exception is
+    the case's failure (``broken(case, message)``), never the scenario's end."""
+    deadline = time.monotonic() + budget
+
+    def one(case: C) -> R | None:
+        if time.monotonic() > deadline:
+            return None
+        directory = base / f"run-{index(case):04d}"
+        directory.mkdir(parents=True)
+        try:
+            result = run(case, directory)
+        except Exception as exc:
+            result = broken(case, f"harness error: {type(exc).__name__}: {exc}")
+        if result.ok:
+            shutil.rmtree(directory, ignore_errors=True)
+        return result
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = list(pool.map(one, cases))
+    return [r for r in done if r is not None]
 
 
 def long_name(profile: str) -> str:

@@ -41,12 +41,10 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +77,7 @@ from tests.reliability.hosts import (
     plan_verdict,
     read_truth,
     reap_strays,
+    run_cases,
     safety,
 )
 from tests.reliability.sizes import Context
@@ -577,30 +576,24 @@ def _run(run: _Run) -> None:
     ]
 
 
-def _run_in(case: Case, base: Path, deadline: float) -> Result | None:
-    if time.monotonic() > deadline:
-        return None
-    directory = base / f"run-{case.index:04d}"
-    directory.mkdir(parents=True)
-    try:
-        result = run_case(case, directory)
-    except Exception as exc:  # the harness itself failed: a failed run, reported as such
-        result = Result(case.index, case.phase, case.kill, [])
-        result.errors.append(f"harness error: {type(exc).__name__}: {exc}")
-    if result.ok:
-        shutil.rmtree(directory, ignore_errors=True)
+def _broken(case: Case, message: str) -> Result:
+    result = Result(case.index, case.phase, case.kill, [])
+    result.errors.append(message)
     return result
 
 
 def watch_crash_safety(ctx: Context) -> dict[str, Any]:
     """Scenario: randomized kills of watch, then a restart that must converge. Its figures."""
     started = time.monotonic()
-    cases = make_cases(ctx)
-    base = ctx.scratch("watch-crash")
-    deadline = started + ctx.size.budget
-    with ThreadPoolExecutor(max_workers=ctx.jobs) as pool:
-        done = list(pool.map(lambda c: _run_in(c, base, deadline), cases))
-    results = [r for r in done if r is not None]
+    results = run_cases(
+        make_cases(ctx),
+        run_case,
+        _broken,
+        base=ctx.scratch("watch-crash"),
+        budget=ctx.size.budget,
+        jobs=ctx.jobs,
+        index=lambda c: c.index,
+    )
     return _figures(ctx, results, seconds=time.monotonic() - started)
 
 
