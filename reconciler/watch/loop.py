@@ -520,18 +520,14 @@ class WatchLoop:
             # mid-scan): look again under the lock, which says so if it is held.
             first = None
         if first is not None and not first.plan.actions:
-            self._adopt_baselines(baselines)
-            self._advertise(first.inventory)
-            return first, 0
+            return self._nothing_to_do(first, baselines)
         with NodeLock(ports.state_dir, self.node, command="vgpuctl watch"):
             # Planned again under the lock: an apply that held it may have changed the host
             # since (or been changing it while we looked); act only on what is true now.
             baselines = self._fingerprints()
             planned = plan_for(ports, desired, adopt=self.settings.adopt)
             if not planned.plan.actions:
-                self._adopt_baselines(baselines)
-                self._advertise(planned.inventory)
-                return planned, 0
+                return self._nothing_to_do(planned, baselines)
             self._log_plan(planned.plan)
             report = apply_plan(
                 planned.plan,
@@ -571,6 +567,13 @@ class WatchLoop:
             )
         self._adopt_baselines(baselines)
         return after, applied
+
+    def _nothing_to_do(
+        self, planned: Planned, baselines: tuple[str, str | None]
+    ) -> tuple[Planned, int]:
+        self._adopt_baselines(baselines)
+        self._advertise(planned.inventory)
+        return planned, 0
 
     def _advertise_after_failure(self, ports: NodePorts, removed: set[str]) -> None:
         if self._plugins is None:
