@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from tests.reliability.hosts import (
     histogram,
     plan_verdict,
     read_truth,
+    run_cases,
     safety,
 )
 from tests.reliability.sizes import Context
@@ -196,20 +196,16 @@ def run_trial(index: int, rng: random.Random, directory: Path) -> Trial:
 def concurrency(ctx: Context) -> dict[str, Any]:
     """Scenario: racing applies on one node. Returns its figures."""
     started = time.monotonic()
-    base = ctx.scratch("concurrency")
-    trials: list[Trial] = []
-    for i in range(ctx.size.concurrency_trials):
-        if time.monotonic() - started > ctx.size.budget:
-            break
-        directory = base / f"trial-{i:03d}"
-        directory.mkdir()
-        try:
-            trial = run_trial(i, ctx.rng("concurrency", i), directory)
-        except Exception as exc:  # the harness itself failed: a failed trial, reported as such
-            trial = Trial(i, -1, 0.0, errors=[f"harness error: {type(exc).__name__}: {exc}"])
-        trials.append(trial)
-        if trial.ok:
-            shutil.rmtree(directory, ignore_errors=True)
+    # One trial at a time: the race is between the trial's own processes.
+    trials = run_cases(
+        range(ctx.size.concurrency_trials),
+        lambda i, directory: run_trial(i, ctx.rng("concurrency", i), directory),
+        lambda i, message: Trial(i, -1, 0.0, errors=[message]),
+        base=ctx.scratch("concurrency"),
+        budget=ctx.size.budget,
+        jobs=1,
+        index=lambda i: i,
+    )
 
     roles = [r for t in trials for r in t.roles]
     conflicts = [r for r in roles if r.role == "lock-conflict"]

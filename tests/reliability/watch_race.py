@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from tests.reliability.hosts import (
     kernel_quiet,
     plan_verdict,
     read_truth,
+    run_cases,
     safety,
 )
 from tests.reliability.sizes import Context
@@ -395,21 +395,22 @@ def run_trial(index: int, rng: random.Random, directory: Path) -> Trial:
 def watch_concurrency(ctx: Context) -> dict[str, Any]:
     """Scenario: a watch and two applies racing on one node. Returns its figures."""
     started = time.monotonic()
-    base = ctx.scratch("watch_race")
-    trials: list[Trial] = []
-    for i in range(ctx.size.watch_race_trials):
-        if time.monotonic() - started > ctx.size.budget:
-            break
-        directory = base / f"trial-{i:03d}"
-        directory.mkdir()
-        try:
-            trial = run_trial(i, ctx.rng("watch_race", i), directory)
-        except Exception as exc:  # the harness itself failed: a failed trial, reported as such
-            trial = Trial(i, -1, MODES[i % len(MODES)])
-            trial.errors.append(f"harness error: {type(exc).__name__}: {exc}")
-        trials.append(trial)
-        if trial.ok:
-            shutil.rmtree(directory, ignore_errors=True)
+
+    def broken(i: int, message: str) -> Trial:
+        trial = Trial(i, -1, MODES[i % len(MODES)])
+        trial.errors.append(message)
+        return trial
+
+    # One trial at a time: the race is between the trial's own processes.
+    trials = run_cases(
+        range(ctx.size.watch_race_trials),
+        lambda i, directory: run_trial(i, ctx.rng("watch_race", i), directory),
+        broken,
+        base=ctx.scratch("watch_race"),
+        budget=ctx.size.budget,
+        jobs=1,
+        index=lambda i: i,
+    )
 
     applies = [r for t in trials for r in t.applies]
     conflicts = [r for r in applies if r.role == "lock-conflict"]
