@@ -24,6 +24,7 @@ from reconciler.apply.errors import (
     HostChangedError,
     PathEscapeError,
     VerificationError,
+    WriteTimeoutError,
 )
 from reconciler.apply.executor import (
     SKIPPED_NOT_HOST,
@@ -44,13 +45,14 @@ from reconciler.apply.ports import (
     SysfsWriter,
 )
 from reconciler.apply.runner import SubprocessRunner
-from reconciler.apply.sysfs import ConfinedSysfsWriter
+from reconciler.apply.sysfs import BoundedWriter, ConfinedSysfsWriter
 
 __all__ = [
     "SKIPPED_NOT_CLUSTER",
     "SKIPPED_NOT_HOST",
     "ApplyCounts",
     "ApplyResult",
+    "BoundedWriter",
     "CommandFailedError",
     "CommandNotExecutableError",
     "CommandNotFoundError",
@@ -75,6 +77,7 @@ __all__ = [
     "SubprocessRunner",
     "SysfsWriter",
     "VerificationError",
+    "WriteTimeoutError",
     "allow_list_change",
     "checked_uuid",
     "execute",

@@ -45,5 +45,17 @@ class HostChangedError(ApplyError):
     """The host is not what the plan was made from: re-plan rather than guess."""
 
 
+class WriteTimeoutError(ApplyError):
+    """A sysfs write did not return in time. The writer process (``pid``) is left to finish on
+    its own (a kernel call may wait for ever, uninterruptibly); the next run observes what
+    happened."""
+
+    transient = True
+
+    def __init__(self, message: str, *, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
 class VerificationError(ApplyError):
     """The action ran but its effect never became visible within the bounded wait."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reconciler.apply.errors import HostChangedError, VerificationError
+from reconciler.apply.errors import DeviceBusyError, HostChangedError, VerificationError
 from reconciler.apply.journal import RUN_KIND, Journal, Phase
 from reconciler.apply.ports import HostDriver
 from reconciler.model import (
@@ -264,6 +264,12 @@ class _DisableStep:
                     f"{self.gpu} still hosts vGPU {hosted.uuid} ({hosted.type_name}) on {vf}: "
                     "not disabling SR-IOV under it; run plan again"
                 )
+            pending = ctx.driver.removal_pending(vf)
+            if pending is not None:
+                raise DeviceBusyError(
+                    f"{self.gpu}: vGPU {pending} on {vf} is still being removed (the kernel waits "
+                    "for whatever holds it to let go): not disabling SR-IOV under it"
+                )
         return None
 
     def act(self, ctx: _Context) -> None:
@@ -316,6 +322,12 @@ class _CreateStep:
         hosted = ctx.driver.vgpu_on(self.vf)
         if hosted == (self.uuid, self.type_name):
             return f"already hosts that vGPU ({self.type_name} {self.uuid})"
+        pending = ctx.driver.removal_pending(self.vf)
+        if pending is not None:
+            raise DeviceBusyError(
+                f"{self.vf}: vGPU {pending} is still being removed (the kernel waits for whatever "
+                f"holds it to let go): {self.type_name} not created"
+            )
         if hosted is not None:
             raise HostChangedError(
                 f"{self.vf} already hosts vGPU {hosted.uuid} ({hosted.type_name}), but the plan "
@@ -362,6 +374,11 @@ class _RemoveStep:
     def precheck(self, ctx: _Context) -> str | None:
         where = ctx.driver.vgpu_exists(self.uuid)
         if where is None:
+            if ctx.driver.removal_pending(self.vf) == self.uuid:
+                raise DeviceBusyError(
+                    f"vGPU {self.uuid} on {self.vf} is already being removed: an earlier removal "
+                    "waits for whatever holds it (probably a VM vgpuctl could not see) to let go"
+                )
             return "already gone"
         if where != self.vf:
             raise HostChangedError(
@@ -384,7 +401,10 @@ class _RemoveStep:
         ctx.driver.remove_vgpu(gpu=self.gpu, vf=self.vf, uuid=self.uuid)
 
     def visible(self, ctx: _Context) -> bool:
-        return ctx.driver.vgpu_exists(self.uuid) is None
+        return (
+            ctx.driver.vgpu_exists(self.uuid) is None
+            and ctx.driver.removal_pending(self.vf) != self.uuid
+        )
 
     def unverified(self, ctx: _Context) -> str:
         return (

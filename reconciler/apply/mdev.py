@@ -23,6 +23,7 @@ from reconciler.apply.errors import (
     DeviceBusyError,
     DriverRefusedError,
     HostChangedError,
+    WriteTimeoutError,
 )
 from reconciler.apply.ports import CommandRunner, HostedVGPU, SysfsWriter
 from reconciler.apply.sysfs import SysfsReader
@@ -120,6 +121,12 @@ class MdevDriver:
         rel = f"bus/pci/devices/{vf}/mdev_supported_types/{type_dir}"
         try:
             self._writer.write(f"{rel}/create", uuid)
+        except WriteTimeoutError as e:
+            raise WriteTimeoutError(
+                f"{e.message}: the NVIDIA driver did not finish creating {type_name} on {vf}; "
+                "see the kernel log (dmesg) and the nvidia-vgpu-mgr service",
+                pid=e.pid,
+            ) from e
         except OSError as e:
             self._explain_create(e, vf=vf, type_name=type_name, uuid=uuid, type_rel=rel)
 
@@ -158,6 +165,16 @@ class MdevDriver:
         uuid = checked_uuid(uuid)
         try:
             self._writer.write(f"bus/mdev/devices/{uuid}/remove", "1")
+        except WriteTimeoutError as e:
+            # The kernel does not refuse to remove an open device: it asks the holder to let go
+            # and waits (vfio_unregister_group_dev). vgpuctl plans no removal of a vGPU it sees
+            # held, so the holder is one it could not see.
+            raise WriteTimeoutError(
+                f"{e.message}: the kernel is waiting for a process to release vGPU {uuid}: "
+                "probably a VM vgpuctl could not see; the removal completes on its own once "
+                "it lets go (the next run sees the outcome)",
+                pid=e.pid,
+            ) from e
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ENODEV):
                 # Gone between the precondition check and the write: what removal wants
@@ -168,6 +185,7 @@ class MdevDriver:
                 raise DeviceBusyError(
                     f"vGPU {uuid} on {vf} is in use (held by a VM): not removed"
                 ) from e
+
             raise self._write_failed(e, f"remove vGPU {uuid} from {vf}") from e
 
     def _write_failed(self, e: OSError, what: str) -> ApplyError:
@@ -217,6 +235,19 @@ class MdevDriver:
         for name in self._read.entries(dev):
             if _is_uuid(name) and self._read.exists(f"{dev}/{name}/mdev_type"):
                 return HostedVGPU(name, self._read.text(f"{dev}/{name}/mdev_type/name"))
+        return None
+
+    def removal_pending(self, vf: PciAddress) -> str | None:
+        # An mdev directory under the VF that the mdev bus no longer lists: the kernel unlinks
+        # it first, then waits for the holder to let go (device_del → vfio_unregister_group_dev).
+        dev = f"bus/pci/devices/{vf}"
+        for name in self._read.entries(dev):
+            if (
+                _is_uuid(name)
+                and not self._read.exists(f"bus/mdev/devices/{name}")
+                and not self._read.exists(f"{dev}/{name}/remove")  # not one still being made
+            ):
+                return name
         return None
 
     def vgpu_exists(self, uuid: str) -> PciAddress | None:

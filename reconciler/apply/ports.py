@@ -102,3 +102,8 @@ class HostDriver(Protocol):
     def vgpu_exists(self, uuid: str) -> PciAddress | None:
         """The VF that hosts the vGPU with this UUID, or ``None`` when no such vGPU exists."""
         ...
+
+    def removal_pending(self, vf: PciAddress) -> str | None:
+        """The vGPU on the VF whose removal is under way (the kernel waits for whatever holds
+        it to let go), if any: nothing may be done on that VF until it is gone."""
+        ...

@@ -75,8 +75,11 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         proc.communicate(timeout=_REAP_SECONDS)
     except subprocess.TimeoutExpired:
-        # A descendant left the group and still holds our pipes: stop reading, reap the child.
+        # A descendant left the group and still holds our pipes, or the command is stuck in an
+        # uninterruptible kernel call (a sysfs write waiting for a VM: SIGKILL waits too).
+        # Stop reading and give up on it after a bounded wait: it is never worth a hang.
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
-        proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_REAP_SECONDS)

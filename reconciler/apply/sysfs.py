@@ -8,11 +8,20 @@ plain reads they need to re-check preconditions and verify effects.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
+import select
+import subprocess
+import time
+import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
+from typing import IO, Any
 
-from reconciler.apply.errors import PathEscapeError
+from reconciler.apply.errors import PathEscapeError, WriteTimeoutError
+from reconciler.apply.ports import SysfsWriter
 from reconciler.model import ApplyError
 
 
@@ -109,3 +118,192 @@ class SysfsReader:
 
     def resolved(self, rel: str) -> Path:
         return Path(os.path.realpath(self.root / rel))
+
+
+class BoundedWriter:
+    """Sends each write to a writer process and waits at most ``timeout`` seconds for it.
+
+    A sysfs write is a kernel call, and some never return while a process holds what they
+    change: removing a vGPU a VM has open blocks in ``vfio_unregister_group_dev`` until the VM
+    lets go, uninterruptibly once a signal arrived (DOMAIN.md §9). A thread stuck there would
+    hold the whole process (a process exits only when all its threads have), and a forked child
+    of a process with threads (gRPC's, in ``watch``) is not safe to run Python in. So the writes
+    go to a separate process, started from ``command`` (``vgpuctl``'s own writer, see
+    ``reconciler.cli.sysfs_writer``) on the first write and reused: a line of JSON per write,
+    a line per answer. When one overruns, the caller gets a
+    :class:`~reconciler.apply.errors.WriteTimeoutError` naming the file; the writer process is
+    abandoned to finish whenever the kernel lets it (it then exits: nobody reads it), and the
+    next write starts a new one. It inherits no descriptor of ours (not the node lock, not the
+    pipes of whoever reads our output) and runs in its own session (a Ctrl-C meant for us does
+    not interrupt a half-done kernel call).
+
+    Errors the write raises there (``OSError`` with the kernel's errno, a refused path) are
+    raised here as the same types.
+    """
+
+    def __init__(self, command: Sequence[str], *, timeout: float, root: Path) -> None:
+        if not timeout > 0:
+            raise ValueError(f"the write timeout must be positive, not {timeout!r}")
+        if isinstance(command, str) or not command:
+            raise ValueError("command must be a non-empty argv list")
+        self._command = [str(a) for a in command]
+        self._timeout = timeout
+        self._root = Path(root)
+        self._writer: _WriterProcess | None = None
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    def write(self, path: str, value: str) -> None:
+        writer = self._writer
+        if writer is None or not writer.alive:
+            writer = self._writer = _WriterProcess.start(self._command)
+        answer = writer.request({"path": path, "value": value}, timeout=self._timeout)
+        if answer is None:
+            self._writer = None
+            writer.abandon()
+            raise WriteTimeoutError(
+                f"writing {value.strip()!r} to {self._root / path} did not return within "
+                f"{self._timeout:g} s",
+                pid=writer.pid,
+            )
+        _raise_answer(answer, where=self._root / path)
+
+    def close(self) -> None:
+        """Let the writer process go (it exits once it has read everything)."""
+        if self._writer is not None:
+            self._writer.abandon()
+            self._writer = None
+
+
+#: Upper bound of one answer line from the writer process.
+_ANSWER_MAX = 1 << 16
+
+
+class _WriterProcess:
+    """One writer process and its two pipes."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        self._buffer = b""
+        if proc.stdin is None or proc.stdout is None:  # pragma: no cover - Popen with PIPE
+            raise ValueError("the writer process needs both pipes")
+        self._stdin: IO[bytes] = proc.stdin
+        self._stdout: IO[bytes] = proc.stdout
+        # Closing our end of its stdin is what tells it to exit: do it when we are collected,
+        # or at interpreter exit, whatever comes first.
+        self._finalizer = weakref.finalize(self, _close_quietly, self._stdin, self._stdout)
+
+    @classmethod
+    def start(cls, command: Sequence[str]) -> _WriterProcess:
+        try:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ApplyError(
+                f"cannot start the sysfs writer ({command[0]}): {exc.strerror or exc}"
+            ) from None
+        return cls(proc)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None and self._finalizer.alive
+
+    def request(self, body: Mapping[str, str], *, timeout: float) -> dict[str, Any] | None:
+        """Send one request; its answer, or None when none came within ``timeout`` seconds."""
+        line = (json.dumps(body) + "\n").encode()
+        try:
+            self._stdin.write(line)
+            self._stdin.flush()
+        except (BrokenPipeError, ValueError):
+            return {"died": True}
+        return self._answer(time.monotonic() + timeout)
+
+    def _answer(self, deadline: float) -> dict[str, Any] | None:
+        fd = self._stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP)
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(max(1, int(left * 1000))):
+                return None
+            chunk = os.read(fd, _ANSWER_MAX)
+            if not chunk:
+                return {"died": True}
+            self._buffer += chunk
+            if len(self._buffer) > _ANSWER_MAX:
+                return {"garbled": True}
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return {"garbled": True}
+        return answer if isinstance(answer, dict) else {"garbled": True}
+
+    def abandon(self) -> None:
+        """Close our ends: an idle writer exits at once, a stuck one once the kernel lets it."""
+        self._finalizer()
+
+
+def _close_quietly(*pipes: IO[bytes]) -> None:
+    for pipe in pipes:
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+
+def _raise_answer(answer: Mapping[str, Any], *, where: Path) -> None:
+    if answer.get("ok") is True:
+        return
+    if "errno" in answer:
+        code = int(answer["errno"])
+        raise OSError(code, str(answer.get("strerror") or os.strerror(code)), str(where))
+    if "refused" in answer:
+        raise PathEscapeError(str(answer["refused"]))
+    if "error" in answer:
+        raise ApplyError(f"writing {where}: {answer['error']}")
+    if answer.get("died"):
+        raise ApplyError(f"the sysfs writer process exited while writing {where}")
+    raise ApplyError(f"the sysfs writer process gave an unreadable answer writing {where}")
+
+
+def serve_writes(writer: SysfsWriter, requests: IO[str], answers: IO[str]) -> None:
+    """The writer process's loop: one JSON request per line in, one JSON answer per line out,
+    until the requests end (``reconciler.cli.sysfs_writer`` runs it)."""
+    for line in requests:
+        try:
+            request = json.loads(line)
+            path, value = request["path"], request["value"]
+            if not isinstance(path, str) or not isinstance(value, str):
+                raise TypeError("path and value must be strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            answer: dict[str, Any] = {"error": f"malformed request: {exc}"}
+        else:
+            answer = _write_one(writer, path, value)
+        try:
+            answers.write(json.dumps(answer) + "\n")
+            answers.flush()
+        except (BrokenPipeError, OSError):
+            return  # the caller gave up on us (a timeout): nobody reads any more
+
+
+def _write_one(writer: SysfsWriter, path: str, value: str) -> dict[str, Any]:
+    try:
+        writer.write(path, value)
+    except PathEscapeError as exc:
+        return {"refused": exc.message}
+    except OSError as exc:
+        return {"errno": exc.errno or errno.EIO, "strerror": exc.strerror or str(exc)}
+    except ApplyError as exc:
+        return {"error": exc.message}
+    return {"ok": True}

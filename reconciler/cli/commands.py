@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reconciler.cli.host import Host
+from reconciler.cli.host import DEFAULT_WRITE_TIMEOUT, Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import Style, gpu_summary, plan_text, status_table, summary_line
 from reconciler.model import (
@@ -184,6 +184,25 @@ def add_apply_options(p: argparse.ArgumentParser) -> None:
         help="how long to wait for an action's effect to appear in sysfs (default 120: "
         "enabling VFs on many GPUs takes tens of seconds)",
     )
+    p.add_argument(
+        "--write-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_WRITE_TIMEOUT,
+        metavar="SECONDS",
+        help="how long one sysfs write may take (default %(default)g): a kernel call that has "
+        "not returned by then (removing a vGPU a VM vgpuctl could not see still holds) fails "
+        "the action and is left to finish on its own",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
+    return value
 
 
 def add_adopt_option(p: argparse.ArgumentParser) -> None:
@@ -371,7 +390,7 @@ def _apply_locked(ns: argparse.Namespace, options: GlobalOptions, host: Host) ->
         _confirm(plan)
     ok = _execute(
         plan, node, host, style, adopt=ns.adopt, timeout=ns.timeout,
-        verify_timeout=ns.verify_timeout,
+        verify_timeout=ns.verify_timeout, write_timeout=ns.write_timeout,
     )  # fmt: skip
     if not ok:
         return EXIT_ERROR
@@ -400,6 +419,7 @@ def _execute(
     adopt: bool,
     timeout: float,
     verify_timeout: float,
+    write_timeout: float,
 ) -> bool:
     """Run the plan through the shared engine, showing progress. True when nothing failed."""
     from reconciler.apply.reconcile import apply_plan
@@ -407,7 +427,7 @@ def _execute(
     report = apply_plan(
         plan,
         node,
-        host.ports(command_timeout=timeout),
+        host.ports(command_timeout=timeout, write_timeout=write_timeout),
         adopt=adopt,
         verify_timeout=verify_timeout,
         on_outcome=_progress(style),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -22,7 +23,11 @@ if TYPE_CHECKING:
     from reconciler.apply import MdevDriver
     from reconciler.apply.reconcile import NodePorts
     from reconciler.kube import KubernetesApi
+    from reconciler.observe.holds import HoldProbe
     from reconciler.sim import SimHost
+
+#: How long one sysfs write may take before it is left to finish on its own (``--write-timeout``).
+DEFAULT_WRITE_TIMEOUT = 10.0
 
 #: Set in every pod: the in-cluster service account is the connection then.
 SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
@@ -69,13 +74,21 @@ class Host:
 
     def observe(self) -> Inventory:
         from reconciler.observe import observe_host
+
+        return observe_host(
+            self.options.sysfs_root,
+            node=self.options.node,
+            catalog=self.catalog,
+            hold_probe=self.hold_probe(),
+            assume_no_hidden_holders=self.options.assume_no_hidden_holders,
+        )
+
+    def hold_probe(self) -> HoldProbe:
+        """Who holds a vGPU: the simulator's VMs on a simulated host, ``/proc`` on a real one."""
         from reconciler.observe.holds import ProcfsHoldProbe
 
         sim = self.sim
-        probe = sim.hold_probe() if sim else ProcfsHoldProbe()
-        return observe_host(
-            self.options.sysfs_root, node=self.options.node, catalog=self.catalog, hold_probe=probe
-        )
+        return sim.hold_probe() if sim else ProcfsHoldProbe()
 
     @property
     def has_cluster(self) -> bool:
@@ -120,20 +133,28 @@ class Host:
         }
         return ClusterState(node=self.options.node, device_uses=uses)
 
-    def driver(self, *, command_timeout: float = 300.0) -> MdevDriver:
-        from reconciler.apply import ConfinedSysfsWriter, MdevDriver, SubprocessRunner
+    def driver(
+        self, *, command_timeout: float = 300.0, write_timeout: float = DEFAULT_WRITE_TIMEOUT
+    ) -> MdevDriver:
+        from reconciler.apply import BoundedWriter, MdevDriver, SubprocessRunner
 
-        sim = self.sim
-        writer = sim.writer() if sim else ConfinedSysfsWriter(self.options.sysfs_root)
+        root = self.options.sysfs_root
+        # Every write in a writer process of its own: a kernel call that never returns
+        # (removing a vGPU a VM vgpuctl could not see still holds) strands that process only.
+        writer = [sys.executable, "-m", "reconciler.cli.sysfs_writer", "--root", str(root)]
+        if self.sim is not None:
+            writer += ["--simulated", "--owner", str(os.getpid())]
         return MdevDriver(
-            sysfs_root=self.options.sysfs_root,
-            writer=writer,
+            sysfs_root=root,
+            writer=BoundedWriter(writer, timeout=write_timeout, root=root),
             runner=SubprocessRunner(),
             sriov_manage=self.sriov_manage_argv,
             command_timeout=command_timeout,
         )
 
-    def ports(self, *, command_timeout: float = 300.0) -> NodePorts:
+    def ports(
+        self, *, command_timeout: float = 300.0, write_timeout: float = DEFAULT_WRITE_TIMEOUT
+    ) -> NodePorts:
         """This node's parts, for the shared reconcile (``reconciler.apply.reconcile``)."""
         from reconciler.apply.reconcile import NodePorts
 
@@ -150,7 +171,9 @@ class Host:
             observe_host=self.observe,
             observe_cluster=self.observe_cluster,
             kubelet_uses=self.kubelet_uses,
-            driver=lambda: self.driver(command_timeout=command_timeout),
+            driver=lambda: self.driver(
+                command_timeout=command_timeout, write_timeout=write_timeout
+            ),
             cluster_api=api,
             events=events,
         )

@@ -87,6 +87,15 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
         f"VGPUCTL_KUBELET_DIR; default {DEFAULT_KUBELET_DIR})",
     )
     group.add_argument(
+        "--unsafe-assume-no-hidden-holders",
+        action="store_true",
+        default=dflt(False),
+        help="UNSAFE: when vgpuctl cannot see every process of the host (it runs outside the "
+        "host's PID namespace, e.g. a pod without hostPID), assume no process it cannot see "
+        "holds a vGPU. Without it every vGPU then counts as in use and its removal is blocked: "
+        "a VM vgpuctl missed would lose its GPU",
+    )
+    group.add_argument(
         "--no-color",
         action="store_true",
         default=dflt(False),
@@ -104,6 +113,8 @@ class GlobalOptions:
     kubeconfig: Path | None = None
     kubevirt_namespace: str | None = None
     kubelet_dir: Path = Path(DEFAULT_KUBELET_DIR)
+    #: ``--unsafe-assume-no-hidden-holders`` (a flag only: no environment variable sets it).
+    assume_no_hidden_holders: bool = False
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GlobalOptions:
@@ -119,4 +130,5 @@ class GlobalOptions:
             kubeconfig=Path(kubeconfig) if kubeconfig else None,
             kubevirt_namespace=ns.kubevirt_namespace or _env("KUBEVIRT_NAMESPACE"),
             kubelet_dir=Path(ns.kubelet_dir or _env("KUBELET_DIR") or DEFAULT_KUBELET_DIR),
+            assume_no_hidden_holders=bool(ns.unsafe_assume_no_hidden_holders),
         )

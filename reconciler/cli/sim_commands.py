@@ -23,9 +23,9 @@ def register(sub: Any) -> argparse.ArgumentParser:
     sim: argparse.ArgumentParser = sub.add_parser(
         "sim",
         help="build and drive a simulated NVIDIA vGPU host",
-        description="A simulated host follows the NVIDIA driver's rules (equal-size profiles, "
-        "per-size maxima, sriov-manage all-or-nothing, busy vGPUs) so plans and applies can be "
-        "tried without a GPU.",
+        description="A simulated host follows the NVIDIA driver's and the kernel's rules "
+        "(equal-size profiles, per-size maxima, sriov-manage all-or-nothing, removals of held "
+        "vGPUs that block) so plans and applies can be tried without a GPU.",
     )
     ssub = sim.add_subparsers(dest="sim_command", metavar="SIMCOMMAND")
     ssub.required = True
@@ -54,9 +54,17 @@ def register(sub: Any) -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=cmd_init)
 
-    p = ssub.add_parser("hold", help="a VM starts using a vGPU (its removal will fail busy)")
+    p = ssub.add_parser(
+        "hold",
+        help="a VM starts using a vGPU (a write removing it blocks until it is released)",
+        description="A simulated VM opens the vGPU. vgpuctl's hold probe sees it, so plans "
+        "block its removal; a removal that reaches the kernel anyway blocks until 'sim "
+        "release', as on a real host. --hidden makes a VM the probe cannot see (one in a PID "
+        "namespace vgpuctl cannot look into): its removal reaches the kernel and blocks.",
+    )
     p.add_argument("dir", metavar="DIR", type=Path)
     p.add_argument("uuid", metavar="UUID")
+    p.add_argument("--hidden", action="store_true", help="a holder the hold probe cannot see")
     p.set_defaults(handler=cmd_hold)
 
     p = ssub.add_parser("release", help="the VM lets go of a vGPU")
@@ -116,8 +124,9 @@ def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
 def cmd_hold(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.sim import hold
 
-    _simulator_call(hold, ns.dir, ns.uuid)
-    print(f"vGPU {ns.uuid} is now held by a simulated VM", file=sys.stderr)
+    _simulator_call(hold, ns.dir, ns.uuid, hidden=ns.hidden)
+    who = "a simulated VM vgpuctl cannot see" if ns.hidden else "a simulated VM"
+    print(f"vGPU {ns.uuid} is now held by {who}", file=sys.stderr)
     return EXIT_OK
 
 

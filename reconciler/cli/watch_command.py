@@ -123,7 +123,6 @@ def cmd_watch(ns: argparse.Namespace, options: GlobalOptions) -> int:
 def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, int]) -> int:
     from prometheus_client import disable_created_metrics
 
-    from reconciler.observe import ProcfsHoldProbe
     from reconciler.observe.checkpoint import checkpoint_file
     from reconciler.watch.endpoint import OperationsEndpoint
     from reconciler.watch.follow import DesiredStateWatch
@@ -143,10 +142,9 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
             node=options.node,
             kubevirt_namespace=options.kubevirt_namespace,
         )
-    sim = host.sim
     # Who holds a vGPU matters to a converged node only through the CR status that mirrors
     # it; without a cluster the /proc scan is left to the full observation.
-    probe = (sim.hold_probe() if sim else ProcfsHoldProbe()) if host.has_cluster else None
+    probe = host.hold_probe() if host.has_cluster else None
     signature = HostSignature(
         options.sysfs_root,
         hold_probe=probe,
@@ -161,7 +159,7 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
         debounce=ns.debounce,
         adopt=ns.adopt,
         verify_timeout=ns.verify_timeout,
-        action_budget=ns.timeout + ns.verify_timeout + 60.0,
+        action_budget=max(ns.timeout, ns.write_timeout) + ns.verify_timeout + 60.0,
     )
     plugins = _device_plugins(ns, options)
     loop: WatchLoop | None = None
@@ -177,7 +175,7 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
             source=source,
             node=options.node,
             catalog=host.catalog,
-            ports=partial(host.ports, command_timeout=ns.timeout),
+            ports=partial(host.ports, command_timeout=ns.timeout, write_timeout=ns.write_timeout),
             host_signature=signature.compute,
             cluster_signature=cluster,
             plugins=plugins,

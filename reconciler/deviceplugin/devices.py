@@ -57,8 +57,8 @@ def device_sets(inventory: Inventory) -> DeviceSets:
     sets: dict[str, list[PluginDevice]] = {}
     for gpu in inventory.gpus:
         for vf in gpu.vfs:
-            if vf.vgpu is None:
-                continue
+            if vf.vgpu is None or vf.vgpu.removing:
+                continue  # a vGPU being removed is no device to hand out any more
             sets.setdefault(resource_name(vf.vgpu.type_name), []).append(
                 PluginDevice(
                     id=vf.vgpu.uuid,

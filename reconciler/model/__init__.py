@@ -21,10 +21,19 @@ from reconciler.model.errors import (
     UsageError,
     ValidationError,
 )
-from reconciler.model.inventory import VGPU, Gpu, Interface, Inventory, Vf, VGPUType
+from reconciler.model.inventory import (
+    UNKNOWN_HOLDER,
+    VGPU,
+    Gpu,
+    Interface,
+    Inventory,
+    Vf,
+    VGPUType,
+)
 from reconciler.model.plan import Action, ActionKind, Blocked, Noop, Plan, Summary
 
 __all__ = [
+    "UNKNOWN_HOLDER",
     "VGPU",
     "Action",
     "ActionKind",

@@ -61,6 +61,11 @@ class VGPUType:
         )
 
 
+#: How a holder starts when vgpuctl could not see who holds the vGPU, only that something may
+#: (``unknown: cannot see the host's processes (…why…)``): it counts as in use all the same.
+UNKNOWN_HOLDER = "unknown"
+
+
 @dataclass(frozen=True, slots=True)
 class VGPU:
     """A vGPU that exists on a VF (an mdev, or a configured VF on the vfio interface)."""
@@ -68,10 +73,14 @@ class VGPU:
     uuid: str  # mdev UUID; on vfio the VF address stands in
     type_name: str
     in_use: bool = False  # held by a VM: never removed
-    holder: str = ""  # who holds it, when known (a VM name, a process)
+    #: Who holds it: a VM name, a process, or ``unknown: …why…`` (counted as in use anyway).
+    holder: str = ""
     #: The vGPU's IOMMU group: a VM opens ``/dev/vfio/<group>`` (the device plugin hands it
     #: out). Empty when not known (e.g. an inventory rebuilt from the cluster).
     iommu_group: str = ""
+    #: A removal is under way: the kernel waits for whatever holds it to let go. Nothing can be
+    #: done on its VF until that happens; it is ``in_use`` all along.
+    removing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +221,8 @@ def _vgpu_json(vgpu: VGPU) -> dict[str, Any]:
     doc: dict[str, Any] = {"type": vgpu.type_name, "uuid": vgpu.uuid, "holder": vgpu.holder}
     if vgpu.iommu_group:
         doc["iommuGroup"] = vgpu.iommu_group
+    if vgpu.removing:
+        doc["removing"] = True
     return doc
 
 
@@ -232,6 +243,7 @@ def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
                     in_use=bool(v.get("inUse", False)),
                     holder=str(vg.get("holder", "")),
                     iommu_group=str(vg.get("iommuGroup", "")),
+                    removing=bool(vg.get("removing", False)),
                 ),
                 creatable=frozenset(v.get("creatableTypes", [])),
             )

@@ -14,15 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from reconciler.catalog import Catalog
-from reconciler.model import Gpu, Interface, Inventory, ObserveError, Vf
-from reconciler.observe.holds import HoldProbe
+from reconciler.model import UNKNOWN_HOLDER, VGPU, Gpu, Interface, Inventory, ObserveError, Vf
+from reconciler.observe.holds import DeviceNodes, HolderScan, HoldProbe
 from reconciler.observe.interfaces import GpuReading, InterfaceReader, VfReading
 from reconciler.observe.mdev import MdevReader
 from reconciler.observe.pci import PCI_DEVICES, PhysicalFunction, find_vgpu_pfs
 from reconciler.observe.sysfs import SysfsTree
 
-#: uuid → IOMMU group (``None`` when the vGPU has none): what the hold probe is asked about.
-IommuGroups = dict[str, str | None]
+#: vGPU id → the device nodes a VM could hold it through: what the hold probe is asked about.
+VgpuNodes = dict[str, DeviceNodes]
 
 
 class SysfsChangedError(ObserveError):
@@ -37,18 +37,21 @@ def observe_host(
     node: str,
     catalog: Catalog,
     hold_probe: HoldProbe | None = None,
+    assume_no_hidden_holders: bool = False,
 ) -> Inventory:
     """Every NVIDIA SR-IOV vGPU GPU under ``sysfs_root``, with its VFs, types and vGPUs.
 
     Without a ``hold_probe`` no vGPU is reported in use: callers on a real host pass
-    ``ProcfsHoldProbe()``, the simulator passes its own.
+    ``ProcfsHoldProbe()``, the simulator passes its own. When the probe cannot see every
+    process of the host, every vGPU a process could hold counts as in use by an unknown holder
+    (the reason in the holder), unless ``assume_no_hidden_holders``: the operator's word that
+    no invisible process holds one (``--unsafe-assume-no-hidden-holders``), kept as a note.
     """
     tree = _open_tree(sysfs_root)
     vanished: OSError | None = None
     for _attempt in range(2):
         try:
-            # IOMMU groups are read always: one link per vGPU, and the device plugin needs them.
-            inventory, groups = _scan(tree, node=node, catalog=catalog, groups=True)
+            inventory, nodes = _scan(tree, node=node, catalog=catalog)
             break
         except (FileNotFoundError, NotADirectoryError) as exc:
             vanished = exc
@@ -62,9 +65,27 @@ def observe_host(
             f"{what} disappeared while scanning {sysfs_root}, twice: devices are changing "
             "(is sriov-manage running?); try again"
         )
-    if hold_probe is None or not groups:
+    if hold_probe is None:
         return inventory
-    return _mark_held(inventory, hold_probe.held(groups))
+    openable = {vgpu_id: n for vgpu_id, n in nodes.items() if n.openable}
+    if not openable:
+        return inventory
+    scan = hold_probe.scan(openable)
+    if scan.blind is not None:
+        if assume_no_hidden_holders:
+            note = (
+                f"holders not fully checked ({scan.blind}): assumed that no process vgpuctl "
+                "cannot see holds a vGPU (--unsafe-assume-no-hidden-holders)"
+            )
+            scan = HolderScan(held=scan.held)
+        else:
+            note = (
+                f"vgpuctl cannot see every process of the host ({scan.blind}): every vGPU "
+                "counts as in use, so none is removed or changed; run vgpuctl in the host's PID "
+                "namespace, or pass --unsafe-assume-no-hidden-holders if no VM can hide from it"
+            )
+        inventory = replace(inventory, notes=(*inventory.notes, note))
+    return _mark_held(inventory, scan, openable)
 
 
 def _open_tree(sysfs_root: Path) -> SysfsTree:
@@ -84,13 +105,11 @@ def _open_tree(sysfs_root: Path) -> SysfsTree:
     return tree
 
 
-def _scan(
-    tree: SysfsTree, *, node: str, catalog: Catalog, groups: bool
-) -> tuple[Inventory, IommuGroups]:
-    readers = _interface_readers(tree, iommu_groups=groups)
+def _scan(tree: SysfsTree, *, node: str, catalog: Catalog) -> tuple[Inventory, VgpuNodes]:
+    readers = _interface_readers(tree)
     gpus: list[Gpu] = []
     notes: list[str] = []
-    iommu_groups: IommuGroups = {}
+    nodes: VgpuNodes = {}
     for pf in find_vgpu_pfs(tree):
         reading = _read_interfaces(readers, pf)
         notes.extend(f"GPU {pf.address}: {n}" for n in reading.notes)
@@ -101,17 +120,17 @@ def _scan(
             )
         for vf in reading.vfs:
             if vf.vgpu is not None:
-                iommu_groups[vf.vgpu.uuid] = vf.iommu_group
+                nodes[vf.vgpu.uuid] = vf.nodes
         gpus.append(_gpu(pf, reading, catalog))
     inventory = Inventory(
         node=node, gpus=tuple(gpus), sysfs_root=str(tree.root), notes=tuple(notes)
     )
-    return inventory, iommu_groups
+    return inventory, nodes
 
 
-def _interface_readers(tree: SysfsTree, *, iommu_groups: bool) -> tuple[InterfaceReader, ...]:
+def _interface_readers(tree: SysfsTree) -> tuple[InterfaceReader, ...]:
     """One reader per host interface, asked in this order; the first that knows a GPU wins."""
-    return (MdevReader(tree, iommu_groups=iommu_groups),)
+    return (MdevReader(tree),)
 
 
 def _read_interfaces(readers: tuple[InterfaceReader, ...], pf: PhysicalFunction) -> GpuReading:
@@ -147,7 +166,7 @@ def _gpu(pf: PhysicalFunction, reading: GpuReading, catalog: Catalog) -> Gpu:
             Vf(
                 address=vf.address,
                 index=vf.index,
-                vgpu=replace(r.vgpu, iommu_group=r.iommu_group or "") if r.vgpu else None,
+                vgpu=replace(r.vgpu, iommu_group=r.nodes.group or "") if r.vgpu else None,
                 creatable=r.creatable,
             )
             for vf, r in zip(pf.vfs, reading.vfs, strict=True)
@@ -157,16 +176,26 @@ def _gpu(pf: PhysicalFunction, reading: GpuReading, catalog: Catalog) -> Gpu:
     )
 
 
-def _mark_held(inventory: Inventory, holders: dict[str, str]) -> Inventory:
-    if not holders:
+def _mark_held(inventory: Inventory, scan: HolderScan, openable: VgpuNodes) -> Inventory:
+    """Mark the held vGPUs; when the scan is blind, every openable one it did not find held."""
+    if not scan.held and scan.blind is None:
         return inventory
+    unknown = f"{UNKNOWN_HOLDER}: cannot see the host's processes ({scan.blind})"
+
+    def holder(vgpu: VGPU) -> str | None:
+        found = scan.held.get(vgpu.uuid)
+        if found is None and not vgpu.in_use and scan.blind is not None and vgpu.uuid in openable:
+            return unknown
+        return found
+
     gpus = []
     for gpu in inventory.gpus:
-        vfs = tuple(
-            replace(vf, vgpu=replace(vf.vgpu, in_use=True, holder=holders[vf.vgpu.uuid]))
-            if vf.vgpu is not None and vf.vgpu.uuid in holders
-            else vf
-            for vf in gpu.vfs
-        )
-        gpus.append(replace(gpu, vfs=vfs))
+        vfs = []
+        for vf in gpu.vfs:
+            who = holder(vf.vgpu) if vf.vgpu is not None else None
+            if vf.vgpu is not None and who is not None:
+                vfs.append(replace(vf, vgpu=replace(vf.vgpu, in_use=True, holder=who)))
+            else:
+                vfs.append(vf)
+        gpus.append(replace(gpu, vfs=tuple(vfs)))
     return replace(inventory, gpus=tuple(gpus))

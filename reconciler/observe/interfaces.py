@@ -7,11 +7,14 @@ asks each reader in turn; the first that recognises the GPU's VFs describes them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from reconciler.model import VGPU, Interface, VGPUType
+from reconciler.observe.holds import DeviceNodes
+from reconciler.observe.parse import link_basename, parse_device_number, vfio_cdev_name
 from reconciler.observe.pci import PhysicalFunction
+from reconciler.observe.sysfs import SysfsTree
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +25,8 @@ class VfReading:
     creatable: frozenset[str] = frozenset()
     #: The vGPU on the VF (``in_use`` is filled in later, by the hold probe).
     vgpu: VGPU | None = None
-    #: The vGPU's IOMMU group number (``/dev/vfio/<group>``), when asked for and known.
-    iommu_group: str | None = None
+    #: The device nodes through which a VM holds the vGPU (none when there is no vGPU).
+    nodes: DeviceNodes = field(default_factory=DeviceNodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +45,39 @@ class InterfaceReader(Protocol):
     def read_gpu(self, pf: PhysicalFunction) -> GpuReading | None:
         """The GPU's types and per-VF state, or ``None`` if its VFs do not use this interface."""
         ...
+
+
+def device_nodes(tree: SysfsTree, device: str) -> DeviceNodes:
+    """The nodes through which a VM can hold the device at ``device`` (a resolved path): its
+    ``iommu_group`` link (absent: no VFIO driver bound, nothing can open it; the group's node
+    is ``class/vfio/<group>``), and the cdev listed under its ``vfio-dev/`` (absent on kernels
+    without ``CONFIG_VFIO_DEVICE_CDEV``), each with the device number its ``dev`` file gives."""
+    try:
+        target = tree.read_link(f"{device}/iommu_group")
+    except FileNotFoundError:
+        target = None
+    group = link_basename(target) if target else None
+    try:
+        names = tree.list_dir(f"{device}/vfio-dev")
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    cdevs = sorted(n for n in names if vfio_cdev_name(n))
+    cdev = cdevs[0] if cdevs else None
+    numbers = set()
+    for dev_file in (
+        f"class/vfio/{group}/dev" if group is not None else None,
+        f"{device}/vfio-dev/{cdev}/dev" if cdev is not None else None,
+    ):
+        if dev_file is not None:
+            number = _device_number(tree, dev_file)
+            if number is not None:
+                numbers.add(number)
+    return DeviceNodes(group=group, cdev=cdev, numbers=frozenset(numbers))
+
+
+def _device_number(tree: SysfsTree, rel: str) -> int | None:
+    try:
+        text = tree.read_text(rel)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return parse_device_number(text, source=tree.describe(rel))

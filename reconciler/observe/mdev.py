@@ -2,20 +2,19 @@
 
 Reads, per VF, ``mdev_supported_types/<id>/available_instances``; per GPU and type id, the
 ``name`` and ``description`` once (the driver offers the same types on every VF of a GPU, so
-re-reading them 32 times per GPU would be most of the scan's cost); and the existing mdevs once
-per host from ``bus/mdev/devices`` (one listing, instead of listing every VF directory). An
-mdev's type is resolved by *name* through its ``mdev_type`` link, because type ids vary by
-driver branch.
+re-reading them 32 times per GPU would be most of the scan's cost); and per VF the mdev
+directories under it (a live mdev is also listed under ``bus/mdev/devices``; one that is not is
+being removed, waiting for a VM to let go of it). An mdev's type is resolved by *name* through
+its ``mdev_type`` link, because type ids vary by driver branch.
 """
 
 from __future__ import annotations
 
 import errno
-import posixpath
-from dataclasses import dataclass
 
-from reconciler.model import VGPU, Interface, VGPUType
-from reconciler.observe.interfaces import GpuReading, VfReading
+from reconciler.model import UNKNOWN_HOLDER, VGPU, Interface, VGPUType
+from reconciler.observe.holds import DeviceNodes
+from reconciler.observe.interfaces import GpuReading, VfReading, device_nodes
 from reconciler.observe.parse import (
     is_mdev_uuid,
     link_basename,
@@ -31,23 +30,18 @@ MDEV_DEVICES = "bus/mdev/devices"
 SUPPORTED_TYPES = "mdev_supported_types"
 
 
-@dataclass(frozen=True, slots=True)
-class MdevDevice:
-    uuid: str
-    path: str  # resolved: "<VF path>/<uuid>"
+#: The type of an mdev whose type link is gone (a removal under way, a broken tree).
+UNKNOWN_TYPE = "unknown"
 
 
 class MdevReader:
     """Reads GPUs whose VFs are mdev parents. One instance per host scan."""
 
-    def __init__(self, tree: SysfsTree, *, iommu_groups: bool = False) -> None:
+    def __init__(self, tree: SysfsTree) -> None:
         self._tree = tree
-        self._iommu_groups = iommu_groups
-        self._by_parent: dict[str, list[MdevDevice]] | None = None
 
     def read_gpu(self, pf: PhysicalFunction) -> GpuReading | None:
         tree = self._tree
-        by_parent = self._mdevs_by_parent()
         types: dict[str, VGPUType] = {}  # type id → type: this GPU's cache
         notes: list[str] = []
         vfs: list[VfReading] = []
@@ -69,8 +63,8 @@ class MdevReader:
                 available = f"{types_dir}/{type_id}/available_instances"
                 if parse_int(tree.read_text(available), source=tree.describe(available)) > 0:
                     creatable.add(known.name)
-            vgpu, group = self._vgpu_on(vf, by_parent.get(vf.path, ()), types, notes)
-            vfs.append(VfReading(frozenset(creatable), vgpu, group))
+            vgpu, nodes = self._vgpu_on(vf, types, notes)
+            vfs.append(VfReading(frozenset(creatable), vgpu, nodes))
         if not exposes_types and not any(v.vgpu for v in vfs):
             return None
         return GpuReading(
@@ -97,50 +91,62 @@ class MdevReader:
             frl_config=d.frl_config,
         )
 
-    def _mdevs_by_parent(self) -> dict[str, list[MdevDevice]]:
-        """Every mdev on the host keyed by its parent's resolved path (read once per scan)."""
-        if self._by_parent is None:
-            tree = self._tree
-            try:
-                names = tree.list_dir(MDEV_DEVICES)
-            except FileNotFoundError:
-                names = []  # the mdev bus exists only once an mdev parent driver is loaded
-            by_parent: dict[str, list[MdevDevice]] = {}
-            for name in sorted(names):
-                if not is_mdev_uuid(name):
-                    continue
-                path = tree.resolve(f"{MDEV_DEVICES}/{name}")
-                by_parent.setdefault(posixpath.dirname(path), []).append(MdevDevice(name, path))
-            self._by_parent = by_parent
-        return self._by_parent
-
     def _vgpu_on(
-        self,
-        vf: VirtualFunction,
-        mdevs: list[MdevDevice] | tuple[()],
-        types: dict[str, VGPUType],
-        notes: list[str],
-    ) -> tuple[VGPU | None, str | None]:
-        if not mdevs:
-            return None, None
-        first, *others = mdevs
+        self, vf: VirtualFunction, types: dict[str, VGPUType], notes: list[str]
+    ) -> tuple[VGPU | None, DeviceNodes]:
+        """The vGPU on ``vf``: an mdev directory under it, live when the mdev bus lists it.
+
+        One under the VF that the bus no longer lists is a removal in progress: the kernel
+        unlinks an mdev from its bus before it waits for a VM to let go of it (``device_del``
+        → ``vfio_unregister_group_dev``), and keeps its directory until the VM does.
+        """
+        tree = self._tree
+        try:
+            names = sorted(n for n in tree.list_dir(vf.path) if is_mdev_uuid(n))
+        except FileNotFoundError:
+            _raise_if_gone(tree, vf.path)
+            names = []
+        live = [n for n in names if tree.exists(f"{MDEV_DEVICES}/{n}")]
+        # Not on the bus yet but with its remove file: still being created (the kernel adds the
+        # bus link after the directory). Not a vGPU until it is on the bus, as before.
+        removing = [n for n in names if n not in live and not tree.exists(f"{vf.path}/{n}/remove")]
+        if not live and not removing:
+            return None, DeviceNodes()
+        first, *others = live or removing
         if others:
             # The NVIDIA driver allows one vGPU per VF; the model holds one. Say so, loudly.
-            extra = ", ".join(m.uuid for m in others)
-            notes.append(f"VF {vf.address} has more than one mdev; ignoring {extra}")
-        group = self._iommu_group(first) if self._iommu_groups else None
-        return VGPU(uuid=first.uuid, type_name=self._type_name(vf, first, types, notes)), group
+            notes.append(f"VF {vf.address} has more than one mdev; ignoring {', '.join(others)}")
+        path = f"{vf.path}/{first}"
+        # Read always: a few links per vGPU; the hold probe and the device plugin need them.
+        nodes = device_nodes(tree, path)
+        if not live:
+            vgpu = VGPU(
+                uuid=first,
+                type_name=UNKNOWN_TYPE,
+                in_use=True,
+                holder=f"{UNKNOWN_HOLDER}: its removal waits for the process that holds it",
+                removing=True,
+            )
+            return vgpu, nodes
+        if removing:
+            notes.append(f"VF {vf.address}: the removal of {', '.join(removing)} is under way")
+        return VGPU(uuid=first, type_name=self._type_name(vf, first, path, types, notes)), nodes
 
     def _type_name(
-        self, vf: VirtualFunction, mdev: MdevDevice, types: dict[str, VGPUType], notes: list[str]
+        self,
+        vf: VirtualFunction,
+        uuid: str,
+        path: str,
+        types: dict[str, VGPUType],
+        notes: list[str],
     ) -> str:
         tree = self._tree
         try:
-            type_dir = tree.resolve(f"{mdev.path}/mdev_type")
+            type_dir = tree.resolve(f"{path}/mdev_type")
         except FileNotFoundError:
-            _raise_if_gone(tree, mdev.path)
-            notes.append(f"vGPU {mdev.uuid} on VF {vf.address} has no mdev_type link")
-            return "unknown"
+            _raise_if_gone(tree, path)
+            notes.append(f"vGPU {uuid} on VF {vf.address} has no mdev_type link")
+            return UNKNOWN_TYPE
         type_id = link_basename(type_dir)
         known = types.get(type_id)
         if known is not None:
@@ -151,20 +157,13 @@ class MdevReader:
         try:
             name = parse_type_name(tree.read_text(name_file), source=tree.describe(name_file))
         except FileNotFoundError:
-            _raise_if_gone(tree, mdev.path)
+            _raise_if_gone(tree, path)
             name = type_id
         notes.append(
-            f"vGPU {mdev.uuid} on VF {vf.address} has type {type_id} ({name}), "
+            f"vGPU {uuid} on VF {vf.address} has type {type_id} ({name}), "
             "which the VF does not list"
         )
         return name
-
-    def _iommu_group(self, mdev: MdevDevice) -> str | None:
-        try:
-            target = self._tree.read_link(f"{mdev.path}/iommu_group")
-        except FileNotFoundError:
-            return None  # not bound to a VFIO driver: no VM can have it open
-        return link_basename(target) if target else None
 
 
 def _raise_if_gone(tree: SysfsTree, path: str) -> None:

@@ -7,6 +7,7 @@ that cannot be parsed raises :class:`ObserveError` naming the file it came from 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -104,6 +105,22 @@ def virtfn_links(names: list[str]) -> list[tuple[int, str]]:
     found = [(i, n) for n in names if (i := virtfn_index(n)) is not None]
     found.sort()
     return found
+
+
+def parse_device_number(text: str, *, source: str = "<input>") -> int:
+    """A ``dev`` attribute, ``major:minor`` (``"238:0\n"``), as ``os.makedev`` gives it."""
+    major, sep, minor = text.strip().partition(":")
+    if not sep or not _DECIMAL.match(major) or not _DECIMAL.match(minor):
+        raise _fail(source, "expected a device number such as 238:0", text)
+    try:
+        return os.makedev(int(major), int(minor))
+    except (OverflowError, ValueError):
+        raise _fail(source, "device number out of range", text) from None
+
+
+def vfio_cdev_name(name: str) -> bool:
+    """Whether a ``vfio-dev/`` entry is a vfio cdev (``vfio3``: ``/dev/vfio/devices/vfio3``)."""
+    return name.startswith("vfio") and name[4:].isdigit()
 
 
 def is_mdev_uuid(name: str) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from reconciler.model import VGPU, ActionKind, Gpu, Noop, Vf
+from reconciler.model import UNKNOWN_HOLDER, VGPU, ActionKind, Gpu, Noop, Vf
 from reconciler.plan.offer import Offer, TypeFacts
 from reconciler.plan.uuids import vgpu_uuid
 
@@ -109,11 +109,7 @@ def diff_gpu(
             )
         )
         if have.in_use:
-            diff.blocked.append(
-                replace(
-                    remove, reason=f"VF {address} hosts {have.type_name}, {_in_use(have)}; {wanted}"
-                )
-            )
+            diff.blocked.append(replace(remove, reason=f"VF {address} {_held(have)}; {wanted}"))
             held.append(vf)
             if create is not None:
                 diff.blocked.append(replace(create, reason=_waits_for([vf])))
@@ -159,8 +155,7 @@ def _disable(gpu: Gpu, slots: tuple[Vf, ...], diff: GpuDiff) -> None:
             diff.blocked.append(
                 replace(
                     remove,
-                    reason=f"VF {address} hosts {have.type_name}, {_in_use(have)}; "
-                    "desired SR-IOV disabled",
+                    reason=f"VF {address} {_held(have)}; desired SR-IOV disabled",
                 )
             )
         else:
@@ -217,13 +212,28 @@ def _plain(step: Step) -> Step:
     return replace(step, params=params)
 
 
-def _in_use(vgpu: VGPU) -> str:
-    return f"in use by {vgpu.holder}" if vgpu.holder else "in use (holder unknown)"
+def _held(vgpu: VGPU) -> str:
+    """What a VF's in-use vGPU is, for the reason of a blocked step: ``hosts X, in use by Y``."""
+    if vgpu.removing:
+        return (
+            f"has vGPU {vgpu.uuid} being removed: the kernel waits for whatever holds it "
+            "(probably a VM vgpuctl cannot see) to let go"
+        )
+    unknown = f"{UNKNOWN_HOLDER}: "
+    if vgpu.holder.startswith(unknown):
+        return f"hosts {vgpu.type_name}, counted as in use: {vgpu.holder.removeprefix(unknown)}"
+    if vgpu.holder:
+        return f"hosts {vgpu.type_name}, in use by {vgpu.holder}"
+    return f"hosts {vgpu.type_name}, in use (holder unknown)"
 
 
 def _waits_for(vfs: Iterable[Vf]) -> str:
     names = ", ".join(
-        f"{vf.vgpu.type_name} on {vf.address} (in use)" for vf in vfs if vf.vgpu is not None
+        f"vGPU {vf.vgpu.uuid} on {vf.address} (a removal under way)"
+        if vf.vgpu.removing
+        else f"{vf.vgpu.type_name} on {vf.address} (in use)"
+        for vf in vfs
+        if vf.vgpu is not None
     )
     return f"waits for {names} to be removed"
 

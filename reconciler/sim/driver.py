@@ -88,13 +88,41 @@ def create_vgpu(state: SimState, tree: SysfsTree, *, vf: str, type_name: str, vg
     before = creatable(model, hosted)
     if state.interface == "mdev":
         group = state.allocate_group(vgpu_id)
-        state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, group)
-        tree.mdev(vf=vf, root_port=gpu.root_port, uuid=vgpu_id, vgpu_type=vgpu_type, group=group)
+        cdev = state.allocate_cdev(vgpu_id)
+        state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, group, cdev)
+        tree.mdev(
+            vf=vf,
+            root_port=gpu.root_port,
+            uuid=vgpu_id,
+            vgpu_type=vgpu_type,
+            group=group,
+            cdev=cdev,
+        )
     else:
         # A configured VF is handed to the VM whole: it keeps its own IOMMU group.
         state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, _vf_group(gpu, vf))
         tree.vfio_current(vf=vf, root_port=gpu.root_port, type_id=vgpu_type.type_id)
     _refresh(state, tree, gpu, model, before)
+
+
+def begin_removal(state: SimState, tree: SysfsTree, vgpu_id: str) -> None:
+    """A removal of a vGPU a VM holds has started: the kernel undoes what it can (its links
+    vanish) and waits for the VM; :func:`remove_vgpu` finishes it once the VM lets go."""
+    rec = state.vgpus.get(vgpu_id)
+    gpu = state.vf_owner(rec.vf) if rec is not None else None
+    if rec is None or gpu is None:
+        raise refusal(errno.ENODEV, f"no vGPU {vgpu_id}")
+    state.removing.add(vgpu_id)
+    if state.interface == "mdev":
+        tree.detach_mdev(
+            vf=rec.vf,
+            root_port=gpu.root_port,
+            uuid=vgpu_id,
+            vgpu_type=state.model_of(gpu).type_named(rec.type),
+            cdev=rec.cdev,
+        )
+        state.free_cdev(rec.cdev)
+        rec.cdev = None
 
 
 def remove_vgpu(
@@ -113,6 +141,8 @@ def remove_vgpu(
     before = creatable(model, state.hosted(gpu))
     del state.vgpus[vgpu_id]
     state.held.pop(vgpu_id, None)
+    state.hidden.discard(vgpu_id)
+    state.removing.discard(vgpu_id)
     if state.interface == "mdev":
         tree.drop_mdev(
             vf=rec.vf,
@@ -120,8 +150,10 @@ def remove_vgpu(
             uuid=vgpu_id,
             vgpu_type=model.type_named(rec.type),
             group=rec.iommu_group,
+            cdev=rec.cdev,
         )
         state.free_group(rec.iommu_group)
+        state.free_cdev(rec.cdev)
     else:
         tree.vfio_current(vf=rec.vf, root_port=gpu.root_port, type_id=0)
     if refresh:
@@ -157,6 +189,8 @@ def power_cycle(state: SimState, tree: SysfsTree) -> None:
         disable_vfs(state, tree, gpu, force=True)
     state.vgpus.clear()
     state.held.clear()
+    state.hidden.clear()
+    state.removing.clear()
     state.faults.writes = 0
     state.faults.sriov_manage = None
     state.faults.crash_after = None

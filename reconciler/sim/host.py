@@ -17,6 +17,7 @@ from typing import Any
 
 from reconciler.catalog import Catalog, default_catalog, long_profile_name
 from reconciler.model import PciAddress
+from reconciler.observe.holds import INIT_PID_NAMESPACE, current_pid_namespace
 from reconciler.sim import driver
 from reconciler.sim.kernel import SimHoldProbe, SimSysfsWriter
 from reconciler.sim.rules import (
@@ -145,7 +146,8 @@ def build_host(
     """Build a host in a given state straight from a spec (golden tests, benchmarks).
 
     ``spec``: ``{gpus: [{model, address?, sriov?: enabled|disabled, vgpus?: {VF index or
-    address: "NVIDIA A2-4Q" | {type, uuid?, held?, holder?}}}], interface?, extraDevices?}``.
+    address: "NVIDIA A2-4Q" | {type, uuid?, held?, holder?, hidden?}}}], interface?,
+    extraDevices?}``.
     ``sriov`` defaults to enabled when ``vgpus`` is given. A multi-GPU board entry covers the
     whole board: ``sriov`` applies to each GPU, an index key means a VF of its first GPU, an
     address key any VF of the board. vGPU UUIDs default to ``uuid5(NAMESPACE_URL, "sim/<VF>")``.
@@ -194,6 +196,7 @@ class _VgpuSpec:
     type_name: str
     uuid: str | None
     holder: str | None
+    hidden: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +259,7 @@ def _vgpu_spec(where: str, value: Any) -> _VgpuSpec:
         return _VgpuSpec(long_profile_name(value), None, None)
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: expected a profile name or {{type, uuid?, held?}}")
-    unknown = set(value) - {"type", "uuid", "held", "holder"}
+    unknown = set(value) - {"type", "uuid", "held", "holder", "hidden"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
     if not isinstance(value.get("type"), str):
@@ -271,12 +274,16 @@ def _vgpu_spec(where: str, value: Any) -> _VgpuSpec:
     if not isinstance(held, bool):
         raise ValueError(f"{where}.held: expected true or false")
     holder = value.get("holder")
-    if holder is not None and not held:
+    hidden = value.get("hidden", False)
+    if not isinstance(hidden, bool):
+        raise ValueError(f"{where}.hidden: expected true or false")
+    if (holder is not None or hidden) and not held:
         held = True
     return _VgpuSpec(
         long_profile_name(value["type"]),
         uuid,
         (str(holder) if holder is not None else DEFAULT_HOLDER) if held else None,
+        hidden,
     )
 
 
@@ -311,6 +318,8 @@ def _build_vgpu(
         raise ValueError(f"{where}: {spec.type_name}: {_reason(exc)}") from None
     if spec.holder is not None:
         state.held[vgpu_id] = spec.holder
+        if spec.hidden:
+            state.hidden.add(vgpu_id)
 
 
 def _reason(exc: OSError) -> str:
@@ -395,6 +404,7 @@ def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool)
         models={g.model.name: g.model for g in placed},
         gpus=[],
         devices=[],
+        pid_namespace=current_pid_namespace() or INIT_PID_NAMESPACE,
     )
     functions: list[tuple[PciAddress, str, str]] = [  # address, role, root port
         (rp, "root-port", "") for rp in root_ports.values()
@@ -537,21 +547,31 @@ def _vgpu_key(state: SimState, vgpu: str) -> str:
     return key
 
 
-def hold(directory: Path, uuid: str, *, holder: str = DEFAULT_HOLDER) -> None:
-    """A VM opens the vGPU: removing it (or disabling its GPU's VFs) now fails with EBUSY."""
+def hold(directory: Path, uuid: str, *, holder: str = DEFAULT_HOLDER, hidden: bool = False) -> None:
+    """A VM opens the vGPU: a write removing it now blocks until it is released (disabling its
+    GPU's VFs fails with EBUSY). ``hidden``: no hold probe can see this VM (its removal then
+    reaches the kernel, and blocks)."""
     root = _root_of(directory)
     with locked(root):
         state = load_state(root)
-        state.held[_vgpu_key(state, uuid)] = holder
+        key = _vgpu_key(state, uuid)
+        state.held[key] = holder
+        if hidden:
+            state.hidden.add(key)
+        else:
+            state.hidden.discard(key)
         save_state(root, state)
 
 
 def release(directory: Path, uuid: str) -> None:
-    """The VM lets go of the vGPU (nothing happens if it was not held)."""
+    """The VM lets go of the vGPU (nothing happens if it was not held); a blocked removal of
+    it then completes."""
     root = _root_of(directory)
     with locked(root):
         state = load_state(root)
-        state.held.pop(_vgpu_key(state, uuid), None)
+        key = _vgpu_key(state, uuid)
+        state.held.pop(key, None)
+        state.hidden.discard(key)
         save_state(root, state)
 
 

@@ -15,9 +15,11 @@ import errno
 import os
 import re
 import signal
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from reconciler.observe.holds import DeviceNodes, HolderScan, pid_namespace_blindness
 from reconciler.sim import driver
 from reconciler.sim.driver import refusal
 from reconciler.sim.state import STATE_DIR, SimState, load_state, locked, save_state
@@ -27,22 +29,46 @@ _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4
 UUID_LEN = 36
 
 
+#: How often a writer blocked on a held vGPU looks whether the holder let go.
+BLOCKED_POLL_SECONDS = 0.05
+#: A simulator concession: the kernel waits for ever, a simulated blocked writer gives up after
+#: this long (or as soon as its tree is gone), so no test leaves an immortal process behind.
+BLOCKED_LIMIT_SECONDS = 900.0
+
+
+class _WouldBlock(Exception):
+    """The write must wait until a VM lets go of the vGPU (raised with the host lock held)."""
+
+    def __init__(self, vgpu_id: str) -> None:
+        super().__init__(vgpu_id)
+        self.vgpu_id = vgpu_id
+
+
 class SimSysfsWriter:
     """Writes to a simulated sysfs tree, with the effects and errnos of the real kernel."""
 
-    def __init__(self, sysfs_root: Path) -> None:
+    def __init__(self, sysfs_root: Path, *, owner: int | None = None) -> None:
         self._root = Path(sysfs_root)
         self._root_real = os.path.realpath(self._root)
+        #: The process that asked for writes (an apply): a crash fault kills it, also when the
+        #: writes run in a writer process of its own (``apply.sysfs.BoundedWriter``).
+        self._owner = os.getpid() if owner is None else owner
 
     def write(self, path: str, value: str) -> None:
         """Write ``value`` to ``path`` (relative to the sysfs root); raise ``OSError`` like sysfs.
 
         Every call counts in ``stats()["writes"]``, refused ones too. A pending ``fail(writes=N)``
-        makes the write fail with EIO; a pending ``fail(crash_after=N)`` SIGKILLs this process
-        right after the Nth further successful change (the change itself is complete).
+        makes the write fail with EIO; a pending ``fail(crash_after=N)`` SIGKILLs the owning
+        process right after the Nth further successful change (the change itself is complete).
+
+        Removing a vGPU a VM holds blocks, as ``vfio_unregister_group_dev`` does: its links
+        vanish at once (the ``remove`` attribute too, so a second removal finds nothing to
+        write), the write returns once the holder lets go (``sim release``), and the vGPU is
+        gone then.
         """
         error: OSError | None = None
         crash = False
+        blocked: str | None = None
         with locked(self._root):
             state = load_state(self._root)
             state.counters["writes"] = state.counters.get("writes", 0) + 1
@@ -54,11 +80,39 @@ class SimSysfsWriter:
                 crash = changed and state.faults.change_made()
             except OSError as exc:
                 error = exc
+            except _WouldBlock as wait:
+                blocked = wait.vgpu_id
             save_state(self._root, state)
+        if blocked is not None:
+            crash = self._finish_removal(blocked)
         if crash:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(self._owner, signal.SIGKILL)
         if error is not None:
             raise error
+
+    def _finish_removal(self, vgpu_id: str) -> bool:
+        """Wait (without the lock) until nothing holds ``vgpu_id``, then remove it; True when
+        that was the change a crash fault waits for."""
+        deadline = time.monotonic() + BLOCKED_LIMIT_SECONDS
+        while True:
+            try:
+                state = load_state(self._root)
+            except OSError:
+                raise refusal(errno.ENODEV, f"vGPU {vgpu_id}: the simulated host is gone") from None
+            if vgpu_id not in state.held or vgpu_id not in state.vgpus:
+                break
+            if time.monotonic() >= deadline:
+                raise refusal(errno.EINTR, f"vGPU {vgpu_id}: gave up waiting for its holder")
+            time.sleep(BLOCKED_POLL_SECONDS)
+        with locked(self._root):
+            state = load_state(self._root)
+            crash = False
+            if vgpu_id in state.vgpus and vgpu_id not in state.held:
+                driver.remove_vgpu(state, SysfsTree(self._root), vgpu_id)
+                crash = state.faults.change_made()
+            state.removing.discard(vgpu_id)
+            save_state(self._root, state)
+        return crash
 
     def _resolve(self, path: str) -> list[str]:
         """The resolved path's parts below the root; PermissionError outside it, ENOENT, EISDIR."""
@@ -101,6 +155,9 @@ def _dispatch(
             raise refusal(errno.EINVAL, f"{shown}: expected 1, got {value!r}") from None
         if flag == 0:
             return False  # the kernel accepts 0 and does nothing
+        if parent in state.held:
+            driver.begin_removal(state, tree, parent)
+            raise _WouldBlock(parent)
         driver.remove_vgpu(state, tree, parent)
         return True
     if name == "vgpu_params" and parent == "nvidia" and grandparent in state.vgpus:
@@ -157,12 +214,24 @@ def _set_vfio_type(state: SimState, tree: SysfsTree, *, vf: str, value: str, sho
 
 
 class SimHoldProbe:
-    """Which vGPUs a simulated VM holds (``vgpuctl sim hold``); reads the state, never locks."""
+    """Which vGPUs a simulated VM holds (``vgpuctl sim hold``); reads the state, never locks.
 
-    def __init__(self, sysfs_root: Path) -> None:
+    Holders made with ``sim hold --hidden`` are invisible to it, as a VM in a PID namespace
+    vgpuctl cannot look into is to the ``/proc`` probe. Like that probe it is blind when
+    vgpuctl runs in another PID namespace than the one the host was built in.
+    """
+
+    def __init__(self, sysfs_root: Path, *, proc_root: Path = Path("/proc")) -> None:
         self._root = Path(sysfs_root)
+        self._proc_root = proc_root
 
-    def held(self, vgpus: Mapping[str, str | None]) -> dict[str, str]:
-        """Input: vGPU UUID (vfio: VF address) → IOMMU group or None; output: held ones → holder."""
-        holds = load_state(self._root).held
-        return {u: holds[u.lower()] for u in vgpus if u.lower() in holds}
+    def scan(self, vgpus: Mapping[str, DeviceNodes]) -> HolderScan:
+        """Input: vGPU UUID (vfio: VF address) → its device nodes; output: the visible holds."""
+        state = load_state(self._root)
+        held = {
+            u: state.held[u.lower()]
+            for u in vgpus
+            if u.lower() in state.held and u.lower() not in state.hidden
+        }
+        blind = pid_namespace_blindness(self._proc_root, host_namespace=state.pid_namespace)
+        return HolderScan(held=held, blind=blind)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reconciler.observe.holds import INIT_PID_NAMESPACE
 from reconciler.sim.rules import SimModel
 
 STATE_DIR = ".vgpuctl-sim"
@@ -69,6 +70,8 @@ class VgpuRecord:
     vf: str
     type: str  # type name
     iommu_group: int
+    #: The vfio cdev number N (``vfio-dev/vfioN``, ``/dev/vfio/devices/vfioN``); None: none.
+    cdev: int | None = None
 
 
 @dataclass(slots=True)
@@ -109,10 +112,20 @@ class SimState:
     vgpus: dict[str, VgpuRecord] = field(default_factory=dict)
     #: vGPU id → who holds it (a simulated VM).
     held: dict[str, str] = field(default_factory=dict)
+    #: Held vGPUs whose holder no probe can see (``sim hold --hidden``: a VM in a PID namespace
+    #: vgpuctl cannot look into). The kernel still waits for them.
+    hidden: set[str] = field(default_factory=set)
+    #: vGPUs whose removal is under way: a writer is blocked until the holder lets go.
+    removing: set[str] = field(default_factory=set)
+    #: The inode of the PID namespace the host was built in: the simulated host's processes
+    #: are visible from there only (``unshare --pid`` makes a probe blind, as on a real host).
+    pid_namespace: int = INIT_PID_NAMESPACE
     faults: Faults = field(default_factory=Faults)
     counters: dict[str, int] = field(default_factory=lambda: {"writes": 0, "sriovManageCalls": 0})
     #: IOMMU group number → the device (address or UUID) in it; the lowest free number is next.
     iommu_groups: dict[int, str] = field(default_factory=dict)
+    #: vfio cdev number → the device (UUID) it belongs to; the lowest free number is next.
+    cdevs: dict[int, str] = field(default_factory=dict)
 
     # --- look-ups -------------------------------------------------------------------------
 
@@ -163,6 +176,18 @@ class SimState:
     def free_group(self, number: int) -> None:
         self.iommu_groups.pop(number, None)
 
+    def allocate_cdev(self, owner: str) -> int:
+        """The lowest free vfio cdev number (the kernel's ``vfio.device_ida``)."""
+        n = 0
+        while n in self.cdevs:
+            n += 1
+        self.cdevs[n] = owner
+        return n
+
+    def free_cdev(self, number: int | None) -> None:
+        if number is not None:
+            self.cdevs.pop(number, None)
+
     # --- JSON -----------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
@@ -190,10 +215,13 @@ class SimState:
                 for d in self.devices
             ],
             "vgpus": {
-                vid: {"vf": r.vf, "type": r.type, "iommuGroup": r.iommu_group}
+                vid: {"vf": r.vf, "type": r.type, "iommuGroup": r.iommu_group, "cdev": r.cdev}
                 for vid, r in self.vgpus.items()
             },
             "held": dict(self.held),
+            "hidden": sorted(self.hidden),
+            "removing": sorted(self.removing),
+            "pidNamespace": self.pid_namespace,
             "faults": {
                 "writes": self.faults.writes,
                 "sriovManage": self.faults.sriov_manage,
@@ -201,6 +229,7 @@ class SimState:
             },
             "counters": dict(self.counters),
             "iommuGroups": {str(k): v for k, v in sorted(self.iommu_groups.items())},
+            "cdevs": {str(k): v for k, v in sorted(self.cdevs.items())},
         }
 
     @classmethod
@@ -228,10 +257,18 @@ class SimState:
                 for d in raw["devices"]
             ],
             vgpus={
-                vid: VgpuRecord(r["vf"], r["type"], int(r["iommuGroup"]))
+                vid: VgpuRecord(
+                    r["vf"],
+                    r["type"],
+                    int(r["iommuGroup"]),
+                    None if r.get("cdev") is None else int(r["cdev"]),
+                )
                 for vid, r in raw["vgpus"].items()
             },
             held={str(k): str(v) for k, v in raw["held"].items()},
+            hidden={str(v) for v in raw.get("hidden", [])},
+            removing={str(v) for v in raw.get("removing", [])},
+            pid_namespace=int(raw.get("pidNamespace", INIT_PID_NAMESPACE)),
             faults=Faults(
                 writes=int(faults.get("writes", 0)),
                 sriov_manage=faults.get("sriovManage"),
@@ -239,6 +276,7 @@ class SimState:
             ),
             counters={str(k): int(v) for k, v in raw["counters"].items()},
             iommu_groups={int(k): str(v) for k, v in raw["iommuGroups"].items()},
+            cdevs={int(k): str(v) for k, v in raw.get("cdevs", {}).items()},
         )
 
 

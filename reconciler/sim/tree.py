@@ -30,6 +30,8 @@ NVIDIA_DRIVER = "bus/pci/drivers/nvidia"
 MDEV_DRIVER = "bus/mdev/drivers/nvidia-vgpu-vfio"
 DRIVER_VERSION = "550.127.06"
 VGPU_CLASS = 0x030200  # 3D controller: how NVIDIA data-centre GPUs and their VFs report
+#: The vfio cdev's major number: dynamic on a real host (``vfio-dev`` in /proc/devices).
+VFIO_CDEV_MAJOR = 511
 
 
 def relative(link: str, target: str) -> str:
@@ -135,6 +137,7 @@ class SysfsTree:
             "bus/mdev/devices",
             MDEV_DRIVER,
             "class/mdev_bus",
+            "class/vfio-dev",
             "kernel/iommu_groups",
             "module/nvidia",
             "module/nvidia_vgpu_vfio",
@@ -308,8 +311,14 @@ class SysfsTree:
 
     # --- vGPUs ----------------------------------------------------------------------------
 
-    def mdev(self, *, vf: str, root_port: str, uuid: str, vgpu_type: SimType, group: int) -> None:
-        """Create an mdev: built in a hidden staging dir, renamed into place, then linked."""
+    def mdev(
+        self, *, vf: str, root_port: str, uuid: str, vgpu_type: SimType, group: int, cdev: int
+    ) -> None:
+        """Create an mdev: built in a hidden staging dir, renamed into place, then linked.
+
+        Its vfio cdev appears as ``vfio-dev/vfio<cdev>`` (kernels with
+        ``CONFIG_VFIO_DEVICE_CDEV``; opened as ``/dev/vfio/devices/vfio<cdev>``).
+        """
         vf_dir = device_dir(vf, root_port)
         mdev_dir = f"{vf_dir}/{uuid}"
         stage = self.abs(f"{vf_dir}/.{uuid}.new")
@@ -327,17 +336,51 @@ class SysfsTree:
         write_file(f"{stage}/remove", "", WO)
         os.mkdir(f"{stage}/nvidia")
         write_file(f"{stage}/nvidia/vgpu_params", "\n", RW)
+        os.makedirs(f"{stage}/vfio-dev/vfio{cdev}")
+        write_file(f"{stage}/vfio-dev/vfio{cdev}/dev", f"{VFIO_CDEV_MAJOR}:{cdev}\n", RO)
         os.rename(stage, self.abs(mdev_dir))
+        self.link(f"class/vfio-dev/vfio{cdev}", f"{mdev_dir}/vfio-dev/vfio{cdev}")
         self.iommu_group(group, uuid, mdev_dir)
         self.link(f"{type_dir}/devices/{uuid}", mdev_dir)
         self.link(f"{MDEV_DRIVER}/{uuid}", mdev_dir)
         self.link(f"bus/mdev/devices/{uuid}", mdev_dir)
 
+    def detach_mdev(
+        self, *, vf: str, root_port: str, uuid: str, vgpu_type: SimType | None, cdev: int | None
+    ) -> None:
+        """The first half of a removal, what the kernel has undone while the removal waits for
+        a VM to let go (``mdev_device_remove`` → ``device_del`` → ``vfio_unregister_group_dev``):
+        the ``remove`` attribute (self-removed), the ``mdev_type`` link and the type's
+        ``devices/`` link, the bus and driver links, the vfio cdev. What stays: the directory
+        under the VF, with its ``iommu_group`` link, until the removal completes."""
+        vf_dir = device_dir(vf, root_port)
+        mdev_dir = f"{vf_dir}/{uuid}"
+        self.unlink(f"{mdev_dir}/remove")
+        self.unlink(f"{mdev_dir}/mdev_type")
+        if vgpu_type is not None:
+            self.unlink(f"{vf_dir}/mdev_supported_types/{vgpu_type.mdev_type}/devices/{uuid}")
+        self.unlink(f"{mdev_dir}/subsystem")
+        self.unlink(f"bus/mdev/devices/{uuid}")
+        self.unlink(f"{MDEV_DRIVER}/{uuid}")
+        self.unlink(f"{mdev_dir}/driver")
+        if cdev is not None:
+            self.unlink(f"class/vfio-dev/vfio{cdev}")
+            self.rmtree(f"{mdev_dir}/vfio-dev")
+
     def drop_mdev(
-        self, *, vf: str, root_port: str, uuid: str, vgpu_type: SimType | None, group: int
+        self,
+        *,
+        vf: str,
+        root_port: str,
+        uuid: str,
+        vgpu_type: SimType | None,
+        group: int,
+        cdev: int | None,
     ) -> None:
         vf_dir = device_dir(vf, root_port)
         self.unlink(f"bus/mdev/devices/{uuid}")
+        if cdev is not None:
+            self.unlink(f"class/vfio-dev/vfio{cdev}")
         self.unlink(f"{MDEV_DRIVER}/{uuid}")
         if vgpu_type is not None:
             self.unlink(f"{vf_dir}/mdev_supported_types/{vgpu_type.mdev_type}/devices/{uuid}")

@@ -37,6 +37,8 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.observe import HoldProbe, SysfsTree
+from reconciler.observe.holds import DeviceNodes
+from reconciler.observe.interfaces import device_nodes
 from reconciler.observe.pci import PCI_DEVICES, find_vgpu_pfs
 
 MDEV_DEVICES = "bus/mdev/devices"
@@ -106,15 +108,23 @@ class HostSignature:
             mdevs = sorted(tree.list_dir(MDEV_DEVICES))
         except FileNotFoundError:
             mdevs = []  # no mdev bus: the mdev module is not loaded, so there are no vGPUs
-        groups: dict[str, str | None] = {}
+        nodes: dict[str, DeviceNodes] = {}
         for uuid in mdevs:
             device = tree.resolve(f"{MDEV_DEVICES}/{uuid}")
-            group = _link_name(tree, f"{device}/iommu_group")
-            groups[uuid] = group
-            digest.add("mdev", uuid, device, tree.read_link(f"{device}/mdev_type"), group)
-        if self._hold_probe is not None and groups:
-            held = self._hold_probe.held(groups)
-            digest.add("held", *sorted(f"{uuid}={holder}" for uuid, holder in held.items()))
+            nodes[uuid] = device_nodes(tree, device)
+            digest.add(
+                "mdev",
+                uuid,
+                device,
+                tree.read_link(f"{device}/mdev_type"),
+                nodes[uuid].group,
+                nodes[uuid].cdev,
+            )
+        openable = {uuid: n for uuid, n in nodes.items() if n.openable}
+        if self._hold_probe is not None and openable:
+            scan = self._hold_probe.scan(openable)
+            digest.add("held", *sorted(f"{uuid}={holder}" for uuid, holder in scan.held.items()))
+            digest.add("blind", scan.blind)
 
     def _pfs(self, pci: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         if self._pfs_of is None or self._pfs_of[0] != pci:
@@ -122,14 +132,6 @@ class HostSignature:
             found = tuple((str(pf.address), pf.path) for pf in find_vgpu_pfs(self._tree))
             self._pfs_of = (pci, found)
         return self._pfs_of[1]
-
-
-def _link_name(tree: SysfsTree, rel: str) -> str | None:
-    try:
-        target = tree.read_link(rel)
-    except FileNotFoundError:
-        return None
-    return target.rsplit("/", 1)[-1] if target else None
 
 
 def cluster_signature(api: ClusterApi, *, node: str, kubevirt_namespace: str | None = None) -> str:

@@ -278,6 +278,7 @@ def measure_rescan(work: Path) -> dict[str, Any]:
     """One idle rescan (the host fingerprint) beside a full observation, in process."""
     from reconciler.catalog import default_catalog
     from reconciler.observe import ProcfsHoldProbe, observe_host
+    from reconciler.observe.holds import DeviceNodes
     from reconciler.sim import build_host
     from reconciler.watch.signature import HostSignature
     from tests.bench.run import _l40s_spec
@@ -317,11 +318,14 @@ def measure_rescan(work: Path) -> dict[str, Any]:
         }
     # The /proc scan for holders, as on a real host (not found: every process is read).
     probe = ProcfsHoldProbe()
-    groups = {f"00000000-0000-0000-0000-{i:012d}": str(90000 + i) for i in range(48)}
+    nodes = {
+        f"00000000-0000-0000-0000-{i:012d}": DeviceNodes(group=str(90000 + i), cdev=f"vfio{i}")
+        for i in range(48)
+    }
     processes = sum(1 for e in os.listdir("/proc") if e.isdigit())
     out["proc_hold_probe"] = {
         "processes": processes,
-        "scan_s": round(_median_time(lambda: probe.held(groups), repeat=20), 6),
+        "scan_s": round(_median_time(lambda: probe.scan(nodes), repeat=20), 6),
         "note": "part of a rescan only when a cluster is configured (CR status shows holders)",
     }
     return out

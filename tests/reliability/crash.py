@@ -37,6 +37,7 @@ from reconciler.model import ActionKind, Plan
 from reconciler.observe import observe_host
 from reconciler.plan import plan_node
 from reconciler.sim import SimHost, build_host
+from tests.holds import asked
 from tests.reliability.generators import CATALOG, draw_examples, has_work, host_and_desired
 from tests.reliability.hosts import (
     Findings,
@@ -209,7 +210,7 @@ def run_case(case: Case, directory: Path) -> Result:
     before = read_truth(node.sysfs_root, gpus)
     sim = SimHost.open(node.sysfs_root)
     assert sim is not None
-    held = before.held(sim.hold_probe().held({v.uuid: None for v in before.vgpus}))
+    held = before.held(sim.hold_probe().scan(asked(*(v.uuid for v in before.vgpus))).held)
     result.holds = len(held)
     unmanaged_before = {g: before.snapshot(g) for g in unmanaged}
 

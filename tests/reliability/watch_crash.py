@@ -54,6 +54,7 @@ from hypothesis import strategies as st
 
 from reconciler.model import ActionKind
 from reconciler.sim import SimHost, build_host
+from tests.holds import asked
 from tests.reliability.crash import plan_in_process
 from tests.reliability.generators import (
     CATALOG,
@@ -345,7 +346,7 @@ class _Run:
         sim = SimHost.open(self.node.sysfs_root)
         assert sim is not None
         truth = read_truth(self.node.sysfs_root, self.gpus)
-        self.held = truth.held(sim.hold_probe().held({v.uuid: None for v in truth.vgpus}))
+        self.held = truth.held(sim.hold_probe().scan(asked(*(v.uuid for v in truth.vgpus))).held)
         self.result.holds = len(self.held)
 
     def arm(self) -> None:

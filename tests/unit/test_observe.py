@@ -18,6 +18,7 @@ import pytest
 from reconciler.catalog import default_catalog
 from reconciler.model import VGPU, Interface, Inventory, ObserveError, PciAddress
 from reconciler.observe import HoldProbe, SysfsChangedError, SysfsTree, observe_host
+from reconciler.observe.holds import DeviceNodes, HolderScan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "inventory.schema.json"
@@ -358,13 +359,15 @@ def test_second_mdev_on_one_vf_is_reported(host: HostTree) -> None:
 
 
 class RecordingProbe:
-    def __init__(self, holders: dict[str, str]) -> None:
+    def __init__(self, holders: dict[str, str], *, blind: str | None = None) -> None:
         self.holders = holders
-        self.asked: dict[str, str | None] = {}
+        self.blind = blind
+        self.asked: dict[str, DeviceNodes] = {}
 
-    def held(self, vgpus: Mapping[str, str | None]) -> dict[str, str]:
+    def scan(self, vgpus: Mapping[str, DeviceNodes]) -> HolderScan:
         self.asked = dict(vgpus)
-        return {u: h for u, h in self.holders.items() if u in vgpus}
+        held = {u: h for u, h in self.holders.items() if u in vgpus}
+        return HolderScan(held=held, blind=self.blind)
 
 
 def test_hold_probe_is_asked_with_iommu_groups_and_marks_vgpus_in_use(host: HostTree) -> None:
@@ -373,19 +376,102 @@ def test_hold_probe_is_asked_with_iommu_groups_and_marks_vgpus_in_use(host: Host
     host.mdev(vfs[3], UUID_2, "nvidia-751", group=48)
     probe = RecordingProbe({UUID_1: "pid 4242 (qemu-system-x86)"})
     a2 = observe(host, hold_probe=probe).gpus[0]
-    assert probe.asked == {UUID_1: "45", UUID_2: "48"}
+    assert probe.asked == {UUID_1: DeviceNodes(group="45"), UUID_2: DeviceNodes(group="48")}
     assert a2.vfs[0].vgpu == VGPU(
         UUID_1, "NVIDIA A2-4Q", True, "pid 4242 (qemu-system-x86)", iommu_group="45"
     )
     assert a2.vfs[3].vgpu == VGPU(UUID_2, "NVIDIA A2-4A", iommu_group="48")
 
 
-def test_vgpu_without_iommu_group_is_asked_about_as_none(host: HostTree) -> None:
+def test_the_probe_is_told_the_cdev_and_the_device_numbers(host: HostTree) -> None:
+    """On kernels with the vfio cdev, the mdev lists ``vfio-dev/vfioN``; ``dev`` files give
+    the nodes' numbers (the group's through ``class/vfio/<group>``)."""
     vfs = host.gpu(A2, vfs=1)
-    (host.mdev(vfs[0], UUID_1, "nvidia-746") / "iommu_group").unlink()
+    d = host.mdev(vfs[0], UUID_1, "nvidia-746", group=106)
+    (d / "vfio-dev" / "vfio3").mkdir(parents=True)
+    (d / "vfio-dev" / "vfio3" / "dev").write_text("511:3\n")
+    (host.root / "class/vfio/106").mkdir(parents=True)
+    (host.root / "class/vfio/106/dev").write_text("238:0\n")
     probe = RecordingProbe({})
     observe(host, hold_probe=probe)
-    assert probe.asked == {UUID_1: None}
+    assert probe.asked == {
+        UUID_1: DeviceNodes(
+            group="106",
+            cdev="vfio3",
+            numbers=frozenset({os.makedev(238, 0), os.makedev(511, 3)}),
+        )
+    }
+
+
+def test_vgpu_without_a_device_node_is_not_asked_about(host: HostTree) -> None:
+    """No iommu_group link, no cdev: no VFIO driver bound, so no VM can have it open."""
+    vfs = host.gpu(A2, vfs=1)
+    (host.mdev(vfs[0], UUID_1, "nvidia-746") / "iommu_group").unlink()
+    probe = RecordingProbe({}, blind="cannot see")
+    vgpu = observe(host, hold_probe=probe).gpus[0].vfs[0].vgpu
+    assert probe.asked == {}
+    assert vgpu == VGPU(UUID_1, "NVIDIA A2-4Q")
+
+
+def test_a_blind_probe_makes_every_vgpu_in_use_by_an_unknown_holder(host: HostTree) -> None:
+    """Fail closed: a holder the probe cannot see would lose its GPU to a removal."""
+    vfs = host.gpu(A2, vfs=4)
+    host.mdev(vfs[0], UUID_1, "nvidia-746", group=45)
+    host.mdev(vfs[3], UUID_2, "nvidia-751", group=48)
+    why = "vgpuctl runs in PID namespace 4026532179, not the host's (4026531836)"
+    probe = RecordingProbe({UUID_2: "pid 77 (qemu-kvm)"}, blind=why)
+    inventory = observe(host, hold_probe=probe)
+    a2 = inventory.gpus[0]
+    assert a2.vfs[0].vgpu == VGPU(
+        UUID_1,
+        "NVIDIA A2-4Q",
+        in_use=True,
+        holder=f"unknown: cannot see the host's processes ({why})",
+        iommu_group="45",
+    )
+    # A holder the probe did see is still named.
+    assert a2.vfs[3].vgpu == VGPU(
+        UUID_2, "NVIDIA A2-4A", in_use=True, holder="pid 77 (qemu-kvm)", iommu_group="48"
+    )
+    assert any("cannot see every process of the host" in n for n in inventory.notes)
+
+
+def test_the_unsafe_flag_trusts_a_blind_probe_and_says_so(host: HostTree) -> None:
+    vfs = host.gpu(A2, vfs=1)
+    host.mdev(vfs[0], UUID_1, "nvidia-746", group=45)
+    probe = RecordingProbe({}, blind="cannot read /proc/self/ns/pid: No such file or directory")
+    inventory = observe_host(
+        host.root,
+        node="harvester-kgd9c",
+        catalog=default_catalog(),
+        hold_probe=probe,
+        assume_no_hidden_holders=True,
+    )
+    assert inventory.gpus[0].vfs[0].vgpu == VGPU(UUID_1, "NVIDIA A2-4Q", iommu_group="45")
+    assert inventory.notes == (
+        "holders not fully checked (cannot read /proc/self/ns/pid: No such file or directory): "
+        "assumed that no process vgpuctl cannot see holds a vGPU "
+        "(--unsafe-assume-no-hidden-holders)",
+    )
+
+
+def test_an_mdev_the_bus_no_longer_lists_is_a_removal_under_way(host: HostTree) -> None:
+    """The kernel unlinks an mdev (bus link, type link, remove file) before it waits for the VM
+    that holds it; the directory under the VF stays until the VM lets go."""
+    vfs = host.gpu(A2, vfs=2)
+    d = host.mdev(vfs[1], UUID_1, "nvidia-746", group=45)
+    (host.root / "bus/mdev/devices" / UUID_1).unlink()
+    (d / "mdev_type").unlink()
+    (d / "remove").unlink()
+    vgpu = observe(host, hold_probe=RecordingProbe({})).gpus[0].vfs[1].vgpu
+    assert vgpu == VGPU(
+        UUID_1,
+        "unknown",
+        in_use=True,
+        holder="unknown: its removal waits for the process that holds it",
+        iommu_group="45",
+        removing=True,
+    )
 
 
 def test_without_a_probe_nothing_is_in_use(host: HostTree) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from reconciler.sim import SimHost, build_host
+from tests.holds import asked
 
 PF = "0000:08:00.0"
 HELD = "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee"
@@ -61,7 +62,7 @@ def test_the_seed_node_is_built_as_specified(tmp_path: Path) -> None:
     assert mdev_of(host, "0000:08:00.4") == (default, "NVIDIA A2-4Q")
     assert mdev_of(host, "0000:08:01.1") == (HELD, "NVIDIA A2-4A")
     assert mdev_of(host, "0000:08:00.5") is None
-    assert host.hold_probe().held({default: None, HELD: "40"}) == {HELD: "simulated VM"}
+    assert host.hold_probe().scan(asked(default, HELD)).held == {HELD: "simulated VM"}
     types = host.sysfs_root / "bus/pci/devices/0000:08:00.5/mdev_supported_types"
     open_types = {
         (d / "name").read_text().strip()
@@ -141,7 +142,7 @@ def test_vfio_spec_uses_the_vf_as_the_vgpu(tmp_path: Path) -> None:
     )
     current = host.sysfs_root / "bus/pci/devices/0000:08:00.5/nvidia/current_vgpu_type"
     assert current.read_text() == "745\n"
-    assert host.hold_probe().held({"0000:08:00.5": None}) == {"0000:08:00.5": "simulated VM"}
+    assert host.hold_probe().scan(asked("0000:08:00.5")).held == {"0000:08:00.5": "simulated VM"}
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim import SimHost, build_host, fail, hold, init_host, reboot
+from tests.holds import asked
 
 PF = "0000:08:00.0"
 VF0, VF1 = "0000:08:00.4", "0000:08:00.5"
@@ -265,6 +266,6 @@ def test_hold_survives_nothing_but_reboot(tmp_path: Path) -> None:
     host = build_host(tmp_path, {"gpus": [{"model": "A2", "address": PF, "vgpus": {0: "A2-4Q"}}]})
     uuid = os.listdir(host.sysfs_root / "bus/mdev/devices")[0]
     hold(host.directory, uuid)
-    assert host.hold_probe().held({uuid: None}) == {uuid: "simulated VM"}
+    assert host.hold_probe().scan(asked(uuid)).held == {uuid: "simulated VM"}
     reboot(host.directory)
-    assert host.hold_probe().held({uuid: None}) == {}
+    assert host.hold_probe().scan(asked(uuid)).held == {}

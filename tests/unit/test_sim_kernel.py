@@ -6,12 +6,15 @@ import errno
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from reconciler.sim import SimHost, hold, init_host, release
+from reconciler.sim import SimHoldProbe, SimHost, hold, init_host, release
+from tests.holds import asked
 
 PF = "0000:08:00.0"
 VF0, VF1, VF2, VF3, VF4 = (
@@ -166,16 +169,70 @@ def test_a_uuid_in_use_anywhere_is_eexist(a2: SimHost) -> None:
     assert not (vf_dir(a2, VF1) / U0).exists()
 
 
-def test_removing_a_held_vgpu_is_ebusy_until_released(a2: SimHost) -> None:
+def test_removing_a_held_vgpu_blocks_until_it_is_released(a2: SimHost) -> None:
+    """As vfio_unregister_group_dev: the write does not fail, it waits for the VM to let go.
+
+    The kernel unlinks the mdev first (bus and type links, its remove file: a second removal
+    finds nothing to write), keeps its directory and IOMMU group until the VM lets go, then
+    the write returns and the vGPU is gone."""
     create(a2, VF0, "NVIDIA A2-4Q", U0)
     hold(a2.directory, U0)
-    assert errno_of(a2, f"bus/mdev/devices/{U0}/remove", "1") == errno.EBUSY
-    assert (vf_dir(a2, VF0) / U0).is_dir()
-    assert a2.hold_probe().held({U0: "7", U1: None}) == {U0: "simulated VM"}
+    writer = threading.Thread(
+        target=a2.writer().write, args=(f"bus/mdev/devices/{U0}/remove", "1"), daemon=True
+    )
+    writer.start()
+    mdev = vf_dir(a2, VF0) / U0
+    deadline = time.monotonic() + 10
+    while (a2.sysfs_root / "bus/mdev/devices" / U0).is_symlink():
+        assert time.monotonic() < deadline, "the removal never started"
+        time.sleep(0.01)
+    writer.join(0.3)
+    assert writer.is_alive(), "the write returned while a VM holds the vGPU"
+    assert mdev.is_dir()
+    assert (mdev / "iommu_group").is_symlink()
+    assert not (mdev / "mdev_type").exists()
+    assert not (mdev / "remove").exists()
+    type_dir = vf_dir(a2, VF0) / "mdev_supported_types" / type_ids(a2)["NVIDIA A2-4Q"]
+    assert not list((type_dir / "devices").iterdir())
+    assert errno_of(a2, f"bus/mdev/devices/{U0}/remove", "1") == errno.ENOENT
+    assert errno_of(a2, f"bus/pci/devices/{VF0}/{U0}/remove", "1") == errno.ENOENT
+    assert a2.hold_probe().scan(asked(U0, U1)).held == {U0: "simulated VM"}
     release(a2.directory, U0)
-    assert a2.hold_probe().held({U0: "7"}) == {}
-    a2.writer().write(f"bus/mdev/devices/{U0}/remove", "1")
+    writer.join(10)
+    assert not writer.is_alive()
+    assert not mdev.exists()
+    assert a2.hold_probe().scan(asked(U0)).held == {}
+    assert "NVIDIA A2-2Q" in available(a2, VF1)  # the GPU is empty again: any size fits
+
+
+def test_a_hidden_holder_is_invisible_to_the_probe_but_not_to_the_kernel(a2: SimHost) -> None:
+    create(a2, VF0, "NVIDIA A2-4Q", U0)
+    hold(a2.directory, U0, hidden=True)
+    assert a2.hold_probe().scan(asked(U0)).held == {}
+    writer = threading.Thread(
+        target=a2.writer().write, args=(f"bus/mdev/devices/{U0}/remove", "1"), daemon=True
+    )
+    writer.start()
+    writer.join(0.5)
+    assert writer.is_alive(), "the kernel does not care whether vgpuctl saw the holder"
+    release(a2.directory, U0)
+    writer.join(10)
     assert not (vf_dir(a2, VF0) / U0).exists()
+
+
+def test_the_probe_is_blind_outside_the_namespace_the_host_was_built_in(
+    a2: SimHost, tmp_path: Path
+) -> None:
+    """A /proc of another PID namespace (a fake one here) cannot show the host's VMs."""
+    fake_proc = tmp_path / "proc"
+    (fake_proc / "self" / "ns").mkdir(parents=True)
+    (fake_proc / "self" / "ns" / "pid").write_text("")
+    create(a2, VF0, "NVIDIA A2-4Q", U0)
+    scan = SimHoldProbe(a2.sysfs_root, proc_root=fake_proc).scan(asked(U0))
+    mine = os.stat(fake_proc / "self" / "ns" / "pid").st_ino
+    assert scan.blind is not None
+    assert f"PID namespace {mine}" in scan.blind
+    assert a2.hold_probe().scan(asked(U0)).blind is None  # this test's own /proc: the same
 
 
 def test_hold_of_an_unknown_vgpu_is_a_clear_error(a2: SimHost) -> None:
@@ -277,9 +334,9 @@ def test_vfio_current_vgpu_type_creates_and_clears(a2_vfio: SimHost) -> None:
     assert (a2_vfio.sysfs_root / current).read_text() == "746\n"
     assert creatable_ids(a2_vfio, VF0) == []
     assert creatable_ids(a2_vfio, VF1) == ["746", "751", "754"]  # the 4 GB types
-    assert a2_vfio.hold_probe().held({VF0: None}) == {}
+    assert a2_vfio.hold_probe().scan(asked(VF0)).held == {}
     hold(a2_vfio.directory, VF0)
-    assert a2_vfio.hold_probe().held({VF0: None}) == {VF0: "simulated VM"}
+    assert a2_vfio.hold_probe().scan(asked(VF0)).held == {VF0: "simulated VM"}
     assert errno_of(a2_vfio, current, "0") == errno.EBUSY
     release(a2_vfio.directory, VF0)
     w.write(current, "0")
