@@ -19,7 +19,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reconciler.apply.errors import DeviceBusyError, HostChangedError, VerificationError
+from reconciler.apply.errors import (
+    DeviceBusyError,
+    DriverRefusedError,
+    HostChangedError,
+    VerificationError,
+)
 from reconciler.apply.journal import RUN_KIND, Journal, Phase
 from reconciler.apply.ports import HostDriver
 from reconciler.model import (
@@ -202,6 +207,19 @@ def _gpu(action: Action) -> PciAddress:
     )
 
 
+def _check_nvidia_bound(ctx: _Context, gpu: PciAddress) -> None:
+    """Refuse to run sriov-manage on a PF another driver has: ``sriov-manage -e`` unbinds it
+    (DOMAIN.md §2), and a GPU bound to vfio-pci is a VM's whole GPU. The planner never plans
+    that; this guards against a plan that does anyway."""
+    driver = ctx.driver.pf_driver(gpu)
+    if driver != "nvidia":
+        bound = f"bound to {driver}" if driver else "bound to no driver"
+        raise DriverRefusedError(
+            f"{gpu} is {bound}, not nvidia: it is passed through whole or reserved; "
+            "sriov-manage is not run on it"
+        )
+
+
 class _EnableStep:
     def __init__(self, action: Action) -> None:
         self.gpu = _gpu(action)
@@ -215,6 +233,7 @@ class _EnableStep:
         return ctx.driver.num_vfs(self.gpu), len(ctx.driver.vf_addresses(self.gpu))
 
     def precheck(self, ctx: _Context) -> str | None:
+        _check_nvidia_bound(ctx, self.gpu)
         num, links = self._seen(ctx)
         if num == links == self.want:
             return f"already enabled ({num} VFs)"
@@ -253,6 +272,7 @@ class _DisableStep:
         return ctx.driver.num_vfs(self.gpu), len(ctx.driver.vf_addresses(self.gpu))
 
     def precheck(self, ctx: _Context) -> str | None:
+        _check_nvidia_bound(ctx, self.gpu)
         if self._seen(ctx) == (0, 0):
             return "already disabled"
         # Disabling destroys every vGPU on the GPU; the plan removes them first, so one still

@@ -212,6 +212,13 @@ class MdevDriver:
             raise ApplyError(f"{gpu} has no sriov_numvfs: it is not an SR-IOV device")
         return self._read.integer(f"{pf}/sriov_numvfs")
 
+    def pf_driver(self, gpu: PciAddress) -> str:
+        link = f"bus/pci/devices/{gpu}/driver"
+        if not self._read.exists(link):
+            self._read.check_root()
+            return ""
+        return self._read.link_name(link)
+
     def vf_addresses(self, gpu: PciAddress) -> list[PciAddress]:
         pf = f"bus/pci/devices/{gpu}"
         # Sort by the number, not the name: a glob order puts virtfn10 before virtfn2.
@@ -228,7 +235,15 @@ class MdevDriver:
         return out
 
     def vgpu_parent_ready(self, vf: PciAddress) -> bool:
-        return bool(self._read.entries(f"bus/pci/devices/{vf}/mdev_supported_types"))
+        if self._read.entries(f"bus/pci/devices/{vf}/mdev_supported_types"):
+            return True
+        if self._read.exists(f"bus/pci/devices/{vf}/nvidia/creatable_vgpu_types"):
+            raise DriverRefusedError(
+                f"{vf} exposes NVIDIA's vendor-specific VFIO interface "
+                "(nvidia/creatable_vgpu_types), not mdev: vgpuctl does not drive it yet, so no "
+                "vGPU was created (plan again: its changes show as blocked)"
+            )
+        return False
 
     def vgpu_on(self, vf: PciAddress) -> HostedVGPU | None:
         dev = f"bus/pci/devices/{vf}"

@@ -87,12 +87,21 @@ class HostDriver(Protocol):
         """``sriov_numvfs`` of the GPU (0 when SR-IOV is off)."""
         ...
 
+    def pf_driver(self, gpu: PciAddress) -> str:
+        """The driver bound to the GPU's PF (``nvidia``; ``vfio-pci`` when it is passed
+        through whole), "" when none is."""
+        ...
+
     def vf_addresses(self, gpu: PciAddress) -> list[PciAddress]:
         """The GPU's VFs from its ``virtfn<N>`` links, in numeric ``N`` order (index = position)."""
         ...
 
     def vgpu_parent_ready(self, vf: PciAddress) -> bool:
-        """Whether the VF shows the vGPU interface yet (it appears a moment after the VF)."""
+        """Whether the VF shows the vGPU interface yet (it appears a moment after the VF).
+
+        Raises ``ApplyError`` when the VF shows another interface, one this driver cannot
+        drive: waiting for it would be waiting for ever.
+        """
         ...
 
     def vgpu_on(self, vf: PciAddress) -> HostedVGPU | None:

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+#: ``<NVIDIA|GRID> <GPU>-[<slices>-]<GB><series>[<suffix>]`` (DOMAIN.md §4). The GPU part may be
+#: several words (``RTX Pro 6000 Blackwell DC``) and end in variant letters (``A100DX``,
+#: ``H100XM``); MIG-backed types carry a slice count and may end in a suffix (``CME``, ``CNOME``,
+#: ``CMEALL``, ``CGFX``). Anything else is still a valid name, carried opaque.
 _PROFILE_NAME = re.compile(
-    r"^(?P<vendor>NVIDIA|GRID) (?P<gpu>\S+?)-(?:(?P<slices>\d)-)?(?P<size>\d+)(?P<series>[ABCQ])$"
+    r"^(?P<vendor>NVIDIA|GRID) (?P<gpu>\S.*?)-(?:(?P<slices>\d+)-)?(?P<size>\d+)"
+    r"(?P<series>[ABCQ])(?P<suffix>[A-Z]*)$"
 )
+#: The prefixes a driver puts before a profile name: the same profile, depending on the branch.
+VENDOR_PREFIXES = ("NVIDIA ", "GRID ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +61,15 @@ class GpuModel:
     pci_ids: tuple[PciId, ...]
     framebuffer_mib: int
     vfs: int
-    vf_offset: int
+    #: ``sriov_offset``: VF 0 is at the PF's routing id + this. None: not seen on a real host,
+    #: so offline checks that need it are skipped (the host's own value is used at plan time).
+    vf_offset: int | None
     vf_stride: int
     gpus_per_board: int
     multi_vgpu_series: tuple[str, ...] | None  # None: not known
-    first_type_id: int
     profiles: tuple[Profile, ...]
+    #: The public captures this model's facts were checked against.
+    sources: tuple[str, ...] = ()
 
     def profile(self, name: str) -> Profile | None:
         for p in self.profiles:
@@ -81,9 +91,12 @@ class ParsedProfileName:
     size_gb: int
     series: str
     mig_slices: int = 0
+    suffix: str = ""  # "ME", "NOME", "MEALL", "GFX" after a MIG-backed type's series letter
 
 
 def parse_profile_name(name: str) -> ParsedProfileName | None:
+    """What the name says, or None for a shape this parser does not know (never an error: a
+    name the driver offers is valid whatever its shape, and is carried as it is)."""
     m = _PROFILE_NAME.match(name)
     if m is None:
         return None
@@ -93,15 +106,40 @@ def parse_profile_name(name: str) -> ParsedProfileName | None:
         size_gb=int(m["size"]),
         series=m["series"],
         mig_slices=int(m["slices"] or 0),
+        suffix=m["suffix"],
     )
 
 
 def long_profile_name(name: str) -> str:
     """``A2-4Q`` → ``NVIDIA A2-4Q``; names that already carry a vendor prefix are kept."""
     name = " ".join(name.split())
-    if name.startswith(("NVIDIA ", "GRID ")):
+    if name.startswith(VENDOR_PREFIXES):
         return name
     return f"NVIDIA {name}"
+
+
+def profile_body(name: str) -> str:
+    """A profile name without its vendor prefix: ``GRID A100-4C`` and ``A100-4C`` → ``A100-4C``.
+
+    Drivers print the prefix by branch (``GRID`` on the A100 family and older boards, ``NVIDIA``
+    elsewhere): the body is what identifies the profile.
+    """
+    name = " ".join(name.split())
+    for prefix in VENDOR_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def resolve_profile_name(name: str, known: Iterable[str]) -> str | None:
+    """The one name among ``known`` that is ``name``, whatever prefix either carries; None when
+    none is, or when several are (then nothing can be said)."""
+    name = " ".join(name.split())
+    body = profile_body(name)
+    found = {k for k in known if k == name or profile_body(k) == body}
+    if name in found:
+        return name
+    return next(iter(found)) if len(found) == 1 else None
 
 
 def _load_models(raw: Mapping[str, object]) -> tuple[GpuModel, ...]:
@@ -124,13 +162,13 @@ def _load_models(raw: Mapping[str, object]) -> tuple[GpuModel, ...]:
                 ),
                 framebuffer_mib=m["framebufferMiB"],
                 vfs=m["vfs"],
-                vf_offset=m["vfOffset"],
+                vf_offset=m.get("vfOffset"),
                 vf_stride=m["vfStride"],
                 gpus_per_board=m.get("gpusPerBoard", 1),
                 multi_vgpu_series=None
                 if m.get("multiVgpuSeries") is None
                 else tuple(m["multiVgpuSeries"]),
-                first_type_id=m.get("firstTypeId", 1),
+                sources=tuple(m.get("sources", [])),
                 profiles=tuple(
                     Profile(
                         name=p["name"],
@@ -156,10 +194,12 @@ class Catalog:
     def __init__(self, models: tuple[GpuModel, ...]) -> None:
         self.models = models
         self._by_profile: dict[str, tuple[GpuModel, Profile]] = {}
+        self._by_body: dict[str, str] = {}
         self._by_key: dict[str, GpuModel] = {}
         for m in models:
             for p in m.profiles:
                 self._by_profile[p.name] = (m, p)
+                self._by_body[profile_body(p.name)] = p.name
             for key in (m.name, m.short, *m.aliases):
                 self._by_key[_norm(key)] = m
 
@@ -197,7 +237,14 @@ class Catalog:
         return next(iter(candidates.values())) if len(candidates) == 1 else None
 
     def profile(self, name: str) -> tuple[GpuModel, Profile] | None:
+        """The profile of this exact name (see :meth:`spelled` for the catalogue's spelling)."""
         return self._by_profile.get(name)
+
+    def spelled(self, name: str) -> str | None:
+        """The catalogue's spelling of a profile written with any prefix or none
+        (``A100-4C`` → ``GRID A100-4C``); None when the catalogue does not know it."""
+        body = profile_body(name)
+        return self._by_body.get(body)
 
     def model_names(self) -> list[str]:
         return [m.name for m in self.models]

@@ -111,6 +111,8 @@ def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
         for g in n.gpus:
             vgpus += len(g.vgpus or {}) + sum((g.profiles or {}).values())
     files = ", ".join(desired.files)
+    for note in desired.notes:
+        _err(f"note: {note}")
     _out(
         f"{files}: valid ({len(desired.nodes)} node{'s' * (len(desired.nodes) != 1)}, "
         f"{gpus} GPU{'s' * (gpus != 1)}, {vgpus} vGPU{'s' * (vgpus != 1)})\n"
@@ -535,10 +537,14 @@ def _add_export(sub: Subparsers) -> argparse.ArgumentParser:
 def cmd_export(ns: argparse.Namespace, options: GlobalOptions) -> int:
     import yaml
 
-    from reconciler.cli.documents import export_document
+    from reconciler.cli.documents import export_document, unexportable
 
     inventory = Host(options).observe()
     doc = export_document(inventory, name=ns.name or inventory.node)
+    for gpu in inventory.gpus:
+        reason = unexportable(gpu)
+        if reason is not None:
+            _err(f"note: left out: {reason}")
     _out(
         f"# Exported by vgpuctl {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
         f"from node {inventory.node}\n"
@@ -572,6 +578,60 @@ def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
     return EXIT_CHANGES
 
 
+# ---------------------------------------------------------------- doctor
+
+
+def _add_doctor(sub: Subparsers) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "doctor",
+        help="check this node's preconditions, one line each with what to do",
+        description="Check what a vGPU node needs: the IOMMU on, the NVIDIA host driver loaded "
+        "(and its version), each GPU's vGPU side (mdev types or NVIDIA's vendor-specific "
+        "files) and bound driver (a GPU passed through whole is left alone), sriov-manage "
+        "runnable, the hold probe seeing every process of the host, and the kubelet's "
+        "device-plugin directory writable. Reads only. Exit 0 when every check holds, 1 "
+        "otherwise.",
+    )
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.set_defaults(handler=cmd_doctor)
+    return p
+
+
+def cmd_doctor(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.observe.doctor import CheckStatus, examine_node
+
+    host = Host(options)
+    report = examine_node(
+        sysfs_root=options.sysfs_root,
+        node=options.node,
+        catalog=host.catalog,
+        sriov_manage=host.sriov_manage_argv,
+        hold_probe=host.hold_probe(),
+        kubelet_dir=options.kubelet_dir,
+        kubelet_expected=host.has_cluster,
+    )
+    if ns.output == "json":
+        _out(json.dumps(report.to_json(), indent=2) + "\n")
+        return EXIT_OK if report.ok else EXIT_ERROR
+    style = _style(options)
+    marks = {
+        CheckStatus.OK: style.green("ok  "),
+        CheckStatus.FAIL: style.red("FAIL"),
+        CheckStatus.INFO: style.dim("info"),
+    }
+    width = max(len(c.name) for c in report.checks)
+    for check in report.checks:
+        _out(f"{marks[check.status]}  {check.name.ljust(width)}  {check.found}\n")
+        if check.status is CheckStatus.FAIL and check.fix:
+            _out(f"      {' ' * width}  → {check.fix}\n")
+    failed = sum(1 for c in report.checks if c.status is CheckStatus.FAIL)
+    if failed:
+        _out(f"\n{failed} of {len(report.checks)} checks failed on node {options.node}.\n")
+        return EXIT_ERROR
+    _out(f"\nNode {options.node} is ready for vGPUs ({len(report.checks)} checks).\n")
+    return EXIT_OK
+
+
 REGISTRY: tuple[Callable[[Subparsers], argparse.ArgumentParser], ...] = (
     _add_validate,
     _add_plan,
@@ -579,4 +639,5 @@ REGISTRY: tuple[Callable[[Subparsers], argparse.ArgumentParser], ...] = (
     _add_status,
     _add_export,
     _add_assert,
+    _add_doctor,
 )

@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.catalog import Catalog
-from reconciler.model import DesiredNode, Inventory, PciAddress, ValidationError
+from reconciler.model import (
+    UNKNOWN_TYPE,
+    DesiredNode,
+    Gpu,
+    Inventory,
+    PciAddress,
+    ValidationError,
+)
 
 API_VERSION = "vgpu.reconciler.dev/v1alpha1"
 KIND = "VGPUDesiredState"
@@ -44,9 +51,12 @@ def node_document(node: DesiredNode) -> dict[str, Any]:
 
 
 def export_document(inventory: Inventory, *, name: str) -> dict[str, Any]:
-    """What the host has now, as a desired state that plans to no changes."""
+    """What the host has now, as a desired state that plans to no changes. GPUs vgpuctl must
+    leave alone or cannot read fully are left out (:func:`unexportable` says why)."""
     gpus = []
     for g in inventory.gpus:
+        if unexportable(g) is not None:
+            continue
         entry: dict[str, Any] = {"address": str(g.address)}
         if g.model:
             entry["model"] = g.model
@@ -55,6 +65,24 @@ def export_document(inventory: Inventory, *, name: str) -> dict[str, Any]:
             entry["vgpus"] = {str(v.address): v.vgpu.type_name for v in g.vfs if v.vgpu}
         gpus.append(entry)
     return _document(name, {inventory.node: {"gpus": gpus}})
+
+
+def unexportable(gpu: Gpu) -> str | None:
+    """Why ``export`` leaves a GPU out: one vgpuctl must leave alone (passed through whole, no
+    vGPU VFs), one whose vGPUs it does not drive, or one in the middle of a change (a removal
+    under way, a vGPU whose type it cannot name). An empty layout would be a lie there."""
+    from reconciler.plan.guard import hands_off, not_drivable
+
+    reason = hands_off(gpu) or not_drivable(gpu)
+    if reason is not None:
+        return reason
+    for vf in gpu.vfs:
+        if vf.vgpu is not None and (vf.vgpu.removing or vf.vgpu.type_name == UNKNOWN_TYPE):
+            return (
+                f"GPU {gpu.address}: the vGPU on VF {vf.address} is being removed, or its type "
+                "is unknown"
+            )
+    return None
 
 
 def node_from_document(doc: object, catalog: Catalog, source: str) -> DesiredNode:

@@ -10,7 +10,18 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from reconciler.model import Action, ActionKind, Blocked, Inventory, PciAddress, Plan
+from reconciler.model import (
+    UNKNOWN_HOLDER,
+    VGPU,
+    Action,
+    ActionKind,
+    Blocked,
+    Gpu,
+    Interface,
+    Inventory,
+    PciAddress,
+    Plan,
+)
 from reconciler.model.cluster import object_name
 
 
@@ -249,7 +260,26 @@ def summary_line(plan: Plan) -> str:
     )
 
 
-STATUS_COLUMNS = ("NAME", "ADDRESS", "NODE NAME", "ENABLED", "UUID", "VGPUTYPE", "PARENTGPUDEVICE")
+STATUS_COLUMNS = (
+    "NAME",
+    "ADDRESS",
+    "NODE NAME",
+    "ENABLED",
+    "UUID",
+    "VGPUTYPE",
+    "PARENTGPUDEVICE",
+    "IN USE BY",
+)
+
+
+def _holder_cell(vgpu: VGPU | None) -> str:
+    if vgpu is None or not vgpu.in_use:
+        return ""
+    if vgpu.removing:
+        return "(being removed)"
+    if vgpu.holder.startswith(f"{UNKNOWN_HOLDER}:"):
+        return "unknown (see note)"
+    return vgpu.holder or "unknown"
 
 
 def status_rows(inventory: Inventory) -> list[tuple[str, ...]]:
@@ -265,6 +295,7 @@ def status_rows(inventory: Inventory) -> list[tuple[str, ...]]:
                     vf.vgpu.uuid if vf.vgpu else "",
                     vf.vgpu.type_name if vf.vgpu else "",
                     str(gpu.address),
+                    _holder_cell(vf.vgpu),
                 )
             )
     rows.sort(key=lambda r: r[0])
@@ -282,18 +313,31 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def status_table(inventory: Inventory) -> str:
-    """The seed's ``kubectl get vgpudevices`` table, one row per VF."""
+    """The seed's ``kubectl get vgpudevices`` table, one row per VF, and who holds each vGPU."""
     return table(STATUS_COLUMNS, status_rows(inventory))
 
 
 def gpu_summary(inventory: Inventory) -> str:
-    """One line per GPU, for stderr under the table."""
-    lines = []
-    for g in inventory.gpus:
-        used = sum(1 for v in g.vfs if v.vgpu)
-        sriov = f"SR-IOV on, {g.num_vfs} VFs" if g.sriov_enabled else "SR-IOV off"
-        lines.append(
-            f"GPU {g.address} {g.model or f'{g.vendor_id}:{g.device_id} (not in the catalogue)'}: "
-            f"{sriov}, {used} vGPUs"
-        )
-    return "\n".join(lines)
+    """One line per GPU, for stderr under the table: its state, and why vgpuctl would leave it
+    alone or could not drive it."""
+    return "\n".join(gpu_line(g) for g in inventory.gpus)
+
+
+def gpu_line(g: Gpu) -> str:
+    name = g.model or f"{g.vendor_id}:{g.device_id} (not in the catalogue)"
+    if g.driver != "nvidia":
+        bound = f"bound to {g.driver}" if g.driver else "bound to no driver"
+        return f"GPU {g.address} {name}: {bound}: passed through whole or reserved; left alone"
+    if not g.vgpu_vfs:
+        return f"GPU {g.address} {name}: SR-IOV without vGPU VFs (sriov_vf_device 0); left alone"
+    if not g.sriov_enabled:
+        return f"GPU {g.address} {name}: SR-IOV off"
+    used = sum(1 for v in g.vfs if v.vgpu)
+    held = sum(1 for v in g.vfs if v.vgpu and v.vgpu.in_use)
+    interface = {
+        Interface.MDEV: "mdev",
+        Interface.VFIO: "NVIDIA vendor-specific VFIO (read only: vgpuctl does not drive it yet)",
+        Interface.NONE: "no vGPU interface on its VFs",
+    }[g.interface]
+    in_use = f", {held} in use" if held else ""
+    return f"GPU {g.address} {name}: SR-IOV on, {g.num_vfs} VFs, {interface}, {used} vGPUs{in_use}"

@@ -46,7 +46,21 @@ def register(sub: Any) -> argparse.ArgumentParser:
         required=True,
         help="a GPU to install (repeat for more)",
     )
-    p.add_argument("--interface", choices=("mdev", "vfio"), default="mdev")
+    p.add_argument(
+        "--interface",
+        choices=("mdev", "vfio"),
+        default="mdev",
+        help="mdev (vGPU 16 and older, kernels before 6.8), or NVIDIA's vendor-specific VFIO "
+        "interface (vGPU 17+ on kernel 6.8+), which vgpuctl reports but does not drive yet",
+    )
+    p.add_argument(
+        "--passthrough",
+        metavar="ADDRESS",
+        action="append",
+        default=[],
+        help="bind the GPU at ADDRESS (given as MODEL@ADDRESS) to vfio-pci: passed through "
+        "whole to a VM; vgpuctl must leave it alone (repeat for more)",
+    )
     p.add_argument(
         "--no-extra-devices",
         action="store_true",
@@ -105,15 +119,13 @@ def _simulator_call(fn: Callable[..., object], *args: object, **kwargs: object) 
 def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.sim import init_host
 
-    if ns.interface != "mdev":
-        # The simulator can build vfio trees, but the observer and driver for that interface
-        # come with the nvidia-vfio issue: a tree nothing here can drive would only mislead.
-        raise UsageError(
-            "sim init --interface vfio: vgpuctl does not drive the vendor-specific VFIO "
-            "interface yet; use --interface mdev"
-        )
     _simulator_call(
-        init_host, ns.dir, ns.gpus, interface=ns.interface, extra_devices=not ns.no_extra_devices
+        init_host,
+        ns.dir,
+        ns.gpus,
+        interface=ns.interface,
+        extra_devices=not ns.no_extra_devices,
+        passthrough=ns.passthrough,
     )
     root = ns.dir / "sys"
     print(f"Simulated host ready in {ns.dir}. Drive it with:", file=sys.stderr)

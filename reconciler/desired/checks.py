@@ -13,7 +13,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from reconciler.catalog import Catalog, GpuModel, ParsedProfileName, Profile, parse_profile_name
+from reconciler.catalog import (
+    Catalog,
+    GpuModel,
+    ParsedProfileName,
+    Profile,
+    parse_profile_name,
+)
 from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
 from reconciler.desired.source import line_ref, problem_at
@@ -21,6 +27,8 @@ from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
 
 #: ``report(location, message)``: records one problem (at the GPU when the location is unknown).
 _Report = Callable[[SourceLocation | None, str], None]
+#: ``accept(location, what, hint)``: records a name the catalogue cannot vouch for.
+_Accept = Callable[[SourceLocation | None, str, str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +57,33 @@ class _Named:
         return self.entry.profile
 
 
-def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> list[Problem]:
-    """Every offline problem of one GPU, each at the line it concerns."""
+@dataclass(frozen=True, slots=True)
+class Unchecked:
+    """A name the catalogue does not know, accepted as written: the host decides at plan time."""
+
+    what: str  # "'NVIDIA RTX 5880 Ada-48C'", "model 'NVIDIA RTX 5880 Ada'"
+    location: SourceLocation
+    hint: str = ""  # "did you mean 'NVIDIA A2-4Q'?"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFindings:
+    problems: list[Problem]
+    unchecked: list[Unchecked]
+
+
+def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
+    """Every offline problem of one GPU, each at the line it concerns, and the names the
+    catalogue cannot vouch for (accepted: a driver may offer names no catalogue lists yet)."""
     gpu = entry.gpu
     problems: list[Problem] = []
+    unchecked: list[Unchecked] = []
 
     def report(location: SourceLocation | None, message: str) -> None:
         problems.append(problem_at(location or entry.location, message))
+
+    def accept(location: SourceLocation | None, what: str, hint: str = "") -> None:
+        unchecked.append(Unchecked(what, location or entry.location, hint))
 
     entries = [
         _Entry(key, profile, 1, entry.locations[key]) for key, profile in (gpu.vgpus or {}).items()
@@ -84,19 +112,21 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> list[Problem]:
     for e in entries:
         if isinstance(e.key, PciAddress) and e.key == gpu.address:
             report(e.location, f"{gpu.address} is the GPU itself (its physical function), not a VF")
+        if _misspelt_case(e, catalog=catalog, report=report):
+            continue
         parsed = parse_profile_name(e.profile)
         if parsed is not None:
             named.append(_Named(e, parsed))
             continue
+        # A shape this parser does not know: carried as it is, the host has the last word.
         suggestion = did_you_mean(e.profile, _all_profile_names(catalog))
-        hint = f"; did you mean '{suggestion}'?" if suggestion else ""
-        report(
+        accept(
             e.location,
-            f"'{entry.written.get(e.key, e.profile)}' is not a vGPU profile name: expected "
-            f"<GPU>-<size><series> such as NVIDIA A2-4Q{hint}",
+            f"'{entry.written.get(e.key, e.profile)}'",
+            f"did you mean '{suggestion}'?" if suggestion else "",
         )
 
-    model = _model(entry, catalog=catalog, report=report)
+    model = _model(entry, catalog=catalog, accept=accept)
     if model is not None:
         # ``model:`` is known: every profile must be for it.
         consistent = []
@@ -120,18 +150,43 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> list[Problem]:
                 f"({other.name.gpu}) and '{first.profile}' ({first.name.gpu}, "
                 f"{line_ref(first.location)}); a GPU hosts profiles of its own model only",
             )
-            return problems  # sizes and maxima of a mix of models would only repeat this
+            # Sizes and maxima of a mix of models would only repeat this.
+            return GpuFindings(problems, unchecked)
         if groups:
             model = catalog.model(named[0].name.gpu)
 
     _check_sizes(gpu.address, named, report=report)
     if model is not None:
-        _check_against_model(gpu.address, model, entries, named, report=report)
-    return problems
+        _check_against_model(gpu.address, model, entries, named, report=report, accept=accept)
+    elif named and catalog.model(named[0].name.gpu) is None:
+        for n in named:
+            accept(n.location, f"'{n.profile}'")
+    return GpuFindings(problems, unchecked)
 
 
-def _model(entry: GpuEntry, *, catalog: Catalog, report: _Report) -> GpuModel | None:
-    """The model ``model:`` names, reporting a name the catalogue does not know."""
+def _misspelt_case(e: _Entry, *, catalog: Catalog, report: _Report) -> bool:
+    """A catalogue name written in other letter case (``NVIDIA a2-4Q``): no driver prints one
+    of its names so, so this one is a slip of the keyboard, reported with the right spelling."""
+    if catalog.spelled(e.profile) is not None:
+        return False
+    folded = _folded_body(e.profile)
+    for name in _all_profile_names(catalog):
+        if _folded_body(name) == folded:
+            report(e.location, f"unknown profile '{e.profile}'; did you mean '{name}'?")
+            return True
+    return False
+
+
+def _folded_body(name: str) -> str:
+    """A name without any vendor prefix, in any case, for comparing spellings only."""
+    body = " ".join(name.split()).casefold()
+    for prefix in ("nvidia ", "grid "):
+        body = body.removeprefix(prefix)
+    return body
+
+
+def _model(entry: GpuEntry, *, catalog: Catalog, accept: _Accept) -> GpuModel | None:
+    """The model ``model:`` names; a name the catalogue does not know is accepted as such."""
     written = entry.gpu.model
     if written is None:
         return None
@@ -139,14 +194,10 @@ def _model(entry: GpuEntry, *, catalog: Catalog, report: _Report) -> GpuModel | 
     if model is None:
         names = [n for m in catalog.models for n in (m.name, m.short, *m.aliases)]
         suggestion = did_you_mean(written, names)
-        if suggestion is not None:
-            hint = f"did you mean '{suggestion}'?"
-        else:
-            hint = f"known: {', '.join(catalog.model_names())}"
-        report(
+        accept(
             entry.fields.get("model"),
-            f"unknown GPU model '{written}'; {hint} (leave model: out for a GPU the catalogue "
-            "does not list)",
+            f"model '{written}'",
+            f"did you mean '{suggestion}'?" if suggestion else "",
         )
     return model
 
@@ -184,6 +235,7 @@ def _check_against_model(
     named: list[_Named],
     *,
     report: _Report,
+    accept: _Accept,
 ) -> None:
     """VF indexes, VF identities, known profiles and per-GPU maxima, from the catalogue."""
     by_index: dict[PciAddress, _Entry] = {}
@@ -197,8 +249,10 @@ def _check_against_model(
                 f"(indexes 0..{model.vfs - 1})",
             )
             continue
+        if model.vf_offset is None:
+            continue  # where its VFs sit is not known offline: the host says at plan time
         try:
-            by_index[_vf_address(address, model, e.key)] = e
+            by_index[_vf_address(address, model.vf_offset, model.vf_stride, e.key)] = e
         except ValueError:  # beyond bus 0xff: no such VF, nothing to compare
             continue
     for e in entries:
@@ -218,12 +272,8 @@ def _check_against_model(
         if profile is not None:
             known.append((n.entry, profile))
             continue
-        suggestion = did_you_mean(n.profile, [p.name for p in model.profiles])
-        if suggestion and suggestion.casefold() == n.profile.casefold():
-            hint = f"; did you mean '{suggestion}'?"
-        else:
-            hint = f", which offers {_offer(model)}"
-        report(n.location, f"unknown profile '{n.profile}' for {model.name}{hint}")
+        # Catalogues lag drivers (L40S-3B came with vGPU 16): the host's list decides.
+        accept(n.location, f"'{n.profile}'", f"{model.name} is listed with {_offer(model)}")
 
     # The driver's max_instance counts per framebuffer size for time-sliced profiles (4A and 4Q
     # share the limit), per profile for MIG-backed ones.
@@ -271,10 +321,8 @@ def _check_against_model(
             return
 
 
-def _vf_address(address: PciAddress, model: GpuModel, index: int) -> PciAddress:
-    return PciAddress.from_routing_id(
-        address.domain, address.routing_id + model.vf_offset + index * model.vf_stride
-    )
+def _vf_address(address: PciAddress, offset: int, stride: int, index: int) -> PciAddress:
+    return PciAddress.from_routing_id(address.domain, address.routing_id + offset + index * stride)
 
 
 def _offer(model: GpuModel) -> str:

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from reconciler.catalog import Catalog
-from reconciler.desired.checks import gpu_problems
+from reconciler.desired.checks import Unchecked, gpu_problems
 from reconciler.desired.normalise import FileEntry, normalise
 from reconciler.desired.shape import shape_problems
 from reconciler.desired.source import Document, document_from_data, problem_at, read_document
@@ -128,6 +128,7 @@ def _combine(
 
     nodes: dict[str, DesiredNode] = {}
     defined: dict[tuple[str, PciAddress], SourceLocation] = {}
+    unchecked: list[Unchecked] = []
     for file in entries:
         for node in file.nodes:
             gpus: list[DesiredGpu] = []
@@ -140,7 +141,9 @@ def _combine(
                     problems.append(problem_at(gpu_entry.location, message))
                     continue
                 defined[(node.name, gpu.address)] = gpu_entry.location
-                problems.extend(gpu_problems(gpu_entry, catalog=catalog))
+                findings = gpu_problems(gpu_entry, catalog=catalog)
+                problems.extend(findings.problems)
+                unchecked.extend(findings.unchecked)
                 gpus.append(gpu)
             known = nodes.get(node.name)
             if known is None:
@@ -153,4 +156,21 @@ def _combine(
     if problems:
         return None, problems
     name = next((f.name for f in entries if f.name), "")
-    return Desired(name=name, nodes=MappingProxyType(nodes), files=files), []
+    notes = (unchecked_note(unchecked),) if unchecked else ()
+    return Desired(name=name, nodes=MappingProxyType(nodes), files=files, notes=notes), []
+
+
+def unchecked_note(unchecked: Sequence[Unchecked]) -> str:
+    """One line for every name the catalogue could not vouch for (said once, not per entry)."""
+    seen: dict[str, list[str]] = {}
+    for u in sorted(unchecked, key=lambda u: (u.location.file, u.location.line, u.location.column)):
+        where = str(u.location) if u.location.line else u.location.file
+        hint = f" ({u.hint})" if u.hint else ""
+        seen.setdefault(f"{u.what}{hint}", []).append(where)
+    count = len(seen)
+    lines = [
+        f"the catalogue does not know {count} name{'s' * (count != 1)}, accepted as written: "
+        f"plan checks {'them' if count != 1 else 'it'} against what the host offers"
+    ]
+    lines += [f"  {', '.join(places)}: {what}" for what, places in seen.items()]
+    return "\n".join(lines)

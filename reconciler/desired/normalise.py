@@ -1,7 +1,8 @@
 """Turn a schema-checked document into the model's desired-state values.
 
 Third stage of ``desired``: addresses parsed (and so lower-cased), short profile names made long
-(``A2-4Q`` → ``NVIDIA A2-4Q``), VF keys made a :class:`PciAddress` or an ``int`` index, ``sriov``
+as the catalogue spells them (``A2-4Q`` → ``NVIDIA A2-4Q``, ``A100-4C`` → ``GRID A100-4C``; a name
+it does not know gets ``NVIDIA``), VF keys made a :class:`PciAddress` or an ``int`` index, ``sriov``
 a bool, a known ``model:`` spelled as the catalogue names it (``A2`` → ``NVIDIA A2``, the name
 observed GPUs carry). Every GPU and entry keeps where it was written.
 
@@ -140,7 +141,7 @@ def _gpu(
                 first = line_ref(entry_locations[vf])
                 problems.append(problem_at(where, f"VF {vf} is given twice (first at {first})"))
                 continue
-            vgpus[vf] = long_profile_name(profile)
+            vgpus[vf] = catalog.spelled(profile) or long_profile_name(profile)
             written[vf] = profile
             entry_locations[vf] = where
     profiles: dict[str, int] | None = None
@@ -149,7 +150,7 @@ def _gpu(
         for written_name, count in raw["profiles"].items():
             entry_path = (*path, "profiles", written_name)
             where = document.location(entry_path, key=True)
-            long = long_profile_name(written_name)
+            long = catalog.spelled(written_name) or long_profile_name(written_name)
             if long in profiles:
                 first = line_ref(entry_locations[long])
                 problems.append(

@@ -23,6 +23,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.inventory import (
     UNKNOWN_HOLDER,
+    UNKNOWN_TYPE,
     VGPU,
     Gpu,
     Interface,
@@ -34,6 +35,7 @@ from reconciler.model.plan import Action, ActionKind, Blocked, Noop, Plan, Summa
 
 __all__ = [
     "UNKNOWN_HOLDER",
+    "UNKNOWN_TYPE",
     "VGPU",
     "Action",
     "ActionKind",

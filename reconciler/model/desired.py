@@ -1,7 +1,8 @@
 """The desired state after loading and normalising: per node, per GPU, per VF.
 
 Produced by ``desired`` from YAML (``schemas/desired-state.schema.json``). Profile names are
-already long (``NVIDIA A2-4Q``); VF keys are an address or an index. Every entry carries where it
+already long, spelt as the catalogue spells them (``NVIDIA A2-4Q``, ``GRID A100-4C``; the host's
+spelling wins at plan time); VF keys are an address or an index. Every entry carries where it
 was written, so a plan-time error can name the file, line and column.
 """
 
@@ -71,6 +72,8 @@ class Desired:
     name: str
     nodes: Mapping[str, DesiredNode]
     files: tuple[str, ...] = ()
+    #: What validation could not check offline and accepted (names the catalogue lacks).
+    notes: tuple[str, ...] = ()
 
     def node(self, name: str) -> DesiredNode | None:
         return self.nodes.get(name)

@@ -64,6 +64,8 @@ class VGPUType:
 #: How a holder starts when vgpuctl could not see who holds the vGPU, only that something may
 #: (``unknown: cannot see the host's processes (…why…)``): it counts as in use all the same.
 UNKNOWN_HOLDER = "unknown"
+#: The type of a vGPU whose type cannot be read (its type link is gone: a removal under way).
+UNKNOWN_TYPE = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +114,21 @@ class Gpu:
     vfs: tuple[Vf, ...] = ()
     #: The types the driver offers on this GPU's VFs (empty while SR-IOV is off).
     types: tuple[VGPUType, ...] = ()
+    #: The kernel driver bound to the PF: ``nvidia``, or another one (``vfio-pci``: the GPU is
+    #: passed through whole), or "" (none).
     driver: str = ""
+    #: ``sriov_vf_device``: the device id its VFs will have; ``0000`` when the GPU makes no vGPU
+    #: VFs (SR-IOV present but not for vGPU, a T4 say); "" when the file is absent.
+    vf_device: str = ""
 
     @property
     def sriov_enabled(self) -> bool:
         return self.num_vfs > 0
+
+    @property
+    def vgpu_vfs(self) -> bool:
+        """Whether this GPU's VFs can host vGPUs (``sriov_vf_device`` is not 0)."""
+        return self.vf_device != "0000"
 
     def type_named(self, name: str) -> VGPUType | None:
         for t in self.types:
@@ -197,12 +209,7 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
         "model": g.model,
         "interface": g.interface.value,
         "driver": g.driver,
-        "sriov": {
-            "totalVFs": g.total_vfs,
-            "numVFs": g.num_vfs,
-            "vfOffset": g.vf_offset,
-            "vfStride": g.vf_stride,
-        },
+        "sriov": _sriov_json(g),
         "vgpuTypes": [t.to_json() for t in g.types],
         "vfs": [
             {
@@ -215,6 +222,18 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
             for v in g.vfs
         ],
     }
+
+
+def _sriov_json(g: Gpu) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "totalVFs": g.total_vfs,
+        "numVFs": g.num_vfs,
+        "vfOffset": g.vf_offset,
+        "vfStride": g.vf_stride,
+    }
+    if g.vf_device:
+        doc["vfDevice"] = g.vf_device
+    return doc
 
 
 def _vgpu_json(vgpu: VGPU) -> dict[str, Any]:
@@ -257,6 +276,7 @@ def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
         model=raw.get("model"),
         interface=Interface(raw.get("interface", "none")),
         driver=str(raw.get("driver", "")),
+        vf_device=str(sriov.get("vfDevice", "")),
         total_vfs=int(sriov.get("totalVFs", 0)),
         num_vfs=int(sriov.get("numVFs", 0)),
         vf_offset=int(sriov.get("vfOffset", 0)),

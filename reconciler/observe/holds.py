@@ -68,6 +68,10 @@ class HoldProbe(Protocol):
         probe saw every process of the host (if not, :attr:`HolderScan.blind` says why)."""
         ...
 
+    def blindness(self) -> str | None:
+        """Why this probe would not see every process of the host; None when it would."""
+        ...
+
 
 def current_pid_namespace(proc_root: Path = Path("/proc")) -> int | None:
     """The inode of this process's PID namespace; None when ``/proc`` cannot tell."""
@@ -122,6 +126,13 @@ class ProcfsHoldProbe:
     ) -> None:
         self.proc_root = proc_root
         self.host_namespace = host_namespace
+
+    def blindness(self) -> str | None:
+        blind = pid_namespace_blindness(self.proc_root, host_namespace=self.host_namespace)
+        if blind is not None:
+            return blind
+        # Every process's open files must be readable: ask for all, about nothing in particular.
+        return self._scan({}, {}, total=-1).blind
 
     def scan(self, vgpus: Mapping[str, DeviceNodes]) -> HolderScan:
         by_path: dict[str, list[str]] = {}  # fd target → vGPU ids it holds
@@ -194,7 +205,10 @@ def _char_device(fd_path: str) -> int:
 
 def _uninspectable(pid: int, proc: str, exc: OSError) -> str:
     who = describe_holder(pid, _comm(f"{proc}/{pid}/comm"))
-    return f"cannot read the open files of {who}: {exc.strerror or exc} (run vgpuctl as root)"
+    return (
+        f"cannot read the open files of {who}: {exc.strerror or exc}; reading every process's "
+        "takes root with CAP_SYS_PTRACE (a privileged container)"
+    )
 
 
 def _comm(path: str) -> str | None:

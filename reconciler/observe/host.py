@@ -1,7 +1,7 @@
 """Observe one host: sysfs (and the hold probe) in, an :class:`Inventory` out.
 
-Composes the PF discovery (``pci.py``), the interface readers (``mdev.py``; a ``vfio.py`` is
-one more entry in :func:`_interface_readers`) and the hold probe (``holds.py``), and turns
+Composes the PF discovery (``pci.py``), the interface readers (``mdev.py``, and ``vfio.py`` for
+NVIDIA's vendor-specific interface, read only) and the hold probe (``holds.py``), and turns
 every OS error into one clear :class:`ObserveError` line. A device removed while we scan
 (``sriov-manage`` running concurrently) makes a file vanish: the scan is retried once, then
 reported.
@@ -20,6 +20,7 @@ from reconciler.observe.interfaces import GpuReading, InterfaceReader, VfReading
 from reconciler.observe.mdev import MdevReader
 from reconciler.observe.pci import PCI_DEVICES, PhysicalFunction, find_vgpu_pfs
 from reconciler.observe.sysfs import SysfsTree
+from reconciler.observe.vfio import VendorVfioReader
 
 #: vGPU id → the device nodes a VM could hold it through: what the hold probe is asked about.
 VgpuNodes = dict[str, DeviceNodes]
@@ -106,7 +107,7 @@ def _open_tree(sysfs_root: Path) -> SysfsTree:
 
 
 def _scan(tree: SysfsTree, *, node: str, catalog: Catalog) -> tuple[Inventory, VgpuNodes]:
-    readers = _interface_readers(tree)
+    readers = _interface_readers(tree, catalog)
     gpus: list[Gpu] = []
     notes: list[str] = []
     nodes: VgpuNodes = {}
@@ -128,9 +129,9 @@ def _scan(tree: SysfsTree, *, node: str, catalog: Catalog) -> tuple[Inventory, V
     return inventory, nodes
 
 
-def _interface_readers(tree: SysfsTree) -> tuple[InterfaceReader, ...]:
+def _interface_readers(tree: SysfsTree, catalog: Catalog) -> tuple[InterfaceReader, ...]:
     """One reader per host interface, asked in this order; the first that knows a GPU wins."""
-    return (MdevReader(tree),)
+    return (MdevReader(tree), VendorVfioReader(tree, catalog))
 
 
 def _read_interfaces(readers: tuple[InterfaceReader, ...], pf: PhysicalFunction) -> GpuReading:
@@ -140,9 +141,12 @@ def _read_interfaces(readers: tuple[InterfaceReader, ...], pf: PhysicalFunction)
             return reading
     notes: tuple[str, ...] = ()
     if pf.vfs:
-        # VFs exist but expose no interface we read: the driver is still binding them, or they
-        # use NVIDIA's vendor-specific VFIO interface, which this version does not read yet.
-        notes = ("VFs expose no mdev_supported_types: no vGPU types can be read",)
+        # VFs exist but expose neither interface: the vGPU manager is not running, or the VFs
+        # were enabled a moment ago and the driver has not set them up yet.
+        notes = (
+            "its VFs expose no vGPU interface (no mdev_supported_types, no "
+            "nvidia/creatable_vgpu_types): is the NVIDIA vGPU manager running?",
+        )
     return GpuReading(Interface.NONE, vfs=tuple(VfReading() for _ in pf.vfs), notes=notes)
 
 
@@ -173,6 +177,7 @@ def _gpu(pf: PhysicalFunction, reading: GpuReading, catalog: Catalog) -> Gpu:
         ),
         types=reading.types,
         driver=pf.driver,
+        vf_device=pf.vf_device,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 
-from reconciler.model import UNKNOWN_HOLDER, VGPU, Interface, VGPUType
+from reconciler.model import UNKNOWN_HOLDER, UNKNOWN_TYPE, VGPU, Interface, VGPUType
 from reconciler.observe.holds import DeviceNodes
 from reconciler.observe.interfaces import GpuReading, VfReading, device_nodes
 from reconciler.observe.parse import (
@@ -28,10 +28,6 @@ from reconciler.observe.sysfs import SysfsTree
 
 MDEV_DEVICES = "bus/mdev/devices"
 SUPPORTED_TYPES = "mdev_supported_types"
-
-
-#: The type of an mdev whose type link is gone (a removal under way, a broken tree).
-UNKNOWN_TYPE = "unknown"
 
 
 class MdevReader:

@@ -66,18 +66,14 @@ def is_gpu_class(pci_class: int) -> bool:
     return (pci_class >> 8) in GPU_CLASSES
 
 
-def is_nvidia_vgpu_pf(
-    vendor: str,
-    pci_class: int,
-    has_physfn: bool,
-    sriov_totalvfs: int | None,
-    sriov_vf_device: str | None,
+def is_nvidia_sriov_gpu(
+    vendor: str, pci_class: int, has_physfn: bool, sriov_totalvfs: int | None
 ) -> bool:
-    """Whether a PCI function is an NVIDIA GPU PF that can make SR-IOV vGPUs (DOMAIN.md §1).
+    """Whether a PCI function is an NVIDIA GPU PF with SR-IOV (DOMAIN.md §1).
 
-    ``sriov_totalvfs`` alone is not enough: a T4 reports 16 and never makes VFs. The driver
-    fills ``sriov_vf_device`` only where VFs can exist, which is what Harvester checks too.
-    ``None`` means the file is absent.
+    ``sriov_totalvfs`` alone does not prove it can make vGPU VFs (a T4 reports 16 and never
+    does): ``sriov_vf_device`` 0 says so, and such a GPU is listed to be left alone, as one
+    bound to another driver is. ``None`` means the file is absent.
     """
     return (
         vendor == NVIDIA_VENDOR_ID
@@ -85,8 +81,6 @@ def is_nvidia_vgpu_pf(
         and not has_physfn
         and sriov_totalvfs is not None
         and sriov_totalvfs > 0
-        and sriov_vf_device is not None
-        and int(sriov_vf_device, 16) != 0
     )
 
 
@@ -116,6 +110,32 @@ def parse_device_number(text: str, *, source: str = "<input>") -> int:
         return os.makedev(int(major), int(minor))
     except (OverflowError, ValueError):
         raise _fail(source, "device number out of range", text) from None
+
+
+#: The first line of ``nvidia/creatable_vgpu_types`` (NVIDIA's driver prints it exactly so).
+_CREATABLE_HEADER = re.compile(r"^ID\s*:\s*vGPU Name$")
+#: ``1147  : NVIDIA L40S-1Q`` (``"%-5d : %s"``): an id, a colon, the name (which may hold one).
+_CREATABLE_ENTRY = re.compile(r"^([0-9]+)\s*:\s*(\S.*?)\s*$")
+
+
+def parse_creatable_types(text: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """``nvidia/creatable_vgpu_types`` → ``[(type id, name)]`` in the driver's order, and the
+    lines that are neither the header nor an entry (reported, never silently dropped).
+
+    A header only (or nothing) means nothing can be created on the VF now.
+    """
+    entries: list[tuple[str, str]] = []
+    bad: list[str] = []
+    for number, raw in enumerate(text.splitlines()):
+        line = raw.strip()
+        if not line or (number == 0 and _CREATABLE_HEADER.match(line)):
+            continue
+        m = _CREATABLE_ENTRY.match(line)
+        if m is None:
+            bad.append(raw)
+            continue
+        entries.append((str(int(m[1])), " ".join(m[2].split())))
+    return entries, bad
 
 
 def vfio_cdev_name(name: str) -> bool:

@@ -12,7 +12,7 @@ from reconciler.model import ObserveError, PciAddress
 from reconciler.observe.parse import (
     NVIDIA_VENDOR_ID,
     is_gpu_class,
-    is_nvidia_vgpu_pf,
+    is_nvidia_sriov_gpu,
     link_basename,
     parse_class,
     parse_hex_id,
@@ -40,6 +40,7 @@ class PhysicalFunction:
     subsystem_vendor_id: str
     subsystem_device_id: str
     driver: str  # "" when no driver is bound
+    vf_device: str  # sriov_vf_device: "0000" when the GPU makes no vGPU VFs, "" when absent
     total_vfs: int
     num_vfs: int
     vf_offset: int
@@ -48,7 +49,12 @@ class PhysicalFunction:
 
 
 def find_vgpu_pfs(tree: SysfsTree) -> list[PhysicalFunction]:
-    """Every NVIDIA SR-IOV vGPU PF under ``bus/pci/devices``, sorted by address."""
+    """Every NVIDIA GPU PF with SR-IOV under ``bus/pci/devices``, sorted by address.
+
+    Also those that cannot host vGPUs as they are (bound to another driver: passed through
+    whole; ``sriov_vf_device`` 0): the planner must see them to leave them alone, with a reason,
+    rather than call them missing.
+    """
     found = []
     for name in tree.list_dir(PCI_DEVICES):
         if not PciAddress.is_valid(name):
@@ -66,15 +72,30 @@ def find_vgpu_pfs(tree: SysfsTree) -> list[PhysicalFunction]:
         entries = set(tree.list_dir(path))
         total_vfs = _int(tree, f"{path}/sriov_totalvfs") if "sriov_totalvfs" in entries else None
         vf_device = _hex(tree, f"{path}/sriov_vf_device") if "sriov_vf_device" in entries else None
-        if not is_nvidia_vgpu_pf(NVIDIA_VENDOR_ID, pci_class, False, total_vfs, vf_device):
+        if not is_nvidia_sriov_gpu(NVIDIA_VENDOR_ID, pci_class, False, total_vfs):
             continue
-        found.append(_read_pf(tree, PciAddress.parse(name), path, entries, total_vfs or 0))
+        found.append(
+            _read_pf(
+                tree,
+                PciAddress.parse(name),
+                path,
+                entries,
+                total_vfs=total_vfs or 0,
+                vf_device=vf_device or "",
+            )
+        )
     found.sort(key=lambda pf: pf.address)
     return found
 
 
 def _read_pf(
-    tree: SysfsTree, address: PciAddress, path: str, entries: set[str], total_vfs: int
+    tree: SysfsTree,
+    address: PciAddress,
+    path: str,
+    entries: set[str],
+    *,
+    total_vfs: int,
+    vf_device: str,
 ) -> PhysicalFunction:
     vfs = []
     for index, link in virtfn_links(list(entries)):
@@ -93,6 +114,7 @@ def _read_pf(
         if "subsystem_device" in entries
         else "",
         driver=link_basename(driver) if driver else "",
+        vf_device=vf_device,
         total_vfs=total_vfs,
         num_vfs=_int(tree, f"{path}/sriov_numvfs") if "sriov_numvfs" in entries else len(vfs),
         vf_offset=_int(tree, f"{path}/sriov_offset") if "sriov_offset" in entries else 0,

@@ -69,7 +69,10 @@ def check_gpu(
     *,
     inventory: Inventory,
     catalog: Catalog,
+    constraints: bool = True,
 ) -> GpuCheck:
+    """Check one desired GPU against the observed one; ``constraints`` False skips what the GPU
+    offers (profiles, sizes, maxima): for a GPU whose changes are blocked anyway."""
     problems: list[Problem] = []
     notes: list[str] = []
     label = offer.label
@@ -97,7 +100,7 @@ def check_gpu(
                 located(f"{label}: vGPUs are desired but sriov is disabled", desired.location)
             )
         return GpuCheck((), tuple(problems), tuple(notes))
-    if gpu.total_vfs == 0:
+    if gpu.total_vfs == 0 and constraints:
         problems.append(
             located(
                 f"{label} has no SR-IOV VFs (sriov_totalvfs is 0): it cannot host vGPUs",
@@ -115,6 +118,8 @@ def check_gpu(
             for name, count in sorted((desired.profiles or {}).items())
             if count > 0
         )
+    if not constraints:
+        return GpuCheck(wants, tuple(problems), tuple(notes))
     if wants and not offer.checked:
         when = (
             "the driver lists none"

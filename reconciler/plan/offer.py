@@ -8,10 +8,11 @@ catalogue does not know offers nothing checkable until SR-IOV is enabled.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 
-from reconciler.catalog import Catalog, GpuModel, parse_profile_name
-from reconciler.model import Gpu
+from reconciler.catalog import Catalog, GpuModel, parse_profile_name, resolve_profile_name
+from reconciler.model import DesiredGpu, Gpu
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,3 +119,40 @@ def offer_for(gpu: Gpu, catalog: Catalog) -> Offer:
         checked=bool(types),
         catalog=catalog,
     )
+
+
+def host_spelling(desired: DesiredGpu, gpu: Gpu, offer: Offer) -> DesiredGpu:
+    """``desired`` with each profile spelt as this GPU's driver spells it.
+
+    A driver prints a profile's prefix by branch (``GRID A100-4C`` on one, ``NVIDIA A100-4C`` on
+    another): the body names the profile. A name the GPU offers or hosts under another prefix is
+    rewritten to the GPU's spelling; one it does not know is left for the checks to report.
+    """
+    known = set(offer.types) | {vf.vgpu.type_name for vf in gpu.vfs if vf.vgpu is not None}
+
+    def spelt(name: str) -> str:
+        return resolve_profile_name(name, known) or name
+
+    if desired.vgpus:
+        vgpus = {key: spelt(name) for key, name in desired.vgpus.items()}
+        if vgpus == dict(desired.vgpus):
+            return desired
+        return replace(desired, vgpus=MappingProxyType(vgpus))
+    if desired.profiles:
+        profiles: dict[str, int] = {}
+        locations = dict(desired.entry_locations)
+        for name, count in desired.profiles.items():
+            host = spelt(name)
+            if host in profiles:  # two spellings of one profile: leave them for the checks
+                return desired
+            profiles[host] = count
+            if host != name and name in locations:
+                locations[host] = locations.pop(name)
+        if list(profiles) == list(desired.profiles):
+            return desired
+        return replace(
+            desired,
+            profiles=MappingProxyType(profiles),
+            entry_locations=MappingProxyType(locations),
+        )
+    return desired

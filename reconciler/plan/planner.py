@@ -37,7 +37,8 @@ from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
 from reconciler.plan.cluster import plan_cluster
 from reconciler.plan.diff import Step, diff_gpu
-from reconciler.plan.offer import Offer, gpu_label, offer_for
+from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
+from reconciler.plan.offer import Offer, gpu_label, host_spelling, offer_for
 from reconciler.plan.predict import predict_inventory
 from reconciler.plan.refresh import refresh_steps
 from reconciler.plan.render import render_with
@@ -151,11 +152,23 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
             problems.append(located(_not_on_host(desired, inventory, catalog), desired.location))
             continue
         offer = offer_for(gpu, catalog)
+        spelt = host_spelling(desired, gpu, offer)
         slots = vf_slots(gpu)
-        check = check_gpu(desired, gpu, slots, offer, inventory=inventory, catalog=catalog)
+        # A GPU vgpuctl may not (or cannot) act on gets its changes blocked, not checked
+        # against what it offers: only what the desired entry says of itself is checked.
+        actionable = hands_off(gpu) is None and not_drivable(gpu) is None
+        check = check_gpu(
+            spelt,
+            gpu,
+            slots,
+            offer,
+            inventory=inventory,
+            catalog=catalog,
+            constraints=actionable,
+        )
         problems.extend(check.problems)
         notes.extend(check.notes)
-        managed[gpu.address] = (desired, slots, offer, check.wants)
+        managed[gpu.address] = (spelt, slots, offer, check.wants)
     if problems:
         raise PlanError(
             f"the desired state of node {inventory.node} cannot be reached on this host "
@@ -186,6 +199,10 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
             offer=offer,
             node=inventory.node,
         )
+        if (reason := hands_off(gpu)) is not None:
+            diff = left_alone(gpu, diff, reason)
+        elif (reason := not_drivable(gpu)) is not None:
+            diff = blocked_all(diff, reason)
         plan.actions.extend(diff.actions)
         plan.blocked.extend(diff.blocked)
         plan.noops.extend(diff.noops)

@@ -80,7 +80,7 @@ def _enabled(gpu: Gpu, inventory: Inventory, catalog: Catalog) -> Gpu:
     if gpu.sriov_enabled:
         return gpu  # sriov-manage -e leaves a GPU that has VFs alone
     interface = _likely_interface(inventory)
-    types = gpu.types or _catalogue_types(gpu, catalog, interface)
+    types = gpu.types or _sibling_types(gpu, inventory) or _catalogue_types(gpu, catalog)
     vfs = tuple(Vf(gpu.predicted_vf_address(i), i) for i in range(gpu.total_vfs))
     return replace(gpu, num_vfs=gpu.total_vfs, vfs=vfs, types=types, interface=interface)
 
@@ -94,29 +94,37 @@ def _likely_interface(inventory: Inventory) -> Interface:
     return Interface.MDEV
 
 
-def _catalogue_types(gpu: Gpu, catalog: Catalog, interface: Interface) -> tuple[VGPUType, ...]:
+def _sibling_types(gpu: Gpu, inventory: Inventory) -> tuple[VGPUType, ...]:
+    """The types another GPU of the same PCI ids on this node offers: one driver serves the
+    node, so they are the same types under the same ids."""
+    for other in inventory.gpus:
+        same = (other.device_id, other.subsystem_device_id) == (
+            gpu.device_id,
+            gpu.subsystem_device_id,
+        )
+        if other.address != gpu.address and same and other.types:
+            return other.types
+    return ()
+
+
+def _catalogue_types(gpu: Gpu, catalog: Catalog) -> tuple[VGPUType, ...]:
+    """The catalogue's time-sliced profiles, with no type id: ids belong to the driver branch,
+    and show once SR-IOV is on (the plan's CR preview leaves them empty until then)."""
     entry = catalog_model(gpu, catalog)
     if entry is None:
         return ()
-    # Type ids as the driver numbers them: consecutive over every profile of the model (MIG ones
-    # too, though only time-sliced ones are offered while MIG mode is off).
-    types = []
-    for i, p in enumerate(entry.profiles):
-        if p.mig:
-            continue
-        number = entry.first_type_id + i
-        types.append(
-            VGPUType(
-                name=p.name,
-                type_id=f"nvidia-{number}" if interface is Interface.MDEV else str(number),
-                framebuffer_mib=p.framebuffer_mib,
-                max_instance=p.max_instances,
-                num_heads=p.num_heads,
-                max_resolution=p.max_resolution,
-                frl_config=p.frl_config,
-            )
+    return tuple(
+        VGPUType(
+            name=p.name,
+            type_id="",
+            framebuffer_mib=p.framebuffer_mib,
+            max_instance=p.max_instances,
+            num_heads=p.num_heads,
+            max_resolution=p.max_resolution,
+            frl_config=p.frl_config,
         )
-    return tuple(types)
+        for p in entry.time_sliced_profiles
+    )
 
 
 def _recount(gpu: Gpu, catalog: Catalog) -> Gpu:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ _ROOT_PORT = {"device": 0x347A, "class": 0x060400}
 _AUDIO = {"device": 0x228B, "class": 0x040300}
 _DRIVERS = (
     NVIDIA_DRIVER,
+    "bus/pci/drivers/vfio-pci",
     "bus/pci/drivers/pcieport",
     "bus/pci/drivers/ixgbe",
     "bus/pci/drivers/ixgbevf",
@@ -125,16 +126,30 @@ def init_host(
     *,
     interface: str = "mdev",
     extra_devices: bool = True,
+    passthrough: Sequence[str] = (),
     catalog: Catalog | None = None,
 ) -> SimHost:
     """Build ``DIR/sys`` and ``DIR/bin/sriov-manage`` for GPUs given as ``MODEL[@ADDRESS]``.
 
     SR-IOV starts disabled. A multi-GPU board (A16) is several GPUs on consecutive buses,
-    starting at the address given. Raises ValueError for an unknown model, a bad or duplicate
-    address, an unknown interface; FileExistsError if ``DIR/sys`` exists.
+    starting at the address given. The GPUs at the ``passthrough`` addresses (each given with
+    ``@ADDRESS``) are bound to ``vfio-pci``, as for a VM that has one whole. Raises ValueError
+    for an unknown model, a bad or duplicate address, an unknown interface; FileExistsError if
+    ``DIR/sys`` exists.
     """
     cat = catalog or default_catalog()
     requests = [_parse_gpu_arg(g, cat) for g in gpus]
+    whole = set()
+    for text in passthrough:
+        try:
+            whole.add(PciAddress.parse(text))
+        except ValueError as exc:
+            raise ValueError(f"passthrough address {text!r}: {exc}") from None
+    unknown = whole - {r.address for r in requests}
+    if unknown:
+        missing = ", ".join(str(a) for a in sorted(unknown))
+        raise ValueError(f"passthrough {missing}: no GPU given at that address (MODEL@ADDRESS)")
+    requests = [replace(r, driver="vfio-pci") if r.address in whole else r for r in requests]
     directory = Path(directory)
     _create_host(directory, requests, interface=interface, extra_devices=extra_devices)
     return SimHost(directory / "sys")
@@ -146,8 +161,9 @@ def build_host(
     """Build a host in a given state straight from a spec (golden tests, benchmarks).
 
     ``spec``: ``{gpus: [{model, address?, sriov?: enabled|disabled, vgpus?: {VF index or
-    address: "NVIDIA A2-4Q" | {type, uuid?, held?, holder?, hidden?}}}], interface?,
-    extraDevices?}``.
+    address: "NVIDIA A2-4Q" | {type, uuid?, held?, holder?, hidden?}}, driver?: vfio-pci,
+    vgpuVfs?: false}], interface?, extraDevices?}``. ``driver`` binds the PF to another driver
+    than nvidia (passed through whole); ``vgpuVfs: false`` makes its ``sriov_vf_device`` 0.
     ``sriov`` defaults to enabled when ``vgpus`` is given. A multi-GPU board entry covers the
     whole board: ``sriov`` applies to each GPU, an index key means a VF of its first GPU, an
     address key any VF of the board. vGPU UUIDs default to ``uuid5(NAMESPACE_URL, "sim/<VF>")``.
@@ -210,7 +226,7 @@ def _parse_gpu_entry(i: int, raw: Any, cat: Catalog) -> _GpuEntry:
     where = f"simulator spec gpus[{i}]"
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: expected a mapping with 'model'")
-    unknown = set(raw) - {"model", "address", "sriov", "vgpus"}
+    unknown = set(raw) - {"model", "address", "sriov", "vgpus", "driver", "vgpuVfs"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
     if "model" not in raw:
@@ -237,7 +253,15 @@ def _parse_gpu_entry(i: int, raw: Any, cat: Catalog) -> _GpuEntry:
     vgpus: list[tuple[int | PciAddress, _VgpuSpec]] = []
     for key, value in vgpus_raw.items():
         vgpus.append((_vf_key(f"{where}.vgpus", key), _vgpu_spec(f"{where}.vgpus[{key}]", value)))
-    return _GpuEntry(GpuRequest(model, address), sriov, tuple(vgpus))
+    driver = raw.get("driver", "nvidia")
+    if not isinstance(driver, str) or not driver.replace("-", "_").isidentifier():
+        raise ValueError(f"{where}.driver: expected a driver name such as vfio-pci")
+    vgpu_vfs = raw.get("vgpuVfs", True)
+    if not isinstance(vgpu_vfs, bool):
+        raise ValueError(f"{where}.vgpuVfs: expected true or false")
+    if (vgpus or sriov) and (driver != "nvidia" or not vgpu_vfs):
+        raise ValueError(f"{where}: only a GPU bound to nvidia with vGPU VFs can have them on")
+    return _GpuEntry(GpuRequest(model, address, driver, vgpu_vfs), sriov, tuple(vgpus))
 
 
 def _vf_key(where: str, key: Any) -> int | PciAddress:
@@ -418,6 +442,7 @@ def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool)
         functions.append((audio[0], "audio", str(root_ports[audio[1].address])))
 
     models = {g.address: g.model for g in placed}
+    by_address = {g.address: g for g in placed}
     groups: dict[PciAddress, int] = {}
     for address, role, rp in sorted(functions, key=lambda f: f[0]):
         if role == "audio" and audio is not None:
@@ -428,7 +453,17 @@ def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool)
             group = state.allocate_group(str(address))
         groups[address] = group
         if role == "gpu":
-            state.gpus.append(GpuRecord(str(address), models[address].name, rp, group))
+            g = by_address[address]
+            state.gpus.append(
+                GpuRecord(
+                    str(address),
+                    models[address].name,
+                    rp,
+                    group,
+                    driver=g.driver,
+                    vgpu_vfs=g.vgpu_vfs,
+                )
+            )
         else:
             state.devices.append(DeviceRecord(str(address), role, rp, group))
     return state
@@ -440,7 +475,14 @@ def _render(tree: SysfsTree, state: SimState) -> None:
         if d.role == "root-port":
             tree.function(_root_port(d))
     for g in state.gpus:
-        tree.gpu_pf(g.address, g.root_port, state.model_of(g), g.iommu_group)
+        tree.gpu_pf(
+            g.address,
+            g.root_port,
+            state.model_of(g),
+            g.iommu_group,
+            driver=g.driver,
+            vgpu_vfs=g.vgpu_vfs,
+        )
     nic = next((d for d in state.devices if d.role == "nic"), None)
     nic_vfs = [d for d in state.devices if d.role == "nic-vf"]
     if nic is not None:

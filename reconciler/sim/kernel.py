@@ -225,6 +225,10 @@ class SimHoldProbe:
         self._root = Path(sysfs_root)
         self._proc_root = proc_root
 
+    def blindness(self) -> str | None:
+        state = load_state(self._root)
+        return pid_namespace_blindness(self._proc_root, host_namespace=state.pid_namespace)
+
     def scan(self, vgpus: Mapping[str, DeviceNodes]) -> HolderScan:
         """Input: vGPU UUID (vfio: VF address) → its device nodes; output: the visible holds."""
         state = load_state(self._root)

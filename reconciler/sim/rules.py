@@ -15,6 +15,24 @@ from typing import Any
 from reconciler.catalog import GpuModel
 from reconciler.model import PciAddress
 
+#: Where the simulator starts numbering a model's vGPU types. Type ids belong to a driver branch,
+#: not to a GPU model (DOMAIN.md §4), so the catalogue has none and the simulator invents them;
+#: where a public capture shows one branch's ids, it starts where that branch does.
+TYPE_ID_BASES = {
+    "NVIDIA A2": 742,  # harvester/pcidevices' A2 capture: nvidia-742 (A2-1B) … 756
+    "NVIDIA A16": 709,
+    "NVIDIA A10": 588,
+    "NVIDIA L40S": 1145,  # harvester/pcidevices' L40S capture: 1145 (L40S-1B) …
+    "NVIDIA A100 40GB": 468,  # Open-ForBC's A100 capture: 468 (GRID A100-4C) …
+    "NVIDIA A100X": 457,
+    "NVIDIA A100 80GB": 692,
+    "NVIDIA A100DX": 615,
+}
+DEFAULT_TYPE_ID_BASE = 1000
+#: Where VF 0 sits for a model whose offset no real host has shown yet: function 4, as on every
+#: A-series and L40S host captured (DOMAIN.md §1).
+DEFAULT_VF_OFFSET = 4
+
 
 @dataclass(frozen=True, slots=True)
 class SimType:
@@ -89,11 +107,12 @@ class SimModel:
     def from_catalog(cls, model: GpuModel) -> SimModel:
         ids = model.pci_ids[0]
         device = int(ids.device, 16)
+        first_id = TYPE_ID_BASES.get(model.name, DEFAULT_TYPE_ID_BASE)
         # MIG-backed profiles are never offered: MIG mode is off on simulated GPUs. Ids still
         # count every catalogue profile, so an id names the same profile whatever is offered.
         types = tuple(
             SimType(
-                type_id=model.first_type_id + i,
+                type_id=first_id + i,
                 name=p.name,
                 framebuffer_mib=p.framebuffer_mib,
                 max_instance=p.max_instances,
@@ -112,7 +131,7 @@ class SimModel:
             subsystem_device=int(ids.subsystem_device or "0", 16),
             vf_device=device,
             vfs=model.vfs,
-            vf_offset=model.vf_offset,
+            vf_offset=model.vf_offset if model.vf_offset is not None else DEFAULT_VF_OFFSET,
             vf_stride=model.vf_stride,
             gpus_per_board=model.gpus_per_board,
             types=types,
@@ -248,6 +267,10 @@ class GpuRequest:
 
     model: SimModel
     address: PciAddress | None = None
+    #: The driver its PF is bound to: ``vfio-pci`` for a GPU passed through whole.
+    driver: str = "nvidia"
+    #: False: its ``sriov_vf_device`` reads 0 (SR-IOV, but it makes no vGPU VFs).
+    vgpu_vfs: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +278,8 @@ class PlacedGpu:
     model: SimModel
     address: PciAddress
     board: int  # index of the request that produced it
+    driver: str = "nvidia"
+    vgpu_vfs: bool = True
 
 
 def _board_addresses(first: PciAddress, count: int) -> list[PciAddress]:
@@ -305,7 +330,7 @@ def place_gpus(requests: Sequence[GpuRequest]) -> list[PlacedGpu]:
     for i, req in enumerate(requests):
         if req.address is not None:
             gpus = [
-                PlacedGpu(req.model, a, i)
+                PlacedGpu(req.model, a, i, req.driver, req.vgpu_vfs)
                 for a in _board_addresses(req.address, req.model.gpus_per_board)
             ]
             claim(gpus)
@@ -320,7 +345,7 @@ def place_gpus(requests: Sequence[GpuRequest]) -> list[PlacedGpu]:
                 continue
             if all((domain, bus + k) not in buses for k in range(n)):
                 gpus = [
-                    PlacedGpu(req.model, a, i)
+                    PlacedGpu(req.model, a, i, req.driver, req.vgpu_vfs)
                     for a in _board_addresses(PciAddress(domain, bus, 0, 0), n)
                 ]
                 claim(gpus)

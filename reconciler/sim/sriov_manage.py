@@ -2,8 +2,10 @@
 
 ``DIR/bin/sriov-manage`` (written by :func:`install_script`) runs :func:`main` on ``DIR/sys``.
 Like the real script: ``-e <addr|ALL>`` enables all VFs of a GPU at once and leaves a GPU that
-has VFs alone; ``-d <addr|ALL>`` disables them, removing the GPU's vGPUs first, and fails while a
-VM holds one; ``-r 0|1`` is accepted with ``-e``; messages follow the real script's wording.
+has VFs alone, does nothing (exit 0) for a GPU without vGPU VFs, and first unbinds a PF from any
+other driver it has (``vfio-pci`` included: a VM's whole GPU, so vgpuctl must never ask);
+``-d <addr|ALL>`` disables them, removing the GPU's vGPUs first, and fails while a VM holds one;
+``-r 0|1`` is accepted with ``-e``; messages follow the real script's wording.
 Injected faults (``fail(sriov_manage=…)``) make one call fail, exit 0 having done nothing (a
 driver bug seen in the field), or hang until killed.
 """
@@ -83,6 +85,16 @@ def _run(enable: bool, target: str, *, sysfs_root: Path, out: TextIO, err: TextI
                         if gpu.vfs:
                             print(f"GPU at {gpu.address} already has VFs enabled.", file=out)
                             continue
+                        if not gpu.vgpu_vfs:
+                            # No SR-IOV vGPU mode for this GPU: the script does nothing, exit 0.
+                            continue
+                        if gpu.driver != "nvidia":
+                            # As the real script: unbind from whatever driver it has (a VM's
+                            # vfio-pci included: nothing asks), bind nvidia, then enable.
+                            print(f"Unbinding {gpu.address} from {gpu.driver}", file=out)
+                            tree.rebind(gpu.address, gpu.root_port, old=gpu.driver, new="nvidia")
+                            gpu.driver = "nvidia"
+                            changed = True
                         print(f"Enabling VFs on {gpu.address}", file=out)
                         changed |= driver.enable_vfs(state, tree, gpu)
                     else:

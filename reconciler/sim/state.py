@@ -53,6 +53,10 @@ class GpuRecord:
     root_port: str
     iommu_group: int
     vfs: list[VfRecord] = field(default_factory=list)  # in virtfn order; empty: SR-IOV off
+    #: The driver bound to the PF: ``nvidia``, or ``vfio-pci`` for a GPU passed through whole.
+    driver: str = "nvidia"
+    #: False: ``sriov_vf_device`` reads 0, the GPU makes no vGPU VFs (a T4's SR-IOV).
+    vgpu_vfs: bool = True
 
 
 @dataclass(slots=True)
@@ -202,6 +206,8 @@ class SimState:
                     "rootPort": g.root_port,
                     "iommuGroup": g.iommu_group,
                     "vfs": [{"address": v.address, "iommuGroup": v.iommu_group} for v in g.vfs],
+                    "driver": g.driver,
+                    "vgpuVfs": g.vgpu_vfs,
                 }
                 for g in self.gpus
             ],
@@ -249,6 +255,8 @@ class SimState:
                     root_port=g["rootPort"],
                     iommu_group=int(g["iommuGroup"]),
                     vfs=[VfRecord(v["address"], int(v["iommuGroup"])) for v in g["vfs"]],
+                    driver=str(g.get("driver", "nvidia")),
+                    vgpu_vfs=bool(g.get("vgpuVfs", True)),
                 )
                 for g in raw["gpus"]
             ],

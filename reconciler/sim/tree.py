@@ -180,6 +180,13 @@ class SysfsTree:
         if pci_link:
             self.link(f"bus/pci/devices/{fn.address}", d)
 
+    def rebind(self, address: str, root_port: str, *, old: str, new: str) -> None:
+        """Unbind a function from driver ``old`` and bind it to ``new`` (driver names)."""
+        d = device_dir(address, root_port)
+        self.unlink(f"bus/pci/drivers/{old}/{address}")
+        self.link(f"{d}/driver", f"bus/pci/drivers/{new}")
+        self.link(f"bus/pci/drivers/{new}/{address}", d)
+
     def drop_function(self, fn_dir: str, address: str, driver: str) -> None:
         """Remove a function: links to it first, then its directory."""
         self.unlink(f"bus/pci/devices/{address}")
@@ -189,7 +196,18 @@ class SysfsTree:
 
     # --- GPUs -----------------------------------------------------------------------------
 
-    def gpu_pf(self, address: str, root_port: str, model: SimModel, iommu_group: int) -> None:
+    def gpu_pf(
+        self,
+        address: str,
+        root_port: str,
+        model: SimModel,
+        iommu_group: int,
+        *,
+        driver: str = "nvidia",
+        vgpu_vfs: bool = True,
+    ) -> None:
+        """A GPU's PF, bound to ``driver`` (``vfio-pci``: passed through whole);
+        ``vgpu_vfs`` False makes its ``sriov_vf_device`` 0 (SR-IOV, but no vGPU VFs)."""
         self.function(
             PciFunction(
                 address=address,
@@ -200,7 +218,7 @@ class SysfsTree:
                 subsystem_vendor=model.subsystem_vendor,
                 subsystem_device=model.subsystem_device,
                 revision=0xA1,
-                driver=NVIDIA_DRIVER,
+                driver=f"bus/pci/drivers/{driver}",
                 iommu_group=iommu_group,
                 files={
                     "sriov_totalvfs": (f"{model.vfs}\n", RO),
@@ -208,7 +226,7 @@ class SysfsTree:
                     "sriov_offset": (f"{model.vf_offset}\n", RO),
                     "sriov_stride": (f"{model.vf_stride}\n", RO),
                     # The kernel prints this one as bare hex ("%x"), unlike vendor/device.
-                    "sriov_vf_device": (f"{model.vf_device:x}\n", RO),
+                    "sriov_vf_device": (f"{model.vf_device if vgpu_vfs else 0:x}\n", RO),
                 },
             )
         )

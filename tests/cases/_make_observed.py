@@ -17,6 +17,7 @@ from pathlib import Path
 
 from reconciler.catalog import GpuModel, default_catalog, long_profile_name
 from reconciler.model import VGPU, Gpu, Interface, Inventory, PciAddress, Vf, VGPUType
+from reconciler.sim.rules import DEFAULT_TYPE_ID_BASE, DEFAULT_VF_OFFSET, TYPE_ID_BASES
 
 CASES = Path(__file__).parent
 NODE = "harvester-kgd9c"
@@ -48,7 +49,7 @@ def _types(model: GpuModel) -> tuple[VGPUType, ...]:
     return tuple(
         VGPUType(
             name=p.name,
-            type_id=f"nvidia-{model.first_type_id + i}",
+            type_id=f"nvidia-{TYPE_ID_BASES.get(model.name, DEFAULT_TYPE_ID_BASE) + i}",
             framebuffer_mib=p.framebuffer_mib,
             max_instance=p.max_instances,
             num_heads=p.num_heads,
@@ -74,7 +75,8 @@ def gpu(card: Card) -> Gpu:
         assert entry is not None, card.model
         pci = entry.pci_ids[0]
         ids = (pci.vendor, pci.device, pci.subsystem_vendor, pci.subsystem_device)
-        model_name, types, total, offset = entry.name, _types(entry), entry.vfs, entry.vf_offset
+        offset = entry.vf_offset if entry.vf_offset is not None else DEFAULT_VF_OFFSET
+        model_name, types, total = entry.name, _types(entry), entry.vfs
     base = Gpu(
         address=address,
         vendor_id=ids[0],

@@ -19,12 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.apply import Journal, MdevDriver, SubprocessRunner, execute
-from reconciler.catalog import GpuModel, default_catalog
+from reconciler.catalog import GpuModel, default_catalog, profile_body
 from reconciler.desired import load_desired
 from reconciler.model import PciAddress
 from reconciler.observe import observe_host
 from reconciler.plan import plan_node
 from reconciler.sim import SimHost, build_host
+from reconciler.sim.rules import SimModel
 
 NODE = "prop-node"
 CATALOG = default_catalog()
@@ -87,10 +88,12 @@ def scenario(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
                     if draw(st.booleans()):
                         key: Any = index
                     else:
-                        routing = pf.routing_id + model.vf_offset + index * model.vf_stride
+                        # Where the simulator puts the VF (the catalogue may not claim an offset).
+                        sim = SimModel.from_catalog(model)
+                        routing = pf.routing_id + sim.vf_offset + index * sim.vf_stride
                         key = str(PciAddress.from_routing_id(pf.domain, routing))
                     short = draw(st.booleans())
-                    vgpus[key] = name.removeprefix("NVIDIA ") if short else name
+                    vgpus[key] = profile_body(name) if short else name
                 entry["vgpus"] = vgpus
         desired_gpus.append(entry)
     desired = {

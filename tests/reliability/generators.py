@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from reconciler.catalog import GpuModel, default_catalog
 from reconciler.model import PciAddress
+from reconciler.sim.rules import SimModel
 from tests.property.test_converge import gpu_config
 
 CATALOG = default_catalog()
@@ -33,8 +34,9 @@ T = TypeVar("T")
 
 def vf_address(pf: str, model: GpuModel, index: int) -> str:
     """The address of VF ``index`` of the GPU at ``pf`` (as the simulator places it)."""
+    sim = SimModel.from_catalog(model)
     base = PciAddress.parse(pf)
-    routing = base.routing_id + model.vf_offset + index * model.vf_stride
+    routing = base.routing_id + sim.vf_offset + index * sim.vf_stride
     return str(PciAddress.from_routing_id(base.domain, routing))
 
 
@@ -101,7 +103,7 @@ def desired_gpu(draw: st.DrawFn, address: str, model: GpuModel) -> dict[str, Any
             for index, profile in want:
                 key: Any = index if draw(st.booleans()) else vf_address(address, model, index)
                 short = draw(st.booleans())
-                vgpus[key] = profile.removeprefix("NVIDIA ") if short else profile
+                vgpus[key] = profile.split(" ", 1)[1] if short else profile
             entry["vgpus"] = vgpus
     return entry
 

@@ -535,8 +535,13 @@ def run_cases(
     return [r for r in done if r is not None]
 
 
-def long_name(profile: str) -> str:
-    return profile if profile.startswith("NVIDIA ") else f"NVIDIA {profile}"
+def body(profile: str) -> str:
+    """A profile name without its vendor prefix: drivers print ``NVIDIA`` or ``GRID`` by branch
+    (DOMAIN.md §4), so the oracle compares what follows it."""
+    for prefix in ("NVIDIA ", "GRID "):
+        if profile.startswith(prefix):
+            return profile[len(prefix) :]
+    return profile
 
 
 def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[str]) -> list[str]:
@@ -549,11 +554,11 @@ def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[s
         if entry.get("sriov") != "enabled":
             found += [f"{v.type_name} {v.uuid} on {v.vf}: SR-IOV desired off" for v in free]
         elif "profiles" in entry:
-            want = {long_name(p): int(n) for p, n in entry["profiles"].items()}
+            want = {body(p): int(n) for p, n in entry["profiles"].items()}
             for type_name in sorted({v.type_name for v in present}):
                 of_type = [v for v in present if v.type_name == type_name]
                 kept = sum(1 for v in of_type if v.uuid in held)
-                extra = len(of_type) - max(want.get(type_name, 0), kept)
+                extra = len(of_type) - max(want.get(body(type_name), 0), kept)
                 spare = [v for v in of_type if v.uuid not in held][: max(extra, 0)]
                 found += [f"{type_name} {v.uuid} on {v.vf}: beyond the desired count"
                           for v in spare]  # fmt: skip
@@ -562,12 +567,12 @@ def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[s
             for key, profile in (entry.get("vgpus") or {}).items():
                 index = key if isinstance(key, int) else truth.index_of(gpu, str(key))
                 if index is not None:
-                    want_at[index] = long_name(profile)
+                    want_at[index] = body(profile)
             found += [
                 f"{v.type_name} {v.uuid} on {v.vf} (VF {v.index}): desired "
                 f"{want_at.get(v.index, 'nothing')}"
                 for v in free
-                if want_at.get(v.index) != v.type_name
+                if want_at.get(v.index) != body(v.type_name)
             ]
     return found
 

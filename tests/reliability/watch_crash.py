@@ -70,10 +70,10 @@ from tests.reliability.hosts import (
     Held,
     Run,
     SimNode,
+    body,
     disarm_faults,
     histogram,
     kernel_quiet,
-    long_name,
     orphans,
     plan_verdict,
     read_truth,
@@ -119,8 +119,8 @@ def _entry_key(entry: dict[str, Any]) -> object:
     if entry["sriov"] != "enabled":
         return "disabled"
     if "profiles" in entry:
-        return ("counts", sorted((long_name(p), n) for p, n in entry["profiles"].items() if n))
-    return ("vfs", sorted((str(k), long_name(p)) for k, p in (entry.get("vgpus") or {}).items()))
+        return ("counts", sorted((body(p), n) for p, n in entry["profiles"].items() if n))
+    return ("vfs", sorted((str(k), body(p)) for k, p in (entry.get("vgpus") or {}).items()))
 
 
 def _keep(example: Example) -> bool:

@@ -79,6 +79,8 @@ class FakeKernel:
         }.items():
             (pf / name).write_text(value + "\n")
         _link(self.root / f"bus/pci/devices/{GPU}", pf)
+        (self.root / "bus/pci/drivers/nvidia").mkdir(parents=True)
+        _link(pf / "driver", self.root / "bus/pci/drivers/nvidia")
         (self.root / "bus/mdev/devices").mkdir(parents=True)
 
     @property

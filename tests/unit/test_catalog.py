@@ -7,14 +7,19 @@ apart by subsystem id.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import reconciler.catalog
 from reconciler.catalog import (
     Catalog,
     GpuModel,
     default_catalog,
     long_profile_name,
     parse_profile_name,
+    profile_body,
+    resolve_profile_name,
 )
 
 
@@ -47,9 +52,84 @@ def test_the_catalogue_has_the_domain_models(catalog: Catalog) -> None:
         "NVIDIA L40",
         "NVIDIA L40S",
         "NVIDIA A100 40GB",
+        "NVIDIA A100X",
         "NVIDIA A100 80GB",
+        "NVIDIA A100DX",
         "NVIDIA H100 80GB",
+        "NVIDIA H100XM",
     ]
+
+
+def test_the_catalogue_holds_no_type_ids() -> None:
+    """Type ids belong to a driver branch, not a GPU model (DOMAIN.md §4)."""
+    text = (Path(reconciler.catalog.__file__).parent / "catalog.json").read_text()
+    assert "firstTypeId" not in text
+    assert "nvidia-" not in text
+
+
+@pytest.mark.parametrize(
+    ("model", "vfs", "offset"),
+    [
+        # DOMAIN.md §1 and §4, and public captures (the models' ``sources``).
+        ("NVIDIA A2", 16, 4),
+        ("NVIDIA A10", 32, 4),
+        ("NVIDIA A40", 32, 4),
+        ("NVIDIA L40S", 32, 4),
+        ("NVIDIA A100 40GB", 16, 4),
+        ("NVIDIA A100 80GB", 20, 4),
+        # Not seen on a real host: no offset is claimed.
+        ("NVIDIA A16", 16, None),
+        ("NVIDIA L4", 32, None),
+        ("NVIDIA H100 80GB", 32, None),
+    ],
+)
+def test_vf_counts_and_where_vf0_sits(
+    catalog: Catalog, model: str, vfs: int, offset: int | None
+) -> None:
+    found = _model(catalog, model)
+    assert (found.vfs, found.vf_offset, found.vf_stride) == (vfs, offset, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "maximum"),
+    [
+        ("NVIDIA L40S-3B", 16),
+        ("NVIDIA L4-3B", 8),
+        ("GRID A100-1-10C", 4),
+        ("GRID A100D-1-20C", 4),
+        ("GRID A100-1-5CME", 1),
+        ("GRID A100D-1-10CME", 1),
+        ("NVIDIA H100-1-10CME", 1),
+        ("GRID A100X-4C", 10),
+        ("GRID A100DX-80C", 1),
+        ("NVIDIA H100XM-80C", 1),
+    ],
+)
+def test_profiles_often_missed_are_there(catalog: Catalog, name: str, maximum: int) -> None:
+    found = catalog.profile(name)
+    assert found is not None, name
+    assert found[1].max_instances == maximum
+
+
+@pytest.mark.parametrize(
+    ("name", "resolution", "heads", "frl"),
+    [
+        # The A2 capture (harvester/pcidevices testdata): every series of one real host.
+        ("NVIDIA A2-1B", "5120x2880", 4, 45),
+        ("NVIDIA A2-1Q", "5120x2880", 4, 60),
+        ("NVIDIA A2-2Q", "7680x4320", 4, 60),
+        ("NVIDIA A2-16Q", "7680x4320", 4, 60),
+        ("NVIDIA A2-4A", "1280x1024", 1, 60),
+        ("NVIDIA A2-4C", "4096x2400", 1, 60),
+    ],
+)
+def test_resolutions_follow_the_series(
+    catalog: Catalog, name: str, resolution: str, heads: int, frl: int
+) -> None:
+    found = catalog.profile(name)
+    assert found is not None
+    p = found[1]
+    assert (p.max_resolution, p.num_heads, p.frl_config) == (resolution, heads, frl)
 
 
 @pytest.mark.parametrize("name", [m.name for m in default_catalog().models])
@@ -96,7 +176,7 @@ def test_pci_ids_are_unique_across_models(catalog: Catalog) -> None:
         ("NVIDIA A2", "NVIDIA A2-4Q", 4),
         ("NVIDIA A10", "NVIDIA A10-3Q", 8),
         ("NVIDIA L40S", "NVIDIA L40S-2Q", 24),
-        ("NVIDIA A100 40GB", "NVIDIA A100-5C", 8),
+        ("NVIDIA A100 40GB", "GRID A100-5C", 8),
         ("NVIDIA H100 80GB", "NVIDIA H100-5C", 16),
     ],
 )
@@ -143,8 +223,21 @@ def test_a_series_maxima_match_q(catalog: Catalog, name: str) -> None:
 
 
 def test_a100_and_h100_offer_compute_profiles_only(catalog: Catalog) -> None:
-    for name in ("NVIDIA A100 40GB", "NVIDIA A100 80GB", "NVIDIA H100 80GB"):
+    for name in (
+        "NVIDIA A100 40GB",
+        "NVIDIA A100X",
+        "NVIDIA A100 80GB",
+        "NVIDIA A100DX",
+        "NVIDIA H100 80GB",
+        "NVIDIA H100XM",
+    ):
         assert {p.series for p in _model(catalog, name).profiles} == {"C"}
+
+
+def test_the_a100_family_is_named_grid_as_its_drivers_print_it(catalog: Catalog) -> None:
+    for name in ("NVIDIA A100 40GB", "NVIDIA A100X", "NVIDIA A100 80GB", "NVIDIA A100DX"):
+        assert all(p.name.startswith("GRID ") for p in _model(catalog, name).profiles), name
+    assert all(p.name.startswith("NVIDIA ") for p in _model(catalog, "H100").profiles)
 
 
 def test_a2_and_a16_share_a_device_id_and_differ_by_subsystem(catalog: Catalog) -> None:
@@ -163,19 +256,28 @@ def test_a_unique_device_id_needs_no_subsystem(catalog: Catalog) -> None:
     a10 = catalog.model_for_ids("10de", "2236")
     assert a10 is not None
     assert a10.name == "NVIDIA A10"
-    h100_sxm = catalog.model_for_ids("10de", "2330")
-    assert h100_sxm is not None
-    assert h100_sxm.name == "NVIDIA H100 80GB"
     assert catalog.model_for_ids("10de", "1eb8") is None  # a T4: no SR-IOV vGPU
 
 
-def test_vf_offsets_put_the_first_vf_where_the_kernel_does(catalog: Catalog) -> None:
-    # DOMAIN.md §1: VF0 is function .4 on an A2, .2 on the other cards.
-    assert _model(catalog, "A2").vf_offset == 4
-    for m in catalog.models:
-        if m.short != "A2":
-            assert m.vf_offset == 2, m.name
-        assert m.vf_stride == 1
+@pytest.mark.parametrize(
+    ("device", "model", "profile"),
+    [
+        # SXM parts have profile names of their own (DOMAIN.md §4).
+        ("20b0", "NVIDIA A100X", "GRID A100X-40C"),
+        ("20b2", "NVIDIA A100DX", "GRID A100DX-80C"),
+        ("2330", "NVIDIA H100XM", "NVIDIA H100XM-80C"),
+        ("20f1", "NVIDIA A100 40GB", "GRID A100-40C"),
+        ("20b5", "NVIDIA A100 80GB", "GRID A100D-80C"),
+        ("2331", "NVIDIA H100 80GB", "NVIDIA H100-80C"),
+    ],
+)
+def test_sxm_parts_are_their_own_models(
+    catalog: Catalog, device: str, model: str, profile: str
+) -> None:
+    found = catalog.model_for_ids("10de", device)
+    assert found is not None
+    assert found.name == model
+    assert found.profile(profile) is not None
 
 
 @pytest.mark.parametrize(
@@ -190,6 +292,9 @@ def test_vf_offsets_put_the_first_vf_where_the_kernel_does(catalog: Catalog) -> 
         ("A100-40GB", "NVIDIA A100 40GB"),
         ("A100-80GB", "NVIDIA A100 80GB"),
         ("A100D", "NVIDIA A100 80GB"),
+        ("A100X", "NVIDIA A100X"),
+        ("A100DX", "NVIDIA A100DX"),
+        ("H100XM", "NVIDIA H100XM"),
         ("NVIDIA A100 80GB", "NVIDIA A100 80GB"),
         ("H100-PCIE", "NVIDIA H100 80GB"),
     ],
@@ -213,6 +318,13 @@ def test_unknown_model_names(catalog: Catalog, name: str) -> None:
         ("NVIDIA A100-1-5C", "A100", 5, "C", 1),
         ("NVIDIA A100D-7-80C", "A100D", 80, "C", 7),
         ("NVIDIA RTXA6000-4Q", "RTXA6000", 4, "Q", 0),
+        # Every shape NVIDIA's drivers print (DOMAIN.md §4).
+        ("GRID A100D-4C", "A100D", 4, "C", 0),
+        ("NVIDIA RTX 5880 Ada-48C", "RTX 5880 Ada", 48, "C", 0),
+        ("NVIDIA RTX Pro 6000 Blackwell DC-4-96Q", "RTX Pro 6000 Blackwell DC", 96, "Q", 4),
+        ("NVIDIA RTX Pro 6000 Blackwell DC-3Q", "RTX Pro 6000 Blackwell DC", 3, "Q", 0),
+        ("NVIDIA H100XM-80C", "H100XM", 80, "C", 0),
+        ("GRID A100X-2-10C", "A100X", 10, "C", 2),
     ],
 )
 def test_parse_profile_name(name: str, gpu: str, size: int, series: str, slices: int) -> None:
@@ -225,13 +337,73 @@ def test_parse_profile_name(name: str, gpu: str, size: int, series: str, slices:
         series,
         slices,
     )
+    assert parsed.suffix == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "gpu", "size", "slices", "suffix"),
+    [
+        ("GRID A100-1-5CME", "A100", 5, 1, "ME"),
+        ("NVIDIA H100-1-10CME", "H100", 10, 1, "ME"),
+        ("NVIDIA H100-1-10CNOME", "H100", 10, 1, "NOME"),
+        ("NVIDIA H100-1-10CMEALL", "H100", 10, 1, "MEALL"),
+        ("NVIDIA RTX Pro 6000 Blackwell DC-1-24CGFX", "RTX Pro 6000 Blackwell DC", 24, 1, "GFX"),
+    ],
+)
+def test_mig_backed_names_with_suffixes(
+    name: str, gpu: str, size: int, slices: int, suffix: str
+) -> None:
+    parsed = parse_profile_name(name)
+    assert parsed is not None
+    assert (parsed.gpu, parsed.size_gb, parsed.series, parsed.mig_slices, parsed.suffix) == (
+        gpu,
+        size,
+        "C",
+        slices,
+        suffix,
+    )
 
 
 @pytest.mark.parametrize(
     "name", ["A2-4Q", "NVIDIA A2-4X", "NVIDIA A2 4Q", "NVIDIA A2-Q", "nvidia A2-4Q", "NVIDIA -4Q"]
 )
-def test_parse_profile_name_rejects(name: str) -> None:
+def test_parse_profile_name_does_not_know_these_shapes(name: str) -> None:
+    """None only says the name has no shape the parser knows: such a name is carried opaque,
+    never refused for it (see the desired-state and planner tests)."""
     assert parse_profile_name(name) is None
+
+
+@pytest.mark.parametrize(
+    ("written", "spelled"),
+    [
+        ("A100-4C", "GRID A100-4C"),
+        ("NVIDIA A100-4C", "GRID A100-4C"),
+        ("GRID A100D-1-10CME", "GRID A100D-1-10CME"),
+        ("A2-4Q", "NVIDIA A2-4Q"),
+        ("GRID A2-4Q", "NVIDIA A2-4Q"),
+        ("H100XM-80C", "NVIDIA H100XM-80C"),
+        ("RTX 5880 Ada-48C", None),
+        ("A2-3Q", None),
+    ],
+)
+def test_the_catalogue_spells_a_profile_whatever_prefix_it_was_written_with(
+    catalog: Catalog, written: str, spelled: str | None
+) -> None:
+    assert catalog.spelled(written) == spelled
+
+
+def test_a_name_resolves_to_the_spelling_a_host_offers() -> None:
+    offered = ["GRID A100-4C", "GRID A100-5C"]
+    assert resolve_profile_name("A100-4C", offered) == "GRID A100-4C"
+    assert resolve_profile_name("NVIDIA A100-4C", offered) == "GRID A100-4C"
+    assert resolve_profile_name("GRID A100-4C", offered) == "GRID A100-4C"
+    assert resolve_profile_name("A100-8C", offered) is None
+    # Both spellings offered: the exact one; neither exact: no guess.
+    both = ["GRID T4-2Q", "NVIDIA T4-2Q"]
+    assert resolve_profile_name("NVIDIA T4-2Q", both) == "NVIDIA T4-2Q"
+    assert resolve_profile_name("T4-2Q", both) is None
+    assert profile_body("GRID A100-4C") == "A100-4C"
+    assert profile_body("  NVIDIA  RTX 5880 Ada-48C ") == "RTX 5880 Ada-48C"
 
 
 @pytest.mark.parametrize(

@@ -376,6 +376,39 @@ def test_short_forms_are_normalised(catalog: Catalog) -> None:
     assert gpus[4].vgpus == {0: "NVIDIA RTXA6000-4Q", 40: "NVIDIA RTXA6000-4Q"}
 
 
+def test_names_the_catalogue_does_not_know_are_accepted_and_said_once(catalog: Catalog) -> None:
+    """No name a driver could offer is refused for its shape (DOMAIN.md §4): a GPU or profile
+    the catalogue lacks passes validation, and one note names every one of them."""
+    path = FIXTURES / "valid" / "unknown-names.yaml"
+    desired = load_desired([path], catalog=catalog)
+    gpus = desired.nodes["n1"].gpus
+    assert gpus[0].model == "NVIDIA RTX 5880 Ada"
+    assert gpus[0].vgpus == {0: "NVIDIA RTX 5880 Ada-48C"}
+    assert gpus[1].vgpus == {
+        0: "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q",
+        1: "NVIDIA RTX Pro 6000 Blackwell DC-1-24CGFX",
+    }
+    assert gpus[2].vgpus == {0: "NVIDIA A2-3Q", 1: "NVIDIA A2 4Q"}
+    # A catalogue profile written short takes the catalogue's spelling (the A100's is GRID).
+    assert gpus[4].profiles == {"GRID A100-1-5CME": 1}
+    assert desired.notes == (
+        "the catalogue does not know 7 names, accepted as written: plan checks them against "
+        "what the host offers\n"
+        f"  {path}:12:11: model 'NVIDIA RTX 5880 Ada'\n"
+        f"  {path}:15:13: 'NVIDIA RTX 5880 Ada-48C'\n"
+        f"  {path}:19:13: 'NVIDIA RTX Pro 6000 Blackwell DC-4-96Q'\n"
+        f"  {path}:20:13: 'NVIDIA RTX Pro 6000 Blackwell DC-1-24CGFX'\n"
+        f"  {path}:25:13: 'NVIDIA A2-3Q' (NVIDIA A2 is listed with A2-1A 2A 4A 8A 16A 1B 2B 4C "
+        "8C 16C 1Q 2Q 4Q 8Q 16Q)\n"
+        f"  {path}:26:13: 'A2 4Q' (did you mean 'NVIDIA A2-4Q'?)\n"
+        f"  {path}:28:11: model 'NVIDIA A3' (did you mean 'NVIDIA A2'?)",
+    )
+
+
+def test_a_file_the_catalogue_knows_throughout_has_no_note(catalog: Catalog) -> None:
+    assert load_desired([FIXTURES / "valid" / "anchors.yaml"], catalog=catalog).notes == ()
+
+
 def test_anchors_and_merge_keys(catalog: Catalog) -> None:
     path = FIXTURES / "valid" / "anchors.yaml"
     desired = load_desired([path], catalog=catalog)

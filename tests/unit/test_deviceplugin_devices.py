@@ -44,6 +44,7 @@ def make_inventory(layout: Layout, *, vfs: int = 16) -> Inventory:
     for gpu, vgpus in layout.items():
         gpus.append(
             Gpu(
+                driver="nvidia",
                 address=PciAddress.parse(gpu),
                 vendor_id="10de",
                 device_id="25b6",

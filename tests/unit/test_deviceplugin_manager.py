@@ -53,6 +53,7 @@ def inventory(vgpus: Mapping[int, tuple[str, str]]) -> Inventory:
         for i in range(16)
     )
     gpu = Gpu(
+        driver="nvidia",
         address=pf,
         vendor_id="10de",
         device_id="25b6",

@@ -212,13 +212,18 @@ def observe(host: HostTree, *, hold_probe: HoldProbe | None = None) -> Inventory
 # --- discovery ----------------------------------------------------------------------------
 
 
-def test_finds_only_nvidia_sriov_vgpu_pfs_sorted_by_address(host: HostTree) -> None:
+def test_finds_only_nvidia_sriov_gpu_pfs_sorted_by_address(host: HostTree) -> None:
     mixed_host(host)
     inventory = observe(host)
     assert inventory.node == "harvester-kgd9c"
     assert inventory.sysfs_root == str(host.root)
-    # Not the T4 (sriov_vf_device 0), the audio function, the NIC, or any VF.
-    assert [str(g.address) for g in inventory.gpus] == [A2, L40S]
+    # Not the audio function, the NIC, or any VF. The T4 is listed, marked as making no vGPU
+    # VFs (sriov_vf_device 0), so that a desired state naming it is told why it is left alone.
+    assert [str(g.address) for g in inventory.gpus] == [A2, T4, L40S]
+    a2, t4, l40s = inventory.gpus
+    assert (a2.vf_device, a2.vgpu_vfs) == ("25b6", True)
+    assert (t4.vf_device, t4.vgpu_vfs) == ("0000", False)
+    assert l40s.vgpu_vfs
 
 
 def test_vfs_follow_virtfn_numbers_not_name_order(host: HostTree) -> None:
@@ -234,7 +239,7 @@ def test_vfs_follow_virtfn_numbers_not_name_order(host: HostTree) -> None:
 
 def test_gpu_facts(host: HostTree) -> None:
     mixed_host(host)
-    a2, l40s = observe(host).gpus
+    a2, _, l40s = observe(host).gpus
     assert (a2.vendor_id, a2.device_id) == ("10de", "25b6")
     assert (a2.subsystem_vendor_id, a2.subsystem_device_id) == ("10de", "157e")
     assert a2.model == "NVIDIA A2"
@@ -244,7 +249,7 @@ def test_gpu_facts(host: HostTree) -> None:
     assert [a2.predicted_vf_address(v.index) for v in a2.vfs] == [v.address for v in a2.vfs]
     assert l40s.model == "NVIDIA L40S"
     assert l40s.interface is Interface.NONE
-    assert (l40s.total_vfs, l40s.num_vfs, l40s.vf_offset) == (32, 0, 2)
+    assert (l40s.total_vfs, l40s.num_vfs, l40s.vf_offset) == (32, 0, 4)
     assert l40s.vfs == ()
     assert l40s.types == ()
 

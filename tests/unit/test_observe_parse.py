@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,12 @@ from reconciler.catalog import default_catalog, parse_profile_name
 from reconciler.model import ObserveError
 from reconciler.observe.parse import (
     is_mdev_uuid,
-    is_nvidia_vgpu_pf,
+    is_nvidia_sriov_gpu,
     link_basename,
     parse_class,
+    parse_creatable_types,
     parse_description,
+    parse_device_number,
     parse_framebuffer,
     parse_hex_id,
     parse_int,
@@ -85,12 +88,11 @@ def test_pci_attributes_of_captured_functions() -> None:
 def pf_verdict(fixture: str) -> bool:
     text = (FIXTURES / "pci" / fixture).read_text()
     values = grep_lines(FIXTURES / "pci" / fixture)
-    return is_nvidia_vgpu_pf(
+    return is_nvidia_sriov_gpu(
         parse_hex_id(values["vendor"]),
         parse_class(values["class"]),
         "physfn -> " in text,
         parse_int(values["sriov_totalvfs"]) if "sriov_totalvfs" in values else None,
-        parse_hex_id(values["sriov_vf_device"]) if "sriov_vf_device" in values else None,
     )
 
 
@@ -99,24 +101,73 @@ def pf_verdict(fixture: str) -> bool:
     [
         ("a2-pf.txt", True),
         ("l40s-pf.txt", True),
-        ("t4-pf.txt", False),  # totalvfs 16, but sriov_vf_device 0: never makes VFs
+        # totalvfs 16, sriov_vf_device 0: it never makes vGPU VFs, but it is listed, so that a
+        # desired state naming it is told why nothing happens (not that it is missing).
+        ("t4-pf.txt", True),
         ("a2-vf.txt", False),  # a VF (physfn)
         ("ga102-audio.txt", False),  # NVIDIA, but an audio function
         ("x710-pf.txt", False),  # SR-IOV, but Intel
         ("x710-vf.txt", False),
     ],
 )
-def test_which_functions_are_nvidia_vgpu_pfs(fixture: str, expected: bool) -> None:
+def test_which_functions_are_nvidia_sriov_gpus(fixture: str, expected: bool) -> None:
     assert pf_verdict(fixture) is expected
 
 
-def test_vgpu_pf_rule_edges() -> None:
-    assert is_nvidia_vgpu_pf("10de", 0x030000, False, 16, "25b6")  # VGA class counts too
-    assert not is_nvidia_vgpu_pf("10de", 0x030200, False, 0, "25b6")
-    assert not is_nvidia_vgpu_pf("10de", 0x030200, False, None, "25b6")
-    assert not is_nvidia_vgpu_pf("10de", 0x030200, False, 16, None)
-    assert not is_nvidia_vgpu_pf("10de", 0x030200, True, 16, "25b6")
-    assert not is_nvidia_vgpu_pf("10de", 0x038000, False, 16, "25b6")  # "other display"
+def test_sriov_gpu_rule_edges() -> None:
+    assert is_nvidia_sriov_gpu("10de", 0x030000, False, 16)  # VGA class counts too
+    assert not is_nvidia_sriov_gpu("10de", 0x030200, False, 0)
+    assert not is_nvidia_sriov_gpu("10de", 0x030200, False, None)
+    assert not is_nvidia_sriov_gpu("10de", 0x030200, True, 16)
+    assert not is_nvidia_sriov_gpu("10de", 0x038000, False, 16)  # "other display"
+    assert not is_nvidia_sriov_gpu("8086", 0x030000, False, 16)
+
+
+# --- the vendor-specific VFIO interface -------------------------------------------------------
+
+L40S_CREATABLE = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures/hosts/harvester-l40s-vfio/nvidia/creatable_vgpu_types"
+)
+
+
+def test_creatable_types_of_a_real_l40s_vf() -> None:
+    """Harvester's capture of an idle L40S VF: 23 types, ids 1145-1166 and 2164 (L40S-3B)."""
+    entries, bad = parse_creatable_types(L40S_CREATABLE.read_text())
+    assert bad == []
+    assert len(entries) == 23
+    assert entries[0] == ("1145", "NVIDIA L40S-1B")
+    assert entries[2] == ("1147", "NVIDIA L40S-1Q")
+    assert entries[11] == ("1156", "NVIDIA L40S-48Q")
+    assert entries[-1] == ("2164", "NVIDIA L40S-3B")
+    assert [int(i) for i, _ in entries[:-1]] == list(range(1145, 1167))
+
+
+def test_creatable_types_header_only_means_nothing_creatable() -> None:
+    assert parse_creatable_types("ID    : vGPU Name\n") == ([], [])
+    assert parse_creatable_types("") == ([], [])
+
+
+def test_creatable_types_keep_what_they_cannot_read() -> None:
+    text = "ID    : vGPU Name\n1147  : NVIDIA L40S-1Q\ngarbage line\n: no id\n12a : x\n"
+    entries, bad = parse_creatable_types(text)
+    assert entries == [("1147", "NVIDIA L40S-1Q")]
+    assert bad == ["garbage line", ": no id", "12a : x"]
+
+
+def test_creatable_types_keep_any_name_the_driver_prints() -> None:
+    """Names are opaque: a colon or several words in one stays whole."""
+    text = "ID    : vGPU Name\n1519  : NVIDIA RTX Pro 6000 Blackwell DC-3Q\n9 : Odd: name\n"
+    entries, _ = parse_creatable_types(text)
+    assert entries == [("1519", "NVIDIA RTX Pro 6000 Blackwell DC-3Q"), ("9", "Odd: name")]
+
+
+def test_device_numbers() -> None:
+    assert parse_device_number("238:0\n") == os.makedev(238, 0)
+    assert parse_device_number("511:7") == os.makedev(511, 7)
+    for bad in ("238", "a:b", "238:-1", ""):
+        with pytest.raises(ObserveError, match="device number"):
+            parse_device_number(bad, source="dev")
 
 
 # --- virtfn links, type ids, uuids ----------------------------------------------------------

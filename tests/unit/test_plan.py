@@ -60,8 +60,9 @@ def card(
         pci.subsystem_device,
         model=model.name,
         total_vfs=model.vfs,
-        vf_offset=model.vf_offset,
+        vf_offset=model.vf_offset if model.vf_offset is not None else 4,
         vf_stride=model.vf_stride,
+        driver="nvidia",
     )
     if not enabled:
         return off
@@ -75,8 +76,9 @@ def card(
         )
         for i in range(model.vfs)
     )
+    # Type ids are the driver branch's: any will do, the planner resolves types by name.
     types = tuple(
-        VGPUType(p.name, f"nvidia-{model.first_type_id + n}", p.framebuffer_mib, p.max_instances)
+        VGPUType(p.name, f"nvidia-{500 + n}", p.framebuffer_mib, p.max_instances)
         for n, p in enumerate(model.time_sliced_profiles)
     )
     return replace(off, interface=Interface.MDEV, num_vfs=model.vfs, vfs=vfs, types=types)

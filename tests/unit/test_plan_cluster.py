@@ -52,7 +52,16 @@ def _a2(vgpus: Mapping[int, str], *, held: Mapping[int, str] | None = None) -> G
         VGPUType(p.name, f"nvidia-{742 + i}", p.framebuffer_mib, p.max_instances)
         for i, p in enumerate(model.time_sliced_profiles)
     )
-    base = Gpu(A2, "10de", "25b6", model="NVIDIA A2", total_vfs=16, num_vfs=16, vf_offset=4)
+    base = Gpu(
+        A2,
+        "10de",
+        "25b6",
+        model="NVIDIA A2",
+        total_vfs=16,
+        num_vfs=16,
+        vf_offset=4,
+        driver="nvidia",
+    )
     vfs = tuple(
         Vf(
             base.predicted_vf_address(i),
@@ -377,7 +386,7 @@ def _l40s_node() -> tuple[DesiredNode, Inventory]:
     for bus in (0x08, 0x18, 0x28, 0x38, 0x48, 0x58, 0x68, 0x78):
         base = Gpu(
             PciAddress(0, bus, 0, 0), "10de", "26b9", model="NVIDIA L40S", total_vfs=32,
-            num_vfs=32, vf_offset=2, interface=Interface.MDEV, types=types,
+            num_vfs=32, vf_offset=2, interface=Interface.MDEV, types=types, driver="nvidia",
         )  # fmt: skip
         vfs = tuple(
             Vf(base.predicted_vf_address(i), i, VGPU(f"u{bus}-{i}", "NVIDIA L40S-8Q"))

@@ -23,6 +23,7 @@ from reconciler.model import (
     Inventory,
     PciAddress,
     Vf,
+    VGPUType,
 )
 from reconciler.model.cluster import ClusterState
 from reconciler.observe import observe_host
@@ -148,8 +149,25 @@ def test_vfio_gpus_use_the_vf_address_as_identity_and_plain_type_ids() -> None:
     after = predict_inventory(inventory, [_enable(), create], catalog=CATALOG)
     a2, vfio_after = after.gpus
     assert a2.interface is Interface.VFIO  # one driver per node
-    assert a2.types[0].type_id.isdigit()
     assert vfio_after.vfs[0].vgpu == VGPU("0000:09:00.4", "NVIDIA A2-4Q")
+
+
+def test_type_ids_are_not_invented_before_the_driver_shows_them() -> None:
+    """Type ids belong to the driver branch (DOMAIN.md §4): a GPU whose SR-IOV is still off
+    gets the catalogue's types with no id, unless a sibling of the same model on this node
+    shows them already (one driver serves the node, so the ids are the same)."""
+    after = predict_inventory(Inventory(NODE, (_a2_off(),)), [_enable()], catalog=CATALOG)
+    assert {t.type_id for t in after.gpus[0].types} == {""}
+    sibling = replace(
+        _a2_off(),
+        address=PciAddress.parse("0000:09:00.0"),
+        interface=Interface.MDEV,
+        num_vfs=16,
+        vfs=(Vf(PciAddress.parse("0000:09:00.4"), 0),),
+        types=(VGPUType("NVIDIA A2-4Q", "nvidia-746", 4096, 4),),
+    )
+    after = predict_inventory(Inventory(NODE, (_a2_off(), sibling)), [_enable()], catalog=CATALOG)
+    assert after.gpus[0].types == (VGPUType("NVIDIA A2-4Q", "nvidia-746", 4096, 4),)
 
 
 # What a real apply on the simulator leaves, observed again, renders exactly as predicted.
@@ -204,8 +222,34 @@ def test_prediction_matches_the_simulated_host_after_apply(name: str, tmp_path: 
     after = observe_host(root, node=NODE, catalog=CATALOG, hold_probe=sim.hold_probe())
     observed = _statuses(render_objects(NODE, node, after))
     predicted = {o["metadata"]["name"]: (o["spec"], o["status"]) for o in predicted_objects}
-    assert predicted == observed
-    assert predicted_inventory_renders_the_same(node, before, host_actions, observed)
+    if before.gpus[0].sriov_enabled:
+        assert predicted == observed
+    else:
+        # The driver's type ids show only once SR-IOV is on: the prediction leaves them empty
+        # and is right about everything else.
+        assert predicted == _without_type_ids(observed)
+        assert predicted != observed
+    assert predicted_inventory_renders_the_same(node, before, host_actions, _statuses_of(predicted))
+
+
+def _without_type_ids(
+    statuses: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]],
+) -> dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    out = {}
+    for name, (spec, observed) in statuses.items():
+        status = dict(observed)
+        if "availableTypes" in status:
+            status["availableTypes"] = dict.fromkeys(status["availableTypes"], "")
+        if "vgpuTypes" in status:
+            status["vgpuTypes"] = [{**t, "id": ""} for t in status["vgpuTypes"]]
+        out[name] = (spec, status)
+    return out
+
+
+def _statuses_of(
+    predicted: dict[str, tuple[Any, Any]],
+) -> dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    return {name: (dict(spec), dict(status)) for name, (spec, status) in predicted.items()}
 
 
 def predicted_inventory_renders_the_same(

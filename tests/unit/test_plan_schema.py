@@ -36,7 +36,10 @@ def _plan() -> dict[str, Any]:
     """A plan with every host kind, a replacement and a blocked entry."""
     a2 = PciAddress.parse("0000:08:00.0")
     l4 = PciAddress.parse("0000:09:00.0")
-    held = Gpu(a2, "10de", "25b6", total_vfs=16, num_vfs=16, vf_offset=4, interface=Interface.MDEV)
+    held = Gpu(
+        a2, "10de", "25b6", total_vfs=16, num_vfs=16, vf_offset=4, interface=Interface.MDEV,
+        driver="nvidia",
+    )  # fmt: skip
     vfs = tuple(
         Vf(held.predicted_vf_address(i), i, VGPU(f"u-{i}", "NVIDIA A2-4Q", in_use=i == 0))
         if i < 2
@@ -47,7 +50,7 @@ def _plan() -> dict[str, Any]:
         "n",
         (
             replace(held, vfs=vfs, model="NVIDIA A2"),
-            Gpu(l4, "10de", "27b8", model="NVIDIA L4", total_vfs=32, vf_offset=2),
+            Gpu(l4, "10de", "27b8", model="NVIDIA L4", total_vfs=32, vf_offset=2, driver="nvidia"),
         ),
     )
     node = DesiredNode(

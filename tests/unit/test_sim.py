@@ -139,9 +139,8 @@ def test_vf_offers_every_time_sliced_profile_of_the_catalogue(a2: SimHost) -> No
     types = pci(a2, "0000:08:00.4") / "mdev_supported_types"
     model = default_catalog().model("A2")
     assert model is not None
-    expected = {
-        f"nvidia-{model.first_type_id + i}": p for i, p in enumerate(model.profiles) if not p.mig
-    }
+    # The simulator numbers the A2's types from 742, as the A2 branch captured by Harvester.
+    expected = {f"nvidia-{742 + i}": p for i, p in enumerate(model.profiles) if not p.mig}
     assert sorted(os.listdir(types)) == sorted(expected)
     for type_id, profile in expected.items():
         d = types / type_id
@@ -160,20 +159,22 @@ def test_vf_offers_every_time_sliced_profile_of_the_catalogue(a2: SimHost) -> No
 def test_mig_backed_profiles_are_not_offered(tmp_path: Path) -> None:
     host = init_host(tmp_path, ["A100"])
     enable(host)
-    vf = pci(host, "0000:08:00.2")
+    vf = pci(host, "0000:08:00.4")
     names = {read(d / "name") for d in (vf / "mdev_supported_types").iterdir()}
-    assert "NVIDIA A100-4C" in names
-    assert not any(re.search(r"-\d-\d+C$", n) for n in names)
+    assert "GRID A100-4C" in names  # the A100 family's driver prints GRID names
+    assert not any(re.search(r"-\d-\d+C", n) for n in names)
 
 
-def test_offset_two_models_start_their_vfs_at_function_two(tmp_path: Path) -> None:
+def test_l40s_vfs_start_at_function_four(tmp_path: Path) -> None:
+    """As on the L40S hosts captured (VF 0000:26:00.4, 0000:3d:00.4): sriov_offset 4."""
     host = init_host(tmp_path, ["L40S@0000:41:00.0"])
     enable(host)
     pf = pci(host, "0000:41:00.0")
     links = virtfns(pf)
+    assert read(pf / "sriov_offset") == "4"
     assert len(links) == 32
-    assert links[0] == "../0000:41:00.2"
-    assert links[31] == "../0000:41:04.1"
+    assert links[0] == "../0000:41:00.4"
+    assert links[31] == "../0000:41:04.3"
 
 
 # --- distractors -----------------------------------------------------------------------------
@@ -260,7 +261,7 @@ def test_an_a16_board_is_four_gpus_on_consecutive_buses(tmp_path: Path) -> None:
     for address in _gpu_addresses(host):
         assert read(pci(host, address) / "subsystem_device") == "0x14a9"
     enable(host)
-    assert virtfns(pci(host, "0000:43:00.0"))[0] == "../0000:43:00.2"
+    assert virtfns(pci(host, "0000:43:00.0"))[0] == "../0000:43:00.4"
 
 
 def test_model_names_and_aliases_resolve(tmp_path: Path) -> None:

@@ -96,7 +96,7 @@ def test_a16_board_entry_covers_all_four_gpus(tmp_path: Path) -> None:
                 {
                     "model": "A16",
                     "address": "0000:41:00.0",
-                    "vgpus": {0: "A16-2Q", "0000:43:00.3": "A16-16Q"},
+                    "vgpus": {0: "A16-2Q", "0000:43:00.5": "A16-16Q"},
                 }
             ]
         },
@@ -108,10 +108,10 @@ def test_a16_board_entry_covers_all_four_gpus(tmp_path: Path) -> None:
         "0000:44:00.0",
     ]
     assert all(g.sriov_enabled for g in host.gpus())
-    assert mdev_of(host, "0000:41:00.2") is not None
-    assert mdev_of(host, "0000:43:00.3") is not None
+    assert mdev_of(host, "0000:41:00.4") is not None
+    assert mdev_of(host, "0000:43:00.5") is not None
     # Each GPU of the board has its own framebuffer: 2 GB and 16 GB vGPUs coexist on the board.
-    assert mdev_of(host, "0000:43:00.3")[1] == "NVIDIA A16-16Q"  # type: ignore[index]
+    assert mdev_of(host, "0000:43:00.5")[1] == "NVIDIA A16-16Q"  # type: ignore[index]
 
 
 def test_sriov_enabled_by_default_only_when_vgpus_are_given(tmp_path: Path) -> None:

@@ -1,0 +1,290 @@
+"""``vgpuctl doctor``: every precondition of a vGPU node, checked and explained, one line each.
+
+Reads only: the sysfs tree (IOMMU groups, the NVIDIA driver's version, each GPU's vGPU side and
+bound driver, through the same observer ``plan`` uses), the ``sriov-manage`` command's program
+(found and executable, never run), the hold probe's view of the host's processes, and the
+kubelet's device-plugin directory. Each check says what it found and, when it fails, what to
+do. A check is ``ok``, ``fail`` (the node cannot be managed as it is: ``doctor`` exits 1) or
+``info`` (worth knowing, not a fault: a GPU passed through whole, no kubelet on a plain KVM host).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.catalog import Catalog
+from reconciler.model import Gpu, Interface, ReconcilerError
+from reconciler.model.inventory import Inventory
+from reconciler.observe.holds import HoldProbe
+from reconciler.observe.host import observe_host
+from reconciler.observe.sysfs import SysfsTree
+
+IOMMU_GROUPS = "kernel/iommu_groups"
+NVIDIA_VERSION = "module/nvidia/version"
+DEVICE_PLUGINS = "device-plugins"
+
+
+class CheckStatus(enum.StrEnum):
+    OK = "ok"
+    FAIL = "fail"
+    INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One precondition: what was found, and what to do when it does not hold."""
+
+    name: str  # "iommu", "nvidia-driver", "gpu 0000:08:00.0", …
+    status: CheckStatus
+    found: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.name,
+            "status": self.status.value,
+            "found": self.found,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorReport:
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status is not CheckStatus.FAIL for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checks": [c.to_json() for c in self.checks]}
+
+
+def examine_node(
+    *,
+    sysfs_root: Path,
+    node: str,
+    catalog: Catalog,
+    sriov_manage: Sequence[str],
+    hold_probe: HoldProbe,
+    kubelet_dir: Path,
+    kubelet_expected: bool,
+) -> DoctorReport:
+    """Run every check; none raises (a check that cannot look fails, saying why)."""
+    checks = [_iommu(sysfs_root), _nvidia_driver(sysfs_root)]
+    try:
+        inventory: Inventory | None = observe_host(sysfs_root, node=node, catalog=catalog)
+    except ReconcilerError as exc:
+        inventory = None
+        checks.append(
+            Check(
+                "gpus",
+                CheckStatus.FAIL,
+                f"cannot read the GPUs: {exc.message}",
+                "check --sysfs-root (the host's /sys; in a pod, mount it)",
+            )
+        )
+    if inventory is not None:
+        checks.extend(gpu_checks(inventory))
+    checks.append(_sriov_manage(sriov_manage))
+    checks.append(_holders(hold_probe))
+    checks.append(_kubelet(kubelet_dir, expected=kubelet_expected))
+    return DoctorReport(tuple(checks))
+
+
+def _iommu(root: Path) -> Check:
+    tree = SysfsTree(root)
+    try:
+        groups = [g for g in tree.list_dir(IOMMU_GROUPS) if g.isdigit()]
+    except OSError as exc:
+        groups = []
+        detail = f"{tree.describe(IOMMU_GROUPS)}: {exc.strerror or exc}"
+    else:
+        detail = f"{tree.describe(IOMMU_GROUPS)} is empty"
+    if groups:
+        return Check("iommu", CheckStatus.OK, f"IOMMU on: {len(groups)} IOMMU groups")
+    return Check(
+        "iommu",
+        CheckStatus.FAIL,
+        f"no IOMMU groups ({detail}): the IOMMU is off, and no VM can be given a vGPU",
+        "enable VT-d (Intel) or AMD-Vi in the firmware and boot with intel_iommu=on "
+        "(or amd_iommu=on) iommu=pt",
+    )
+
+
+def _nvidia_driver(root: Path) -> Check:
+    tree = SysfsTree(root)
+    try:
+        version = tree.read_text(NVIDIA_VERSION).strip()
+    except OSError as exc:
+        return Check(
+            "nvidia-driver",
+            CheckStatus.FAIL,
+            f"the NVIDIA host driver is not loaded ({tree.describe(NVIDIA_VERSION)}: "
+            f"{exc.strerror or exc})",
+            "install NVIDIA's vGPU host driver (the -vgpu-kvm package) and load it "
+            "(modprobe nvidia); with the GPU operator, wait for its driver pod",
+        )
+    return Check("nvidia-driver", CheckStatus.OK, f"NVIDIA host driver {version or '?'} loaded")
+
+
+def gpu_checks(inventory: Inventory) -> list[Check]:
+    """One line per NVIDIA SR-IOV GPU: can vgpuctl make vGPUs on it, and if not, why."""
+    if not inventory.gpus:
+        return [
+            Check(
+                "gpus",
+                CheckStatus.FAIL,
+                f"no NVIDIA SR-IOV GPU under {inventory.sysfs_root}",
+                "check that the GPUs are SR-IOV vGPU parts (A2, A10, A16, A40, L4, L40, L40S, "
+                "A100, H100, …) and bound to the nvidia driver",
+            )
+        ]
+    return [_gpu(g) for g in inventory.gpus]
+
+
+def _gpu(gpu: Gpu) -> Check:
+    name = f"gpu {gpu.address}"
+    label = gpu.model or f"{gpu.vendor_id}:{gpu.device_id}"
+    if gpu.driver != "nvidia":
+        bound = f"bound to {gpu.driver}" if gpu.driver else "bound to no driver"
+        return Check(
+            name,
+            CheckStatus.INFO,
+            f"{label} is {bound}: passed through whole to a VM, or reserved for one; vgpuctl "
+            "leaves it alone",
+            "to make vGPUs on it, stop what uses it and bind it to nvidia",
+        )
+    if not gpu.vgpu_vfs:
+        return Check(
+            name,
+            CheckStatus.INFO,
+            f"{label} has SR-IOV but no vGPU VFs (sriov_vf_device 0): it cannot host vGPUs",
+        )
+    if not gpu.sriov_enabled:
+        return Check(
+            name,
+            CheckStatus.INFO,
+            f"{label}: SR-IOV off ({gpu.total_vfs} VFs possible); its vGPU side shows once SR-IOV "
+            "is enabled (vgpuctl apply does it)",
+        )
+    offered = f"{len(gpu.types)} vGPU types" if gpu.types else "no vGPU type creatable now"
+    if gpu.interface is Interface.MDEV:
+        return Check(
+            name,
+            CheckStatus.OK,
+            f"{label}: {gpu.num_vfs} VFs, mdev interface, {offered}",
+        )
+    if gpu.interface is Interface.VFIO:
+        return Check(
+            name,
+            CheckStatus.OK,
+            f"{label}: {gpu.num_vfs} VFs, NVIDIA's vendor-specific VFIO interface "
+            f"(nvidia/creatable_vgpu_types), {offered}; vgpuctl reports it, it does not drive "
+            "it yet",
+        )
+    return Check(
+        name,
+        CheckStatus.FAIL,
+        f"{label}: {gpu.num_vfs} VFs, but they expose no vGPU interface (no "
+        "mdev_supported_types, no nvidia/creatable_vgpu_types)",
+        "start the NVIDIA vGPU manager (systemctl start nvidia-vgpu-mgr) and check the "
+        "kernel log (dmesg); VFs just enabled take a few seconds",
+    )
+
+
+def _sriov_manage(argv: Sequence[str]) -> Check:
+    shown = " ".join(argv)
+    program = _program(argv)
+    if program is None:
+        return Check(
+            "sriov-manage",
+            CheckStatus.FAIL,
+            f"{shown}: {argv[0]} not found" if argv else "no sriov-manage command",
+            "install NVIDIA's vGPU host driver, or point --sriov-manage at its script (a "
+            "wrapper works: 'chroot /run/nvidia/driver /usr/lib/nvidia/sriov-manage')",
+        )
+    if not os.access(program, os.X_OK) or os.path.isdir(program):
+        return Check(
+            "sriov-manage",
+            CheckStatus.FAIL,
+            f"{shown}: {program} is not executable",
+            f"chmod +x {program}, or point --sriov-manage at NVIDIA's script",
+        )
+    target = _chroot_target(argv)
+    if target is not None and not os.access(target, os.X_OK):
+        return Check(
+            "sriov-manage",
+            CheckStatus.FAIL,
+            f"{shown}: {target} is not there or not executable",
+            "mount the driver root where the chroot expects it, or fix --sriov-manage",
+        )
+    return Check("sriov-manage", CheckStatus.OK, f"{shown} is runnable")
+
+
+def _program(argv: Sequence[str]) -> str | None:
+    if not argv:
+        return None
+    first = argv[0]
+    if os.sep in first:
+        return first if os.path.exists(first) else None
+    return shutil.which(first)
+
+
+def _chroot_target(argv: Sequence[str]) -> str | None:
+    """``chroot ROOT PROGRAM …``: where PROGRAM is seen from outside the chroot."""
+    if len(argv) >= 3 and os.path.basename(argv[0]) == "chroot" and not argv[1].startswith("-"):
+        return os.path.join(argv[1], argv[2].lstrip("/"))
+    return None
+
+
+def _holders(probe: HoldProbe) -> Check:
+    blind = probe.blindness()
+    if blind is None:
+        return Check(
+            "holders",
+            CheckStatus.OK,
+            "vgpuctl sees every process of the host: a VM that holds a vGPU is seen, and its "
+            "vGPU kept",
+        )
+    return Check(
+        "holders",
+        CheckStatus.FAIL,
+        f"vgpuctl cannot see every process of the host ({blind}): every vGPU counts as in use, "
+        "so none is removed or changed",
+        "run vgpuctl as root in the host's PID namespace, able to read every process's open "
+        "files: in the DaemonSet, hostPID: true and a privileged container (CAP_SYS_PTRACE)",
+    )
+
+
+def _kubelet(kubelet_dir: Path, *, expected: bool) -> Check:
+    plugins = kubelet_dir / DEVICE_PLUGINS
+    if not plugins.is_dir():
+        if not expected:
+            return Check(
+                "kubelet",
+                CheckStatus.INFO,
+                f"no kubelet device-plugin directory at {plugins}: fine on a plain KVM host; "
+                "on a Kubernetes node the device plugins need it",
+                "in a pod, mount the host's /var/lib/kubelet/device-plugins (--kubelet-dir)",
+            )
+        return Check(
+            "kubelet",
+            CheckStatus.FAIL,
+            f"no kubelet device-plugin directory at {plugins}",
+            "mount the host's /var/lib/kubelet/device-plugins into the pod (--kubelet-dir)",
+        )
+    if not os.access(plugins, os.W_OK | os.X_OK):
+        return Check(
+            "kubelet",
+            CheckStatus.FAIL,
+            f"{plugins} is not writable: the device plugins cannot put their sockets there",
+            "run as root, and mount the directory read-write",
+        )
+    return Check("kubelet", CheckStatus.OK, f"{plugins} is writable")

@@ -1,0 +1,80 @@
+"""Whether vgpuctl may act on a desired GPU at all, and the blocked steps when it may not.
+
+Two kinds of GPU are listed in the desired state yet must not be acted on:
+
+- **hands off**: the GPU is not ours to touch. A PF bound to another driver than ``nvidia``
+  (``vfio-pci``: passed through whole to a VM, or reserved for one) would be unbound from it by
+  ``sriov-manage -e`` (DOMAIN.md §2) — a running VM would lose its GPU. A PF whose
+  ``sriov_vf_device`` is 0 makes no vGPU VFs. Nothing is planned for it; one blocked entry
+  says why (when the desired state asks for any change).
+- **not drivable**: the GPU is ours, but vgpuctl cannot make or remove its vGPUs. Its VFs use
+  NVIDIA's vendor-specific VFIO interface, which vgpuctl reads but does not drive yet, or
+  they expose no vGPU interface at all. Every change is planned as usual, then blocked with
+  the reason: the plan shows what would change, and nothing runs.
+
+Either way the plan is not ``applyable``, and the rest of the node is planned as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from reconciler.model import Gpu, Interface, Noop
+from reconciler.plan.diff import GpuDiff
+
+
+def hands_off(gpu: Gpu) -> str | None:
+    """Why vgpuctl must leave this GPU alone entirely (its SR-IOV too), or None."""
+    if gpu.driver != "nvidia":
+        bound = f"bound to {gpu.driver}" if gpu.driver else "bound to no driver"
+        return (
+            f"GPU {gpu.address} is {bound}, not nvidia: it is passed through whole to a VM, or "
+            "reserved for one; vgpuctl never touches it (sriov-manage would unbind it)"
+        )
+    if not gpu.vgpu_vfs:
+        return (
+            f"GPU {gpu.address} has SR-IOV but its sriov_vf_device is 0: it makes no vGPU VFs, "
+            "so it cannot host vGPUs"
+        )
+    return None
+
+
+def not_drivable(gpu: Gpu) -> str | None:
+    """Why vgpuctl cannot make or remove vGPUs on this GPU's VFs now, or None."""
+    if not gpu.sriov_enabled:
+        return None  # no VF yet: the interface shows once SR-IOV is on
+    if gpu.interface is Interface.VFIO:
+        return (
+            f"GPU {gpu.address} uses NVIDIA's vendor-specific VFIO interface "
+            "(<VF>/nvidia/current_vgpu_type, vGPU 17+ on kernel 6.8+), which this version of "
+            "vgpuctl reads but does not drive"
+        )
+    if gpu.interface is Interface.NONE and gpu.vfs:
+        return (
+            f"GPU {gpu.address}: its VFs expose no vGPU interface (no mdev_supported_types, no "
+            "nvidia/creatable_vgpu_types): is the NVIDIA vGPU manager running?"
+        )
+    return None
+
+
+def left_alone(gpu: Gpu, diff: GpuDiff, reason: str) -> GpuDiff:
+    """A hands-off GPU's diff: nothing runs; one blocked entry when anything would change."""
+    changes = [*diff.actions, *diff.blocked]
+    if not changes:
+        return GpuDiff(noops=[Noop(str(gpu.address), f"left alone as desired: {reason}")])
+    first = min(changes, key=lambda s: s.kind.order)
+    blocked = replace(
+        first,
+        target=str(gpu.address),
+        reason=reason,
+        params={"gpu": str(gpu.address)},
+        vf_index=-1,
+    )
+    return GpuDiff(blocked=[blocked])
+
+
+def blocked_all(diff: GpuDiff, reason: str) -> GpuDiff:
+    """A GPU vgpuctl cannot drive: each change it would make, blocked with the reason."""
+    blocked = [replace(s, reason=reason) for s in diff.actions] + list(diff.blocked)
+    blocked.sort(key=lambda s: (s.kind.order, s.vf_index))
+    return GpuDiff(blocked=blocked, noops=list(diff.noops))
