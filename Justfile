@@ -4,7 +4,7 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 python := env_var_or_default("PYTHON", "python3")
 
-# Build a simulated A2 node (the seed's), plan, apply, show status, re-plan to "No changes."
+# Build a simulated A2 node (the seed's), check it, plan, apply, show status, re-plan to "No changes."
 demo:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -15,6 +15,8 @@ demo:
     say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
     say vgpuctl sim init "$dir" --gpu A2@0000:08:00.0
     vgpuctl sim init "$dir" --gpu A2@0000:08:00.0
+    say vgpuctl doctor
+    vgpuctl doctor "${host[@]}"
     say vgpuctl validate desired-state/harvester-kgd9c.yaml
     vgpuctl validate desired-state/harvester-kgd9c.yaml
     say vgpuctl plan desired-state/harvester-kgd9c.yaml

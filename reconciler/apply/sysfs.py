@@ -155,6 +155,11 @@ class BoundedWriter:
     def timeout(self) -> float:
         return self._timeout
 
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process now in use (None before the first write, or after a timeout)."""
+        return self._writer.pid if self._writer is not None else None
+
     def write(self, path: str, value: str) -> None:
         writer = self._writer
         if writer is None or not writer.alive:

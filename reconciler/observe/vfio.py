@@ -50,7 +50,9 @@ class VendorVfioReader:
                 continue
             entries, bad = parse_creatable_types(tree.read_text(creatable))
             for line in bad:
-                notes.append(f"{tree.describe(creatable)}: cannot read the line {line!r}")
+                notes.append(
+                    f"VF {vf.address}: {tree.describe(creatable)}: cannot read the line {line!r}"
+                )
             lists.append(dict(entries))
             current = f"{vf.path}/{CURRENT}"
             currents.append(str(parse_int(tree.read_text(current), source=tree.describe(current))))

@@ -81,7 +81,9 @@ def plan_node(
         for i, s in enumerate(host.actions, start=1)
     ]
     noops = list(host.noops)
-    notes = list(host.notes)
+    # What the observation itself had to say (holders it could not see, a removal under way,
+    # a list it could not read) comes first: the reader of a plan needs it most.
+    notes = [*observed.notes, *host.notes]
     drift: list[Drift] = []
     predicted = predict_inventory(inventory, actions, catalog=catalog)
     if cluster is None:

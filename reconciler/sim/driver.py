@@ -128,7 +128,9 @@ def begin_removal(state: SimState, tree: SysfsTree, vgpu_id: str) -> None:
 def remove_vgpu(
     state: SimState, tree: SysfsTree, vgpu_id: str, *, force: bool = False, refresh: bool = True
 ) -> None:
-    """Remove a vGPU; EBUSY while a VM holds it (unless ``force``: a power cycle)."""
+    """Remove a vGPU; EBUSY while a VM holds it (unless ``force``: a power cycle). The mdev
+    ``remove`` write does not come here while the vGPU is held: it blocks first (kernel.py);
+    what does is NVIDIA's ``current_vgpu_type`` (its behaviour under a VM is not public)."""
     rec = state.vgpus.get(vgpu_id)
     if rec is None:
         raise refusal(errno.ENODEV, f"no vGPU {vgpu_id}")

@@ -5,8 +5,12 @@
 kernel's VFS would (symlinks included), refuses anything outside the root, and dispatches on
 what the resolved file is: an mdev type's ``create``, an mdev's ``remove``, ``vgpu_params``, a
 VF's ``nvidia/current_vgpu_type``; everything else is refused with the errno sysfs gives.
+Removing an mdev a VM holds does what ``vfio_unregister_group_dev`` does: the write blocks
+(the mdev's links vanish at once) until the VM lets go (drivers/vfio/vfio_main.c, as read in
+Linux 6.8 and 6.18; see docs/host.md).
 
-:class:`SimHoldProbe` answers the observer's "is a VM holding this vGPU?" from the state file.
+:class:`SimHoldProbe` answers the observer's "is a VM holding this vGPU?" from the state file:
+not for holders made hidden, and not from another PID namespace than the host was built in.
 """
 
 from __future__ import annotations

@@ -422,3 +422,24 @@ def test_sigterm_lets_the_action_under_way_finish(
     failed = [d for d in watch.logs() if d.get("status") == "failed"]
     assert [d["kind"] for d in failed] == ["sriov-enable"]
     assert not any(d.get("kind") == "vgpu-create" and d.get("status") for d in watch.logs())
+
+
+def test_a_write_the_kernel_holds_fails_in_time_and_watch_carries_on(
+    node: SimNode, desired_dir: Path, start_watch: Callable[..., Watch]
+) -> None:
+    """A VM vgpuctl cannot see holds the vGPU to change: the removal blocks in the kernel. watch
+    reports the write timeout, stays alive and healthy, and converges once the VM lets go."""
+    watch = start_watch(node, desired_dir, "--write-timeout", "1")
+    wait_for(watch.ready, "the first convergence")
+    assert run_vgpuctl("sim", "hold", node.dir, U4, "--hidden").returncode == 0
+    (desired_dir / "harvester-kgd9c.yaml").write_text(seed_text("NVIDIA A2-4Q"))
+    failed = watch.wait_log(
+        lambda d: "did not return within 1 s" in json.dumps(d), "the write timeout"
+    )
+    assert f"the kernel is waiting for a process to release vGPU {U4}" in json.dumps(failed)
+    assert watch.proc.poll() is None
+    assert watch.get("/healthz")[0] == 200
+    assert run_vgpuctl("sim", "release", node.dir, U4).returncode == 0
+    wait_for(lambda: vgpus(node).get(U4) == "NVIDIA A2-4Q", "U4 changed once the VM let go")
+    wait_for(watch.ready, "convergence after the VM let go")
+    assert watch.stop() == 0

@@ -483,3 +483,61 @@ def test_each_run_gets_its_own_id(tmp_path: Path) -> None:
     assert first.run_id != second.run_id
     assert {r.run for r in host.journal.last_run()} == {second.run_id}
     assert len(host.journal.records()) == 2 * len(host.journal.last_run())
+
+
+# --- guards against what a plan should never ask ------------------------------------------------
+
+
+def test_sriov_manage_is_never_run_on_a_pf_bound_to_another_driver(tmp_path: Path) -> None:
+    """sriov-manage -e unbinds a PF from whatever driver it has (DOMAIN.md §2): on a GPU
+    passed through whole (vfio-pci) that takes it from its VM. The planner never plans it;
+    the executor refuses it anyway."""
+    host = Host(tmp_path)
+    driver_link = host.kernel.pf_dir / "driver"
+    driver_link.unlink()
+    (host.kernel.root / "bus/pci/drivers/vfio-pci").mkdir(parents=True)
+    driver_link.symlink_to("../../../bus/pci/drivers/vfio-pci")
+    for action in (enable(), disable()):
+        result = host.apply(action)
+        assert result.failed is not None
+        assert result.failed.message == (
+            f"{GPU} is bound to vfio-pci, not nvidia: it is passed through whole or reserved; "
+            "sriov-manage is not run on it"
+        )
+    assert host.sriov.calls == []
+
+
+def test_a_vf_on_the_vendor_specific_interface_fails_at_once(tmp_path: Path) -> None:
+    """After an enable, a VF showing NVIDIA's vendor-specific files (no mdev types) will never
+    become an mdev parent: the create fails at once instead of waiting out the timeout."""
+    host = Host(tmp_path, mdev_parents=False)
+    host.kernel.enable()
+    (host.kernel.vf_dir(VF0) / "nvidia").mkdir()
+    (host.kernel.vf_dir(VF0) / "nvidia/creatable_vgpu_types").write_text("ID    : vGPU Name\n")
+    result = host.apply(create(1, VF0, 0, UUID_A), verify_timeout=600)
+    assert result.failed is not None
+    assert "exposes NVIDIA's vendor-specific VFIO interface" in result.failed.message
+    assert host.time.sleeps == 0  # no waiting for mdev types that will never appear
+    assert host.kernel.writes == []
+
+
+def test_a_vf_whose_removal_is_under_way_gets_nothing_new(tmp_path: Path) -> None:
+    """The kernel unlinks an mdev (bus link, type link, remove file) and waits for its VM: the
+    directory under the VF stays, and nothing may be created there meanwhile."""
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF0, "nvidia-746", UUID_A)
+    (host.kernel.root / f"bus/mdev/devices/{UUID_A}").unlink()
+    (host.kernel.vf_dir(VF0) / UUID_A / "mdev_type").unlink()
+    (host.kernel.vf_dir(VF0) / UUID_A / "remove").unlink()
+    result = host.apply(create(1, VF0, 0, UUID_B))
+    assert result.failed is not None
+    assert result.failed.message == (
+        f"{VF0}: vGPU {UUID_A} is still being removed (the kernel waits for whatever holds it "
+        "to let go): NVIDIA A2-4Q not created"
+    )
+    assert result.failed.transient
+    again = host.apply(remove(1, VF0, 0, UUID_A))
+    assert again.failed is not None
+    assert again.failed.message.startswith(f"vGPU {UUID_A} on {VF0} is already being removed")
+    assert host.kernel.writes == []

@@ -19,6 +19,7 @@ from reconciler.catalog import default_catalog
 from reconciler.model import VGPU, Interface, Inventory, ObserveError, PciAddress
 from reconciler.observe import HoldProbe, SysfsChangedError, SysfsTree, observe_host
 from reconciler.observe.holds import DeviceNodes, HolderScan
+from tests.captures import l40s_vfio_host
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "inventory.schema.json"
@@ -644,3 +645,36 @@ def test_schema_rejects_what_the_model_never_emits() -> None:
     assert validator.is_valid(good)
     assert not validator.is_valid({**good, "gpus": [{"address": "08:00.0"}]})
     assert not validator.is_valid({**good, "extra": 1})
+
+
+# --- NVIDIA's vendor-specific VFIO interface ------------------------------------------------
+
+
+def test_a_list_that_cannot_be_read_is_a_note_naming_the_vf_and_file(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    vfs = l40s_vfio_host(root)
+    bad = root / "bus/pci/devices" / vfs[2] / "nvidia/creatable_vgpu_types"
+    bad.write_text(bad.read_text() + "1200 NVIDIA L40S-9Z\n")
+    inventory = observe_host(root, node="n1", catalog=default_catalog())
+    gpu = inventory.gpus[0]
+    assert gpu.interface is Interface.VFIO
+    resolved = root / "devices/pci0000:20/0000:20:01.0/0000:26:00.6/nvidia/creatable_vgpu_types"
+    assert inventory.notes == (
+        f"GPU 0000:26:00.0: VF 0000:26:00.6: {resolved}: cannot read the line "
+        "'1200 NVIDIA L40S-9Z'",
+    )
+
+
+def test_a_configured_vf_is_held_through_its_own_device_nodes(tmp_path: Path) -> None:
+    """On this interface the VF is the vGPU: a VM holds it through the VF's IOMMU group."""
+    root = tmp_path / "sys"
+    vfs = l40s_vfio_host(root, configured={0: "1152"})
+    probe = RecordingProbe({vfs[0]: "pid 9 (qemu-kvm)"})
+    inventory = observe_host(root, node="n1", catalog=default_catalog(), hold_probe=probe)
+    assert probe.asked == {vfs[0]: DeviceNodes(group="200")}
+    vgpu = inventory.gpus[0].vfs[0].vgpu
+    assert vgpu == VGPU(vfs[0], "NVIDIA L40S-8Q", True, "pid 9 (qemu-kvm)", iommu_group="200")
+    # The sizes this interface does not publish come from the catalogue.
+    eight = inventory.gpus[0].type_named("NVIDIA L40S-8Q")
+    assert eight is not None
+    assert (eight.type_id, eight.framebuffer_mib, eight.max_instance) == ("1152", 8192, 6)

@@ -179,6 +179,20 @@ def test_in_use_and_holder_reach_the_status() -> None:
     assert (vf.status["inUse"], vf.status["holder"]) == (True, "VM default/a")
 
 
+def test_an_unknown_holder_reaches_the_status_with_its_reason() -> None:
+    """The probe could not see the host's processes: the CR says so, and why."""
+    why = "unknown: cannot see the host's processes (vgpuctl runs in PID namespace 9)"
+    gpu = _l40s({0: "NVIDIA L40S-8Q"})
+    held = tuple(
+        Vf(v.address, v.index, VGPU("u", "NVIDIA L40S-8Q", True, why)) if v.vgpu else v
+        for v in gpu.vfs
+    )
+    gpu = replace(gpu, vfs=held)
+    node = DesiredNode(NODE, (DesiredGpu(gpu.address, True, vgpus={0: "NVIDIA L40S-8Q"}),))
+    vf = render_objects(NODE, node, Inventory(NODE, (gpu,)))[1]
+    assert (vf.status["inUse"], vf.status["holder"]) == (True, why)
+
+
 def test_only_managed_gpus_are_rendered_and_sriov_off_means_no_vgpudevices() -> None:
     on = _l40s({})
     off = Gpu(PciAddress.parse("0000:08:00.0"), "10de", "25b6", model="NVIDIA A2", total_vfs=16)

@@ -151,3 +151,31 @@ def test_a_vanished_tree_is_a_message_not_a_traceback(host: SimHost) -> None:
     assert "Traceback" not in r.stderr
     assert r.stderr.startswith(f"sriov-manage: cannot read {host.sysfs_root}")
     assert numvfs(host, A2) == 0
+
+
+def test_enable_takes_a_pf_from_another_driver_as_nvidias_script_does(tmp_path: Path) -> None:
+    """NVIDIA's script unbinds a PF from whatever driver has it, vfio-pci included (a VM's
+    whole GPU), and asks nothing: the model keeps that, so tests can prove vgpuctl never asks."""
+    host = init_host(tmp_path, [f"A2@{A2}", f"L4@{L4}"], passthrough=[L4])
+    pf = host.sysfs_root / "bus/pci/devices" / L4
+    assert os.readlink(pf / "driver").endswith("/vfio-pci")
+    r = run(host, "-e", L4)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"Unbinding {L4} from vfio-pci\nEnabling VFs on {L4}\n"
+    assert os.readlink(pf / "driver").endswith("/nvidia")
+    assert numvfs(host, L4) == 32
+
+
+def test_enable_does_nothing_on_a_gpu_without_vgpu_vfs(tmp_path: Path) -> None:
+    """sriov_vf_device 0: the script exits 0 having done nothing (DOMAIN.md §2)."""
+    host = build_host(tmp_path, {"gpus": [{"model": "A2", "address": A2, "vgpuVfs": False}]})
+    pf = host.sysfs_root / "bus/pci/devices" / A2
+    assert (pf / "sriov_vf_device").read_text() == "0\n"
+    r = run(host, "-e", A2)
+    assert (r.returncode, r.stdout) == (0, "")
+    assert numvfs(host, A2) == 0
+
+
+def test_a_passthrough_address_must_name_a_gpu_given(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"passthrough 0000:09:00.0: no GPU given"):
+        init_host(tmp_path, [f"A2@{A2}"], passthrough=["0000:09:00.0"])

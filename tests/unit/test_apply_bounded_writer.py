@@ -1,0 +1,106 @@
+"""Sysfs writes that cannot hang vgpuctl: each runs in a writer process, waited for a bounded
+time. A named pipe with no reader stands in for an attribute whose write blocks in the kernel
+(removing a vGPU a hidden VM holds): opening it for writing does not return."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.apply import BoundedWriter, PathEscapeError, WriteTimeoutError
+
+WRITER = [sys.executable, "-m", "reconciler.cli.sysfs_writer"]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "sys"
+    (root / "bus/mdev/devices/u").mkdir(parents=True)
+    (root / "bus/mdev/devices/u/remove").write_text("")
+    return root
+
+
+@pytest.fixture
+def writer(root: Path) -> Iterator[BoundedWriter]:
+    w = BoundedWriter([*WRITER, "--root", str(root)], timeout=2.0, root=root)
+    yield w
+    w.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for every purpose here (its parent has not reaped it yet).
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_write_reaches_the_file(writer: BoundedWriter, root: Path) -> None:
+    writer.write("bus/mdev/devices/u/remove", "1")
+    writer.write("bus/mdev/devices/u/remove", "1\n")  # the same writer process, reused
+    assert (root / "bus/mdev/devices/u/remove").read_text() == "1\n"
+
+
+def test_the_kernels_errno_comes_back_as_it_was(writer: BoundedWriter) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        writer.write("bus/mdev/devices/gone/remove", "1")
+    assert info.value.errno == errno.ENOENT
+    with pytest.raises(IsADirectoryError):
+        writer.write("bus/mdev/devices/u", "1")
+
+
+def test_a_refused_path_comes_back_refused(writer: BoundedWriter) -> None:
+    with pytest.raises(PathEscapeError, match=r"'\.\.' is not allowed"):
+        writer.write("../../etc/passwd", "x")
+
+
+def test_a_write_that_blocks_times_out_naming_the_file(root: Path) -> None:
+    fifo = root / "bus/mdev/devices/u/blocking"
+    os.mkfifo(fifo)
+    w = BoundedWriter([*WRITER, "--root", str(root)], timeout=1.0, root=root)
+    started = time.monotonic()
+    with pytest.raises(WriteTimeoutError) as info:
+        w.write("bus/mdev/devices/u/blocking", "1")
+    took = time.monotonic() - started
+    assert took < 5.0  # the timeout, plus starting the writer process
+    assert str(fifo) in info.value.message
+    assert "did not return within 1 s" in info.value.message
+    assert info.value.transient
+    stuck = info.value.pid
+    assert stuck is not None and alive(stuck), "the writer is left to finish on its own"
+    # The next write gets a fresh writer process: the stuck one does not hold anything up.
+    w.write("bus/mdev/devices/u/remove", "1")
+    assert (root / "bus/mdev/devices/u/remove").read_text() == "1"
+    # Once the kernel lets it go (a reader opens the pipe), the stuck writer finishes and exits.
+    with open(fifo, encoding="ascii") as reader:
+        assert reader.read() == "1"
+    deadline = time.monotonic() + 10
+    while alive(stuck):
+        assert time.monotonic() < deadline, "the abandoned writer did not exit"
+        time.sleep(0.05)
+    w.close()
+
+
+def test_the_writer_process_exits_when_let_go(root: Path) -> None:
+    w = BoundedWriter([*WRITER, "--root", str(root)], timeout=2.0, root=root)
+    w.write("bus/mdev/devices/u/remove", "1")
+    pid = w.writer_pid
+    assert pid is not None and alive(pid)
+    w.close()
+    deadline = time.monotonic() + 10
+    while alive(pid):
+        assert time.monotonic() < deadline, "the writer process outlived its BoundedWriter"
+        time.sleep(0.05)
+
+
+def test_a_timeout_must_be_positive(root: Path) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        BoundedWriter([*WRITER, "--root", str(root)], timeout=0, root=root)
