@@ -7,45 +7,116 @@ idempotent :func:`execute`; and the per-node :class:`NodeLock` and :class:`Journ
 ClusterApi port.
 """
 
-from reconciler.apply.cluster import (
-    SKIPPED_NOT_CLUSTER,
-    EventSink,
-    allow_list_change,
-    execute_cluster,
-    record_host_events,
-)
-from reconciler.apply.errors import (
-    CommandFailedError,
-    CommandNotExecutableError,
-    CommandNotFoundError,
-    CommandTimeoutError,
-    DeviceBusyError,
-    DriverRefusedError,
-    HostChangedError,
-    PathEscapeError,
-    VerificationError,
-    WriteTimeoutError,
-)
-from reconciler.apply.executor import (
-    SKIPPED_NOT_HOST,
-    ApplyCounts,
-    ApplyResult,
-    Outcome,
-    OutcomeStatus,
-    execute,
-)
-from reconciler.apply.journal import Journal, JournalRecord, Phase
-from reconciler.apply.lock import NodeLock
-from reconciler.apply.mdev import MdevDriver, checked_uuid
-from reconciler.apply.ports import (
-    CommandResult,
-    CommandRunner,
-    HostDriver,
-    HostedVGPU,
-    SysfsWriter,
-)
-from reconciler.apply.runner import SubprocessRunner
-from reconciler.apply.sysfs import BoundedWriter, ConfinedSysfsWriter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reconciler.apply.cluster import (
+        SKIPPED_NOT_CLUSTER,
+        EventSink,
+        allow_list_change,
+        execute_cluster,
+        record_host_events,
+    )
+    from reconciler.apply.errors import (
+        CommandFailedError,
+        CommandNotExecutableError,
+        CommandNotFoundError,
+        CommandTimeoutError,
+        DeviceBusyError,
+        DriverRefusedError,
+        HostChangedError,
+        PathEscapeError,
+        VerificationError,
+        WriteTimeoutError,
+    )
+    from reconciler.apply.executor import (
+        SKIPPED_NOT_HOST,
+        ApplyCounts,
+        ApplyResult,
+        Outcome,
+        OutcomeStatus,
+        execute,
+    )
+    from reconciler.apply.journal import (
+        Journal,
+        JournalRecord,
+        Phase,
+    )
+    from reconciler.apply.lock import (
+        NodeLock,
+    )
+    from reconciler.apply.mdev import (
+        MdevDriver,
+        checked_uuid,
+    )
+    from reconciler.apply.ports import (
+        CommandResult,
+        CommandRunner,
+        HostDriver,
+        HostedVGPU,
+        SysfsWriter,
+    )
+    from reconciler.apply.runner import (
+        SubprocessRunner,
+    )
+    from reconciler.apply.sysfs import (
+        BoundedWriter,
+        ConfinedSysfsWriter,
+    )
+
+#: Where each public name lives. Imported on first use: the sysfs writer process (and every
+#: node-local command) needs a few of these, not the whole layer (the cluster executor pulls
+#: in the Kubernetes model, the executor the planner's vocabulary).
+_EXPORTS = {
+    "ApplyCounts": "reconciler.apply.executor",
+    "ApplyResult": "reconciler.apply.executor",
+    "BoundedWriter": "reconciler.apply.sysfs",
+    "CommandFailedError": "reconciler.apply.errors",
+    "CommandNotExecutableError": "reconciler.apply.errors",
+    "CommandNotFoundError": "reconciler.apply.errors",
+    "CommandResult": "reconciler.apply.ports",
+    "CommandRunner": "reconciler.apply.ports",
+    "CommandTimeoutError": "reconciler.apply.errors",
+    "ConfinedSysfsWriter": "reconciler.apply.sysfs",
+    "DeviceBusyError": "reconciler.apply.errors",
+    "DriverRefusedError": "reconciler.apply.errors",
+    "EventSink": "reconciler.apply.cluster",
+    "HostChangedError": "reconciler.apply.errors",
+    "HostDriver": "reconciler.apply.ports",
+    "HostedVGPU": "reconciler.apply.ports",
+    "Journal": "reconciler.apply.journal",
+    "JournalRecord": "reconciler.apply.journal",
+    "MdevDriver": "reconciler.apply.mdev",
+    "NodeLock": "reconciler.apply.lock",
+    "Outcome": "reconciler.apply.executor",
+    "OutcomeStatus": "reconciler.apply.executor",
+    "PathEscapeError": "reconciler.apply.errors",
+    "Phase": "reconciler.apply.journal",
+    "SKIPPED_NOT_CLUSTER": "reconciler.apply.cluster",
+    "SKIPPED_NOT_HOST": "reconciler.apply.executor",
+    "SubprocessRunner": "reconciler.apply.runner",
+    "SysfsWriter": "reconciler.apply.ports",
+    "VerificationError": "reconciler.apply.errors",
+    "WriteTimeoutError": "reconciler.apply.errors",
+    "allow_list_change": "reconciler.apply.cluster",
+    "checked_uuid": "reconciler.apply.mdev",
+    "execute": "reconciler.apply.executor",
+    "execute_cluster": "reconciler.apply.cluster",
+    "record_host_events": "reconciler.apply.cluster",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "SKIPPED_NOT_CLUSTER",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +20,7 @@ from reconciler.model import Inventory, UsageError
 from reconciler.model.cluster import ClusterState, DeviceUse
 
 if TYPE_CHECKING:
-    from reconciler.apply import MdevDriver
+    from reconciler.apply import BoundedWriter, MdevDriver
     from reconciler.apply.reconcile import NodePorts
     from reconciler.kube import KubernetesApi
     from reconciler.observe.holds import HoldProbe
@@ -36,6 +36,8 @@ SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 @dataclass
 class Host:
     options: GlobalOptions
+    #: The bounded sysfs writers made so far, by write timeout (see :meth:`driver`).
+    _writers: dict[float, BoundedWriter] = field(default_factory=dict, repr=False)
 
     @cached_property
     def catalog(self) -> Catalog:
@@ -141,12 +143,17 @@ class Host:
         root = self.options.sysfs_root
         # Every write in a writer process of its own: a kernel call that never returns
         # (removing a vGPU a VM vgpuctl could not see still holds) strands that process only.
-        writer = [sys.executable, "-m", "reconciler.cli.sysfs_writer", "--root", str(root)]
-        if self.sim is not None:
-            writer += ["--simulated", "--owner", str(os.getpid())]
+        # One per timeout for this Host's life: watch reuses it from reconcile to reconcile.
+        writer = self._writers.get(write_timeout)
+        if writer is None:
+            command = [sys.executable, "-m", "reconciler.cli.sysfs_writer", "--root", str(root)]
+            if self.sim is not None:
+                command += ["--simulated", "--owner", str(os.getpid())]
+            writer = BoundedWriter(command, timeout=write_timeout, root=root)
+            self._writers[write_timeout] = writer
         return MdevDriver(
             sysfs_root=root,
-            writer=BoundedWriter(writer, timeout=write_timeout, root=root),
+            writer=writer,
             runner=SubprocessRunner(),
             sriov_manage=self.sriov_manage_argv,
             command_timeout=command_timeout,
