@@ -120,6 +120,10 @@ class SysfsReader:
         return Path(os.path.realpath(self.root / rel))
 
 
+#: How long a new writer process may take to say it is ready (a Python start and a few imports).
+WRITER_START_SECONDS = 60.0
+
+
 class BoundedWriter:
     """Sends each write to a writer process and waits at most ``timeout`` seconds for it.
 
@@ -141,13 +145,21 @@ class BoundedWriter:
     raised here as the same types.
     """
 
-    def __init__(self, command: Sequence[str], *, timeout: float, root: Path) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        timeout: float,
+        root: Path,
+        start_timeout: float = WRITER_START_SECONDS,
+    ) -> None:
         if not timeout > 0:
             raise ValueError(f"the write timeout must be positive, not {timeout!r}")
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list")
         self._command = [str(a) for a in command]
         self._timeout = timeout
+        self._start_timeout = start_timeout
         self._root = Path(root)
         self._writer: _WriterProcess | None = None
 
@@ -163,7 +175,7 @@ class BoundedWriter:
     def write(self, path: str, value: str) -> None:
         writer = self._writer
         if writer is None or not writer.alive:
-            writer = self._writer = _WriterProcess.start(self._command)
+            writer = self._writer = _WriterProcess.start(self._command, timeout=self._start_timeout)
         answer = writer.request({"path": path, "value": value}, timeout=self._timeout)
         if answer is None:
             self._writer = None
@@ -201,7 +213,7 @@ class _WriterProcess:
         self._finalizer = weakref.finalize(self, _close_quietly, self._stdin, self._stdout)
 
     @classmethod
-    def start(cls, command: Sequence[str]) -> _WriterProcess:
+    def start(cls, command: Sequence[str], *, timeout: float) -> _WriterProcess:
         try:
             proc = subprocess.Popen(
                 command,
@@ -215,7 +227,18 @@ class _WriterProcess:
             raise ApplyError(
                 f"cannot start the sysfs writer ({command[0]}): {exc.strerror or exc}"
             ) from None
-        return cls(proc)
+        writer = cls(proc)
+        # It says when it is ready: a slow start (a cold disk, a loaded node) must not eat into
+        # the first write's time limit, nor be taken for a kernel call that does not return.
+        ready = writer._answer(time.monotonic() + timeout)
+        if ready is None or ready.get("ready") is not True:
+            writer.abandon()
+            with contextlib.suppress(OSError):
+                proc.kill()
+            raise ApplyError(
+                f"the sysfs writer ({' '.join(command[:3])}) did not start within {timeout:g} s"
+            )
+        return writer
 
     @property
     def pid(self) -> int:
@@ -283,8 +306,13 @@ def _raise_answer(answer: Mapping[str, Any], *, where: Path) -> None:
 
 
 def serve_writes(writer: SysfsWriter, requests: IO[str], answers: IO[str]) -> None:
-    """The writer process's loop: one JSON request per line in, one JSON answer per line out,
-    until the requests end (``reconciler.cli.sysfs_writer`` runs it)."""
+    """The writer process's loop: ``{"ready": true}`` first, then one JSON request per line in,
+    one JSON answer per line out, until the requests end (``reconciler.cli.sysfs_writer``)."""
+    try:
+        answers.write(json.dumps({"ready": True}) + "\n")
+        answers.flush()
+    except OSError:
+        return
     for line in requests:
         try:
             request = json.loads(line)

@@ -171,22 +171,14 @@ class SimState:
 
     def allocate_group(self, owner: str) -> int:
         """The lowest free group number, as the kernel's IDA hands them out."""
-        n = 0
-        while n in self.iommu_groups:
-            n += 1
-        self.iommu_groups[n] = owner
-        return n
+        return _allocate(self.iommu_groups, owner)
 
     def free_group(self, number: int) -> None:
         self.iommu_groups.pop(number, None)
 
     def allocate_cdev(self, owner: str) -> int:
         """The lowest free vfio cdev number (the kernel's ``vfio.device_ida``)."""
-        n = 0
-        while n in self.cdevs:
-            n += 1
-        self.cdevs[n] = owner
-        return n
+        return _allocate(self.cdevs, owner)
 
     def free_cdev(self, number: int | None) -> None:
         if number is not None:
@@ -286,6 +278,15 @@ class SimState:
             iommu_groups={int(k): str(v) for k, v in raw["iommuGroups"].items()},
             cdevs={int(k): str(v) for k, v in raw.get("cdevs", {}).items()},
         )
+
+
+def _allocate(taken: dict[int, str], owner: str) -> int:
+    """The lowest number not in ``taken``, now given to ``owner`` (an IDA's rule)."""
+    n = 0
+    while n in taken:
+        n += 1
+    taken[n] = owner
+    return n
 
 
 def load_state(sysfs_root: Path) -> SimState:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.apply import BoundedWriter, PathEscapeError, WriteTimeoutError
+from reconciler.model import ApplyError
 
 WRITER = [sys.executable, "-m", "reconciler.cli.sysfs_writer"]
 
@@ -104,3 +105,14 @@ def test_the_writer_process_exits_when_let_go(root: Path) -> None:
 def test_a_timeout_must_be_positive(root: Path) -> None:
     with pytest.raises(ValueError, match="positive"):
         BoundedWriter([*WRITER, "--root", str(root)], timeout=0, root=root)
+
+
+def test_a_writer_that_never_starts_is_a_clear_error_not_a_timeout(root: Path) -> None:
+    """A slow start is not the kernel holding a write: it has its own, separate limit."""
+    silent = [sys.executable, "-c", "import time; time.sleep(60)"]
+    w = BoundedWriter(silent, timeout=30.0, root=root, start_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(ApplyError, match=r"did not start within 0\.5 s") as info:
+        w.write("bus/mdev/devices/u/remove", "1")
+    assert not isinstance(info.value, WriteTimeoutError)
+    assert time.monotonic() - started < 10
