@@ -56,7 +56,7 @@ bench:
 
 # Reliability suite: randomized SIGKILLed applies and watches, 10,000 bad desired-state documents,
 # applies racing each other and a watch, faults survived under apply and under watch. Figures as
-# JSON in reliability-results.json (and on stdout); about eleven minutes on two cores.
+# JSON in reliability-results.json (and on stdout); about sixteen minutes on two cores.
 # `just reliability ci` is the bounded size (also run by `just test`).
 reliability size="full":
     if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi; \

@@ -1,6 +1,6 @@
 """How big each reliability scenario runs, and what every scenario function is given.
 
-``full`` is the suite's real size (``just reliability``: about eleven minutes on two cores);
+``full`` is the suite's real size (``just reliability``: about sixteen minutes on two cores);
 ``ci`` is the size pytest runs (``just test``: well under a minute). Each scenario also has a
 time budget: past it, no new run starts and the figures say so (``budget_exceeded``), so the
 suite's time is bounded whatever the machine.
