@@ -59,13 +59,18 @@ def a2_host(tmp_path: Path) -> list[str]:
     root = tmp_path / "sys"
     harvester_a2_host(root)
     (tmp_path / "kubelet").mkdir()
+    return host_flags(tmp_path, root, kubelet=tmp_path / "kubelet")
+
+
+def host_flags(tmp_path: Path, root: Path, *, kubelet: Path) -> list[str]:
+    """The CLI flags that point vgpuctl at a rebuilt capture instead of this machine."""
     return [
         "--sysfs-root",
         str(root),
         "--node",
         NODE,
         "--kubelet-dir",
-        str(tmp_path / "kubelet"),
+        str(kubelet),
         "--state-dir",
         str(tmp_path / "state"),
         "--unsafe-assume-no-hidden-holders",
@@ -232,19 +237,8 @@ def test_the_drivers_rules_hold_on_the_real_host(a2_host: list[str], tmp_path: P
 def l40s_flags(tmp_path: Path, configured: dict[int, str] | None = None) -> list[str]:
     root = tmp_path / "l40s" / "sys"
     l40s_vfio_host(root, configured=configured)
-    return [
-        "--sysfs-root",
-        str(root),
-        "--node",
-        NODE,
-        "--kubelet-dir",
-        str(tmp_path / "no-kubelet"),
-        "--state-dir",
-        str(tmp_path / "state"),
-        "--sriov-manage",
-        str(tmp_path / "no-sriov-manage"),
-        "--unsafe-assume-no-hidden-holders",
-    ]
+    flags = host_flags(tmp_path, root, kubelet=tmp_path / "no-kubelet")
+    return [*flags, "--sriov-manage", str(tmp_path / "no-sriov-manage")]
 
 
 def l40s_desired(tmp_path: Path, vgpus: dict[int, str]) -> Path:
