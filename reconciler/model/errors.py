@@ -15,10 +15,30 @@ def printable(text: str) -> str:
     a newline or an escape sequence in it) stays one honest line on a terminal."""
     if text.isprintable():
         return text
-    return "".join(
-        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
-        for ch in text
-    )
+    return "".join(map(_escaped, text))
+
+
+#: The most characters of a file's content any message, log line or Event quotes.
+EXCERPT_CHARS = 80
+
+
+def excerpt(content: str, limit: int = EXCERPT_CHARS) -> str:
+    """At most ``limit`` characters of ``content``, escaped as :func:`printable` does, and ``…``
+    when there was more: what a message may quote of something read from an untrusted file (a
+    symlinked secret must not leak into a log or a cluster Event, nor a megabyte into a line)."""
+    shown: list[str] = []
+    used = 0
+    for ch in content[: limit + 1]:
+        piece = _escaped(ch)
+        if used + len(piece) > limit:
+            return "".join(shown) + "…"
+        shown.append(piece)
+        used += len(piece)
+    return "".join(shown)
+
+
+def _escaped(ch: str) -> str:
+    return ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
 
 
 @dataclass(frozen=True, slots=True)
