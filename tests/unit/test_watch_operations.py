@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -177,6 +178,122 @@ def test_a_port_in_use_is_an_os_error(endpoint: OperationsEndpoint) -> None:
             readiness=lambda: Verdict(True, ""),
             metrics=lambda: b"",
             metrics_content_type="text/plain",
+        )
+
+
+def raw_exchange(endpoint: OperationsEndpoint, *pieces: bytes, pause: float = 0.0) -> bytes:
+    """Send ``pieces`` (``pause`` seconds apart) and read until the server closes."""
+    with socket.create_connection(endpoint.address, timeout=5) as sock:
+        for piece in pieces:
+            sock.sendall(piece)
+            time.sleep(pause)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_request_arriving_in_pieces_is_answered_once_its_head_is_complete(
+    endpoint: OperationsEndpoint,
+) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.31\r\n\r\n"
+    answer = raw_exchange(endpoint, *(request[i : i + 3] for i in range(0, len(request), 3)))
+    assert answer.startswith(b"HTTP/1.0 200 OK\r\n")
+    assert answer.endswith(b"\r\n\r\nalive: last sign of life 0.1 s ago\n")
+
+
+def test_bare_newlines_end_a_request_head_too(endpoint: OperationsEndpoint) -> None:
+    assert raw_exchange(endpoint, b"GET /readyz HTTP/1.0\n\n").startswith(b"HTTP/1.0 503 ")
+
+
+def test_a_request_head_over_8_kib_is_431_and_closed(endpoint: OperationsEndpoint) -> None:
+    endless = b"GET /healthz HTTP/1.1\r\nX-Pad: " + b"a" * 9000
+    answer = raw_exchange(endpoint, endless)
+    assert answer.startswith(b"HTTP/1.0 431 Request Header Fields Too Large\r\n")
+    # Just under the bound is still served.
+    fits = b"GET /healthz HTTP/1.1\r\nX-Pad: " + b"a" * 8000 + b"\r\n\r\n"
+    assert len(fits) <= 8192
+    assert raw_exchange(endpoint, fits).startswith(b"HTTP/1.0 200 ")
+
+
+def test_what_is_not_a_get_is_answered_by_the_standard_library_rules(
+    endpoint: OperationsEndpoint,
+) -> None:
+    assert raw_exchange(endpoint, b"POST /healthz HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.0 501 ")
+    assert b"400 - Bad request syntax" in raw_exchange(endpoint, b"GET\r\n\r\n")
+    assert b"505 - Cannot fulfill" in raw_exchange(endpoint, b"GET / HTTP/2.0\r\n\r\n")
+
+
+def test_the_server_header_names_no_python_version(endpoint: OperationsEndpoint) -> None:
+    head = raw_exchange(endpoint, b"GET /healthz HTTP/1.1\r\n\r\n").split(b"\r\n\r\n")[0]
+    assert b"\r\nServer: vgpuctl\r\n" in head
+
+
+def test_at_the_connection_cap_the_oldest_connection_makes_room(probes: Probes) -> None:
+    server = OperationsEndpoint(
+        host="127.0.0.1",
+        port=0,
+        health=lambda: probes.health,
+        readiness=lambda: probes.ready,
+        metrics=lambda: b"",
+        metrics_content_type="text/plain",
+        max_connections=3,
+    )
+    try:
+        idle = [socket.create_connection(server.address, timeout=5) for _ in range(3)]
+        try:
+            assert get(server, "/healthz")[0] == 200  # the 4th: the oldest idle one went
+            assert idle[0].recv(1) == b""
+            for sock in idle[1:]:  # the others are still open
+                sock.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    sock.recv(1)
+        finally:
+            for sock in idle:
+                sock.close()
+    finally:
+        server.close()
+
+
+def test_a_large_answer_reaches_a_slow_reader_whole_and_probes_go_on_meanwhile(
+    probes: Probes,
+) -> None:
+    body = bytes(range(256)) * 65536  # 16 MiB: more than the socket buffers take at once
+    server = OperationsEndpoint(
+        host="127.0.0.1",
+        port=0,
+        health=lambda: probes.health,
+        readiness=lambda: probes.ready,
+        metrics=lambda: body,
+        metrics_content_type="text/plain",
+    )
+    try:
+        with socket.create_connection(server.address, timeout=5) as slow:
+            slow.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            first = slow.recv(1024)
+            assert get(server, "/healthz")[0] == 200  # not stuck writing to the slow one
+            chunks = [first]
+            while chunk := slow.recv(65536):
+                chunks.append(chunk)
+        assert b"".join(chunks).split(b"\r\n\r\n", 1)[1] == body
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [({"idle_timeout": 0.0}, "idle timeout"), ({"max_connections": 0}, "one connection")],
+)
+def test_limits_must_be_positive(option: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OperationsEndpoint(
+            host="127.0.0.1",
+            port=0,
+            health=lambda: Verdict(True, ""),
+            readiness=lambda: Verdict(True, ""),
+            metrics=lambda: b"",
+            metrics_content_type="text/plain",
+            **option,  # type: ignore[arg-type]
         )
 
 
