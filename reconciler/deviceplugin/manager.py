@@ -39,6 +39,7 @@ from reconciler.deviceplugin.server import (
     ProfilePlugin,
     RegistrationError,
     check_plugin_dir,
+    remove_stale_staging,
 )
 from reconciler.model import ActionKind, ApplyError, Inventory, ObserveError
 from reconciler.observe import HoldProbe, observe_host
@@ -116,6 +117,7 @@ class PluginManager:
         self._backoff = backoff
         self._register_timeout = register_timeout
         check_plugin_dir(self.plugin_dir)
+        remove_stale_staging(self.plugin_dir)
 
         self._lock = threading.Condition()  # state below; the supervisor waits on it
         self._plugins: dict[str, _PluginState] = {}

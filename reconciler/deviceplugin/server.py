@@ -39,6 +39,10 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
+#: The plugin sockets' mode: only root (the kubelet) may connect, whatever the umask.
+SOCKET_MODE = 0o600
+#: The private directories sockets are bound in before they move into place.
+STAGING_PREFIX = ".vgpuctl-staging-"
 #: ``sun_path`` holds 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107
 #: A blocked ListAndWatch re-checks its client this often even if no wake-up reaches it (the
@@ -179,18 +183,31 @@ class ProfilePlugin:
 
     def _start_locked(self) -> None:
         path = str(self.socket_path)
-        if len(path.encode()) > _MAX_SOCKET_PATH:
+        staging_dir = self.plugin_dir / f"{STAGING_PREFIX}{secrets.token_hex(4)}"
+        staging = staging_dir / "p.sock"
+        longest = max(len(path.encode()), len(str(staging).encode()))
+        if longest > _MAX_SOCKET_PATH:
             raise PluginDirError(
-                f"socket path {path} is longer than {_MAX_SOCKET_PATH} bytes: "
-                "choose a shorter --plugin-dir"
+                f"socket path {path} (or its staging path) is longer than {_MAX_SOCKET_PATH} "
+                "bytes: choose a shorter --plugin-dir"
             )
         _remove_socket(self.socket_path)  # a stale one from a process that died
         if self.socket_path.exists() or self.socket_path.is_symlink():
             raise PluginDirError(f"cannot serve {self.resource}: {path} is not a socket")
-        # Bind under a one-off name and rename once serving: the socket name only ever points
-        # at a server that accepts calls, and grpc's unlink of its bound path at shutdown
-        # (which may come late) can never hit a newer server's socket.
-        staging = self.plugin_dir / f".vgpuctl-{secrets.token_hex(6)}.sock"
+        # The socket is bound in a directory of its own (0700) and moved into place once it is
+        # 0600 and serving. bind() gives a socket the mode 0777 & ~umask: bound in the open it
+        # would be connectable by anyone until a chmod, and the umask cannot be set for one
+        # bind (it is the process's: other threads create files meanwhile). A rename keeps a
+        # Unix socket working; the name only ever points at a server that accepts calls, and
+        # grpc's unlink of its bound path at shutdown (which may come late) hits the private
+        # directory, never a newer server's socket.
+        try:
+            staging_dir.mkdir(mode=0o700)  # the umask can only narrow it
+        except OSError as exc:
+            check_plugin_dir(self.plugin_dir)
+            raise PluginDirError(
+                f"cannot serve {self.resource}: cannot create {staging_dir}: {exc.strerror}"
+            ) from None
         executor = futures.ThreadPoolExecutor(
             max_workers=self._workers, thread_name_prefix="deviceplugin"
         )
@@ -202,15 +219,17 @@ class ProfilePlugin:
         try:
             server.add_insecure_port("unix://" + str(staging))
             server.start()
+            os.chmod(staging, SOCKET_MODE)
             os.replace(staging, self.socket_path)
             inode = self.socket_path.lstat().st_ino
         except (RuntimeError, OSError) as exc:
             server.stop(None)
             executor.shutdown(wait=False)
-            _remove_socket(staging)
             check_plugin_dir(self.plugin_dir)  # the likely reason, said clearly
             reason = exc.strerror if isinstance(exc, OSError) else "cannot bind"
             raise PluginDirError(f"cannot serve {self.resource} on {path}: {reason}") from None
+        finally:
+            _remove_staging(staging_dir)
         self._server, self._executor, self._inode = server, executor, inode
         with self._changed:
             self._serving = True
@@ -391,6 +410,30 @@ class _DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreStartContainerRequest, context: Any
     ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
+
+
+def remove_stale_staging(plugin_dir: Path) -> None:
+    """Remove the staging directories a process killed while starting a plugin left behind
+    (the kubelet's clean-up leaves directories alone). Call before any plugin serves."""
+    with os.scandir(plugin_dir) as entries:
+        stale = [
+            Path(entry.path)
+            for entry in entries
+            if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False)
+        ]
+    for directory in stale:
+        _remove_staging(directory)
+
+
+def _remove_staging(directory: Path) -> None:
+    """Remove a staging directory and the socket in it; anything else makes it stay."""
+    _remove_socket(directory / "p.sock")
+    try:
+        directory.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot remove %s: %s", directory, exc.strerror or exc)
 
 
 def _remove_socket(path: Path, *, inode: int | None = None) -> None:

@@ -3,8 +3,10 @@ ListAndWatch streaming, serving and registering."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from reconciler.deviceplugin import (
     ProfilePlugin,
     RegistrationError,
 )
+from reconciler.deviceplugin.server import remove_stale_staging
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from reconciler.model import PciAddress
 from tests.deviceplugin.registry import kubelet, wait_until
@@ -270,6 +273,72 @@ def test_the_socket_appears_only_once_serving_under_its_own_name(
     assert [p.name for p in plugin_dir.iterdir()] == [plugin.socket_path.name]
 
 
+def test_with_umask_0_the_socket_is_never_reachable_more_open_than_0600(
+    plugin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the socket and its directory are at the moment it takes its name: bound with
+    umask 0 it is 0777, so it must be 0600 by then, and until then out of reach."""
+    seen: list[tuple[int, int, int]] = []
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any, **kw: Any) -> None:
+        if Path(dst) == p.socket_path:
+            parent = Path(src).parent
+            assert parent.parent == plugin_dir
+            seen.append(
+                (
+                    stat.S_IMODE(Path(src).lstat().st_mode),
+                    stat.S_IMODE(parent.lstat().st_mode),
+                    parent.lstat().st_uid,
+                )
+            )
+        real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "replace", replace)
+    p = ProfilePlugin(RES, plugin_dir=plugin_dir)
+    previous = os.umask(0)
+    try:
+        p.start()
+        p.restart()
+    finally:
+        os.umask(previous)
+    try:
+        assert seen == [(0o600, 0o700, os.getuid())] * 2
+        assert stat.S_IMODE(p.socket_path.lstat().st_mode) == 0o600
+        assert [f.name for f in plugin_dir.iterdir()] == [p.socket_path.name]
+        with dial(p.socket_path) as stub:
+            assert stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=2)
+    finally:
+        p.stop()
+
+
+def test_staging_directories_a_killed_process_left_are_removed(plugin_dir: Path) -> None:
+    stale = plugin_dir / ".vgpuctl-staging-0a1b2c3d"
+    stale.mkdir(mode=0o700)
+    bound = socket.socket(socket.AF_UNIX)
+    bound.bind(str(stale / "p.sock"))
+    bound.close()
+    empty = plugin_dir / ".vgpuctl-staging-4e5f6a7b"
+    empty.mkdir(mode=0o700)
+    odd = plugin_dir / ".vgpuctl-staging-8c9d0e1f"  # not what a plugin leaves: kept
+    odd.mkdir()
+    (odd / "notes.txt").write_text("someone's file")
+    elsewhere = plugin_dir / "elsewhere"
+    elsewhere.mkdir()
+    (plugin_dir / ".vgpuctl-staging-link").symlink_to(elsewhere)  # never followed
+    (elsewhere / "p.sock").write_text("")
+
+    remove_stale_staging(plugin_dir)
+
+    assert sorted(f.name for f in plugin_dir.iterdir()) == [
+        ".vgpuctl-staging-8c9d0e1f",
+        ".vgpuctl-staging-link",
+        "elsewhere",
+    ]
+    assert (odd / "notes.txt").read_text() == "someone's file"
+    assert (elsewhere / "p.sock").exists()
+
+
 def test_stop_leaves_a_socket_that_is_not_its_own(plugin: ProfilePlugin) -> None:
     plugin.socket_path.unlink()
     foreign = socket.socket(socket.AF_UNIX)
@@ -298,6 +367,18 @@ def test_serving_in_a_missing_directory_is_a_clear_error(plugin_dir: Path) -> No
 
     with pytest.raises(PluginDirError, match=r"gone does not exist"):
         p.start()
+
+
+def test_a_staging_path_too_long_for_af_unix_is_a_clear_error(plugin_dir: Path) -> None:
+    # "vgpuctl-a.b_c.sock" fits; ".vgpuctl-staging-XXXXXXXX/p.sock" (32 bytes) does not.
+    deep = plugin_dir / ("d" * (107 - 20 - len(str(plugin_dir))))
+    deep.mkdir()
+    p = ProfilePlugin("a.b/c", plugin_dir=deep)
+    assert len(str(p.socket_path)) <= 107
+
+    with pytest.raises(PluginDirError, match="staging path"):
+        p.start()
+    assert list(deep.iterdir()) == []
 
 
 def test_a_socket_path_too_long_for_af_unix_is_a_clear_error(plugin_dir: Path) -> None:
