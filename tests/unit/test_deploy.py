@@ -183,6 +183,7 @@ def test_kustomize_builds_the_base() -> None:
         ("CustomResourceDefinition", "vgpudevices.devices.harvesterhci.io"),
         ("DaemonSet", "vgpuctl"),
         ("Namespace", NAMESPACE),
+        ("NetworkPolicy", "vgpuctl"),
         ("ServiceAccount", "vgpuctl"),
     ]
     for path in sorted((REPO / "schemas" / "crds").iterdir()):
@@ -411,3 +412,116 @@ def test_the_probes_reach_the_watch_endpoint() -> None:
     assert named["containerPort"] == int(port)
     assert CONTAINER["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert CONTAINER["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+# --- the NetworkPolicy: who may reach the operations endpoint -------------------------------------
+
+NETWORK_POLICY = _one("NetworkPolicy", "vgpuctl")
+POD_LABELS = DAEMONSET["spec"]["template"]["metadata"]["labels"]
+#: The labels the Prometheus Operator puts on every Prometheus pod (pkg/prometheus/server/
+#: statefulset.go: podSelectorLabels), for rancher-monitoring's Prometheus.
+PROMETHEUS_POD = {
+    "app.kubernetes.io/name": "prometheus",
+    "app.kubernetes.io/managed-by": "prometheus-operator",
+    "app.kubernetes.io/instance": "rancher-monitoring-prometheus",
+    "prometheus": "rancher-monitoring-prometheus",
+    "operator.prometheus.io/name": "rancher-monitoring-prometheus",
+    "operator.prometheus.io/shard": "0",
+}
+#: Every namespace carries its name as this label (set by the API server since 1.22).
+MONITORING_NAMESPACE = {"kubernetes.io/metadata.name": "cattle-monitoring-system"}
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A LabelSelector against labels, as the API defines it (an empty selector selects all)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        present = key in labels
+        if not {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels.get(key) not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[op]:
+            return False
+    return True
+
+
+def _container_port(port: int | str) -> int:
+    """A NetworkPolicy port (a number or a container port's name) as the agent's port number."""
+    if isinstance(port, int):
+        return port
+    (named,) = [p for p in CONTAINER["ports"] if p["name"] == port]
+    return int(named["containerPort"])
+
+
+def _ingress_allowed(
+    namespace_labels: Mapping[str, str], pod_labels: Mapping[str, str], port: int
+) -> bool:
+    """Whether the policy lets a pod (in a namespace with ``namespace_labels``) connect to the
+    agent's TCP ``port``; the pod's own namespace is ``vgpuctl-system`` when its labels say so."""
+    same_namespace = namespace_labels.get("kubernetes.io/metadata.name") == NAMESPACE
+    for rule in NETWORK_POLICY["spec"].get("ingress", []):
+        ports = rule.get("ports")
+        if ports is not None and not any(
+            p.get("protocol", "TCP") == "TCP" and _container_port(p["port"]) == port for p in ports
+        ):
+            continue
+        peers = rule.get("from")
+        if peers is None:
+            return True
+        for peer in peers:
+            assert "ipBlock" not in peer  # pods only: the node is allowed by NetworkPolicy itself
+            ns_ok = (
+                _selects(peer["namespaceSelector"], namespace_labels)
+                if "namespaceSelector" in peer
+                else same_namespace
+            )
+            if ns_ok and _selects(peer.get("podSelector", {}), pod_labels):
+                return True
+    return False
+
+
+def _endpoint_port() -> int:
+    from reconciler.cli.main import build_parser
+
+    return int(build_parser().parse_args(CONTAINER["args"]).listen.rsplit(":", 1)[1])
+
+
+def test_the_network_policy_covers_the_agents_pods_and_nothing_else_in_the_namespace() -> None:
+    assert NETWORK_POLICY["metadata"]["namespace"] == NAMESPACE
+    selector = NETWORK_POLICY["spec"]["podSelector"]
+    assert _selects(selector, POD_LABELS)
+    assert selector == DAEMONSET["spec"]["selector"]  # the DaemonSet's own pods, exactly
+    assert not _selects(selector, {"app.kubernetes.io/name": "something-else"})
+
+
+def test_prometheus_may_scrape_the_endpoint_and_nobody_else_may_connect() -> None:
+    port = _endpoint_port()
+    assert _ingress_allowed(MONITORING_NAMESPACE, PROMETHEUS_POD, port)
+    # Not on another port of the pod, not Prometheus in another namespace, not another pod
+    # of the monitoring namespace, not the agent's own neighbours, not anyone in kube-system.
+    assert not _ingress_allowed(MONITORING_NAMESPACE, PROMETHEUS_POD, port + 1)
+    default = {"kubernetes.io/metadata.name": "default"}
+    assert not _ingress_allowed(default, PROMETHEUS_POD, port)
+    grafana = {"app.kubernetes.io/name": "grafana"}
+    assert not _ingress_allowed(MONITORING_NAMESPACE, grafana, port)
+    own = {"kubernetes.io/metadata.name": NAMESPACE}
+    assert not _ingress_allowed(own, {"app": "debug"}, port)
+    kube_system = {"kubernetes.io/metadata.name": "kube-system"}
+    assert not _ingress_allowed(kube_system, {"k8s-app": "kube-dns"}, port)
+
+
+def test_the_policy_restricts_ingress_only_and_names_the_probed_port() -> None:
+    spec = NETWORK_POLICY["spec"]
+    # Egress stays open: the API server and git-sync's repository are cluster-specific
+    # addresses (deploy/README.md).
+    assert spec["policyTypes"] == ["Ingress"]
+    assert "egress" not in spec
+    (rule,) = spec["ingress"]
+    assert [_container_port(p["port"]) for p in rule["ports"]] == [_endpoint_port()]
+    # The probes go to the same port (allowed from the node by NetworkPolicy itself).
+    assert CONTAINER["livenessProbe"]["httpGet"]["port"] == rule["ports"][0]["port"]
+    assert CONTAINER["readinessProbe"]["httpGet"]["port"] == rule["ports"][0]["port"]
