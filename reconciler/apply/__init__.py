@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         SKIPPED_NOT_CLUSTER,
         EventSink,
         allow_list_change,
+        allow_list_patch,
         execute_cluster,
         record_host_events,
     )
@@ -102,6 +103,7 @@ _EXPORTS = {
     "VerificationError": "reconciler.apply.errors",
     "WriteTimeoutError": "reconciler.apply.errors",
     "allow_list_change": "reconciler.apply.cluster",
+    "allow_list_patch": "reconciler.apply.cluster",
     "checked_uuid": "reconciler.apply.mdev",
     "execute": "reconciler.apply.executor",
     "execute_cluster": "reconciler.apply.cluster",
@@ -150,6 +152,7 @@ __all__ = [
     "VerificationError",
     "WriteTimeoutError",
     "allow_list_change",
+    "allow_list_patch",
     "checked_uuid",
     "execute",
     "execute_cluster",

@@ -13,8 +13,12 @@ resourceVersion the first write returned.
 
 The KubeVirt CR is shared with KubeVirt itself and with other vgpuctl nodes: only entries of
 ``spec.configuration.permittedHostDevices.mediatedDevices`` named in the action change, and
-the ownership annotation with them; ``pciHostDevices`` and everyone else's entries are
-carried over as read. Outcomes reuse the host executor's :class:`Outcome`/:class:`ApplyResult`.
+the ownership annotation with them. It is written with a JSON patch (RFC 6902) that names only
+those paths, each guarded by a ``test`` of the value it was computed from: a change elsewhere
+in the object (image registry, ``pciHostDevices``, someone else's entry) is neither carried
+nor overwritten, and a change to what we touch fails the patch (a conflict: read again and
+re-plan). The admission policy in deploy/ refuses the agent any other change to the object.
+Outcomes reuse the host executor's :class:`Outcome`/:class:`ApplyResult`.
 """
 
 from __future__ import annotations
@@ -341,9 +345,9 @@ class _Writer:
                     f"{what} kept changing under us: gave up after {conflicts} conflicts"
                 )
 
-        # A PUT carries the whole object and the plan holds only the change: read the object,
-        # and write only if it is still the version planned from. Otherwise re-plan: compute
-        # the change against the entries read, and write with their resourceVersion.
+        # The plan holds only the change: read the object and compute the patch against what
+        # was read (a version other than the one planned from is re-planned first). The patch
+        # tests every value it replaces or removes, so a stale read fails it as a conflict.
         raw = self._read_kubevirt(ns, name)
         while True:
             if raw is None:
@@ -353,7 +357,7 @@ class _Writer:
                 conflict()
                 planned = read
                 continue
-            change = allow_list_change(
+            change = allow_list_patch(
                 raw,
                 add=p.get("add") or (),
                 remove=p.get("remove") or (),
@@ -363,16 +367,15 @@ class _Writer:
                 return OutcomeStatus.NOOP, f"{what}: mediatedDevices already as planned" + _after(
                     conflicts
                 )
-            body, summary = change
-            body["metadata"]["resourceVersion"] = planned
+            ops, summary = change
             try:
-                self.api.replace_object(
+                self.api.patch_object(
                     group=KUBEVIRT_GROUP,
                     version=KUBEVIRT_VERSION,
                     plural=KUBEVIRT_PLURAL,
                     name=name,
                     namespace=ns,
-                    body=body,
+                    patch=ops,
                 )
             except ConflictError:
                 conflict()
@@ -454,6 +457,109 @@ def allow_list_change(
     if not parts:
         parts.append("ownership annotation updated")
     return body, "; ".join(parts)
+
+
+#: Where the allow-list lives in the KubeVirt CR, as JSON pointer tokens.
+MEDIATED_DEVICES_PATH = ("spec", "configuration", "permittedHostDevices", "mediatedDevices")
+
+
+def allow_list_patch(
+    kubevirt: Mapping[str, Any],
+    *,
+    add: Sequence[Mapping[str, Any]],
+    remove: Sequence[str],
+    owned: Sequence[str] = (),
+) -> tuple[list[dict[str, Any]], str] | None:
+    """The JSON patch (RFC 6902 operations) that makes :func:`allow_list_change`'s change to
+    ``kubevirt`` as read, plus its summary; None when nothing changes (pure).
+
+    The patch names only ``mediatedDevices`` entries and the ownership annotation. Every
+    entry removed and the annotation's old value is tested first (a missing parent or
+    key as ``null``: the API server's JSON patch, evanphx/json-patch v4, passes a ``null``
+    test of a missing key), so the patch fails, and writes nothing, if any of them changed
+    since ``kubevirt`` was read. Entries are appended; removals go from the highest index
+    down so each index still means the entry tested.
+    """
+    change = allow_list_change(kubevirt, add=add, remove=remove, owned=owned)
+    if change is None:
+        return None
+    after, summary = change
+    tests: list[dict[str, Any]] = []
+    writes: list[dict[str, Any]] = []
+
+    before_entries = _at(kubevirt, MEDIATED_DEVICES_PATH)
+    after_entries = list(_at(after, MEDIATED_DEVICES_PATH) or [])
+    if not isinstance(before_entries, list):
+        # No list yet (or null): create it at the first level that is missing.
+        depth = _first_missing(kubevirt, MEDIATED_DEVICES_PATH)
+        value: Any = after_entries
+        for key in reversed(MEDIATED_DEVICES_PATH[depth + 1 :]):
+            value = {key: value}
+        path = _pointer(*MEDIATED_DEVICES_PATH[: depth + 1])
+        tests.append({"op": "test", "path": path, "value": None})
+        writes.append({"op": "add", "path": path, "value": _thaw(value)})
+    else:
+        kept_selectors = {_selector(e) for e in after_entries}
+        gone = [i for i, e in enumerate(before_entries) if _selector(e) not in kept_selectors]
+        kept = [e for i, e in enumerate(before_entries) if i not in gone]
+        appended = after_entries[len(kept) :]
+        if after_entries[: len(kept)] != kept:  # allow_list_change only drops and appends
+            raise ApplyError(f"the allow-list change is not removals and appends: {summary}")
+        base = _pointer(*MEDIATED_DEVICES_PATH)
+        for i in gone:
+            tests.append({"op": "test", "path": f"{base}/{i}", "value": _thaw(before_entries[i])})
+        writes.extend({"op": "remove", "path": f"{base}/{i}"} for i in reversed(gone))
+        writes.extend({"op": "add", "path": f"{base}/-", "value": _thaw(e)} for e in appended)
+
+    annotations_before = _at(kubevirt, ("metadata", "annotations"))
+    owned_before = (
+        annotations_before.get(KUBEVIRT_OWNED_ANNOTATION)
+        if isinstance(annotations_before, Mapping)
+        else None
+    )
+    owned_after = (_at(after, ("metadata", "annotations")) or {}).get(KUBEVIRT_OWNED_ANNOTATION)
+    if owned_after != owned_before:
+        if not isinstance(annotations_before, Mapping):
+            path = _pointer("metadata", "annotations")
+            tests.append({"op": "test", "path": path, "value": None})
+            writes.append(
+                {"op": "add", "path": path, "value": {KUBEVIRT_OWNED_ANNOTATION: owned_after}}
+            )
+        else:
+            path = _pointer("metadata", "annotations", KUBEVIRT_OWNED_ANNOTATION)
+            tests.append({"op": "test", "path": path, "value": owned_before})
+            if owned_after is None:
+                writes.append({"op": "remove", "path": path})
+            else:
+                writes.append({"op": "add", "path": path, "value": owned_after})
+    return [*tests, *writes], summary
+
+
+def _at(doc: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(doc, Mapping):
+            return None
+        doc = doc.get(key)
+    return doc
+
+
+def _first_missing(doc: Any, path: Sequence[str]) -> int:
+    """The index of the first key of ``path`` whose value in ``doc`` is missing (or not a
+    mapping, for all but the last key): where a new branch has to be added."""
+    for depth, key in enumerate(path[:-1]):
+        doc = doc.get(key) if isinstance(doc, Mapping) else None
+        if not isinstance(doc, Mapping):
+            return depth
+    return len(path) - 1
+
+
+def _pointer(*tokens: str) -> str:
+    """A JSON pointer (RFC 6901): ``~`` and ``/`` inside a token escaped."""
+    return "".join("/" + t.replace("~", "~0").replace("/", "~1") for t in tokens)
+
+
+def _selector(entry: Any) -> str | None:
+    return str(entry.get("mdevNameSelector")) if isinstance(entry, Mapping) else None
 
 
 # -- events -------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ _MAX_QUOTE = 300
 class Request:
     """One API request as RBAC sees it: verb, resource, and where."""
 
-    verb: str  # get | list | create | update | delete
+    verb: str  # get | list | create | update | patch | delete
     group: str
     version: str
     plural: str
@@ -90,6 +90,23 @@ def is_object_not_found(body: str | None) -> bool:
     return isinstance(details, dict) and bool(details.get("name"))
 
 
+def is_patch_not_applied(body: str | None) -> bool:
+    """Whether a 422 says a JSON patch could not be applied (a ``test`` operation failed, a
+    path it names is gone) rather than that the patched object is invalid or was denied.
+
+    The API server answers a patch that does not apply with a bare generic Status (its patch
+    handler, ``applyJSPatch``: ``NewGenericServerResponse(422, …)``, no name, no causes), while
+    schema validation and admission denials name the object and list causes.
+    """
+    status = server_status(body)
+    if status is None or status.get("reason") != "Invalid":
+        return False
+    details = status.get("details")
+    if details is None:
+        return True
+    return isinstance(details, dict) and not details.get("name") and not details.get("causes")
+
+
 def server_message(body: str | None, reason: str | None) -> str:
     status = server_status(body)
     if status is not None and status.get("message"):
@@ -134,6 +151,10 @@ def from_api_exception(
         )
     if status == 409:
         return ConflictError(f"{request.object} changed since it was read (409 Conflict): {said}")
+    if status == 422 and request.verb == "patch" and is_patch_not_applied(body):
+        return ConflictError(
+            f"{request.object} changed since it was read (a JSON patch test failed: 422): {said}"
+        )
     if status == 429 or status >= 500:
         return ClusterUnavailableError(
             f"the Kubernetes API server at {server} answered {status} {reason or ''}".rstrip()

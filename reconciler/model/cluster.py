@@ -155,7 +155,7 @@ class DeviceUse:
 
     device_id: str
     resource_name: str  # nvidia.com/NVIDIA_A2-4Q
-    holder: str  # "VM default/win11 (pod virt-launcher-win11-abcde)" or "pod <uid>"
+    holder: str  # "VM default/win11 (pod <uid>)" or "pod <uid>"
 
     def to_json(self) -> dict[str, str]:
         return {

@@ -4,13 +4,14 @@ The real adapter (``reconciler.kube``) wraps the unmodified ``kubernetes`` clien
 at an API-server emulator over HTTP. Bodies are the API's JSON as plain dicts. Errors raised:
 ``ClusterUnavailableError`` (no answer), ``ForbiddenError`` (403, naming verb and resource),
 ``ResourceMissingError`` (the resource type is not served: 404 on a collection),
-``ConflictError`` (409: stale resourceVersion or already exists), ``ClusterError`` (anything else).
+``ConflictError`` (409: stale resourceVersion or already exists; a JSON patch whose ``test``
+failed), ``ClusterError`` (anything else, an admission policy's denial included).
 A missing object on ``get_object`` is ``None``, not an error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 
@@ -55,6 +56,21 @@ class ClusterApi(Protocol):
     ) -> dict[str, Any]:
         """PUT; ``body.metadata.resourceVersion`` must be the version the change was planned
         from (a stale one raises ``ConflictError``)."""
+        ...
+
+    def patch_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        patch: Sequence[Mapping[str, Any]],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        """PATCH with a JSON patch (RFC 6902, ``application/json-patch+json``): only the paths
+        its operations name change. A ``test`` operation that fails (the object changed since
+        it was read) raises ``ConflictError`` and nothing is written."""
         ...
 
     def replace_status(

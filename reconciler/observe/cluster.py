@@ -11,8 +11,10 @@ Each reader is a list call plus a pure interpretation of its items:
   which the "elsewhere" question needs anyway.
 - The KubeVirt CR, wherever it lives (``harvester-system`` on Harvester, ``kubevirt``
   upstream), unless a namespace is pinned.
-- Running VMIs on the node, their virt-launcher pods, and the kubelet's device-plugin
-  checkpoint, joined by pod UID: which vGPU (device ID) a VM was given.
+- VMIs on the node and the kubelet's device-plugin checkpoint, joined by pod UID (a VMI's
+  ``status.activePods`` maps its launcher pods' UIDs to their nodes, KubeVirt's
+  ``VirtualMachineInstanceStatus.ActivePods``): which vGPU (device ID) a VM was given. Pods
+  are never read: the agent needs no access to them.
 
 Errors propagate: host actions must never run on the strength of cluster data that could not
 be read, so an unreachable server or an RBAC denial is the caller's to report. Only absences
@@ -59,15 +61,11 @@ from reconciler.model.clusterapi import ClusterApi
 from reconciler.observe.checkpoint import CheckpointEntry, checkpoint_file, read_checkpoint
 
 VMI_PLURAL = "virtualmachineinstances"
-#: Label KubeVirt puts on a VMI once it is scheduled, and on its virt-launcher pod.
+#: Label KubeVirt puts on a VMI once it is scheduled.
 VMI_NODE_LABEL = "kubevirt.io/nodeName"
-LAUNCHER_SELECTOR = "kubevirt.io=virt-launcher"
-#: On a virt-launcher pod: the UID of the VMI it runs.
-CREATED_BY_LABEL = "kubevirt.io/created-by"
-VM_NAME_LABEL = "vm.kubevirt.io/name"
 #: Only resources of this prefix are vGPUs (the checkpoint also lists kvm, tun, …).
 VGPU_RESOURCE_PREFIX = "nvidia.com/"
-#: Phases after which a VMI or pod holds nothing. Every other phase (Pending, Scheduling,
+#: Phases after which a VMI holds nothing. Every other phase (Pending, Scheduling,
 #: Scheduled, Running, Unknown: node unreachable, the VM may well still run) counts as
 #: holding its devices: wrongly calling a vGPU free could destroy a running VM's device.
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -84,7 +82,8 @@ def observe_cluster(
 
     ``kubelet_dir`` (the node's ``/var/lib/kubelet``) enables the checkpoint join; without it
     every vGPU resource a VM on the node requests counts as possibly in use
-    (``vmi_resources``).
+    (``vmi_resources``). An allocation of a pod no VMI of the node names (another workload,
+    a launcher whose VMI is gone, a migration target) holds its vGPU as ``pod <uid>``.
 
     Raises the port's :class:`~reconciler.model.ClusterError` subclasses (unreachable,
     forbidden, our CRDs missing: ``ResourceMissingError``) and :class:`ObserveError` (several
@@ -93,7 +92,7 @@ def observe_cluster(
     sriov = _our_objects(api, SRIOV_GPU_KIND, label_selector=f"{NODE_LABEL}={node}")
     vgpus = _our_objects(api, VGPU_KIND)
     kubevirt, notes = _kubevirt(api, kubevirt_namespace)
-    vmis = _active_vmis(api, label_selector=f"{VMI_NODE_LABEL}={node}")
+    vmis = _vmis(api, label_selector=f"{VMI_NODE_LABEL}={node}")
     entries: list[CheckpointEntry] | None = None
     if kubelet_dir is not None:
         entries = read_checkpoint(kubelet_dir)
@@ -102,19 +101,7 @@ def observe_cluster(
                 f"no kubelet device-plugin checkpoint at {checkpoint_file(kubelet_dir)}: "
                 "no vGPU is allocated to a pod"
             )
-    # Launcher pods only matter to name the VMs holding devices; no VMs, no request.
-    pods = (
-        api.list_objects(
-            group="",
-            version="v1",
-            plural="pods",
-            label_selector=LAUNCHER_SELECTOR,
-            field_selector=f"spec.nodeName={node}",
-        )
-        if vmis
-        else []
-    )
-    uses = _node_uses(vmis, pods, entries)
+    uses = _node_uses(vmis, entries, node=node)
     return ClusterState(
         node=node,
         sriov_gpu_devices={o.name: o for o in sriov if _node_of(o) == node},
@@ -139,24 +126,17 @@ def observe_nodes_from_cluster(
     sriov = _our_objects(api, SRIOV_GPU_KIND)
     vgpus = _our_objects(api, VGPU_KIND)
     kubevirt, notes = _kubevirt(api, kubevirt_namespace)
-    vmis = _active_vmis(api)
+    vmis = _vmis(api)
     wanted = set(nodes)
     vmis_by_node: dict[str, list[dict[str, Any]]] = {}
     for vmi in vmis:
         where = _labels(vmi).get(VMI_NODE_LABEL, "")
         if where in wanted:
             vmis_by_node.setdefault(where, []).append(vmi)
-    pods_by_node: dict[str, list[dict[str, Any]]] = {}
-    if vmis_by_node:
-        for pod in api.list_objects(
-            group="", version="v1", plural="pods", label_selector=LAUNCHER_SELECTOR
-        ):
-            where = str((pod.get("spec") or {}).get("nodeName") or "")
-            pods_by_node.setdefault(where, []).append(pod)
     notes.append("kubelet checkpoints not read (cluster-only): VMs' vGPU resources count as in use")
     out: dict[str, tuple[Inventory, ClusterState]] = {}
     for node in nodes:
-        uses = _node_uses(vmis_by_node.get(node, []), pods_by_node.get(node, []), None)
+        uses = _node_uses(vmis_by_node.get(node, []), None, node=node)
         state = ClusterState(
             node=node,
             sriov_gpu_devices={o.name: o for o in sriov if _node_of(o) == node},
@@ -267,9 +247,10 @@ def _ns_name(raw: Mapping[str, Any]) -> str:
 # -- who uses which vGPU ------------------------------------------------------------------------
 
 
-def _active_vmis(api: ClusterApi, *, label_selector: str = "") -> list[dict[str, Any]]:
+def _vmis(api: ClusterApi, *, label_selector: str = "") -> list[dict[str, Any]]:
+    """VMIs in every phase: a finished one says which pods' allocations are stale."""
     try:
-        items = api.list_objects(
+        return api.list_objects(
             group=KUBEVIRT_GROUP,
             version=KUBEVIRT_VERSION,
             plural=VMI_PLURAL,
@@ -277,7 +258,6 @@ def _active_vmis(api: ClusterApi, *, label_selector: str = "") -> list[dict[str,
         )
     except ResourceMissingError:
         return []  # no KubeVirt, no VMs (the KubeVirt note says so)
-    return [v for v in items if _phase(v) not in FINAL_PHASES]
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,67 +269,61 @@ class _Uses:
 
 def _node_uses(
     vmis: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
     entries: Sequence[CheckpointEntry] | None,
+    *,
+    node: str,
 ) -> _Uses:
-    """Join VMIs, their launcher pods and checkpoint entries of one node (pure).
+    """Join the VMIs and checkpoint entries of one node (pure).
 
+    A VMI's ``status.activePods`` names its launcher pods (UID → node): their allocations
+    are the VM's. KubeVirt lists every pod the VMI controls, finished ones too, until the pod
+    is deleted: the pods of a finished VMI hold nothing (the kubelet drops a finished pod's
+    entries only at its next allocation). Any other pod's allocation holds its vGPU.
     ``entries`` None means the checkpoint was not read: nothing is known by device ID, so
-    every vGPU resource a VM requests goes to ``vmi_resources``.
+    every vGPU resource an active VM requests goes to ``vmi_resources``.
     """
-    vmi_by_uid = {str(_meta(v).get("uid") or ""): v for v in vmis}
-    pod_by_uid: dict[str, Mapping[str, Any]] = {}
-    vm_of_pod: dict[str, str] = {}  # pod UID → "VM ns/name (pod name)"
-    for pod in pods:
-        uid = str(_meta(pod).get("uid") or "")
-        if not uid:
-            continue
-        pod_by_uid[uid] = pod
-        vm_of_pod[uid] = _holder_of_pod(pod, vmi_by_uid)
+    holder_of_pod: dict[str, str] = {}  # pod UID → "VM ns/name (pod uid)"
+    finished_pods: set[str] = set()
+    active = [v for v in vmis if _phase(v) not in FINAL_PHASES]
+    for vmi in vmis:
+        for uid in _active_pods(vmi):
+            if _phase(vmi) in FINAL_PHASES:
+                finished_pods.add(uid)
+            else:
+                holder_of_pod[uid] = f"VM {_ns_name(vmi)} (pod {uid})"
+    finished_pods -= holder_of_pod.keys()  # a pod an active VMI still names holds
 
     device_uses: dict[str, DeviceUse] = {}
     allocated: set[tuple[str, str]] = set()  # (pod UID, resource) with a checkpoint entry
     for entry in entries or ():
         if not entry.resource_name.startswith(VGPU_RESOURCE_PREFIX):
             continue
-        launcher = pod_by_uid.get(entry.pod_uid)
-        if launcher is not None and _phase(launcher) in FINAL_PHASES:
-            continue  # the kubelet drops a finished pod's entries only at its next allocation
+        if entry.pod_uid in finished_pods:
+            continue
         allocated.add((entry.pod_uid, entry.resource_name))
-        holder = vm_of_pod.get(entry.pod_uid, f"pod {entry.pod_uid}")
+        holder = holder_of_pod.get(entry.pod_uid, f"pod {entry.pod_uid}")
         for device_id in entry.device_ids:
             device_uses.setdefault(
                 device_id, DeviceUse(device_id, entry.resource_name, holder=holder)
             )
 
     unknown: dict[str, tuple[str, ...]] = {}  # VMI "namespace/name" → resources
-    pods_of_vmi: dict[str, list[str]] = {}
-    for uid, pod in pod_by_uid.items():
-        created_by = _labels(pod).get(CREATED_BY_LABEL, "")
-        if created_by in vmi_by_uid and _phase(pod) not in FINAL_PHASES:
-            pods_of_vmi.setdefault(created_by, []).append(uid)
-    for vmi_uid, vmi in vmi_by_uid.items():
-        pod_uids = pods_of_vmi.get(vmi_uid, [])
-        wanted = set(_vmi_resources(vmi))
-        for uid in pod_uids:
-            wanted |= _pod_resources(pod_by_uid[uid])
-        missing = sorted(r for r in wanted if not any((uid, r) in allocated for uid in pod_uids))
+    for vmi in active:
+        here = [uid for uid, where in _active_pods(vmi).items() if where == node]
+        missing = sorted(
+            r for r in _vmi_resources(vmi) if not any((uid, r) in allocated for uid in here)
+        )
         if missing:
             unknown[_ns_name(vmi)] = tuple(missing)
     return _Uses(device_uses=device_uses, vmi_resources=dict(sorted(unknown.items())))
 
 
-def _holder_of_pod(pod: Mapping[str, Any], vmi_by_uid: Mapping[str, Mapping[str, Any]]) -> str:
-    meta = _meta(pod)
-    pod_name = str(meta.get("name") or meta.get("uid"))
-    vmi = vmi_by_uid.get(_labels(pod).get(CREATED_BY_LABEL, ""))
-    if vmi is not None:
-        vm = _ns_name(vmi)
-    elif _labels(pod).get(VM_NAME_LABEL):
-        vm = f"{meta.get('namespace', '')}/{_labels(pod)[VM_NAME_LABEL]}"
-    else:
-        return f"pod {meta.get('namespace', '')}/{pod_name}"
-    return f"VM {vm} (pod {pod_name})"
+def _active_pods(vmi: Mapping[str, Any]) -> dict[str, str]:
+    """``status.activePods``: launcher pod UID → node name ("" not yet scheduled)."""
+    pods = (vmi.get("status") or {}).get("activePods")
+    if not isinstance(pods, Mapping):
+        return {}
+    return {str(uid): str(where or "") for uid, where in pods.items()}
 
 
 def _vmi_resources(vmi: Mapping[str, Any]) -> set[str]:
@@ -362,17 +336,6 @@ def _vmi_resources(vmi: Mapping[str, Any]) -> set[str]:
             name = dev.get("deviceName") if isinstance(dev, dict) else None
             if isinstance(name, str) and name.startswith(VGPU_RESOURCE_PREFIX):
                 out.add(name)
-    return out
-
-
-def _pod_resources(pod: Mapping[str, Any]) -> set[str]:
-    out = set()
-    for container in (pod.get("spec") or {}).get("containers") or ():
-        resources = (container or {}).get("resources") or {}
-        for part in ("limits", "requests"):
-            for name in resources.get(part) or {}:
-                if str(name).startswith(VGPU_RESOURCE_PREFIX):
-                    out.add(str(name))
     return out
 
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from reconciler.model.cluster import GROUP, VERSION
+from tests import rbac
 from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
 from tests.kube.emulator import ApiServerEmulator, Request
 
@@ -245,21 +246,8 @@ def test_in_use_per_kubelet_checkpoint_blocks_removal(
             },
             "spec": {"domain": {"devices": {"gpus": [
                 {"name": "gpu1", "deviceName": "nvidia.com/NVIDIA_A2-4Q"}]}}},
-            "status": {"phase": "Running", "nodeName": NODE},
-        }
-    )  # fmt: skip
-    emu.seed(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "virt-launcher-win11-abcde", "namespace": "default", "uid": pod_uid,
-                "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": "vmi-uid-1",
-                           "vm.kubevirt.io/name": "win11"},
-            },
-            "spec": {"nodeName": NODE, "containers": [{"name": "compute", "resources": {
-                "limits": {"nvidia.com/NVIDIA_A2-4Q": "1"}}}]},
-            "status": {"phase": "Running"},
+            # KubeVirt's VirtualMachineInstanceStatus.ActivePods: launcher pod UID → node.
+            "status": {"phase": "Running", "nodeName": NODE, "activePods": {pod_uid: NODE}},
         }
     )  # fmt: skip
     checkpoint = {
@@ -281,7 +269,7 @@ def test_in_use_per_kubelet_checkpoint_blocks_removal(
     plan = node.run("plan", desired, "--detailed-exitcode")
     assert plan.returncode == 2
     assert "! vgpu-remove 0000:08:00.5" in plan.stdout
-    assert "win11" in plan.stdout
+    assert f"in use by VM default/win11 (pod {pod_uid})" in plan.stdout
     res = node.run("apply", desired, "--yes")
     assert res.returncode == 2, res.stdout + res.stderr
     assert _vgpu_uuid(node, "0000:08:00.5") == uuid  # still there
@@ -300,7 +288,7 @@ def _vmi(name: str, namespace: str, uid: str) -> dict[str, Any]:
                      "labels": {"kubevirt.io/nodeName": NODE}},
         "spec": {"domain": {"devices": {"gpus": [
             {"name": "gpu1", "deviceName": "nvidia.com/NVIDIA_A2-4Q"}]}}},
-        "status": {"phase": "Running", "nodeName": NODE},
+        "status": {"phase": "Running", "nodeName": NODE, "activePods": {f"pod-{uid}": NODE}},
     }  # fmt: skip
 
 
@@ -359,7 +347,7 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
     node = _cluster_node(tmp_path, emu)
     emu.requests.clear()
     node.ok("apply", SEED, "--yes")  # creates, status writes, KubeVirt update, events
-    emu.seed(_vmi("db", "prod", "vmi-uid-2"))  # a running VM: its launcher pod is looked up
+    emu.seed(_vmi("db", "prod", "vmi-uid-2"))  # a running VM, joined to the checkpoint
     # Hand edits of both kinds, and another writer racing each update once: spec updates,
     # 409s, re-reads.
     for res, name, field, value in (
@@ -399,23 +387,15 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
     dropped.write_text(SEED.read_text().split("gpus:")[0] + "gpus: []\n")
     node.ok("apply", dropped, "--yes")  # the GPU is no longer managed: its object deleted
     assert not emu.objects(*SRIOV)
-    used = {(r.group, r.resource + (f"/{r.subresource}" if r.subresource else ""), r.verb)
-            for r in emu.requests}  # fmt: skip
-
-    role = next(
-        d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text())
-        if d and d["kind"] == "ClusterRole"
-    )  # fmt: skip
-    allowed = {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    assert used <= allowed, f"the code needs more than the role grants: {used - allowed}"
-    unused = allowed - used
+    granted = rbac.grants()
+    denied = sorted({rbac.needed(r) for r in emu.requests if not rbac.allows(granted, r)})
+    assert not denied, f"the code needs more than the role grants: {denied}"
+    unused = rbac.unused(granted, emu.requests)
     assert not unused, f"the role grants what no code uses: {unused}"
+    # Reads are narrow: no pods (VMIs and the kubelet checkpoint serve), Events only where
+    # vgpuctl records them.
+    assert not [r for r in emu.requests if r.resource == "pods"]
+    assert {r.namespace for r in emu.requests if r.resource == "events"} == {"default"}
 
 
 @pytest.mark.parametrize(

@@ -391,8 +391,54 @@ def test_kubevirt_update_over_http(api: KubernetesApi, emu: ApiServerEmulator) -
     assert after["metadata"]["annotations"][KUBEVIRT_OWNED_ANNOTATION] == "NVIDIA A2-4Q"
     assert [(r.verb, r.resource, r.namespace) for r in emu.requests] == [
         ("get", "kubevirts", "harvester-system"),
-        ("update", "kubevirts", "harvester-system"),
+        ("patch", "kubevirts", "harvester-system"),
     ]
+    ((_, ops),) = emu.patches
+    assert {op["path"].split("/")[1] for op in ops} == {"spec", "metadata"}
+    assert all(
+        op["path"].startswith("/spec/configuration/permittedHostDevices/mediatedDevices/")
+        or op["path"] == "/metadata/annotations/vgpu.reconciler.dev~1mediated-devices"
+        for op in ops
+    )
+
+
+def test_json_patch_over_http(api: KubernetesApi, emu: ApiServerEmulator) -> None:
+    emu.seed(kubevirt_body("GRID T4-2Q", owned=""))
+    where = {**KUBEVIRTS, "name": "kubevirt", "namespace": "harvester-system"}
+    entries = "/spec/configuration/permittedHostDevices/mediatedDevices"
+    grid = {
+        "mdevNameSelector": "GRID T4-2Q",
+        "resourceName": "nvidia.com/GRID_T4-2Q",
+        "externalResourceProvider": True,
+    }
+    out = api.patch_object(
+        **where,
+        patch=[
+            {"op": "test", "path": f"{entries}/0", "value": grid},
+            {"op": "remove", "path": f"{entries}/0"},
+        ],
+    )
+    assert out["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == []
+    # The entry tested is gone now: the same patch is a stale view, a conflict (422 from the
+    # server), and writes nothing.
+    before = emu.get_object("kubevirt.io", "v1", "kubevirts", "kubevirt", "harvester-system")
+    with pytest.raises(ConflictError) as err:
+        api.patch_object(
+            **where,
+            patch=[
+                {"op": "test", "path": f"{entries}/0", "value": grid},
+                {"op": "remove", "path": f"{entries}/0"},
+            ],
+        )
+    assert err.value.message == (
+        "kubevirts/harvester-system/kubevirt changed since it was read (a JSON patch test "
+        "failed: 422): the server rejected our request due to an error in our request"
+    )
+    assert (
+        emu.get_object("kubevirt.io", "v1", "kubevirts", "kubevirt", "harvester-system") == before
+    )
+    with pytest.raises(ConflictError, match="was deleted since it was read"):
+        api.patch_object(**{**where, "name": "gone"}, patch=[])
 
 
 # -- the observer over HTTP ---------------------------------------------------------------------
@@ -403,7 +449,8 @@ def test_observe_cluster_end_to_end(
 ) -> None:
     emu.seed(vgpu_body(uuid="9b4a6c1e-2f0d-5e3a-8c7b-1d2e3f4a5b6c"))
     emu.seed(kubevirt_body("NVIDIA A2-4Q", owned="NVIDIA A2-4Q"))
-    vmi = emu.seed(
+    pod_uid = "5d7e3c1a-0000-4000-8000-00000000beef"
+    emu.seed(
         {
             "apiVersion": "kubevirt.io/v1",
             "kind": "VirtualMachineInstance",
@@ -417,24 +464,8 @@ def test_observe_cluster_end_to_end(
                     "devices": {"gpus": [{"name": "g", "deviceName": "nvidia.com/NVIDIA_A2-4Q"}]}
                 }
             },
-            "status": {"phase": "Running"},
-        }
-    )
-    pod = emu.seed(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "virt-launcher-win11-x7k2p",
-                "namespace": "vms",
-                "labels": {
-                    "kubevirt.io": "virt-launcher",
-                    "kubevirt.io/created-by": vmi["metadata"]["uid"],
-                    "vm.kubevirt.io/name": "win11",
-                },
-            },
-            "spec": {"nodeName": NODE, "containers": [{"name": "compute"}]},
-            "status": {"phase": "Running"},
+            # KubeVirt's VirtualMachineInstanceStatus.ActivePods: launcher pod UID → node.
+            "status": {"phase": "Running", "activePods": {pod_uid: NODE}},
         }
     )
     kubelet = tmp_path / "kubelet"
@@ -445,7 +476,7 @@ def test_observe_cluster_end_to_end(
                 "Data": {
                     "PodDeviceEntries": [
                         {
-                            "PodUID": pod["metadata"]["uid"],
+                            "PodUID": pod_uid,
                             "ContainerName": "compute",
                             "ResourceName": "nvidia.com/NVIDIA_A2-4Q",
                             "DeviceIDs": {"0": ["9b4a6c1e-2f0d-5e3a-8c7b-1d2e3f4a5b6c"]},
@@ -464,7 +495,7 @@ def test_observe_cluster_end_to_end(
         "9b4a6c1e-2f0d-5e3a-8c7b-1d2e3f4a5b6c": DeviceUse(
             "9b4a6c1e-2f0d-5e3a-8c7b-1d2e3f4a5b6c",
             "nvidia.com/NVIDIA_A2-4Q",
-            "VM vms/win11 (pod virt-launcher-win11-x7k2p)",
+            f"VM vms/win11 (pod {pod_uid})",
         )
     }
     assert state.vmi_resources == {}
@@ -476,7 +507,6 @@ def test_observe_cluster_end_to_end(
         Request("list", GROUP, "vgpudevices", None, None, None),
         Request("list", "kubevirt.io", "kubevirts", None, None, None),
         Request("list", "kubevirt.io", "virtualmachineinstances", None, None, None),
-        Request("list", "", "pods", None, None, None),
     ]
 
 

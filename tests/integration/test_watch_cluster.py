@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
-from tests.integration.conftest import REPO
+from tests import rbac
 from tests.integration.test_cli_cluster import VGPUS, _cluster_node, _obj, emu
 from tests.integration.test_watch import Watch, seed_text, start_watch, wait_for
 from tests.kube.emulator import ApiServerEmulator
@@ -89,21 +87,7 @@ def test_watch_needs_no_verb_the_role_does_not_grant(
     wait_for(lambda: watch.reconciles() == 2, "the edit")
     desired.write_text(seed_text("NVIDIA A2-99Q"))  # an Event
     wait_for(lambda: watch.metric("vgpuctl_desired_state_valid") == 0, "the invalid state")
-    used = {
-        (r.group, r.resource + (f"/{r.subresource}" if r.subresource else ""), r.verb)
-        for r in emu.requests
-    }
-    role = next(
-        d
-        for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text())
-        if d and d["kind"] == "ClusterRole"
-    )
-    allowed = {
-        (group, resource, verb)
-        for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    assert used <= allowed, f"watch needs more than the role grants: {used - allowed}"
-    assert "watch" not in {verb for _, _, verb in used}
+    granted = rbac.grants()
+    denied = sorted({rbac.needed(r) for r in emu.requests if not rbac.allows(granted, r)})
+    assert not denied, f"watch needs more than the role grants: {denied}"
+    assert "watch" not in {r.verb for r in emu.requests}

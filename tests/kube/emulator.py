@@ -9,12 +9,22 @@ PUT of a custom resource, only status taken on PUT of ``/status``); generation b
 the spec changes; label and field selectors; watches resumable from a resourceVersion with a
 bounded history (410 Gone when too old); 404 NotFound for a resource whose CRD is not installed.
 
-Test hooks: every request is recorded as RBAC sees it (``requests``), requests can be denied
-(403 with the real message), failed (``fail_next``), the server stopped and restarted on the same
+Patches: JSON merge patch, and JSON patch (RFC 6902) with the API server's semantics
+(``jsonpatch.py``: evanphx/json-patch v4; an operation that does not apply, a failed ``test``
+included, is 422 with the server's generic message and nothing is written).
+
+Callers: a bearer token names the user (``kubeconfig(path, user=UserInfo(...))``); the default
+token is ``DEFAULT_USER`` without extra. Admission: ValidatingAdmissionPolicies and their
+bindings stored in the emulator (``seed`` them) judge every create, update, patch and delete
+(``admission.py``), with that user in ``request.userInfo``.
+
+Test hooks: every request is recorded as RBAC sees it (``requests``; JSON patch bodies also in
+``patches``), requests can be denied (403 with the real message; ``authorize_with`` applies
+an RBAC model per user), failed (``fail_next``), the server stopped and restarted on the same
 port (an outage), and a hook can interleave a concurrent change before each write (409 races).
 
-Not emulated: finalizers and graceful deletion, strategic-merge and JSON patches (415), paging
-(``limit`` is ignored: allowed by the API), managedFields, admission, dry runs.
+Not emulated: finalizers and graceful deletion, strategic-merge patches (415), paging (``limit``
+is ignored: allowed by the API), managedFields, mutating admission, dry runs.
 """
 
 from __future__ import annotations
@@ -37,6 +47,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
+
+from tests.kube import jsonpatch
+from tests.kube.admission import Attributes, UserInfo, admit
 
 JsonObject = dict[str, Any]
 
@@ -77,6 +90,12 @@ _REASONS = {
     504: "Timeout",
 }
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+DEFAULT_TOKEN = "emulator-token"  # noqa: S105 (a test fixture's bearer token)
+#: What the API server answers a JSON patch that does not apply (patch.go, applyJSPatch:
+#: NewGenericServerResponse(422, ...) keeps none of the library's own message).
+PATCH_NOT_APPLIED = "the server rejected our request due to an error in our request"
+_ADMISSION = "admissionregistration.k8s.io"
 _MISSING_RESOURCE = "the server could not find the requested resource"
 
 
@@ -309,6 +328,24 @@ def _core_resources() -> list[Resource]:
         core("pods", "Pod", True, True, _POD_FIELDS),
         core("events", "Event", True, False, _EVENT_FIELDS),
         core("configmaps", "ConfigMap", True, False),
+        Resource(
+            _ADMISSION,
+            "v1",
+            "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicy",
+            False,
+            True,
+            frozenset(_COMMON_FIELDS),
+        ),
+        Resource(
+            _ADMISSION,
+            "v1",
+            "validatingadmissionpolicybindings",
+            "ValidatingAdmissionPolicyBinding",
+            False,
+            False,
+            frozenset(_COMMON_FIELDS),
+        ),
     ]
 
 
@@ -359,6 +396,9 @@ class ApiServerEmulator:
     def __init__(self, *, user: str = DEFAULT_USER, history: int = 1000) -> None:
         self.user = user
         self.requests: list[Request] = []
+        #: The operations of every JSON patch received, with its request.
+        self.patches: list[tuple[Request, list[JsonObject]]] = []
+        self._users: dict[str, UserInfo] = {DEFAULT_TOKEN: UserInfo(user)}
         self._cond = threading.Condition(threading.RLock())
         self._resources: dict[tuple[str, str, str], Resource] = {}
         self._store: dict[tuple[str, str], dict[tuple[str, str], JsonObject]] = {}
@@ -368,6 +408,7 @@ class ApiServerEmulator:
         self._denied: list[tuple[str, str, str, str | None]] = []
         self._failures: deque[int] = deque()
         self._before_write: Callable[[Request], None] | None = None
+        self._authorizer: Callable[[Request, UserInfo], bool] | None = None
         self._server: _HttpServer | None = None
         self._thread: threading.Thread | None = None
         self._port = 0
@@ -421,13 +462,19 @@ class ApiServerEmulator:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def kubeconfig(self, path: Path) -> Path:
-        """Write a kubeconfig for this server (JSON is YAML) and return its path."""
+    def kubeconfig(self, path: Path, *, user: UserInfo | None = None) -> Path:
+        """Write a kubeconfig for this server (JSON is YAML) and return its path; with
+        ``user``, its token authenticates as that user (else as ``DEFAULT_USER``)."""
+        token = DEFAULT_TOKEN
+        if user is not None:
+            with self._cond:
+                token = f"token-{len(self._users)}-{uuid.uuid4().hex[:8]}"
+                self._users[token] = user
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+            "users": [{"name": "emulator", "user": {"token": token}}],
             "contexts": [
                 {"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}
             ],
@@ -559,6 +606,13 @@ class ApiServerEmulator:
     def allow_all(self) -> None:
         with self._cond:
             self._denied.clear()
+            self._authorizer = None
+
+    def authorize_with(self, authorizer: Callable[[Request, UserInfo], bool] | None) -> None:
+        """Answer 403, as RBAC does, every request ``authorizer(request, user)`` refuses
+        (None: everything allowed again). The tests give it deploy/rbac.yaml's grants."""
+        with self._cond:
+            self._authorizer = authorizer
 
     def fail_next(self, n: int = 1, status: int = 500) -> None:
         """Answer the next ``n`` requests (of any kind) with a ``status`` failure."""
@@ -577,9 +631,19 @@ class ApiServerEmulator:
     # --- request handling (called by the HTTP handler) ---
 
     def handle(
-        self, method: str, raw_path: str, body: bytes, content_type: str
+        self,
+        method: str,
+        raw_path: str,
+        body: bytes,
+        content_type: str,
+        authorization: str | None = None,
     ) -> tuple[int, JsonObject] | Iterator[JsonObject]:
-        """Answer one request: a (status code, JSON body) pair, or watch events to stream."""
+        """Answer one request: a (status code, JSON body) pair, or watch events to stream.
+
+        ``authorization`` is the ``Authorization`` header: ``Bearer <token>`` of a known user
+        (none at all: the default user), anything else is 401 as the authenticator answers.
+        """
+        user = self._authenticate(authorization)
         url = urlsplit(raw_path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         target = _parse_path(url.path)
@@ -594,10 +658,13 @@ class ApiServerEmulator:
             self.requests.append(request)
             failure = self._failures.popleft() if self._failures else None
             denied = any(self._matches_rule(rule, request) for rule in self._denied)
+            authorizer = self._authorizer
+        if authorizer is not None and not authorizer(request, user):
+            denied = True
         if failure is not None:
             raise ApiError(failure, f"Internal error occurred: injected failure ({failure})")
         if denied:
-            raise self._forbidden(request)
+            raise self._forbidden(request, user)
         resource = self._resources.get((target.group, target.version, target.plural))
         if resource is None or (target.namespace is not None and not resource.namespaced):
             raise ApiError(404, _MISSING_RESOURCE, details={})
@@ -623,17 +690,24 @@ class ApiServerEmulator:
             return 200, self._list(resource, selection)
         if verb == "get":
             return 200, self._get(resource, target)
-        if verb == "patch" and content_type.split(";", maxsplit=1)[0] != MERGE_PATCH:
-            raise ApiError(415, f"the emulator supports only merge patches, not {content_type!r}")
+        patch_type = content_type.split(";", maxsplit=1)[0].strip()
+        if verb == "patch" and patch_type not in (MERGE_PATCH, JSON_PATCH):
+            raise ApiError(
+                415,
+                f"the body of the request was in an unknown format - accepted media types "
+                f"include: {JSON_PATCH}, {MERGE_PATCH}",
+            )
+        if verb == "patch" and patch_type == JSON_PATCH:
+            return 200, self._json_patch(resource, target, body, request, user)
         parsed = self._parse_body(body) if body else {}
         if verb == "create":
-            return 201, self._create(resource, target, parsed, request)
+            return 201, self._create(resource, target, parsed, request, user)
         if verb == "update":
-            return 200, self._update(resource, target, parsed, request)
+            return 200, self._update(resource, target, parsed, request, user)
         if verb == "patch":
-            return 200, self._patch(resource, target, parsed, request)
+            return 200, self._patch(resource, target, parsed, request, user)
         if verb == "delete":
-            return 200, self._delete(resource, target, parsed, request)
+            return 200, self._delete(resource, target, parsed, request, user)
         raise ApiError(
             405, f"the server does not allow this method on the requested resource ({verb})"
         )
@@ -659,7 +733,17 @@ class ApiServerEmulator:
             and subresource in ("*", request.subresource)
         )
 
-    def _forbidden(self, request: Request) -> ApiError:
+    def _authenticate(self, authorization: str | None) -> UserInfo:
+        if authorization is None:
+            return self._users[DEFAULT_TOKEN]
+        scheme, _, token = authorization.partition(" ")
+        with self._cond:
+            user = self._users.get(token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
+            raise ApiError(401, "Unauthorized", reason="Unauthorized")
+        return user
+
+    def _forbidden(self, request: Request, user: UserInfo) -> ApiError:
         qualified = f"{request.resource}.{request.group}" if request.group else request.resource
         subject = f'{qualified} "{request.name}"' if request.name else qualified
         resource = request.resource + (f"/{request.subresource}" if request.subresource else "")
@@ -669,7 +753,7 @@ class ApiServerEmulator:
             else "at the cluster scope"
         )
         message = (
-            f'{subject} is forbidden: User "{self.user}" cannot {request.verb} resource '
+            f'{subject} is forbidden: User "{user.username}" cannot {request.verb} resource '
             f'"{resource}" in API group "{request.group}" {scope}'
         )
         details = {"group": request.group, "kind": request.resource}
@@ -697,7 +781,12 @@ class ApiServerEmulator:
             }
 
     def _create(
-        self, resource: Resource, target: _Target, body: JsonObject, request: Request
+        self,
+        resource: Resource,
+        target: _Target,
+        body: JsonObject,
+        request: Request,
+        user: UserInfo,
     ) -> JsonObject:
         if target.name is not None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
@@ -731,10 +820,17 @@ class ApiServerEmulator:
             for field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
                 meta.pop(field, None)
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+            body["apiVersion"], body["kind"] = resource.api_version, resource.kind
+            self._admit("CREATE", resource, target, user, new=body, old=None)
             return copy.deepcopy(self._write(resource, key, body, None))
 
     def _update(
-        self, resource: Resource, target: _Target, body: JsonObject, request: Request
+        self,
+        resource: Resource,
+        target: _Target,
+        body: JsonObject,
+        request: Request,
+        user: UserInfo,
     ) -> JsonObject:
         if target.name is None:
             raise ApiError(405, "the server does not allow this method on the requested resource")
@@ -753,10 +849,15 @@ class ApiServerEmulator:
             self._check_resource_version(
                 resource, current, meta.get("resourceVersion"), required=True
             )
-            return self._replace(resource, target, current, body)
+            return self._replace(resource, target, current, body, user)
 
     def _patch(
-        self, resource: Resource, target: _Target, patch: JsonObject, request: Request
+        self,
+        resource: Resource,
+        target: _Target,
+        patch: JsonObject,
+        request: Request,
+        user: UserInfo,
     ) -> JsonObject:
         self._call_hook(request)
         with self._cond:
@@ -765,10 +866,54 @@ class ApiServerEmulator:
             self._check_resource_version(resource, current, wanted, required=False)
             body = merge_patch(current, patch)
             self._check_type(resource, body)
-            return self._replace(resource, target, current, body)
+            return self._replace(resource, target, current, body, user)
+
+    def _json_patch(
+        self, resource: Resource, target: _Target, raw: bytes, request: Request, user: UserInfo
+    ) -> JsonObject:
+        """RFC 6902 as the API server applies it: to the object stored when the write lands,
+        all operations or none (422 when one does not apply), then as an update."""
+        try:
+            ops = jsonpatch.decode(raw)
+        except jsonpatch.JsonPatchDecodeError as error:
+            raise ApiError(400, str(error)) from None
+        if len(ops) > jsonpatch.MAX_OPERATIONS:
+            raise ApiError(
+                413,
+                "Request entity too large: The allowed maximum operations in a JSON patch is "
+                f"{jsonpatch.MAX_OPERATIONS}, got {len(ops)}",
+                reason="RequestEntityTooLarge",
+            )
+        with self._cond:
+            self.patches.append((request, copy.deepcopy(ops)))
+        self._call_hook(request)
+        with self._cond:
+            current = self._existing(resource, target)
+            try:
+                body = jsonpatch.apply(current, ops)
+            except jsonpatch.JsonPatchError:
+                raise ApiError(422, PATCH_NOT_APPLIED, reason="Invalid", details={}) from None
+            if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+                raise ApiError(422, PATCH_NOT_APPLIED, reason="Invalid", details={})
+            self._check_type(resource, body)
+            if body["metadata"].get("name") != target.name:
+                raise ApiError(
+                    400,
+                    f"the name of the object ({body['metadata'].get('name')}) does not match "
+                    f"the name on the URL ({target.name})",
+                )
+            self._check_namespace(resource, target, body["metadata"])
+            wanted = body["metadata"].get("resourceVersion")
+            self._check_resource_version(resource, current, wanted, required=False)
+            return self._replace(resource, target, current, body, user)
 
     def _delete(
-        self, resource: Resource, target: _Target, options: JsonObject, request: Request
+        self,
+        resource: Resource,
+        target: _Target,
+        options: JsonObject,
+        request: Request,
+        user: UserInfo,
     ) -> JsonObject:
         if target.name is None:
             raise ApiError(405, "the emulator does not serve deletecollection")
@@ -787,6 +932,7 @@ class ApiServerEmulator:
                         f"object meta: {meta.get(field)}",
                         details=self._details(resource, target.name),
                     )
+            self._admit("DELETE", resource, target, user, new=None, old=current)
             removed = self._remove(resource, (target.namespace or "", target.name))
         if not resource.custom:
             return copy.deepcopy(removed)  # core storage returns the deleted object
@@ -940,9 +1086,15 @@ class ApiServerEmulator:
         self._cond.notify_all()
 
     def _replace(
-        self, resource: Resource, target: _Target, current: JsonObject, body: JsonObject
+        self,
+        resource: Resource,
+        target: _Target,
+        current: JsonObject,
+        body: JsonObject,
+        user: UserInfo,
     ) -> JsonObject:
-        """Store ``body`` over ``current`` as a PUT on ``target`` would; a no-op writes nothing."""
+        """Store ``body`` over ``current`` as a PUT on ``target`` would (after validating
+        admission, which sees the object as it would be stored); a no-op writes nothing."""
         if target.subresource == "status":
             new = copy.deepcopy(current)
             if "status" in body:
@@ -965,10 +1117,66 @@ class ApiServerEmulator:
             if _spec_part(new, resource) != _spec_part(current, resource):
                 meta["generation"] = old_meta.get("generation", 1) + 1
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
+        self._admit("UPDATE", resource, target, user, new=new, old=current)
         if new == current:
             return copy.deepcopy(current)  # real servers skip no-op writes: no new resourceVersion
         key = (target.namespace or "", target.name or "")
         return copy.deepcopy(self._write(resource, key, new, current))
+
+    # --- validating admission ---
+
+    def _admit(
+        self,
+        operation: str,
+        resource: Resource,
+        target: _Target,
+        user: UserInfo,
+        *,
+        new: JsonObject | None,
+        old: JsonObject | None,
+    ) -> None:
+        """Run the stored ValidatingAdmissionPolicies (callers hold the lock); a denial is the
+        API server's 422 (or the reason's code) naming policy, binding and message."""
+        if resource.group == _ADMISSION:
+            return
+        bindings = list(self._store[(_ADMISSION, "validatingadmissionpolicybindings")].values())
+        if not bindings:
+            return
+        policies = list(self._store[(_ADMISSION, "validatingadmissionpolicies")].values())
+        name = target.name or str(((new or old or {}).get("metadata") or {}).get("name") or "")
+        namespace_object = None
+        if target.namespace:
+            namespace_object = self._store[("", "namespaces")].get(("", target.namespace))
+        denial = admit(
+            Attributes(
+                operation=operation,
+                group=resource.group,
+                version=resource.version,
+                resource=resource.plural,
+                kind=resource.kind,
+                subresource=target.subresource or "",
+                namespace=target.namespace or "",
+                name=name,
+                user=user,
+                object=new,
+                old_object=old,
+            ),
+            policies,
+            bindings,
+            namespace_object=namespace_object,
+        )
+        if denial is not None:
+            raise ApiError(
+                denial.code,
+                denial.message,
+                reason=denial.reason,
+                details={
+                    "name": name,
+                    "group": resource.group,
+                    "kind": resource.plural,
+                    "causes": [{"message": denial.cause}],
+                },
+            )
 
     # --- validation ---
 
@@ -1142,7 +1350,11 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         try:
             answer = self.server.emulator.handle(
-                method, self.path, body, self.headers.get("Content-Type") or "application/json"
+                method,
+                self.path,
+                body,
+                self.headers.get("Content-Type") or "application/json",
+                self.headers.get("Authorization"),
             )
         except ApiError as error:
             answer = (error.code, error.status())

@@ -15,7 +15,7 @@ import pytest
 import urllib3
 from kubernetes import client, config, watch
 
-from tests.kube.emulator import ApiServerEmulator, Request
+from tests.kube.emulator import ApiError, ApiServerEmulator, Request
 
 GROUP, VERSION, PLURAL, KIND = "devices.harvesterhci.io", "v1beta1", "vgpudevices", "VGPUDevice"
 CR = (GROUP, VERSION, PLURAL)
@@ -232,14 +232,110 @@ def test_merge_patch_respects_the_status_split(custom: Any) -> None:
     assert status["metadata"]["generation"] == 2
 
 
-def test_json_patch_is_unsupported(custom: Any) -> None:
+JSON_PATCH = "application/json-patch+json"
+
+
+def test_json_patch_applies_its_operations_in_order(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a", note=["x", "y"]))
+    patch = [
+        {"op": "test", "path": "/spec/note/1", "value": "y"},
+        {"op": "remove", "path": "/spec/note/0"},
+        {"op": "add", "path": "/spec/note/-", "value": "z"},
+        {"op": "test", "path": "/spec/missing", "value": None},  # json-patch v4: passes
+        {"op": "add", "path": "/metadata/labels/team~1gpu", "value": "vdi"},
+        {"op": "replace", "path": "/spec/enabled", "value": True},  # v4: a missing key is added
+    ]
+    out = custom.patch_cluster_custom_object(*CR, "a", patch, _content_type=JSON_PATCH)
+    assert out["spec"]["note"] == ["y", "z"]
+    assert out["spec"]["enabled"] is True
+    assert out["metadata"]["labels"] == {"nodename": "n1", "team/gpu": "vdi"}
+    assert int(out["metadata"]["resourceVersion"]) > int(created["metadata"]["resourceVersion"])
+    assert out["metadata"]["generation"] == 2
+    assert emulator.requests[-1] == ("patch", GROUP, PLURAL, None, None, "a")
+    assert emulator.patches[-1][1] == patch
+
+
+@pytest.mark.parametrize(
+    "failing",
+    [
+        {"op": "test", "path": "/spec/vGPUTypeName", "value": "NVIDIA A2-4Q"},  # it is ""
+        {"op": "test", "path": "/spec/enabled", "value": True},  # missing, not null
+        {"op": "test", "path": "/spec/nowhere/deeper", "value": None},  # a missing parent
+        {"op": "remove", "path": "/spec/absent"},
+        {"op": "remove", "path": "/spec/note/5"},
+        {"op": "add", "path": "/spec/note/9", "value": 1},
+        {"op": "replace", "path": "/spec/note/2", "value": 1},
+        {"op": "test", "path": "/spec/note", "value": ["x", "y", "z"]},
+        {"op": "frobnicate", "path": "/spec"},
+    ],
+)
+def test_a_json_patch_that_does_not_apply_is_422_and_writes_nothing(
+    emulator: ApiServerEmulator, custom: Any, failing: dict[str, Any]
+) -> None:
+    custom.create_cluster_custom_object(*CR, vgpu("a", note=["x", "y"]))
+    before = emulator.get_object(*CR, "a")
+    # The operations before the failing one would apply: none of them may be written.
+    patch = [{"op": "replace", "path": "/spec/vGPUTypeName", "value": "NVIDIA A2-4C"}, failing]
+    error = api_error(custom.patch_cluster_custom_object, *CR, "a", patch, _content_type=JSON_PATCH)
+    assert error.status == 422
+    # The API server's own answer (patch.go: NewGenericServerResponse(422, ...)).
+    assert status_of(error) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "the server rejected our request due to an error in our request",
+        "reason": "Invalid",
+        "details": {},
+        "code": 422,
+    }
+    assert emulator.get_object(*CR, "a") == before
+
+
+def test_json_patch_body_and_media_types(emulator: ApiServerEmulator, custom: Any) -> None:
     custom.create_cluster_custom_object(*CR, vgpu("a"))
-    patch = [{"op": "replace", "path": "/spec/enabled", "value": True}]
-    json_patch = "application/json-patch+json"
-    error = api_error(custom.patch_cluster_custom_object, *CR, "a", patch, _content_type=json_patch)
+    url = f"/apis/{GROUP}/{VERSION}/{PLURAL}/a"
+    with pytest.raises(ApiError) as caught:  # the body of a JSON patch is an array
+        emulator.handle("PATCH", url, b'{"op": "remove", "path": "/spec"}', JSON_PATCH)
+    assert caught.value.code == 400
+    # Custom resources have no strategic merge patch. The client turns a JSON patch whose
+    # body is not a list into one (rest.py), and sends a custom-object patch as a merge patch
+    # unless told otherwise (its select_header_content_type looks only for "json").
+    not_a_list = {"op": "replace", "path": "/spec/enabled", "value": True}
+    error = api_error(
+        custom.patch_cluster_custom_object, *CR, "a", not_a_list, _content_type=JSON_PATCH
+    )
     assert error.status == 415
-    # this client version sends every custom-object patch as a merge patch: a list is no object
-    assert api_error(custom.patch_cluster_custom_object, *CR, "a", patch).status == 400
+    assert api_error(custom.patch_cluster_custom_object, *CR, "a", [not_a_list]).status == 400
+
+
+def test_json_patch_of_resource_version_is_a_precondition(custom: Any) -> None:
+    created = custom.create_cluster_custom_object(*CR, vgpu("a"))
+    stale = [{"op": "replace", "path": "/metadata/resourceVersion", "value": "1"}]
+    error = api_error(custom.patch_cluster_custom_object, *CR, "a", stale, _content_type=JSON_PATCH)
+    assert error.status == 409
+    same = [
+        {
+            "op": "replace",
+            "path": "/metadata/resourceVersion",
+            "value": created["metadata"]["resourceVersion"],
+        },
+        {"op": "replace", "path": "/spec/enabled", "value": True},
+    ]
+    assert custom.patch_cluster_custom_object(*CR, "a", same, _content_type=JSON_PATCH)["spec"][
+        "enabled"
+    ]
+
+
+def test_json_patch_of_status_is_ignored_on_the_main_resource(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    patch = [{"op": "add", "path": "/status", "value": {"uuid": "u"}}]
+    custom.patch_cluster_custom_object(*CR, "a", patch, _content_type=JSON_PATCH)
+    assert "status" not in (emulator.get_object(*CR, "a") or {})
 
 
 def test_a_write_racing_the_before_write_hook_is_409(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -13,6 +13,7 @@ import pytest
 from reconciler.apply.cluster import (
     SKIPPED_NOT_CLUSTER,
     allow_list_change,
+    allow_list_patch,
     execute_cluster,
     record_host_events,
 )
@@ -34,6 +35,7 @@ from reconciler.model.cluster import (
     VGPU_KIND,
     KubeObject,
 )
+from tests.kube import jsonpatch
 
 NODE = "harvester-kgd9c"
 NAME = "harvester-kgd9c-000008004"
@@ -42,7 +44,8 @@ Key = tuple[str, str | None, str]  # plural, namespace, name
 
 class FakeCluster:
     """Enough of an API server: one resourceVersion counter, 409 on a stale version, status
-    dropped on create and ignored on PUT, only status taken on PUT of ``/status``."""
+    dropped on create and ignored on PUT, only status taken on PUT of ``/status``, JSON patches
+    applied as the API server does (a failed ``test``: the port's ConflictError)."""
 
     def __init__(self) -> None:
         self.store: dict[Key, dict[str, Any]] = {}
@@ -51,6 +54,7 @@ class FakeCluster:
         self.before_write: Callable[[str, Key], object] | None = None
         self.on_get: Callable[[Key], object] | None = None
         self.down = False
+        self.patches: list[list[dict[str, Any]]] = []
 
     def put(self, plural: str, body: Mapping[str, Any], namespace: str | None = None) -> str:
         """Store directly (another actor); returns the new resourceVersion."""
@@ -124,6 +128,29 @@ class FakeCluster:
         if group == GROUP:
             obj["status"] = copy.deepcopy(self.store[key].get("status", {}))
         obj["metadata"]["uid"] = self.store[key]["metadata"].get("uid")
+        self.put(plural, obj, namespace)
+        return copy.deepcopy(self.store[key])
+
+    def patch_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        patch: Sequence[Mapping[str, Any]],
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        key = (plural, namespace, name)
+        self._enter("patch", plural, None, key)
+        self.patches.append([dict(op) for op in patch])
+        current = self.store.get(key)
+        if current is None:
+            raise ConflictError(f"{plural}/{name} was deleted since it was read")
+        try:
+            obj = jsonpatch.apply(current, patch)
+        except jsonpatch.JsonPatchError:
+            raise ConflictError(f"{plural}/{name} changed since it was read (422)") from None
         self.put(plural, obj, namespace)
         return copy.deepcopy(self.store[key])
 
@@ -628,7 +655,20 @@ def test_kubevirt_update_adds_and_removes_only_its_own_entries() -> None:
     assert result.outcomes[0].message == (
         "kubevirt/harvester-system/kubevirt: allowed NVIDIA A2-4Q; removed NVIDIA A2-8Q"
     )
-    assert fake.calls == [("get", "kubevirts", None), ("update", "kubevirts", rv)]
+    assert fake.calls == [("get", "kubevirts", None), ("patch", "kubevirts", None)]
+    # A JSON patch naming only the entries and the annotation it changes, each guarded by a
+    # test of the value read.
+    entries = "/spec/configuration/permittedHostDevices/mediatedDevices"
+    annotation = "/metadata/annotations/vgpu.reconciler.dev~1mediated-devices"
+    assert fake.patches == [
+        [
+            {"op": "test", "path": f"{entries}/1", "value": entry("NVIDIA A2-8Q")},
+            {"op": "test", "path": annotation, "value": "NVIDIA A2-8Q"},
+            {"op": "remove", "path": f"{entries}/1"},
+            {"op": "add", "path": f"{entries}/-", "value": entry("NVIDIA A2-4Q")},
+            {"op": "add", "path": annotation, "value": "NVIDIA A2-4Q"},
+        ]
+    ]
     after = stored_kubevirt(fake)
     assert selectors(fake) == ["GRID T4-2Q", "NVIDIA A2-4Q"]
     assert after["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"][0] == theirs
@@ -670,9 +710,8 @@ def test_kubevirt_conflict_recomputes_against_the_fresh_entries() -> None:
     assert selectors(fake) == ["NVIDIA L4-2Q", "NVIDIA A2-4Q"]
     owned = stored_kubevirt(fake)["metadata"]["annotations"][KUBEVIRT_OWNED_ANNOTATION]
     assert owned == "NVIDIA A2-4Q,NVIDIA L4-2Q"
-    puts = [c for c in fake.calls if c[0] == "update"]
-    assert puts[0][2] == planned
-    assert puts[1][2] != planned
+    # The first patch's test of the annotation failed: read again, patched again.
+    assert [c[0] for c in fake.calls] == ["get", "patch", "get", "patch"]
 
 
 def test_kubevirt_changed_since_the_plan_is_replanned_before_writing() -> None:
@@ -683,7 +722,7 @@ def test_kubevirt_changed_since_the_plan_is_replanned_before_writing() -> None:
     result = execute_cluster([action], api=fake)
     # Present already: nothing to add; claimed as owned because the plan says so.
     assert result.outcomes[0].status is OutcomeStatus.DONE
-    assert [c[0] for c in fake.calls] == ["get", "update"]
+    assert [c[0] for c in fake.calls] == ["get", "patch"]
     assert selectors(fake) == ["NVIDIA A2-4Q"]
 
 
@@ -699,13 +738,128 @@ def test_kubevirt_already_as_planned_is_a_noop() -> None:
 def test_kubevirt_gives_up_too() -> None:
     fake = FakeCluster()
     planned = fake.put("kubevirts", kubevirt_cr([], ""), "harvester-system")
-    fake.before_write = lambda verb, key: fake.put("kubevirts", fake.store[key], "harvester-system")
+
+    def keep_changing_the_annotation(verb: str, key: Key) -> None:
+        edited = copy.deepcopy(fake.store[key])
+        edited["metadata"]["annotations"][KUBEVIRT_OWNED_ANNOTATION] += "x"
+        fake.put("kubevirts", edited, "harvester-system")
+
+    fake.before_write = keep_changing_the_annotation
     action = kubevirt_update(planned, add=["NVIDIA A2-4Q"], remove=[], owned=["NVIDIA A2-4Q"])
     result = execute_cluster([action], api=fake, max_conflict_retries=1)
     assert result.failed is not None
     assert result.failed.message == (
         "kubevirt/harvester-system/kubevirt kept changing under us: gave up after 2 conflicts"
     )
+
+
+def test_kubevirt_patch_leaves_a_concurrent_change_elsewhere_alone() -> None:
+    fake = FakeCluster()
+    theirs = entry("GRID T4-2Q")
+    planned = fake.put(
+        "kubevirts", kubevirt_cr([theirs, A2_4Q], "NVIDIA A2-4Q"), "harvester-system"
+    )
+
+    def someone_else(verb: str, key: Key) -> None:
+        # Between our read and our write: another field, and someone else's entry.
+        fake.before_write = None
+        edited = copy.deepcopy(fake.store[key])
+        edited["spec"]["imageRegistry"] = "registry.example/kubevirt"
+        mediated = edited["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+        mediated[0]["resourceName"] = "nvidia.com/T4"
+        fake.put("kubevirts", edited, "harvester-system")
+
+    fake.before_write = someone_else
+    action = kubevirt_update(planned, add=[], remove=["NVIDIA A2-4Q"], owned=[])
+    result = execute_cluster([action], api=fake)
+    assert result.ok
+    assert result.outcomes[0].message == "kubevirt/harvester-system/kubevirt: removed NVIDIA A2-4Q"
+    after = stored_kubevirt(fake)
+    assert after["spec"]["imageRegistry"] == "registry.example/kubevirt"
+    assert after["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
+        {**theirs, "resourceName": "nvidia.com/T4"}
+    ]
+    assert [c[0] for c in fake.calls] == ["get", "patch"]  # no conflict: nothing of ours moved
+
+
+def test_kubevirt_patch_fails_cleanly_when_an_entry_it_removes_changed() -> None:
+    fake = FakeCluster()
+    planned = fake.put(
+        "kubevirts", kubevirt_cr([entry("GRID T4-2Q"), A2_4Q], "NVIDIA A2-4Q"), "harvester-system"
+    )
+
+    def edit_our_entry(verb: str, key: Key) -> None:
+        edited = copy.deepcopy(fake.store[key])
+        mediated = edited["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+        mediated[-1]["resourceName"] += "-edited"
+        fake.put("kubevirts", edited, "harvester-system")
+
+    fake.before_write = edit_our_entry  # before every write: the tested entry never matches
+    action = kubevirt_update(planned, add=[], remove=["NVIDIA A2-4Q"], owned=[])
+    result = execute_cluster([action], api=fake, max_conflict_retries=2)
+    assert result.failed is not None
+    assert result.failed.message == (
+        "kubevirt/harvester-system/kubevirt kept changing under us: gave up after 3 conflicts"
+    )
+    # Each patch failed whole: the edited entry is there, nothing of the patch was written.
+    assert selectors(fake) == ["GRID T4-2Q", "NVIDIA A2-4Q"]
+    after = stored_kubevirt(fake)
+    assert after["metadata"]["annotations"][KUBEVIRT_OWNED_ANNOTATION] == "NVIDIA A2-4Q"
+    assert [c[0] for c in fake.calls] == ["get", "patch"] * 3
+
+
+def test_allow_list_patch_creates_the_levels_that_are_missing() -> None:
+    cr = kubevirt_cr([], "")
+    del cr["spec"]["configuration"]["permittedHostDevices"]
+    del cr["metadata"]["annotations"]
+    change = allow_list_patch(cr, add=[A2_4Q], remove=[])
+    assert change is not None
+    ops, summary = change
+    assert summary == "allowed NVIDIA A2-4Q"
+    # A missing branch is tested as null (what the API server's JSON patch passes for an
+    # absent key) and added whole.
+    assert ops == [
+        {"op": "test", "path": "/spec/configuration/permittedHostDevices", "value": None},
+        {"op": "test", "path": "/metadata/annotations", "value": None},
+        {
+            "op": "add",
+            "path": "/spec/configuration/permittedHostDevices",
+            "value": {"mediatedDevices": [A2_4Q]},
+        },
+        {
+            "op": "add",
+            "path": "/metadata/annotations",
+            "value": {KUBEVIRT_OWNED_ANNOTATION: "NVIDIA A2-4Q"},
+        },
+    ]
+    patched = jsonpatch.apply(cr, ops)
+    assert patched["spec"]["configuration"]["developerConfiguration"] == {
+        "featureGates": ["LiveMigration"]
+    }
+
+
+def test_allow_list_patch_removes_from_the_end_and_drops_the_annotation() -> None:
+    cr = kubevirt_cr(
+        [entry("NVIDIA A2-4Q"), entry("GRID T4-2Q"), entry("NVIDIA A2-8Q")],
+        "NVIDIA A2-4Q,NVIDIA A2-8Q",
+    )
+    change = allow_list_patch(cr, add=[], remove=["NVIDIA A2-4Q", "NVIDIA A2-8Q"])
+    assert change is not None
+    ops, _ = change
+    entries = "/spec/configuration/permittedHostDevices/mediatedDevices"
+    annotation = "/metadata/annotations/vgpu.reconciler.dev~1mediated-devices"
+    assert ops == [
+        {"op": "test", "path": f"{entries}/0", "value": entry("NVIDIA A2-4Q")},
+        {"op": "test", "path": f"{entries}/2", "value": entry("NVIDIA A2-8Q")},
+        {"op": "test", "path": annotation, "value": "NVIDIA A2-4Q,NVIDIA A2-8Q"},
+        {"op": "remove", "path": f"{entries}/2"},
+        {"op": "remove", "path": f"{entries}/0"},
+        {"op": "remove", "path": annotation},
+    ]
+    patched = jsonpatch.apply(cr, ops)
+    devices = patched["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+    assert devices == [entry("GRID T4-2Q")]
+    assert patched["metadata"]["annotations"] == {"keep": "me"}
 
 
 def test_allow_list_never_removes_what_is_not_ours() -> None:

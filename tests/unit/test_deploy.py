@@ -22,6 +22,8 @@ import yaml
 
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
+from tests.kube import jsonpatch
+from tests.rbac import Grant, grants
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -29,26 +31,29 @@ NAMESPACE = "vgpuctl-system"
 IMAGE = "ghcr.io/vgpuctl/vgpuctl:0.1.0"
 DESIRED_CONFIGMAP = "vgpuctl-desired-state"
 
-# The requests vgpuctl makes, as RBAC sees them: (apiGroup, resource, verb). The lead reconciles
-# this with the requests a test records against the API-server emulator.
-EXPECTED_RULES = {
+# The requests vgpuctl makes, as RBAC sees them: (apiGroup, resource, verb, namespace; None for
+# everywhere). The RBAC recording tests check them against the requests recorded by the
+# API-server emulator in a full life cycle.
+EXPECTED_GRANTS = {
     *(
-        ("devices.harvesterhci.io", resource, verb)
+        Grant("devices.harvesterhci.io", resource, verb, None)
         for resource in ("sriovgpudevices", "vgpudevices")
         for verb in ("get", "list", "create", "update", "delete")
     ),
-    ("devices.harvesterhci.io", "sriovgpudevices/status", "update"),
-    ("devices.harvesterhci.io", "vgpudevices/status", "update"),
-    ("kubevirt.io", "kubevirts", "get"),
-    ("kubevirt.io", "kubevirts", "list"),
-    ("kubevirt.io", "kubevirts", "update"),
-    ("kubevirt.io", "virtualmachineinstances", "list"),
-    ("", "pods", "list"),
-    ("", "events", "create"),
+    Grant("devices.harvesterhci.io", "sriovgpudevices/status", "update", None),
+    Grant("devices.harvesterhci.io", "vgpudevices/status", "update", None),
+    Grant("kubevirt.io", "kubevirts", "get", None),
+    Grant("kubevirt.io", "kubevirts", "list", None),
+    Grant("kubevirt.io", "kubevirts", "patch", None),
+    Grant("kubevirt.io", "virtualmachineinstances", "list", None),
+    Grant("", "events", "create", "default"),
 }
-# Verbs a node agent may ever hold; escalate, bind, impersonate, patch and deletecollection
-# are never needed (writes are full PUTs carrying the resourceVersion they were planned from).
+# Verbs a node agent may ever hold; escalate, bind, impersonate and deletecollection are never
+# needed. patch only for the KubeVirt CR (a JSON patch naming our entries); our own objects are
+# written with full PUTs carrying the resourceVersion they were planned from.
 ALLOWED_VERBS = {"get", "list", "watch", "create", "update", "delete"}
+PATCHED = {("kubevirt.io", "kubevirts")}
+AGENT = f"system:serviceaccount:{NAMESPACE}:vgpuctl"
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -99,9 +104,13 @@ def _typed_round_trip(doc: Mapping[str, Any]) -> Any:
     return client.sanitize_for_serialization(model)
 
 
+#: Optional kustomize components: directories of their own, not in the base's resources.
+COMPONENTS = ("git-sync", "no-node-claim")
+
+
 @pytest.mark.parametrize(
     "path",
-    [p for p in _manifests() if p.name != "kustomization.yaml" and p.parent.name != "git-sync"],
+    [p for p in _manifests() if p.name != "kustomization.yaml" and p.parent.name not in COMPONENTS],
     ids=lambda p: str(p.relative_to(DEPLOY)),
 )
 def test_every_field_is_one_kubernetes_knows(path: Path) -> None:
@@ -119,7 +128,7 @@ def test_the_kustomization_lists_every_manifest_and_nothing_else() -> None:
     on_disk = sorted(
         str(p.relative_to(DEPLOY))
         for p in _manifests()
-        if p.name != "kustomization.yaml" and p.parent.name != "git-sync"
+        if p.name != "kustomization.yaml" and p.parent.name not in COMPONENTS
     )
     assert sorted(listed) == on_disk
     assert len(listed) == len(set(listed))
@@ -184,7 +193,11 @@ def test_kustomize_builds_the_base() -> None:
         ("DaemonSet", "vgpuctl"),
         ("Namespace", NAMESPACE),
         ("NetworkPolicy", "vgpuctl"),
+        ("Role", "vgpuctl-events"),
+        ("RoleBinding", "vgpuctl-events"),
         ("ServiceAccount", "vgpuctl"),
+        ("ValidatingAdmissionPolicy", "vgpuctl-agent"),
+        ("ValidatingAdmissionPolicyBinding", "vgpuctl-agent"),
     ]
     for path in sorted((REPO / "schemas" / "crds").iterdir()):
         (crd,) = _docs(path)
@@ -366,39 +379,137 @@ def test_the_agent_runs_as_the_service_account_with_the_placeholder_image() -> N
 
 
 def _rules() -> list[dict[str, Any]]:
-    return list(_one("ClusterRole", "vgpuctl")["rules"])
+    return [
+        rule
+        for kind in ("ClusterRole", "Role")
+        for path in DEPLOY.glob("*.yaml")
+        for doc in _docs(path)
+        if doc["kind"] == kind
+        for rule in doc["rules"]
+    ]
 
 
-def test_the_role_grants_exactly_the_recorded_requests() -> None:
-    granted = {
-        (group, resource, verb)
-        for rule in _rules()
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    assert granted == EXPECTED_RULES
+def test_the_roles_grant_exactly_the_recorded_requests() -> None:
+    assert grants(DEPLOY / "rbac.yaml") == EXPECTED_GRANTS
 
 
-def test_the_role_has_no_wildcards_and_no_dangerous_verbs() -> None:
+def test_the_roles_have_no_wildcards_and_no_dangerous_verbs() -> None:
     for rule in _rules():
         values = [*rule["apiGroups"], *rule["resources"], *rule["verbs"]]
         assert not any("*" in v for v in values), rule
-        assert set(rule["verbs"]) <= ALLOWED_VERBS, rule
+        patched = {(g, r) for g in rule["apiGroups"] for r in rule["resources"]}
+        allowed = ALLOWED_VERBS | ({"patch"} if patched <= PATCHED else set())
+        assert set(rule["verbs"]) <= allowed, rule
         assert "nonResourceURLs" not in rule
 
 
-def test_the_binding_gives_the_role_to_the_service_account() -> None:
-    binding = _one("ClusterRoleBinding", "vgpuctl")
+def test_no_access_to_pods_or_secrets_and_events_only_in_their_namespace() -> None:
+    granted = grants(DEPLOY / "rbac.yaml")
+    assert not [g for g in granted if g.resource in ("pods", "secrets", "configmaps")]
+    assert {g.namespace for g in granted if g.resource == "events"} == {"default"}
+
+
+def test_the_bindings_give_the_roles_to_the_service_account() -> None:
     sa = _one("ServiceAccount")
+    subject = {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    binding = _one("ClusterRoleBinding", "vgpuctl")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
         "name": _one("ClusterRole")["metadata"]["name"],
     }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    assert binding["subjects"] == [subject]
+    events = _one("RoleBinding", "vgpuctl-events")
+    role = _one("Role", "vgpuctl-events")
+    assert events["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert events["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert events["subjects"] == [subject]
+
+
+def test_events_are_allowed_where_the_recorder_writes_them() -> None:
+    from reconciler.kube import EVENT_NAMESPACE
+
+    assert _one("Role", "vgpuctl-events")["metadata"]["namespace"] == EVENT_NAMESPACE
+
+
+# --- the admission policy ----------------------------------------------------------------------
+
+
+def test_the_admission_policy_applies_to_the_agents_service_account_only() -> None:
+    policy = _one("ValidatingAdmissionPolicy", "vgpuctl-agent")
+    sa = _one("ServiceAccount")
+    assert f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}" == AGENT
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == '{AGENT}'"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = _one("ValidatingAdmissionPolicyBinding", "vgpuctl-agent")
+    assert binding["spec"] == {"policyName": "vgpuctl-agent", "validationActions": ["Deny"]}
+
+
+def test_the_admission_policy_covers_every_write_the_role_grants() -> None:
+    """Every resource the agent may write is matched by the policy, for every operation."""
+    rules = _one("ValidatingAdmissionPolicy", "vgpuctl-agent")["spec"]["matchConstraints"][
+        "resourceRules"
     ]
+    matched = {
+        (group, resource, operation)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for operation in rule["operations"]
+    }
+    operations = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE"}
+    for g in grants(DEPLOY / "rbac.yaml"):
+        if g.verb not in operations or g.resource == "events":
+            continue
+        for operation in ("CREATE", "UPDATE", "DELETE"):
+            assert (g.group, g.resource, operation) in matched, (g, operation)
+
+
+def test_the_annotation_the_policy_allows_is_vgpuctls() -> None:
+    from reconciler.model.cluster import KUBEVIRT_OWNED_ANNOTATION, NODE_LABEL
+
+    text = (DEPLOY / "admission-policy.yaml").read_text("utf-8")
+    assert text.count(f"'{KUBEVIRT_OWNED_ANNOTATION}'") == 2
+    assert f"'{NODE_LABEL}' in object.metadata.labels" in text
+
+
+def _no_node_claim_patch() -> list[dict[str, Any]]:
+    (patch,) = _kustomization(DEPLOY / "no-node-claim")["patches"]
+    assert patch["target"] == {
+        "group": "admissionregistration.k8s.io",
+        "version": "v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "name": "vgpuctl-agent",
+    }
+    ops: list[dict[str, Any]] = yaml.safe_load(patch["patch"])
+    return ops
+
+
+def test_the_no_node_claim_component_removes_only_the_claim_requirement() -> None:
+    policy = _one("ValidatingAdmissionPolicy", "vgpuctl-agent")
+    patched = jsonpatch.apply(policy, _no_node_claim_patch())
+    before, after = policy["spec"]["validations"], patched["spec"]["validations"]
+    assert after == before[:-1]
+    assert before[-1]["expression"] == "variables.kubevirt || size(variables.claim) > 0"
+
+
+def test_kustomize_builds_the_no_node_claim_variant(tmp_path: Path) -> None:
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [../deploy]\ncomponents: [../deploy/no-node-claim]\n", "utf-8"
+    )
+    built = {(d["kind"], d["metadata"]["name"]): d for d in _kustomize(overlay)}
+    policy = built[("ValidatingAdmissionPolicy", "vgpuctl-agent")]
+    assert policy == jsonpatch.apply(
+        _one("ValidatingAdmissionPolicy", "vgpuctl-agent"), _no_node_claim_patch()
+    )
 
 
 def test_the_probes_reach_the_watch_endpoint() -> None:

@@ -114,6 +114,18 @@ class ListingApi:
 
     replace_status = replace_object
 
+    def patch_object(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        raise AssertionError("the observer only lists")
+
     def delete_object(
         self,
         *,
@@ -197,8 +209,19 @@ def kubevirt(namespace: str = "harvester-system", **annotations: str) -> dict[st
 
 
 def vmi(
-    name: str, uid: str, *, node: str = NODE, phase: str = "Running", gpus: tuple[str, ...] = ()
+    name: str,
+    uid: str,
+    *,
+    node: str = NODE,
+    phase: str = "Running",
+    gpus: tuple[str, ...] = (),
+    pods: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """A VMI as KubeVirt shows it: ``status.activePods`` maps its launcher pods' UIDs to
+    their nodes (VirtualMachineInstanceStatus.ActivePods)."""
+    status: dict[str, Any] = {"phase": phase, "nodeName": node}
+    if pods is not None:
+        status["activePods"] = dict(pods)
     return {
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
@@ -215,36 +238,7 @@ def vmi(
                 }
             }
         },
-        "status": {"phase": phase, "nodeName": node},
-    }
-
-
-def launcher(
-    vm: str, pod_uid: str, vmi_uid: str, *, node: str = NODE, phase: str = "Running"
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"virt-launcher-{vm}-abcde",
-            "namespace": "default",
-            "uid": pod_uid,
-            "labels": {
-                "kubevirt.io": "virt-launcher",
-                "kubevirt.io/created-by": vmi_uid,
-                "vm.kubevirt.io/name": vm,
-            },
-        },
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {
-                    "name": "compute",
-                    "resources": {"limits": {"nvidia.com/NVIDIA_A2-4Q": "1", "cpu": "2"}},
-                }
-            ],
-        },
-        "status": {"phase": phase},
+        "status": status,
     }
 
 
@@ -268,10 +262,9 @@ def cluster(**extra: list[dict[str, Any]]) -> ListingApi:
         ],
         KV: [kubevirt(**{KUBEVIRT_OWNED_ANNOTATION: "NVIDIA A2-4Q, NVIDIA A2-8Q,"})],
         VMI: [],
-        ("", "pods"): [],
     }
     for key, value in extra.items():
-        objects[{"kv": KV, "vmis": VMI, "pods": ("", "pods")}[key]] = value
+        objects[{"kv": KV, "vmis": VMI}[key]] = value
     return ListingApi(objects)
 
 
@@ -375,26 +368,23 @@ def test_our_crds_missing_propagates() -> None:
 # -- who uses which vGPU ------------------------------------------------------------------------
 
 
-def test_vmi_pod_and_checkpoint_join_into_device_uses(tmp_path: Path) -> None:
+def test_vmi_active_pods_and_checkpoint_join_into_device_uses(tmp_path: Path) -> None:
     api = cluster(
-        vmis=[vmi("win11", "vmi-1", gpus=("nvidia.com/NVIDIA_A2-4Q",))],
-        pods=[launcher("win11", POD_WITH_VGPU, "vmi-1")],
+        vmis=[vmi("win11", "vmi-1", gpus=("nvidia.com/NVIDIA_A2-4Q",), pods={POD_WITH_VGPU: NODE})]
     )
     state = observe_cluster(
         api, node=NODE, kubelet_dir=kubelet_with(tmp_path, "kubelet-1.29-numa-map.json")
     )
-    assert api.calls[-1] == (
-        "list",
-        "pods",
-        None,
-        "kubevirt.io=virt-launcher",
-        f"spec.nodeName={NODE}",
-    )
+    # VMIs only: no request for pods (the agent has no access to them).
+    assert [c[1] for c in api.calls] == [
+        "sriovgpudevices",
+        "vgpudevices",
+        "kubevirts",
+        "virtualmachineinstances",
+    ]
     assert state.device_uses == {
         A2_4Q_UUID: DeviceUse(
-            A2_4Q_UUID,
-            "nvidia.com/NVIDIA_A2-4Q",
-            "VM default/win11 (pod virt-launcher-win11-abcde)",
+            A2_4Q_UUID, "nvidia.com/NVIDIA_A2-4Q", f"VM default/win11 (pod {POD_WITH_VGPU})"
         ),
         # A pod that is no VM's launcher still holds its vGPU.
         A2_4A_UUID: DeviceUse(A2_4A_UUID, "nvidia.com/NVIDIA_A2-4A", f"pod {OTHER_POD}"),
@@ -407,23 +397,47 @@ def test_vmi_pod_and_checkpoint_join_into_device_uses(tmp_path: Path) -> None:
 
 def test_a_vm_whose_allocation_is_unknown_marks_its_resource(tmp_path: Path) -> None:
     api = cluster(
-        vmis=[vmi("linux", "vmi-2", gpus=("nvidia.com/NVIDIA_A2-8Q",))],
-        pods=[launcher("linux", "pod-not-in-checkpoint", "vmi-2")],
+        vmis=[
+            vmi(
+                "linux",
+                "vmi-2",
+                gpus=("nvidia.com/NVIDIA_A2-8Q", "nvidia.com/NVIDIA_A2-4Q"),
+                pods={"pod-not-in-checkpoint": NODE},
+            )
+        ]
     )
     state = observe_cluster(
         api, node=NODE, kubelet_dir=kubelet_with(tmp_path, "no-allocations.json")
     )
-    # The VMI asks for A2-8Q, its pod's limits say A2-4Q: both are unknown allocations.
     assert state.vmi_resources == {
         "default/linux": ("nvidia.com/NVIDIA_A2-4Q", "nvidia.com/NVIDIA_A2-8Q")
     }
     assert state.device_uses == {}
 
 
+def test_only_the_vms_pods_on_this_node_account_for_its_resources(tmp_path: Path) -> None:
+    # The VMI's pod that holds A2-4Q in this node's checkpoint is, per KubeVirt, elsewhere
+    # (a checkpoint can only hold this node's pods: the VMI's pod here is the other one).
+    api = cluster(
+        vmis=[
+            vmi(
+                "moving",
+                "vmi-6",
+                gpus=("nvidia.com/NVIDIA_A2-4Q",),
+                pods={POD_WITH_VGPU: OTHER, "target-pod": NODE},
+            )
+        ]
+    )
+    state = observe_cluster(
+        api, node=NODE, kubelet_dir=kubelet_with(tmp_path, "kubelet-1.29-numa-map.json")
+    )
+    assert state.vmi_resources == {"default/moving": ("nvidia.com/NVIDIA_A2-4Q",)}
+    assert state.device_uses[A2_4Q_UUID].holder == f"VM default/moving (pod {POD_WITH_VGPU})"
+
+
 def test_without_a_kubelet_dir_every_vm_resource_is_unknown() -> None:
     api = cluster(
-        vmis=[vmi("win11", "vmi-1", gpus=("nvidia.com/NVIDIA_A2-4Q",))],
-        pods=[launcher("win11", POD_WITH_VGPU, "vmi-1")],
+        vmis=[vmi("win11", "vmi-1", gpus=("nvidia.com/NVIDIA_A2-4Q",), pods={POD_WITH_VGPU: NODE})]
     )
     state = observe_cluster(api, node=NODE)
     assert state.vmi_resources == {"default/win11": ("nvidia.com/NVIDIA_A2-4Q",)}
@@ -436,21 +450,29 @@ def test_a_vmi_without_its_pod_still_counts() -> None:
     assert state.vmi_resources == {"default/starting": ("nvidia.com/NVIDIA_A2-4Q",)}
 
 
-def test_finished_vms_and_pods_hold_nothing(tmp_path: Path) -> None:
+def test_a_finished_vms_pods_hold_nothing(tmp_path: Path) -> None:
     api = cluster(
         vmis=[
-            vmi("done", "vmi-4", phase="Succeeded", gpus=("nvidia.com/NVIDIA_A2-4Q",)),
-            vmi("gone", "vmi-5", gpus=("nvidia.com/NVIDIA_A2-4Q",)),
-        ],
-        pods=[launcher("gone", POD_WITH_VGPU, "vmi-5", phase="Failed")],
+            # KubeVirt keeps a finished launcher in activePods until the pod is deleted; the
+            # kubelet keeps its checkpoint entry until its next allocation.
+            vmi(
+                "done",
+                "vmi-4",
+                phase="Succeeded",
+                gpus=("nvidia.com/NVIDIA_A2-4Q",),
+                pods={POD_WITH_VGPU: NODE},
+            ),
+            vmi("pending", "vmi-5", gpus=("nvidia.com/NVIDIA_A2-8Q",)),
+        ]
     )
     state = observe_cluster(
         api, node=NODE, kubelet_dir=kubelet_with(tmp_path, "kubelet-1.29-numa-map.json")
     )
-    # The failed launcher's stale checkpoint entry does not hold A2-4Q; the VMI that is not
-    # finished (its pod is) still counts, conservatively, as wanting the resource.
     assert A2_4Q_UUID not in state.device_uses
-    assert state.vmi_resources == {"default/gone": ("nvidia.com/NVIDIA_A2-4Q",)}
+    # The VMI that is not finished still counts, conservatively, as wanting its resource.
+    assert state.vmi_resources == {"default/pending": ("nvidia.com/NVIDIA_A2-8Q",)}
+    # The pod no VMI names still holds (another workload, or a launcher whose VMI is gone).
+    assert state.device_uses[A2_4A_UUID].holder == f"pod {OTHER_POD}"
 
 
 def test_missing_checkpoint_is_a_note(tmp_path: Path) -> None:
@@ -617,10 +639,9 @@ def test_malformed_status_names_object_and_field(status: dict[str, Any], message
 def test_many_nodes_cost_one_list_per_kind() -> None:
     api = cluster(
         vmis=[
-            vmi("a", "vmi-a", node=NODE, gpus=("nvidia.com/NVIDIA_A2-4Q",)),
+            vmi("a", "vmi-a", node=NODE, gpus=("nvidia.com/NVIDIA_A2-4Q",), pods={"p": NODE}),
             vmi("b", "vmi-b", node="elsewhere", gpus=("nvidia.com/NVIDIA_A2-4Q",)),
         ],
-        pods=[launcher("a", "pod-a", "vmi-a", node=NODE)],
     )
     nodes = [NODE, OTHER, "harvester-empty"]
     result = observe_nodes_from_cluster(api, nodes)
@@ -629,7 +650,6 @@ def test_many_nodes_cost_one_list_per_kind() -> None:
         "vgpudevices",
         "kubevirts",
         "virtualmachineinstances",
-        "pods",
     ]
     assert list(result) == nodes
     inv, state = result[NODE]

@@ -1,0 +1,77 @@
+"""What deploy/rbac.yaml grants the agent's service account, and whether it allows a request.
+
+Bindings are followed the way the RBAC authorizer does: a ClusterRoleBinding grants its
+ClusterRole everywhere; a RoleBinding grants its Role (or a ClusterRole) in its own namespace
+only. Tests compare the requests recorded by the API-server emulator with these grants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from tests.kube.emulator import Request
+
+RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac.yaml"
+SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "vgpuctl", "namespace": "vgpuctl-system"}
+
+
+class Grant(NamedTuple):
+    group: str
+    resource: str  # with "/status" for the subresource
+    verb: str
+    namespace: str | None  # None: every namespace (and cluster-scoped resources)
+
+
+def grants(path: Path = RBAC) -> set[Grant]:
+    """Everything the bindings in ``path`` give the agent's service account."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs}
+    out: set[Grant] = set()
+    for binding in docs:
+        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        if SERVICE_ACCOUNT not in binding["subjects"]:
+            continue
+        ref = binding["roleRef"]
+        where = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
+        role_namespace = where if ref["kind"] == "Role" else None
+        role = roles[(ref["kind"], role_namespace, ref["name"])]
+        out |= set(_rules(role["rules"], where))
+    return out
+
+
+def _rules(rules: Iterable[dict[str, Any]], namespace: str | None) -> Iterable[Grant]:
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    yield Grant(group, resource, verb, namespace)
+
+
+def needed(request: Request) -> Grant:
+    """The grant a recorded request needs."""
+    resource = request.resource + (f"/{request.subresource}" if request.subresource else "")
+    return Grant(request.group, resource, request.verb, request.namespace)
+
+
+def allows(granted: set[Grant], request: Request) -> bool:
+    want = needed(request)
+    return want in granted or want._replace(namespace=None) in granted
+
+
+def unused(granted: set[Grant], requests: Iterable[Request]) -> set[Grant]:
+    """Grants no request in ``requests`` needed."""
+    used = {needed(r) for r in requests}
+    return {
+        g
+        for g in granted
+        if not any(
+            (u.group, u.resource, u.verb) == (g.group, g.resource, g.verb)
+            and (g.namespace is None or g.namespace == u.namespace)
+            for u in used
+        )
+    }

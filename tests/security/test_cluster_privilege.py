@@ -1,0 +1,512 @@
+"""Least privilege in the cluster: what one stolen agent token can and cannot do.
+
+The agent (``vgpuctl`` as a subprocess, its token's user the vgpuctl service account with the
+``authentication.kubernetes.io/node-name`` claim of its node) talks to the API-server emulator,
+which holds exactly what deploy/ ships: RBAC (deploy/rbac.yaml, enforced per request for that
+user) and the ValidatingAdmissionPolicy with its binding (deploy/admission-policy.yaml,
+evaluated by cel-python). Attacks and their expected failures:
+
+- a whole-object write of the KubeVirt CR changing the image registry or
+  ``customizeComponents`` (one token reconfiguring virt-handler on every node): refused;
+- writes to another node's SRIOVGPUDevice / VGPUDevice (create, spec, status, delete,
+  relabelling): refused, and so is running vgpuctl for another node with this node's token;
+- the agent's own writes go through, as a JSON patch that names only its KubeVirt entries and
+  tests each value it replaces, so a concurrent change elsewhere survives and a change to
+  what it touches fails the write cleanly;
+- nothing is read that the job does not need: no pods, Events only where they are written;
+- other users (an administrator, another service account) are not affected.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from reconciler.kube import connect
+from reconciler.model import ClusterError
+from tests import rbac
+from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim
+from tests.kube import jsonpatch
+from tests.kube.admission import UserInfo
+from tests.kube.emulator import ApiServerEmulator, Request
+
+DEPLOY = REPO / "deploy"
+AGENT = "system:serviceaccount:vgpuctl-system:vgpuctl"
+CLAIM = "authentication.kubernetes.io/node-name"
+OTHER = "harvester-other"
+GROUP, VERSION = "devices.harvesterhci.io", "v1beta1"
+VGPUS = (GROUP, VERSION, "vgpudevices")
+SRIOV = (GROUP, VERSION, "sriovgpudevices")
+KUBEVIRTS = ("kubevirt.io", "v1", "kubevirts")
+KV_NS = "harvester-system"
+OWNED = "/metadata/annotations/vgpu.reconciler.dev~1mediated-devices"
+ENTRIES = "/spec/configuration/permittedHostDevices/mediatedDevices"
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
+def agent(node: str | None = NODE) -> UserInfo:
+    """The agent's identity as the API server authenticates its pod's bound token."""
+    extra = {CLAIM: (node,), "authentication.kubernetes.io/pod-name": ("vgpuctl-x7k2p",)}
+    if node is None:
+        extra = {}
+    groups = ("system:serviceaccounts", "system:serviceaccounts:vgpuctl-system")
+    return UserInfo(AGENT, groups=(*groups, "system:authenticated"), extra=extra)
+
+
+ADMIN = UserInfo("kubernetes-admin", groups=("system:masters", "system:authenticated"))
+HARVESTER = UserInfo("system:serviceaccount:harvester-system:harvester")
+
+
+def shipped(kinds: tuple[str, ...], *, components: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The objects of these kinds that deploy/ ships (with the components' JSON patches)."""
+    docs = [
+        d
+        for path in sorted(DEPLOY.glob("*.yaml"))
+        for d in yaml.safe_load_all(path.read_text("utf-8"))
+        if d and d.get("kind") in kinds
+    ]
+    for component in components:
+        (kustomization,) = yaml.safe_load_all(
+            (DEPLOY / component / "kustomization.yaml").read_text()
+        )
+        for patch in kustomization["patches"]:
+            target = patch["target"]
+            docs = [
+                jsonpatch.apply(d, yaml.safe_load(patch["patch"]))
+                if (d["kind"], d["metadata"]["name"]) == (target["kind"], target["name"])
+                else d
+                for d in docs
+            ]
+    return docs
+
+
+def kubevirt() -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {
+            "name": "kubevirt",
+            "namespace": KV_NS,
+            "annotations": {"kubevirt.io/latest-observed-api-version": "v1"},
+        },
+        "spec": {
+            "imageRegistry": "registry.suse.com/suse/sles/15.5",
+            "imageTag": "1.1.0",
+            "configuration": {
+                "developerConfiguration": {"featureGates": ["LiveMigration", "HostDevices"]},
+                "permittedHostDevices": {
+                    "pciHostDevices": [
+                        {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/A10"}
+                    ],
+                    "mediatedDevices": [
+                        # Someone else's entry: vgpuctl must never touch it.
+                        {"mdevNameSelector": "GRID T4-2Q", "resourceName": "nvidia.com/T4-2Q"}
+                    ],
+                },
+            },
+        },
+    }
+
+
+@pytest.fixture
+def emu() -> Iterator[ApiServerEmulator]:
+    """The emulator with deploy/'s CRDs, KubeVirt, and deploy/'s RBAC and admission policy."""
+    with ApiServerEmulator(user=AGENT) as server:
+        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
+            server.register_crd(yaml.safe_load(path.read_text()))
+        server.register("kubevirt.io", "v1", "kubevirts", "KubeVirt", True, True)
+        server.register(
+            "kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True
+        )
+        server.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KV_NS}})
+        server.seed(kubevirt())
+        for doc in shipped(POLICY_KINDS):
+            server.seed(doc)
+        granted = rbac.grants()
+        server.authorize_with(
+            lambda request, user: user.username != AGENT or rbac.allows(granted, request)
+        )
+        yield server
+
+
+class AgentNode(SimNode):
+    kubeconfig: Path
+    kubelet_dir: Path
+
+    @property
+    def flags(self) -> list[str]:
+        return [
+            *super().flags,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--kubelet-dir",
+            str(self.kubelet_dir),
+        ]
+
+
+def agent_node(
+    tmp_path: Path, emu: ApiServerEmulator, *, node: str = NODE, token_node: str | None = NODE
+) -> AgentNode:
+    """A simulated host for ``node`` whose vgpuctl holds the token of ``token_node``'s pod."""
+    sim = make_sim(tmp_path / f"host-{node}", ["A2@0000:08:00.0"], node=node)
+    out = AgentNode(sim.dir, node)
+    out.kubeconfig = emu.kubeconfig(tmp_path / f"kubeconfig-{node}", user=agent(token_node))
+    out.kubelet_dir = tmp_path / f"kubelet-{node}"
+    (out.kubelet_dir / "device-plugins").mkdir(parents=True)
+    return out
+
+
+def as_user(emu: ApiServerEmulator, tmp_path: Path, user: UserInfo, name: str) -> Any:
+    return connect(emu.kubeconfig(tmp_path / f"kubeconfig-{name}", user=user), timeout=10)
+
+
+def stored_kubevirt(emu: ApiServerEmulator) -> dict[str, Any]:
+    found = emu.get_object(*KUBEVIRTS, "kubevirt", KV_NS)
+    assert found is not None
+    return found
+
+
+def mediated(emu: ApiServerEmulator) -> list[dict[str, Any]]:
+    permitted = stored_kubevirt(emu)["spec"]["configuration"]["permittedHostDevices"]
+    return list(permitted["mediatedDevices"])
+
+
+def kubevirt_writes(emu: ApiServerEmulator) -> list[str]:
+    return [
+        r.verb
+        for r in emu.requests
+        if r.resource == "kubevirts" and r.verb not in ("get", "list", "watch")
+    ]
+
+
+def other_nodes_vgpu(name: str = f"{OTHER}-000008004") -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "VGPUDevice",
+        "metadata": {
+            "name": name,
+            "labels": {"nodename": OTHER, "app.kubernetes.io/managed-by": "vgpuctl"},
+        },
+        "spec": {
+            "address": "0000:08:00.4",
+            "enabled": True,
+            "nodeName": OTHER,
+            "parentGPUDeviceAddress": "0000:08:00.0",
+            "vGPUTypeName": "NVIDIA A2-4Q",
+        },
+        "status": {"uuid": "0b0e4f51-1b7f-5a4e-9f64-d7b0a7a9a001"},
+    }
+
+
+# -- the agent's own work -----------------------------------------------------------------------
+
+
+def test_the_agents_own_life_cycle_is_allowed_and_reads_no_pods(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """Create, change, disable: every request is one deploy/rbac.yaml grants, every write
+    passes the admission policy, no pod is ever read and Events go to one namespace."""
+    node = agent_node(tmp_path, emu)
+    emu.requests.clear()
+    node.ok("apply", SEED, "--yes")
+    # A running VM holding a vGPU, per the kubelet checkpoint and the VMI's activePods.
+    uuid = json.loads(node.ok("status", "-o", "json").stdout)["gpus"][0]["vfs"][1]["vgpu"]["uuid"]
+    pod_uid = "3e0c4b8a-0000-4000-8000-0000000000aa"
+    emu.seed(
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": "win11", "namespace": "vdi",
+                         "labels": {"kubevirt.io/nodeName": NODE}},
+            "spec": {"domain": {"devices": {"gpus": [
+                {"name": "g", "deviceName": "nvidia.com/NVIDIA_A2-4Q"}]}}},
+            "status": {"phase": "Running", "nodeName": NODE, "activePods": {pod_uid: NODE}},
+        }
+    )  # fmt: skip
+    (node.kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint").write_text(
+        json.dumps(
+            {
+                "Data": {
+                    "PodDeviceEntries": [
+                        {"PodUID": pod_uid, "ContainerName": "compute",
+                         "ResourceName": "nvidia.com/NVIDIA_A2-4Q", "DeviceIDs": {"-1": [uuid]},
+                         "AllocResp": ""}
+                    ],
+                    "RegisteredDevices": {"nvidia.com/NVIDIA_A2-4Q": [uuid]},
+                },
+                "Checksum": 1,
+            }
+        )
+    )  # fmt: skip
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(SEED.read_text().replace("NVIDIA A2-4A", "NVIDIA A2-4C"))
+    res = node.run("apply", changed, "--yes")
+    assert res.returncode == 0, res.stdout + res.stderr
+    disabled = tmp_path / "disabled.yaml"
+    disabled.write_text(
+        SEED.read_text().replace("sriov: enabled", "sriov: disabled").split("vgpus:")[0]
+    )
+    res = node.run("apply", disabled, "--yes")  # the held vGPU blocks: exit 2, nothing refused
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"in use by VM vdi/win11 (pod {pod_uid})" in res.stdout + res.stderr
+    assert "forbidden" not in (res.stdout + res.stderr).lower()
+
+    granted = rbac.grants()
+    refused = sorted({rbac.needed(r) for r in emu.requests if not rbac.allows(granted, r)})
+    assert refused == []
+    assert not [r for r in emu.requests if r.resource == "pods"]
+    assert {r.namespace for r in emu.requests if r.resource == "events"} == {"default"}
+    assert kubevirt_writes(emu) and set(kubevirt_writes(emu)) == {"patch"}
+    assert any(e["reason"] == "VGPURemovalBlocked" for e in emu.objects("", "v1", "events"))
+
+
+def test_the_kubevirt_write_names_only_our_entries_and_a_change_elsewhere_survives(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    node = agent_node(tmp_path, emu)
+    raced: list[Request] = []
+
+    def someone_else(request: Request) -> None:
+        # An administrator edits the CR between the agent's read and its write.
+        if request.resource != "kubevirts" or raced:
+            return
+        raced.append(request)
+        edited = stored_kubevirt(emu)
+        edited["spec"]["imageTag"] = "1.1.1"
+        edited["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"][0][
+            "resourceName"
+        ] = "nvidia.com/GRID_T4-2Q"
+        emu.seed(edited)
+
+    emu.on_before_write(someone_else)
+    res = node.run("apply", SEED, "--yes")
+    emu.on_before_write(None)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert raced, "the concurrent edit never happened"
+    after = stored_kubevirt(emu)
+    assert after["spec"]["imageTag"] == "1.1.1"
+    assert after["spec"]["imageRegistry"] == "registry.suse.com/suse/sles/15.5"
+    selectors = [e["mdevNameSelector"] for e in mediated(emu)]
+    assert selectors == ["GRID T4-2Q", "NVIDIA A2-4A", "NVIDIA A2-4Q"]
+    assert mediated(emu)[0]["resourceName"] == "nvidia.com/GRID_T4-2Q"
+    # One JSON patch, its operations all on our entries and our annotation.
+    assert kubevirt_writes(emu) == ["patch"]
+    ((_, ops),) = emu.patches
+    assert ops, "an empty patch"
+    assert all(op["path"] == OWNED or op["path"].startswith(f"{ENTRIES}/") for op in ops), ops
+
+
+def test_a_change_to_an_entry_the_agent_removes_fails_its_patch_cleanly(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    node = agent_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    emu.patches.clear()
+    emu.requests.clear()
+
+    def keep_editing(request: Request) -> None:
+        # Before every write to the CR, someone edits the entry the agent is removing.
+        if request.resource != "kubevirts":
+            return
+        edited = stored_kubevirt(emu)
+        for entry in edited["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]:
+            if entry["mdevNameSelector"] == "NVIDIA A2-4Q":
+                entry["resourceName"] += "x"
+        emu.seed(edited)
+
+    emu.on_before_write(keep_editing)
+    no_a2_4q = tmp_path / "no-4q.yaml"
+    no_a2_4q.write_text(
+        "\n".join(line for line in SEED.read_text().splitlines() if "A2-4Q" not in line) + "\n"
+    )
+    res = node.run("apply", no_a2_4q, "--yes")
+    emu.on_before_write(None)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "kubevirt/harvester-system/kubevirt kept changing under us" in res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    # Every attempt was a patch testing the entry as read; none wrote anything of its own.
+    assert emu.patches and all(
+        any(op["op"] == "test" and op["path"].startswith(f"{ENTRIES}/") for op in ops)
+        for _, ops in emu.patches
+    )
+    entry = next(e for e in mediated(emu) if e["mdevNameSelector"] == "NVIDIA A2-4Q")
+    assert entry["resourceName"] == "nvidia.com/NVIDIA_A2-4Q" + "x" * len(emu.patches)
+    owned = stored_kubevirt(emu)["metadata"]["annotations"]["vgpu.reconciler.dev/mediated-devices"]
+    assert owned == "NVIDIA A2-4A,NVIDIA A2-4Q"
+
+
+# -- a stolen token -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        (("spec", "imageRegistry"), "registry.attacker.example/kubevirt"),
+        (("spec", "imageTag"), "backdoored"),
+        (
+            ("spec", "customizeComponents"),
+            {"patches": [{"resourceName": "virt-handler", "resourceType": "DaemonSet",
+                          "patch": '{"spec":{"template":{"spec":{"hostPID":true}}}}',
+                          "type": "strategic"}]},
+        ),
+        (("spec", "configuration", "permittedHostDevices", "pciHostDevices"), []),
+        (("spec", "configuration", "developerConfiguration", "featureGates"), ["Root"]),
+        (("metadata", "annotations", "kubevirt.io/latest-observed-api-version"), "v9"),
+    ],
+)  # fmt: skip
+def test_the_agents_token_cannot_change_the_kubevirt_cr_beyond_its_allow_list(
+    tmp_path: Path, emu: ApiServerEmulator, field: tuple[str, ...], value: Any
+) -> None:
+    before = stored_kubevirt(emu)
+    with as_user(emu, tmp_path, agent(), "agent") as api:
+        changed = copy.deepcopy(before)
+        target = changed
+        for key in field[:-1]:
+            target = target.setdefault(key, {})
+        target[field[-1]] = value
+        # Whole-object update (what RBAC's `update` would allow) and a JSON patch alike.
+        with pytest.raises(ClusterError) as put:
+            api.replace_object(
+                group="kubevirt.io", version="v1", plural="kubevirts", name="kubevirt",
+                namespace=KV_NS, body=changed,
+            )  # fmt: skip
+        pointer = "".join("/" + key.replace("~", "~0").replace("/", "~1") for key in field)
+        with pytest.raises(ClusterError) as patch:
+            api.patch_object(
+                group="kubevirt.io", version="v1", plural="kubevirts", name="kubevirt",
+                namespace=KV_NS, patch=[{"op": "add", "path": pointer, "value": value}],
+            )  # fmt: skip
+    assert "RBAC denies update on kubevirts.kubevirt.io" in put.value.message
+    assert "ValidatingAdmissionPolicy 'vgpuctl-agent'" in patch.value.message
+    assert "the vgpuctl agent may change only" in patch.value.message
+    assert stored_kubevirt(emu) == before
+
+
+def test_the_agents_token_cannot_create_or_delete_a_kubevirt_cr(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    emu.authorize_with(None)  # even were RBAC to allow it (a widened role), admission refuses
+    with as_user(emu, tmp_path, agent(), "agent") as api:
+        with pytest.raises(ClusterError, match="may not create or delete a KubeVirt CR"):
+            api.delete_object(
+                group="kubevirt.io", version="v1", plural="kubevirts", name="kubevirt",
+                namespace=KV_NS,
+            )  # fmt: skip
+        second = kubevirt()
+        second["metadata"]["name"] = "evil"
+        with pytest.raises(ClusterError, match="may not create or delete a KubeVirt CR"):
+            api.create_object(
+                group="kubevirt.io", version="v1", plural="kubevirts", namespace=KV_NS, body=second
+            )
+    assert emu.get_object(*KUBEVIRTS, "kubevirt", KV_NS) is not None
+    assert emu.get_object(*KUBEVIRTS, "evil", KV_NS) is None
+
+
+def test_the_agents_token_cannot_write_another_nodes_objects(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    theirs = emu.seed(other_nodes_vgpu())
+    name = theirs["metadata"]["name"]
+    refusal = "the vgpuctl agent may write only its own node's objects"
+    with as_user(emu, tmp_path, agent(), "agent") as api:
+        where = {"group": GROUP, "version": VERSION, "plural": "vgpudevices"}
+        spec_edit = copy.deepcopy(theirs)
+        spec_edit["spec"]["vGPUTypeName"] = "NVIDIA A2-16Q"
+        status_edit = copy.deepcopy(theirs)
+        status_edit["status"]["uuid"] = ""
+        # Claiming it: relabelled to this node (the old object is still another node's).
+        claimed = copy.deepcopy(theirs)
+        claimed["metadata"]["labels"]["nodename"] = NODE
+        claimed["spec"]["nodeName"] = NODE
+        new = other_nodes_vgpu(f"{OTHER}-000008005")
+        attempts = {
+            "update": lambda: api.replace_object(**where, name=name, body=spec_edit),
+            "status": lambda: api.replace_status(**where, name=name, body=status_edit),
+            "claim": lambda: api.replace_object(**where, name=name, body=claimed),
+            "delete": lambda: api.delete_object(**where, name=name),
+            "create": lambda: api.create_object(**where, body=new),
+        }
+        for what, attempt in attempts.items():
+            with pytest.raises(ClusterError) as err:
+                attempt()
+            assert refusal in err.value.message, what
+        # Its own node's label with another node in spec.nodeName (what Harvester's
+        # controllers act on) is refused too.
+        mixed = other_nodes_vgpu(f"{NODE}-000008009")
+        mixed["metadata"]["labels"]["nodename"] = NODE
+        with pytest.raises(ClusterError, match=refusal):
+            api.create_object(**where, body=mixed)
+    assert emu.get_object(*VGPUS, name) == theirs
+    assert [o["metadata"]["name"] for o in emu.objects(*VGPUS)] == [name]
+
+
+def test_vgpuctl_for_another_node_with_this_nodes_token_is_refused(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """A stolen token, used to run vgpuctl as another node: its objects are never written."""
+    node = agent_node(tmp_path, emu, node=OTHER, token_node=NODE)
+    seed = SEED.read_text().replace(NODE, OTHER)
+    desired = tmp_path / "other.yaml"
+    desired.write_text(seed)
+    res = node.run("apply", desired, "--yes")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "may write only its own node's objects" in res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert emu.objects(*SRIOV) == [] and emu.objects(*VGPUS) == []
+
+
+def test_a_token_without_the_node_claim_writes_no_device_objects(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    node = agent_node(tmp_path, emu, token_node=None)
+    res = node.run("apply", SEED, "--yes")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "carries no authentication.kubernetes.io/node-name claim" in res.stdout + res.stderr
+    assert emu.objects(*SRIOV) == [] and emu.objects(*VGPUS) == []
+
+
+def test_the_no_node_claim_fallback_drops_only_the_node_check(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    for doc in shipped(POLICY_KINDS, components=("no-node-claim",)):
+        emu.seed(doc)
+    node = agent_node(tmp_path, emu, token_node=None)
+    node.ok("apply", SEED, "--yes")
+    assert len(emu.objects(*VGPUS)) == 16
+    # The KubeVirt CR is still limited to the allow-list.
+    with as_user(emu, tmp_path, agent(None), "agent") as api, pytest.raises(ClusterError) as err:
+        api.patch_object(
+            group="kubevirt.io", version="v1", plural="kubevirts", name="kubevirt",
+            namespace=KV_NS, patch=[{"op": "replace", "path": "/spec/imageTag", "value": "x"}],
+        )  # fmt: skip
+    assert "the vgpuctl agent may change only" in err.value.message
+
+
+# -- everyone else ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("user", [ADMIN, HARVESTER], ids=["admin", "harvester"])
+def test_other_users_are_not_affected(
+    tmp_path: Path, emu: ApiServerEmulator, user: UserInfo
+) -> None:
+    with as_user(emu, tmp_path, user, "other") as api:
+        changed = stored_kubevirt(emu)
+        changed["spec"]["imageRegistry"] = "registry.example/kubevirt"
+        changed["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] = []
+        api.replace_object(
+            group="kubevirt.io", version="v1", plural="kubevirts", name="kubevirt",
+            namespace=KV_NS, body=changed,
+        )  # fmt: skip
+        where = {"group": GROUP, "version": VERSION, "plural": "vgpudevices"}
+        created = api.create_object(**where, body=other_nodes_vgpu())
+        created["spec"]["vGPUTypeName"] = "NVIDIA A2-8Q"
+        api.replace_object(**where, name=created["metadata"]["name"], body=created)
+        api.delete_object(**where, name=created["metadata"]["name"])
+    assert stored_kubevirt(emu)["spec"]["imageRegistry"] == "registry.example/kubevirt"
+    assert emu.objects(*VGPUS) == []
