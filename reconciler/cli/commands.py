@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -379,6 +380,8 @@ def _apply_locked(ns: argparse.Namespace, options: GlobalOptions, host: Host) ->
                 f"(planned from {plan.observed_fingerprint[:19]}…, now "
                 f"{now.plan.observed_fingerprint[:19]}…); run 'vgpuctl plan' again"
             )
+        # The file's actions, judged by the executors against this observation (their mandate).
+        planned = replace(now, plan=plan)
         inventory = now.inventory
     else:
         node, planned = plan_files(ns.file, host, adopt=ns.adopt)
@@ -391,7 +394,7 @@ def _apply_locked(ns: argparse.Namespace, options: GlobalOptions, host: Host) ->
     if not ns.yes:
         _confirm(plan)
     ok = _execute(
-        plan, node, host, style, adopt=ns.adopt, timeout=ns.timeout,
+        planned, node, host, style, adopt=ns.adopt, timeout=ns.timeout,
         verify_timeout=ns.verify_timeout, write_timeout=ns.write_timeout,
     )  # fmt: skip
     if not ok:
@@ -413,7 +416,7 @@ def _confirm(plan: Plan) -> None:
 
 
 def _execute(
-    plan: Plan,
+    planned: Planned,
     node: DesiredNode,
     host: Host,
     style: Style,
@@ -427,7 +430,7 @@ def _execute(
     from reconciler.apply.reconcile import apply_plan
 
     report = apply_plan(
-        plan,
+        planned,
         node,
         host.ports(command_timeout=timeout, write_timeout=write_timeout),
         adopt=adopt,
