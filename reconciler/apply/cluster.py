@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reconciler.apply.executor import ApplyResult, Outcome, OutcomeStatus
+from reconciler.apply.mandate import ClusterMandate
 from reconciler.model import (
     Action,
     ActionKind,
@@ -93,6 +94,7 @@ def execute_cluster(
     node: str = "",
     run_id: str = "",
     clock: Callable[[], float] = time.monotonic,
+    mandate: ClusterMandate | None = None,
 ) -> ApplyResult:
     """Carry out the cluster actions among ``actions`` in order; stop at the first failure.
 
@@ -107,12 +109,17 @@ def execute_cluster(
 
     ``replan`` is the planner's ``replan_object`` (bind ``adopt`` to the run's ``--adopt``).
 
+    ``mandate`` (every apply and watch run passes one) is what the run may write: this node's
+    objects vgpuctl manages (or adopts), and the KubeVirt entries it added.
+
     Raises :class:`ApplyError` before writing anything when an action's params do not fit
-    its kind.
+    its kind, :class:`MandateError` when an action is outside the mandate.
     """
     if max_conflict_retries < 0:
         raise ValueError("max_conflict_retries must not be negative")
     _check(actions)
+    if mandate is not None:
+        mandate.check(actions)
     writer = _Writer(api=api, replan=replan, retries=max_conflict_retries)
     outcomes: list[Outcome] = []
     not_run: tuple[Action, ...] = ()

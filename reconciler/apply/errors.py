@@ -59,3 +59,12 @@ class WriteTimeoutError(ApplyError):
 
 class VerificationError(ApplyError):
     """The action ran but its effect never became visible within the bounded wait."""
+
+
+class MandateError(ApplyError):
+    """An action outside what the run may touch: a GPU the desired state does not manage, a
+    device that is not an NVIDIA vGPU GPU, a vGPU in use at the moment of acting, a cluster
+    object that is not vgpuctl's own on this node, a KubeVirt entry vgpuctl did not add.
+
+    The planner never plans such an action, so one reaching an executor is a bug or a tampered
+    plan: the run stops there, and nothing after it runs. Never retried as it is."""

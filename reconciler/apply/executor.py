@@ -26,6 +26,7 @@ from reconciler.apply.errors import (
     VerificationError,
 )
 from reconciler.apply.journal import RUN_KIND, Journal, Phase
+from reconciler.apply.mandate import HostMandate, refused
 from reconciler.apply.ports import HostDriver
 from reconciler.model import (
     Action,
@@ -150,10 +151,15 @@ class _Context:
     driver: HostDriver
     verify_timeout: float
     wait_until: Callable[[Callable[[], bool]], bool]
+    #: What the run may touch; None: unchecked (the executor's own unit tests).
+    mandate: HostMandate | None = None
 
 
 class _Step(Protocol):
     """One action's host logic. Constructed from the action (params checked then)."""
+
+    #: The GPU (PF) the action acts on.
+    gpu: PciAddress
 
     def precheck(self, ctx: _Context) -> str | None:
         """Re-read the host: a no-op reason when the effect is there, ``None`` to act.
@@ -383,6 +389,7 @@ class _CreateStep:
 
 class _RemoveStep:
     def __init__(self, action: Action) -> None:
+        self.action = action
         self.vf = _address(action.target, "target")
         self.gpu = _address(_param(action, "gpu", str), "params.gpu")
         self.uuid: str = _param(action, "uuid", str)
@@ -404,6 +411,13 @@ class _RemoveStep:
             raise HostChangedError(
                 f"vGPU {self.uuid} is on {where}, not on {self.vf} as planned: run plan again"
             )
+        if self.vf not in ctx.driver.vf_addresses(self.gpu):
+            # params.gpu is what the mandate was checked against: the vGPU must be on it.
+            raise refused(
+                self.action,
+                f"{self.vf} is not a VF of GPU {self.gpu}",
+                "a vGPU is removed only from a VF of the GPU the action names",
+            )
         hosted = ctx.driver.vgpu_on(self.vf)
         if (
             self.type_name is not None
@@ -415,6 +429,10 @@ class _RemoveStep:
                 f"vGPU {self.uuid} on {self.vf} is {hosted.type_name}, but the plan expects "
                 f"{self.type_name}: run plan again"
             )
+        if ctx.mandate is not None:
+            # Asked now, not taken from the plan: a VM may have been given it since.
+            type_name = hosted.type_name if hosted is not None else self.type_name or ""
+            ctx.mandate.check_unused(self.action, vf=self.vf, uuid=self.uuid, type_name=type_name)
         return None
 
     def act(self, ctx: _Context) -> None:
@@ -465,15 +483,20 @@ def execute(
     sleep: Callable[[float], None] = time.sleep,
     run_id: str | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
+    mandate: HostMandate | None = None,
 ) -> ApplyResult:
     """Apply ``plan`` through ``driver``, journaling each step; stop at the first failure.
 
     ``on_outcome`` is told of each action's outcome as it happens (the CLI shows progress).
+    ``mandate`` (every apply and watch run passes one) is what the run may touch: each action's
+    GPU is checked against it before anything runs, and each removal's vGPU is checked to be
+    unused right before it is removed (a violation fails that action and stops the run).
 
     An action failure is an outcome in the result, not an exception. Raises ``ApplyError``
-    before touching anything when an action's params do not fit its kind, ``ValueError`` when
-    the plan's node or interface does not match the journal's or driver's, and lets unexpected
-    exceptions (bugs) through after journaling them.
+    before touching anything when an action's params do not fit its kind, ``MandateError``
+    when an action is outside the mandate, ``ValueError`` when the plan's node or interface
+    does not match the journal's or driver's, and lets unexpected exceptions (bugs) through
+    after journaling them.
     """
     if plan.node != journal.node:
         raise ValueError(f"plan for node {plan.node} given a journal for node {journal.node}")
@@ -482,6 +505,11 @@ def execute(
             f"a plan for the {plan.interface} interface given the {driver.interface} driver"
         )
     steps = _prepare(plan)
+    if mandate is not None:
+        for action in plan.actions:
+            step = steps.get(action.seq)
+            if step is not None:
+                mandate.check_target(action, step.gpu)
     run = run_id or journal.new_run_id()
 
     def wait_until(predicate: Callable[[], bool]) -> bool:
@@ -493,7 +521,9 @@ def execute(
             sleep(max(0.0, min(poll_interval, deadline - now)))
         return True
 
-    ctx = _Context(driver=driver, verify_timeout=verify_timeout, wait_until=wait_until)
+    ctx = _Context(
+        driver=driver, verify_timeout=verify_timeout, wait_until=wait_until, mandate=mandate
+    )
     journal.record(
         run=run,
         seq=0,

@@ -18,18 +18,22 @@ from reconciler.cli.host import DEFAULT_WRITE_TIMEOUT, Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import Style, gpu_summary, plan_text, status_table, summary_line
 from reconciler.model import (
+    Action,
     ApplyError,
     Desired,
     DesiredNode,
     Plan,
+    Problem,
     ReconcilerError,
     UsageError,
     ValidationError,
 )
+from reconciler.model.errors import excerpt
 
 if TYPE_CHECKING:
     from reconciler.apply import Outcome
     from reconciler.apply.reconcile import Planned
+    from reconciler.cli.planfile import SavedPlan
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -308,8 +312,10 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
         help="converge this node on a desired state (or run a saved plan)",
         description="Plan and apply: each action re-checks its precondition, acts, and verifies "
         "its effect; the first failure stops the run (exit 1). A saved plan (from "
-        "'plan --out') is refused when the host changed since it was made. vGPUs in use by a "
-        "VM are never removed. Without a terminal, --yes is required.",
+        "'plan --out') is planned again from the desired state it carries and runs only if "
+        "that fresh plan has the same actions; otherwise nothing is changed and the difference "
+        "is named. vGPUs in use by a VM are never removed. Without a terminal, --yes is "
+        "required.",
     )
     p.add_argument("file", metavar="FILE|PLANFILE", nargs="+")
     p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
@@ -318,31 +324,6 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     add_apply_options(p)
     p.set_defaults(handler=cmd_apply)
     return p
-
-
-def _read_saved_plan(path: Path) -> dict[str, Any] | None:
-    """The saved plan in ``path``, or None when it is a desired-state file (YAML or JSON)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None  # the desired-state loader reports unreadable files with their location
-    if not text.lstrip().startswith("{"):
-        return None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        if '"formatVersion"' not in text:
-            return None  # YAML in flow style: the desired-state loader reads it
-        raise ValidationError(
-            f"{path}:{exc.lineno}:{exc.colno}: not a saved plan: {exc.msg}"
-        ) from None
-    if isinstance(doc, dict) and "apiVersion" in doc and "formatVersion" not in doc:
-        return None  # a desired-state document written as JSON
-    if not isinstance(doc, dict) or "formatVersion" not in doc or "actions" not in doc:
-        raise ValidationError(
-            f"{path}: not a saved plan (expected the JSON written by 'vgpuctl plan --out')"
-        )
-    return doc
 
 
 def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
@@ -356,33 +337,14 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
 
 
 def _apply_locked(ns: argparse.Namespace, options: GlobalOptions, host: Host) -> int:
-    saved = _read_saved_plan(Path(ns.file[0])) if len(ns.file) == 1 else None
-    if saved is not None:
-        from reconciler.cli.documents import node_from_document
+    from reconciler.cli.planfile import read_saved_plan
 
-        try:
-            plan = Plan.from_json(saved)
-            node = node_from_document(
-                saved.get("desiredState"), host.catalog, f"{ns.file[0]}#desiredState"
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ValidationError(f"{ns.file[0]}: not a valid saved plan: {exc}") from None
-        if plan.node != options.node:
-            raise UsageError(
-                f"{ns.file[0]} was planned for node {plan.node!r}, this is {options.node!r} "
-                "(pass --node to pick the node)"
-            )
-        now = plan_for(node, host, adopt=ns.adopt)
-        if plan.observed_fingerprint != now.plan.observed_fingerprint:
-            raise ApplyError(
-                f"{ns.file[0]} is stale: the host changed since the plan was made "
-                f"(planned from {plan.observed_fingerprint[:19]}…, now "
-                f"{now.plan.observed_fingerprint[:19]}…); run 'vgpuctl plan' again"
-            )
-        inventory = now.inventory
+    saved = read_saved_plan(Path(ns.file[0])) if len(ns.file) == 1 else None
+    if saved is not None:
+        node, planned = _replan_saved(saved, host, adopt=ns.adopt)
     else:
         node, planned = plan_files(ns.file, host, adopt=ns.adopt)
-        plan, inventory = planned.plan, planned.inventory
+    plan, inventory = planned.plan, planned.inventory
 
     style = _style(options)
     _out(plan_text(plan, inventory=inventory, style=style, verbose=ns.verbose))
@@ -391,12 +353,83 @@ def _apply_locked(ns: argparse.Namespace, options: GlobalOptions, host: Host) ->
     if not ns.yes:
         _confirm(plan)
     ok = _execute(
-        plan, node, host, style, adopt=ns.adopt, timeout=ns.timeout,
+        planned, node, host, style, adopt=ns.adopt, timeout=ns.timeout,
         verify_timeout=ns.verify_timeout, write_timeout=ns.write_timeout,
     )  # fmt: skip
     if not ok:
         return EXIT_ERROR
     return _report_convergence(node, host, adopt=ns.adopt)
+
+
+#: How many differences a refused saved plan lists before "… and N more".
+_DIFFERENCES_SHOWN = 5
+
+
+def _replan_saved(saved: SavedPlan, host: Host, *, adopt: bool) -> tuple[DesiredNode, Planned]:
+    """Plan again, under the node lock, from the desired state ``saved`` carries and the host
+    and cluster as they are now; the fresh plan is what runs, and only if it does what the
+    saved one says. The file's own actions never run: whoever can write the file could have
+    put anything in them."""
+    from reconciler.cli.documents import node_from_document
+    from reconciler.plan.compare import compare_actions
+
+    name = str(saved.path)
+    plan = saved.plan
+    if plan.node != host.options.node:
+        raise UsageError(
+            f"{name} was planned for node {excerpt(plan.node)}, this is {host.options.node!r} "
+            "(pass --node to pick the node)"
+        )
+    node = node_from_document(saved.desired, host.catalog, f"{name}#desiredState")
+    if node.name != plan.node:
+        raise ValidationError(
+            f"{name}: not a valid saved plan: its desiredState is for node "
+            f"{excerpt(node.name)}, the plan for node {excerpt(plan.node)}"
+        )
+    now = plan_for(node, host, adopt=adopt)
+    host_changed = plan.observed_fingerprint != now.plan.observed_fingerprint
+    difference = compare_actions(plan.actions, now.plan.actions)
+    if not difference and not host_changed:
+        return node, now
+    again = "nothing was changed; run 'vgpuctl plan' again"
+    if not difference:
+        raise ApplyError(
+            f"{name} is stale: the host changed since the plan was made (planned from "
+            f"{plan.observed_fingerprint[:19]}…, now {now.plan.observed_fingerprint[:19]}…); "
+            + again
+        )
+    why = (
+        "is stale: the host changed since the plan was made, and a fresh plan of its desired "
+        "state differs from it"
+        if host_changed
+        else "does not match a fresh plan of its desired state: it was edited, or what the "
+        "plan depends on besides the host (the cluster, the kubelet's allocations) changed "
+        "since it was made"
+    )
+    lines = [
+        *(f"only in {name}: {_action_words(a)}" for a in difference.only_saved),
+        *(f"only in a fresh plan: {_action_words(a)}" for a in difference.only_fresh),
+        *(
+            f"{_action_words(c.saved)}: {', '.join(f'params.{k}' for k in c.params)} differ"
+            for c in difference.changed
+        ),
+    ]
+    if difference.reordered:
+        lines.append("the same actions, in another order")
+    if len(lines) > _DIFFERENCES_SHOWN:
+        more = len(lines) - (_DIFFERENCES_SHOWN - 1)
+        lines = [*lines[: _DIFFERENCES_SHOWN - 1], f"… and {more} more differences"]
+    if not adopt and any(a.params.get("adopt") is True for a in plan.actions):
+        lines.append("the plan adopts objects another controller manages: pass --adopt")
+    header = f"{name} {why}; {again}"
+    raise ApplyError(header, [Problem(header), *(Problem(f"  {line}") for line in lines)])
+
+
+def _action_words(action: Action) -> str:
+    """``vgpu-remove 0000:08:00.5 (NVIDIA A2-4Q)``: an action of an untrusted file, escaped."""
+    detail = action.params.get("type") or action.params.get("kind")
+    words = f"{action.kind.value} {excerpt(action.target)}"
+    return f"{words} ({excerpt(str(detail), 40)})" if isinstance(detail, str) else words
 
 
 def _confirm(plan: Plan) -> None:
@@ -413,7 +446,7 @@ def _confirm(plan: Plan) -> None:
 
 
 def _execute(
-    plan: Plan,
+    planned: Planned,
     node: DesiredNode,
     host: Host,
     style: Style,
@@ -427,7 +460,7 @@ def _execute(
     from reconciler.apply.reconcile import apply_plan
 
     report = apply_plan(
-        plan,
+        planned,
         node,
         host.ports(command_timeout=timeout, write_timeout=write_timeout),
         adopt=adopt,

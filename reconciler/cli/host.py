@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from reconciler.catalog import Catalog, default_catalog
 from reconciler.cli.options import DEFAULT_SRIOV_MANAGE, DEFAULT_STATE_DIR, GlobalOptions
-from reconciler.model import Inventory, UsageError
+from reconciler.model import Inventory, PciAddress, UsageError
 from reconciler.model.cluster import ClusterState, DeviceUse
 
 if TYPE_CHECKING:
@@ -135,6 +135,31 @@ class Host:
         }
         return ClusterState(node=self.options.node, device_uses=uses)
 
+    def process_holder(self, vf: PciAddress, uuid: str) -> str | None:
+        """Which process of the host holds the vGPU ``uuid`` on ``vf`` now (the executor asks
+        right before removing it); blindness counts as holding, as in :meth:`observe`."""
+        from reconciler.observe.host import vgpu_holder
+
+        return vgpu_holder(
+            self.options.sysfs_root,
+            vf=vf,
+            uuid=uuid,
+            hold_probe=self.hold_probe(),
+            assume_no_hidden_holders=self.options.assume_no_hidden_holders,
+        )
+
+    def allocations(self) -> dict[str, frozenset[str]]:
+        """The kubelet checkpoint's vGPU allocations now: device ID → the pods (UIDs) it is
+        given to; empty when there is no checkpoint."""
+        from reconciler.observe import read_checkpoint
+
+        pods: dict[str, set[str]] = {}
+        for entry in read_checkpoint(self.options.kubelet_dir) or ():
+            if entry.resource_name.startswith("nvidia.com/"):
+                for device in entry.device_ids:
+                    pods.setdefault(device, set()).add(entry.pod_uid)
+        return {device: frozenset(uids) for device, uids in pods.items()}
+
     def driver(
         self, *, command_timeout: float = 300.0, write_timeout: float = DEFAULT_WRITE_TIMEOUT
     ) -> MdevDriver:
@@ -181,6 +206,8 @@ class Host:
             driver=lambda: self.driver(
                 command_timeout=command_timeout, write_timeout=write_timeout
             ),
+            process_holder=self.process_holder,
+            allocations=self.allocations,
             cluster_api=api,
             events=events,
         )

@@ -14,10 +14,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from reconciler.catalog import Catalog
-from reconciler.model import UNKNOWN_HOLDER, VGPU, Gpu, Interface, Inventory, ObserveError, Vf
+from reconciler.model import (
+    UNKNOWN_HOLDER,
+    VGPU,
+    Gpu,
+    Interface,
+    Inventory,
+    ObserveError,
+    PciAddress,
+    Vf,
+)
 from reconciler.observe.holds import DeviceNodes, HolderScan, HoldProbe
-from reconciler.observe.interfaces import GpuReading, InterfaceReader, VfReading
+from reconciler.observe.interfaces import GpuReading, InterfaceReader, VfReading, device_nodes
 from reconciler.observe.mdev import MdevReader
+from reconciler.observe.parse import is_mdev_uuid
 from reconciler.observe.pci import PCI_DEVICES, PhysicalFunction, find_vgpu_pfs
 from reconciler.observe.sysfs import SysfsTree
 from reconciler.observe.vfio import VendorVfioReader
@@ -87,6 +97,44 @@ def observe_host(
             )
         inventory = replace(inventory, notes=(*inventory.notes, note))
     return _mark_held(inventory, scan, openable)
+
+
+def vgpu_holder(
+    sysfs_root: Path,
+    *,
+    vf: PciAddress,
+    uuid: str,
+    hold_probe: HoldProbe,
+    assume_no_hidden_holders: bool = False,
+) -> str | None:
+    """Which process holds the mdev ``uuid`` on ``vf`` now, for the executor to ask right before
+    it removes that vGPU: one vGPU's device nodes and one probe scan, never a host scan.
+
+    ``unknown: …`` (it counts as held) when the probe cannot see every process of the host,
+    unless ``assume_no_hidden_holders``, as :func:`observe_host` decides. None when no process
+    holds it, when nothing could open it, or when it is gone.
+    """
+    if not is_mdev_uuid(uuid):
+        raise ObserveError(f"not an mdev UUID: {uuid!r}")
+    tree = SysfsTree(sysfs_root)
+    try:
+        device = f"{tree.resolve(f'{PCI_DEVICES}/{vf}')}/{uuid}"
+        if not tree.exists(device):
+            return None
+        nodes = device_nodes(tree, device)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # removed meanwhile: nothing can hold it any more
+    except OSError as exc:
+        raise ObserveError(
+            f"cannot read the device nodes of vGPU {uuid} on {vf}: {exc.strerror or exc}"
+        ) from None
+    if not nodes.openable:
+        return None
+    scan = hold_probe.scan({uuid: nodes})
+    holder = scan.held.get(uuid)
+    if holder is None and scan.blind is not None and not assume_no_hidden_holders:
+        holder = f"{UNKNOWN_HOLDER}: cannot see the host's processes ({scan.blind})"
+    return holder
 
 
 def _open_tree(sysfs_root: Path) -> SysfsTree:

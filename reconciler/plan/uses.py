@@ -36,6 +36,21 @@ def mark_cluster_uses(inventory: Inventory, cluster: ClusterState) -> Inventory:
     return replace(inventory, gpus=tuple(gpus)) if changed else inventory
 
 
+def cluster_holder(cluster: ClusterState, uuid: str, type_name: str) -> str | None:
+    """Who uses the vGPU ``uuid`` of ``type_name`` per ``cluster``: the pod or VM the kubelet
+    allocated it to, or the VMs whose allocation is unknown that request its profile; None:
+    nobody. The executor asks this again right before it removes a vGPU."""
+    use = cluster.device_uses.get(uuid)
+    if use is not None:
+        return use.holder or f"pod (resource {use.resource_name})"
+    wanted = resource_name(type_name)
+    vmis = sorted(vmi for vmi, resources in cluster.vmi_resources.items() if wanted in resources)
+    if not vmis:
+        return None
+    who = f"VM {vmis[0]}" if len(vmis) == 1 else "VMs " + ", ".join(vmis)
+    return f"{who} (allocation unknown)"
+
+
 def _marked(
     vgpu: VGPU, cluster: ClusterState, vmis_by_resource: dict[str, list[str]]
 ) -> VGPU | None:

@@ -530,7 +530,7 @@ class WatchLoop:
                 return self._nothing_to_do(planned, baselines)
             self._log_plan(planned.plan)
             report = apply_plan(
-                planned.plan,
+                planned,
                 desired,
                 ports,
                 adopt=self.settings.adopt,

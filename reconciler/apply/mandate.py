@@ -1,0 +1,270 @@
+"""What one run may touch: the executors' own check of the plan they are given.
+
+The planner never plans an action on a GPU the desired state does not name, on a device that
+is not an NVIDIA vGPU GPU, on a vGPU in use, on a cluster object that is not vgpuctl's own on
+this node, or on a KubeVirt allow-list entry vgpuctl did not add. The executors do not take
+that on trust: a plan may come from a file someone edited (``plan --out``), or from a bug.
+So the host executor (``executor.py``) and the cluster executor (``cluster.py``) check every
+action against a mandate built from the desired state and the observation the plan was made
+from (under the node lock) before anything runs, and the host executor asks again right before
+it removes a vGPU whether anything uses it *now*. A violation is :class:`MandateError`: the run
+stops there and nothing after it runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from reconciler.apply.errors import MandateError
+from reconciler.model import Action, ActionKind, PciAddress
+from reconciler.model.cluster import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NODE_LABEL,
+    SRIOV_GPU_KIND,
+    ClusterState,
+    KubeObject,
+    KubeVirtConfig,
+    object_name,
+    resource_name,
+)
+from reconciler.model.errors import excerpt
+
+#: ``in_use(vf, uuid, type_name)``: who uses that vGPU at this moment; None: nobody.
+InUse = Callable[[PciAddress, str, str], str | None]
+
+_CR_WRITES = frozenset({ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE})
+
+
+def refused(
+    action: Action, why: str, rule: str, *, cause: str = "a bug or an edited plan"
+) -> MandateError:
+    """The violation of ``rule`` by ``action``, and what probably caused it."""
+    return MandateError(
+        f"refused action {action.seq} ({action.kind.value} {excerpt(action.target)}): {why} "
+        f"(rule: {rule}); {cause}: the run stops here"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HostMandate:
+    """What the host executor may act on in one run."""
+
+    #: The GPUs the desired state names: no host action targets any other.
+    managed: frozenset[PciAddress]
+    #: The NVIDIA vGPU GPUs the host showed when the run was planned (vendor ``10de``, with
+    #: SR-IOV): a NIC, an audio function or any other device is never a target.
+    nvidia: frozenset[PciAddress]
+    #: Asked right before each removal (a fresh look, not the plan's).
+    in_use: InUse
+
+    def check_target(self, action: Action, gpu: PciAddress) -> None:
+        """Before anything runs: ``action`` acts on ``gpu`` (its PF)."""
+        if gpu not in self.nvidia:
+            raise refused(
+                action,
+                f"{gpu} is not an NVIDIA vGPU GPU of this host",
+                "host actions act only on NVIDIA GPUs",
+            )
+        if gpu not in self.managed:
+            raise refused(
+                action,
+                f"GPU {gpu} is not in the desired state",
+                "only the GPUs the desired state names are touched",
+            )
+
+    def check_unused(self, action: Action, *, vf: PciAddress, uuid: str, type_name: str) -> None:
+        """At the moment of acting: nothing uses the vGPU ``action`` would remove."""
+        holder = self.in_use(vf, uuid, type_name)
+        if holder is not None:
+            raise refused(
+                action,
+                f"vGPU {uuid} on {vf} is in use by {excerpt(holder)}",
+                "a vGPU in use is never removed",
+                cause="it was taken since the plan was made, or the plan was edited",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMandate:
+    """What the cluster executor may write in one run."""
+
+    node: str
+    #: The GPUs the desired state names: the only ones objects are written for.
+    managed: frozenset[PciAddress]
+    #: This node's SRIOVGPUDevices and VGPUDevices as observed, by name.
+    objects: Mapping[str, KubeObject] = field(default_factory=lambda: MappingProxyType({}))
+    #: The KubeVirt CR's allow-list as observed (None: none was found).
+    kubevirt: KubeVirtConfig | None = None
+    #: ``--adopt``: objects another controller manages may be taken over (never deleted).
+    adopt: bool = False
+
+    @classmethod
+    def observed(
+        cls, cluster: ClusterState, *, managed: frozenset[PciAddress], adopt: bool
+    ) -> ClusterMandate:
+        return cls(
+            node=cluster.node,
+            managed=managed,
+            objects={**cluster.sriov_gpu_devices, **cluster.vgpu_devices},
+            kubevirt=cluster.kubevirt,
+            adopt=adopt,
+        )
+
+    def check(self, actions: Sequence[Action]) -> None:
+        """Before anything is written: every cluster action among ``actions`` (their params
+        already checked for shape) is one vgpuctl may carry out here."""
+        for action in actions:
+            if action.kind in _CR_WRITES:
+                self._check_object(action)
+            elif action.kind is ActionKind.KUBEVIRT_UPDATE:
+                self._check_kubevirt(action)
+
+    def _check_object(self, action: Action) -> None:
+        p = action.params
+        kind = str(p["kind"])
+        if action.kind is ActionKind.CR_CREATE:
+            self._check_body(action, kind, p["object"])
+            return
+        stored = self.objects.get(action.target)
+        if stored is None or stored.kind != kind:
+            raise refused(
+                action,
+                f"no {kind} of that name was observed for node {self.node}",
+                "cluster actions touch only this node's objects",
+            )
+        if stored.labels.get(NODE_LABEL) != self.node:
+            raise refused(
+                action,
+                f"{kind} {stored.name} is not labelled {NODE_LABEL}={self.node}",
+                "cluster actions touch only this node's objects",
+            )
+        if str(p["resourceVersion"]) != stored.resource_version:
+            raise refused(
+                action,
+                f"it was planned from resourceVersion {excerpt(str(p['resourceVersion']))}, "
+                f"the object observed is at {stored.resource_version}",
+                "a write carries the version of the object it was planned from",
+            )
+        who = stored.labels.get(MANAGED_BY_LABEL) or "another controller"
+        if action.kind is ActionKind.CR_DELETE:
+            if not stored.managed_by_us:
+                raise refused(
+                    action,
+                    f"{kind} {stored.name} is managed by {excerpt(who)}",
+                    "vgpuctl deletes only objects it manages",
+                )
+            return
+        if not stored.managed_by_us and not (self.adopt and p.get("adopt") is True):
+            raise refused(
+                action,
+                f"{kind} {stored.name} is managed by {excerpt(who)}",
+                "another controller's object is written only when adopted with --adopt",
+            )
+        self._check_body(action, kind, p["object"])
+
+    def _check_body(self, action: Action, kind: str, body: Mapping[str, Any]) -> None:
+        """The object written is this node's, labelled as vgpuctl's, for a managed GPU."""
+        metadata = body.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        spec = body.get("spec") or {}
+        if not isinstance(labels, Mapping) or not isinstance(spec, Mapping):
+            raise refused(action, "its labels or spec are not mappings", "well-formed objects")
+        if labels.get(NODE_LABEL) != self.node or spec.get("nodeName") != self.node:
+            raise refused(
+                action,
+                f"the {kind} written is not for node {self.node} (label {NODE_LABEL} "
+                f"{_shown(labels.get(NODE_LABEL))}, spec.nodeName {_shown(spec.get('nodeName'))})",
+                "cluster actions write only this node's objects",
+            )
+        if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+            raise refused(
+                action,
+                f"the {kind} written is not labelled {MANAGED_BY_LABEL}={MANAGED_BY}",
+                "objects vgpuctl writes are marked as its own",
+            )
+        address = _address(spec.get("address"))
+        if address is None or object_name(self.node, str(address)) != action.target:
+            raise refused(
+                action,
+                f"the name does not belong to spec.address {_shown(spec.get('address'))} on "
+                f"node {self.node}",
+                "an object is named <node>-<its PCI address>",
+            )
+        gpu = address if kind == SRIOV_GPU_KIND else _address(spec.get("parentGPUDeviceAddress"))
+        if gpu is None or gpu not in self.managed:
+            raise refused(
+                action,
+                f"the {kind} written is for GPU {gpu or _shown(spec.get('parentGPUDeviceAddress'))}"
+                ", which the desired state does not name",
+                "objects are written only for the GPUs the desired state names",
+            )
+
+    def _check_kubevirt(self, action: Action) -> None:
+        p = action.params
+        kv = self.kubevirt
+        if kv is None:
+            raise refused(action, "no KubeVirt CR was observed", "only the KubeVirt CR observed")
+        if (p["namespace"], p["name"]) != (kv.namespace, kv.name) or action.target != kv.target:
+            raise refused(
+                action,
+                f"the KubeVirt CR observed is {kv.target}",
+                "only the KubeVirt CR observed is written",
+            )
+        present = {str(e.get("mdevNameSelector")) for e in kv.mediated_devices}
+        added: set[str] = set()
+        for entry in p.get("add") or ():
+            selector = str(entry["mdevNameSelector"])
+            if (
+                set(entry) != {"mdevNameSelector", "resourceName", "externalResourceProvider"}
+                or entry.get("resourceName") != resource_name(selector)
+                or entry.get("externalResourceProvider") is not True
+            ):
+                raise refused(
+                    action,
+                    f"it adds {excerpt(_json(entry))}",
+                    "vgpuctl adds only {mdevNameSelector: <profile>, resourceName: "
+                    "nvidia.com/<profile>, externalResourceProvider: true}",
+                )
+            if selector in present:
+                raise refused(
+                    action,
+                    f"the allow-list already has an entry for {excerpt(selector)}",
+                    "entries vgpuctl did not add are never touched",
+                )
+            added.add(selector)
+        for selector in p.get("remove") or ():
+            if selector not in kv.owned:
+                raise refused(
+                    action,
+                    f"it removes {excerpt(str(selector))}, an entry vgpuctl did not add",
+                    "only the entries vgpuctl added are removed",
+                )
+        for selector in p.get("owned") or ():
+            if selector not in kv.owned and selector not in added:
+                raise refused(
+                    action,
+                    f"it claims {excerpt(str(selector))} as vgpuctl's, an entry it did not add",
+                    "vgpuctl owns only the entries it added",
+                )
+
+
+def _address(value: object) -> PciAddress | None:
+    if not isinstance(value, str) or not PciAddress.is_valid(value):
+        return None
+    return PciAddress.parse(value)
+
+
+def _shown(value: object) -> str:
+    return "absent" if value is None else excerpt(_json(value))
+
+
+def _json(value: object) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
