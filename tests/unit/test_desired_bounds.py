@@ -22,6 +22,7 @@ from reconciler.desired import compose, load_desired, validate_files
 from reconciler.desired.compose import MAX_DEPTH, MAX_NODES, MAX_SCALAR_CHARS, ComposeError
 from reconciler.desired.loader import MAX_FILES, MAX_PROBLEMS_PER_FILE, NOTE_NAMES, NOTE_PLACES
 from reconciler.desired.shape import _validator
+from reconciler.desired.source import document_from_data
 from reconciler.model import Problem, ValidationError
 from tests.reliability.bad_input import ANY_VALUE, _paths, _set
 from tests.reliability.generators import host_and_desired
@@ -179,9 +180,9 @@ def test_without_libyaml_the_pure_python_parser_gives_the_same_problems(
 # --- the validator: jsonschema's verdicts, walked in order ----------------------------------
 
 
-def _verdicts(validator: Any, doc: Any) -> list[tuple[tuple[Any, ...], str, str]]:
+def _verdicts(validator: Any, doc: Any) -> list[tuple[str, str, str]]:
     return sorted(
-        (tuple(e.absolute_path), str(e.validator), repr(e.instance))
+        (repr(list(e.absolute_path)), str(e.validator), repr(e.instance))
         for e in validator.iter_errors(doc)
     )
 
@@ -189,9 +190,10 @@ def _verdicts(validator: Any, doc: Any) -> list[tuple[tuple[Any, ...], str, str]
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_validator_finds_exactly_what_jsonschema_finds(data: st.DataObject) -> None:
-    _, doc = data.draw(host_and_desired("n1", max_gpus=2))
+    _, drawn = data.draw(host_and_desired("n1", max_gpus=2))
     for _ in range(data.draw(st.integers(0, 3))):
-        _set(doc, data.draw(st.sampled_from(_paths(doc))), data.draw(ANY_VALUE))
+        _set(drawn, data.draw(st.sampled_from(_paths(drawn))), data.draw(ANY_VALUE))
+    doc = document_from_data(drawn, file="drawn").data  # keys as text, as a file gives them
     schema = json.loads((REPO / "schemas" / "desired-state.schema.json").read_text())
     assert _verdicts(_validator(), doc) == _verdicts(Draft202012Validator(schema), doc)
 
