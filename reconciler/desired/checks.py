@@ -21,10 +21,14 @@ from reconciler.catalog import (
     Profile,
     parse_profile_name,
 )
+from reconciler.desired.ascii_names import non_ascii
 from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
 from reconciler.desired.source import line_ref, problem_at
 from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
+
+#: Why a name with a character outside ASCII is refused (see ``ascii_names``).
+_NOT_ASCII = "has a character NVIDIA's names never have (they are printable ASCII)"
 
 #: ``report(location, message)``: records one problem (at the GPU when the location is unknown).
 _Report = Callable[[SourceLocation | None, str], None]
@@ -140,6 +144,11 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
     for e in entries:
         if isinstance(e.key, PciAddress) and e.key == gpu.address:
             report(e.location, f"{gpu.address} is the GPU itself (its physical function), not a VF")
+        written = entry.written.get(e.key, e.profile)
+        foreign = non_ascii(written)
+        if foreign is not None:
+            report(e.location, f"profile '{written}' {_NOT_ASCII}: {foreign}")
+            continue
         if _misspelt_case(e, catalog=catalog, report=report):
             continue
         parsed = parse_profile_name(e.profile)
@@ -153,7 +162,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             Hint(e.profile, partial(_all_profile_names, catalog)),
         )
 
-    model = _model(entry, catalog=catalog, accept=accept)
+    model = _model(entry, catalog=catalog, accept=accept, report=report)
     if model is not None:
         # ``model:`` is known: every profile must be for it.
         consistent = []
@@ -220,10 +229,16 @@ def _folded_body(name: str) -> str:
     return body
 
 
-def _model(entry: GpuEntry, *, catalog: Catalog, accept: _Accept) -> GpuModel | None:
+def _model(
+    entry: GpuEntry, *, catalog: Catalog, accept: _Accept, report: _Report
+) -> GpuModel | None:
     """The model ``model:`` names; a name the catalogue does not know is accepted as such."""
     written = entry.gpu.model
     if written is None:
+        return None
+    foreign = non_ascii(written)
+    if foreign is not None:
+        report(entry.fields.get("model"), f"model '{written}' {_NOT_ASCII}: {foreign}")
         return None
     model = catalog.model(written)
     if model is None:
