@@ -123,6 +123,10 @@ def _explain(
     if validator == "const":
         yield path, location, f"{where}: expected '{error.validator_value}', got {shown!r}"
         return
+    if validator in ("maxItems", "maxProperties") and isinstance(error.instance, list | dict):
+        count, limit = len(error.instance), error.validator_value
+        yield path, location, f"{where}: {count:,} entries, more than the {limit} allowed"
+        return
     if validator == "minimum":
         yield path, location, f"{where}: must be at least {error.validator_value}, got {shown}"
         return

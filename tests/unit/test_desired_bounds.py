@@ -206,6 +206,20 @@ def test_the_validator_reports_a_node_maps_entries_in_the_order_written() -> Non
     assert paths == [["spec", "nodes", f"n{i}"] for i in range(300)]
 
 
+def test_a_gpu_lists_at_most_256_vgpus_entries(tmp_path: Path) -> None:
+    path = tmp_path / "wide.yaml"
+    entries = ", ".join(f"{i}: A16-1Q" for i in range(257))
+    path.write_text(
+        HEAD + "spec:\n  nodes:\n    n1:\n      gpus:\n        - address: '0000:08:00.0'\n"
+        f"          sriov: enabled\n          vgpus: {{{entries}}}\n"
+    )
+    (problem,) = validate_files([path], catalog=default_catalog())
+    assert (problem.line, problem.column) == (10, 11)
+    assert problem.message == (
+        "spec.nodes.n1.gpus[0].vgpus: 257 entries, more than the 256 allowed"
+    )
+
+
 # --- problems capped per file; the note capped -----------------------------------------------
 
 
