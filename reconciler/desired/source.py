@@ -44,7 +44,7 @@ from reconciler.model import Problem, SourceLocation
 JsonPath = tuple[str | int, ...]
 
 #: The largest desired-state file: what a ConfigMap holds at most (1 MiB, all keys together),
-#: room for a fleet of a thousand nodes of eight GPUs each.
+#: room for 500 to 1,200 nodes of eight GPUs each (one line per VF, or a GPU per line).
 MAX_BYTES = 1024 * 1024
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
