@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.cli.host import DEFAULT_WRITE_TIMEOUT, Host
 from reconciler.cli.options import GlobalOptions
-from reconciler.cli.render import Style, gpu_summary, plan_text, status_table, summary_line
+from reconciler.cli.render import (
+    Style,
+    gpu_summary,
+    plan_text,
+    safe,
+    safe_lines,
+    status_table,
+    summary_line,
+)
 from reconciler.model import (
     Action,
     ApplyError,
@@ -114,9 +122,9 @@ def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
     for n in desired.nodes.values():
         for g in n.gpus:
             vgpus += len(g.vgpus or {}) + sum((g.profiles or {}).values())
-    files = ", ".join(desired.files)
+    files = safe(", ".join(desired.files))
     for note in desired.notes:
-        _err(f"note: {note}")
+        _err(f"note: {safe_lines(note)}")
     _out(
         f"{files}: valid ({len(desired.nodes)} node{'s' * (len(desired.nodes) != 1)}, "
         f"{gpus} GPU{'s' * (gpus != 1)}, {vgpus} vGPU{'s' * (vgpus != 1)})\n"
@@ -265,11 +273,11 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     else:
         style = _style(host.options)
         for p in plans:
-            _out(style.bold(f"=== node {p.node} ===") + "\n")
+            _out(style.bold(f"=== node {safe(p.node)} ===") + "\n")
             _out(plan_text(p, style=style, verbose=ns.verbose) + "\n")
         for name, error in failures.items():
-            _out(style.bold(f"=== node {name} ===") + "\n")
-            for line in error.lines():
+            _out(style.bold(f"=== node {safe(name)} ===") + "\n")
+            for line in map(safe, error.lines()):
                 _err(line if _is_located(line) else f"error: {line}")
             _out("\n")
         _out(
@@ -437,7 +445,8 @@ def _confirm(plan: Plan) -> None:
         raise UsageError("apply needs --yes when not run from a terminal (nothing was changed)")
     n = len(plan.actions)
     sys.stderr.write(
-        f"\nApply {n} action{'s' * (n != 1)} to node {plan.node}? Only 'yes' will be accepted: "
+        f"\nApply {n} action{'s' * (n != 1)} to node {safe(plan.node)}? "
+        "Only 'yes' will be accepted: "
     )
     sys.stderr.flush()
     answer = sys.stdin.readline().strip()
@@ -470,14 +479,14 @@ def _execute(
     )
     if report.refreshes and report.ok:
         _err(
-            f"Device plugins: {', '.join(a.target for a in report.refreshes)} change; a running "
-            "device plugin picks this up on its next rescan."
+            f"Device plugins: {safe(', '.join(a.target for a in report.refreshes))} change; a "
+            "running device plugin picks this up on its next rescan."
         )
     failed = report.failed
     if failed is None:
         _err(f"Applied {report.applied} actions in {report.seconds:.1f} s.")
         return True
-    _err(style.red(f"Apply failed: {failed.message}"))
+    _err(style.red(f"Apply failed: {safe(failed.message)}"))
     _err("Nothing after the failed action ran; fix the cause and run apply again.")
     return False
 
@@ -489,8 +498,8 @@ def _progress(style: Style) -> Callable[[Outcome], None]:
         a = outcome.action
         status = outcome.status.value
         _err(
-            f"  {marks.get(status, ' ')} {a.seq:>3} {a.kind.value} {a.target}: "
-            f"{outcome.message} ({outcome.seconds:.2f} s)"
+            f"  {marks.get(status, ' ')} {a.seq:>3} {a.kind.value} {safe(a.target)}: "
+            f"{safe(outcome.message)} ({outcome.seconds:.2f} s)"
         )
 
     return show
@@ -505,7 +514,7 @@ def _report_convergence(node: DesiredNode, host: Host, *, adopt: bool) -> int:
     if not after.actions:
         _out(f"Applied; {len(after.blocked)} change(s) remain blocked:\n")
         for b in after.blocked:
-            _out(f"  ! {b.kind.value} {b.target}: {b.reason}\n")
+            _out(f"  ! {b.kind.value} {safe(b.target)}: {safe(b.reason)}\n")
         return EXIT_CHANGES
     _out("Not converged: a fresh plan still has changes:\n")
     _out(plan_text(after, inventory=inventory))
@@ -546,12 +555,12 @@ def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
         _out(yaml.safe_dump(inventory.to_json(), sort_keys=False))
     else:
         if not inventory.gpus:
-            _err(f"No NVIDIA SR-IOV vGPU-capable GPU found under {options.sysfs_root}.")
+            _err(f"No NVIDIA SR-IOV vGPU-capable GPU found under {safe(options.sysfs_root)}.")
             return EXIT_OK
         _out(status_table(inventory))
         _err(gpu_summary(inventory))
         for note in inventory.notes:
-            _err(f"note: {note}")
+            _err(f"note: {safe_lines(note)}")
     return EXIT_OK
 
 
@@ -577,10 +586,10 @@ def cmd_export(ns: argparse.Namespace, options: GlobalOptions) -> int:
     for gpu in inventory.gpus:
         reason = unexportable(gpu)
         if reason is not None:
-            _err(f"note: left out: {reason}")
+            _err(f"note: left out: {safe(reason)}")
     _out(
         f"# Exported by vgpuctl {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
-        f"from node {inventory.node}\n"
+        f"from node {safe(inventory.node)}\n"
     )
     _out(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     return EXIT_OK
@@ -601,13 +610,13 @@ def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
     _, planned = plan_files(ns.file, Host(options))
     plan = planned.plan
     if not plan.has_changes:
-        _out(f"node {plan.node} matches the desired state\n")
+        _out(f"node {safe(plan.node)} matches the desired state\n")
         return EXIT_OK
-    _out(f"node {plan.node} has drifted: {summary_line(plan)}\n")
+    _out(f"node {safe(plan.node)} has drifted: {summary_line(plan)}\n")
     for a in plan.actions:
-        _out(f"  {a.kind.value} {a.target}: {a.reason}\n")
+        _out(f"  {a.kind.value} {safe(a.target)}: {safe(a.reason)}\n")
     for b in plan.blocked:
-        _out(f"  ! {b.kind.value} {b.target}: {b.reason}\n")
+        _out(f"  ! {b.kind.value} {safe(b.target)}: {safe(b.reason)}\n")
     return EXIT_CHANGES
 
 
@@ -652,16 +661,17 @@ def cmd_doctor(ns: argparse.Namespace, options: GlobalOptions) -> int:
         CheckStatus.FAIL: style.red("FAIL"),
         CheckStatus.INFO: style.dim("info"),
     }
-    width = max(len(c.name) for c in report.checks)
+    width = max(len(safe(c.name)) for c in report.checks)
     for check in report.checks:
-        _out(f"{marks[check.status]}  {check.name.ljust(width)}  {check.found}\n")
+        _out(f"{marks[check.status]}  {safe(check.name).ljust(width)}  {safe(check.found)}\n")
         if check.status is CheckStatus.FAIL and check.fix:
-            _out(f"      {' ' * width}  → {check.fix}\n")
+            _out(f"      {' ' * width}  → {safe(check.fix)}\n")
     failed = sum(1 for c in report.checks if c.status is CheckStatus.FAIL)
+    node = safe(options.node)
     if failed:
-        _out(f"\n{failed} of {len(report.checks)} checks failed on node {options.node}.\n")
+        _out(f"\n{failed} of {len(report.checks)} checks failed on node {node}.\n")
         return EXIT_ERROR
-    _out(f"\nNode {options.node} is ready for vGPUs ({len(report.checks)} checks).\n")
+    _out(f"\nNode {node} is ready for vGPUs ({len(report.checks)} checks).\n")
     return EXIT_OK
 
 

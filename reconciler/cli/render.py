@@ -1,6 +1,10 @@
 """Rendering for people: the plan as Terraform-style text, the status table, apply progress.
 
 Pure functions from values to strings; colour is decided by the caller (TTY and NO_COLOR).
+Every value interpolated here may carry text from outside (sysfs names, a holder's process name,
+API objects, the desired state): each goes through :func:`safe` (control characters escaped)
+before any styling, so an escape sequence in a reason cannot move the cursor or erase the line
+the operator is reviewing, and only the colour codes added here reach the terminal as codes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from reconciler.model import (
     Plan,
 )
 from reconciler.model.cluster import object_name
+from reconciler.model.errors import printable
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +58,19 @@ class Style:
 PLAIN = Style(False)
 
 
+def safe(value: object) -> str:
+    """``value`` as text for a terminal: control characters (ESC, CR, …) escaped."""
+    return printable(str(value))
+
+
+def safe_lines(text: str) -> str:
+    """A text of several lines made :func:`safe` line by line (its own line breaks kept)."""
+    return "\n".join(safe(line) for line in text.split("\n"))
+
+
 def _gpu_of(target: str, params: dict[str, object]) -> str:
     gpu = params.get("gpu")
-    return str(gpu) if gpu else target
+    return safe(gpu) if gpu else safe(target)
 
 
 def _sort_key(target: str) -> tuple[int, ...]:
@@ -81,49 +96,50 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Li
     for a in actions:
         if not a.kind.is_host:
             continue
-        params = dict(a.params)
-        gpu = _gpu_of(a.target, params)
+        params = {k: safe(v) for k, v in a.params.items()}
+        gpu = _gpu_of(a.target, dict(a.params))
+        target, reason = safe(a.target), safe(a.reason)
         if a.kind is ActionKind.VGPU_REMOVE and a.is_replacement and a.target in creates:
             continue  # shown with its create
         if a.kind is ActionKind.VGPU_CREATE and a.is_replacement:
             line = _Line(
                 style.yellow("-/+"),
-                f"vgpu {a.target}  {params.get('replaces')} → {params.get('type')}"
+                f"vgpu {target}  {params.get('replaces')} → {params.get('type')}"
                 f"  (uuid {params.get('uuid')})",
-                a.reason,
+                reason,
                 1,
             )
         elif a.kind is ActionKind.VGPU_CREATE:
             line = _Line(
                 style.green("+"),
-                f"vgpu {a.target}  {params.get('type')}  (uuid {params.get('uuid')})",
-                a.reason,
+                f"vgpu {target}  {params.get('type')}  (uuid {params.get('uuid')})",
+                reason,
                 1,
             )
         elif a.kind is ActionKind.VGPU_REMOVE:
             line = _Line(
                 style.red("-"),
-                f"vgpu {a.target}  {params.get('type')}  (uuid {params.get('uuid')})",
-                a.reason,
+                f"vgpu {target}  {params.get('type')}  (uuid {params.get('uuid')})",
+                reason,
                 1,
             )
         elif a.kind is ActionKind.SRIOV_ENABLE:
             line = _Line(
                 style.green("+"),
-                f"sriov {a.target}  enable {params.get('numVFs', '')} VFs".rstrip(),
-                a.reason,
+                f"sriov {target}  enable {params.get('numVFs', '')} VFs".rstrip(),
+                reason,
                 0,
             )
         elif a.kind is ActionKind.SRIOV_DISABLE:
-            line = _Line(style.red("-"), f"sriov {a.target}  disable", a.reason, 0)
+            line = _Line(style.red("-"), f"sriov {target}  disable", reason, 0)
         else:
-            line = _Line(style.yellow("~"), f"{a.kind.value} {a.target}", a.reason, 2)
+            line = _Line(style.yellow("~"), f"{a.kind.value} {target}", reason, 2)
         per_gpu[gpu].append(line)
     return per_gpu
 
 
 def _value(v: object) -> str:
-    return json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else f'"{v}"'
+    return safe(json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else f'"{v}"')
 
 
 def _change_lines(changes: object, style: Style, indent: str) -> list[str]:
@@ -132,7 +148,8 @@ def _change_lines(changes: object, style: Style, indent: str) -> list[str]:
         if not isinstance(c, Mapping):
             continue
         before, after = c.get("from"), c.get("to")
-        out.append(style.yellow(f"{indent}~ {c.get('path')}: {_value(before)} → {_value(after)}"))
+        path = safe(c.get("path"))
+        out.append(style.yellow(f"{indent}~ {path}: {_value(before)} → {_value(after)}"))
     return out
 
 
@@ -143,25 +160,27 @@ def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
         if a.kind.is_host or a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
             continue
         params = dict(a.params)
-        kind = str(params.get("kind", ""))
+        kind, target = safe(params.get("kind", "")), safe(a.target)
         if a.kind is ActionKind.CR_CREATE:
-            out.append(f"    {style.green('+')} {kind} {a.target}")
+            out.append(f"    {style.green('+')} {kind} {target}")
         elif a.kind is ActionKind.CR_DELETE:
-            out.append(f"    {style.red('-')} {kind} {a.target}")
+            out.append(f"    {style.red('-')} {kind} {target}")
         elif a.kind is ActionKind.KUBEVIRT_UPDATE:
-            out.append(f"    {style.yellow('~')} KubeVirt {a.target.removeprefix('kubevirt/')}")
+            out.append(
+                f"    {style.yellow('~')} KubeVirt {safe(a.target.removeprefix('kubevirt/'))}"
+            )
             for entry in params.get("add") or []:
                 selector = entry.get("mdevNameSelector") if isinstance(entry, Mapping) else entry
-                out.append(style.green(f"        + mediatedDevices: {selector}"))
+                out.append(style.green(f"        + mediatedDevices: {safe(selector)}"))
             for selector in params.get("remove") or []:
-                out.append(style.red(f"        - mediatedDevices: {selector}"))
+                out.append(style.red(f"        - mediatedDevices: {safe(selector)}"))
         elif a.kind is ActionKind.CR_UPDATE:
             reset = " (reset: changed outside vgpuctl)" if params.get("drift") else ""
-            out.append(f"    {style.yellow('~')} {kind} {a.target}{reset}")
+            out.append(f"    {style.yellow('~')} {kind} {target}{reset}")
             out.extend(_change_lines(params.get("changes"), style, "        "))
         else:
-            out.append(f"    {style.yellow('~')} {a.kind.value} {a.target}")
-        out.append(style.dim(f"        {a.reason}"))
+            out.append(f"    {style.yellow('~')} {a.kind.value} {target}")
+        out.append(style.dim(f"        {safe(a.reason)}"))
     return out
 
 
@@ -171,15 +190,15 @@ def _plugin_lines(actions: Sequence[Action], style: Style) -> list[str]:
     for a in actions:
         if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
             devices = a.params.get("devices") or ()
-            out.append(f"    {style.yellow('~')} {a.target}: {len(devices)} device(s)")
-            out.append(style.dim(f"        {a.reason}"))
+            out.append(f"    {style.yellow('~')} {safe(a.target)}: {len(devices)} device(s)")
+            out.append(style.dim(f"        {safe(a.reason)}"))
     return out
 
 
 def _drift_lines(plan: Plan, style: Style) -> list[str]:
     out: list[str] = []
     for d in plan.drift:
-        out.append(f"    {style.yellow('!')} {d.kind} {d.target}")
+        out.append(f"    {style.yellow('!')} {safe(d.kind)} {safe(d.target)}")
         out.extend(_change_lines([c.to_json() for c in d.changes], style, "        "))
     return out
 
@@ -188,9 +207,9 @@ def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[_
     per_gpu: dict[str, list[_Line]] = defaultdict(list)
     for b in blocked:
         params = dict(b.params)
-        detail = f"  {params['type']}" if "type" in params else ""
+        detail = f"  {safe(params['type'])}" if "type" in params else ""
         per_gpu[_gpu_of(b.target, params)].append(
-            _Line(style.red("!"), f"{b.kind.value} {b.target}{detail}", b.reason, 3)
+            _Line(style.red("!"), f"{b.kind.value} {safe(b.target)}{detail}", safe(b.reason), 3)
         )
     return per_gpu
 
@@ -204,14 +223,15 @@ def plan_text(
 ) -> str:
     """The plan as a person reads it: per GPU, one line per change with its reason."""
     out: list[str] = []
-    models = {str(g.address): g.model for g in inventory.gpus} if inventory else {}
+    models = {str(g.address): safe(g.model) for g in inventory.gpus} if inventory else {}
     actions = _action_lines(plan.actions, style)
     blocked = _blocked_lines(plan.blocked, style)
     gpus = sorted(set(actions) | set(blocked), key=_sort_key)
     cluster = _cluster_lines(plan.actions, style)
     plugins = _plugin_lines(plan.actions, style)
     if gpus or cluster or plugins:
-        out.append(f"vgpuctl will perform the following actions on node {style.bold(plan.node)}:")
+        node = style.bold(safe(plan.node))
+        out.append(f"vgpuctl will perform the following actions on node {node}:")
     for gpu in gpus:
         model = models.get(gpu)
         out.append("")
@@ -240,10 +260,10 @@ def plan_text(
         out.append("")
         out.append("Unchanged:")
         for n in plan.noops:
-            out.append(style.dim(f"    = {n.target}  {n.reason}"))
+            out.append(style.dim(f"    = {safe(n.target)}  {safe(n.reason)}"))
     if plan.notes and out:
         out.append("")
-    out.extend(f"Note: {note}" for note in plan.notes)
+    out.extend(f"Note: {safe_lines(note)}" for note in plan.notes)
     if out:
         out.append("")
     out.append(summary_line(plan))
@@ -303,6 +323,7 @@ def status_rows(inventory: Inventory) -> list[tuple[str, ...]]:
 
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    rows = [[safe(c) for c in r] for r in rows]
     widths = [len(c) for c in columns]
     for r in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, r, strict=True)]
@@ -324,9 +345,9 @@ def gpu_summary(inventory: Inventory) -> str:
 
 
 def gpu_line(g: Gpu) -> str:
-    name = g.model or f"{g.vendor_id}:{g.device_id} (not in the catalogue)"
+    name = safe(g.model or f"{g.vendor_id}:{g.device_id} (not in the catalogue)")
     if g.driver != "nvidia":
-        bound = f"bound to {g.driver}" if g.driver else "bound to no driver"
+        bound = f"bound to {safe(g.driver)}" if g.driver else "bound to no driver"
         return f"GPU {g.address} {name}: {bound}: passed through whole or reserved; left alone"
     if not g.vgpu_vfs:
         return f"GPU {g.address} {name}: SR-IOV without vGPU VFs (sriov_vf_device 0); left alone"

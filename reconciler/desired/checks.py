@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cache, partial
 
 from reconciler.catalog import (
     Catalog,
@@ -20,15 +21,20 @@ from reconciler.catalog import (
     Profile,
     parse_profile_name,
 )
+from reconciler.desired.ascii_names import non_ascii
 from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
 from reconciler.desired.source import line_ref, problem_at
 from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
 
+#: Why a name with a character outside ASCII is refused (see ``ascii_names``).
+_NOT_ASCII = "has a character NVIDIA's names never have (they are printable ASCII)"
+
 #: ``report(location, message)``: records one problem (at the GPU when the location is unknown).
 _Report = Callable[[SourceLocation | None, str], None]
-#: ``accept(location, what, hint)``: records a name the catalogue cannot vouch for.
-_Accept = Callable[[SourceLocation | None, str, str], None]
+#: ``accept(location, what, hint)``: records a name the catalogue cannot vouch for, with what
+#: can be said about it (computed only if a note shows it).
+_Accept = Callable[[SourceLocation | None, str, "Hint"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +64,38 @@ class _Named:
 
 
 @dataclass(frozen=True, slots=True)
+class Hint:
+    """What can be said about a name the catalogue does not know, worked out only when shown:
+    a "did you mean" searches the whole catalogue, and a file can hold tens of thousands of
+    such names."""
+
+    #: The name as written, to look for a close one among ``candidates``.
+    word: str = ""
+    candidates: Callable[[], list[str]] | None = None
+    #: The model the name was checked against: its profiles are listed instead.
+    model: GpuModel | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What the hint depends on: equal keys say the same thing."""
+        return (self.word, self.model.name if self.model else "")
+
+    def __str__(self) -> str:
+        if self.model is not None:
+            return f"{self.model.name} is listed with {_offer(self.model)}"
+        if self.candidates is None:
+            return ""
+        suggestion = did_you_mean(self.word, self.candidates())
+        return f"did you mean '{suggestion}'?" if suggestion else ""
+
+
+@dataclass(frozen=True, slots=True)
 class Unchecked:
     """A name the catalogue does not know, accepted as written: the host decides at plan time."""
 
     what: str  # "'NVIDIA RTX 5880 Ada-48C'", "model 'NVIDIA RTX 5880 Ada'"
     location: SourceLocation
-    hint: str = ""  # "did you mean 'NVIDIA A2-4Q'?"
+    hint: Hint = Hint()  # "did you mean 'NVIDIA A2-4Q'?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +114,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
     def report(location: SourceLocation | None, message: str) -> None:
         problems.append(problem_at(location or entry.location, message))
 
-    def accept(location: SourceLocation | None, what: str, hint: str = "") -> None:
+    def accept(location: SourceLocation | None, what: str, hint: Hint = Hint()) -> None:
         unchecked.append(Unchecked(what, location or entry.location, hint))
 
     entries = [
@@ -112,6 +144,11 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
     for e in entries:
         if isinstance(e.key, PciAddress) and e.key == gpu.address:
             report(e.location, f"{gpu.address} is the GPU itself (its physical function), not a VF")
+        written = entry.written.get(e.key, e.profile)
+        foreign = non_ascii(written)
+        if foreign is not None:
+            report(e.location, f"profile '{written}' {_NOT_ASCII}: {foreign}")
+            continue
         if _misspelt_case(e, catalog=catalog, report=report):
             continue
         parsed = parse_profile_name(e.profile)
@@ -119,14 +156,13 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             named.append(_Named(e, parsed))
             continue
         # A shape this parser does not know: carried as it is, the host has the last word.
-        suggestion = did_you_mean(e.profile, _all_profile_names(catalog))
         accept(
             e.location,
             f"'{entry.written.get(e.key, e.profile)}'",
-            f"did you mean '{suggestion}'?" if suggestion else "",
+            Hint(e.profile, partial(_all_profile_names, catalog)),
         )
 
-    model = _model(entry, catalog=catalog, accept=accept)
+    model = _model(entry, catalog=catalog, accept=accept, report=report)
     if model is not None:
         # ``model:`` is known: every profile must be for it.
         consistent = []
@@ -169,12 +205,20 @@ def _misspelt_case(e: _Entry, *, catalog: Catalog, report: _Report) -> bool:
     of its names so, so this one is a slip of the keyboard, reported with the right spelling."""
     if catalog.spelled(e.profile) is not None:
         return False
-    folded = _folded_body(e.profile)
+    name = _by_folded_body(catalog).get(_folded_body(e.profile))
+    if name is None:
+        return False
+    report(e.location, f"unknown profile '{e.profile}'; did you mean '{name}'?")
+    return True
+
+
+@cache
+def _by_folded_body(catalog: Catalog) -> dict[str, str]:
+    """Every catalogue profile name by its folded body (the first of a body wins)."""
+    found: dict[str, str] = {}
     for name in _all_profile_names(catalog):
-        if _folded_body(name) == folded:
-            report(e.location, f"unknown profile '{e.profile}'; did you mean '{name}'?")
-            return True
-    return False
+        found.setdefault(_folded_body(name), name)
+    return found
 
 
 def _folded_body(name: str) -> str:
@@ -185,21 +229,29 @@ def _folded_body(name: str) -> str:
     return body
 
 
-def _model(entry: GpuEntry, *, catalog: Catalog, accept: _Accept) -> GpuModel | None:
+def _model(
+    entry: GpuEntry, *, catalog: Catalog, accept: _Accept, report: _Report
+) -> GpuModel | None:
     """The model ``model:`` names; a name the catalogue does not know is accepted as such."""
     written = entry.gpu.model
     if written is None:
         return None
+    foreign = non_ascii(written)
+    if foreign is not None:
+        report(entry.fields.get("model"), f"model '{written}' {_NOT_ASCII}: {foreign}")
+        return None
     model = catalog.model(written)
     if model is None:
-        names = [n for m in catalog.models for n in (m.name, m.short, *m.aliases)]
-        suggestion = did_you_mean(written, names)
         accept(
             entry.fields.get("model"),
             f"model '{written}'",
-            f"did you mean '{suggestion}'?" if suggestion else "",
+            Hint(written, partial(_model_names, catalog)),
         )
     return model
+
+
+def _model_names(catalog: Catalog) -> list[str]:
+    return [n for m in catalog.models for n in (m.name, m.short, *m.aliases)]
 
 
 def _check_sizes(address: PciAddress, named: list[_Named], *, report: _Report) -> None:
@@ -273,7 +325,7 @@ def _check_against_model(
             known.append((n.entry, profile))
             continue
         # Catalogues lag drivers (L40S-3B came with vGPU 16): the host's list decides.
-        accept(n.location, f"'{n.profile}'", f"{model.name} is listed with {_offer(model)}")
+        accept(n.location, f"'{n.profile}'", Hint(model=model))
 
     # The driver's max_instance counts per framebuffer size for time-sliced profiles (4A and 4Q
     # share the limit), per profile for MIG-backed ones.

@@ -7,8 +7,9 @@ and ``apply`` get a :class:`Desired` or a :class:`ValidationError` carrying all 
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -16,8 +17,14 @@ from typing import Any
 from reconciler.catalog import Catalog
 from reconciler.desired.checks import Unchecked, gpu_problems
 from reconciler.desired.normalise import FileEntry, normalise
-from reconciler.desired.shape import shape_problems
-from reconciler.desired.source import Document, document_from_data, problem_at, read_document
+from reconciler.desired.shape import MAX_SHAPE_PROBLEMS, shape_problems
+from reconciler.desired.source import (
+    MAX_BYTES,
+    Document,
+    document_from_data,
+    problem_at,
+    read_document,
+)
 from reconciler.model import (
     Desired,
     DesiredGpu,
@@ -27,6 +34,13 @@ from reconciler.model import (
     SourceLocation,
     ValidationError,
 )
+
+#: Problems reported per file: the first ones in file order, then how many more there are. A
+#: broken file gives a few lines to act on, not a log line per key.
+MAX_PROBLEMS_PER_FILE = 20
+#: Files in one desired state (a directory's, or the arguments). A ConfigMap of a megabyte can
+#: hold tens of thousands of tiny keys, each a file in its volume.
+MAX_FILES = 1000
 
 
 def load_desired(paths: Sequence[Path], *, catalog: Catalog, directories: bool = False) -> Desired:
@@ -101,30 +115,64 @@ def _load(
         if not listed:
             problems.append(Problem("no desired-state files (*.yaml, *.yml) here", file=str(path)))
         files.extend(listed)
-    read = [read_document(path) for path in files]
+    too_many = _too_many(paths, files)
+    if too_many is not None:
+        return None, [*problems, too_many]
+    # One file read at a time: only its normalised entries outlive the next file's parse.
+    read = (read_document(path) for path in files)
     desired, found = _combine(read, files=tuple(str(p) for p in files), catalog=catalog)
     if problems:
         return None, problems + found
     return desired, found
 
 
+def _too_many(paths: Sequence[Path], files: Sequence[Path]) -> Problem | None:
+    """Why the files are too many or too large together to be one desired state, if they are.
+
+    Each file is bounded when it is read; this bounds what their normalised entries add up to
+    (a ConfigMap holds 1 MiB in all, and may hold it as tens of thousands of tiny files).
+    """
+    if len(files) > MAX_FILES:
+        message = f"{len(files):,} desired-state files: more than {MAX_FILES:,}"
+        return Problem(message, file=str(paths[0]) if len(paths) == 1 else None)
+    total = 0
+    for file in files:
+        try:
+            size = file.stat().st_size
+        except OSError:
+            continue  # reported when it is read
+        if size > MAX_BYTES:
+            return None  # reported when it is read, as larger than a file may be
+        total += size
+        if total > MAX_BYTES:
+            return Problem(
+                f"with the files before it, the desired state is larger than "
+                f"{MAX_BYTES // (1024 * 1024)} MiB (the most a ConfigMap holds)",
+                file=str(file),
+            )
+    return None
+
+
 def _combine(
-    read: Sequence[tuple[Document | None, list[Problem]]],
+    read: Iterable[tuple[Document | None, list[Problem]]],
     *,
     files: tuple[str, ...],
     catalog: Catalog,
 ) -> tuple[Desired | None, list[Problem]]:
     problems: list[Problem] = []
     entries: list[FileEntry] = []
+    incomplete: set[str] = set()
     for document, found in read:
         problems.extend(found)
-        if document is None:
-            continue
-        shape = shape_problems(document)
-        problems.extend(p for _, p in shape)
-        entry = normalise(document, catalog=catalog, broken={where for where, _ in shape})
-        problems.extend(entry.problems)
-        entries.append(entry)
+        if document is not None:
+            entry = _file_entry(document, catalog=catalog, problems=problems)
+            if entry is None:
+                incomplete.add(document.file)
+            else:
+                entries.append(entry)
+        # Only the normalised entries outlive a file's parse (its data and position index are
+        # several times their size).
+        del document
 
     nodes: dict[str, DesiredNode] = {}
     defined: dict[tuple[str, PciAddress], SourceLocation] = {}
@@ -151,26 +199,76 @@ def _combine(
             else:
                 nodes[node.name] = DesiredNode(node.name, known.gpus + tuple(gpus), known.location)
 
-    order = {name: i for i, name in reversed(list(enumerate(files)))}
-    problems.sort(key=lambda p: (order.get(p.file or "", -1), p.line or 0, p.column or 0))
     if problems:
-        return None, problems
+        return None, _capped(problems, files=files, incomplete=incomplete)
     name = next((f.name for f in entries if f.name), "")
     notes = (unchecked_note(unchecked),) if unchecked else ()
     return Desired(name=name, nodes=MappingProxyType(nodes), files=files, notes=notes), []
 
 
+def _file_entry(
+    document: Document, *, catalog: Catalog, problems: list[Problem]
+) -> FileEntry | None:
+    """The file normalised as far as it is well-formed, its problems added to ``problems``;
+    None when checking stopped early (the file is broken throughout)."""
+    shape = shape_problems(document)
+    problems.extend(p for _, p in shape.problems)
+    if not shape.complete:
+        # Parts were never checked against the schema: nothing more to learn from them.
+        return None
+    entry = normalise(document, catalog=catalog, broken={where for where, _ in shape.problems})
+    problems.extend(entry.problems)
+    return entry
+
+
+def _capped(
+    problems: list[Problem], *, files: Sequence[str], incomplete: set[str]
+) -> list[Problem]:
+    """Problems in file order, at most :data:`MAX_PROBLEMS_PER_FILE` per file, each file's
+    list ended by how many more it has."""
+    order = {name: i for i, name in reversed(list(enumerate(files)))}
+    problems.sort(key=lambda p: (order.get(p.file or "", -1), p.line or 0, p.column or 0))
+    capped: list[Problem] = []
+    for file, group in itertools.groupby(problems, key=lambda p: p.file):
+        found = list(group)
+        capped.extend(found[:MAX_PROBLEMS_PER_FILE])
+        more = len(found) - MAX_PROBLEMS_PER_FILE
+        if file in incomplete:
+            message = (
+                f"… and more problems: checking stopped after the first {MAX_SHAPE_PROBLEMS} "
+                "(fix these first)"
+            )
+            capped.append(Problem(message, file=file))
+        elif more > 0:
+            capped.append(Problem(f"… and {more:,} more problem{'s' * (more != 1)}", file=file))
+    return capped
+
+
+#: Names a note lists, and places listed per name; the rest are counted.
+NOTE_NAMES = 20
+NOTE_PLACES = 5
+
+
 def unchecked_note(unchecked: Sequence[Unchecked]) -> str:
-    """One line for every name the catalogue could not vouch for (said once, not per entry)."""
-    seen: dict[str, list[str]] = {}
+    """One line for every name the catalogue could not vouch for (said once, not per entry),
+    at most :data:`NOTE_NAMES` names of :data:`NOTE_PLACES` places each, then how many more."""
+    seen: dict[tuple[str, str, str], tuple[Unchecked, list[str]]] = {}
     for u in sorted(unchecked, key=lambda u: (u.location.file, u.location.line, u.location.column)):
         where = str(u.location) if u.location.line else u.location.file
-        hint = f" ({u.hint})" if u.hint else ""
-        seen.setdefault(f"{u.what}{hint}", []).append(where)
-    count = len(seen)
+        # One line per name and kind of hint (a name under two models says two things).
+        key = (u.what, *u.hint.key)
+        seen.setdefault(key, (u, []))[1].append(where)
+    count = len({what for what, _, _ in seen})
     lines = [
         f"the catalogue does not know {count} name{'s' * (count != 1)}, accepted as written: "
         f"plan checks {'them' if count != 1 else 'it'} against what the host offers"
     ]
-    lines += [f"  {', '.join(places)}: {what}" for what, places in seen.items()]
+    for first, places in list(seen.values())[:NOTE_NAMES]:
+        hint = str(first.hint)
+        shown = ", ".join(places[:NOTE_PLACES])
+        if len(places) > NOTE_PLACES:
+            shown += f" and {len(places) - NOTE_PLACES:,} more"
+        lines.append(f"  {shown}: {first.what}" + (f" ({hint})" if hint else ""))
+    if len(seen) > NOTE_NAMES:
+        lines.append(f"  … and {len(seen) - NOTE_NAMES:,} more")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,11 @@ if TYPE_CHECKING:
 
 SCHEMA = "desired-state.schema.json"
 _KIND = "VGPUDesiredState"
+#: Problems looked at per file. jsonschema takes a tenth of a millisecond per violation; a file
+#: with more is broken throughout, and its first problems say so.
+MAX_SHAPE_PROBLEMS = 500
+#: Unknown fields of one mapping that get a "did you mean" (each costs a difflib search).
+_SUGGESTIONS = 20
 
 _TYPE_WORDS = {
     "object": "a mapping",
@@ -39,20 +45,36 @@ _TYPE_WORDS = {
 def _validator() -> Validator:
     # jsonschema (with referencing and rpds) costs 40-70 ms to import: only validation pays it,
     # once per process.
-    from jsonschema import Draft202012Validator
+    from reconciler.desired.validator import build_validator
 
-    schema = json.loads(schema_path(SCHEMA).read_text(encoding="utf-8"))
-    return Draft202012Validator(schema)
+    return build_validator(json.loads(schema_path(SCHEMA).read_text(encoding="utf-8")))
 
 
-def shape_problems(document: Document) -> list[tuple[JsonPath, Problem]]:
-    """Every schema violation of ``document``, each with the path it concerns, in file order."""
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The schema problems of one document, in file order, each with the path it concerns."""
+
+    problems: list[tuple[JsonPath, Problem]]
+    #: False when checking stopped at :data:`MAX_SHAPE_PROBLEMS`: there are more, and parts
+    #: of the document were not checked at all.
+    complete: bool = True
+
+
+def shape_problems(document: Document) -> Shape:
+    """The schema violations of ``document`` (the first :data:`MAX_SHAPE_PROBLEMS`)."""
     found: dict[tuple[JsonPath, str], tuple[SourceLocation, str]] = {}
+    complete = True
     for error in _validator().iter_errors(document.data):
         for path, location, message in _explain(error, document):
             found.setdefault((path, message), (location, message))
+            if len(found) >= MAX_SHAPE_PROBLEMS:
+                complete = False
+                break
+        if not complete:
+            break
     ordered = sorted(found.items(), key=lambda item: (item[1][0].line, item[1][0].column))
-    return [(path, problem_at(location, message)) for (path, _), (location, message) in ordered]
+    problems = [(path, problem_at(loc, message)) for (path, _), (loc, message) in ordered]
+    return Shape(problems, complete)
 
 
 def _explain(
@@ -70,13 +92,12 @@ def _explain(
     validator = error.validator
     if validator == "additionalProperties" and isinstance(error.instance, dict):
         allowed = sorted(schema.get("properties", {}))
-        for key in error.instance:
-            if key in allowed:
-                continue
+        unknown = (key for key in error.instance if key not in allowed)
+        for count, key in enumerate(unknown):
             key_path = (*path, key)
             at = f"at {where}" if path else "at the top level"
             message = f"unknown field '{key}' {at}"
-            suggestion = did_you_mean(key, allowed)
+            suggestion = did_you_mean(key, allowed) if count < _SUGGESTIONS else None
             message += f"; did you mean '{suggestion}'?" if suggestion else _allowed(allowed)
             yield key_path, document.location(key_path, key=True), message
         return
@@ -101,6 +122,10 @@ def _explain(
         return
     if validator == "const":
         yield path, location, f"{where}: expected '{error.validator_value}', got {shown!r}"
+        return
+    if validator in ("maxItems", "maxProperties") and isinstance(error.instance, list | dict):
+        count, limit = len(error.instance), error.validator_value
+        yield path, location, f"{where}: {count:,} entries, more than the {limit} allowed"
         return
     if validator == "minimum":
         yield path, location, f"{where}: must be at least {error.validator_value}, got {shown}"

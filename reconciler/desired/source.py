@@ -1,7 +1,7 @@
 """Read one desired-state file into plain data plus where every value was written.
 
-First stage of ``desired``: bytes → text → YAML node graph (PyYAML's compose API, which keeps a
-start mark on every node) → plain ``dict``/``list``/scalars and a position index keyed by the
+First stage of ``desired``: bytes → text → YAML node graph (``compose``: bounded, with the
+position of every node) → plain ``dict``/``list``/scalars and a position index keyed by the
 JSON path of each value. The later stages (schema, normalisation, semantic checks) locate their
 problems through that index. Anything wrong with the file itself (unreadable, binary, YAML
 syntax, duplicate keys) becomes a located :class:`Problem`, never an exception.
@@ -20,25 +20,34 @@ import codecs
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from reconciler.desired.compose import (
+    MAP,
+    MERGE,
+    SEQ,
+    STR,
+    ComposeError,
+    Node,
+    UnsupportedValue,
+    YamlList,
+    YamlMapping,
+    YamlScalar,
+    compose,
+    scalar_value,
+    unsupported_tag,
+)
 from reconciler.model import Problem, SourceLocation
-
-if TYPE_CHECKING:
-    import yaml
 
 #: A JSON path: mapping keys (str) and list indexes (int) from the document root.
 JsonPath = tuple[str | int, ...]
 
-#: Desired-state files are a few kilobytes; anything far bigger is a wrong file, not a lab.
-MAX_BYTES = 4 * 1024 * 1024
-#: Bounds the work aliases can cause (a "billion laughs" document expands exponentially).
-MAX_NODES = 200_000
+#: The largest desired-state file: what a ConfigMap holds at most (1 MiB, all keys together),
+#: room for 500 to 1,200 nodes of eight GPUs each (one line per VF, or a GPU per line).
+MAX_BYTES = 1024 * 1024
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,155 +164,79 @@ def read_document(path: Path) -> tuple[Document | None, list[Problem]]:
 
 def parse_text(text: str, *, file: str) -> tuple[Document | None, list[Problem]]:
     """Parse YAML ``text``; the document (None if unusable) and every problem found in it."""
-    import yaml
-
-    loader: yaml.SafeLoader | None = None
     try:
-        loader = _core_loader()(text)  # checks for non-printable characters already
-        root = loader.get_single_node()
-        if root is None:
-            message = (
-                "empty document: expected a VGPUDesiredState with apiVersion, kind, metadata "
-                "and spec"
-            )
-            return None, [Problem(message, file=file, line=1, column=1)]
-        builder = _Builder(loader, file=file)
-        data = builder.build(root, ())
-    except yaml.MarkedYAMLError as exc:
-        return None, [_syntax_problem(exc, file=file)]
-    except yaml.reader.ReaderError as exc:
-        line, column = _line_column_text(text, exc.position)
+        root = compose(text)
+    except ComposeError as exc:
+        return None, [Problem(exc.message, file=file, line=exc.line, column=exc.column)]
+    if root is None:
         message = (
-            f"not a text file: character U+{exc.character:04X} is not allowed in YAML "
-            "(is this a binary file?)"
+            "empty document: expected a VGPUDesiredState with apiVersion, kind, metadata and spec"
         )
-        return None, [Problem(message, file=file, line=line, column=column)]
-    except yaml.YAMLError as exc:
-        return None, [Problem(f"YAML error: {exc}", file=file)]
-    except RecursionError:
-        return None, [Problem("YAML nesting is too deep", file=file)]
-    except _TooLarge:
-        return None, [Problem("document too large (too many nodes or aliases)", file=file)]
-    finally:
-        if loader is not None:
-            loader.dispose()
+        return None, [Problem(message, file=file, line=1, column=1)]
+    builder = _Builder(file=file)
+    data = builder.build(root, ())
     document = Document(
         file=file, data=data, values=builder.values, keys=builder.keys, texts=builder.texts
     )
     return document, builder.problems
 
 
-#: Larger integers are refused where they are written (no field needs more than 64 bits).
-_LARGEST_INTEGER = 2**64
-
-
-@cache
-def _core_loader() -> type[yaml.SafeLoader]:
-    """A SafeLoader resolving plain scalars by the YAML 1.2 core schema.
-
-    The pure-Python loader on purpose: libyaml's composer recurses in C and crashes the
-    interpreter on deeply nested input, where this one raises RecursionError.
-    """
-    import yaml
-
-    class CoreSchemaLoader(yaml.SafeLoader):
-        pass
-
-    CoreSchemaLoader.yaml_implicit_resolvers = {}
-    resolvers = [
-        ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
-        ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
-        (
-            "tag:yaml.org,2002:float",
-            r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-            r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
-            "-+.0123456789",
-        ),
-        ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
-        (_MERGE_TAG, r"^<<$", "<"),
-    ]
-    for tag, pattern, first in resolvers:
-        CoreSchemaLoader.add_implicit_resolver(tag, re.compile(pattern), list(first))
-
-    def construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
-        # YAML 1.2: "010" is ten (PyYAML's 1.1 reading would make it octal eight).
-        text = str(node.value)
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        try:
-            value = int(text, 0) if text.startswith(("0x", "0o")) else int(text, 10)
-        except ValueError:  # '!!int ""', '0o9', or more digits than Python converts
-            raise yaml.constructor.ConstructorError(
-                None, None, f"{shown!r} is not an integer", node.start_mark
-            ) from None
-        if abs(value) > _LARGEST_INTEGER:
-            # No field holds such a number, and printing it could fail (Python refuses to
-            # turn an integer of more than 4,300 digits into text).
-            raise yaml.constructor.ConstructorError(
-                None, None, f"{shown!r} is too large a number", node.start_mark
-            )
-        return value
-
-    CoreSchemaLoader.add_constructor("tag:yaml.org,2002:int", construct_int)
-    return CoreSchemaLoader
-
-
-class _TooLarge(Exception):
-    pass
-
-
 class _Builder:
-    """Turns a composed YAML node graph into plain data, recording positions on the way."""
+    """Turns a composed node graph into plain data, recording positions on the way.
 
-    def __init__(self, loader: yaml.SafeLoader, *, file: str) -> None:
-        self.loader = loader
+    The graph's bounds (``compose``) bound the work here: aliases are built once per use,
+    which ``compose`` counted.
+    """
+
+    def __init__(self, *, file: str) -> None:
         self.file = file
         self.values: dict[JsonPath, tuple[int, int]] = {}
         self.keys: dict[JsonPath, tuple[int, int]] = {}
         self.texts: dict[JsonPath, str] = {}
         self.problems: list[Problem] = []
-        self.count = 0
+        self._reported: set[tuple[int, int]] = set()
 
-    def build(self, node: yaml.Node, path: JsonPath) -> Any:
-        import yaml
-
-        self.count += 1
-        if self.count > MAX_NODES:
-            raise _TooLarge
-        self.values[path] = _mark(node.start_mark)
-        if isinstance(node, yaml.MappingNode):
+    def build(self, node: Node, path: JsonPath) -> Any:
+        self.values[path] = node.at
+        if isinstance(node, YamlMapping):
+            if node.tag not in (None, MAP):
+                self._unsupported(node.at, unsupported_tag(node.tag, "a mapping"))
             return self._mapping(node, path)
-        if isinstance(node, yaml.SequenceNode):
-            return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
-        assert isinstance(node, yaml.ScalarNode)  # noqa: S101 - the composer makes no other kind
-        self.texts[path] = node.value
-        if node.tag == _MERGE_TAG:  # a plain ``<<`` as a value is just text
-            return node.value
+        if isinstance(node, YamlList):
+            if node.tag not in (None, SEQ):
+                self._unsupported(node.at, unsupported_tag(node.tag, "a list"))
+            return [self.build(item, (*path, i)) for i, item in enumerate(node.items)]
+        if node.tag is None and node.plain and node.value == "<<":
+            return node.value  # a plain ``<<`` as a value is just text
         try:
-            return self.loader.construct_object(node)
-        except yaml.constructor.ConstructorError as exc:
-            # Well-formed YAML this loader will not build (``!!python/object``, a bad ``!!int``).
-            mark = _mark(exc.problem_mark or node.start_mark)
-            self._problem(mark, f"unsupported YAML: {exc.problem}")
+            value = scalar_value(node)
+        except UnsupportedValue as exc:
+            # Well-formed YAML this reader will not build (``!!python/object``, ``!!bool maybe``).
+            self._unsupported(node.at, str(exc))
             return None
+        if not isinstance(value, str):
+            # The user's spelling, for messages (``on`` is text here, ``0x2`` the number 2).
+            self.texts[path] = node.value
+        return value
 
-    def _mapping(self, node: yaml.MappingNode, path: JsonPath) -> dict[str, Any]:
-        import yaml
-
+    def _mapping(self, node: YamlMapping, path: JsonPath) -> dict[str, Any]:
         result: dict[str, Any] = {}
         first_seen: dict[str, tuple[int, int]] = {}
         merged: dict[str, Any] = {}
         # Merged entries first, so that the positions of explicit keys (which win) are the ones
         # left in the index.
-        for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
+        for key_node, value_node in node.pairs:
+            if _is_merge(key_node):
                 merged.update(self._merge(value_node, path, merged))
-        for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
+        for key_node, value_node in node.pairs:
+            if _is_merge(key_node):
                 continue
-            key_mark = _mark(key_node.start_mark)
-            if not isinstance(key_node, yaml.ScalarNode):
+            key_mark = key_node.at
+            if not isinstance(key_node, YamlScalar):
                 self._problem(key_mark, "a mapping key must be plain text, not a list or mapping")
                 continue
+            if key_node.tag not in (None, "!", STR):
+                self._unsupported(key_mark, unsupported_tag(key_node.tag, "a key"))
             key = key_node.value
             if key in first_seen:
                 # YAML would silently keep the last value; a repeated key is almost always a
@@ -313,47 +246,40 @@ class _Builder:
                 self._problem(key_mark, message)
                 continue
             first_seen[key] = key_mark
-            self.keys[(*path, key)] = key_mark
-            result[key] = self.build(value_node, (*path, key))
-        self.values[path] = _mark(node.start_mark)
+            child = (*path, key)
+            self.keys[child] = key_mark
+            result[key] = self.build(value_node, child)
+        self.values[path] = node.at
         # Explicit keys win over merged ones (YAML merge-key semantics).
         return {**{k: v for k, v in merged.items() if k not in result}, **result}
 
-    def _merge(self, value: yaml.Node, path: JsonPath, done: Mapping[str, Any]) -> dict[str, Any]:
-        import yaml
-
-        sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+    def _merge(self, value: Node, path: JsonPath, done: Mapping[str, Any]) -> dict[str, Any]:
+        sources = value.items if isinstance(value, YamlList) else [value]
         out: dict[str, Any] = {}
         for source in sources:
-            if not isinstance(source, yaml.MappingNode):
-                self._problem(
-                    _mark(source.start_mark), "'<<' merges a mapping or a list of mappings only"
-                )
+            if not isinstance(source, YamlMapping):
+                self._problem(source.at, "'<<' merges a mapping or a list of mappings only")
                 continue
             built = self._mapping(source, path)
             # Earlier sources win in a merge list; keys already merged stay.
             out.update({k: v for k, v in built.items() if k not in out and k not in done})
         return out
 
+    def _unsupported(self, mark: tuple[int, int], why: str) -> None:
+        self._problem(mark, f"unsupported YAML: {why}")
+
     def _problem(self, mark: tuple[int, int], message: str) -> None:
         # An anchored node is built once per alias; its problem is reported once.
-        if all((p.line, p.column) != mark for p in self.problems):
+        if mark not in self._reported:
+            self._reported.add(mark)
             self.problems.append(Problem(message, file=self.file, line=mark[0], column=mark[1]))
 
 
-def _mark(mark: yaml.Mark) -> tuple[int, int]:
-    return mark.line + 1, mark.column + 1
-
-
-def _syntax_problem(exc: yaml.MarkedYAMLError, *, file: str) -> Problem:
-    mark = exc.problem_mark or exc.context_mark
-    message = f"YAML syntax error: {exc.problem or exc.context or 'invalid document'}"
-    if exc.context and exc.problem and exc.context_mark is not None:
-        message += f" ({exc.context} at line {exc.context_mark.line + 1})"
-    if mark is None:
-        return Problem(message, file=file)
-    line, column = _mark(mark)
-    return Problem(message, file=file, line=line, column=column)
+def _is_merge(key: Node) -> bool:
+    """``<<`` written plain, or any key tagged ``!!merge``."""
+    if not isinstance(key, YamlScalar):
+        return False
+    return key.tag == MERGE or (key.tag is None and key.plain and key.value == "<<")
 
 
 def _line_column_bytes(raw: bytes, offset: int) -> tuple[int, int]:
@@ -361,8 +287,3 @@ def _line_column_bytes(raw: bytes, offset: int) -> tuple[int, int]:
     # Columns count characters, as editors do, not bytes.
     column = len(raw[line_start:offset].decode("utf-8", errors="replace")) + 1
     return raw.count(b"\n", 0, offset) + 1, column
-
-
-def _line_column_text(text: str, offset: int) -> tuple[int, int]:
-    line_start = text.rfind("\n", 0, offset) + 1
-    return text.count("\n", 0, offset) + 1, offset - line_start + 1

@@ -2,7 +2,9 @@
 
 Both formatters print the record's extra fields (``log.info("…", extra={"reason": "host"})``):
 text appends them as ``key=value``, JSON puts them beside ``ts``, ``level``, ``logger`` and
-``msg``. Times are UTC with milliseconds.
+``msg``. Times are UTC with milliseconds. Messages and fields carry text from outside (reasons
+naming sysfs types and holders' process names, the desired state): both formatters escape its
+control characters, so ``kubectl logs`` on a terminal shows an escape sequence, never runs it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import json
 import logging
 import time
 from typing import Any
+
+from reconciler.model.errors import printable
 
 #: Attributes every LogRecord has: anything else on a record came in through ``extra``.
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
@@ -36,12 +40,14 @@ class TextFormatter(logging.Formatter):
     """``2025-01-31T12:00:00.123Z INFO vgpuctl.watch: reconciled reason=host seconds=0.031``"""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{_timestamp(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        message = printable(record.getMessage())
+        line = f"{_timestamp(record)} {record.levelname} {record.name}: {message}"
         extra = fields_of(record)
         if extra:
-            line += " " + " ".join(f"{k}={_text(v)}" for k, v in extra.items())
+            line += " " + " ".join(f"{printable(k)}={_text(v)}" for k, v in extra.items())
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            trace = self.formatException(record.exc_info)
+            line += "\n" + "\n".join(map(printable, trace.split("\n")))
         return line
 
 
@@ -54,21 +60,35 @@ class JsonFormatter(logging.Formatter):
             "ts": _timestamp(record),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": printable(record.getMessage()),
         }
         for key, value in fields_of(record).items():
-            doc.setdefault(key, value)
+            doc.setdefault(printable(key), _escaped(value))
         if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+            trace = self.formatException(record.exc_info)
+            doc["exc"] = "\n".join(map(printable, trace.split("\n")))
         return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+def _escaped(value: object) -> object:
+    """``value`` with the control characters of its text escaped (JSON escapes C0 controls
+    itself, not DEL nor the C1 ones such as CSI, U+009B)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(k)): _escaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v) for v in value]
+    return value
 
 
 def _text(value: object) -> str:
     if isinstance(value, dict | list | tuple):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+        return json.dumps(_escaped(value), ensure_ascii=False, separators=(",", ":"), default=str)
     text = str(value)
-    if not text or any(c.isspace() or c in '"=' for c in text):
-        return json.dumps(text, ensure_ascii=False)
+    if not text or not text.isprintable() or any(c.isspace() or c in '"=' for c in text):
+        # JSON quoting escapes C0 controls; printable the rest (DEL, C1).
+        return printable(json.dumps(text, ensure_ascii=False))
     return text
 
 

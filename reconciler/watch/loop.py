@@ -380,7 +380,10 @@ class WatchLoop:
             return
         if events is None:
             return
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        # The loader lists at most 20 problems per file and counts the rest: the log has them.
+        more = (
+            f" (and {len(problems) - 1} more lines in the agent's log)" if len(problems) > 1 else ""
+        )
         message = (
             f"desired state invalid: {problems[0]}{more}; the last valid desired state stays "
             "in force"

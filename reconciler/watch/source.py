@@ -16,6 +16,8 @@ from pathlib import Path
 
 from reconciler.catalog import Catalog
 from reconciler.desired import directory_files, load_desired
+from reconciler.desired.loader import MAX_FILES
+from reconciler.desired.source import MAX_BYTES
 from reconciler.model import DesiredNode
 
 
@@ -48,13 +50,22 @@ class DesiredSource:
         except OSError as exc:
             digest.update(f"unlistable:{exc.strerror}".encode())
             return digest.hexdigest()
-        for file in files:
+        # Bounded like the loader: past MAX_BYTES the desired state is refused whatever the
+        # rest says, so the rest need not be read (a huge file is not read every rescan).
+        budget = MAX_BYTES + 1
+        for file in files[: MAX_FILES + 1]:
             digest.update(os.fsencode(file) + b"\0")
             try:
-                digest.update(file.read_bytes())
+                with file.open("rb") as stream:
+                    size = os.fstat(stream.fileno()).st_size
+                    content = stream.read(budget)
             except OSError as exc:
                 digest.update(f"\0unreadable:{exc.strerror}".encode())
+            else:
+                budget = max(0, budget - len(content))
+                digest.update(f"{size}\0".encode() + content)
             digest.update(b"\0\0")
+        digest.update(str(len(files)).encode())
         return digest.hexdigest()
 
     def load(self, *, catalog: Catalog, node: str) -> DesiredNode | None:
