@@ -57,6 +57,8 @@ if TYPE_CHECKING:
         CommandRunner,
         HostDriver,
         HostedVGPU,
+        SysfsDevice,
+        SysfsKernel,
         SysfsWriter,
     )
     from reconciler.apply.runner import (
@@ -98,6 +100,8 @@ _EXPORTS = {
     "SKIPPED_NOT_CLUSTER": "reconciler.apply.cluster",
     "SKIPPED_NOT_HOST": "reconciler.apply.executor",
     "SubprocessRunner": "reconciler.apply.runner",
+    "SysfsDevice": "reconciler.apply.ports",
+    "SysfsKernel": "reconciler.apply.ports",
     "SysfsWriter": "reconciler.apply.ports",
     "VerificationError": "reconciler.apply.errors",
     "WriteTimeoutError": "reconciler.apply.errors",
@@ -146,6 +150,8 @@ __all__ = [
     "PathEscapeError",
     "Phase",
     "SubprocessRunner",
+    "SysfsDevice",
+    "SysfsKernel",
     "SysfsWriter",
     "VerificationError",
     "WriteTimeoutError",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from reconciler.model import ObserveError
+from reconciler.model.errors import excerpt
 
 NVIDIA_VENDOR_ID = "10de"
 
@@ -32,7 +33,8 @@ _TYPE_ID = re.compile(r"^(.*?)([0-9]+)$")
 
 
 def _fail(source: str, message: str, text: str) -> ObserveError:
-    return ObserveError(f"{source}: {message}, got {text.strip()!r}")
+    # The file may be anything a hostile tree links to: quote no more than an excerpt of it.
+    return ObserveError(f"{source}: {message}, got '{excerpt(text.strip())}'")
 
 
 def parse_hex_id(text: str, *, source: str = "<input>") -> str:
@@ -194,7 +196,7 @@ def parse_description(text: str, *, source: str = "<input>") -> TypeDescription:
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not key:
-            raise _fail(source, f"malformed entry {item!r} (expected key=value)", text)
+            raise _fail(source, "malformed entry (expected key=value)", item)
         fields[key] = value
     missing = [k for k in _DESCRIPTION_REQUIRED if k not in fields]
     if missing:

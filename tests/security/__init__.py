@@ -1,0 +1,1 @@
+"""Security scenarios: each reproduces an attack and proves it fails."""
