@@ -22,7 +22,7 @@ from reconciler.catalog import (
 )
 from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
-from reconciler.desired.source import line_ref, problem_at
+from reconciler.desired.source import line_ref, problem_at, quoted
 from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
 
 #: ``report(location, message)``: records one problem (at the GPU when the location is unknown).
@@ -122,7 +122,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         suggestion = did_you_mean(e.profile, _all_profile_names(catalog))
         accept(
             e.location,
-            f"'{entry.written.get(e.key, e.profile)}'",
+            quoted(entry.written.get(e.key, e.profile)),
             f"did you mean '{suggestion}'?" if suggestion else "",
         )
 
@@ -136,7 +136,8 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             else:
                 report(
                     n.location,
-                    f"profile '{n.profile}' is for GPU {n.name.gpu}, but model is {model.name}",
+                    f"profile {quoted(n.profile)} is for GPU {n.name.gpu}, "
+                    f"but model is {model.name}",
                 )
         named = consistent
     else:
@@ -146,8 +147,8 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             first, other = (members[0] for members in list(groups.values())[:2])
             report(
                 other.location,
-                f"profiles of two GPU models on GPU {gpu.address}: '{other.profile}' "
-                f"({other.name.gpu}) and '{first.profile}' ({first.name.gpu}, "
+                f"profiles of two GPU models on GPU {gpu.address}: {quoted(other.profile)} "
+                f"({other.name.gpu}) and {quoted(first.profile)} ({first.name.gpu}, "
                 f"{line_ref(first.location)}); a GPU hosts profiles of its own model only",
             )
             # Sizes and maxima of a mix of models would only repeat this.
@@ -160,7 +161,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         _check_against_model(gpu.address, model, entries, named, report=report, accept=accept)
     elif named and catalog.model(named[0].name.gpu) is None:
         for n in named:
-            accept(n.location, f"'{n.profile}'")
+            accept(n.location, quoted(n.profile))
     return GpuFindings(problems, unchecked)
 
 
@@ -172,7 +173,7 @@ def _misspelt_case(e: _Entry, *, catalog: Catalog, report: _Report) -> bool:
     folded = _folded_body(e.profile)
     for name in _all_profile_names(catalog):
         if _folded_body(name) == folded:
-            report(e.location, f"unknown profile '{e.profile}'; did you mean '{name}'?")
+            report(e.location, f"unknown profile {quoted(e.profile)}; did you mean '{name}'?")
             return True
     return False
 
@@ -196,7 +197,7 @@ def _model(entry: GpuEntry, *, catalog: Catalog, accept: _Accept) -> GpuModel | 
         suggestion = did_you_mean(written, names)
         accept(
             entry.fields.get("model"),
-            f"model '{written}'",
+            f"model {quoted(written)}",
             f"did you mean '{suggestion}'?" if suggestion else "",
         )
     return model
@@ -210,8 +211,8 @@ def _check_sizes(address: PciAddress, named: list[_Named], *, report: _Report) -
         later, earlier = sorted((time_sliced[0], mig[0]), key=lambda n: _order(n.location))[::-1]
         report(
             later.location,
-            f"MIG-backed and time-sliced profiles on GPU {address}: '{later.profile}' and "
-            f"'{earlier.profile}' ({line_ref(earlier.location)}); a GPU in MIG mode hosts "
+            f"MIG-backed and time-sliced profiles on GPU {address}: {quoted(later.profile)} and "
+            f"{quoted(earlier.profile)} ({line_ref(earlier.location)}); a GPU in MIG mode hosts "
             "MIG-backed vGPUs only",
         )
     if not time_sliced:
@@ -221,8 +222,9 @@ def _check_sizes(address: PciAddress, named: list[_Named], *, report: _Report) -
         if n.name.size_gb != first.name.size_gb:
             report(
                 n.location,
-                f"mixed framebuffer sizes on GPU {address}: '{n.profile}' ({n.name.size_gb} GB) "
-                f"and '{first.profile}' ({first.name.size_gb} GB, {line_ref(first.location)}); "
+                f"mixed framebuffer sizes on GPU {address}: {quoted(n.profile)} "
+                f"({n.name.size_gb} GB) and {quoted(first.profile)} ({first.name.size_gb} GB, "
+                f"{line_ref(first.location)}); "
                 "time-sliced vGPUs on one GPU share one size (equal-size mode)",
             )
             return
@@ -273,7 +275,7 @@ def _check_against_model(
             known.append((n.entry, profile))
             continue
         # Catalogues lag drivers (L40S-3B came with vGPU 16): the host's list decides.
-        accept(n.location, f"'{n.profile}'", f"{model.name} is listed with {_offer(model)}")
+        accept(n.location, quoted(n.profile), f"{model.name} is listed with {_offer(model)}")
 
     # The driver's max_instance counts per framebuffer size for time-sliced profiles (4A and 4Q
     # share the limit), per profile for MIG-backed ones.

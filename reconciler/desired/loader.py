@@ -7,7 +7,6 @@ and ``apply`` get a :class:`Desired` or a :class:`ValidationError` carrying all 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -17,7 +16,13 @@ from reconciler.catalog import Catalog
 from reconciler.desired.checks import Unchecked, gpu_problems
 from reconciler.desired.normalise import FileEntry, normalise
 from reconciler.desired.shape import shape_problems
-from reconciler.desired.source import Document, document_from_data, problem_at, read_document
+from reconciler.desired.source import (
+    Document,
+    directory_files,
+    document_from_data,
+    problem_at,
+    read_document,
+)
 from reconciler.model import (
     Desired,
     DesiredGpu,
@@ -46,23 +51,6 @@ def validate_files(
     return _load(paths, catalog=catalog, directories=directories)[1]
 
 
-def directory_files(directory: Path) -> list[Path]:
-    """The desired-state files of a directory: its ``*.yaml`` and ``*.yml`` entries that are
-    files (a link to a file counts), sorted by name, not descending into subdirectories.
-
-    Entries whose name starts with a dot are skipped: a ConfigMap volume keeps its real files in
-    ``..data/`` and ``..<timestamp>/`` beside the ``name.yaml`` links to them, and editors keep
-    swap and backup files there. Raises ``OSError`` when the directory cannot be listed.
-    """
-    return [
-        directory / name
-        for name in sorted(os.listdir(directory))
-        if not name.startswith(".")
-        and name.endswith((".yaml", ".yml"))
-        and os.path.isfile(directory / name)
-    ]
-
-
 def load_document(document: Mapping[str, Any], *, source: str, catalog: Catalog) -> Desired:
     """A desired state given as data, such as the copy a saved plan carries.
 
@@ -88,6 +76,7 @@ def _load(
     if not paths:
         return None, [Problem("no desired-state files given")]
     files: list[Path] = []
+    listed_in: dict[Path, Path] = {}  # a directory's entry → that directory
     problems: list[Problem] = []
     for path in map(Path, paths):
         if not (directories and path.is_dir()):
@@ -101,7 +90,8 @@ def _load(
         if not listed:
             problems.append(Problem("no desired-state files (*.yaml, *.yml) here", file=str(path)))
         files.extend(listed)
-    read = [read_document(path) for path in files]
+        listed_in.update(dict.fromkeys(listed, path))
+    read = [read_document(path, directory=listed_in.get(path)) for path in files]
     desired, found = _combine(read, files=tuple(str(p) for p in files), catalog=catalog)
     if problems:
         return None, problems + found

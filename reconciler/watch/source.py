@@ -3,7 +3,8 @@
 The path given is kept as written and resolved again on every look, because what it names
 changes under us: an editor writes a temporary file and renames it over the original, the
 kubelet swaps a ConfigMap volume's ``..data`` link, git-sync swaps a ``current`` link to a new
-checkout. :meth:`DesiredSource.fingerprint` says cheaply whether the content changed;
+checkout. A directory's entries are read as loading reads them: links followed only to files
+inside the directory. :meth:`DesiredSource.fingerprint` says cheaply whether the content changed;
 :meth:`DesiredSource.watch_points` names the directories whose events can announce a change.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from reconciler.catalog import Catalog
 from reconciler.desired import directory_files, load_desired
+from reconciler.desired.source import MAX_BYTES, read_within
 from reconciler.model import DesiredNode
 
 
@@ -45,13 +47,18 @@ class DesiredSource:
         digest = hashlib.blake2b(digest_size=16)
         try:
             files = self.files()
+            directory = self.path if self.path.is_dir() else None
         except OSError as exc:
             digest.update(f"unlistable:{exc.strerror}".encode())
             return digest.hexdigest()
         for file in files:
             digest.update(os.fsencode(file) + b"\0")
             try:
-                digest.update(file.read_bytes())
+                # A directory's entries as loading reads them: links only to files inside it.
+                if directory is not None:
+                    digest.update(read_within(directory, file.name, limit=MAX_BYTES + 1))
+                else:
+                    digest.update(file.read_bytes())
             except OSError as exc:
                 digest.update(f"\0unreadable:{exc.strerror}".encode())
             digest.update(b"\0\0")
