@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -28,6 +30,11 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         pytest.skip("this kernel does not offer openat2")
     if request.param == "walk":
         monkeypatch.setattr(sysfs_module, "_OPENAT2", [None])
+        monkeypatch.setattr(
+            sysfs_module,
+            "_OPEN_READ",
+            [lambda dirfd, rel: sysfs_module._walk(dirfd, rel, sysfs_module._READ_FLAGS)],
+        )
     return str(request.param)
 
 
@@ -161,3 +168,16 @@ def test_a_root_replaced_is_seen_by_the_next_tree(root: Path, tmp_path: Path) ->
     (root / "devices").mkdir()
     (root / "devices/name").write_text("new\n")
     assert SysfsTree(root).read_text("devices/name") == "new\n"
+
+
+def test_a_read_is_the_first_thing_a_process_does(root: Path) -> None:
+    """The kernel's interface is looked up on first use: a fresh process whose first sysfs
+    call is a read (``watch``'s fingerprint, the apply reader) must find it bound."""
+    code = (
+        "import sys; from pathlib import Path; from reconciler.observe.sysfs import SysfsTree; "
+        "print(SysfsTree(Path(sys.argv[1])).read_text('devices/d/name'), end='')"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(root)], capture_output=True, text=True, check=False
+    )
+    assert (res.returncode, res.stdout, res.stderr) == (0, "NVIDIA A2-4Q\n", "")
