@@ -58,6 +58,8 @@ if TYPE_CHECKING:
         CommandRunner,
         HostDriver,
         HostedVGPU,
+        SysfsDevice,
+        SysfsKernel,
         SysfsWriter,
     )
     from reconciler.apply.runner import (
@@ -99,6 +101,8 @@ _EXPORTS = {
     "SKIPPED_NOT_CLUSTER": "reconciler.apply.cluster",
     "SKIPPED_NOT_HOST": "reconciler.apply.executor",
     "SubprocessRunner": "reconciler.apply.runner",
+    "SysfsDevice": "reconciler.apply.ports",
+    "SysfsKernel": "reconciler.apply.ports",
     "SysfsWriter": "reconciler.apply.ports",
     "VerificationError": "reconciler.apply.errors",
     "WriteTimeoutError": "reconciler.apply.errors",
@@ -148,6 +152,8 @@ __all__ = [
     "PathEscapeError",
     "Phase",
     "SubprocessRunner",
+    "SysfsDevice",
+    "SysfsKernel",
     "SysfsWriter",
     "VerificationError",
     "WriteTimeoutError",

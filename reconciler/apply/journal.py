@@ -1,6 +1,7 @@
 """The apply journal: an append-only JSON Lines record of what each run meant to do and did.
 
-One file per node, ``<state_dir>/<node>.journal.jsonl``; each record is flushed to disk
+One file per node, ``<state_dir>/<node>.journal.jsonl``, opened as ``state.py`` says (in a
+directory only vgpuctl's user can write, never through a link); each record is flushed to disk
 (``fsync``) before the step it describes goes on, so after a crash the last run's records say
 which action was under way (an ``intent`` with no outcome). Running ``apply`` again repairs
 that, because every step re-checks its precondition; the journal is what lets a person, or a
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reconciler.apply.state import node_file
+from reconciler.apply.state import node_file, open_node_file, open_state_dir
 from reconciler.model import ApplyError
 
 RUN_KIND = "run"
@@ -87,6 +88,7 @@ class Journal:
         self, state_dir: Path, node: str, *, now: Callable[[], datetime] = _utc_now
     ) -> None:
         self.node = node
+        self.state_dir = Path(state_dir)
         self.path = node_file(state_dir, node, ".journal.jsonl")
         self._now = now
 
@@ -107,18 +109,21 @@ class Journal:
             message=message,
         )
         line = json.dumps(rec.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n"
-        created = not self.path.exists()
+        dir_fd = open_state_dir(self.state_dir)
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd, created = open_node_file(dir_fd, self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             try:
                 os.write(fd, line.encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)
             if created:
-                _fsync_dir(self.path.parent)
+                # A new file's directory entry is durable only once the directory is synced.
+                os.fsync(dir_fd)
         except OSError as e:
             raise ApplyError(f"cannot write the journal {self.path}: {e.strerror or e}") from e
+        finally:
+            os.close(dir_fd)
         return rec
 
     def records(self) -> list[JournalRecord]:
@@ -128,11 +133,19 @@ class Journal:
         journal is evidence, and the rest of it is still good.
         """
         try:
-            text = self.path.read_text(encoding="utf-8", errors="replace")
+            dir_fd = open_state_dir(self.state_dir, create=False)
+        except FileNotFoundError:
+            return []
+        try:
+            fd, _ = open_node_file(dir_fd, self.path, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as f:
+                text = f.read().decode("utf-8", errors="replace")
         except FileNotFoundError:
             return []
         except OSError as e:
             raise ApplyError(f"cannot read the journal {self.path}: {e.strerror or e}") from e
+        finally:
+            os.close(dir_fd)
         out = []
         for line in text.splitlines():
             try:
@@ -158,12 +171,3 @@ class Journal:
             for r in records
             if r.phase is Phase.INTENT and (r.seq, r.kind, r.target) not in settled
         ]
-
-
-def _fsync_dir(directory: Path) -> None:
-    # A new file's directory entry is durable only once the directory itself is synced.
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -3,7 +3,8 @@
 ``flock`` belongs to the open file, so the kernel drops it when the holder exits, however it
 exits: a lock file left behind by a crashed run never blocks the next one. The file is never
 deleted (deleting a lock file races with a process that has just opened it); it only carries
-the holder's identity so a refused run can say who holds it.
+the holder's identity so a refused run can say who holds it. It is opened as ``state.py`` says:
+in a directory only vgpuctl's user can write, never through a link.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 
-from reconciler.apply.state import node_file
+from reconciler.apply.state import node_file, open_node_file, open_state_dir
 from reconciler.model import ApplyError, LockHeldError
 
 _COMMAND_CHARS = 200
@@ -36,6 +37,7 @@ class NodeLock:
 
     def __init__(self, state_dir: Path, node: str, *, command: str | None = None) -> None:
         self.node = node
+        self.state_dir = Path(state_dir)
         self.path = node_file(state_dir, node, ".lock")
         self._command = command
         self._fd: int | None = None
@@ -59,11 +61,14 @@ class NodeLock:
     def acquire(self) -> None:
         if self._fd is not None:
             raise RuntimeError(f"the lock for node {self.node} is already held by this object")
+        dir_fd = open_state_dir(self.state_dir)
         try:
             # No O_TRUNC: the file may be held by someone whose identity we must still read.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd, _ = open_node_file(dir_fd, self.path, os.O_RDWR | os.O_CREAT)
         except OSError as e:
             raise ApplyError(f"cannot open the lock file {self.path}: {e.strerror or e}") from e
+        finally:
+            os.close(dir_fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

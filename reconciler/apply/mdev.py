@@ -13,7 +13,7 @@ import os
 import re
 import uuid as uuidlib
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Final, NoReturn
 
 from reconciler.apply.errors import (
@@ -25,9 +25,10 @@ from reconciler.apply.errors import (
     HostChangedError,
     WriteTimeoutError,
 )
-from reconciler.apply.ports import CommandRunner, HostedVGPU, SysfsWriter
+from reconciler.apply.ports import CommandRunner, HostedVGPU, SysfsDevice, SysfsWriter
 from reconciler.apply.sysfs import SysfsReader
 from reconciler.model import ApplyError, PciAddress
+from reconciler.model.errors import excerpt
 
 _VIRTFN = re.compile(r"^virtfn(\d+)$")
 #: How many trailing lines of a failed command's output go into the message.
@@ -115,12 +116,12 @@ class MdevDriver:
             )
         type_dir = offered.get(type_name)
         if type_dir is None:
-            raise DriverRefusedError(
-                f"{type_name} is not offered on {vf}; it offers: {', '.join(sorted(offered))}"
-            )
+            # The names are what the tree's files say: quote no more than an excerpt of each.
+            names = ", ".join(excerpt(n) for n in sorted(offered))
+            raise DriverRefusedError(f"{type_name} is not offered on {vf}; it offers: {names}")
         rel = f"bus/pci/devices/{vf}/mdev_supported_types/{type_dir}"
         try:
-            self._writer.write(f"{rel}/create", uuid)
+            self._writer.write(f"{rel}/create", uuid, device=SysfsDevice(gpu, vf))
         except WriteTimeoutError as e:
             raise WriteTimeoutError(
                 f"{e.message}: the NVIDIA driver did not finish creating {type_name} on {vf}; "
@@ -164,7 +165,9 @@ class MdevDriver:
     def remove_vgpu(self, *, gpu: PciAddress, vf: PciAddress, uuid: str) -> None:
         uuid = checked_uuid(uuid)
         try:
-            self._writer.write(f"bus/mdev/devices/{uuid}/remove", "1")
+            self._writer.write(
+                f"bus/mdev/devices/{uuid}/remove", "1", device=SysfsDevice(gpu, vf, uuid)
+            )
         except WriteTimeoutError as e:
             # The kernel does not refuse to remove an open device: it asks the holder to let go
             # and waits (vfio_unregister_group_dev). vgpuctl plans no removal of a vGPU it sees
@@ -231,7 +234,9 @@ class MdevDriver:
             try:
                 out.append(PciAddress.parse(target))
             except ValueError:
-                raise ApplyError(f"{gpu}/{name} points to {target!r}, not a PCI address") from None
+                raise ApplyError(
+                    f"{gpu}/{name} points to '{excerpt(target)}', not a PCI address"
+                ) from None
         return out
 
     def vgpu_parent_ready(self, vf: PciAddress) -> bool:
@@ -271,12 +276,12 @@ class MdevDriver:
             self._read.check_root()  # a vGPU is not "gone" because all of sysfs is
             return None
         # The link points at <VF dir>/<uuid>: the parent's name is the VF's address.
-        parent = self._read.resolved(link).parent.name
+        parent = PurePosixPath(self._read.real(link)).parent.name
         try:
             return PciAddress.parse(parent)
         except ValueError:
             raise ApplyError(
-                f"{self._read.path(link)} does not point into a VF (parent {parent!r})"
+                f"{self._read.path(link)} does not point into a VF (parent '{excerpt(parent)}')"
             ) from None
 
     def _offered_types(self, vf: PciAddress) -> dict[str, str]:

@@ -15,14 +15,55 @@ from typing import NamedTuple, Protocol
 from reconciler.model import PciAddress
 
 
-class SysfsWriter(Protocol):
-    """Writes one value to one existing sysfs attribute."""
+@dataclass(frozen=True, slots=True)
+class SysfsDevice:
+    """The device a sysfs write is meant for, as the action names it: VF ``vf`` of GPU
+    ``gpu``, or the vGPU (mdev) ``vgpu`` on that VF. A writer refuses a path that leads to a
+    file of any other device (a link planted on the way: DOMAIN.md §3a's layout is
+    ``bus/mdev/devices/<uuid> -> …/<VF>/<uuid>``, and ``<VF>/physfn`` leads to the GPU)."""
 
-    def write(self, path: str, value: str) -> None:
-        """Write ``value`` to ``path`` (relative to the sysfs root).
+    gpu: PciAddress
+    vf: PciAddress
+    vgpu: str | None = None
+
+    def __str__(self) -> str:
+        if self.vgpu is not None:
+            return f"vGPU {self.vgpu} on VF {self.vf} of GPU {self.gpu}"
+        return f"VF {self.vf} of GPU {self.gpu}"
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"gpu": str(self.gpu), "vf": str(self.vf), "vgpu": self.vgpu}
+
+    @classmethod
+    def from_json(cls, raw: object) -> SysfsDevice:
+        """Raises ``ValueError`` unless ``raw`` is what :meth:`to_json` makes."""
+        if not isinstance(raw, dict):
+            raise ValueError("device must be an object")
+        vgpu = raw.get("vgpu")
+        if vgpu is not None and not isinstance(vgpu, str):
+            raise ValueError("device.vgpu must be a string or null")
+        return cls(
+            PciAddress.parse(str(raw.get("gpu"))), PciAddress.parse(str(raw.get("vf"))), vgpu
+        )
+
+
+class SysfsWriter(Protocol):
+    """Writes one value to one existing sysfs attribute of one device."""
+
+    def write(self, path: str, value: str, *, device: SysfsDevice) -> None:
+        """Write ``value`` to ``path`` (relative to the sysfs root), a file of ``device``.
 
         Raises ``OSError`` carrying the errno the kernel returned; the driver explains it.
         """
+        ...
+
+
+class SysfsKernel(Protocol):
+    """What stands behind a confined writer's checks: the file written (a real one), or a
+    kernel's emulation of the write (the simulator's)."""
+
+    def write(self, path: str, value: str) -> None:
+        """Write ``value`` to ``path``, relative to the root and passing through no link."""
         ...
 
 

@@ -1,9 +1,13 @@
-"""Sysfs access for host drivers: the one confined writer, and a small reader.
+"""Sysfs access for host drivers: the one confined writer, and a small confined reader.
 
 :class:`ConfinedSysfsWriter` is the only code in the product that writes to a real sysfs tree.
-It refuses any path that could leave the configured root and never creates files (sysfs
-attributes exist or the kernel does not offer them). :class:`SysfsReader` gives drivers the
-plain reads they need to re-check preconditions and verify effects.
+A write names the device it is for (:class:`~reconciler.apply.ports.SysfsDevice`); the writer
+resolves the path's device link inside the root, refuses it unless it leads to that very
+device (the directory named by the vGPU's UUID under the VF named by its address, a VF whose
+``physfn`` leads to the GPU the action names), refuses any link after the device directory,
+and opens the file through no link at all. It never creates files (sysfs attributes exist or
+the kernel does not offer them). :class:`SysfsReader` gives drivers the reads they need to
+re-check preconditions and verify effects, confined and bounded as the observers' are.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import contextlib
 import errno
 import json
 import os
+import posixpath
 import select
 import subprocess
 import time
@@ -21,54 +26,132 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from reconciler.apply.errors import PathEscapeError, WriteTimeoutError
-from reconciler.apply.ports import SysfsWriter
-from reconciler.model import ApplyError
+from reconciler.apply.ports import SysfsDevice, SysfsKernel, SysfsWriter
+from reconciler.model import ApplyError, ReconcilerError
+from reconciler.model.errors import excerpt
+from reconciler.observe.sysfs import SysfsTree
+
+#: The buses whose ``devices/<name>`` links name a device a write may be for.
+_DEVICE_BUSES = frozenset({"pci", "mdev"})
 
 
 class ConfinedSysfsWriter:
-    """Writes values to existing files under ``root``, and nowhere else."""
+    """Writes values to existing files of the named device under ``root``, and nowhere else.
 
-    def __init__(self, root: Path) -> None:
+    ``kernel``: what acts on a checked write instead of the file itself (the simulator's
+    kernel emulation, so its hosts run these checks too); None writes the file.
+    """
+
+    def __init__(self, root: Path, *, kernel: SysfsKernel | None = None) -> None:
         self._root = os.path.realpath(root)
+        self._kernel = kernel
 
     @property
     def root(self) -> Path:
         return Path(self._root)
 
-    def write(self, path: str, value: str) -> None:
-        target = self._confine(path)
+    def write(self, path: str, value: str, *, device: SysfsDevice) -> None:
+        tree = SysfsTree(Path(self._root))
+        target = self.device_file(tree, path, device)
+        if self._kernel is not None:
+            self._kernel.write(target, value)
+            return
         # No O_CREAT: a missing attribute means the kernel does not offer it, and creating a
-        # regular file in its place would make a later read lie. O_NOFOLLOW: the path is
-        # already resolved, so a link appearing now is a swap we refuse.
-        fd = os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # regular file in its place would make a later read lie. Through no link at all: the
+        # path is already resolved, so a link appearing now is a swap we refuse.
+        try:
+            fd = tree.open_beneath(target, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise PathEscapeError(
+                    f"refusing sysfs write to {path}: a link appeared on the way to "
+                    f"{tree.describe(target)}"
+                ) from None
+            raise
         try:
             data = value.encode()
             # One write(2): sysfs hands each call to the driver's store() as a whole value,
             # so a retry of the remainder would be a second, different store.
             written = os.write(fd, data)
             if written != len(data):
-                raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)", target)
+                raise OSError(
+                    errno.EIO,
+                    f"short write ({written} of {len(data)} bytes)",
+                    tree.describe(target),
+                )
         finally:
             os.close(fd)
 
-    def _confine(self, path: str) -> str:
+    @staticmethod
+    def device_file(tree: SysfsTree, path: str, device: SysfsDevice) -> str:
+        """Where ``path`` leads, relative to the root and through no link, checked to be a file
+        of ``device``; ``PathEscapeError`` when it is not, ``FileNotFoundError`` when the
+        device or the file is not there (any more)."""
         if not path or os.path.isabs(path):
             raise PathEscapeError(
                 f"refusing sysfs write to {path!r}: not a path relative to the root"
             )
-        if ".." in PurePosixPath(path).parts:
+        parts = path.split("/")
+        if ".." in parts:
             raise PathEscapeError(f"refusing sysfs write to {path!r}: '..' is not allowed")
-        resolved = os.path.realpath(os.path.join(self._root, path))
-        if not resolved.startswith(self._root.rstrip(os.sep) + os.sep):
+        if (
+            len(parts) < 5
+            or parts[0] != "bus"
+            or parts[1] not in _DEVICE_BUSES
+            or parts[2] != "devices"
+            or any(p in ("", ".") for p in parts[4:])
+        ):
             raise PathEscapeError(
-                f"refusing sysfs write to {path!r}: it resolves to {resolved}, "
-                f"outside the sysfs root {self._root}"
+                f"refusing sysfs write to {path!r}: not a file of a device under "
+                "bus/pci/devices or bus/mdev/devices"
             )
-        return resolved
+        bus, name, rest = parts[1], parts[3], parts[4:]
+        if name != (device.vgpu if bus == "mdev" else str(device.vf)) or (
+            bus == "pci" and device.vgpu is not None and rest[0] != device.vgpu
+        ):
+            raise PathEscapeError(f"refusing sysfs write to {path}: not a file of {device}")
+        link = "/".join(parts[:4])
+        try:
+            real = tree.real(link)
+            vf_dir = posixpath.dirname(real) if bus == "mdev" else real
+            if (
+                not real.startswith("devices/")
+                or posixpath.basename(real) != name
+                or posixpath.basename(vf_dir) != str(device.vf)
+            ):
+                raise PathEscapeError(
+                    f"refusing sysfs write to {path}: {tree.describe(link)} leads to "
+                    f"{tree.describe(real)}, not to {device}"
+                )
+            try:
+                gpu = posixpath.basename(tree.real(f"{vf_dir}/physfn"))
+            except FileNotFoundError:
+                gpu = ""
+            if gpu != str(device.gpu):
+                whose = f"belongs to {gpu}" if gpu else "has no physfn link: it is not a VF"
+                raise PathEscapeError(
+                    f"refusing sysfs write to {path}: {tree.describe(vf_dir)} {whose}, "
+                    f"not to GPU {device.gpu}"
+                )
+            here = real
+            for part in rest:
+                here = f"{here}/{part}"
+                if tree.read_link(here) is not None:
+                    raise PathEscapeError(
+                        f"refusing sysfs write to {path}: {tree.describe(here)} is a link "
+                        f"(a write goes only to a file of {device}, never through a link)"
+                    )
+        except PathEscapeError:
+            raise
+        except ReconcilerError as e:  # a link leaving the root, a loop
+            raise PathEscapeError(f"refusing sysfs write to {path}: {e.message}") from None
+        return here
 
 
 class SysfsReader:
-    """Plain reads under a sysfs root; unreadable → ``ApplyError`` naming the file."""
+    """Reads under a sysfs root, confined and bounded as the observers' (``observe.sysfs``):
+    links are followed inside the root only, attributes are read without blocking, at most a
+    page. Unreadable → ``ApplyError`` naming the file."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -76,13 +159,26 @@ class SysfsReader:
     def path(self, rel: str) -> Path:
         return self.root / rel
 
+    def _tree(self) -> SysfsTree:
+        # One per call: the root may be replaced between two reads (sysfs unmounted).
+        return SysfsTree(self.root)
+
     def exists(self, rel: str) -> bool:
-        return os.path.lexists(self.root / rel)
+        try:
+            return self._tree().exists(rel)
+        except ReconcilerError as e:
+            raise ApplyError(e.message) from None
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return False
+            raise ApplyError(f"cannot read {self.root / rel}: {e.strerror or e}") from e
 
     def text(self, rel: str) -> str:
         """The attribute's value without the trailing newline the kernel prints."""
         try:
-            return (self.root / rel).read_text(encoding="utf-8", errors="replace").strip()
+            return self._tree().read_text(rel).strip()
+        except ReconcilerError as e:
+            raise ApplyError(e.message) from None
         except OSError as e:
             raise ApplyError(f"cannot read {self.root / rel}: {e.strerror or e}") from e
 
@@ -91,7 +187,7 @@ class SysfsReader:
         try:
             return int(raw, 0)
         except ValueError:
-            raise ApplyError(f"{self.root / rel} holds {raw!r}, not a number") from None
+            raise ApplyError(f"{self.root / rel} holds '{excerpt(raw)}', not a number") from None
 
     def check_root(self) -> None:
         """Raise ``ApplyError`` when the root itself is gone: then nothing under it is merely
@@ -102,22 +198,35 @@ class SysfsReader:
     def entries(self, rel: str) -> list[str]:
         """Names in a directory, sorted; a missing directory has none (a missing root raises)."""
         try:
-            return sorted(os.listdir(self.root / rel))
-        except FileNotFoundError:
+            return sorted(self._tree().list_dir(rel))
+        except (FileNotFoundError, NotADirectoryError):
             self.check_root()
             return []
+        except ReconcilerError as e:
+            raise ApplyError(e.message) from None
         except OSError as e:
             raise ApplyError(f"cannot list {self.root / rel}: {e.strerror or e}") from e
 
     def link_name(self, rel: str) -> str:
         """The last component a symlink points to (``virtfn3`` → ``0000:08:00.7``)."""
         try:
-            return PurePosixPath(os.readlink(self.root / rel)).name
+            target = self._tree().read_link(rel)
+        except ReconcilerError as e:
+            raise ApplyError(e.message) from None
         except OSError as e:
             raise ApplyError(f"cannot read link {self.root / rel}: {e.strerror or e}") from e
+        if target is None:
+            raise ApplyError(f"cannot read link {self.root / rel}: not a link")
+        return PurePosixPath(target).name
 
-    def resolved(self, rel: str) -> Path:
-        return Path(os.path.realpath(self.root / rel))
+    def real(self, rel: str) -> str:
+        """What ``rel`` names, relative to the root, links resolved inside it only."""
+        try:
+            return self._tree().real(rel)
+        except ReconcilerError as e:
+            raise ApplyError(e.message) from None
+        except OSError as e:
+            raise ApplyError(f"cannot resolve {self.root / rel}: {e.strerror or e}") from e
 
 
 #: How long a new writer process may take to say it is ready (a Python start and a few imports).
@@ -172,11 +281,12 @@ class BoundedWriter:
         """The writer process now in use (None before the first write, or after a timeout)."""
         return self._writer.pid if self._writer is not None else None
 
-    def write(self, path: str, value: str) -> None:
+    def write(self, path: str, value: str, *, device: SysfsDevice) -> None:
         writer = self._writer
         if writer is None or not writer.alive:
             writer = self._writer = _WriterProcess.start(self._command, timeout=self._start_timeout)
-        answer = writer.request({"path": path, "value": value}, timeout=self._timeout)
+        request = {"path": path, "value": value, "device": device.to_json()}
+        answer = writer.request(request, timeout=self._timeout)
         if answer is None:
             self._writer = None
             writer.abandon()
@@ -248,7 +358,7 @@ class _WriterProcess:
     def alive(self) -> bool:
         return self._proc.poll() is None and self._finalizer.alive
 
-    def request(self, body: Mapping[str, str], *, timeout: float) -> dict[str, Any] | None:
+    def request(self, body: Mapping[str, object], *, timeout: float) -> dict[str, Any] | None:
         """Send one request; its answer, or None when none came within ``timeout`` seconds."""
         line = (json.dumps(body) + "\n").encode()
         try:
@@ -319,10 +429,11 @@ def serve_writes(writer: SysfsWriter, requests: IO[str], answers: IO[str]) -> No
             path, value = request["path"], request["value"]
             if not isinstance(path, str) or not isinstance(value, str):
                 raise TypeError("path and value must be strings")
+            device = SysfsDevice.from_json(request["device"])
         except (ValueError, KeyError, TypeError) as exc:
             answer: dict[str, Any] = {"error": f"malformed request: {exc}"}
         else:
-            answer = _write_one(writer, path, value)
+            answer = _write_one(writer, path, value, device)
         try:
             answers.write(json.dumps(answer) + "\n")
             answers.flush()
@@ -330,9 +441,9 @@ def serve_writes(writer: SysfsWriter, requests: IO[str], answers: IO[str]) -> No
             return  # the caller gave up on us (a timeout): nobody reads any more
 
 
-def _write_one(writer: SysfsWriter, path: str, value: str) -> dict[str, Any]:
+def _write_one(writer: SysfsWriter, path: str, value: str, device: SysfsDevice) -> dict[str, Any]:
     try:
-        writer.write(path, value)
+        writer.write(path, value, device=device)
     except PathEscapeError as exc:
         return {"refused": exc.message}
     except OSError as exc:

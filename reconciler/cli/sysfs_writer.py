@@ -3,9 +3,10 @@
 ``apply`` and ``watch`` do every sysfs write through one of these
 (:class:`~reconciler.apply.sysfs.BoundedWriter`), so a kernel call that never returns (removing
 a vGPU a VM still holds) strands this process, never the agent. It reads one JSON request per
-line (``{"path", "value"}``, the path relative to ``ROOT``) and answers one JSON line each,
-until its input ends. ``--simulated`` writes through the simulator's kernel instead of the
-confined real writer; ``--owner PID`` is the process a simulated crash fault kills.
+line (``{"path", "value", "device"}``: the path relative to ``ROOT``, the device the action
+names) and answers one JSON line each, until its input ends. Every write goes through the
+confined writer's checks; ``--simulated`` hands the checked write to the simulator's kernel
+instead of the file; ``--owner PID`` is the process a simulated crash fault kills.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.simulated:
         from reconciler.sim.kernel import SimSysfsWriter
 
-        writer = SimSysfsWriter(ns.root, owner=ns.owner)
+        # The same checks as on a real host, the simulator's kernel behind them.
+        writer = ConfinedSysfsWriter(ns.root, kernel=SimSysfsWriter(ns.root, owner=ns.owner))
     else:
         writer = ConfinedSysfsWriter(ns.root)
     serve_writes(writer, sys.stdin, sys.stdout)

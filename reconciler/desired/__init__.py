@@ -7,7 +7,8 @@ from profile names and the catalogue), all driven by ``loader``. Importing this 
 cheap: PyYAML and jsonschema load on first use.
 """
 
-from reconciler.desired.loader import directory_files, load_desired, load_document, validate_files
+from reconciler.desired.loader import load_desired, load_document, validate_files
 from reconciler.desired.schemas import schema_path
+from reconciler.desired.source import directory_files
 
 __all__ = ["directory_files", "load_desired", "load_document", "schema_path", "validate_files"]

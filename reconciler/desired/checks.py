@@ -24,7 +24,7 @@ from reconciler.catalog import (
 from reconciler.desired.ascii_names import non_ascii
 from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
-from reconciler.desired.source import line_ref, problem_at
+from reconciler.desired.source import line_ref, problem_at, quoted
 from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
 
 #: Why a name with a character outside ASCII is refused (see ``ascii_names``).
@@ -147,7 +147,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         written = entry.written.get(e.key, e.profile)
         foreign = non_ascii(written)
         if foreign is not None:
-            report(e.location, f"profile '{written}' {_NOT_ASCII}: {foreign}")
+            report(e.location, f"profile {quoted(written)} {_NOT_ASCII}: {foreign}")
             continue
         if _misspelt_case(e, catalog=catalog, report=report):
             continue
@@ -158,7 +158,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         # A shape this parser does not know: carried as it is, the host has the last word.
         accept(
             e.location,
-            f"'{entry.written.get(e.key, e.profile)}'",
+            quoted(entry.written.get(e.key, e.profile)),
             Hint(e.profile, partial(_all_profile_names, catalog)),
         )
 
@@ -172,7 +172,8 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             else:
                 report(
                     n.location,
-                    f"profile '{n.profile}' is for GPU {n.name.gpu}, but model is {model.name}",
+                    f"profile {quoted(n.profile)} is for GPU {n.name.gpu}, "
+                    f"but model is {model.name}",
                 )
         named = consistent
     else:
@@ -182,8 +183,8 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             first, other = (members[0] for members in list(groups.values())[:2])
             report(
                 other.location,
-                f"profiles of two GPU models on GPU {gpu.address}: '{other.profile}' "
-                f"({other.name.gpu}) and '{first.profile}' ({first.name.gpu}, "
+                f"profiles of two GPU models on GPU {gpu.address}: {quoted(other.profile)} "
+                f"({other.name.gpu}) and {quoted(first.profile)} ({first.name.gpu}, "
                 f"{line_ref(first.location)}); a GPU hosts profiles of its own model only",
             )
             # Sizes and maxima of a mix of models would only repeat this.
@@ -196,7 +197,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         _check_against_model(gpu.address, model, entries, named, report=report, accept=accept)
     elif named and catalog.model(named[0].name.gpu) is None:
         for n in named:
-            accept(n.location, f"'{n.profile}'")
+            accept(n.location, quoted(n.profile))
     return GpuFindings(problems, unchecked)
 
 
@@ -208,7 +209,7 @@ def _misspelt_case(e: _Entry, *, catalog: Catalog, report: _Report) -> bool:
     name = _by_folded_body(catalog).get(_folded_body(e.profile))
     if name is None:
         return False
-    report(e.location, f"unknown profile '{e.profile}'; did you mean '{name}'?")
+    report(e.location, f"unknown profile {quoted(e.profile)}; did you mean '{name}'?")
     return True
 
 
@@ -238,13 +239,13 @@ def _model(
         return None
     foreign = non_ascii(written)
     if foreign is not None:
-        report(entry.fields.get("model"), f"model '{written}' {_NOT_ASCII}: {foreign}")
+        report(entry.fields.get("model"), f"model {quoted(written)} {_NOT_ASCII}: {foreign}")
         return None
     model = catalog.model(written)
     if model is None:
         accept(
             entry.fields.get("model"),
-            f"model '{written}'",
+            f"model {quoted(written)}",
             Hint(written, partial(_model_names, catalog)),
         )
     return model
@@ -262,8 +263,8 @@ def _check_sizes(address: PciAddress, named: list[_Named], *, report: _Report) -
         later, earlier = sorted((time_sliced[0], mig[0]), key=lambda n: _order(n.location))[::-1]
         report(
             later.location,
-            f"MIG-backed and time-sliced profiles on GPU {address}: '{later.profile}' and "
-            f"'{earlier.profile}' ({line_ref(earlier.location)}); a GPU in MIG mode hosts "
+            f"MIG-backed and time-sliced profiles on GPU {address}: {quoted(later.profile)} and "
+            f"{quoted(earlier.profile)} ({line_ref(earlier.location)}); a GPU in MIG mode hosts "
             "MIG-backed vGPUs only",
         )
     if not time_sliced:
@@ -273,8 +274,9 @@ def _check_sizes(address: PciAddress, named: list[_Named], *, report: _Report) -
         if n.name.size_gb != first.name.size_gb:
             report(
                 n.location,
-                f"mixed framebuffer sizes on GPU {address}: '{n.profile}' ({n.name.size_gb} GB) "
-                f"and '{first.profile}' ({first.name.size_gb} GB, {line_ref(first.location)}); "
+                f"mixed framebuffer sizes on GPU {address}: {quoted(n.profile)} "
+                f"({n.name.size_gb} GB) and {quoted(first.profile)} ({first.name.size_gb} GB, "
+                f"{line_ref(first.location)}); "
                 "time-sliced vGPUs on one GPU share one size (equal-size mode)",
             )
             return
@@ -325,7 +327,7 @@ def _check_against_model(
             known.append((n.entry, profile))
             continue
         # Catalogues lag drivers (L40S-3B came with vGPU 16): the host's list decides.
-        accept(n.location, f"'{n.profile}'", Hint(model=model))
+        accept(n.location, quoted(n.profile), Hint(model=model))
 
     # The driver's max_instance counts per framebuffer size for time-sliced profiles (4A and 4Q
     # share the limit), per profile for MIG-backed ones.

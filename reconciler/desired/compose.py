@@ -138,7 +138,7 @@ def compose(text: str) -> Node | None:
             column,
         ) from None
     except yaml.YAMLError as exc:
-        raise ComposeError(f"YAML error: {exc}") from None
+        raise ComposeError(f"YAML error: {excerpt(str(exc))}") from None
     finally:
         dispose = getattr(parser, "dispose", None)
         if dispose is not None:
@@ -394,9 +394,11 @@ def _at(mark: yaml.Mark | None) -> tuple[int, int]:
 
 def _syntax_error(exc: yaml.MarkedYAMLError, text: str) -> ComposeError:
     mark = exc.problem_mark or exc.context_mark
-    message = f"YAML syntax error: {exc.problem or exc.context or 'invalid document'}"
-    if exc.context and exc.problem and exc.context_mark is not None:
-        message += f" ({exc.context} at line {exc.context_mark.line + 1})"
+    # PyYAML's words can quote the document (a tag, a character): no more than an excerpt.
+    problem, context = (excerpt(t) if t else t for t in (exc.problem, exc.context))
+    message = f"YAML syntax error: {problem or context or 'invalid document'}"
+    if context and problem and exc.context_mark is not None:
+        message += f" ({context} at line {exc.context_mark.line + 1})"
     if mark is None:
         return ComposeError(message)
     return ComposeError(message, *_within(text, _at(mark)))

@@ -8,7 +8,6 @@ and ``apply`` get a :class:`Desired` or a :class:`ValidationError` carrying all 
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -21,6 +20,7 @@ from reconciler.desired.shape import MAX_SHAPE_PROBLEMS, shape_problems
 from reconciler.desired.source import (
     MAX_BYTES,
     Document,
+    directory_files,
     document_from_data,
     problem_at,
     read_document,
@@ -60,23 +60,6 @@ def validate_files(
     return _load(paths, catalog=catalog, directories=directories)[1]
 
 
-def directory_files(directory: Path) -> list[Path]:
-    """The desired-state files of a directory: its ``*.yaml`` and ``*.yml`` entries that are
-    files (a link to a file counts), sorted by name, not descending into subdirectories.
-
-    Entries whose name starts with a dot are skipped: a ConfigMap volume keeps its real files in
-    ``..data/`` and ``..<timestamp>/`` beside the ``name.yaml`` links to them, and editors keep
-    swap and backup files there. Raises ``OSError`` when the directory cannot be listed.
-    """
-    return [
-        directory / name
-        for name in sorted(os.listdir(directory))
-        if not name.startswith(".")
-        and name.endswith((".yaml", ".yml"))
-        and os.path.isfile(directory / name)
-    ]
-
-
 def load_document(document: Mapping[str, Any], *, source: str, catalog: Catalog) -> Desired:
     """A desired state given as data, such as the copy a saved plan carries.
 
@@ -102,6 +85,7 @@ def _load(
     if not paths:
         return None, [Problem("no desired-state files given")]
     files: list[Path] = []
+    listed_in: dict[Path, Path] = {}  # a directory's entry → that directory
     problems: list[Problem] = []
     for path in map(Path, paths):
         if not (directories and path.is_dir()):
@@ -115,11 +99,12 @@ def _load(
         if not listed:
             problems.append(Problem("no desired-state files (*.yaml, *.yml) here", file=str(path)))
         files.extend(listed)
+        listed_in.update(dict.fromkeys(listed, path))
     too_many = _too_many(paths, files)
     if too_many is not None:
         return None, [*problems, too_many]
     # One file read at a time: only its normalised entries outlive the next file's parse.
-    read = (read_document(path) for path in files)
+    read = (read_document(path, directory=listed_in.get(path)) for path in files)
     desired, found = _combine(read, files=tuple(str(p) for p in files), catalog=catalog)
     if problems:
         return None, problems + found

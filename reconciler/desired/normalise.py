@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from reconciler.catalog import Catalog, long_profile_name
-from reconciler.desired.source import Document, JsonPath, known, line_ref, problem_at
+from reconciler.desired.source import Document, JsonPath, known, line_ref, problem_at, quoted
 from reconciler.model import DesiredGpu, PciAddress, Problem, SourceLocation, VfKey
 
 
@@ -154,7 +154,7 @@ def _gpu(
             if long in profiles:
                 first = line_ref(entry_locations[long])
                 problems.append(
-                    problem_at(where, f"profile '{long}' is given twice (first at {first})")
+                    problem_at(where, f"profile {quoted(long)} is given twice (first at {first})")
                 )
                 continue
             profiles[long] = int(count)

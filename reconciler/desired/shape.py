@@ -15,8 +15,9 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from reconciler.desired.schemas import schema_path
-from reconciler.desired.source import Document, JsonPath, dotted, problem_at
+from reconciler.desired.source import Document, JsonPath, dotted, problem_at, quoted
 from reconciler.model import Problem, SourceLocation
+from reconciler.model.errors import excerpt
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError as SchemaViolation
@@ -96,7 +97,7 @@ def _explain(
         for count, key in enumerate(unknown):
             key_path = (*path, key)
             at = f"at {where}" if path else "at the top level"
-            message = f"unknown field '{key}' {at}"
+            message = f"unknown field {quoted(key)} {at}"
             suggestion = did_you_mean(key, allowed) if count < _SUGGESTIONS else None
             message += f"; did you mean '{suggestion}'?" if suggestion else _allowed(allowed)
             yield key_path, document.location(key_path, key=True), message
@@ -118,29 +119,38 @@ def _explain(
         yield path, location, f"{where}: expected {expected}, got {describe(error.instance)}"
         return
     if validator == "enum":
-        yield path, location, f"{where}: {shown!r} is not one of {error.validator_value!r}"
+        yield path, location, f"{where}: {quoted(shown)} is not one of {error.validator_value!r}"
         return
     if validator == "const":
-        yield path, location, f"{where}: expected '{error.validator_value}', got {shown!r}"
+        yield path, location, f"{where}: expected '{error.validator_value}', got {quoted(shown)}"
         return
     if validator in ("maxItems", "maxProperties") and isinstance(error.instance, list | dict):
         count, limit = len(error.instance), error.validator_value
         yield path, location, f"{where}: {count:,} entries, more than the {limit} allowed"
         return
     if validator == "minimum":
-        yield path, location, f"{where}: must be at least {error.validator_value}, got {shown}"
+        yield (
+            path,
+            location,
+            f"{where}: must be at least {error.validator_value}, got {excerpt(str(shown))}",
+        )
         return
     if validator == "minLength" and error.validator_value == 1:
         yield path, location, f"{where}: must not be empty"
         return
     if validator in {"pattern", "minLength", "maxLength"} and "title" in schema:
-        yield path, location, f"{where}: {shown!r} is not a valid {schema['title']}{_eg(schema)}"
+        yield (
+            path,
+            location,
+            f"{where}: {quoted(shown)} is not a valid {schema['title']}{_eg(schema)}",
+        )
         return
-    yield path, location, f"{where}: {error.message}"
+    # jsonschema's own words quote the value whole: no more than an excerpt of them.
+    yield path, location, f"{where}: {excerpt(error.message)}"
 
 
 def _bad_key(key: str, where: str, schema: dict[str, Any]) -> str:
-    return f"{where}: {key!r} is not a valid {schema.get('title', 'key')}{_eg(schema)}"
+    return f"{where}: {quoted(key)} is not a valid {schema.get('title', 'key')}{_eg(schema)}"
 
 
 def _eg(schema: dict[str, Any]) -> str:
@@ -166,7 +176,7 @@ def describe(value: object) -> str:
     if isinstance(value, int | float):
         return f"the number {value}"
     if isinstance(value, str):
-        return f"text {value!r}" if len(value) <= 40 else "text"
+        return f"text {quoted(value)}" if len(value) <= 40 else "text"
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):

@@ -17,7 +17,10 @@ sexagesimal number 480.0.
 from __future__ import annotations
 
 import codecs
+import errno
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,7 @@ from reconciler.desired.compose import (
     unsupported_tag,
 )
 from reconciler.model import Problem, SourceLocation
+from reconciler.model.errors import excerpt
 
 #: A JSON path: mapping keys (str) and list indexes (int) from the document root.
 JsonPath = tuple[str | int, ...]
@@ -89,16 +93,23 @@ class Document:
 
 
 def dotted(path: JsonPath) -> str:
-    """``spec.nodes.n1.gpus[0].vgpus["0000:08:00.4"]``: a path as messages show it."""
+    """``spec.nodes.n1.gpus[0].vgpus["0000:08:00.4"]``: a path as messages show it (each key
+    at most an excerpt: keys are the file's content)."""
     out = ""
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
         elif _PLAIN_KEY.match(part):
-            out += f".{part}" if out else part
+            out += f".{excerpt(part)}" if out else excerpt(part)
         else:
-            out += '["' + part.replace("\\", "\\\\").replace('"', '\\"') + '"]'
+            out += '["' + excerpt(part.replace("\\", "\\\\").replace('"', '\\"')) + '"]'
     return out or "document"
+
+
+def quoted(value: object) -> str:
+    """``'…'``: a value the file gives, as a message may quote it: escaped, and no more than
+    an excerpt (a link to a secret must not leak it into a log line or an Event)."""
+    return f"'{excerpt(str(value))}'"
 
 
 def problem_at(location: SourceLocation, message: str) -> Problem:
@@ -133,18 +144,28 @@ def _plain(value: object) -> Any:
     return value
 
 
-def read_document(path: Path) -> tuple[Document | None, list[Problem]]:
+def read_document(
+    path: Path, *, directory: Path | None = None
+) -> tuple[Document | None, list[Problem]]:
     """Read and parse ``path``: the document (None if unusable) and every problem found.
+
+    ``directory``: ``path`` is an entry of that desired-state directory (see
+    :func:`directory_files`), read as :func:`read_within` says: links followed only to files
+    inside it. A file named on its own is read wherever it (or a link to it) is.
 
     A document can come back together with problems (a duplicate key, a bad merge): the rest of
     it is still checked, so one run reports everything.
     """
     file = str(path)
     try:
-        if path.is_dir():
-            return None, [Problem("is a directory, not a desired-state file", file=file)]
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_BYTES + 1)
+        if directory is not None:
+            raw = read_within(directory, path.name, limit=MAX_BYTES + 1)
+        else:
+            if path.is_dir():
+                return None, [Problem("is a directory, not a desired-state file", file=file)]
+            raw = read_file(path, limit=MAX_BYTES + 1)
+    except LeavesDirectoryError as exc:
+        return None, [Problem(exc.message, file=file)]
     except OSError as exc:
         return None, [Problem(f"cannot read: {exc.strerror or exc}", file=file)]
     if len(raw) > MAX_BYTES:
@@ -160,6 +181,189 @@ def read_document(path: Path) -> tuple[Document | None, list[Problem]]:
         )
         return None, [Problem(message, file=file, line=line, column=column)]
     return parse_text(text, file=file)
+
+
+# -- desired-state directories -------------------------------------------------------------------
+#
+# A directory's files are written by whoever feeds it (a ConfigMap's editors, a git repository's
+# committers) and read by vgpuctl as root: a link committed to a repository must not make vgpuctl
+# read ``/etc/shadow`` and quote it in an Event. So links in a directory are followed only to
+# files inside it, resolved by vgpuctl, never by the OS: the kubelet's ConfigMap layout
+# (``name.yaml -> ..data/name.yaml``, ``..data -> ..2026_01_14_09_30_12.123456789``: atomic
+# writer, pkg/volume/util/atomic_writer.go) and links a repository keeps between its own files
+# work; git-sync's own link (``<root>/current -> .worktrees/<hash>``, publishSymlink in its
+# main.go) is above the directory, in the path the operator gives, which is followed as given.
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+#: More links than any layout above has on one path (two, in a ConfigMap volume).
+_MAX_LINKS = 8
+#: Entries listed in a desired-state directory before giving up: a desired state has at most
+#: 1,000 files (``loader.MAX_FILES``), a ConfigMap volume adds two entries of its own, and
+#: listing a directory of millions must not cost the agent its memory.
+MAX_ENTRIES = 4096
+_TOO_MANY_ENTRIES = (
+    f"more than {MAX_ENTRIES:,} entries: not a desired-state directory (it holds 1,000 files "
+    "at most)"
+)
+
+
+class LeavesDirectoryError(OSError):
+    """A link in a desired-state directory leads outside it: not followed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EXDEV, message)
+        self.message = message
+
+
+def directory_files(directory: Path) -> list[Path]:
+    """The desired-state files of a directory: its ``*.yaml`` and ``*.yml`` entries that are
+    files, sorted by name, not descending into subdirectories.
+
+    A link counts when it leads to a file inside the directory; one that leads outside it is
+    listed too, so that reading it says so (:func:`read_within`). Entries whose name starts
+    with a dot are skipped: a ConfigMap volume keeps its real files in ``..data/`` and
+    ``..<timestamp>/`` beside the ``name.yaml`` links to them, and editors keep swap and backup
+    files there. Raises ``OSError`` when the directory cannot be listed or has more than
+    :data:`MAX_ENTRIES` entries.
+    """
+    fd = os.open(directory, _DIRECTORY_FLAGS)
+    try:
+        names: list[str] = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if len(names) == MAX_ENTRIES:
+                    raise OSError(errno.EFBIG, _TOO_MANY_ENTRIES)
+                names.append(entry.name)
+        names.sort()
+        return [
+            directory / name
+            for name in names
+            if not name.startswith(".")
+            and name.endswith((".yaml", ".yml"))
+            and _is_file_within(fd, directory, name)
+        ]
+    finally:
+        os.close(fd)
+
+
+def read_within(directory: Path, name: str, *, limit: int) -> bytes:
+    """At most ``limit`` bytes of the entry ``name`` of ``directory``, following links only to
+    a regular file inside it (and through no link the OS would follow: a link swapped in
+    meanwhile is refused, not followed). Raises :class:`LeavesDirectoryError` for a link that
+    leaves it, ``OSError`` otherwise."""
+    fd = os.open(directory, _DIRECTORY_FLAGS)
+    try:
+        rel = _resolve_within(fd, directory, name)
+        file = _open_no_links(fd, rel, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            return _read_regular(file, limit)
+        finally:
+            os.close(file)
+    finally:
+        os.close(fd)
+
+
+def read_file(path: Path, *, limit: int) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path`` (links followed: the operator named
+    it). Never blocks: a FIFO or a device is refused, not opened for a reader that never comes."""
+    file = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return _read_regular(file, limit)
+    finally:
+        os.close(file)
+
+
+def _read_regular(file: int, limit: int) -> bytes:
+    if not stat.S_ISREG(os.fstat(file).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    chunks, left = [], limit
+    while left > 0:
+        chunk = os.read(file, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _is_file_within(fd: int, directory: Path, name: str) -> bool:
+    try:
+        rel = _resolve_within(fd, directory, name)
+    except LeavesDirectoryError:
+        return True  # listed, so that reading it reports the link
+    except OSError:
+        return False  # dangling, a loop: not a file (as a dangling link never was)
+    try:
+        return stat.S_ISREG(os.stat(rel, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _resolve_within(fd: int, directory: Path, name: str) -> str:
+    """``name``, with every link along it resolved inside ``directory`` (open as ``fd``): the
+    path below it that passes through no link. Raises :class:`LeavesDirectoryError` when a
+    link leads outside, ``FileNotFoundError`` when something on the way is missing."""
+    done: list[str] = []
+    pending = [name]
+    links = 0
+    via = (name, "")  # the last link followed, for the message
+    real: str | None = None
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not done:
+                raise LeavesDirectoryError(_leaves(directory, *via))
+            done.pop()
+            continue
+        here = "/".join((*done, part))
+        try:
+            target = os.readlink(here, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            done.append(part)  # not a link
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(directory / name))
+        via = (here, target)
+        if target.startswith("/"):
+            # Absolute: inside only if it names a place below the directory's real path.
+            real = real if real is not None else os.path.realpath(directory).rstrip("/")
+            if not target.startswith(real + "/"):
+                raise LeavesDirectoryError(_leaves(directory, *via))
+            done, target = [], target[len(real) + 1 :]
+        pending.extend(reversed(target.split("/")))
+    if not done:
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(directory / name))
+    return "/".join(done)
+
+
+def _leaves(directory: Path, link: str, target: str) -> str:
+    return (
+        f"{link} is a link to {target}, outside {directory}: not read (links in a desired-state "
+        "directory are followed only to files inside it)"
+    )
+
+
+def _open_no_links(fd: int, rel: str, flags: int) -> int:
+    """Open ``rel`` below ``fd`` one directory at a time, each with ``O_NOFOLLOW``."""
+    parts = rel.split("/")
+    current = fd
+    try:
+        for part in parts[:-1]:
+            following = os.open(part, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=current)
+            if current != fd:
+                os.close(current)
+            current = following
+        return os.open(
+            parts[-1], flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=current
+        )
+    finally:
+        if current != fd:
+            os.close(current)
 
 
 def parse_text(text: str, *, file: str) -> tuple[Document | None, list[Problem]]:
@@ -242,7 +446,9 @@ class _Builder:
                 # YAML would silently keep the last value; a repeated key is almost always a
                 # copy-paste slip that hides one of the two entries.
                 line = first_seen[key][0]
-                message = f"duplicate key '{key}' in {dotted(path)} (first given at line {line})"
+                message = (
+                    f"duplicate key {quoted(key)} in {dotted(path)} (first given at line {line})"
+                )
                 self._problem(key_mark, message)
                 continue
             first_seen[key] = key_mark

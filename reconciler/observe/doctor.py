@@ -20,6 +20,7 @@ from typing import Any
 
 from reconciler.catalog import Catalog
 from reconciler.model import Gpu, Interface, ReconcilerError
+from reconciler.model.errors import excerpt
 from reconciler.model.inventory import Inventory
 from reconciler.observe.holds import HoldProbe
 from reconciler.observe.host import observe_host
@@ -102,9 +103,10 @@ def _iommu(root: Path) -> Check:
     tree = SysfsTree(root)
     try:
         groups = [g for g in tree.list_dir(IOMMU_GROUPS) if g.isdigit()]
-    except OSError as exc:
+    except (OSError, ReconcilerError) as exc:
         groups = []
-        detail = f"{tree.describe(IOMMU_GROUPS)}: {exc.strerror or exc}"
+        why = exc.message if isinstance(exc, ReconcilerError) else exc.strerror or str(exc)
+        detail = f"{tree.describe(IOMMU_GROUPS)}: {why}"
     else:
         detail = f"{tree.describe(IOMMU_GROUPS)} is empty"
     if groups:
@@ -122,16 +124,17 @@ def _nvidia_driver(root: Path) -> Check:
     tree = SysfsTree(root)
     try:
         version = tree.read_text(NVIDIA_VERSION).strip()
-    except OSError as exc:
+    except (OSError, ReconcilerError) as exc:
+        why = exc.message if isinstance(exc, ReconcilerError) else exc.strerror or str(exc)
         return Check(
             "nvidia-driver",
             CheckStatus.FAIL,
-            f"the NVIDIA host driver is not loaded ({tree.describe(NVIDIA_VERSION)}: "
-            f"{exc.strerror or exc})",
+            f"the NVIDIA host driver is not loaded ({tree.describe(NVIDIA_VERSION)}: {why})",
             "install NVIDIA's vGPU host driver (the -vgpu-kvm package) and load it "
             "(modprobe nvidia); with the GPU operator, wait for its driver pod",
         )
-    return Check("nvidia-driver", CheckStatus.OK, f"NVIDIA host driver {version or '?'} loaded")
+    shown = excerpt(version) if version else "?"
+    return Check("nvidia-driver", CheckStatus.OK, f"NVIDIA host driver {shown} loaded")
 
 
 def gpu_checks(inventory: Inventory) -> list[Check]:

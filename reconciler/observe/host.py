@@ -58,11 +58,11 @@ def observe_host(
     (the reason in the holder), unless ``assume_no_hidden_holders``: the operator's word that
     no invisible process holds one (``--unsafe-assume-no-hidden-holders``), kept as a note.
     """
-    tree = _open_tree(sysfs_root)
     vanished: OSError | None = None
     for _attempt in range(2):
         try:
-            inventory, nodes = _scan(tree, node=node, catalog=catalog)
+            # A tree per attempt: it holds the root open, and the root may have been replaced.
+            inventory, nodes = _scan(_open_tree(sysfs_root), node=node, catalog=catalog)
             break
         except (FileNotFoundError, NotADirectoryError) as exc:
             vanished = exc

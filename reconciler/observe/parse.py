@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from reconciler.model import ObserveError
+from reconciler.model.errors import excerpt
 
 NVIDIA_VENDOR_ID = "10de"
 
@@ -32,7 +33,8 @@ _TYPE_ID = re.compile(r"^(.*?)([0-9]+)$")
 
 
 def _fail(source: str, message: str, text: str) -> ObserveError:
-    return ObserveError(f"{source}: {message}, got {text.strip()!r}")
+    # The file may be anything a hostile tree links to: quote no more than an excerpt of it.
+    return ObserveError(f"{source}: {message}, got '{excerpt(text.strip())}'")
 
 
 def parse_hex_id(text: str, *, source: str = "<input>") -> str:
@@ -116,11 +118,22 @@ def parse_device_number(text: str, *, source: str = "<input>") -> int:
 _CREATABLE_HEADER = re.compile(r"^ID\s*:\s*vGPU Name$")
 #: ``1147  : NVIDIA L40S-1Q`` (``"%-5d : %s"``): an id, a colon, the name (which may hold one).
 _CREATABLE_ENTRY = re.compile(r"^([0-9]+)\s*:\s*(\S.*?)\s*$")
+#: What a vGPU type's name may be: it becomes a Kubernetes resource name (``NVIDIA A2-4Q`` →
+#: ``nvidia.com/NVIDIA_A2-4Q``, spaces, ``/`` and ``.`` made ``_``), whose name part must be a
+#: qualified name: at most 63 characters, letters, digits, ``-``, ``_`` and ``.``, a letter or
+#: digit at each end. NVIDIA's names (``NVIDIA A2-4Q``, ``GRID A100D-4C``, ``NVIDIA L40S-3B``)
+#: all are; anything else is a tree vgpuctl will not publish to the kubelet or KubeVirt.
+_TYPE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9 ._/-]{0,61}[A-Za-z0-9])?$")
+_BAD_TYPE_NAME = (
+    "not a vGPU type name (at most 63 letters, digits, spaces and '-', '_', '.', '/', as "
+    "NVIDIA's are: it would become a Kubernetes resource name)"
+)
 
 
 def parse_creatable_types(text: str) -> tuple[list[tuple[str, str]], list[str]]:
     """``nvidia/creatable_vgpu_types`` → ``[(type id, name)]`` in the driver's order, and the
-    lines that are neither the header nor an entry (reported, never silently dropped).
+    lines that are neither the header nor an entry of a valid name (see :func:`parse_type_name`):
+    reported, never silently dropped.
 
     A header only (or nothing) means nothing can be created on the VF now.
     """
@@ -134,7 +147,11 @@ def parse_creatable_types(text: str) -> tuple[list[tuple[str, str]], list[str]]:
         if m is None:
             bad.append(raw)
             continue
-        entries.append((str(int(m[1])), " ".join(m[2].split())))
+        name = " ".join(m[2].split())
+        if not _TYPE_NAME.match(name):
+            bad.append(raw)
+            continue
+        entries.append((str(int(m[1])), name))
     return entries, bad
 
 
@@ -194,7 +211,7 @@ def parse_description(text: str, *, source: str = "<input>") -> TypeDescription:
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not key:
-            raise _fail(source, f"malformed entry {item!r} (expected key=value)", text)
+            raise _fail(source, "malformed entry (expected key=value)", item)
         fields[key] = value
     missing = [k for k in _DESCRIPTION_REQUIRED if k not in fields]
     if missing:
@@ -218,10 +235,15 @@ def parse_description(text: str, *, source: str = "<input>") -> TypeDescription:
 
 
 def parse_type_name(text: str, *, source: str = "<input>") -> str:
-    """An mdev type's ``name`` file: ``"NVIDIA A2-4Q\\n"`` → ``"NVIDIA A2-4Q"`` (spaces kept)."""
+    """An mdev type's ``name`` file: ``"NVIDIA A2-4Q\\n"`` → ``"NVIDIA A2-4Q"`` (spaces kept).
+
+    A name that could not be a Kubernetes resource name (control characters, a megabyte, a
+    quote) is an error naming the file: a hostile or broken tree, not a type to publish."""
     name = " ".join(text.split())
     if not name:
         raise _fail(source, "empty vGPU type name", text)
+    if not _TYPE_NAME.match(name):
+        raise _fail(source, _BAD_TYPE_NAME, text)
     return name
 
 

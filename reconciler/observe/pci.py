@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reconciler.model import ObserveError, PciAddress
+from reconciler.model.errors import excerpt
 from reconciler.observe.parse import (
     NVIDIA_VENDOR_ID,
     is_gpu_class,
@@ -126,7 +127,9 @@ def _read_pf(
 def _address(tree: SysfsTree, path: str, *, link: str) -> PciAddress:
     name = link_basename(path)
     if not PciAddress.is_valid(name):
-        raise ObserveError(f"{tree.describe(link)} links to {name!r}, which is not a PCI address")
+        raise ObserveError(
+            f"{tree.describe(link)} links to '{excerpt(name)}', which is not a PCI address"
+        )
     return PciAddress.parse(name)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from reconciler.catalog import Catalog, parse_profile_name
 from reconciler.model import VGPU, Interface, VGPUType
+from reconciler.model.errors import excerpt
 from reconciler.observe.interfaces import GpuReading, VfReading, device_nodes
 from reconciler.observe.parse import parse_creatable_types, parse_int, type_id_order
 from reconciler.observe.pci import PhysicalFunction
@@ -51,7 +52,8 @@ class VendorVfioReader:
             entries, bad = parse_creatable_types(tree.read_text(creatable))
             for line in bad:
                 notes.append(
-                    f"VF {vf.address}: {tree.describe(creatable)}: cannot read the line {line!r}"
+                    f"VF {vf.address}: {tree.describe(creatable)}: cannot read the line "
+                    f"'{excerpt(line)}'"
                 )
             lists.append(dict(entries))
             current = f"{vf.path}/{CURRENT}"

@@ -69,7 +69,7 @@ class HostSignature:
         hold_probe: HoldProbe | None = None,
         extra_files: Sequence[Path] = (),
     ) -> None:
-        self._tree = SysfsTree(sysfs_root)
+        self._root = sysfs_root
         self._hold_probe = hold_probe
         self._extra_files = tuple(extra_files)
         #: The PCI listing the PFs were found in, and those PFs (address, resolved path).
@@ -94,10 +94,11 @@ class HostSignature:
         return digest.hexdigest()
 
     def _host(self, digest: _Digest) -> None:
-        tree = self._tree
+        # A tree per look: it holds the root open, and the root may be replaced meanwhile.
+        tree = SysfsTree(self._root)
         pci = tuple(sorted(tree.list_dir(PCI_DEVICES)))
         digest.add("pci", *pci)
-        for address, path in self._pfs(pci):
+        for address, path in self._pfs(tree, pci):
             digest.add(
                 "pf",
                 address,
@@ -126,10 +127,10 @@ class HostSignature:
             digest.add("held", *sorted(f"{uuid}={holder}" for uuid, holder in scan.held.items()))
             digest.add("blind", scan.blind)
 
-    def _pfs(self, pci: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    def _pfs(self, tree: SysfsTree, pci: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         if self._pfs_of is None or self._pfs_of[0] != pci:
             # The listing changed (VFs came or went): find the PFs again, a full PCI read.
-            found = tuple((str(pf.address), pf.path) for pf in find_vgpu_pfs(self._tree))
+            found = tuple((str(pf.address), pf.path) for pf in find_vgpu_pfs(tree))
             self._pfs_of = (pci, found)
         return self._pfs_of[1]
 

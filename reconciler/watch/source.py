@@ -3,7 +3,8 @@
 The path given is kept as written and resolved again on every look, because what it names
 changes under us: an editor writes a temporary file and renames it over the original, the
 kubelet swaps a ConfigMap volume's ``..data`` link, git-sync swaps a ``current`` link to a new
-checkout. :meth:`DesiredSource.fingerprint` says cheaply whether the content changed;
+checkout. A directory's entries are read as loading reads them: links followed only to files
+inside the directory. :meth:`DesiredSource.fingerprint` says cheaply whether the content changed;
 :meth:`DesiredSource.watch_points` names the directories whose events can announce a change.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from reconciler.catalog import Catalog
 from reconciler.desired import directory_files, load_desired
 from reconciler.desired.loader import MAX_FILES
-from reconciler.desired.source import MAX_BYTES
+from reconciler.desired.source import MAX_BYTES, read_file, read_within
 from reconciler.model import DesiredNode
 
 
@@ -47,6 +48,7 @@ class DesiredSource:
         digest = hashlib.blake2b(digest_size=16)
         try:
             files = self.files()
+            directory = self.path if self.path.is_dir() else None
         except OSError as exc:
             digest.update(f"unlistable:{exc.strerror}".encode())
             return digest.hexdigest()
@@ -56,14 +58,16 @@ class DesiredSource:
         for file in files[: MAX_FILES + 1]:
             digest.update(os.fsencode(file) + b"\0")
             try:
-                with file.open("rb") as stream:
-                    size = os.fstat(stream.fileno()).st_size
-                    content = stream.read(budget)
+                # A directory's entries as loading reads them: links only to files inside it.
+                if directory is not None:
+                    content = read_within(directory, file.name, limit=budget)
+                else:
+                    content = read_file(file, limit=budget)
             except OSError as exc:
                 digest.update(f"\0unreadable:{exc.strerror}".encode())
             else:
                 budget = max(0, budget - len(content))
-                digest.update(f"{size}\0".encode() + content)
+                digest.update(f"{len(content)}\0".encode() + content)
             digest.update(b"\0\0")
         digest.update(str(len(files)).encode())
         return digest.hexdigest()

@@ -250,7 +250,13 @@ def bench_fleet(tmp: Path, nodes: int) -> dict[str, Any]:
 
 def bench_writes(tmp: Path) -> dict[str, Any]:
     """Sysfs writes to change one VF of a full 16-VF A2: ours vs a per-GPU recreate."""
-    from reconciler.apply import Journal, MdevDriver, SubprocessRunner, execute
+    from reconciler.apply import (
+        ConfinedSysfsWriter,
+        Journal,
+        MdevDriver,
+        SubprocessRunner,
+        execute,
+    )
     from reconciler.catalog import default_catalog
     from reconciler.desired import load_desired
     from reconciler.model import Action, ActionKind, Plan
@@ -314,7 +320,7 @@ def bench_writes(tmp: Path) -> dict[str, Any]:
         before = sim.stats()["writes"]
         driver = MdevDriver(
             sysfs_root=root,
-            writer=sim.writer(),
+            writer=ConfinedSysfsWriter(root, kernel=sim.writer()),
             runner=SubprocessRunner(),
             sriov_manage=[str(host_dir / "bin" / "sriov-manage")],
         )

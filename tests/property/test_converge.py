@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.apply import Journal, MdevDriver, SubprocessRunner, execute
+from reconciler.apply import ConfinedSysfsWriter, Journal, MdevDriver, SubprocessRunner, execute
 from reconciler.catalog import GpuModel, default_catalog, profile_body
 from reconciler.desired import load_desired
 from reconciler.model import PciAddress
@@ -113,7 +113,7 @@ def _apply_once(host_dir: Path, sim: SimHost, desired_file: Path) -> tuple[int, 
     plan = plan_node(node, inventory, catalog=CATALOG)
     driver = MdevDriver(
         sysfs_root=root,
-        writer=sim.writer(),
+        writer=ConfinedSysfsWriter(root, kernel=sim.writer()),
         runner=SubprocessRunner(),
         sriov_manage=[str(host_dir / "bin" / "sriov-manage")],
         command_timeout=60,

@@ -1,6 +1,7 @@
 """Sysfs writes that cannot hang vgpuctl: each runs in a writer process, waited for a bounded
 time. A named pipe with no reader stands in for an attribute whose write blocks in the kernel
-(removing a vGPU a hidden VM holds): opening it for writing does not return."""
+(removing a vGPU a hidden VM holds): opening it for writing does not return. The tree is
+``tests/sysfs_devices``'s: a GPU, its VF with a vGPU, and a NIC, in the kernel's layout."""
 
 from __future__ import annotations
 
@@ -15,16 +16,26 @@ import pytest
 
 from reconciler.apply import BoundedWriter, PathEscapeError, WriteTimeoutError
 from reconciler.model import ApplyError
+from tests.sysfs_devices import (
+    CREATE,
+    NIC_DIR,
+    REMOVE,
+    THE_VF,
+    THE_VGPU,
+    TYPE,
+    UUID,
+    VF_DIR,
+    VGPU_DIR,
+    device_tree,
+    link,
+)
 
 WRITER = [sys.executable, "-m", "reconciler.cli.sysfs_writer"]
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    root = tmp_path / "sys"
-    (root / "bus/mdev/devices/u").mkdir(parents=True)
-    (root / "bus/mdev/devices/u/remove").write_text("")
-    return root
+    return device_tree(tmp_path / "sys")
 
 
 @pytest.fixture
@@ -45,41 +56,48 @@ def alive(pid: int) -> bool:
 
 
 def test_a_write_reaches_the_file(writer: BoundedWriter, root: Path) -> None:
-    writer.write("bus/mdev/devices/u/remove", "1")
-    writer.write("bus/mdev/devices/u/remove", "1\n")  # the same writer process, reused
-    assert (root / "bus/mdev/devices/u/remove").read_text() == "1\n"
+    writer.write(REMOVE, "1", device=THE_VGPU)
+    writer.write(REMOVE, "1\n", device=THE_VGPU)  # the same writer process, reused
+    assert (root / VGPU_DIR / "remove").read_text() == "1\n"
 
 
-def test_the_kernels_errno_comes_back_as_it_was(writer: BoundedWriter) -> None:
+def test_the_kernels_errno_comes_back_as_it_was(writer: BoundedWriter, root: Path) -> None:
+    (root / VGPU_DIR / "remove").unlink()
     with pytest.raises(FileNotFoundError) as info:
-        writer.write("bus/mdev/devices/gone/remove", "1")
+        writer.write(REMOVE, "1", device=THE_VGPU)
     assert info.value.errno == errno.ENOENT
+    (root / VGPU_DIR / "remove").mkdir()
     with pytest.raises(IsADirectoryError):
-        writer.write("bus/mdev/devices/u", "1")
+        writer.write(REMOVE, "1", device=THE_VGPU)
 
 
-def test_a_refused_path_comes_back_refused(writer: BoundedWriter) -> None:
+def test_a_refused_path_comes_back_refused(writer: BoundedWriter, root: Path) -> None:
     with pytest.raises(PathEscapeError, match=r"'\.\.' is not allowed"):
-        writer.write("../../etc/passwd", "x")
+        writer.write("../../etc/passwd", "x", device=THE_VGPU)
+    link(root, f"{VGPU_DIR}/remove", f"{NIC_DIR}/remove")
+    with pytest.raises(PathEscapeError, match="is a link"):
+        writer.write(REMOVE, "1", device=THE_VGPU)
+    assert (root / NIC_DIR / "remove").read_text() == ""
 
 
 def test_a_write_that_blocks_times_out_naming_the_file(root: Path) -> None:
-    fifo = root / "bus/mdev/devices/u/blocking"
+    fifo = root / VGPU_DIR / "remove"
+    fifo.unlink()
     os.mkfifo(fifo)
     w = BoundedWriter([*WRITER, "--root", str(root)], timeout=1.0, root=root)
     started = time.monotonic()
     with pytest.raises(WriteTimeoutError) as info:
-        w.write("bus/mdev/devices/u/blocking", "1")
+        w.write(REMOVE, "1", device=THE_VGPU)
     took = time.monotonic() - started
     assert took < 5.0  # the timeout, plus starting the writer process
-    assert str(fifo) in info.value.message
+    assert f"{root}/{REMOVE}" in info.value.message
     assert "did not return within 1 s" in info.value.message
     assert info.value.transient
     stuck = info.value.pid
     assert stuck is not None and alive(stuck), "the writer is left to finish on its own"
     # The next write gets a fresh writer process: the stuck one does not hold anything up.
-    w.write("bus/mdev/devices/u/remove", "1")
-    assert (root / "bus/mdev/devices/u/remove").read_text() == "1"
+    w.write(CREATE, UUID, device=THE_VF)
+    assert (root / VF_DIR / f"mdev_supported_types/{TYPE}/create").read_text() == UUID
     # Once the kernel lets it go (a reader opens the pipe), the stuck writer finishes and exits.
     with open(fifo, encoding="ascii") as reader:
         assert reader.read() == "1"
@@ -92,7 +110,7 @@ def test_a_write_that_blocks_times_out_naming_the_file(root: Path) -> None:
 
 def test_the_writer_process_exits_when_let_go(root: Path) -> None:
     w = BoundedWriter([*WRITER, "--root", str(root)], timeout=2.0, root=root)
-    w.write("bus/mdev/devices/u/remove", "1")
+    w.write(REMOVE, "1", device=THE_VGPU)
     pid = w.writer_pid
     assert pid is not None and alive(pid)
     w.close()
@@ -113,6 +131,6 @@ def test_a_writer_that_never_starts_is_a_clear_error_not_a_timeout(root: Path) -
     w = BoundedWriter(silent, timeout=30.0, root=root, start_timeout=0.5)
     started = time.monotonic()
     with pytest.raises(ApplyError, match=r"did not start within 0\.5 s") as info:
-        w.write("bus/mdev/devices/u/remove", "1")
+        w.write(REMOVE, "1", device=THE_VGPU)
     assert not isinstance(info.value, WriteTimeoutError)
     assert time.monotonic() - started < 10

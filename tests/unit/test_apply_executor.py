@@ -26,6 +26,7 @@ from reconciler.apply import (
     MdevDriver,
     OutcomeStatus,
     Phase,
+    SysfsDevice,
     execute,
 )
 from reconciler.model import Action, ActionKind, ApplyError, PciAddress, Plan
@@ -220,7 +221,7 @@ def test_a_create_the_driver_accepts_but_never_shows_fails_verification(tmp_path
     host.kernel.enable()
 
     class Swallow:
-        def write(self, path: str, value: str) -> None:
+        def write(self, path: str, value: str, *, device: SysfsDevice) -> None:
             pass  # accepted, nothing happens
 
     host.driver = MdevDriver(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reconciler.apply import CommandResult
+from reconciler.apply import CommandResult, SysfsDevice
 from reconciler.model import PciAddress
 
 GPU = PciAddress.parse("0000:08:00.0")
@@ -186,8 +186,11 @@ class FakeWriter:
     """A SysfsWriter whose writes the fake kernel reacts to."""
 
     kernel: FakeKernel
+    #: The device each write named, in order.
+    devices: list[SysfsDevice] = field(default_factory=list)
 
-    def write(self, path: str, value: str) -> None:
+    def write(self, path: str, value: str, *, device: SysfsDevice) -> None:
+        self.devices.append(device)
         self.kernel.write(path, value)
 
 

@@ -193,3 +193,92 @@ def test_an_empty_journal_has_no_last_run(tmp_path: Path) -> None:
     assert journal.records() == []
     assert journal.last_run() == []
     assert journal.interrupted() == []
+
+
+# -- the state directory: nobody else has a say in what vgpuctl writes there ----------------------
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722, 0o1777])
+def test_a_state_directory_others_can_write_is_refused_naming_it(tmp_path: Path, mode: int) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(mode)
+    for use in (
+        lambda: NodeLock(state, "n1").acquire(),
+        lambda: Journal(state, "n1").record(
+            run="r", seq=0, kind="run", target="n1", phase=Phase.START, message=""
+        ),
+    ):
+        with pytest.raises(ApplyError) as info:
+            use()
+        assert info.value.message.startswith(f"state directory {state} is writable by ")
+        assert f"chmod go-w {state}" in info.value.message
+    assert list(state.iterdir()) == []
+
+
+def test_a_state_directory_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory away takes root")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, 65534, -1)
+    with pytest.raises(ApplyError) as info:
+        NodeLock(state, "n1").acquire()
+    assert info.value.message.startswith(
+        f"state directory {state} is owned by uid 65534, not by uid 0 that vgpuctl runs as"
+    )
+    assert list(state.iterdir()) == []
+
+
+def test_a_state_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "state").symlink_to(real)
+    with pytest.raises(ApplyError, match=f"state directory {tmp_path / 'state'} is a symbolic"):
+        NodeLock(tmp_path / "state", "n1").acquire()
+    assert list(real.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", [".lock", ".journal.jsonl"])
+@pytest.mark.parametrize("kind", ["symlink", "hardlink"])
+def test_a_link_planted_in_the_state_directory_is_never_written_through(
+    tmp_path: Path, suffix: str, kind: str
+) -> None:
+    victim = tmp_path / "shadow"
+    victim.write_text("root:$6$salt$hash:19000:0:99999:7:::\n")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    if kind == "symlink":
+        (state / f"n1{suffix}").symlink_to(victim)
+    else:
+        os.link(victim, state / f"n1{suffix}")
+    journal = Journal(state, "n1")
+
+    def use() -> None:
+        if suffix == ".lock":
+            NodeLock(state, "n1").acquire()
+        else:
+            journal.record(run="r", seq=0, kind="run", target="n1", phase=Phase.START, message="")
+
+    with pytest.raises(ApplyError) as info:
+        use()
+    why = "is a symbolic link" if kind == "symlink" else "has 2 hard links"
+    assert info.value.message.startswith(f"{state / f'n1{suffix}'} {why}")
+    assert victim.read_text() == "root:$6$salt$hash:19000:0:99999:7:::\n"
+    if suffix == ".journal.jsonl":
+        with pytest.raises(ApplyError, match=why):
+            journal.records()
+
+
+def test_a_fifo_in_place_of_the_journal_is_refused_not_waited_for(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.mkfifo(state / "n1.journal.jsonl")
+    journal = Journal(state, "n1")
+    with pytest.raises(ApplyError, match="is not a regular file"):
+        journal.records()
+
+
+def test_reading_a_journal_creates_no_state_directory(tmp_path: Path) -> None:
+    assert Journal(tmp_path / "state", "n1").records() == []
+    assert not (tmp_path / "state").exists()

@@ -156,14 +156,14 @@ def test_an_unreadable_file(
     path.chmod(0)
     if os.geteuid() == 0:
         # root reads a mode-000 file anyway: make the open fail as it does for anyone else.
-        real_open = Path.open
+        real_open = os.open
 
-        def denied(self: Path, *args: object, **kwargs: object) -> object:
-            if self == path:
-                raise PermissionError(13, "Permission denied", str(self))
-            return real_open(self, *args, **kwargs)  # type: ignore[call-overload]
+        def denied(file: object, *args: object, **kwargs: object) -> int:
+            if file == path:
+                raise PermissionError(13, "Permission denied", str(file))
+            return real_open(file, *args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(Path, "open", denied)
+        monkeypatch.setattr(os, "open", denied)
     (problem,) = _problems([path], catalog)
     assert problem.message == "cannot read: Permission denied"
 
@@ -731,3 +731,35 @@ def test_control_characters_in_the_input_are_escaped_in_messages(
     assert problems
     for problem in problems:
         assert "\n" not in str(problem) and "\x1b" not in str(problem)
+
+
+# --- quoting: no problem carries more than an excerpt of the file -----------------------------
+
+#: 300 characters no message may carry whole: a secret read through some mistake, say.
+LONG = "Q1w2E3r4T5" * 30
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"{LONG}: 1\n",  # an unknown top-level field
+        f"{HEADER}spec: {{nodes: {{n1: {{gpus: [{{address: '0000:08:00.0', "
+        f"sriov: {LONG}}}]}}}}}}\n",
+        f"{HEADER}spec: {{nodes: {{'{LONG}': {{gpus: []}}}}}}\n",  # a bad node name, in paths
+        f"{HEADER}spec:\n  nodes:\n    n1:\n      gpus:\n        - address: '0000:08:00.0'\n"
+        f"          sriov: enabled\n          profiles: {{'{LONG}': 1, 'NVIDIA {LONG}': 1}}\n",
+        f"{HEADER}kind: *{LONG}\n",  # an undefined alias: PyYAML's words quote it
+        f"{HEADER}spec: !{LONG} x\n",  # an unknown tag
+        f"a: 1\na: {LONG}\n{LONG}: 2\n{LONG}: 3\n",  # a duplicate key
+    ],
+    ids=["field", "enum", "node-name", "profiles", "alias", "tag", "duplicate"],
+)
+def test_no_problem_quotes_more_than_an_excerpt_of_the_file(
+    catalog: Catalog, tmp_path: Path, text: str
+) -> None:
+    path = _write(tmp_path, "x.yaml", text)
+    problems = validate_files([path], catalog=catalog)
+    assert problems
+    for problem in problems:
+        for start in range(len(LONG) - 81):
+            assert LONG[start : start + 81] not in problem.message, problem.message

@@ -155,11 +155,17 @@ def test_creatable_types_keep_what_they_cannot_read() -> None:
     assert bad == ["garbage line", ": no id", "12a : x"]
 
 
-def test_creatable_types_keep_any_name_the_driver_prints() -> None:
-    """Names are opaque: a colon or several words in one stays whole."""
-    text = "ID    : vGPU Name\n1519  : NVIDIA RTX Pro 6000 Blackwell DC-3Q\n9 : Odd: name\n"
-    entries, _ = parse_creatable_types(text)
-    assert entries == [("1519", "NVIDIA RTX Pro 6000 Blackwell DC-3Q"), ("9", "Odd: name")]
+def test_creatable_types_keep_names_of_several_words_and_refuse_non_resource_names() -> None:
+    """Several words stay whole; a name that could not become a Kubernetes resource name (a
+    colon, a control character, 64 characters and more) is a line vgpuctl cannot read."""
+    long = "NVIDIA " + "A" * 57  # 64 characters
+    text = (
+        "ID    : vGPU Name\n1519  : NVIDIA RTX Pro 6000 Blackwell DC-3Q\n9 : Odd: name\n"
+        f"10 : NVIDIA A2-4Q\x1b[2K\n11 : {long}\n12 : {long[:-1]}\n13 : -NVIDIA\n"
+    )
+    entries, bad = parse_creatable_types(text)
+    assert entries == [("1519", "NVIDIA RTX Pro 6000 Blackwell DC-3Q"), ("12", long[:-1])]
+    assert bad == ["9 : Odd: name", "10 : NVIDIA A2-4Q\x1b[2K", f"11 : {long}", "13 : -NVIDIA"]
 
 
 def test_device_numbers() -> None:
@@ -295,3 +301,7 @@ def test_type_names_keep_their_spelling() -> None:
     assert type_files("grid-t4.txt", "name")["nvidia-231"] == "GRID T4-2Q\n"
     with pytest.raises(ObserveError, match="empty vGPU type name"):
         parse_type_name("\n", source="name")
+    for hostile in ("NVIDIA A2-4Q\x1b[1A", "A2 'x'", "x" * 64, "NVIDIA A2-4Q.", "А2-4Q"):
+        with pytest.raises(ObserveError, match=r"^name: not a vGPU type name"):
+            parse_type_name(hostile + "\n", source="name")
+    assert parse_type_name("x" * 63) == "x" * 63

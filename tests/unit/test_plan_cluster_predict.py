@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.apply import Journal, MdevDriver, SubprocessRunner, execute
+from reconciler.apply import ConfinedSysfsWriter, Journal, MdevDriver, SubprocessRunner, execute
 from reconciler.catalog import default_catalog
 from reconciler.model import (
     VGPU,
@@ -208,7 +208,7 @@ def test_prediction_matches_the_simulated_host_after_apply(name: str, tmp_path: 
     predicted_objects = [a.params["object"] for a in plan.actions if a.kind is ActionKind.CR_CREATE]
     driver = MdevDriver(
         sysfs_root=root,
-        writer=sim.writer(),
+        writer=ConfinedSysfsWriter(root, kernel=sim.writer()),
         runner=SubprocessRunner(),
         sriov_manage=[str(host_dir / "bin" / "sriov-manage")],
         command_timeout=60,

@@ -179,3 +179,131 @@ def test_a_path_that_does_not_exist_yet_is_watched_from_its_nearest_ancestor(
 ) -> None:
     source = DesiredSource.at(tmp_path / "not" / "yet" / "seed.yaml")
     assert source.watch_points() == {os.path.realpath(tmp_path)}
+
+
+# -- links in a directory: followed only to files inside it ---------------------------------------
+
+#: What a file outside the directory holds: no problem may quote it.
+OUTSIDE = "root:$6$saltsalt$Q1w2E3r4T5y6U7i8O9p0:19000:0:99999:7:::\n"
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    path = tmp_path / "etc" / "shadow"
+    path.parent.mkdir()
+    path.write_text(OUTSIDE)
+    return path
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["ABSOLUTE", "../etc/shadow", "..data/../../etc/shadow", "sub/../../etc/shadow"],
+)
+def test_a_link_leading_outside_is_listed_and_refused_naming_it(
+    tmp_path: Path, catalog: Catalog, outside: Path, target: str
+) -> None:
+    directory = tmp_path / "ds"
+    (directory / "sub").mkdir(parents=True)
+    (directory / "..data").mkdir()
+    link_target = str(outside) if target == "ABSOLUTE" else target
+    (directory / "evil.yaml").symlink_to(link_target)
+    (directory / "good.yaml").write_text(seed_text())
+    assert directory_files(directory) == [directory / "evil.yaml", directory / "good.yaml"]
+    with pytest.raises(ValidationError) as info:
+        load_desired([directory], catalog=catalog, directories=True)
+    (problem,) = info.value.problems
+    assert problem.file == str(directory / "evil.yaml")
+    assert problem.message.startswith("evil.yaml is a link to ")
+    assert f", outside {directory}: not read" in problem.message
+    assert "saltsalt" not in problem.message
+
+
+def test_a_link_inside_leading_out_through_a_second_link_is_refused(
+    tmp_path: Path, catalog: Catalog, outside: Path
+) -> None:
+    """A ConfigMap-looking layout whose ``..data`` leads out of the directory."""
+    directory = tmp_path / "ds"
+    directory.mkdir()
+    (directory / "..data").symlink_to(outside.parent)
+    (directory / "shadow.yaml").symlink_to("..data/shadow")
+    with pytest.raises(ValidationError) as info:
+        load_desired([directory], catalog=catalog, directories=True)
+    (problem,) = info.value.problems
+    assert problem.message.startswith(f"..data is a link to {outside.parent}, outside")
+
+
+def test_links_inside_the_directory_are_followed(tmp_path: Path, catalog: Catalog) -> None:
+    directory = tmp_path / "ds"
+    (directory / ".shared").mkdir(parents=True)
+    (directory / ".shared" / "node.yml").write_text(seed_text())
+    (directory / "node.yaml").symlink_to(".shared/node.yml")
+    (directory / "absolute.yaml").symlink_to(directory / ".shared" / "node.yml")
+    (directory / "dangling.yaml").symlink_to("nowhere.yaml")
+    (directory / "dir.yaml").symlink_to(".shared")
+    os.mkfifo(directory / "fifo.yaml")
+    (directory / "loop.yaml").symlink_to("loop.yaml")
+    assert directory_files(directory) == [directory / "absolute.yaml", directory / "node.yaml"]
+    (directory / "absolute.yaml").unlink()
+    desired = load_desired([directory], catalog=catalog, directories=True)
+    assert NODE in desired.nodes
+
+
+def test_the_fingerprint_reads_only_inside_the_directory(tmp_path: Path, outside: Path) -> None:
+    directory = tmp_path / "ds"
+    directory.mkdir()
+    (directory / "evil.yaml").symlink_to(outside)
+    source = DesiredSource.at(directory)
+    first = source.fingerprint()
+    outside.write_text("changed\n")  # not read: the fingerprint cannot follow it
+    assert source.fingerprint() == first
+
+
+def test_a_named_file_is_read_through_its_link_wherever_it_leads(
+    tmp_path: Path, catalog: Catalog
+) -> None:
+    """The operator names a file: that choice is followed as given (only a directory's entries
+    are confined to it)."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "seed.yaml").write_text(seed_text())
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "seed.yaml").symlink_to(tmp_path / "elsewhere" / "seed.yaml")
+    assert NODE in load_desired([tmp_path / "ds" / "seed.yaml"], catalog=catalog).nodes
+
+
+def test_a_directory_of_too_many_entries_is_refused_without_listing_it_all(
+    tmp_path: Path, catalog: Catalog
+) -> None:
+    """A directory is listed at most 4,096 entries deep (a desired state has 1,000 files at most):
+    one of millions would otherwise be held whole in the agent's memory before any check."""
+    directory = tmp_path / "ds"
+    directory.mkdir()
+    (directory / "seed.yaml").write_text(seed_text())
+    for i in range(4096):
+        (directory / f"junk-{i}").touch()
+    with pytest.raises(ValidationError) as info:
+        load_desired([directory], catalog=catalog, directories=True)
+    assert info.value.problems == (
+        Problem(
+            "cannot list: more than 4,096 entries: not a desired-state directory (it holds "
+            "1,000 files at most)",
+            file=str(directory),
+        ),
+    )
+    (directory / "junk-0").unlink()  # 4,096 entries: listed, and the one file in it read
+    assert NODE in load_desired([directory], catalog=catalog, directories=True).nodes
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path, catalog: Catalog) -> None:
+    """Opening a FIFO for reading waits for a writer that never comes: the agent would hang.
+    Named as the file or as a directory's entry, it is not a regular file and is refused."""
+    fifo = tmp_path / "node.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ValidationError) as info:
+        load_desired([fifo], catalog=catalog)
+    assert info.value.problems == (Problem("cannot read: not a regular file", file=str(fifo)),)
+    assert DesiredSource.at(fifo).fingerprint() != DesiredSource.at(tmp_path / "none").fingerprint()
+    with pytest.raises(ValidationError) as info:
+        load_desired([tmp_path], catalog=catalog, directories=True)
+    assert info.value.problems == (
+        Problem("no desired-state files (*.yaml, *.yml) here", file=str(tmp_path)),
+    )
