@@ -43,6 +43,7 @@ from reconciler.desired.compose import (
 )
 from reconciler.model import Problem, SourceLocation
 from reconciler.model.errors import excerpt
+from reconciler.model.links import LeavesRootError, TooManyLinksError, resolve_beneath
 
 #: A JSON path: mapping keys (str) and list indexes (int) from the document root.
 JsonPath = tuple[str | int, ...]
@@ -303,42 +304,31 @@ def _resolve_within(fd: int, directory: Path, name: str) -> str:
     """``name``, with every link along it resolved inside ``directory`` (open as ``fd``): the
     path below it that passes through no link. Raises :class:`LeavesDirectoryError` when a
     link leads outside, ``FileNotFoundError`` when something on the way is missing."""
-    done: list[str] = []
-    pending = [name]
-    links = 0
-    via = (name, "")  # the last link followed, for the message
-    real: str | None = None
-    while pending:
-        part = pending.pop()
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not done:
-                raise LeavesDirectoryError(_leaves(directory, *via))
-            done.pop()
-            continue
-        here = "/".join((*done, part))
+    real: list[str] = []  # the directory's real path, found once an absolute link needs it
+
+    def read_link(here: str) -> str | None:
         try:
-            target = os.readlink(here, dir_fd=fd)
+            return os.readlink(here, dir_fd=fd)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
-            done.append(part)  # not a link
-            continue
-        links += 1
-        if links > _MAX_LINKS:
-            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(directory / name))
-        via = (here, target)
-        if target.startswith("/"):
-            # Absolute: inside only if it names a place below the directory's real path.
-            real = real if real is not None else os.path.realpath(directory).rstrip("/")
-            if not target.startswith(real + "/"):
-                raise LeavesDirectoryError(_leaves(directory, *via))
-            done, target = [], target[len(real) + 1 :]
-        pending.extend(reversed(target.split("/")))
-    if not done:
+            return None  # not a link
+
+    def absolute(target: str) -> str | None:
+        # Inside only if it names a place below the directory's real path.
+        if not real:
+            real.append(os.path.realpath(directory).rstrip("/"))
+        return target[len(real[0]) + 1 :] if target.startswith(real[0] + "/") else None
+
+    try:
+        rel = resolve_beneath(name, read_link, max_links=_MAX_LINKS, absolute=absolute)
+    except LeavesRootError as exc:
+        raise LeavesDirectoryError(_leaves(directory, exc.link, exc.target)) from None
+    except TooManyLinksError:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(directory / name)) from None
+    if not rel:
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(directory / name))
-    return "/".join(done)
+    return rel
 
 
 def _leaves(directory: Path, link: str, target: str) -> str:

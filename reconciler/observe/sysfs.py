@@ -34,6 +34,7 @@ from pathlib import Path
 
 from reconciler.model import ObserveError
 from reconciler.model.errors import printable
+from reconciler.model.links import LeavesRootError, TooManyLinksError, resolve_beneath
 
 #: More links than any real sysfs path passes through (one or two); guards against loops.
 _MAX_LINK_HOPS = 8
@@ -188,32 +189,12 @@ class SysfsTree:
         Raises ``FileNotFoundError`` when a part of it is missing, :class:`ObserveError` when a
         link on the way leaves the root.
         """
-        done: list[str] = []
-        pending = rel.split("/")[::-1]
-        hops = 0
-        via = ("", "")  # the last link followed, for messages
-        while pending:
-            part = pending.pop()
-            if part in ("", "."):
-                continue
-            if part == "..":
-                if not done:
-                    raise _outside(self.describe(via[0] or rel), via[1] or rel)
-                done.pop()
-                continue
-            here = "/".join((*done, part))
-            target = self.read_link(here)
-            if target is None:
-                done.append(part)
-                continue
-            hops += 1
-            if hops > _MAX_LINK_HOPS:
-                raise ObserveError(f"{self.describe(rel)}: too many levels of links")
-            if target.startswith("/"):
-                raise _outside(self.describe(here), target)
-            via = (here, target)
-            pending.extend(target.split("/")[::-1])
-        return "/".join(done)
+        try:
+            return resolve_beneath(rel, self.read_link, max_links=_MAX_LINK_HOPS)
+        except LeavesRootError as exc:
+            raise _outside(self.describe(exc.link), exc.target or rel) from None
+        except TooManyLinksError:
+            raise ObserveError(f"{self.describe(rel)}: too many levels of links") from None
 
     # -- opening below the root ----------------------------------------------------------------
 
