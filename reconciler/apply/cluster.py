@@ -120,7 +120,7 @@ def execute_cluster(
     _check(actions)
     if mandate is not None:
         mandate.check(actions)
-    writer = _Writer(api=api, replan=replan, retries=max_conflict_retries)
+    writer = _Writer(api=api, replan=replan, retries=max_conflict_retries, mandate=mandate)
     outcomes: list[Outcome] = []
     not_run: tuple[Action, ...] = ()
     for i, action in enumerate(actions):
@@ -212,6 +212,8 @@ class _Writer:
     api: ClusterApi
     replan: Replan | None
     retries: int
+    #: Checks each write re-planned after a conflict, as the plan's were before the run.
+    mandate: ClusterMandate | None = None
 
     def run(self, action: Action) -> tuple[OutcomeStatus, str]:
         if action.kind is ActionKind.KUBEVIRT_UPDATE:
@@ -333,6 +335,8 @@ class _Writer:
                 f"re-planning {plural}/{action.target} after a conflict gave an unusable "
                 f"action ({nxt.kind} {nxt.target}: {_params_problem(nxt) or 'wrong kind'})"
             )
+        if nxt is not None and self.mandate is not None:
+            self.mandate.check_rewrite(action, nxt)
         return nxt
 
     # -- KubeVirt --------------------------------------------------------------------------------

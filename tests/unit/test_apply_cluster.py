@@ -18,6 +18,7 @@ from reconciler.apply.cluster import (
     record_host_events,
 )
 from reconciler.apply.executor import Outcome, OutcomeStatus
+from reconciler.apply.mandate import ClusterMandate
 from reconciler.model import (
     Action,
     ActionKind,
@@ -25,6 +26,7 @@ from reconciler.model import (
     Blocked,
     ClusterUnavailableError,
     ConflictError,
+    PciAddress,
 )
 from reconciler.model.cluster import (
     GROUP,
@@ -909,3 +911,55 @@ def test_host_outcomes_and_blocks_become_events_on_our_objects() -> None:
         ("VGPUDevice", "harvester-kgd9c-000008006", "VGPURemoveFailed", "Warning"),
         ("VGPUDevice", "harvester-kgd9c-000008007", "VGPURemovalBlocked", "Warning"),
     ]
+
+
+# -- the mandate after a conflict -------------------------------------------------------------
+
+
+def full(profile: str = "NVIDIA A2-4Q", node: str = NODE) -> KubeObject:
+    """A VGPUDevice as the planner writes it, with the fields the mandate checks."""
+    return KubeObject(
+        kind=VGPU_KIND,
+        name=NAME,
+        labels={NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
+        spec={
+            "address": "0000:08:00.4",
+            "enabled": True,
+            "vGPUTypeName": profile,
+            "nodeName": node,
+            "parentGPUDeviceAddress": "0000:08:00.0",
+        },
+        status={},
+    )
+
+
+@pytest.mark.parametrize("faithful", [True, False])
+def test_a_write_replanned_after_a_conflict_is_checked_like_the_plans(faithful: bool) -> None:
+    """The plan's writes are checked against the mandate before the run; a write re-planned
+    after a 409 is checked too, or a re-plan gone wrong could write another node's object."""
+    fake = FakeCluster()
+    planned = fake.put("vgpudevices", full("NVIDIA A2-4A").to_json())
+    mandate = ClusterMandate(
+        node=NODE,
+        managed=frozenset({PciAddress.parse("0000:08:00.0")}),
+        objects={NAME: KubeObject.from_json({**stored(fake), "kind": VGPU_KIND})},
+    )
+    fake.put("vgpudevices", stored(fake))  # edited after the plan: the update meets a 409
+
+    def replan(want: KubeObject, current: KubeObject | None) -> Action | None:
+        assert current is not None
+        body = want if faithful else full(node="gpu-node-2")
+        return update(body, current.resource_version)
+
+    result = execute_cluster(
+        [update(full(), planned)], api=fake, replan=replan, mandate=mandate, node=NODE
+    )
+    if faithful:
+        assert result.ok
+        assert stored(fake)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+        return
+    failed = result.failed
+    assert failed is not None
+    assert f"the VGPUDevice written is not for node {NODE}" in failed.message
+    assert [c[0] for c in fake.calls] == ["update", "get"]  # nothing written after it
+    assert stored(fake)["spec"]["nodeName"] == NODE
