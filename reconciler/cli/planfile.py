@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.desired.source import read_file
 from reconciler.model import Plan, ValidationError
 from reconciler.model.errors import excerpt
 from reconciler.model.plan import FORMAT_VERSION
@@ -58,8 +59,7 @@ def read_saved_plan(path: Path) -> SavedPlan | None:
     plan: :class:`ValidationError` (one line) unless it is a valid one.
     """
     try:
-        with path.open("rb") as f:
-            blob = f.read(MAX_BYTES + 1)
+        blob = read_file(path, limit=MAX_BYTES + 1)  # a FIFO is refused, not waited on
         text = blob.decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None  # the desired-state loader reports unreadable files with their location

@@ -356,6 +356,18 @@ def test_a_malformed_plan_is_refused_in_one_line(tmp_path: Path, case: str) -> N
     before.assert_unchanged()
 
 
+def test_a_fifo_given_as_the_plan_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Opening a FIFO for reading waits for a writer: ``apply FIFO`` hung for ever."""
+    node = local_node(tmp_path)
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    before = HostWatch(node)
+    res = node.run("apply", fifo, "--yes", timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"{fifo}: cannot read: not a regular file" in res.stderr
+    before.assert_unchanged()
+
+
 # --- cluster attacks -------------------------------------------------------------------------
 
 
