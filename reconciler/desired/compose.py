@@ -394,6 +394,10 @@ def _at(mark: yaml.Mark | None) -> tuple[int, int]:
 
 def _syntax_error(exc: yaml.MarkedYAMLError, text: str) -> ComposeError:
     mark = exc.problem_mark or exc.context_mark
+    if exc.problem and "maximum nesting depth" in exc.problem:
+        # libyaml 0.2.5 (PyYAML 6.0.4's wheels) stops at 1,000 levels while it scans ahead,
+        # before this composer sees the 21st: the same problem, said the same way.
+        return ComposeError(f"nested deeper than {MAX_DEPTH} levels", *_within(text, _at(mark)))
     # PyYAML's words can quote the document (a tag, a character): no more than an excerpt.
     problem, context = (excerpt(t) if t else t for t in (exc.problem, exc.context))
     message = f"YAML syntax error: {problem or context or 'invalid document'}"

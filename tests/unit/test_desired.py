@@ -212,12 +212,24 @@ def test_an_unknown_yaml_tag(catalog: Catalog, tmp_path: Path) -> None:
 
 
 def test_deep_nesting_is_an_error_not_a_crash(catalog: Catalog, tmp_path: Path) -> None:
-    path = _write(tmp_path, "deep.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n")
+    path = _write(tmp_path, "deep.yaml", "a: " + "[" * 999 + "]" * 999 + "\n")
     (problem,) = _problems([path], catalog)
     # The mapping is level 1; the 20th '[' (column 3 + 20) opens level 21.
     assert MAX_DEPTH == 20
     assert (problem.line, problem.column) == (1, 23)
     assert problem.message == "nested deeper than 20 levels"
+
+
+def test_nesting_past_libyamls_own_limit_is_the_same_error(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """libyaml 0.2.5 (in PyYAML 6.0.4's wheels) refuses 1,000 levels itself while scanning
+    ahead, before the composer sees level 21: said in the same words, where libyaml stopped
+    (column 1,003) or, with an older libyaml, at the 21st level (column 23)."""
+    path = _write(tmp_path, "deep.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n")
+    (problem,) = _problems([path], catalog)
+    assert problem.message == "nested deeper than 20 levels"
+    assert (problem.line, problem.column) in ((1, 23), (1, 1003))
 
 
 def test_an_alias_bomb_is_refused(catalog: Catalog, tmp_path: Path) -> None:
