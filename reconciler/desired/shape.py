@@ -138,6 +138,10 @@ def _explain(
     if validator == "minLength" and error.validator_value == 1:
         yield path, location, f"{where}: must not be empty"
         return
+    if validator == "maxLength" and isinstance(error.instance, str):
+        count, limit = len(error.instance), error.validator_value
+        yield path, location, f"{where}: {count:,} characters, more than the {limit} allowed"
+        return
     if validator in {"pattern", "minLength", "maxLength"} and "title" in schema:
         yield (
             path,
@@ -150,6 +154,9 @@ def _explain(
 
 
 def _bad_key(key: str, where: str, schema: dict[str, Any]) -> str:
+    limit = schema.get("maxLength")
+    if isinstance(limit, int) and len(key) > limit:
+        return f"{where}: a key of {len(key):,} characters, more than the {limit} allowed"
     return f"{where}: {quoted(key)} is not a valid {schema.get('title', 'key')}{_eg(schema)}"
 
 

@@ -225,6 +225,33 @@ def test_each_file_is_capped_on_its_own(tmp_path: Path) -> None:
     assert lines[41] == f"error: {files[1]}: … and 34 more problems"
 
 
+def test_names_longer_than_a_resource_name_are_refused_without_quoting_them(
+    tmp_path: Path,
+) -> None:
+    """A profile or model name becomes a Kubernetes resource name (at most 63 characters), and
+    a message must not quote a kilobyte of it: it is refused by its length alone, at its field
+    (as every problem with a value's form: 'model:' starts at column 11)."""
+    long = "A" * 1000
+    path = tmp_path / "long.yaml"
+    path.write_text(
+        HEAD + "spec:\n  nodes:\n    n1:\n      gpus:\n"
+        f'        - address: "0000:08:00.0"\n          sriov: enabled\n'
+        f"          model: {long}\n          vgpus: {{0: {long}}}\n"
+        f'        - address: "0000:09:00.0"\n          sriov: enabled\n'
+        f"          profiles: {{{long}: 1}}\n",
+        encoding="utf-8",
+    )
+    result = run_vgpuctl("validate", path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"{path}:10:11: spec.nodes.n1.gpus[0].model: 1,000 characters, more than the 63 allowed",
+        f'{path}:11:19: spec.nodes.n1.gpus[0].vgpus["0"]: 1,000 characters, more than the 63 '
+        "allowed",
+        f"{path}:14:22: spec.nodes.n1.gpus[1].profiles: a key of 1,000 characters, more than "
+        "the 63 allowed",
+    ]
+
+
 @pytest.mark.parametrize(
     ("document", "where", "message"),
     [
