@@ -51,6 +51,14 @@ def _validator() -> Validator:
     return build_validator(json.loads(schema_path(SCHEMA).read_text(encoding="utf-8")))
 
 
+@cache
+def _inlined_schema() -> Any:
+    from reconciler.desired.validator import inlined
+
+    schema = json.loads(schema_path(SCHEMA).read_text(encoding="utf-8"))
+    return inlined(schema, schema.get("$defs", {}))
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     """The schema problems of one document, in file order, each with the path it concerns."""
@@ -63,6 +71,10 @@ class Shape:
 
 def shape_problems(document: Document) -> Shape:
     """The schema violations of ``document`` (the first :data:`MAX_SHAPE_PROBLEMS`)."""
+    from reconciler.desired.validator import certainly_valid
+
+    if certainly_valid(_inlined_schema(), document.data):
+        return Shape([], True)  # no jsonschema needed (nor imported): nothing to word
     found: dict[tuple[JsonPath, str], tuple[SourceLocation, str]] = {}
     complete = True
     for error in _validator().iter_errors(document.data):

@@ -22,7 +22,8 @@ from reconciler.desired import compose, load_desired, validate_files
 from reconciler.desired.compose import MAX_DEPTH, MAX_NODES, MAX_SCALAR_CHARS, ComposeError
 from reconciler.desired.loader import MAX_FILES, MAX_PROBLEMS_PER_FILE, NOTE_NAMES, NOTE_PLACES
 from reconciler.desired.shape import _validator
-from reconciler.desired.source import document_from_data
+from reconciler.desired.source import document_from_data, read_document
+from reconciler.desired.validator import certainly_valid, inlined
 from reconciler.model import Problem, ValidationError
 from tests.reliability.bad_input import ANY_VALUE, _paths, _set
 from tests.reliability.generators import host_and_desired
@@ -196,6 +197,37 @@ def test_the_validator_finds_exactly_what_jsonschema_finds(data: st.DataObject) 
     doc = document_from_data(drawn, file="drawn").data  # keys as text, as a file gives them
     schema = json.loads((REPO / "schemas" / "desired-state.schema.json").read_text())
     assert _verdicts(_validator(), doc) == _verdicts(Draft202012Validator(schema), doc)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_certainly_valid_is_never_wrong(data: st.DataObject) -> None:
+    """The fast path that skips jsonschema says "valid" only where jsonschema finds nothing."""
+    _, drawn = data.draw(host_and_desired("n1", max_gpus=2))
+    for _ in range(data.draw(st.integers(0, 3))):
+        _set(drawn, data.draw(st.sampled_from(_paths(drawn))), data.draw(ANY_VALUE))
+    doc = document_from_data(drawn, file="drawn").data
+    schema = json.loads((REPO / "schemas" / "desired-state.schema.json").read_text())
+    if certainly_valid(inlined(schema, schema["$defs"]), doc):
+        assert list(Draft202012Validator(schema).iter_errors(doc)) == []
+
+
+def test_every_shipped_desired_state_takes_the_fast_path() -> None:
+    """Valid files never need jsonschema: the examples, and the benchmark's 8×L40S node."""
+    schema = json.loads((REPO / "schemas" / "desired-state.schema.json").read_text())
+    fast = inlined(schema, schema["$defs"])
+    files = sorted((REPO / "desired-state").glob("*.yaml"))
+    assert files
+    for path in files:
+        document, problems = read_document(path)
+        assert document is not None and not problems, path
+        assert certainly_valid(fast, document.data), path
+    # A misspelt kind is not certain: jsonschema judges it, and words the problem.
+    document, _ = read_document(files[0])
+    assert document is not None
+    broken = json.loads(json.dumps(document.data))
+    broken["kind"] = "VGPUDesiredStat"
+    assert not certainly_valid(fast, broken)
 
 
 def test_the_validator_reports_a_node_maps_entries_in_the_order_written() -> None:
