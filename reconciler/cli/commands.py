@@ -649,7 +649,7 @@ def cmd_doctor(ns: argparse.Namespace, options: GlobalOptions) -> int:
         catalog=host.catalog,
         sriov_manage=host.sriov_manage_argv,
         hold_probe=host.hold_probe(),
-        kubelet_dir=options.kubelet_dir,
+        kubelet_dir=host.kubelet_dir,
         kubelet_expected=host.has_cluster,
     )
     if ns.output == "json":

@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler.catalog import Catalog, default_catalog
-from reconciler.cli.options import DEFAULT_SRIOV_MANAGE, DEFAULT_STATE_DIR, GlobalOptions
+from reconciler.cli.options import (
+    DEFAULT_KUBELET_DIR,
+    DEFAULT_SRIOV_MANAGE,
+    DEFAULT_STATE_DIR,
+    GlobalOptions,
+)
 from reconciler.model import Inventory, PciAddress, UsageError
 from reconciler.model.cluster import ClusterState, DeviceUse
 
@@ -59,6 +64,15 @@ class Host:
             return self.options.state_dir
         sim_dir = self.sim_dir
         return sim_dir / "state" if sim_dir else Path(DEFAULT_STATE_DIR)
+
+    @property
+    def kubelet_dir(self) -> Path:
+        """``--kubelet-dir``; by default the node's, or a simulated host's own ``DIR/kubelet``
+        (a simulated host never reads the machine's kubelet checkpoint)."""
+        if self.options.kubelet_dir is not None:
+            return self.options.kubelet_dir
+        sim_dir = self.sim_dir
+        return sim_dir / "kubelet" if sim_dir else Path(DEFAULT_KUBELET_DIR)
 
     @property
     def sriov_manage_argv(self) -> list[str]:
@@ -116,7 +130,7 @@ class Host:
             api,
             node=self.options.node,
             kubevirt_namespace=self.options.kubevirt_namespace,
-            kubelet_dir=self.options.kubelet_dir,
+            kubelet_dir=self.kubelet_dir,
         )
 
     def kubelet_uses(self) -> ClusterState | None:
@@ -124,7 +138,7 @@ class Host:
         to pods: those count as in use (None when there is no checkpoint)."""
         from reconciler.observe import read_checkpoint
 
-        entries = read_checkpoint(self.options.kubelet_dir)
+        entries = read_checkpoint(self.kubelet_dir)
         if not entries:
             return None
         uses = {
@@ -154,7 +168,7 @@ class Host:
         from reconciler.observe import read_checkpoint
 
         pods: dict[str, set[str]] = {}
-        for entry in read_checkpoint(self.options.kubelet_dir) or ():
+        for entry in read_checkpoint(self.kubelet_dir) or ():
             if entry.resource_name.startswith("nvidia.com/"):
                 for device in entry.device_ids:
                     pods.setdefault(device, set()).add(entry.pod_uid)

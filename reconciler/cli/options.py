@@ -84,7 +84,8 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
         metavar="PATH",
         default=dflt(None),
         help="the kubelet's directory, for its device-plugin checkpoint (env "
-        f"VGPUCTL_KUBELET_DIR; default {DEFAULT_KUBELET_DIR})",
+        f"VGPUCTL_KUBELET_DIR; default {DEFAULT_KUBELET_DIR}, or DIR/kubelet on a simulated "
+        "host)",
     )
     group.add_argument(
         "--unsafe-assume-no-hidden-holders",
@@ -112,7 +113,7 @@ class GlobalOptions:
     no_color: bool
     kubeconfig: Path | None = None
     kubevirt_namespace: str | None = None
-    kubelet_dir: Path = Path(DEFAULT_KUBELET_DIR)
+    kubelet_dir: Path | None = None  # None: the default (or the simulator's)
     #: ``--unsafe-assume-no-hidden-holders`` (a flag only: no environment variable sets it).
     assume_no_hidden_holders: bool = False
 
@@ -121,6 +122,7 @@ class GlobalOptions:
         no_color = bool(ns.no_color or os.environ.get("NO_COLOR") or _env("NO_COLOR"))
         state_dir = ns.state_dir or _env("STATE_DIR")
         kubeconfig = ns.kubeconfig or _env("KUBECONFIG")
+        kubelet_dir = ns.kubelet_dir or _env("KUBELET_DIR")
         return cls(
             sysfs_root=Path(ns.sysfs_root or _env("SYSFS_ROOT") or DEFAULT_SYSFS_ROOT),
             sriov_manage=ns.sriov_manage or _env("SRIOV_MANAGE"),
@@ -129,6 +131,6 @@ class GlobalOptions:
             no_color=no_color,
             kubeconfig=Path(kubeconfig) if kubeconfig else None,
             kubevirt_namespace=ns.kubevirt_namespace or _env("KUBEVIRT_NAMESPACE"),
-            kubelet_dir=Path(ns.kubelet_dir or _env("KUBELET_DIR") or DEFAULT_KUBELET_DIR),
+            kubelet_dir=Path(kubelet_dir) if kubelet_dir else None,
             assume_no_hidden_holders=bool(ns.unsafe_assume_no_hidden_holders),
         )

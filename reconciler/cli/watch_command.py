@@ -148,7 +148,7 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
     signature = HostSignature(
         options.sysfs_root,
         hold_probe=probe,
-        extra_files=(checkpoint_file(options.kubelet_dir),),
+        extra_files=(checkpoint_file(host.kubelet_dir),),
     )
     # The *_created series double every counter for a start time nobody graphs; the
     # switch is process-wide, and this process is the agent.
@@ -161,7 +161,7 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
         verify_timeout=ns.verify_timeout,
         action_budget=max(ns.timeout, ns.write_timeout) + ns.verify_timeout + 60.0,
     )
-    plugins = _device_plugins(ns, options)
+    plugins = _device_plugins(ns, options, kubelet_dir=host.kubelet_dir)
     loop: WatchLoop | None = None
 
     def changed() -> None:
@@ -211,12 +211,14 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
         log.info("stopped")
 
 
-def _device_plugins(ns: argparse.Namespace, options: GlobalOptions) -> PluginManager | None:
+def _device_plugins(
+    ns: argparse.Namespace, options: GlobalOptions, *, kubelet_dir: Path
+) -> PluginManager | None:
     if ns.no_device_plugin:
         return None
     from reconciler.deviceplugin import PluginDirError, PluginManager
 
-    plugin_dir = Path(ns.plugin_dir) if ns.plugin_dir else options.kubelet_dir / "device-plugins"
+    plugin_dir = Path(ns.plugin_dir) if ns.plugin_dir else kubelet_dir / "device-plugins"
     try:
         return PluginManager(plugin_dir=plugin_dir, node=options.node)
     except PluginDirError as exc:

@@ -475,6 +475,31 @@ def test_checkpoint_alone_marks_in_use_without_a_cluster(tmp_path: Path) -> None
     assert "! vgpu-remove 0000:08:00.5" in res.stdout and "pod p1" in res.stdout
 
 
+def test_a_simulated_host_reads_its_own_kubelet_checkpoint_not_the_machines(
+    tmp_path: Path,
+) -> None:
+    """Without --kubelet-dir a simulated host's checkpoint is DIR/kubelet's (as its state
+    directory is DIR/state): a test, or a demo, on a machine that runs a kubelet never reads
+    that kubelet's allocations."""
+    sim = make_sim(tmp_path / "h", ["A2@0000:08:00.0"])
+    sim.ok("apply", SEED, "--yes")
+    uuid = _vgpu_uuid(sim, "0000:08:00.5")
+    plugins = sim.dir / "kubelet" / "device-plugins"
+    plugins.mkdir(parents=True)
+    (plugins / "kubelet_internal_checkpoint").write_text(json.dumps({
+        "Data": {"PodDeviceEntries": [{"PodUID": "p1", "ContainerName": "compute",
+                 "ResourceName": "nvidia.com/NVIDIA_A2-4Q", "DeviceIDs": {"0": [uuid]},
+                 "AllocResp": ""}], "RegisteredDevices": {}}, "Checksum": 1}))  # fmt: skip
+    desired = tmp_path / "changed.yaml"
+    desired.write_text(CHANGED)
+    res = sim.run("plan", desired)
+    assert "! vgpu-remove 0000:08:00.5" in res.stdout and "pod p1" in res.stdout
+    # An explicit --kubelet-dir still wins.
+    empty = tmp_path / "no-kubelet"
+    res = sim.run("plan", desired, "--kubelet-dir", empty)
+    assert "! vgpu-remove" not in res.stdout
+
+
 def test_cluster_flags_are_documented() -> None:
     res = subprocess.run(["vgpuctl", "plan", "--help"], capture_output=True, text=True, check=True)
     for flag in ("--kubeconfig", "--observed", "--adopt", "--kubelet-dir", "--kubevirt-namespace"):

@@ -298,6 +298,7 @@ def test_state_dir_is_on_the_host_and_writable(options: Any) -> None:
 
 
 def test_kubelet_checkpoint_and_device_plugin_dir_are_the_hosts(options: Any) -> None:
+    assert options.kubelet_dir is not None  # set, not left to the default
     plugins = options.kubelet_dir / "device-plugins"
     assert _host_path(plugins) == ("/var/lib/kubelet/device-plugins", True)
     checkpoint = plugins / "kubelet_internal_checkpoint"
