@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 
 _PATTERN = re.compile(
     r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-1][0-9a-fA-F])\.(?P<function>[0-7])$"
@@ -62,7 +62,7 @@ class PciAddress:
         return f"{self.domain:04x}{self.bus:02x}{self.slot:02x}{self.function:x}"
 
     def __str__(self) -> str:
-        return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+        return _text(self.domain, self.bus, self.slot, self.function)
 
     def __repr__(self) -> str:
         return f"PciAddress({str(self)!r})"
@@ -74,3 +74,10 @@ class PciAddress:
         if not isinstance(other, PciAddress):
             return NotImplemented
         return self._key() < other._key()
+
+
+@lru_cache(maxsize=1 << 16)
+def _text(domain: int, bus: int, slot: int, function: int) -> str:
+    # Addresses are printed far more often than made (every path, key and message): a node
+    # has a few hundred, a fleet's plans print each thousands of times.
+    return f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}"

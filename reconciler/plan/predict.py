@@ -37,6 +37,9 @@ def predict_inventory(
     catalog = catalog if catalog is not None else default_catalog()
     gpus = {g.address: g for g in inventory.gpus}
     touched: set[PciAddress] = set()
+    # Per GPU, the vGPU each VF will host, by VF index: applied in one pass per GPU (before the
+    # GPU's next SR-IOV change, and at the end), not one rebuild of every VF per action.
+    pending: dict[PciAddress, dict[int, VGPU | None]] = {}
     for action in actions:
         if not action.kind.is_host:
             continue
@@ -45,34 +48,46 @@ def predict_inventory(
         if gpu is None:
             continue  # a plan for another host: nothing to predict
         touched.add(address)
-        if action.kind is ActionKind.SRIOV_ENABLE:
-            gpus[address] = _enabled(gpu, inventory, catalog)
-        elif action.kind is ActionKind.SRIOV_DISABLE:
-            # The driver lists types on VFs only: none while SR-IOV is off.
-            gpus[address] = replace(gpu, num_vfs=0, vfs=(), types=(), interface=Interface.NONE)
-        else:
-            index = int(action.params["vfIndex"])
-            vgpu = None
-            if action.kind is ActionKind.VGPU_CREATE:
-                vf = gpu.vf(index)
-                # On the vfio interface a configured VF is its own identity (no mdev UUID).
-                uuid = (
-                    str(vf.address)
-                    if gpu.interface is Interface.VFIO and vf is not None
-                    else str(action.params["uuid"])
-                )
-                vgpu = VGPU(uuid=uuid, type_name=str(action.params["type"]))
-            gpus[address] = replace(
-                gpu, vfs=tuple(replace(v, vgpu=vgpu) if v.index == index else v for v in gpu.vfs)
+        if action.kind in (ActionKind.SRIOV_ENABLE, ActionKind.SRIOV_DISABLE):
+            gpu = _with_vgpus(gpu, pending.pop(address, {}))
+            if action.kind is ActionKind.SRIOV_ENABLE:
+                gpus[address] = _enabled(gpu, inventory, catalog)
+            else:
+                # The driver lists types on VFs only: none while SR-IOV is off.
+                gpus[address] = replace(gpu, num_vfs=0, vfs=(), types=(), interface=Interface.NONE)
+            continue
+        index = int(action.params["vfIndex"])
+        vgpu = None
+        if action.kind is ActionKind.VGPU_CREATE:
+            vf = gpu.vf(index)
+            # On the vfio interface a configured VF is its own identity (no mdev UUID).
+            uuid = (
+                str(vf.address)
+                if gpu.interface is Interface.VFIO and vf is not None
+                else str(action.params["uuid"])
             )
+            vgpu = VGPU(uuid=uuid, type_name=str(action.params["type"]))
+        pending.setdefault(address, {})[index] = vgpu
     if not touched:
         return inventory
     return replace(
         inventory,
         gpus=tuple(
-            _recount(gpus[g.address], catalog) if g.address in touched else g
+            _recount(_with_vgpus(gpus[g.address], pending.get(g.address, {})), catalog)
+            if g.address in touched
+            else g
             for g in inventory.gpus
         ),
+    )
+
+
+def _with_vgpus(gpu: Gpu, vgpus: dict[int, VGPU | None]) -> Gpu:
+    """``gpu`` with the VFs of the indexes in ``vgpus`` hosting those vGPUs (None: none)."""
+    if not vgpus:
+        return gpu
+    return replace(
+        gpu,
+        vfs=tuple(replace(v, vgpu=vgpus[v.index]) if v.index in vgpus else v for v in gpu.vfs),
     )
 
 
@@ -143,13 +158,12 @@ def _recount(gpu: Gpu, catalog: Catalog) -> Gpu:
         for t in gpu.types
         if (not sizes or t.framebuffer_mib == hosted) and sizes[t.framebuffer_mib] < t.max_instance
     )
-    return replace(
-        gpu,
-        vfs=tuple(
-            replace(vf, creatable=frozenset() if vf.vgpu is not None else open_types)
-            for vf in gpu.vfs
-        ),
-    )
+    none: frozenset[str] = frozenset()
+    vfs = []
+    for vf in gpu.vfs:
+        creatable = none if vf.vgpu is not None else open_types
+        vfs.append(vf if vf.creatable == creatable else replace(vf, creatable=creatable))
+    return replace(gpu, vfs=tuple(vfs))
 
 
 def _size(gpu: Gpu, type_name: str, catalog: Catalog) -> int | None:
