@@ -336,7 +336,7 @@ class _Writer:
                 f"action ({nxt.kind} {nxt.target}: {_params_problem(nxt) or 'wrong kind'})"
             )
         if nxt is not None and self.mandate is not None:
-            self.mandate.check_rewrite(action, nxt)
+            self.mandate.check_rewrite(nxt)
         return nxt
 
     # -- KubeVirt --------------------------------------------------------------------------------

@@ -124,23 +124,11 @@ class ClusterMandate:
             elif action.kind is ActionKind.KUBEVIRT_UPDATE:
                 self._check_kubevirt(action)
 
-    def check_rewrite(self, action: Action, rewrite: Action) -> None:
+    def check_rewrite(self, rewrite: Action) -> None:
         """After a conflict: ``rewrite``, re-planned from the object as the server has it now,
-        writes what ``action`` (checked before the run) was allowed to: the same object, and
-        a body that is this node's and vgpuctl's, for a managed GPU. (The object's owner was
-        checked on re-reading; its version is the fresh one, so it is not compared.)"""
-        if rewrite.kind is not action.kind and ActionKind.CR_DELETE in (action.kind, rewrite.kind):
-            raise refused(
-                rewrite,
-                f"re-planned as {rewrite.kind} from {action.kind}",
-                "a conflict never turns a write into a delete, or a delete into a write",
-            )
-        if rewrite.target != action.target:
-            raise refused(
-                rewrite,
-                f"re-planned for {rewrite.target} instead of {action.target}",
-                "a conflict re-plans the same object",
-            )
+        writes a body that is this node's and vgpuctl's, for a managed GPU. (The cluster
+        executor has checked that it is the same object, and its owner on re-reading; its
+        version is the fresh one, so it is not compared.)"""
         if rewrite.kind in (ActionKind.CR_CREATE, ActionKind.CR_UPDATE):
             self._check_body(rewrite, str(rewrite.params["kind"]), rewrite.params["object"])
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.desired.schemas import schema_path
 from reconciler.desired.source import Document, JsonPath, dotted, problem_at, quoted
+from reconciler.desired.validator import build_validator, certainly_valid, inlined
 from reconciler.model import Problem, SourceLocation
 from reconciler.model.errors import excerpt
 
@@ -43,19 +44,21 @@ _TYPE_WORDS = {
 
 
 @cache
-def _validator() -> Validator:
-    # jsonschema (with referencing and rpds) costs 40-70 ms to import: only validation pays it,
-    # once per process.
-    from reconciler.desired.validator import build_validator
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(schema_path(SCHEMA).read_text(encoding="utf-8"))
+    return schema
 
-    return build_validator(json.loads(schema_path(SCHEMA).read_text(encoding="utf-8")))
+
+@cache
+def _validator() -> Validator:
+    # jsonschema (with referencing and rpds) costs 40-70 ms to import: only a document that
+    # is not certainly valid pays it, once per process.
+    return build_validator(_schema())
 
 
 @cache
 def _inlined_schema() -> Any:
-    from reconciler.desired.validator import inlined
-
-    schema = json.loads(schema_path(SCHEMA).read_text(encoding="utf-8"))
+    schema = _schema()
     return inlined(schema, schema.get("$defs", {}))
 
 
@@ -71,8 +74,6 @@ class Shape:
 
 def shape_problems(document: Document) -> Shape:
     """The schema violations of ``document`` (the first :data:`MAX_SHAPE_PROBLEMS`)."""
-    from reconciler.desired.validator import certainly_valid
-
     if certainly_valid(_inlined_schema(), document.data):
         return Shape([], True)  # no jsonschema needed (nor imported): nothing to word
     found: dict[tuple[JsonPath, str], tuple[SourceLocation, str]] = {}
