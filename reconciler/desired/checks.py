@@ -9,23 +9,17 @@ host reports.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache, partial
 
-from reconciler.catalog import (
-    Catalog,
-    GpuModel,
-    ParsedProfileName,
-    Profile,
-    parse_profile_name,
-)
+from reconciler.catalog import Catalog, GpuModel, ParsedProfileName, parse_profile_name
 from reconciler.desired.ascii_names import non_ascii
 from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
 from reconciler.desired.source import line_ref, problem_at, quoted
 from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
+from reconciler.rules import Offer, OfferedType, Request, violations
 
 #: Why a name with a character outside ASCII is refused (see ``ascii_names``).
 _NOT_ASCII = "has a character NVIDIA's names never have (they are printable ASCII)"
@@ -141,6 +135,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
                 )
 
     named: list[_Named] = []
+    unparsed: list[_Entry] = []
     for e in entries:
         if isinstance(e.key, PciAddress) and e.key == gpu.address:
             report(e.location, f"{gpu.address} is the GPU itself (its physical function), not a VF")
@@ -156,6 +151,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             named.append(_Named(e, parsed))
             continue
         # A shape this parser does not know: carried as it is, the host has the last word.
+        unparsed.append(e)
         accept(
             e.location,
             quoted(entry.written.get(e.key, e.profile)),
@@ -192,12 +188,23 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         if groups:
             model = catalog.model(named[0].name.gpu)
 
-    _check_sizes(gpu.address, named, report=report)
     if model is not None:
-        _check_against_model(gpu.address, model, entries, named, report=report, accept=accept)
+        _check_vfs(gpu.address, model, entries, report=report)
+        for n in named:
+            if model.profile(n.profile) is None:
+                # Catalogues lag drivers (L40S-3B came with vGPU 16): the host's list decides.
+                accept(n.location, quoted(n.profile), Hint(model=model))
     elif named and catalog.model(named[0].name.gpu) is None:
         for n in named:
             accept(n.location, quoted(n.profile))
+    # The driver's rules, judged against the catalogue's offer for the model (its name alone
+    # when the catalogue does not know it): the same rules and sentences as at plan time.
+    judged = sorted([n.entry for n in named] + unparsed, key=lambda e: _order(e.location))
+    requests = [
+        Request(e.profile, e.count, _vf_text(gpu.address, model, e.key), e.location) for e in judged
+    ]
+    for v in violations(gpu.address, _catalog_offer(model, catalog), requests):
+        report(v.location, str(v))
     return GpuFindings(problems, unchecked)
 
 
@@ -255,43 +262,10 @@ def _model_names(catalog: Catalog) -> list[str]:
     return [n for m in catalog.models for n in (m.name, m.short, *m.aliases)]
 
 
-def _check_sizes(address: PciAddress, named: list[_Named], *, report: _Report) -> None:
-    """Equal-size mode, and no MIG-backed next to time-sliced: from the names alone."""
-    time_sliced = [n for n in named if not n.name.mig_slices]
-    mig = [n for n in named if n.name.mig_slices]
-    if time_sliced and mig:
-        later, earlier = sorted((time_sliced[0], mig[0]), key=lambda n: _order(n.location))[::-1]
-        report(
-            later.location,
-            f"MIG-backed and time-sliced profiles on GPU {address}: {quoted(later.profile)} and "
-            f"{quoted(earlier.profile)} ({line_ref(earlier.location)}); a GPU in MIG mode hosts "
-            "MIG-backed vGPUs only",
-        )
-    if not time_sliced:
-        return
-    first = time_sliced[0]
-    for n in time_sliced[1:]:
-        if n.name.size_gb != first.name.size_gb:
-            report(
-                n.location,
-                f"mixed framebuffer sizes on GPU {address}: {quoted(n.profile)} "
-                f"({n.name.size_gb} GB) and {quoted(first.profile)} ({first.name.size_gb} GB, "
-                f"{line_ref(first.location)}); "
-                "time-sliced vGPUs on one GPU share one size (equal-size mode)",
-            )
-            return
-
-
-def _check_against_model(
-    address: PciAddress,
-    model: GpuModel,
-    entries: list[_Entry],
-    named: list[_Named],
-    *,
-    report: _Report,
-    accept: _Accept,
+def _check_vfs(
+    address: PciAddress, model: GpuModel, entries: list[_Entry], *, report: _Report
 ) -> None:
-    """VF indexes, VF identities, known profiles and per-GPU maxima, from the catalogue."""
+    """VF indexes and VF identities, from the catalogue."""
     by_index: dict[PciAddress, _Entry] = {}
     for e in entries:
         if not isinstance(e.key, int):
@@ -320,59 +294,32 @@ def _check_against_model(
                 f"on {model.name}, VF {other.key} is {e.key}",
             )
 
-    known: list[tuple[_Entry, Profile]] = []
-    for n in named:
-        profile = model.profile(n.profile)
-        if profile is not None:
-            known.append((n.entry, profile))
-            continue
-        # Catalogues lag drivers (L40S-3B came with vGPU 16): the host's list decides.
-        accept(n.location, quoted(n.profile), Hint(model=model))
 
-    # The driver's max_instance counts per framebuffer size for time-sliced profiles (4A and 4Q
-    # share the limit), per profile for MIG-backed ones.
-    groups: dict[tuple[bool, str | int], list[tuple[_Entry, Profile]]] = defaultdict(list)
-    for e, profile in known:
-        group = (True, profile.name) if profile.mig else (False, profile.framebuffer_mib)
-        groups[group].append((e, profile))
-    exceeded = False
-    for members in groups.values():
-        running = 0
-        for e, profile in members:
-            running += e.count
-            if running > profile.max_instances:
-                total = sum(m.count for m, _ in members)
-                if profile.mig:
-                    what, limit = f"'{profile.name}'", "it allows"
-                else:
-                    what, limit = f"{profile.size_gb} GB", f"'{profile.name}' allows"
-                where = "" if isinstance(e.key, str) else f"; first over the limit: VF {e.key}"
-                fitting = [
-                    p.name.removeprefix("NVIDIA ")
-                    for p in model.time_sliced_profiles
-                    if p.max_instances >= total
-                ]
-                fits = f"; profiles that allow {total}: {' '.join(fitting)}" if fitting else ""
-                report(
-                    e.location,
-                    f"{total} vGPUs of {what} on GPU {address}, but {limit} at most "
-                    f"{profile.max_instances} per {model.name}{where}{fits}",
-                )
-                exceeded = True
-                break
-    if exceeded:
-        return  # a per-profile maximum is never above the VF count: that message says it all
-    running = 0
-    for e in entries:
-        running += e.count
-        if running > model.vfs:
-            total = sum(x.count for x in entries)
-            report(
-                e.location,
-                f"{total} vGPUs requested on GPU {address}, but {model.name} has {model.vfs} "
-                "VFs (one vGPU per VF)",
-            )
-            return
+def _catalog_offer(model: GpuModel | None, catalog: Catalog) -> Offer:
+    """What the catalogue says ``model`` offers: every profile it lists, and its VF count. A
+    catalogue lags drivers, so its list is never complete: a name outside it is accepted."""
+    if model is None:
+        return Offer(None, {}, complete=False, vfs=None, catalog=catalog)
+    types = {
+        p.name: OfferedType(p.name, p.framebuffer_mib, p.max_instances, p.mig)
+        for p in model.profiles
+    }
+    return Offer(model.name, types, complete=False, vfs=model.vfs, catalog=catalog)
+
+
+def _vf_text(address: PciAddress, model: GpuModel | None, key: VfKey | str) -> str | None:
+    """The VF an entry names, as the planner names it: its address, when the catalogue says
+    where the model's VFs sit; else as written."""
+    if isinstance(key, str):
+        return None  # a count: the planner picks the VFs
+    if isinstance(key, PciAddress):
+        return str(key)
+    if model is not None and model.vf_offset is not None:
+        try:
+            return str(_vf_address(address, model.vf_offset, model.vf_stride, key))
+        except ValueError:
+            pass
+    return f"index {key}"
 
 
 def _vf_address(address: PciAddress, offset: int, stride: int, index: int) -> PciAddress:

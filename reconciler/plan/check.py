@@ -11,7 +11,6 @@ reasons rather than half-way through ``apply``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 
 from reconciler.catalog import Catalog
 from reconciler.model import (
@@ -23,7 +22,8 @@ from reconciler.model import (
     Vf,
     VfKey,
 )
-from reconciler.plan.offer import Offer, TypeFacts
+from reconciler.plan.offer import Offer
+from reconciler.rules import Request, violations
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +130,7 @@ def check_gpu(
             f"{label}: the catalogue does not know this GPU, so its profiles are not checked "
             f"({when})"
         )
-    problems.extend(_constraints(wants, gpu, slots, offer))
+    problems.extend(_constraints(desired, wants, gpu, slots, offer))
     return GpuCheck(wants, tuple(problems), tuple(notes))
 
 
@@ -188,80 +188,28 @@ def _not_a_vf(key: VfKey, gpu: Gpu, slots: tuple[Vf, ...], inventory: Inventory,
 
 
 def _constraints(
-    wants: tuple[Want, ...], gpu: Gpu, slots: tuple[Vf, ...], offer: Offer
+    desired: DesiredGpu, wants: tuple[Want, ...], gpu: Gpu, slots: tuple[Vf, ...], offer: Offer
 ) -> list[Problem]:
-    problems: list[Problem] = []
-    # A type a VF already hosts is offered even if the driver stopped listing it (vfio does).
-    hosted = {vf.vgpu.type_name for vf in gpu.vfs if vf.vgpu is not None}
-    sized: list[tuple[Want, TypeFacts]] = []
-    for w in wants:
-        if offer.checked and w.profile not in offer.types and w.profile not in hosted:
-            problems.append(located(_not_offered(w, offer), w.location))
-            continue
-        facts = offer.facts(w.profile)
-        if facts is not None:
-            sized.append((w, facts))
-
-    requested = sum(w.count for w in wants)
-    if requested > len(slots):
-        problems.append(
-            located(
-                f"{offer.label}: {requested} vGPUs requested, but it has {len(slots)} VFs "
-                "(one vGPU per VF)",
-                wants[-1].location,
-            )
-        )
-
-    groups: dict[int, list[tuple[Want, TypeFacts]]] = {}
-    for w, facts in sized:
-        groups.setdefault(facts.framebuffer_mib, []).append((w, facts))
-    if len(groups) > 1:
-        first_of_second = list(groups.values())[1][0][0]
-        problems.append(located(_mixed_sizes(groups, offer.label), first_of_second.location))
-
-    for size, members in groups.items():
-        limits = [(f.max_instance, f.name) for _, f in members if f.max_instance is not None]
-        if not limits:
-            continue
-        limit, limiter = min(limits)
-        total = sum(w.count for w, _ in members)
-        if total <= limit:
-            continue
-        running = accumulate(w.count for w, _ in members)
-        culprit = next(w for (w, _), n in zip(members, running, strict=True) if n > limit)
-        message = (
-            f"{offer.label}: {total} × {size} MiB vGPUs requested, the maximum is {limit} "
-            f"({limiter} max_instance={limit})"
-        )
-        if culprit.vf is not None:
-            message += f"; first over the limit: VF {culprit.vf.address} ({culprit.profile})"
-        message += f"; offered: {offer.listing()}"
-        problems.append(located(message, culprit.location))
-    return problems
-
-
-def _not_offered(want: Want, offer: Offer) -> str:
-    where = f"VF {want.vf.address}: " if want.vf is not None else ""
-    known = offer.catalog.profile(want.profile)
-    hint = ""
-    if known is not None and known[0].name != offer.model:
-        hint = f" (a profile of {known[0].name})"
-    return f"{where}{offer.label} does not offer {want.profile}{hint}; offered: {offer.listing()}"
-
-
-def _mixed_sizes(groups: dict[int, list[tuple[Want, TypeFacts]]], label: str) -> str:
-    parts: list[str] = []
-    for size, members in groups.items():
-        by_profile: dict[str, list[Want]] = {}
-        for w, _ in members:
-            by_profile.setdefault(w.profile, []).append(w)
-        for profile, ws in by_profile.items():
-            vfs = [str(w.vf.address) for w in ws if w.vf is not None]
-            if vfs:
-                parts.append(f"{profile} ({size} MiB) on {', '.join(vfs)}")
-            else:
-                parts.append(f"{sum(w.count for w in ws)} × {profile} ({size} MiB)")
-    return (
-        f"{label}: vGPUs of different framebuffer sizes requested: {'; '.join(parts)}; "
-        "all vGPUs on one GPU must have the same size (equal-size mode)"
+    """The driver's rules (:mod:`reconciler.rules`) over the entries in the order written."""
+    order = {id(w): i for i, w in enumerate(wants)}
+    written = sorted(wants, key=lambda w: _written_order(desired, w, order[id(w)]))
+    requests = [
+        Request(w.profile, w.count, str(w.vf.address) if w.vf else None, w.location)
+        for w in written
+    ]
+    found = violations(
+        gpu.address,
+        offer.for_rules(vfs=len(slots)),
+        requests,
+        # A type a VF already hosts is offered even if the driver stopped listing it (vfio does).
+        hosted=(vf.vgpu.type_name for vf in gpu.vfs if vf.vgpu is not None),
     )
+    return [located(str(v), v.location) for v in found]
+
+
+def _written_order(desired: DesiredGpu, want: Want, fallback: int) -> tuple[int, int, int]:
+    """Where ``want`` was written, so both commands judge the entries in the same order."""
+    location = want.location
+    if location is None or location is desired.location:
+        return (0, 0, fallback)
+    return (location.line, location.column, fallback)

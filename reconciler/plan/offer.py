@@ -11,17 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from reconciler.catalog import Catalog, GpuModel, parse_profile_name, resolve_profile_name
+from reconciler.catalog import Catalog, GpuModel, resolve_profile_name
 from reconciler.model import DesiredGpu, Gpu
+from reconciler.rules import Offer as RulesOffer
+from reconciler.rules import OfferedType, type_facts
 
-
-@dataclass(frozen=True, slots=True)
-class TypeFacts:
-    """What the constraints need to know about one vGPU type."""
-
-    name: str
-    framebuffer_mib: int
-    max_instance: int | None  # per physical GPU; None when only the name was parsed
+#: What the constraints need to know about one vGPU type (the rules' own description).
+TypeFacts = OfferedType
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,40 +32,14 @@ class Offer:
     catalog: Catalog
 
     def facts(self, name: str) -> TypeFacts | None:
-        """Sizes of ``name``: offered here, else from the catalogue, else from the name itself.
-
-        The fall-backs matter for vGPUs that exist but the driver no longer lists, and for GPUs
-        the catalogue does not know while SR-IOV is off.
-        """
+        """Sizes of ``name``: offered here, else from the catalogue, else from the name itself
+        (as :meth:`reconciler.rules.Offer.facts`)."""
         offered = self.types.get(name)
-        if offered is not None:
-            return offered
-        known = self.catalog.profile(name)
-        if known is not None:
-            _, p = known
-            return TypeFacts(name, p.framebuffer_mib, p.max_instances)
-        parsed = parse_profile_name(name)
-        if parsed is None or parsed.mig_slices:
-            return None
-        return TypeFacts(name, parsed.size_gb * 1024, None)
+        return offered if offered is not None else type_facts(name, self.catalog)
 
-    def listing(self) -> str:
-        """The offered names, compactly: ``NVIDIA A2-1B, -2B, -1Q``."""
-        return compact_names(list(self.types)) or "none"
-
-
-def compact_names(names: list[str]) -> str:
-    """Join profile names, dropping the GPU part a name shares with the one before it."""
-    out: list[str] = []
-    previous: str | None = None
-    for name in names:
-        head, dash, tail = name.rpartition("-")
-        if dash and head == previous:
-            out.append(f"-{tail}")
-        else:
-            out.append(name)
-            previous = head if dash else None
-    return ", ".join(out)
+    def for_rules(self, *, vfs: int | None) -> RulesOffer:
+        """This offer as the placement rules read it, for a GPU with ``vfs`` VFs."""
+        return RulesOffer(self.model, self.types, self.checked, vfs, self.catalog)
 
 
 def gpu_label(gpu: Gpu, catalog: Catalog) -> str:
@@ -107,7 +77,7 @@ def offer_for(gpu: Gpu, catalog: Catalog) -> Offer:
         types = {t.name: TypeFacts(t.name, t.framebuffer_mib, t.max_instance) for t in gpu.types}
     elif entry is not None:
         types = {
-            p.name: TypeFacts(p.name, p.framebuffer_mib, p.max_instances)
+            p.name: TypeFacts(p.name, p.framebuffer_mib, p.max_instances, p.mig)
             for p in entry.time_sliced_profiles
         }
     else:

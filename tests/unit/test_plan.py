@@ -364,11 +364,12 @@ def test_every_problem_is_reported_in_file_order() -> None:
         host=(a2(), a2(A2_B)),
     )
     assert lines == [
-        "d.yaml:10:11: GPU 0000:08:00.0 (NVIDIA A2) does not offer NVIDIA A2-3Q; offered: "
+        "d.yaml:10:11: GPU 0000:08:00.0 (NVIDIA A2) does not offer 'NVIDIA A2-3Q'; offered: "
         "NVIDIA A2-1B, -2B, -1Q, -2Q, -4Q, -8Q, -16Q, -1A, -2A, -4A, -8A, -16A, -4C, -8C, -16C",
-        "d.yaml:20:11: GPU 0000:09:00.0 (NVIDIA A2): vGPUs of different framebuffer sizes "
-        "requested: NVIDIA A2-4Q (4096 MiB) on 0000:09:00.4; NVIDIA A2-2Q (2048 MiB) on "
-        "0000:09:00.5; all vGPUs on one GPU must have the same size (equal-size mode)",
+        # The entries have no place of their own here: they are where their GPU is.
+        "d.yaml:20:11: mixed framebuffer sizes on GPU 0000:09:00.0: 'NVIDIA A2-2Q' (2 GB) and "
+        "'NVIDIA A2-4Q' (4 GB, line 20); time-sliced vGPUs on one GPU share one size "
+        "(equal-size mode)",
         "d.yaml:30:11: GPU 0000:41:00.0 is not on node node-1: its GPUs are "
         "0000:08:00.0 (NVIDIA A2), 0000:09:00.0 (NVIDIA A2)",
     ]
@@ -377,10 +378,9 @@ def test_every_problem_is_reported_in_file_order() -> None:
 def test_over_the_maximum_names_the_first_vf_over_the_limit() -> None:
     five: dict[PciAddress | int, str] = {i: "A2-4Q" if i % 2 else "A2-4A" for i in range(5)}
     assert problems(want(vgpus=five), host=(a2(),)) == [
-        "GPU 0000:08:00.0 (NVIDIA A2): 5 × 4096 MiB vGPUs requested, the maximum is 4 "
-        "(NVIDIA A2-4A max_instance=4); first over the limit: VF 0000:08:01.0 (NVIDIA A2-4A); "
-        "offered: NVIDIA A2-1B, -2B, -1Q, -2Q, -4Q, -8Q, -16Q, -1A, -2A, -4A, -8A, -16A, -4C, "
-        "-8C, -16C"
+        "5 vGPUs of 4 GB on GPU 0000:08:00.0, but 'NVIDIA A2-4A' allows at most 4 per "
+        "NVIDIA A2; first over the limit: VF 0000:08:01.0; profiles that allow 5: "
+        "A2-1B A2-2B A2-1Q A2-2Q A2-1A A2-2A"
     ]
 
 
@@ -396,7 +396,7 @@ def test_the_count_form_cannot_ask_for_more_vgpus_than_vfs() -> None:
     small = replace(a2(), model=None, device_id="ffff", subsystem_device_id="", types=())
     small = replace(small, vfs=small.vfs[:4], num_vfs=4, total_vfs=4)
     assert problems(want(profiles={"X-1Q": 5}), host=(small,)) == [
-        "GPU 0000:08:00.0 (10de:ffff): 5 vGPUs requested, but it has 4 VFs (one vGPU per VF)"
+        "5 vGPUs requested on GPU 0000:08:00.0, but it has 4 VFs (one vGPU per VF)"
     ]
 
 

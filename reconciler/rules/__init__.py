@@ -1,0 +1,299 @@
+"""The NVIDIA driver's placement rules for one GPU, each stated once (DOMAIN.md §3, §4).
+
+Both judges of a desired GPU ask this module: ``vgpuctl validate`` against the catalogue's
+offer for the GPU's model (``desired/checks.py``), ``vgpuctl plan`` against the driver's offer
+read from sysfs (``plan/check.py``). Each describes what the GPU offers as an :class:`Offer` and
+the desired entries as :class:`Request` s, in the order written; :func:`violations` returns
+every rule broken, with the same sentence whichever command asks. A sentence names the GPU by
+its PCI address only and quotes profile names as the file gives them, so the catalogue and the
+driver word it alike; what depends on the offer's own list (what else it offers) is a separate
+:attr:`Violation.hint`.
+
+The rules, as the driver applies them when a vGPU is created:
+
+- a profile must be one the GPU offers (only when the offer is the driver's full list);
+- a GPU in MIG mode hosts MIG-backed vGPUs only, so the two kinds never share a GPU;
+- equal-size mode: the time-sliced vGPUs on one GPU share one framebuffer size (the series may
+  differ: 4A next to 4Q);
+- the per-size maximum: a type's ``max_instance`` counts the GPU's vGPUs of its framebuffer size
+  (4A and 4Q share the limit); a MIG-backed type's counts its own vGPUs;
+- one vGPU per VF: no more vGPUs than the GPU has VFs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+from itertools import accumulate
+
+from reconciler.catalog import Catalog, parse_profile_name
+from reconciler.model import PciAddress, SourceLocation
+from reconciler.model.errors import excerpt
+
+
+class Rule(StrEnum):
+    NOT_OFFERED = "not-offered"
+    MIG_ONLY = "mig-only"
+    EQUAL_SIZE = "equal-size"
+    MAXIMUM = "maximum"
+    ONE_PER_VF = "one-per-vf"
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedType:
+    """What the rules need to know about one vGPU type."""
+
+    name: str
+    framebuffer_mib: int
+    max_instance: int | None  # per physical GPU; None when only the name was parsed
+    #: MIG-backed: counted per type, never next to a time-sliced vGPU. Sysfs does not say so;
+    #: a type's name does (``A100-1-5C``), and :attr:`is_mig` reads it.
+    mig: bool = False
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig or _named_mig(self.name)
+
+
+@cache
+def _named_mig(name: str) -> bool:
+    parsed = parse_profile_name(name)
+    return parsed is not None and parsed.mig_slices > 0
+
+
+def type_facts(name: str, catalog: Catalog) -> OfferedType | None:
+    """What the catalogue says of ``name``, else what the name itself says (no maximum), else
+    None (a shape no parser knows: nothing to reason about)."""
+    known = catalog.profile(name)
+    if known is not None:
+        _, p = known
+        return OfferedType(name, p.framebuffer_mib, p.max_instances, p.mig)
+    parsed = parse_profile_name(name)
+    if parsed is None:
+        return None
+    return OfferedType(name, parsed.size_gb * 1024, None, parsed.mig_slices > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What one GPU offers: the catalogue's profiles for its model, or the driver's types."""
+
+    model: str | None  # "NVIDIA A2"; None when nothing names it
+    types: Mapping[str, OfferedType]  # in the driver's (or catalogue's) order
+    #: True when ``types`` is the whole list: a name outside it is not offered. A catalogue
+    #: lags drivers (L40S-3B came with vGPU 16), so its list never refuses a name.
+    complete: bool
+    vfs: int | None  # how many VFs the GPU has (or will have); None when not known
+    catalog: Catalog
+
+    def facts(self, name: str) -> OfferedType | None:
+        """Sizes of ``name``: offered here, else from the catalogue, else from the name itself.
+
+        The fall-backs matter for vGPUs that exist but the driver no longer lists, and for GPUs
+        the catalogue does not know while SR-IOV is off.
+        """
+        offered = self.types.get(name)
+        return offered if offered is not None else type_facts(name, self.catalog)
+
+    def listing(self) -> str:
+        """The offered names, compactly: ``NVIDIA A2-1B, -2B, -1Q``."""
+        return compact_names(list(self.types)) or "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One desired entry: a profile on a VF (count 1), or a count of a profile."""
+
+    profile: str
+    count: int
+    #: The VF as the file names it (``0000:08:01.0``, or its index); None in the count form.
+    vf: str | None
+    location: SourceLocation | None
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    rule: Rule
+    #: The rule's sentence: the same whichever command finds it.
+    message: str
+    #: Where it is reported: the entry that breaks the rule (None: not known).
+    location: SourceLocation | None
+    #: What the offer suggests instead ("profiles that allow 5: …"); may be empty.
+    hint: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.message}; {self.hint}" if self.hint else self.message
+
+
+def violations(
+    gpu: PciAddress, offer: Offer, requests: Sequence[Request], *, hosted: Iterable[str] = ()
+) -> list[Violation]:
+    """Every rule ``requests`` break on the GPU at ``gpu``; ``hosted`` names the types its VFs
+    host now (offered even when the driver stopped listing them, as vfio's list does)."""
+    found: list[Violation] = []
+    kept = set(hosted)
+    typed: list[tuple[Request, OfferedType]] = []
+    for r in requests:
+        if offer.complete and r.profile not in offer.types and r.profile not in kept:
+            found.append(_not_offered(gpu, offer, r))
+            continue
+        facts = offer.facts(r.profile)
+        if facts is not None:
+            typed.append((r, facts))
+    time_sliced = [(r, t) for r, t in typed if not t.is_mig]
+    mig = [(r, t) for r, t in typed if t.is_mig]
+    if time_sliced and mig:
+        found.append(_mig_mixed(gpu, time_sliced[0][0], mig[0][0]))
+    size_clash = _size_clash(gpu, time_sliced)
+    if size_clash is not None:
+        found.append(size_clash)
+    over = _over_maximum(gpu, offer, typed)
+    found.extend(over)
+    if not over:  # a maximum is never above the VF count: that sentence says it all
+        too_many = _over_vfs(gpu, offer, requests)
+        if too_many is not None:
+            found.append(too_many)
+    return found
+
+
+def _quoted(name: str) -> str:
+    return f"'{excerpt(name)}'"
+
+
+def _size(mib: int) -> str:
+    return f"{mib // 1024} GB" if mib % 1024 == 0 else f"{mib} MiB"
+
+
+def _order(r: Request) -> tuple[int, int]:
+    return (r.location.line, r.location.column) if r.location is not None else (0, 0)
+
+
+def _line(r: Request) -> str | None:
+    """``line 12``: where the earlier entry of a pair is (``line ?`` in data without lines)."""
+    if r.location is None:
+        return None  # built in code (the planner's API), not read from a file
+    return f"line {r.location.line}" if r.location.line else "line ?"
+
+
+def _not_offered(gpu: PciAddress, offer: Offer, r: Request) -> Violation:
+    where = f"VF {r.vf}: " if r.vf is not None else ""
+    model = f" ({offer.model})" if offer.model else ""
+    known = offer.catalog.profile(r.profile)
+    other = ""
+    if known is not None and known[0].name != offer.model:
+        other = f" (a profile of {known[0].name})"
+    return Violation(
+        Rule.NOT_OFFERED,
+        f"{where}GPU {gpu}{model} does not offer {_quoted(r.profile)}{other}",
+        r.location,
+        f"offered: {offer.listing()}",
+    )
+
+
+def _mig_mixed(gpu: PciAddress, time_sliced: Request, mig: Request) -> Violation:
+    earlier, later = sorted((time_sliced, mig), key=_order)
+    line = _line(earlier)
+    return Violation(
+        Rule.MIG_ONLY,
+        f"MIG-backed and time-sliced profiles on GPU {gpu}: {_quoted(later.profile)} and "
+        f"{_quoted(earlier.profile)}{f' ({line})' if line else ''}; "
+        "a GPU in MIG mode hosts MIG-backed vGPUs only",
+        later.location,
+    )
+
+
+def _size_clash(gpu: PciAddress, typed: list[tuple[Request, OfferedType]]) -> Violation | None:
+    if not typed:
+        return None
+    first, size = typed[0]
+    line = _line(first)
+    for r, t in typed[1:]:
+        if t.framebuffer_mib != size.framebuffer_mib:
+            return Violation(
+                Rule.EQUAL_SIZE,
+                f"mixed framebuffer sizes on GPU {gpu}: {_quoted(r.profile)} "
+                f"({_size(t.framebuffer_mib)}) and {_quoted(first.profile)} "
+                f"({_size(size.framebuffer_mib)}{f', {line}' if line else ''}); "
+                "time-sliced vGPUs on one GPU share one size (equal-size mode)",
+                r.location,
+            )
+    return None
+
+
+def _over_maximum(
+    gpu: PciAddress, offer: Offer, typed: list[tuple[Request, OfferedType]]
+) -> list[Violation]:
+    """A time-sliced type's ``max_instance`` counts every vGPU of its size on the GPU; a
+    MIG-backed type's, its own. The lowest limit of a group is the one that stops a create."""
+    groups: dict[tuple[bool, str | int], list[tuple[Request, OfferedType]]] = {}
+    for r, t in typed:
+        key: tuple[bool, str | int] = (True, t.name) if t.is_mig else (False, t.framebuffer_mib)
+        groups.setdefault(key, []).append((r, t))
+    found: list[Violation] = []
+    for members in groups.values():
+        limits = [
+            (t.max_instance, i) for i, (_, t) in enumerate(members) if t.max_instance is not None
+        ]
+        if not limits:
+            continue
+        limit, i = min(limits)
+        limiter = members[i][1]
+        total = sum(r.count for r, _ in members)
+        if total <= limit:
+            continue
+        running = accumulate(r.count for r, _ in members)
+        culprit, own = next(m for m, n in zip(members, running, strict=True) if n > limit)
+        if own.max_instance == limit:  # the type whose create the driver refuses
+            limiter = own
+        if limiter.is_mig:
+            what, who = _quoted(limiter.name), "it allows"
+        else:
+            what, who = _size(limiter.framebuffer_mib), f"{_quoted(limiter.name)} allows"
+        where = f"; first over the limit: VF {culprit.vf}" if culprit.vf is not None else ""
+        fitting = [
+            t.name.removeprefix("NVIDIA ")
+            for t in offer.types.values()
+            if not t.is_mig and t.max_instance is not None and t.max_instance >= total
+        ]
+        found.append(
+            Violation(
+                Rule.MAXIMUM,
+                f"{total} vGPUs of {what} on GPU {gpu}, but {who} at most {limit} "
+                f"per {offer.model or 'GPU'}{where}",
+                culprit.location,
+                f"profiles that allow {total}: {' '.join(fitting)}" if fitting else "",
+            )
+        )
+    return found
+
+
+def _over_vfs(gpu: PciAddress, offer: Offer, requests: Sequence[Request]) -> Violation | None:
+    if offer.vfs is None:
+        return None
+    for r, n in zip(requests, accumulate(r.count for r in requests), strict=True):
+        if n > offer.vfs:
+            total = sum(x.count for x in requests)
+            return Violation(
+                Rule.ONE_PER_VF,
+                f"{total} vGPUs requested on GPU {gpu}, but {offer.model or 'it'} has "
+                f"{offer.vfs} VFs "
+                "(one vGPU per VF)",
+                r.location,
+            )
+    return None
+
+
+def compact_names(names: list[str]) -> str:
+    """Join profile names, dropping the GPU part a name shares with the one before it."""
+    out: list[str] = []
+    previous: str | None = None
+    for name in names:
+        head, dash, tail = name.rpartition("-")
+        if dash and head == previous:
+            out.append(f"-{tail}")
+        else:
+            out.append(name)
+            previous = head if dash else None
+    return ", ".join(out)
