@@ -91,7 +91,7 @@ def test_profile_not_offered_lists_offered(tmp_path: Path, a2_node: SimNode) -> 
         "          vgpus: {0: L4-4Q}\n",
     )
     res = a2_node.run("plan", path)
-    _fails(res, "does not offer NVIDIA L4-4Q", "offered: NVIDIA A2-1B", "-4Q")
+    _fails(res, "does not offer 'NVIDIA L4-4Q'", "offered: NVIDIA A2-1B", "-4Q")
 
 
 def test_node_not_in_file(a2_node: SimNode) -> None:

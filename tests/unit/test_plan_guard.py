@@ -192,4 +192,7 @@ def test_a_gpu_and_profile_no_catalogue_knows_work_from_what_the_host_offers() -
     two = DesiredGpu(address, True, vgpus={0: name, 1: name})
     with pytest.raises(PlanError) as caught:
         plan(two, host=(gpu,))
-    assert "the maximum is 1 (NVIDIA RTX 5880 Ada-48C max_instance=1)" in caught.value.lines()[0]
+    assert (
+        "2 vGPUs of 48 GB on GPU 0000:17:00.0, but 'NVIDIA RTX 5880 Ada-48C' allows at most 1 "
+        "per GPU"
+    ) in caught.value.lines()[0]

@@ -1,0 +1,260 @@
+"""The driver's placement rules (reconciler.rules), judged on offers written here by hand.
+
+Every expectation comes from DOMAIN.md §3-4, not from the catalogue or the code: an A2 has 16 GB
+and 16 VFs, its 4 GB types (4A, 4Q, 4C) allow 4 each and share that limit, 2Q allows 8, 16Q 1;
+an A100 40GB's MIG-backed A100-1-10C allows 4 and never shares a GPU with a time-sliced vGPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from reconciler.catalog import Catalog
+from reconciler.model import PciAddress, SourceLocation
+from reconciler.rules import Offer, OfferedType, Request, Rule, Violation, type_facts, violations
+
+GPU = PciAddress.parse("0000:08:00.0")
+#: An empty catalogue: nothing below may lean on catalog.json's numbers.
+NO_CATALOG = Catalog(())
+
+A2_TYPES = {
+    t.name: t
+    for t in (
+        OfferedType("NVIDIA A2-2Q", 2048, 8),
+        OfferedType("NVIDIA A2-4A", 4096, 4),
+        OfferedType("NVIDIA A2-4Q", 4096, 4),
+        OfferedType("NVIDIA A2-4C", 4096, 4),
+        OfferedType("NVIDIA A2-8Q", 8192, 2),
+        OfferedType("NVIDIA A2-16Q", 16384, 1),
+    )
+}
+
+
+def a2(*, complete: bool = True, types: Mapping[str, OfferedType] = A2_TYPES) -> Offer:
+    return Offer("NVIDIA A2", types, complete=complete, vfs=16, catalog=NO_CATALOG)
+
+
+def at(line: int) -> SourceLocation:
+    return SourceLocation("d.yaml", line, 13)
+
+
+def vf(profile: str, address: str, line: int) -> Request:
+    return Request(profile, 1, address, at(line))
+
+
+def count(profile: str, n: int, line: int) -> Request:
+    return Request(profile, n, None, at(line))
+
+
+def judged(offer: Offer, *requests: Request, hosted: tuple[str, ...] = ()) -> list[Violation]:
+    return violations(GPU, offer, requests, hosted=hosted)
+
+
+# ---------------------------------------------------------------- equal-size mode
+
+
+def test_series_may_differ_within_one_size() -> None:
+    # The seed's node hosts A2-4A and A2-4Q together.
+    assert judged(a2(), count("NVIDIA A2-4A", 2, 10), count("NVIDIA A2-4Q", 2, 11)) == []
+
+
+def test_two_sizes_on_one_gpu_break_equal_size_mode() -> None:
+    [v] = judged(
+        a2(), vf("NVIDIA A2-4A", "0000:08:00.4", 12), vf("NVIDIA A2-2Q", "0000:08:00.5", 13)
+    )
+    assert v == Violation(
+        Rule.EQUAL_SIZE,
+        "mixed framebuffer sizes on GPU 0000:08:00.0: 'NVIDIA A2-2Q' (2 GB) and 'NVIDIA A2-4A' "
+        "(4 GB, line 12); time-sliced vGPUs on one GPU share one size (equal-size mode)",
+        at(13),
+    )
+
+
+def test_sizes_come_from_the_name_when_nothing_lists_the_type() -> None:
+    # A GPU nobody describes (SR-IOV off, unknown model): its names still say 4 GB and 8 GB.
+    offer = Offer(None, {}, complete=False, vfs=None, catalog=NO_CATALOG)
+    [v] = judged(offer, count("NVIDIA X1-4Q", 1, 5), count("NVIDIA X1-8Q", 1, 6))
+    assert v.rule is Rule.EQUAL_SIZE
+    assert v.message.startswith(
+        "mixed framebuffer sizes on GPU 0000:08:00.0: 'NVIDIA X1-8Q' (8 GB) and 'NVIDIA X1-4Q' "
+        "(4 GB, line 5)"
+    )
+
+
+def test_a_pair_without_a_place_names_no_line() -> None:
+    first, second = Request("NVIDIA A2-4Q", 1, None, None), Request("NVIDIA A2-2Q", 1, None, None)
+    [v] = judged(a2(), first, second)
+    assert "'NVIDIA A2-2Q' (2 GB) and 'NVIDIA A2-4Q' (4 GB);" in v.message
+    assert v.location is None
+
+
+# ---------------------------------------------------------------- per-size maximum
+
+
+def test_the_maximum_is_reached_but_not_passed() -> None:
+    assert judged(a2(), count("NVIDIA A2-4Q", 4, 10)) == []
+    assert judged(a2(), count("NVIDIA A2-2Q", 8, 10)) == []
+
+
+def test_4a_and_4q_share_one_limit() -> None:
+    found = judged(
+        a2(),
+        vf("NVIDIA A2-4A", "0000:08:00.4", 10),
+        vf("NVIDIA A2-4Q", "0000:08:00.5", 11),
+        vf("NVIDIA A2-4A", "0000:08:00.6", 12),
+        vf("NVIDIA A2-4Q", "0000:08:00.7", 13),
+        vf("NVIDIA A2-4Q", "0000:08:01.0", 14),
+    )
+    assert [(v.rule, str(v), v.location) for v in found] == [
+        (
+            Rule.MAXIMUM,
+            "5 vGPUs of 4 GB on GPU 0000:08:00.0, but 'NVIDIA A2-4Q' allows at most 4 per "
+            "NVIDIA A2; first over the limit: VF 0000:08:01.0; "
+            "profiles that allow 5: A2-2Q",  # 2Q allows 8; the others fewer than 5
+            at(14),
+        )
+    ]
+
+
+def test_the_count_form_names_no_vf_and_reports_where_the_limit_is_passed() -> None:
+    [v] = judged(a2(), count("NVIDIA A2-8Q", 1, 20), count("NVIDIA A2-8Q", 2, 21))
+    assert v.message == (
+        "3 vGPUs of 8 GB on GPU 0000:08:00.0, but 'NVIDIA A2-8Q' allows at most 2 per NVIDIA A2"
+    )
+    assert v.location == at(21)
+    assert v.hint == "profiles that allow 3: A2-2Q A2-4A A2-4Q A2-4C"
+
+
+def test_the_lowest_limit_of_a_size_is_the_one_that_stops_a_create() -> None:
+    # Mixed-size-capable drivers list other maxima (L40S-4C: 8 in mixed-size mode instead of
+    # 12): within one size, the driver refuses a create once the count reaches the type's own.
+    types = {
+        "NVIDIA L40S-4C": OfferedType("NVIDIA L40S-4C", 4096, 8),
+        "NVIDIA L40S-4Q": OfferedType("NVIDIA L40S-4Q", 4096, 12),
+    }
+    offer = Offer("NVIDIA L40S", types, complete=True, vfs=32, catalog=NO_CATALOG)
+    [v] = judged(offer, count("NVIDIA L40S-4Q", 6, 1), count("NVIDIA L40S-4C", 3, 2))
+    assert v.message == (
+        "9 vGPUs of 4 GB on GPU 0000:08:00.0, but 'NVIDIA L40S-4C' allows at most 8 per NVIDIA L40S"
+    )
+
+
+def test_an_unknown_model_is_named_as_the_gpu() -> None:
+    types = {"NVIDIA L20-4Q": OfferedType("NVIDIA L20-4Q", 4096, 12)}
+    offer = Offer(None, types, complete=True, vfs=32, catalog=NO_CATALOG)
+    [v] = judged(offer, count("NVIDIA L20-4Q", 13, 12))
+    assert v.message == (
+        "13 vGPUs of 4 GB on GPU 0000:08:00.0, but 'NVIDIA L20-4Q' allows at most 12 per GPU"
+    )
+
+
+def test_a_name_only_type_has_no_maximum_to_judge() -> None:
+    offer = Offer(None, {}, complete=False, vfs=None, catalog=NO_CATALOG)
+    assert judged(offer, count("NVIDIA X1-4Q", 40, 1)) == []
+
+
+# ---------------------------------------------------------------- MIG-backed profiles
+
+A100_TYPES = {
+    t.name: t
+    for t in (
+        OfferedType("GRID A100-4C", 4096, 10),
+        OfferedType("GRID A100-5C", 5120, 8),
+        OfferedType("GRID A100-1-10C", 10240, 4, mig=True),
+        OfferedType("GRID A100-1-5CME", 5120, 1, mig=True),
+    )
+}
+
+
+def a100() -> Offer:
+    return Offer("NVIDIA A100 40GB", A100_TYPES, complete=True, vfs=16, catalog=NO_CATALOG)
+
+
+def test_mig_backed_and_time_sliced_never_share_a_gpu() -> None:
+    [v] = judged(a100(), count("GRID A100-5C", 1, 13), count("GRID A100-1-10C", 1, 14))
+    assert v == Violation(
+        Rule.MIG_ONLY,
+        "MIG-backed and time-sliced profiles on GPU 0000:08:00.0: 'GRID A100-1-10C' and "
+        "'GRID A100-5C' (line 13); a GPU in MIG mode hosts MIG-backed vGPUs only",
+        at(14),
+    )
+
+
+def test_a_mig_backed_type_counts_its_own_vgpus_only() -> None:
+    # 4 × 1-10C and 1 × 1-5CME: each at its own maximum, sizes do not matter.
+    assert judged(a100(), count("GRID A100-1-10C", 4, 1), count("GRID A100-1-5CME", 1, 2)) == []
+    [v] = judged(a100(), count("GRID A100-1-10C", 5, 1))
+    assert v.rule is Rule.MAXIMUM
+    assert v.message == (
+        "5 vGPUs of 'GRID A100-1-10C' on GPU 0000:08:00.0, but it allows at most 4 per "
+        "NVIDIA A100 40GB"
+    )
+
+
+def test_a_driver_type_is_mig_backed_by_its_name() -> None:
+    # Sysfs does not say a type is MIG-backed; its name does (A100-1-5C: one slice, 5 GB).
+    driver_type = OfferedType("GRID A100-1-5C", 5120, 7)
+    assert driver_type.is_mig
+    assert not OfferedType("GRID A100-5C", 5120, 8).is_mig
+
+
+# ---------------------------------------------------------------- one vGPU per VF
+
+
+def test_no_more_vgpus_than_vfs() -> None:
+    # Names nothing describes have no maximum: the VF count is what stops them.
+    offer = Offer(None, {}, complete=False, vfs=4, catalog=NO_CATALOG)
+    [v] = judged(offer, count("NVIDIA X1-1Q", 3, 7), count("NVIDIA X1-1A", 2, 8))
+    assert v == Violation(
+        Rule.ONE_PER_VF,
+        "5 vGPUs requested on GPU 0000:08:00.0, but it has 4 VFs (one vGPU per VF)",
+        at(8),
+    )
+
+
+def test_a_passed_maximum_is_the_only_sentence() -> None:
+    # A maximum is never above the VF count (DOMAIN.md §4): 17 × 1Q on an A2 is one problem.
+    types = {"NVIDIA A2-1Q": OfferedType("NVIDIA A2-1Q", 1024, 16)}
+    found = judged(a2(types=types), count("NVIDIA A2-1Q", 17, 3))
+    assert [v.rule for v in found] == [Rule.MAXIMUM]
+
+
+def test_a_vf_count_the_offer_does_not_know_is_not_judged() -> None:
+    offer = Offer(None, {}, complete=False, vfs=None, catalog=NO_CATALOG)
+    assert judged(offer, count("NVIDIA X1-1Q", 1000, 1)) == []
+
+
+# ---------------------------------------------------------------- offered types
+
+
+def test_a_complete_offer_refuses_what_it_does_not_list() -> None:
+    [v] = judged(a2(), vf("NVIDIA A2-3Q", "0000:08:00.4", 12))
+    assert v.rule is Rule.NOT_OFFERED
+    assert str(v) == (
+        "VF 0000:08:00.4: GPU 0000:08:00.0 (NVIDIA A2) does not offer 'NVIDIA A2-3Q'; "
+        "offered: NVIDIA A2-2Q, -4A, -4Q, -4C, -8Q, -16Q"
+    )
+
+
+def test_a_type_a_vf_hosts_is_offered_even_when_no_longer_listed() -> None:
+    # vfio's creatable list drops a type once it is in use (DOMAIN.md §3b).
+    listed = {k: v for k, v in A2_TYPES.items() if k != "NVIDIA A2-4Q"}
+    assert judged(a2(types=listed), count("NVIDIA A2-4Q", 1, 1), hosted=("NVIDIA A2-4Q",)) == []
+
+
+def test_a_catalogue_offer_never_refuses_a_name() -> None:
+    # Catalogues lag drivers (L40S-3B came with vGPU 16).
+    assert judged(a2(complete=False), count("NVIDIA A2-3B", 1, 1)) == []
+
+
+def test_a_quoted_name_is_escaped() -> None:
+    [v] = judged(a2(), count("NVIDIA A2-4Q\x1b[2J", 1, 1))
+    assert "\x1b" not in v.message
+
+
+def test_type_facts_fall_back_to_the_name() -> None:
+    assert type_facts("NVIDIA X1-6Q", NO_CATALOG) == OfferedType("NVIDIA X1-6Q", 6144, None)
+    assert type_facts("GRID X1-2-12CME", NO_CATALOG) == OfferedType(
+        "GRID X1-2-12CME", 12288, None, mig=True
+    )
+    assert type_facts("something else", NO_CATALOG) is None
