@@ -19,7 +19,14 @@ from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
 from reconciler.desired.source import line_ref, problem_at, quoted
 from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
-from reconciler.rules import Offer, OfferedType, Request, violations
+from reconciler.rules import (
+    Offer,
+    OfferedType,
+    Request,
+    index_out_of_range,
+    named_twice,
+    violations,
+)
 
 #: Why a name with a character outside ASCII is refused (see ``ascii_names``).
 _NOT_ASCII = "has a character NVIDIA's names never have (they are printable ASCII)"
@@ -266,33 +273,24 @@ def _check_vfs(
     address: PciAddress, model: GpuModel, entries: list[_Entry], *, report: _Report
 ) -> None:
     """VF indexes and VF identities, from the catalogue."""
-    by_index: dict[PciAddress, _Entry] = {}
+    by_index: dict[PciAddress, tuple[int, _Entry]] = {}
     for e in entries:
         if not isinstance(e.key, int):
             continue
         if e.key >= model.vfs:
-            report(
-                e.location,
-                f"VF index {e.key} is out of range: {model.name} has {model.vfs} VFs "
-                f"(indexes 0..{model.vfs - 1})",
-            )
+            report(e.location, str(index_out_of_range(address, model.name, e.key, model.vfs, None)))
             continue
         if model.vf_offset is None:
             continue  # where its VFs sit is not known offline: the host says at plan time
         try:
-            by_index[_vf_address(address, model.vf_offset, model.vf_stride, e.key)] = e
+            by_index[_vf_address(address, model.vf_offset, model.vf_stride, e.key)] = (e.key, e)
         except ValueError:  # beyond bus 0xff: no such VF, nothing to compare
             continue
     for e in entries:
         if isinstance(e.key, PciAddress) and e.key in by_index:
-            other = by_index[e.key]
-            later = max(e, other, key=lambda x: _order(x.location))
-            report(
-                later.location,
-                f"VF {e.key} is named twice: as index {other.key} ({line_ref(other.location)}) "
-                f"and by its address ({line_ref(e.location)}); "
-                f"on {model.name}, VF {other.key} is {e.key}",
-            )
+            index, other = by_index[e.key]
+            twice = named_twice(address, e.key, index, other.location, e.location)
+            report(twice.location, str(twice))
 
 
 def _catalog_offer(model: GpuModel | None, catalog: Catalog) -> Offer:

@@ -23,7 +23,7 @@ from reconciler.model import (
     VfKey,
 )
 from reconciler.plan.offer import Offer
-from reconciler.rules import Request, violations
+from reconciler.rules import Request, index_out_of_range, named_twice, violations
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,9 @@ def check_gpu(
         return GpuCheck((), tuple(problems), tuple(notes))
 
     if desired.vgpus:
-        wants, found = _named_vfs(desired, slots, gpu=gpu, inventory=inventory, label=label)
+        wants, found = _named_vfs(
+            desired, slots, gpu=gpu, inventory=inventory, label=label, model=offer.model
+        )
         problems.extend(found)
     else:
         wants = tuple(
@@ -141,7 +143,13 @@ def _same_model(wanted: str, observed: str, catalog: Catalog) -> bool:
 
 
 def _named_vfs(
-    desired: DesiredGpu, slots: tuple[Vf, ...], *, gpu: Gpu, inventory: Inventory, label: str
+    desired: DesiredGpu,
+    slots: tuple[Vf, ...],
+    *,
+    gpu: Gpu,
+    inventory: Inventory,
+    label: str,
+    model: str | None,
 ) -> tuple[tuple[Want, ...], list[Problem]]:
     problems: list[Problem] = []
     by_index = {vf.index: vf for vf in slots}
@@ -152,16 +160,21 @@ def _named_vfs(
         location = desired.location_of(key)
         vf = by_index.get(key) if isinstance(key, int) else by_address.get(key)
         if vf is None:
-            problems.append(located(_not_a_vf(key, gpu, slots, inventory, label), location))
+            problems.append(
+                located(_not_a_vf(key, gpu, slots, inventory, label, model=model), location)
+            )
             continue
         if vf.index in named:
-            problems.append(
-                located(
-                    f"VF {vf.address} of {label} is named twice: as {_key_text(named[vf.index])}"
-                    f" and as {_key_text(key)}",
-                    location,
-                )
+            first = named[vf.index]
+            as_index, as_address = (first, key) if isinstance(first, int) else (key, first)
+            twice = named_twice(
+                gpu.address,
+                vf.address,
+                vf.index,
+                desired.location_of(as_index),
+                desired.location_of(as_address),
             )
+            problems.append(located(str(twice), twice.location))
             continue
         named[vf.index] = key
         wants.append(Want(profile, 1, vf, location))
@@ -173,14 +186,19 @@ def _key_text(key: VfKey) -> str:
     return f"index {key}" if isinstance(key, int) else str(key)
 
 
-def _not_a_vf(key: VfKey, gpu: Gpu, slots: tuple[Vf, ...], inventory: Inventory, label: str) -> str:
+def _not_a_vf(
+    key: VfKey,
+    gpu: Gpu,
+    slots: tuple[Vf, ...],
+    inventory: Inventory,
+    label: str,
+    *,
+    model: str | None,
+) -> str:
     if not slots:
         return f"{_key_text(key)} is not a VF of {label}: it has no VFs"
     if isinstance(key, int):
-        return (
-            f"VF index {key} is out of range for {label}: it has {len(slots)} VFs "
-            f"(index 0..{len(slots) - 1})"
-        )
+        return str(index_out_of_range(gpu.address, model, key, len(slots), None))
     for other in inventory.gpus:
         if other.address != gpu.address and any(vf.address == key for vf in vf_slots(other)):
             return f"{key} is a VF of GPU {other.address}, not of {gpu.address}"

@@ -17,7 +17,9 @@ The rules, as the driver applies them when a vGPU is created:
   differ: 4A next to 4Q);
 - the per-size maximum: a type's ``max_instance`` counts the GPU's vGPUs of its framebuffer size
   (4A and 4Q share the limit); a MIG-backed type's counts its own vGPUs;
-- one vGPU per VF: no more vGPUs than the GPU has VFs.
+- one vGPU per VF: no more vGPUs than the GPU has VFs, and no VF named twice (by its index and
+  by its address: :func:`named_twice`); a VF index is below the GPU's VF count
+  (:func:`index_out_of_range`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Rule(StrEnum):
     EQUAL_SIZE = "equal-size"
     MAXIMUM = "maximum"
     ONE_PER_VF = "one-per-vf"
+    VF_INDEX = "vf-index"
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +286,38 @@ def _over_vfs(gpu: PciAddress, offer: Offer, requests: Sequence[Request]) -> Vio
                 r.location,
             )
     return None
+
+
+def index_out_of_range(
+    gpu: PciAddress, model: str | None, index: int, vfs: int, location: SourceLocation | None
+) -> Violation:
+    """A VF index the GPU does not have: VF ``i`` exists for ``i`` below its VF count."""
+    return Violation(
+        Rule.VF_INDEX,
+        f"VF index {index} is out of range for GPU {gpu}: {model or 'it'} has {vfs} VFs "
+        f"(indexes 0..{vfs - 1})",
+        location,
+    )
+
+
+def named_twice(
+    gpu: PciAddress,
+    vf: PciAddress,
+    index: int,
+    by_index: SourceLocation | None,
+    by_address: SourceLocation | None,
+) -> Violation:
+    """One VF named by its index and by its address: two vGPUs on one VF. Reported where the
+    later of the two is written."""
+    where = [by_index, by_address]
+    lines = [f" (line {w.line})" if w is not None and w.line else "" for w in where]
+    later = max(where, key=lambda w: (w.line, w.column) if w is not None else (0, 0))
+    return Violation(
+        Rule.ONE_PER_VF,
+        f"VF {vf} of GPU {gpu} is named twice: as index {index}{lines[0]} and by its address"
+        f"{lines[1]} (one vGPU per VF)",
+        later,
+    )
 
 
 def compact_names(names: list[str]) -> str:

@@ -93,6 +93,18 @@ KNOWN = {
         "          profiles:\n            A2-3Q: 17\n",
         "11:13: 17 vGPUs requested on GPU 0000:08:00.0, but NVIDIA A2 has 16 VFs (one vGPU per VF)",
     ),
+    "a VF named twice": (
+        "A2",
+        '          vgpus:\n            "0000:08:00.4": A2-4Q\n            0: A2-4Q\n',
+        "12:13: VF 0000:08:00.4 of GPU 0000:08:00.0 is named twice: as index 0 (line 12) and "
+        "by its address (line 11) (one vGPU per VF)",
+    ),
+    "a VF index beyond the VFs": (
+        "A2",
+        "          vgpus:\n            16: A2-4Q\n",
+        "11:13: VF index 16 is out of range for GPU 0000:08:00.0: NVIDIA A2 has 16 VFs "
+        "(indexes 0..15)",
+    ),
     "MIG-backed next to time-sliced": (
         "A100-40GB",
         "          profiles:\n            A100-5C: 1\n            A100-1-10C: 1\n",
@@ -153,6 +165,15 @@ UNKNOWN = {
         "          vgpus:\n            0: X2-8Q\n            1: X2-8Q\n            2: X2-8Q\n",
         "13:13: 3 vGPUs of 8 GB on GPU 0000:08:00.0, but 'NVIDIA X2-8Q' allows at most 2 per "
         "GPU; first over the limit: VF 0000:08:00.6",
+    ),
+    "a VF named twice": (
+        '          vgpus:\n            "0000:08:00.4": X2-4Q\n            0: X2-4Q\n',
+        "12:13: VF 0000:08:00.4 of GPU 0000:08:00.0 is named twice: as index 0 (line 12) and "
+        "by its address (line 11) (one vGPU per VF)",
+    ),
+    "a VF index beyond the VFs": (
+        "          vgpus:\n            16: X2-4Q\n",
+        "11:13: VF index 16 is out of range for GPU 0000:08:00.0: it has 16 VFs (indexes 0..15)",
     ),
     "a type the driver does not list": (
         "          vgpus:\n            0: X2-3Q\n",

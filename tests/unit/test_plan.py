@@ -387,8 +387,8 @@ def test_over_the_maximum_names_the_first_vf_over_the_limit() -> None:
 def test_a_vf_named_by_index_and_by_address_is_one_vf() -> None:
     vf0 = PciAddress.parse("0000:08:00.4")
     assert problems(want(vgpus={0: "A2-4Q", vf0: "A2-4Q"}), host=(a2(),)) == [
-        "VF 0000:08:00.4 of GPU 0000:08:00.0 (NVIDIA A2) is named twice: as index 0 and as "
-        "0000:08:00.4"
+        "VF 0000:08:00.4 of GPU 0000:08:00.0 is named twice: as index 0 and by its address "
+        "(one vGPU per VF)"
     ]
 
 

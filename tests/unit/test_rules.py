@@ -11,7 +11,17 @@ from collections.abc import Mapping
 
 from reconciler.catalog import Catalog
 from reconciler.model import PciAddress, SourceLocation
-from reconciler.rules import Offer, OfferedType, Request, Rule, Violation, type_facts, violations
+from reconciler.rules import (
+    Offer,
+    OfferedType,
+    Request,
+    Rule,
+    Violation,
+    index_out_of_range,
+    named_twice,
+    type_facts,
+    violations,
+)
 
 GPU = PciAddress.parse("0000:08:00.0")
 #: An empty catalogue: nothing below may lean on catalog.json's numbers.
@@ -222,6 +232,33 @@ def test_a_passed_maximum_is_the_only_sentence() -> None:
 def test_a_vf_count_the_offer_does_not_know_is_not_judged() -> None:
     offer = Offer(None, {}, complete=False, vfs=None, catalog=NO_CATALOG)
     assert judged(offer, count("NVIDIA X1-1Q", 1000, 1)) == []
+
+
+def test_a_vf_named_by_index_and_by_address_is_reported_where_written_last() -> None:
+    vf0 = PciAddress.parse("0000:08:00.4")
+    assert named_twice(GPU, vf0, 0, at(18), at(16)) == Violation(
+        Rule.ONE_PER_VF,
+        "VF 0000:08:00.4 of GPU 0000:08:00.0 is named twice: as index 0 (line 18) and by its "
+        "address (line 16) (one vGPU per VF)",
+        at(18),
+    )
+    assert named_twice(GPU, vf0, 0, at(11), at(12)).location == at(12)
+    assert named_twice(GPU, vf0, 0, None, None).message == (
+        "VF 0000:08:00.4 of GPU 0000:08:00.0 is named twice: as index 0 and by its address "
+        "(one vGPU per VF)"
+    )
+
+
+def test_vf_indexes_run_below_the_vf_count() -> None:
+    # An A2 has 16 VFs: indexes 0..15.
+    assert index_out_of_range(GPU, "NVIDIA A2", 16, 16, at(15)) == Violation(
+        Rule.VF_INDEX,
+        "VF index 16 is out of range for GPU 0000:08:00.0: NVIDIA A2 has 16 VFs (indexes 0..15)",
+        at(15),
+    )
+    assert index_out_of_range(GPU, None, 32, 32, None).message == (
+        "VF index 32 is out of range for GPU 0000:08:00.0: it has 32 VFs (indexes 0..31)"
+    )
 
 
 # ---------------------------------------------------------------- offered types
