@@ -166,20 +166,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         )
 
     model = _model(entry, catalog=catalog, accept=accept, report=report)
-    if model is not None:
-        # ``model:`` is known: every profile must be for it.
-        consistent = []
-        for n in named:
-            if catalog.model(n.name.gpu) is model:
-                consistent.append(n)
-            else:
-                report(
-                    n.location,
-                    f"profile {quoted(n.profile)} is for GPU {n.name.gpu}, "
-                    f"but model is {model.name}",
-                )
-        named = consistent
-    else:
+    if model is None:
         # No usable ``model:``: the profile names say which model this is, if they agree.
         groups = _by_gpu(named, catalog=catalog)
         if len(groups) > 1:
@@ -198,7 +185,8 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
     if model is not None:
         _check_vfs(gpu.address, model, entries, report=report)
         for n in named:
-            if model.profile(n.profile) is None:
+            # A profile of another model is the rules' to refuse (``model:`` names the GPU).
+            if catalog.model(n.name.gpu) is model and model.profile(n.profile) is None:
                 # Catalogues lag drivers (L40S-3B came with vGPU 16): the host's list decides.
                 accept(n.location, quoted(n.profile), Hint(model=model))
     elif named and catalog.model(named[0].name.gpu) is None:

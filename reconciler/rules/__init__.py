@@ -11,7 +11,8 @@ driver word it alike; what depends on the offer's own list (what else it offers)
 
 The rules, as the driver applies them when a vGPU is created:
 
-- a profile must be one the GPU offers (only when the offer is the driver's full list);
+- a profile must be one the GPU offers: one its driver lists, or one it hosts already; an offer
+  that is not a full list (the catalogue's) refuses only profiles of another GPU model;
 - a GPU in MIG mode hosts MIG-backed vGPUs only, so the two kinds never share a GPU;
 - equal-size mode: the time-sliced vGPUs on one GPU share one framebuffer size (the series may
   differ: 4A next to 4Q);
@@ -139,7 +140,7 @@ def violations(
     kept = set(hosted)
     typed: list[tuple[Request, OfferedType]] = []
     for r in requests:
-        if offer.complete and r.profile not in offer.types and r.profile not in kept:
+        if not _offered(offer, r.profile, kept):
             found.append(_not_offered(gpu, offer, r))
             continue
         facts = offer.facts(r.profile)
@@ -178,6 +179,21 @@ def _line(r: Request) -> str | None:
     if r.location is None:
         return None  # built in code (the planner's API), not read from a file
     return f"line {r.location.line}" if r.location.line else "line ?"
+
+
+def _offered(offer: Offer, name: str, hosted: set[str]) -> bool:
+    """Whether ``name`` may be created on the GPU, as far as ``offer`` can tell."""
+    if name in offer.types or name in hosted:
+        return True
+    if offer.complete:
+        return False
+    # A list that is not complete still never holds a profile of another GPU model: the name's
+    # GPU part says whose it is (``NVIDIA L4-4Q`` is an L4's, ``GRID T4-4Q`` a T4's).
+    mine = offer.catalog.model(offer.model) if offer.model is not None else None
+    parsed = parse_profile_name(name)
+    if mine is None or parsed is None:
+        return True
+    return offer.catalog.model(parsed.gpu) is mine
 
 
 def _not_offered(gpu: PciAddress, offer: Offer, r: Request) -> Violation:

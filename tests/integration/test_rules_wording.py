@@ -105,6 +105,13 @@ KNOWN = {
         "11:13: VF index 16 is out of range for GPU 0000:08:00.0: NVIDIA A2 has 16 VFs "
         "(indexes 0..15)",
     ),
+    "a profile of another model": (
+        "A2",
+        "          model: NVIDIA A2\n          vgpus:\n            0: L4-4Q\n",
+        "12:13: VF 0000:08:00.4: GPU 0000:08:00.0 (NVIDIA A2) does not offer 'NVIDIA L4-4Q' "
+        "(a profile of NVIDIA L4); offered: NVIDIA A2-1B, -2B, -1Q, -2Q, -4Q, -8Q, -16Q, -1A, "
+        "-2A, -4A, -8A, -16A, -4C, -8C, -16C",
+    ),
     "MIG-backed next to time-sliced": (
         "A100-40GB",
         "          profiles:\n            A100-5C: 1\n            A100-1-10C: 1\n",

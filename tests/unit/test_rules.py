@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler.catalog import Catalog
+from reconciler.catalog import Catalog, GpuModel, PciId, Profile
 from reconciler.model import PciAddress, SourceLocation
 from reconciler.rules import (
     Offer,
@@ -282,6 +282,35 @@ def test_a_type_a_vf_hosts_is_offered_even_when_no_longer_listed() -> None:
 def test_a_catalogue_offer_never_refuses_a_name() -> None:
     # Catalogues lag drivers (L40S-3B came with vGPU 16).
     assert judged(a2(complete=False), count("NVIDIA A2-3B", 1, 1)) == []
+
+
+def _model(name: str, short: str, profile: Profile) -> GpuModel:
+    return GpuModel(
+        name, short, (short,), "Ada", (PciId("10de", "0001"),), 16384, 16, 4, 1, 1, None, (profile,)
+    )
+
+
+TWO_MODELS = Catalog(
+    (
+        _model("NVIDIA A2", "A2", Profile("NVIDIA A2-4Q", "Q", 4096, 4)),
+        _model("NVIDIA L4", "L4", Profile("NVIDIA L4-4Q", "Q", 4096, 6)),
+    )
+)
+
+
+def test_a_catalogue_offer_refuses_a_profile_of_another_model() -> None:
+    offer = Offer("NVIDIA A2", {}, complete=False, vfs=16, catalog=TWO_MODELS)
+    found = judged(offer, vf("NVIDIA L4-4Q", "0000:08:00.4", 11), count("GRID T4-4Q", 1, 12))
+    assert [str(v) for v in found] == [
+        "VF 0000:08:00.4: GPU 0000:08:00.0 (NVIDIA A2) does not offer 'NVIDIA L4-4Q' "
+        "(a profile of NVIDIA L4); offered: none",
+        "GPU 0000:08:00.0 (NVIDIA A2) does not offer 'GRID T4-4Q'; offered: none",
+    ]
+    # Its own model's names, listed or not, are the driver's to judge.
+    assert judged(offer, count("NVIDIA A2-3B", 1, 1)) == []
+    # A model the catalogue does not know refuses nothing by name.
+    unknown = Offer("NVIDIA X9", {}, complete=False, vfs=16, catalog=TWO_MODELS)
+    assert judged(unknown, count("NVIDIA L4-4Q", 1, 1)) == []
 
 
 def test_a_quoted_name_is_escaped() -> None:
