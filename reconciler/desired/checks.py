@@ -1,10 +1,12 @@
 """Offline semantic checks of one desired GPU: what can be known without a host.
 
-Fourth stage of ``desired`` (``vgpuctl validate`` runs it in CI). Some checks need only the
-profile names (equal-size mode, one GPU model per GPU, ``vgpus`` xor ``profiles``); the rest use
-the catalogue once the GPU's model is known, from ``model:`` or from the profile names. A GPU the
-catalogue does not know gets the first kind only: the planner checks the rest against what the
-host reports.
+Fourth stage of ``desired`` (``vgpuctl validate`` runs it in CI). What the file says of itself
+is checked here (``vgpus`` xor ``profiles``, one GPU model per GPU, names a driver could print);
+the NVIDIA driver's placement rules are :mod:`reconciler.rules`', judged against the catalogue's
+offer for the GPU's model (from ``model:`` or from the profile names), with the sentences the
+planner uses against the driver's own offer. A GPU the catalogue does not know is judged by its
+profile names alone (equal size, MIG-backed next to time-sliced): the planner checks the rest
+against what the host reports.
 """
 
 from __future__ import annotations

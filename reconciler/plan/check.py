@@ -1,11 +1,12 @@
 """Plan-time checks: can a desired GPU be reached on this host at all?
 
-Resolves each desired entry against the observed GPU (VF keys to VFs, profiles to the types the
-GPU offers) and checks the state it asks for: one vGPU per VF, profiles the GPU offers, one
-framebuffer size per GPU (equal-size mode) and the per-size maximum. Removes run before creates,
-so only the resulting state matters, not the way there. Every problem is collected, located in
-the desired file when known, so an impossible desired state fails at ``plan`` with all its
-reasons rather than half-way through ``apply``.
+Resolves each desired entry against the observed GPU (VF keys to VFs) and judges the state it
+asks for by the driver's placement rules (:mod:`reconciler.rules`: profiles the GPU offers,
+equal-size mode, the per-size maximum, MIG-backed profiles, one vGPU per VF) against the
+driver's offer, with the sentences ``validate`` uses against the catalogue's. Removes run before
+creates, so only the resulting state matters, not the way there. Every problem is collected,
+located in the desired file when known, so an impossible desired state fails at ``plan`` with
+all its reasons rather than half-way through ``apply``.
 """
 
 from __future__ import annotations
