@@ -295,16 +295,18 @@ def _catalog_offer(model: GpuModel | None, catalog: Catalog) -> Offer:
     return Offer(model.name, types, complete=False, vfs=model.vfs, catalog=catalog)
 
 
-def _vf_text(address: PciAddress, model: GpuModel | None, key: VfKey | str) -> str | None:
+def _vf_text(
+    address: PciAddress, model: GpuModel | None, key: VfKey | str
+) -> PciAddress | str | None:
     """The VF an entry names, as the planner names it: its address, when the catalogue says
     where the model's VFs sit; else as written."""
     if isinstance(key, str):
         return None  # a count: the planner picks the VFs
     if isinstance(key, PciAddress):
-        return str(key)
+        return key
     if model is not None and model.vf_offset is not None:
         try:
-            return str(_vf_address(address, model.vf_offset, model.vf_stride, key))
+            return _vf_address(address, model.vf_offset, model.vf_stride, key)
         except ValueError:
             pass
     return f"index {key}"

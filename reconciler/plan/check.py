@@ -123,7 +123,7 @@ def check_gpu(
         )
     if not constraints:
         return GpuCheck(wants, tuple(problems), tuple(notes))
-    if wants and not offer.checked:
+    if wants and not offer.complete:
         when = (
             "the driver lists none"
             if gpu.sriov_enabled
@@ -210,15 +210,16 @@ def _constraints(
     desired: DesiredGpu, wants: tuple[Want, ...], gpu: Gpu, slots: tuple[Vf, ...], offer: Offer
 ) -> list[Problem]:
     """The driver's rules (:mod:`reconciler.rules`) over the entries in the order written."""
-    order = {id(w): i for i, w in enumerate(wants)}
-    written = sorted(wants, key=lambda w: _written_order(desired, w, order[id(w)]))
+    written = wants
+    if len(wants) > 1:
+        order = {id(w): i for i, w in enumerate(wants)}
+        written = tuple(sorted(wants, key=lambda w: _written_order(desired, w, order[id(w)])))
     requests = [
-        Request(w.profile, w.count, str(w.vf.address) if w.vf else None, w.location)
-        for w in written
+        Request(w.profile, w.count, w.vf.address if w.vf else None, w.location) for w in written
     ]
     found = violations(
         gpu.address,
-        offer.for_rules(vfs=len(slots)),
+        offer,
         requests,
         # A type a VF already hosts is offered even if the driver stopped listing it (vfio does).
         hosted=(vf.vgpu.type_name for vf in gpu.vfs if vf.vgpu is not None),

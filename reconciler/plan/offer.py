@@ -7,39 +7,25 @@ catalogue does not know offers nothing checkable until SR-IOV is enabled.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from reconciler.catalog import Catalog, GpuModel, resolve_profile_name
 from reconciler.model import DesiredGpu, Gpu
 from reconciler.rules import Offer as RulesOffer
-from reconciler.rules import OfferedType, type_facts
+from reconciler.rules import OfferedType
 
 #: What the constraints need to know about one vGPU type (the rules' own description).
 TypeFacts = OfferedType
 
 
 @dataclass(frozen=True, slots=True)
-class Offer:
-    """The types one GPU offers, and how messages name the GPU."""
+class Offer(RulesOffer):
+    """The types one GPU offers, as the rules read them (:class:`reconciler.rules.Offer`:
+    ``complete`` False when nothing says what the GPU offers, an unknown model with SR-IOV off),
+    and how messages name the GPU."""
 
     label: str  # "GPU 0000:08:00.0 (NVIDIA A2)"
-    model: str | None  # "NVIDIA A2"; None when neither the host nor the catalogue names it
-    types: Mapping[str, TypeFacts]  # offered types, in the driver's (or catalogue's) order
-    #: False when nothing says what the GPU offers (unknown model, SR-IOV off): no checks yet.
-    checked: bool
-    catalog: Catalog
-
-    def facts(self, name: str) -> TypeFacts | None:
-        """Sizes of ``name``: offered here, else from the catalogue, else from the name itself
-        (as :meth:`reconciler.rules.Offer.facts`)."""
-        offered = self.types.get(name)
-        return offered if offered is not None else type_facts(name, self.catalog)
-
-    def for_rules(self, *, vfs: int | None) -> RulesOffer:
-        """This offer as the placement rules read it, for a GPU with ``vfs`` VFs."""
-        return RulesOffer(self.model, self.types, self.checked, vfs, self.catalog)
 
 
 def gpu_label(gpu: Gpu, catalog: Catalog) -> str:
@@ -83,11 +69,13 @@ def offer_for(gpu: Gpu, catalog: Catalog) -> Offer:
     else:
         types = {}
     return Offer(
-        label=_label(gpu, model),
         model=model,
         types=types,
-        checked=bool(types),
+        complete=bool(types),
+        # The VFs it has, or will have once SR-IOV is on (:func:`reconciler.plan.check.vf_slots`).
+        vfs=len(gpu.vfs) if gpu.sriov_enabled else gpu.total_vfs,
         catalog=catalog,
+        label=_label(gpu, model),
     )
 
 

@@ -112,8 +112,9 @@ class Request:
 
     profile: str
     count: int
-    #: The VF as the file names it (``0000:08:01.0``, or its index); None in the count form.
-    vf: str | None
+    #: The VF, by its address where known (else as the file names it: ``index 3``); None in the
+    #: count form.
+    vf: PciAddress | str | None
     location: SourceLocation | None
 
 
@@ -135,21 +136,27 @@ def violations(
     gpu: PciAddress, offer: Offer, requests: Sequence[Request], *, hosted: Iterable[str] = ()
 ) -> list[Violation]:
     """Every rule ``requests`` break on the GPU at ``gpu``; ``hosted`` names the types its VFs
-    host now (offered even when the driver stopped listing them, as vfio's list does)."""
+    host now (offered even when the driver stopped listing them, as vfio's list does: read only
+    for a name the offer does not list)."""
     found: list[Violation] = []
-    kept = set(hosted)
+    kept: set[str] | None = None
     typed: list[tuple[Request, OfferedType]] = []
     for r in requests:
-        if not _offered(offer, r.profile, kept):
-            found.append(_not_offered(gpu, offer, r))
-            continue
-        facts = offer.facts(r.profile)
-        if facts is not None:
-            typed.append((r, facts))
+        facts = offer.types.get(r.profile)
+        if facts is None:
+            if kept is None:
+                kept = set(hosted)
+            if not _offered(offer, r.profile, kept):
+                found.append(_not_offered(gpu, offer, r))
+                continue
+            facts = type_facts(r.profile, offer.catalog)
+            if facts is None:
+                continue
+        typed.append((r, facts))
     time_sliced = [(r, t) for r, t in typed if not t.is_mig]
-    mig = [(r, t) for r, t in typed if t.is_mig]
-    if time_sliced and mig:
-        found.append(_mig_mixed(gpu, time_sliced[0][0], mig[0][0]))
+    if len(time_sliced) < len(typed) and time_sliced:
+        first_mig = next(r for r, t in typed if t.is_mig)
+        found.append(_mig_mixed(gpu, time_sliced[0][0], first_mig))
     size_clash = _size_clash(gpu, time_sliced)
     if size_clash is not None:
         found.append(size_clash)
@@ -252,16 +259,13 @@ def _over_maximum(
         groups.setdefault(key, []).append((r, t))
     found: list[Violation] = []
     for members in groups.values():
-        limits = [
-            (t.max_instance, i) for i, (_, t) in enumerate(members) if t.max_instance is not None
-        ]
-        if not limits:
-            continue
-        limit, i = min(limits)
-        limiter = members[i][1]
         total = sum(r.count for r, _ in members)
-        if total <= limit:
+        limit = min(
+            (t.max_instance for _, t in members if t.max_instance is not None), default=None
+        )
+        if limit is None or total <= limit:
             continue
+        limiter = next(t for _, t in members if t.max_instance == limit)
         running = accumulate(r.count for r, _ in members)
         culprit, own = next(m for m, n in zip(members, running, strict=True) if n > limit)
         if own.max_instance == limit:  # the type whose create the driver refuses
@@ -289,7 +293,7 @@ def _over_maximum(
 
 
 def _over_vfs(gpu: PciAddress, offer: Offer, requests: Sequence[Request]) -> Violation | None:
-    if offer.vfs is None:
+    if offer.vfs is None or sum(r.count for r in requests) <= offer.vfs:
         return None
     for r, n in zip(requests, accumulate(r.count for r in requests), strict=True):
         if n > offer.vfs:
