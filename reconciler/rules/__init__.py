@@ -5,9 +5,9 @@ offer for the GPU's model (``desired/checks.py``), ``vgpuctl plan`` against the 
 read from sysfs (``plan/check.py``). Each describes what the GPU offers as an :class:`Offer` and
 the desired entries as :class:`Request` s, in the order written; :func:`violations` returns
 every rule broken, with the same sentence whichever command asks. A sentence names the GPU by
-its PCI address only and quotes profile names as the file gives them, so the catalogue and the
-driver word it alike; what depends on the offer's own list (what else it offers) is a separate
-:attr:`Violation.hint`.
+its PCI address (and by the model the offer names, where the rule depends on it) and quotes
+profile names escaped, so the catalogue and the driver word it alike; what depends on the
+offer's own list (what else it offers) is a separate :attr:`Violation.hint`.
 
 The rules, as the driver applies them when a vGPU is created:
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cache
+from functools import lru_cache
 from itertools import accumulate
 
 from reconciler.catalog import Catalog, parse_profile_name
@@ -52,16 +52,16 @@ class OfferedType:
     name: str
     framebuffer_mib: int
     max_instance: int | None  # per physical GPU; None when only the name was parsed
-    #: MIG-backed: counted per type, never next to a time-sliced vGPU. Sysfs does not say so;
-    #: a type's name does (``A100-1-5C``), and :attr:`is_mig` reads it.
-    mig: bool = False
+    #: MIG-backed: counted per type, never next to a time-sliced vGPU. None: not said (sysfs
+    #: does not), and :attr:`is_mig` reads it from the type's name (``A100-1-5C``).
+    mig: bool | None = None
 
     @property
     def is_mig(self) -> bool:
-        return self.mig or _named_mig(self.name)
+        return self.mig if self.mig is not None else _named_mig(self.name)
 
 
-@cache
+@lru_cache(maxsize=4096)  # a driver's type names: a few dozen per GPU model
 def _named_mig(name: str) -> bool:
     parsed = parse_profile_name(name)
     return parsed is not None and parsed.mig_slices > 0
@@ -87,7 +87,7 @@ class Offer:
     model: str | None  # "NVIDIA A2"; None when nothing names it
     types: Mapping[str, OfferedType]  # in the driver's (or catalogue's) order
     #: True when ``types`` is the whole list: a name outside it is not offered. A catalogue
-    #: lags drivers (L40S-3B came with vGPU 16), so its list never refuses a name.
+    #: lags drivers (L40S-3B came with vGPU 16), so its list refuses only another model's names.
     complete: bool
     vfs: int | None  # how many VFs the GPU has (or will have); None when not known
     catalog: Catalog

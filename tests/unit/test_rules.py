@@ -319,7 +319,9 @@ def test_a_quoted_name_is_escaped() -> None:
 
 
 def test_type_facts_fall_back_to_the_name() -> None:
-    assert type_facts("NVIDIA X1-6Q", NO_CATALOG) == OfferedType("NVIDIA X1-6Q", 6144, None)
+    assert type_facts("NVIDIA X1-6Q", NO_CATALOG) == OfferedType(
+        "NVIDIA X1-6Q", 6144, None, mig=False
+    )
     assert type_facts("GRID X1-2-12CME", NO_CATALOG) == OfferedType(
         "GRID X1-2-12CME", 12288, None, mig=True
     )
