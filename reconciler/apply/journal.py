@@ -372,19 +372,28 @@ class JournalReader:
         self._cursor: _Cursor | None = None
         #: The rotated generation that was there when a read found no file (already old).
         self._rotated_when_missing: tuple[int, int] | None = None
+        self._caught_up = False  # the last read reached the end of the journal
 
     def skip_to_end(self) -> None:
-        """Start after what is there now: the next read returns only later records."""
+        """Start after what is there now: the next read returns only later records (a line
+        being written is left for it)."""
         self.read_new()
+        while not self._caught_up:
+            self.read_new()
 
     def read_new(self) -> JournalRead:
         """The records appended since the last read (at most :data:`READ_BUDGET` bytes of
         them: the rest come next time) and the lines skipped. Raises ``ApplyError`` when the
         state directory or a journal file is refused (see ``state.py``)."""
         journal = self.journal
+        self._caught_up = False
         try:
             dir_fd = open_state_dir(journal.state_dir, create=False)
         except FileNotFoundError:
+            # Whatever appears later is new.
+            self._cursor = _Cursor(path=journal.path)
+            self._rotated_when_missing = None
+            self._caught_up = True
             return JournalRead((), ())
         records: list[JournalRecord] = []
         skipped: list[SkippedLine] = []
@@ -409,12 +418,14 @@ class JournalReader:
                     # appears is new, and so is an old generation other than today's.
                     self._cursor = _Cursor(path=journal.path)
                     self._rotated_when_missing = _name_identity(dir_fd, journal.rotated_path)
+                    self._caught_up = True
                 else:
                     if cursor is None or os.fstat(current).st_size < cursor.offset:
                         cursor = self._cursor = _Cursor(path=journal.path, identity=identity)
                     found = cursor.read(current, budget=budget, final=False)
                     records.extend(found.records)
                     skipped.extend(found.skipped)
+                    self._caught_up = found.complete
             finally:
                 if current is not None:
                     os.close(current)

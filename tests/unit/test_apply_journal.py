@@ -367,3 +367,23 @@ def test_records_read_both_generations_and_at_most_the_last_8_mib_of_each(
     assert records[0] == JournalRecord.from_json(json.loads(line(run="old", seq=1)))
     assert records[-1].seq == 3
     assert len(records) - 1 <= (8 * MIB) // len(big) + 1
+
+
+def test_skip_to_end_skips_a_journal_larger_than_one_read(tmp_path: Path) -> None:
+    journal = Journal(state(tmp_path), NODE)
+    one = line(seq=1, message="m" * 900)
+    append(journal.path, one * ((5 * MIB) // len(one) + 1))
+    reader = JournalReader(journal)
+    reader.skip_to_end()
+    append(journal.path, line(seq=2))
+    assert seqs(reader) == [2]
+
+
+def test_a_journal_made_and_rotated_between_two_reads_is_read_whole(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "state", NODE, rotate_bytes=1)
+    reader = JournalReader(journal)
+    assert seqs(reader) == []  # no state directory yet
+    journal.record(run="r1", seq=1, kind="run", target=NODE, phase=Phase.START, message="")
+    journal.record(run="r1", seq=2, kind="run", target=NODE, phase=Phase.END, message="")
+    assert journal.rotated_path.exists()
+    assert seqs(reader) == [1, 2]
