@@ -130,6 +130,7 @@ def test_a_bad_removal_record_is_skipped_naming_file_line_and_field(
         ("[" * 30_000 + "]" * 30_000, "not a JSON record"),
         ('{"ts": "\xff\xfe', "not a JSON record"),
     ],
+    ids=["text", "array", "no-seq", "seq-string", "bad-phase", "nested-deep", "cut"],
 )
 def test_a_line_that_is_no_record_is_skipped_and_reading_goes_on(
     tmp_path: Path, text: str, why: str
