@@ -135,11 +135,15 @@ def test_only_the_structured_record_of_a_removal_drops_a_vgpu(
             # A field that is not a canonical UUID: skipped, with one warning.
             f.write(line(3, VF5, f"removed NVIDIA A2-4Q {U5}", {"vf": VF5, "uuid": U5.upper()}))
             f.write(line(4, VF4, f"removed NVIDIA A2-4A {U4}", {"vf": VF4, "uuid": U4}))
-        # U4's record is the last one: once it counts, every record before it was read.
+        # U4's record is the last one: once it counts, every record before it was read. The
+        # two profiles' lists come on two streams: wait for the A2-4Q one too.
         kubelet.wait_for(
-            lambda: kubelet.devices(A2_4A) == (DeviceState(U6, HEALTHY),),
+            lambda: (
+                kubelet.devices(A2_4A) == (DeviceState(U6, HEALTHY),)
+                and not any(d.healthy for d in kubelet.devices(A2_4Q))
+            ),
             timeout=10,
-            what="U4 dropped",
+            what="U4 dropped, and the A2-4Q list updated",
         )
         assert set(kubelet.devices(A2_4Q)) == {
             DeviceState(U5, UNHEALTHY),
