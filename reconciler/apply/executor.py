@@ -25,7 +25,7 @@ from reconciler.apply.errors import (
     HostChangedError,
     VerificationError,
 )
-from reconciler.apply.journal import RUN_KIND, Journal, Phase
+from reconciler.apply.journal import RUN_KIND, Journal, Phase, Removal
 from reconciler.apply.mandate import HostMandate, refused
 from reconciler.apply.ports import HostDriver
 from reconciler.model import (
@@ -453,6 +453,10 @@ class _RemoveStep:
     def done(self) -> str:
         return f"removed {self.type_name or 'vGPU'} {self.uuid}"
 
+    def removal(self) -> Removal:
+        """What the journal's record of this removal says (the device plugin reads it)."""
+        return Removal(vf=self.vf, uuid=self.uuid, type_name=self.type_name)
+
 
 #: Which step carries out each kind. Kinds not here (CR writes, KubeVirt, device plugin) are
 #: recorded as skipped until their executors exist.
@@ -599,11 +603,14 @@ class _Recorder:
         *,
         seconds: float = 0.0,
         transient: bool = False,
+        removed: Removal | None = None,
     ) -> Outcome:
-        self._record(action, Phase(status.value), message)
+        self._record(action, Phase(status.value), message, removed=removed)
         return Outcome(action, status, message, transient=transient, seconds=seconds)
 
-    def _record(self, action: Action, phase: Phase, message: str) -> None:
+    def _record(
+        self, action: Action, phase: Phase, message: str, *, removed: Removal | None = None
+    ) -> None:
         self.journal.record(
             run=self.run,
             seq=action.seq,
@@ -611,6 +618,7 @@ class _Recorder:
             target=action.target,
             phase=phase,
             message=message,
+            removed=removed,
         )
 
 
@@ -638,4 +646,7 @@ def _run_step(
         # A bug, not a host condition: leave evidence for the crash-repair story, then raise.
         rec.outcome(action, OutcomeStatus.FAILED, f"internal error: {e!r}")
         raise
-    return rec.outcome(action, OutcomeStatus.DONE, step.done(), seconds=clock() - started)
+    removed = step.removal() if isinstance(step, _RemoveStep) else None
+    return rec.outcome(
+        action, OutcomeStatus.DONE, step.done(), seconds=clock() - started, removed=removed
+    )

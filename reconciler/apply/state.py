@@ -123,16 +123,51 @@ def open_node_file(dir_fd: int, path: Path, flags: int) -> tuple[int, bool]:
         if isinstance(e, FileNotFoundError):
             raise
         raise ApplyError(f"cannot open {path}: {e.strerror or e}") from e
-    st = os.fstat(fd)
-    problem = None
-    if not stat.S_ISREG(st.st_mode):
-        problem = "is not a regular file"
-    elif st.st_nlink != 1:
-        problem = (
-            f"has {st.st_nlink} hard links: another name for it may be a file vgpuctl must not "
-            "write"
-        )
+    problem = _problem(os.fstat(fd))
     if problem is not None:
         os.close(fd)
         raise ApplyError(f"{path} {problem}; remove it (vgpuctl makes a new one)")
     return fd, created
+
+
+def replace_node_file(dir_fd: int, path: Path, new_path: Path, *, opened: os.stat_result) -> None:
+    """Rename ``path``'s name to ``new_path``'s in the state directory ``dir_fd``, replacing
+    that file, and make the rename durable (the directory is synced).
+
+    ``opened`` is the ``fstat`` of ``path`` as :func:`open_node_file` checked it: the name must
+    still be that file (a rename works on names, so nothing is followed; the check keeps it to
+    the file that was vetted). The file replaced, when there is one, must pass the same checks
+    (a regular file, one link). Raises ``ApplyError`` otherwise, or when the rename fails."""
+    try:
+        now = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+            raise ApplyError(f"{path} was replaced while vgpuctl had it open; run again")
+        try:
+            there = os.stat(new_path.name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            problem = _problem(there)
+            if problem is not None:
+                raise ApplyError(f"{new_path} {problem}; remove it (vgpuctl makes a new one)")
+        os.rename(path.name, new_path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
+    except OSError as e:
+        raise ApplyError(f"cannot rename {path} to {new_path}: {e.strerror or e}") from e
+
+
+def _problem(st: os.stat_result) -> str | None:
+    """What is wrong with a file in the state directory, or ``None``."""
+    if stat.S_ISLNK(st.st_mode):
+        return (
+            "is a symbolic link: vgpuctl never opens one in its state directory (it would "
+            "write wherever the link points)"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_nlink != 1:
+        return (
+            f"has {st.st_nlink} hard links: another name for it may be a file vgpuctl must not "
+            "write"
+        )
+    return None

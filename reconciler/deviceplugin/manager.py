@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,7 +24,7 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from reconciler.apply import Journal, JournalRecord, Phase
+from reconciler.apply import Journal, JournalReader, JournalRecord, Phase
 from reconciler.catalog import Catalog
 from reconciler.deviceplugin.devices import (
     DeviceSets,
@@ -420,56 +419,51 @@ def _log_changes(previous: Mapping[str, Sequence[PluginDevice]], now: DeviceSets
 
 # -- standalone: vgpuctl device-plugin ------------------------------------------------------------
 
-_UUID = re.compile(
-    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
-)
-
 
 def removals(records: Iterable[JournalRecord]) -> list[str]:
-    """UUIDs of the vGPUs the journal says vgpuctl removed: records of kind ``vgpu-remove``
-    in phase ``done``, whose message is ``removed <type> <uuid>`` (the last UUID in it).
+    """UUIDs of the vGPUs the journal says vgpuctl removed: the structured ``removed`` field of
+    records of kind ``vgpu-remove`` in phase ``done`` (checked when the record was read).
 
-    ``noop`` ("already gone") does not count: that vGPU vanished by other means.
+    The message is for people and never read: a record without the field (a journal written
+    before it existed, or a message that merely says "removed") is not a removal. ``noop``
+    ("already gone") does not count either: that vGPU vanished by other means.
     """
-    out = []
-    for record in records:
-        if record.kind != ActionKind.VGPU_REMOVE or record.phase is not Phase.DONE:
-            continue
-        found = _UUID.findall(record.message)
-        if found:
-            out.append(found[-1].lower())
-    return out
+    return [
+        record.removed.uuid
+        for record in records
+        if record.removed is not None
+        and record.kind == ActionKind.VGPU_REMOVE
+        and record.phase is Phase.DONE
+    ]
 
 
 @dataclass(slots=True)
 class _JournalTail:
-    """Reads the journal records appended since the last read (the journal only grows; a
-    journal that shrank was replaced, and is read again from its start)."""
+    """The removals in the journal records appended since the last read (read incrementally:
+    see :class:`JournalReader`), kept until a scan has used them."""
 
-    journal: Journal
-    seen: int = 0
+    reader: JournalReader
     pending: set[str] = field(default_factory=set)
 
     def skip_to_end(self) -> None:
-        self.seen = len(self._records())
+        try:
+            self.reader.skip_to_end()
+        except ApplyError as exc:
+            log.warning("%s: vGPUs removed meanwhile will show as Unhealthy", exc.message)
 
     def new_removals(self) -> set[str]:
-        records = self._records()
-        if len(records) < self.seen:
-            self.seen = 0
-        self.pending.update(removals(records[self.seen :]))
-        self.seen = len(records)
+        try:
+            read = self.reader.read_new()
+        except ApplyError as exc:
+            log.warning("%s: vGPUs removed meanwhile will show as Unhealthy", exc.message)
+        else:
+            for skipped in read.skipped:
+                log.warning("skipped a journal line, %s: not a record vgpuctl wrote", skipped)
+            self.pending.update(removals(read.records))
         return set(self.pending)
 
     def applied(self) -> None:
         self.pending.clear()
-
-    def _records(self) -> list[JournalRecord]:
-        try:
-            return self.journal.records()
-        except ApplyError as exc:
-            log.warning("%s: vGPUs removed meanwhile will show as Unhealthy", exc.message)
-            return []
 
 
 def run_standalone(
@@ -487,14 +481,14 @@ def run_standalone(
 ) -> None:
     """Run the node's device plugins until ``stop_event`` is set.
 
-    Every ``rescan_interval`` seconds: read the apply journal's new ``vgpu-remove`` records
-    (removed on purpose), observe the host, update the plugins. Raises
+    Every ``rescan_interval`` seconds: read the apply journal's records appended since (their
+    structured removals: removed on purpose), observe the host, update the plugins. Raises
     :class:`PluginDirError` for a bad plugin directory and :class:`ObserveError` when the
     first scan fails; later scan failures are logged and the lists kept. The journal is read
     before the scan: a removal is journalled only once the vGPU is gone, so a scan never sees
     a vGPU that the journal already called removed.
     """
-    tail = _JournalTail(Journal(state_dir, node))
+    tail = _JournalTail(JournalReader(Journal(state_dir, node)))
     tail.skip_to_end()  # removals before we started concern nothing we advertised
     with PluginManager(
         plugin_dir=plugin_dir, node=node, kubelet_socket=kubelet_socket, backoff=backoff

@@ -58,6 +58,29 @@ def test_a_link_planted_in_the_state_directory_does_not_overwrite_its_target(
     assert "Traceback" not in res.stderr
 
 
+def test_a_link_planted_as_the_old_journal_generation_is_never_rotated_over(
+    tmp_path: Path, node: SimNode, victim: Path
+) -> None:
+    # A journal past its limit is renamed to <node>.journal.1.jsonl before the next record;
+    # a link in that place is refused as in the current file's (and the target left alone).
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    journal = state / f"{NODE}.journal.jsonl"
+    journal.write_text("{}\n" * (1 << 19))
+    journal.chmod(0o600)
+    planted = state / f"{NODE}.journal.1.jsonl"
+    planted.symlink_to(victim)
+    res = node.run("apply", SEED, "--yes", "--state-dir", state)
+    assert victim.read_text() == SHADOW
+    assert planted.is_symlink()
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"{planted} is a symbolic link: vgpuctl never opens one in its state directory" in (
+        res.stderr
+    )
+    assert "Traceback" not in res.stderr
+    assert vgpu_count(node) == 0  # refused at the run's first record, before any change
+
+
 def test_a_second_hard_link_to_the_lock_does_not_overwrite_its_target(
     tmp_path: Path, node: SimNode, victim: Path
 ) -> None:

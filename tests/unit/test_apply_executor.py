@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,22 @@ def test_remove_then_disable(tmp_path: Path) -> None:
         (2, "done", "disabled SR-IOV"),
     ]
     assert host.kernel.num_vfs() == 0
+
+
+def test_a_done_removal_is_journalled_with_its_vf_uuid_and_type_as_fields(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.kernel.enable()
+    host.kernel.make_mdev(VF1, "nvidia-745", UUID_A)
+    host.apply(remove(1, VF1, 1, UUID_A), remove(2, VF2, 2, UUID_B))  # B: already gone
+    raw = [json.loads(text) for text in host.journal.path.read_text().splitlines()]
+    assert [
+        (r["seq"], r["phase"], r.get("removed")) for r in raw if r["kind"] == "vgpu-remove"
+    ] == [
+        (1, "intent", None),
+        (1, "done", {"vf": str(VF1), "uuid": UUID_A, "type": "NVIDIA A2-4Q"}),
+        (2, "intent", None),
+        (2, "noop", None),
+    ]
 
 
 def test_slow_vf_creation_is_waited_for(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ on-purpose removals from the apply journal; and the journal rule itself."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -14,11 +15,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from reconciler.apply import Journal, JournalRecord, Phase
+from reconciler.apply import Journal, JournalRecord, Phase, Removal
 from reconciler.catalog import default_catalog
 from reconciler.deviceplugin import Backoff, PluginDirError, removals, run_standalone
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from reconciler.model import ObserveError
+from reconciler.model import ObserveError, PciAddress
 from reconciler.sim import SimHost, build_host
 
 NODE = "node-1"
@@ -46,25 +47,38 @@ U5 = sim_uuid("0000:08:00.5")
 U7 = sim_uuid("0000:08:00.7")
 
 
-def record(kind: str, phase: Phase, message: str) -> JournalRecord:
-    return JournalRecord(
-        "2026-01-14T09:30:12.000+00:00", "r", 1, kind, "0000:08:00.5", phase, message
-    )
+def record(kind: str, phase: Phase, message: str, removed: dict[str, str] | None = None) -> str:
+    """A journal line as the file holds it."""
+    raw: dict[str, object] = {
+        "ts": "2026-01-14T09:30:12.000+00:00",
+        "run": "r",
+        "seq": 1,
+        "kind": kind,
+        "target": "0000:08:00.5",
+        "phase": phase.value,
+        "message": message,
+    }
+    if removed is not None:
+        raw["removed"] = removed
+    return json.dumps(raw)
 
 
 # -- the journal rule -----------------------------------------------------------------------------
 
 
-def test_removals_are_the_uuids_of_done_vgpu_removes() -> None:
-    records = [
-        record("vgpu-remove", Phase.DONE, f"removed NVIDIA A2-4Q {U1}"),
-        record("vgpu-remove", Phase.DONE, f"removed vGPU {U2.upper()}"),
-        record("vgpu-remove", Phase.INTENT, f"remove NVIDIA A2-4Q {U5}"),
-        record("vgpu-remove", Phase.NOOP, f"already gone {U5}"),  # vanished by other means
-        record("vgpu-remove", Phase.FAILED, f"vGPU {U5} on 0000:08:00.5 is in use"),
-        record("vgpu-create", Phase.DONE, f"created NVIDIA A2-4Q {U7}"),
-        record("vgpu-remove", Phase.DONE, "removed something without an id"),
+def test_removals_are_the_structured_uuids_of_done_vgpu_removes_never_the_message() -> None:
+    vf = "0000:08:00.5"
+    lines = [
+        record("vgpu-remove", Phase.DONE, "gone", {"vf": vf, "uuid": U1, "type": "NVIDIA A2-4Q"}),
+        record("vgpu-remove", Phase.DONE, "", {"vf": vf, "uuid": U2}),
+        # The message says so, but a record without the field is not a removal.
+        record("vgpu-remove", Phase.DONE, f"removed NVIDIA A2-4Q {U5}"),
+        record("vgpu-remove", Phase.INTENT, f"remove NVIDIA A2-4Q {U5}", {"vf": vf, "uuid": U5}),
+        record("vgpu-remove", Phase.NOOP, f"already gone {U5}", {"vf": vf, "uuid": U5}),
+        record("vgpu-remove", Phase.FAILED, f"vGPU {U5} on {vf} is in use", {"vf": vf, "uuid": U5}),
+        record("vgpu-create", Phase.DONE, f"created NVIDIA A2-4Q {U7}", {"vf": vf, "uuid": U7}),
     ]
+    records = [JournalRecord.from_json(json.loads(line)) for line in lines]
 
     assert removals(records) == [U1, U2]
 
@@ -131,9 +145,10 @@ def test_standalone_follows_the_host_and_the_journal(
         run="old",
         seq=1,
         kind="vgpu-remove",
-        target="0000:08:00.9",
+        target="0000:08:01.1",
         phase=Phase.DONE,
         message=f"removed NVIDIA A2-4Q {U5}",
+        removed=Removal(PciAddress.parse("0000:08:01.1"), U5, "NVIDIA A2-4Q"),
     )
     stop, errors, thread = start(seed_host, plugin_dir, state_dir)
     sock = plugin_dir / SOCKET_4Q
@@ -156,6 +171,7 @@ def test_standalone_follows_the_host_and_the_journal(
                 target="0000:08:00.7",
                 phase=Phase.DONE,
                 message=f"removed NVIDIA A2-4Q {U7}",
+                removed=Removal(PciAddress.parse("0000:08:00.7"), U7, "NVIDIA A2-4Q"),
             )
             # A scan between the two may list U7 Unhealthy for a moment; then it is dropped.
             seen = next(lists)
