@@ -42,7 +42,10 @@ class DriverRefusedError(ApplyError):
 
 
 class HostChangedError(ApplyError):
-    """The host is not what the plan was made from: re-plan rather than guess."""
+    """The host is not what the plan was made from: re-plan rather than guess (running again
+    plans from the host as it is then)."""
+
+    transient = True
 
 
 class WriteTimeoutError(ApplyError):
