@@ -92,7 +92,7 @@ class Retry:
             return f"retrying in {round(self.delay, 2)} s"
         return (
             "retrying when the desired state, the host or the cluster changes, "
-            f"or in {round(self.delay)} s"
+            f"or in {self.delay:g} s"
         )
 
 
