@@ -19,19 +19,20 @@ Retry policy after a failed reconcile (:meth:`Scheduler.failed`). An error says 
 transient (:attr:`ReconcilerError.transient <reconciler.model.ReconcilerError.transient>`:
 running again later may succeed with the same inputs):
 
-- **transient** (the API server unreachable, the node lock held by an apply, a sysfs write or
-  ``sriov-manage`` that timed out, a device busy, the host changed under the plan, a write
-  conflict): retried after an exponential backoff with jitter (``Backoff``: for the n-th
-  failure in a row, between half and all of 1 s doubling up to 60 s). Until then drift is not
-  looked for: the retry looks at everything anyway.
-- **permanent** (a desired state the host cannot reach, a mandate or driver refusal, RBAC
-  denying a request, CRDs not installed, a sysfs tree that cannot be read, a command that
-  failed): the same inputs would fail the same way, so there is no retry on a timer. The next
-  try comes when an input changes — the desired-state files (read and reconciled at once, as
-  always), the host or our cluster objects (their fingerprints, compared at each rescan with
-  the ones the failed reconcile took last) — or at the latest ``resync_interval`` seconds later
-  (default 300 s), for the changes no fingerprint sees (an RBAC rule granted, a CRD installed,
-  a program installed, a vGPU manager started).
+- **transient** (the API server unreachable, a write conflict, the node lock held by an apply,
+  a sysfs write or ``sriov-manage`` that timed out, ``sriov-manage`` exiting non-zero, a
+  device busy, a driver I/O error, an effect not visible yet, the host changed under the
+  plan, the tree changing under a scan): retried after an exponential backoff with jitter
+  (``Backoff``: for the n-th failure in a row, between half and all of 1 s doubling up to
+  60 s). Until then drift is not looked for: the retry looks at everything anyway.
+- **permanent** (a desired state the host cannot reach, a mandate refusal, a driver refusing
+  a write (permission, an invalid value), RBAC denying a request, CRDs not installed, a sysfs
+  tree that cannot be read, a program missing): the same inputs would fail the same way, so
+  there is no retry on a timer. The next try comes when an input changes — the desired-state
+  files (read and reconciled at once, as always), the host or our cluster objects (their
+  fingerprints, compared at each rescan with the ones the failed reconcile took last) — or at
+  the latest ``resync_interval`` seconds later (default 300 s), for the changes no
+  fingerprint sees (an RBAC rule granted, a CRD installed, a program installed).
 - an error that is not a :class:`~reconciler.model.ReconcilerError` (a bug, an ``OSError``
   nobody wrapped) is unknown: treated as transient, since retrying is an agent's safer default
   and the backoff's cap bounds it to about one try a minute.

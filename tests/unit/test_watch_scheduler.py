@@ -19,6 +19,7 @@ from reconciler.apply.errors import (
     HostChangedError,
     MandateError,
     PathEscapeError,
+    VerificationError,
     WriteTimeoutError,
 )
 from reconciler.model import (
@@ -167,6 +168,9 @@ TRANSIENT = [
     CommandTimeoutError("sriov-manage did not finish within 30 s"),
     WriteTimeoutError("write to sriov_numvfs did not return within 60 s"),
     DeviceBusyError("the vGPU is in use"),
+    CommandFailedError("sriov-manage -e 0000:08:00.0 failed (exit 1): GPU is in use"),
+    DriverRefusedError("the driver failed to create (I/O error)", transient=True),
+    VerificationError("SR-IOV enable reported success but the VF count never appeared"),
     HostChangedError("the host changed since the plan was made; run plan again"),
     SysfsChangedError("0000:08:00.4 disappeared while scanning, twice"),
     RuntimeError("a bug"),  # unknown: retried
@@ -180,8 +184,7 @@ PERMANENT = [
     ForbiddenError("RBAC denied list sriovgpudevices"),
     ResourceMissingError("the CRDs are not installed"),
     ObserveError("sysfs root /sys does not exist"),
-    DriverRefusedError("the driver refused the write: Invalid argument"),
-    CommandFailedError("sriov-manage exited 1"),
+    DriverRefusedError("the driver refused to create: Invalid argument (EINVAL)"),
     PathEscapeError("the path leaves the sysfs root"),
 ]
 
