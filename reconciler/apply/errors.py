@@ -28,7 +28,10 @@ class CommandTimeoutError(ApplyError):
 
 
 class CommandFailedError(ApplyError):
-    """The program ran and exited non-zero."""
+    """The program ran and exited non-zero (``sriov-manage`` fails while the GPU is in use or
+    the driver is busy: running it again later may succeed)."""
+
+    transient = True
 
 
 class DeviceBusyError(ApplyError):
@@ -38,11 +41,19 @@ class DeviceBusyError(ApplyError):
 
 
 class DriverRefusedError(ApplyError):
-    """The kernel driver rejected a write (errno explained in the message)."""
+    """The kernel driver rejected a write (errno explained in the message). Transient when the
+    errno says the driver failed rather than refused (an I/O error, no memory for now)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class HostChangedError(ApplyError):
-    """The host is not what the plan was made from: re-plan rather than guess."""
+    """The host is not what the plan was made from: re-plan rather than guess (running again
+    plans from the host as it is then)."""
+
+    transient = True
 
 
 class WriteTimeoutError(ApplyError):
@@ -58,7 +69,10 @@ class WriteTimeoutError(ApplyError):
 
 
 class VerificationError(ApplyError):
-    """The action ran but its effect never became visible within the bounded wait."""
+    """The action ran but its effect never became visible within the bounded wait (it may
+    show later: the next run finds it done, or acts again)."""
+
+    transient = True
 
 
 class MandateError(ApplyError):

@@ -200,9 +200,13 @@ class MdevDriver:
         if e.errno == errno.EIO:
             return DriverRefusedError(
                 f"the driver failed to {what} (I/O error): see the kernel log (dmesg) "
-                "and the nvidia-vgpu-mgr service"
+                "and the nvidia-vgpu-mgr service",
+                transient=True,
             )
-        return DriverRefusedError(f"the driver refused to {what}: {_errno_text(e)}")
+        return DriverRefusedError(
+            f"the driver refused to {what}: {_errno_text(e)}",
+            transient=e.errno in (errno.ENOMEM, errno.EAGAIN),
+        )
 
     # -- reads ------------------------------------------------------------------------------
 

@@ -44,8 +44,9 @@ def register(sub: Any) -> argparse.ArgumentParser:
         description="Reconcile at start, then whenever the desired-state file or directory "
         "changes (editors' rename-over, a ConfigMap update, a git-sync checkout), the host "
         "drifts (a cheap rescan every --rescan-interval seconds: a vGPU removed by hand, a "
-        "reboot) or our cluster objects are edited. One reconcile at a time; failures are "
-        "retried with backoff; an invalid desired state is reported and the last valid one "
+        "reboot) or our cluster objects are edited. One reconcile at a time; transient "
+        "failures are retried with backoff, permanent ones when an input changes (or after "
+        "300 s); an invalid desired state is reported and the last valid one "
         "stays in force. Serves /healthz, /readyz and /metrics on --listen, and the kubelet "
         "device plugins for the vGPUs. SIGTERM/SIGINT finish the reconcile under way and "
         "exit 0.",

@@ -1,12 +1,23 @@
 """The watch loop: keep one node converged on its desired state, one reconcile at a time.
 
-A single worker runs :meth:`WatchLoop.run`; everything else only puts items on its queue (the
-desired-state files changed, stop). The worker sleeps on that queue until the next thing is
-due: a debounced desired-state change, the periodic rescan, or a retry. A reconcile is the
-shared engine's (``reconciler.apply.reconcile``): observe → plan; when there is something to
-do, under the node lock: observe and plan again (another process may have acted meanwhile) →
-``apply_plan`` → observe again to check convergence. A reconcile with nothing to do never takes
-the lock.
+:class:`WatchLoop` is a composition; each part has its own module:
+
+- ``scheduler.py`` decides *when*: file events debounced, the periodic rescan, the reconcile's
+  triggers, the retry after a failure (exponential backoff for a transient error; for a
+  permanent one, the next change of an input or a long resync: the policy is in its
+  docstring), and stopping;
+- ``changes.py`` holds the change sources: the desired-state files (the last valid state
+  stays in force while they are invalid), the host's and the cluster's fingerprints against
+  their baselines;
+- ``health.py`` answers ``/healthz`` and ``/readyz``; ``metrics.py`` holds the counters.
+
+A single worker runs :meth:`WatchLoop.run`: it asks the scheduler what is due, does it, and
+sleeps until the next thing is. Other threads only announce file events and ask it to stop.
+
+A reconcile is the shared engine's (``reconciler.apply.reconcile``): observe → plan; when there
+is something to do, under the node lock: observe and plan again (another process may have
+acted meanwhile) → ``apply_plan`` → observe again to check convergence. A reconcile with nothing
+to do never takes the lock.
 
 What starts a reconcile, and what it costs when nothing changed:
 
@@ -16,12 +27,14 @@ What starts a reconcile, and what it costs when nothing changed:
   and the last valid one stays in force;
 - host drift: at each rescan, the host signature (``signature.py``: a few reads) against the one
   taken just before the last reconcile's final observation; only a difference costs a full
-  observation;
+  observation. A change is told to the device plugins at once (what vanished is advertised
+  Unhealthy before a reconcile that may take a while);
 - cluster drift: likewise the resourceVersions of our objects (three list calls);
 - blocked changes (a VM holds a vGPU that should go): every rescan plans again, since the hold
   may have ended in ways no signature sees (a VMI stopped);
-- failures: retried with exponential backoff and jitter; meanwhile drift is not looked for
-  (the retry looks at everything).
+- failures: a transient one is retried with exponential backoff and jitter, and meanwhile
+  drift is not looked for (the retry looks at everything); a permanent one is tried again when
+  the desired state, the host or the cluster changes, or after ``resync_interval``.
 
 Stopping (:meth:`WatchLoop.stop`) never interrupts a reconcile: ``apply_plan`` runs to its end
 or its own failure, the node lock is released, then :meth:`run` returns.
@@ -29,12 +42,9 @@ or its own failure, the node lock is released, then :meth:`run` returns.
 
 from __future__ import annotations
 
-import enum
 import logging
-import math
-import queue
 import random
-import threading
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -53,20 +63,17 @@ from reconciler.model import (
     ObserveError,
     Plan,
     PlanError,
-    Problem,
     ReconcilerError,
-    ValidationError,
 )
-from reconciler.model.cluster import SRIOV_GPU_KIND, object_name
+from reconciler.watch.changes import ClusterDrift, DesiredChange, DesiredFiles, HostDrift
 from reconciler.watch.endpoint import Verdict
+from reconciler.watch.health import Health
 from reconciler.watch.metrics import WatchMetrics
+from reconciler.watch.scheduler import Retry, Scheduler, Trigger, is_transient
 from reconciler.watch.source import DesiredSource
-from reconciler.watch.timing import Backoff, Debounce
+from reconciler.watch.timing import Backoff
 
 log = logging.getLogger("vgpuctl.watch")
-
-#: Kubernetes truncates longer Event messages.
-_EVENT_MESSAGE_MAX = 1024
 
 
 class DevicePlugins(Protocol):
@@ -76,17 +83,6 @@ class DevicePlugins(Protocol):
     def update(self, inventory: Inventory, *, removed_on_purpose: Iterable[str] = ()) -> None: ...
 
 
-class Trigger(enum.StrEnum):
-    """Why a reconcile runs (the ``reason`` field of its log lines)."""
-
-    START = "start"
-    DESIRED = "desired"
-    HOST = "host"
-    CLUSTER = "cluster"
-    BLOCKED = "blocked"
-    RETRY = "retry"
-
-
 @dataclass(frozen=True, slots=True)
 class WatchSettings:
     rescan_interval: float = 10.0
@@ -94,6 +90,8 @@ class WatchSettings:
     adopt: bool = False
     verify_timeout: float = 120.0
     backoff: Backoff = field(default_factory=Backoff)
+    #: After a permanent failure, the longest wait before trying again with no input changed.
+    resync_interval: float = 300.0
     #: The longest one action may take (sriov-manage's timeout plus its verification): while
     #: a reconcile runs, /healthz tolerates that long without a sign of life.
     action_budget: float = 480.0
@@ -103,6 +101,8 @@ class WatchSettings:
             raise ValueError(f"the rescan interval must be positive: {self.rescan_interval}")
         if self.debounce < 0:
             raise ValueError(f"the debounce must not be negative: {self.debounce}")
+        if not self.resync_interval > 0:
+            raise ValueError(f"the resync interval must be positive: {self.resync_interval}")
 
     @property
     def stale_after(self) -> float:
@@ -110,17 +110,13 @@ class WatchSettings:
         return max(3 * self.rescan_interval, 30.0)
 
 
-class _Failed(Exception):
+class _Failed(ReconcilerError):
     """A reconcile that ended without an exception of its own but did not succeed."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, *, transient: bool = True) -> None:
         super().__init__(message)
         self.kind = kind
-        self.message = message
-
-
-_DESIRED_EVENT = "desired"
-_WAKE = "wake"
+        self.transient = transient
 
 
 class WatchLoop:
@@ -149,143 +145,92 @@ class WatchLoop:
         self.metrics = metrics or WatchMetrics()
         self.settings = settings or WatchSettings()
         self._ports = ports
-        self._host_signature = host_signature
-        self._cluster_signature = cluster_signature
         self._plugins = plugins
-        self._refresh_watches = refresh_watches
         self._clock = clock
         self._wall_clock = wall_clock
-        self._rng = rng
 
-        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._stopping = threading.Event()
-        self._debounce = Debounce(self.settings.debounce)
-
-        # The desired state in force (None: no valid one yet) and what was last read.
-        self._desired: DesiredNode | None = None
-        self._desired_fingerprint: str | None = None
-        self._invalid: tuple[str, ...] = ()
-        # What the next reconcile is for, and when it is due (None: nothing to do).
-        self._pending: set[Trigger] = set()
-        self._due: float | None = None
-        self._failures = 0
-        # Fingerprints taken just before the last successful reconcile's final observation.
-        self._host_baseline: str | None = None
-        self._cluster_baseline: str | None = None
-        self._cluster_unreachable = False
-        self._blocked: tuple[str, ...] = ()
-
-        # Read by the HTTP threads (plain attribute reads: each is atomic).
-        self._running = False
-        self._heartbeat = clock()
-        self._busy_since: float | None = None
-        self._ready = False
-        self._converged = False
-        self._last_error: str | None = None
+        self.scheduler = Scheduler(
+            rescan_interval=self.settings.rescan_interval,
+            debounce=self.settings.debounce,
+            backoff=self.settings.backoff,
+            resync_interval=self.settings.resync_interval,
+            clock=clock,
+            rng=rng,
+        )
+        self.desired = DesiredFiles(
+            source,
+            node=node,
+            catalog=catalog,
+            metrics=self.metrics,
+            events=lambda: self._ports().events,
+            refresh_watches=refresh_watches,
+        )
+        self.host = HostDrift(host_signature, metrics=self.metrics)
+        self.cluster = ClusterDrift(cluster_signature, metrics=self.metrics)
+        self.probes = Health(
+            desired=self.desired,
+            stale_after=self.settings.stale_after,
+            action_budget=self.settings.action_budget,
+            clock=clock,
+        )
 
     # -- inputs from other threads -----------------------------------------------------------
 
     def desired_changed(self) -> None:
         """A file event where the desired state lives (any thread)."""
-        self._queue.put(_DESIRED_EVENT)
+        self.scheduler.desired_changed()
 
     def stop(self) -> None:
         """Finish the reconcile under way, if any, then make :meth:`run` return (any thread)."""
-        self._stopping.set()
-        self._queue.put(_WAKE)
+        self.scheduler.stop()
 
     @property
     def stopping(self) -> bool:
-        return self._stopping.is_set()
+        return self.scheduler.stopping
 
     # -- probes (any thread) -----------------------------------------------------------------
 
     def health(self) -> Verdict:
         """Alive while the worker keeps ticking (or works through a reconcile's actions)."""
-        if not self._running:
-            return Verdict(False, "the watch loop is not running")
-        silent = self._clock() - self._heartbeat
-        limit = self.settings.stale_after
-        if self._busy_since is not None:
-            limit = max(limit, self.settings.action_budget)
-        if silent > limit:
-            return Verdict(
-                False, f"stalled: no sign of life for {silent:.0f} s (limit {limit:.0f} s)"
-            )
-        return Verdict(True, f"alive: last sign of life {silent:.1f} s ago")
+        return self.probes.alive()
 
     def readiness(self) -> Verdict:
         """Ready once a reconcile settled the node (converged, or only changes a VM blocks)."""
-        if self._ready:
-            return Verdict(True, f"ready: {self._state()}")
-        if self._desired is None:
-            if self._invalid:
-                return Verdict(False, f"no valid desired state yet: {self._invalid[0]}")
-            return Verdict(False, "no desired state read yet")
-        if self._last_error is not None:
-            return Verdict(False, f"not converged yet: {self._last_error}")
-        return Verdict(False, "waiting for the first reconcile")
-
-    def _state(self) -> str:
-        if self._last_error is not None:
-            return f"the last reconcile failed: {self._last_error}"
-        if self._blocked:
-            n = len(self._blocked)
-            return f"{n} change{'s' * (n != 1)} blocked: {self._blocked[0]}"
-        if self._invalid:
-            return f"converged on the last valid desired state; now invalid: {self._invalid[0]}"
-        return "converged" if self._converged else "reconciling"
+        return self.probes.readiness()
 
     # -- the worker --------------------------------------------------------------------------
 
     def run(self) -> None:
         """Reconcile at start, then on every change, until :meth:`stop`."""
-        self._running = True
-        try:
+        with self.probes.running():
             self._run()
-        finally:
-            self._running = False
 
     def _run(self) -> None:
-        interval = self.settings.rescan_interval
         log.info(
             "watching %s for node %s",
             self.source.path,
             self.node,
-            extra={"rescan_interval": interval, "debounce": self.settings.debounce},
+            extra={
+                "rescan_interval": self.settings.rescan_interval,
+                "debounce": self.settings.debounce,
+            },
         )
-        self._watch_again()
+        self.desired.watch_again()
         self._guarded(self._check_desired)
-        next_rescan = self._clock() + interval
-        while not self._stopping.is_set():
-            now = self._clock()
-            self._heartbeat = now
-            if self._debounce.take(now):
-                self._watch_again()
+        self.scheduler.rescanned()
+        while not self.scheduler.stopping:
+            self.probes.beat()
+            if self.scheduler.desired_due():
+                self.desired.watch_again()
                 self._guarded(self._check_desired)
-            if now >= next_rescan:
+            if self.scheduler.rescan_due():
                 self._guarded(self._rescan)
                 # Counted from the end: a slow rescan never makes them pile up.
-                next_rescan = self._clock() + interval
-            if self._due is not None and self._clock() >= self._due:
+                self.scheduler.rescanned()
+            if self.scheduler.reconcile_due():
                 self._reconcile()
                 continue  # look again at what fell due meanwhile, before sleeping
-            wake = min(
-                next_rescan,
-                math.inf if self._debounce.deadline is None else self._debounce.deadline,
-                math.inf if self._due is None else self._due,
-            )
-            try:
-                item = self._queue.get(timeout=max(0.0, wake - self._clock()))
-            except queue.Empty:
-                continue
-            while True:
-                if item == _DESIRED_EVENT:
-                    self._debounce.poke(self._clock())
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            self.scheduler.wait()
         log.info("stopping: no reconcile is running; the node lock is free")
 
     def _guarded(self, step: Callable[[], None]) -> None:
@@ -296,160 +241,45 @@ class WatchLoop:
             self.metrics.errors.labels(kind="internal").inc()
             log.exception("internal error in the watch loop (it goes on)")
 
-    def _want(self, trigger: Trigger, *, at: float | None = None) -> None:
-        """Ask for a reconcile at ``at`` (now by default)."""
-        when = self._clock() if at is None else at
-        self._pending.add(trigger)
-        self._due = when if self._due is None else min(self._due, when)
-
-    def _watch_again(self) -> None:
-        if self._refresh_watches is None:
-            return
-        try:
-            self._refresh_watches()
-        except Exception:
-            log.exception(
-                "cannot watch %s for changes (the rescan still notices them)", self.source.path
-            )
-
-    # -- the desired state -------------------------------------------------------------------
-
     def _check_desired(self) -> None:
-        """Read the desired state again if its content changed."""
-        fingerprint = self.source.fingerprint()
-        if fingerprint == self._desired_fingerprint:
-            return
-        self._desired_fingerprint = fingerprint
-        try:
-            node = self.source.load(catalog=self.catalog, node=self.node)
-        except ValidationError as exc:
-            if self.source.fingerprint() != fingerprint:
-                # Changed while we read it: a writer is not done (not every writer renames a
-                # finished file into place). Read it again once it has been quiet.
-                self._desired_fingerprint = None
-                self._debounce.poke(self._clock())
-                return
-            self._report_invalid(exc.problems or (Problem(exc.message),))
-            return
-        except Exception as exc:  # a loader bug must not take the loop down
-            log.exception("cannot load the desired state from %s", self.source.path)
-            self._report_invalid((Problem(f"internal error: {type(exc).__name__}: {exc}"),))
-            return
-        first = self._desired is None
-        if self._invalid:
-            log.info("the desired state in %s is valid again", self.source.path)
-        self._invalid = ()
-        self.metrics.desired_valid.set(1)
-        if node is None:
-            log.warning(
-                "node %s is not in the desired state in %s: no GPU of this node is managed",
-                self.node,
-                self.source.path,
-            )
-            node = DesiredNode(self.node)
-        if not first:
-            self.metrics.drift.labels(source="desired").inc()
-            log.info("the desired state changed", extra={"path": str(self.source.path)})
-        self._desired = node
-        self._want(Trigger.START if first else Trigger.DESIRED)
-
-    def _report_invalid(self, problems: tuple[Problem, ...]) -> None:
-        self._invalid = tuple(str(p) for p in problems)
-        self.metrics.desired_valid.set(0)
-        self.metrics.errors.labels(kind="validation").inc()
-        for problem in problems:
-            log.error(
-                "invalid desired state: %s",
-                problem,
-                extra={"file": problem.file, "line": problem.line, "column": problem.column},
-            )
-        if self._desired is None:
-            log.error("no valid desired state yet: nothing is changed until it is fixed")
-        else:
-            log.warning("the last valid desired state stays in force until this is fixed")
-        self._record_invalid_event(problems)
-
-    def _record_invalid_event(self, problems: tuple[Problem, ...]) -> None:
-        """A Warning Event on each SRIOVGPUDevice of the node (``kubectl describe`` shows it)."""
-        if self._desired is None or not self._desired.gpus:
-            return  # no object of ours is known to carry it
-        try:
-            events = self._ports().events
-        except ReconcilerError as exc:
-            log.warning("cannot record the invalid desired state as an Event: %s", exc.message)
-            return
-        if events is None:
-            return
-        # The loader lists at most 20 problems per file and counts the rest: the log has them.
-        more = (
-            f" (and {len(problems) - 1} more lines in the agent's log)" if len(problems) > 1 else ""
-        )
-        message = (
-            f"desired state invalid: {problems[0]}{more}; the last valid desired state stays "
-            "in force"
-        )[:_EVENT_MESSAGE_MAX]
-        for gpu in self._desired.gpus:
-            events.event(
-                SRIOV_GPU_KIND,
-                object_name(self.node, str(gpu.address)),
-                reason="InvalidDesiredState",
-                message=message,
-                type="Warning",
-            )
+        change = self.desired.check()
+        if change is DesiredChange.UNSETTLED:
+            self.scheduler.read_desired_soon()
+        elif change is DesiredChange.FIRST:
+            self.scheduler.want(Trigger.START)
+        elif change is DesiredChange.CHANGED:
+            self.scheduler.want(Trigger.DESIRED)
 
     # -- rescans -----------------------------------------------------------------------------
 
     def _rescan(self) -> None:
         started = self._clock()
         # Busy: a cluster that does not answer holds a rescan up to its request timeouts.
-        self._busy_since = started
+        self.probes.busy_since = started
         try:
             self._rescan_now()
         finally:
-            self._busy_since = None
+            self.probes.busy_since = None
             self.metrics.rescan_duration.observe(self._clock() - started)
 
     def _rescan_now(self) -> None:
-        self._watch_again()
-        if self.source.fingerprint() != self._desired_fingerprint and not self._debounce.pending:
+        self.desired.watch_again()
+        if not self.scheduler.desired_pending and self.desired.changed_unread():
             # No file event came (a filesystem without inotify, a watch that could not be
             # set): read it after the same quiet period as if one had.
             log.info("the desired state changed without a file event (noticed by the rescan)")
-            self._debounce.poke(self._clock())
-        if self._desired is not None and self._failures == 0:
+            self.scheduler.read_desired_soon()
+        if self.desired.current is not None and self.scheduler.looks_for_drift:
             self._look_for_drift()
 
     def _look_for_drift(self) -> None:
-        host = self._host_signature()
-        if host != self._host_baseline:
-            self.metrics.drift.labels(source="host").inc()
-            log.info("the host changed: reconciling", extra={"reason": "host"})
-            self._want(Trigger.HOST)
+        if self.host.drifted():
+            self.scheduler.want(Trigger.HOST)
             self._advertise_host()
-        if self._cluster_signature is not None:
-            cluster = self._cluster_fingerprint()
-            if cluster is not None and cluster != self._cluster_baseline:
-                self.metrics.drift.labels(source="cluster").inc()
-                log.info("our cluster objects changed: reconciling", extra={"reason": "cluster"})
-                self._want(Trigger.CLUSTER)
-        if self._blocked:
-            self._want(Trigger.BLOCKED)
-
-    def _cluster_fingerprint(self) -> str | None:
-        if self._cluster_signature is None:
-            return None
-        try:
-            fingerprint = self._cluster_signature()
-        except ReconcilerError as exc:
-            if not self._cluster_unreachable:
-                log.warning("cannot read our cluster objects: %s", exc.message)
-                self.metrics.errors.labels(kind="cluster").inc()
-            self._cluster_unreachable = True
-            return None
-        if self._cluster_unreachable:
-            log.info("the cluster answers again")
-        self._cluster_unreachable = False
-        return fingerprint
+        if self.cluster.drifted():
+            self.scheduler.want(Trigger.CLUSTER)
+        if self.probes.blocked and not self.scheduler.failing:
+            self.scheduler.want(Trigger.BLOCKED)
 
     def _advertise_host(self) -> None:
         """Tell the device plugins at once what vanished (reported Unhealthy until it is back),
@@ -474,17 +304,26 @@ class WatchLoop:
             self.metrics.errors.labels(kind="deviceplugin").inc()
             log.exception("device plugins: update failed")
 
+    def _retry(self, transient: bool | None) -> Retry:
+        """Schedule the retry of the reconcile that just failed. ``transient`` None: as the
+        exception being handled says (``_failed`` is called in an ``except`` clause)."""
+        if transient is None:
+            transient = is_transient(sys.exception())
+        if not transient:
+            # What the failed reconcile saw last is what must change for another try to
+            # succeed: a rescan that finds the host or the cluster otherwise tries again.
+            self._adopt_baselines((self.host.last, self.cluster.last))
+        return self.scheduler.failed(transient=transient)
+
     # -- one reconcile -----------------------------------------------------------------------
 
     def _reconcile(self) -> None:
-        desired = self._desired
-        triggers = ",".join(sorted(self._pending))
-        self._pending.clear()
-        self._due = None
+        desired = self.desired.current
+        triggers = self.scheduler.take()
         if desired is None:
             return
         started = self._clock()
-        self._busy_since = started
+        self.probes.busy_since = started
         removed: set[str] = set()
         try:
             final, applied = self._converge(desired, removed)
@@ -508,7 +347,7 @@ class WatchLoop:
         else:
             self._succeeded(final.plan, applied, started, triggers)
         finally:
-            self._busy_since = None
+            self.probes.busy_since = None
             self.metrics.reconcile_duration.observe(self._clock() - started)
 
     def _converge(self, desired: DesiredNode, removed: set[str]) -> tuple[Planned, int]:
@@ -557,7 +396,9 @@ class WatchLoop:
         if failed is not None:
             self._advertise_after_failure(ports, removed)
             raise _Failed(
-                "apply", f"{failed.action.kind.value} {failed.action.target}: {failed.message}"
+                "apply",
+                f"{failed.action.kind.value} {failed.action.target}: {failed.message}",
+                transient=failed.transient,
             )
         after = plan_for(ports, desired, adopt=self.settings.adopt)
         self._advertise(after.inventory, removed)
@@ -589,10 +430,11 @@ class WatchLoop:
 
     def _fingerprints(self) -> tuple[str, str | None]:
         """Taken before an observation: a change after it shows at the next rescan."""
-        return self._host_signature(), self._cluster_fingerprint()
+        return self.host.take(), self.cluster.take()
 
-    def _adopt_baselines(self, baselines: tuple[str, str | None]) -> None:
-        self._host_baseline, self._cluster_baseline = baselines
+    def _adopt_baselines(self, baselines: tuple[str | None, str | None]) -> None:
+        self.host.adopt(baselines[0])
+        self.cluster.adopt(baselines[1])
 
     def _log_plan(self, plan: Plan) -> None:
         log.info(
@@ -610,7 +452,7 @@ class WatchLoop:
             )
 
     def _outcome(self, outcome: Outcome) -> None:
-        self._heartbeat = self._clock()
+        self.probes.beat()
         action = outcome.action
         if outcome.status is OutcomeStatus.DONE:
             self.metrics.actions_applied.labels(kind=action.kind.value).inc()
@@ -639,17 +481,8 @@ class WatchLoop:
         self.metrics.blocked_actions.set(len(blocked))
         self.metrics.converged.set(1 if converged else 0)
         self.metrics.last_success.set(self._wall_clock())
-        changed = (
-            applied > 0
-            or blocked != self._blocked
-            or self._last_error is not None
-            or not self._ready
-        )
-        self._failures = 0
-        self._last_error = None
-        self._blocked = blocked
-        self._converged = converged
-        self._ready = True
+        changed = self.probes.settled(blocked, converged=converged) or applied > 0
+        self.scheduler.succeeded()
         fields = {
             "reason": triggers,
             "result": result,
@@ -678,25 +511,24 @@ class WatchLoop:
         triggers: str,
         *,
         level: int = logging.ERROR,
+        transient: bool | None = None,
     ) -> None:
-        self._failures += 1
-        delay = self.settings.backoff.delay(self._failures, rng=self._rng)
-        self._want(Trigger.RETRY, at=self._clock() + delay)
-        self._last_error = message
-        self._converged = False
+        retry = self._retry(transient)
+        self.probes.failed(message)
         self.metrics.reconciles.labels(result="failed").inc()
         self.metrics.errors.labels(kind=kind).inc()
         self.metrics.converged.set(0)
         log.log(
             level,
-            "reconcile failed: %s; retrying in %s s",
+            "reconcile failed: %s; %s",
             message,
-            round(delay, 2),
+            retry.when,
             extra={
                 "reason": triggers,
                 "error": kind,
-                "failures": self._failures,
-                "retry_in": round(delay, 2),
+                "transient": retry.transient,
+                "failures": retry.failures,
+                "retry_in": round(retry.delay, 2),
                 "seconds": round(self._clock() - started, 3),
             },
         )

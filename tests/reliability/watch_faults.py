@@ -380,7 +380,9 @@ class _Watched:
 
     def backed_off(self, mark: int) -> None:
         """The failed reconciles since ``mark`` were retried with growing delays: the
-        ``failures`` field counts up by one, ``retry_in`` never shrinks (before its cap)."""
+        ``failures`` field counts up by one, ``retry_in`` never shrinks (before its cap) from
+        one transient failure to the next (a permanent one waits for a change instead, with
+        the resync interval as its ``retry_in``)."""
         lines = []
         for d in self.since(mark):
             if _is_converged(d):
@@ -388,7 +390,7 @@ class _Watched:
             if _is_failure(d):
                 lines.append(d)
         counts = [int(d.get("failures") or 0) for d in lines]
-        delays = [float(d.get("retry_in") or 0) for d in lines]
+        delays = [float(d.get("retry_in") or 0) for d in lines if d.get("transient") is True]
         if counts and counts != list(range(counts[0], counts[0] + len(counts))):
             self.attempt.problems.append(f"failures counted {counts}: not one more each time")
         if any(b < a * 0.999 for a, b in itertools.pairwise(delays)) or (delays and delays[0] <= 0):

@@ -192,6 +192,20 @@ def test_create_errnos_are_explained(
     assert isinstance(info.value.__cause__, OSError)
 
 
+@pytest.mark.parametrize(
+    ("code", "transient"),
+    [(errno.EIO, True), (errno.ENOMEM, True), (errno.EACCES, False), (errno.EINVAL, False)],
+)
+def test_a_driver_that_failed_may_succeed_later_one_that_refused_not(
+    kernel: FakeKernel, code: int, transient: bool
+) -> None:
+    kernel.make_mdev(VF1, "nvidia-745", UUID_A)
+    kernel.fail_next[f"bus/mdev/devices/{UUID_A}/remove"] = code
+    with pytest.raises(DriverRefusedError) as info:
+        _driver(kernel).remove_vgpu(gpu=GPU, vf=VF1, uuid=UUID_A)
+    assert info.value.transient is transient
+
+
 def test_remove_writes_1_to_the_mdev_remove_file(kernel: FakeKernel) -> None:
     kernel.make_mdev(VF1, "nvidia-745", UUID_A)
     driver = _driver(kernel)
@@ -259,6 +273,7 @@ def test_sriov_manage_non_zero_exit_carries_its_stderr(kernel: FakeKernel, tmp_p
     with pytest.raises(CommandFailedError) as info:
         driver.disable_sriov(GPU)
     assert info.value.message == "sriov-manage -d 0000:08:00.0 failed (exit 1): GPU is in use"
+    assert info.value.transient  # the GPU may be free next time
 
 
 def test_sriov_manage_non_zero_exit_without_stderr_shows_stdout(kernel: FakeKernel) -> None:

@@ -125,6 +125,7 @@ def make_node(
     with_events: bool = False,
     clock: Callable[[], float] = time.monotonic,
     rescan_interval: float = 0.05,
+    resync_interval: float = 300.0,
     wrap_signature: Callable[[Callable[[], str]], Callable[[], str]] = lambda f: f,
 ) -> Node:
     host = init_host(tmp_path / "host", ["A2@0000:08:00.0"])
@@ -150,6 +151,7 @@ def make_node(
             debounce=0.01,
             verify_timeout=10,
             backoff=Backoff(initial=0.05, cap=0.2),
+            resync_interval=resync_interval,
         ),
         clock=clock,
     )
@@ -320,6 +322,85 @@ def test_a_held_node_lock_is_retried_with_backoff(tmp_path: Path) -> None:
     finally:
         lock.release()
     assert node.sample("vgpuctl_reconciles_total", result="failed") >= 2
+
+
+def test_a_permanent_failure_waits_for_a_change_of_the_host_instead_of_retrying(
+    tmp_path: Path,
+) -> None:
+    """An error that running again cannot cure (here the host cannot be read: a plain
+    ObserveError, not transient) is not retried on a timer: ten rescans later there is still
+    one failed reconcile; a change of the host (its fingerprint) brings the next try."""
+    from reconciler.model import ObserveError
+
+    generation = [0]
+
+    def wrap(compute: Callable[[], str]) -> Callable[[], str]:
+        return lambda: f"{compute()}/{generation[0]}"
+
+    node = make_node(tmp_path, seed_text(), wrap_signature=wrap, resync_interval=3600)
+    built = node.loop._ports
+    unreadable = threading.Event()
+    unreadable.set()
+
+    def ports() -> NodePorts:
+        real = built()
+
+        def observe() -> Inventory:
+            if unreadable.is_set():
+                raise ObserveError(f"sysfs root {node.host.sysfs_root} is not readable")
+            return real.observe_host()
+
+        return replace(real, observe_host=observe)
+
+    node.loop._ports = ports
+    with running(node.loop):
+        wait_for(lambda: node.sample("vgpuctl_errors_total", kind="observe") >= 1, "the failure")
+        rescans = node.sample("vgpuctl_rescan_duration_seconds_count")
+        wait_for(
+            lambda: node.sample("vgpuctl_rescan_duration_seconds_count") >= rescans + 10,
+            "ten rescans",
+        )
+        unreadable.clear()  # cured, but nothing the loop can see changed: still no retry
+        rescans = node.sample("vgpuctl_rescan_duration_seconds_count")
+        wait_for(
+            lambda: node.sample("vgpuctl_rescan_duration_seconds_count") >= rescans + 10,
+            "ten more rescans",
+        )
+        assert node.sample("vgpuctl_reconciles_total", result="failed") == 1
+        assert node.sample("vgpuctl_reconcile_duration_seconds_count") == 1
+        assert node.vgpus() == {}
+        assert "is not readable" in node.loop.readiness().reason
+        generation[0] += 1  # the host changed
+        wait_for(converged(node), "convergence after the host changed")
+        assert node.sample("vgpuctl_drift_detected_total", source="host") >= 1
+    assert node.sample("vgpuctl_reconciles_total", result="failed") == 1
+
+
+def test_a_permanent_failure_is_tried_again_after_the_resync_interval(tmp_path: Path) -> None:
+    """Nothing changes, but the resync interval passes: tried again (an RBAC rule granted, a
+    CRD installed meanwhile: changes no fingerprint sees)."""
+    from reconciler.model import ForbiddenError
+
+    node = make_node(tmp_path, seed_text(), resync_interval=0.3)
+    built = node.loop._ports
+    refusals: list[int] = []
+
+    def ports() -> NodePorts:
+        real = built()
+
+        def observe() -> Inventory:
+            if not refusals:
+                refusals.append(1)
+                raise ForbiddenError("list sriovgpudevices: forbidden (RBAC)")
+            return real.observe_host()
+
+        return replace(real, observe_host=observe)
+
+    node.loop._ports = ports
+    with running(node.loop):
+        wait_for(converged(node), "convergence at the resync")
+    assert node.sample("vgpuctl_errors_total", kind="cluster") == 1
+    assert node.sample("vgpuctl_reconciles_total", result="failed") == 1
 
 
 def test_work_another_apply_did_meanwhile_is_planned_again_under_the_lock(

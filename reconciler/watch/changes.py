@@ -1,0 +1,247 @@
+"""The watch loop's change sources: what says a reconcile may have something new to do.
+
+Each has one job, and none decides when to act (the scheduler does):
+
+- :class:`DesiredFiles`: the desired state in force. Read again when the files' content
+  fingerprint changed; an invalid one is reported (log lines with ``file:line:col``,
+  ``vgpuctl_desired_state_valid`` 0, a Warning Event on the node's SRIOVGPUDevice objects when a
+  cluster is configured) and the last valid one stays in force.
+- :class:`HostDrift`: the host signature (``signature.py``: a few reads) against a baseline;
+  only a difference costs a full observation.
+- :class:`ClusterDrift`: likewise the resourceVersions of our cluster objects (three list
+  calls); a cluster that does not answer is logged once, not taken for a change.
+
+A baseline is a fingerprint taken just *before* an observation: whatever changes after it shows
+at the next rescan. The loop adopts as baselines the last fingerprints a reconcile took, when it
+succeeded, and when it failed permanently (then a change of the host or the cluster is what
+may make the next try succeed).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+
+from reconciler.apply import EventSink
+from reconciler.catalog import Catalog
+from reconciler.model import DesiredNode, Problem, ReconcilerError, ValidationError
+from reconciler.model.cluster import SRIOV_GPU_KIND, object_name
+from reconciler.watch.metrics import WatchMetrics
+from reconciler.watch.source import DesiredSource
+
+log = logging.getLogger("vgpuctl.watch")
+
+#: Kubernetes truncates longer Event messages.
+_EVENT_MESSAGE_MAX = 1024
+
+
+class DesiredChange(enum.Enum):
+    """What :meth:`DesiredFiles.check` found."""
+
+    #: The content did not change, or it changed into something invalid (reported).
+    NONE = "none"
+    #: The first valid desired state.
+    FIRST = "first"
+    #: A new valid desired state replaces the one in force.
+    CHANGED = "changed"
+    #: The files changed while they were read (a writer is not done): read them again once
+    #: they have been quiet.
+    UNSETTLED = "unsettled"
+
+
+class DesiredFiles:
+    """The desired state in force for one node, from a :class:`DesiredSource`."""
+
+    def __init__(
+        self,
+        source: DesiredSource,
+        *,
+        node: str,
+        catalog: Catalog,
+        metrics: WatchMetrics,
+        events: Callable[[], EventSink | None],
+        refresh_watches: Callable[[], None] | None = None,
+    ) -> None:
+        self.source = source
+        self._node = node
+        self._catalog = catalog
+        self._metrics = metrics
+        self._events = events
+        self._refresh_watches = refresh_watches
+        #: The desired state in force (None: no valid one yet).
+        self.current: DesiredNode | None = None
+        #: The problems of the files as they are now, when invalid (one line each).
+        self.invalid: tuple[str, ...] = ()
+        self._fingerprint: str | None = None
+
+    def watch_again(self) -> None:
+        """Work out again which directories to watch for file events."""
+        if self._refresh_watches is None:
+            return
+        try:
+            self._refresh_watches()
+        except Exception:
+            log.exception(
+                "cannot watch %s for changes (the rescan still notices them)", self.source.path
+            )
+
+    def changed_unread(self) -> bool:
+        """The files' content differs from what was last read (a change no event announced)."""
+        return self.source.fingerprint() != self._fingerprint
+
+    def check(self) -> DesiredChange:
+        """Read the desired state again if its content changed."""
+        fingerprint = self.source.fingerprint()
+        if fingerprint == self._fingerprint:
+            return DesiredChange.NONE
+        self._fingerprint = fingerprint
+        try:
+            node = self.source.load(catalog=self._catalog, node=self._node)
+        except ValidationError as exc:
+            if self.source.fingerprint() != fingerprint:
+                # Changed while we read it: a writer is not done (not every writer renames a
+                # finished file into place). Read it again once it has been quiet.
+                self._fingerprint = None
+                return DesiredChange.UNSETTLED
+            self._report_invalid(exc.problems or (Problem(exc.message),))
+            return DesiredChange.NONE
+        except Exception as exc:  # a loader bug must not take the loop down
+            log.exception("cannot load the desired state from %s", self.source.path)
+            self._report_invalid((Problem(f"internal error: {type(exc).__name__}: {exc}"),))
+            return DesiredChange.NONE
+        first = self.current is None
+        if self.invalid:
+            log.info("the desired state in %s is valid again", self.source.path)
+        self.invalid = ()
+        self._metrics.desired_valid.set(1)
+        if node is None:
+            log.warning(
+                "node %s is not in the desired state in %s: no GPU of this node is managed",
+                self._node,
+                self.source.path,
+            )
+            node = DesiredNode(self._node)
+        if not first:
+            self._metrics.drift.labels(source="desired").inc()
+            log.info("the desired state changed", extra={"path": str(self.source.path)})
+        self.current = node
+        return DesiredChange.FIRST if first else DesiredChange.CHANGED
+
+    def _report_invalid(self, problems: tuple[Problem, ...]) -> None:
+        self.invalid = tuple(str(p) for p in problems)
+        self._metrics.desired_valid.set(0)
+        self._metrics.errors.labels(kind="validation").inc()
+        for problem in problems:
+            log.error(
+                "invalid desired state: %s",
+                problem,
+                extra={"file": problem.file, "line": problem.line, "column": problem.column},
+            )
+        if self.current is None:
+            log.error("no valid desired state yet: nothing is changed until it is fixed")
+        else:
+            log.warning("the last valid desired state stays in force until this is fixed")
+        self._record_invalid_event(problems)
+
+    def _record_invalid_event(self, problems: tuple[Problem, ...]) -> None:
+        """A Warning Event on each SRIOVGPUDevice of the node (``kubectl describe`` shows it)."""
+        if self.current is None or not self.current.gpus:
+            return  # no object of ours is known to carry it
+        try:
+            events = self._events()
+        except ReconcilerError as exc:
+            log.warning("cannot record the invalid desired state as an Event: %s", exc.message)
+            return
+        if events is None:
+            return
+        # The loader lists at most 20 problems per file and counts the rest: the log has them.
+        more = (
+            f" (and {len(problems) - 1} more lines in the agent's log)" if len(problems) > 1 else ""
+        )
+        message = (
+            f"desired state invalid: {problems[0]}{more}; the last valid desired state stays "
+            "in force"
+        )[:_EVENT_MESSAGE_MAX]
+        for gpu in self.current.gpus:
+            events.event(
+                SRIOV_GPU_KIND,
+                object_name(self._node, str(gpu.address)),
+                reason="InvalidDesiredState",
+                message=message,
+                type="Warning",
+            )
+
+
+class HostDrift:
+    """The host's fingerprint against its baseline."""
+
+    def __init__(self, signature: Callable[[], str], *, metrics: WatchMetrics) -> None:
+        self._signature = signature
+        self._metrics = metrics
+        self.baseline: str | None = None
+        #: The last fingerprint :meth:`take` returned.
+        self.last: str | None = None
+
+    def take(self) -> str:
+        """The fingerprint now, taken before an observation (remembered as :attr:`last`)."""
+        self.last = self._signature()
+        return self.last
+
+    def adopt(self, fingerprint: str | None) -> None:
+        self.baseline = fingerprint
+
+    def drifted(self) -> bool:
+        """The host differs from the baseline (counted and logged when it does)."""
+        if self._signature() == self.baseline:
+            return False
+        self._metrics.drift.labels(source="host").inc()
+        log.info("the host changed: reconciling", extra={"reason": "host"})
+        return True
+
+
+class ClusterDrift:
+    """Our cluster objects' fingerprint against its baseline; nothing without a cluster."""
+
+    def __init__(self, signature: Callable[[], str] | None, *, metrics: WatchMetrics) -> None:
+        self._signature = signature
+        self._metrics = metrics
+        self._unreachable = False
+        self.baseline: str | None = None
+        #: The last fingerprint :meth:`take` returned (None: no cluster, or it did not answer).
+        self.last: str | None = None
+
+    def take(self) -> str | None:
+        """The fingerprint now (remembered as :attr:`last`); None when there is no cluster or
+        it did not answer."""
+        self.last = self._read()
+        return self.last
+
+    def adopt(self, fingerprint: str | None) -> None:
+        self.baseline = fingerprint
+
+    def drifted(self) -> bool:
+        """Our objects differ from the baseline (counted and logged when they do); a cluster
+        that does not answer has not changed as far as anyone can tell."""
+        fingerprint = self._read()
+        if fingerprint is None or fingerprint == self.baseline:
+            return False
+        self._metrics.drift.labels(source="cluster").inc()
+        log.info("our cluster objects changed: reconciling", extra={"reason": "cluster"})
+        return True
+
+    def _read(self) -> str | None:
+        if self._signature is None:
+            return None
+        try:
+            fingerprint = self._signature()
+        except ReconcilerError as exc:
+            if not self._unreachable:
+                log.warning("cannot read our cluster objects: %s", exc.message)
+                self._metrics.errors.labels(kind="cluster").inc()
+            self._unreachable = True
+            return None
+        if self._unreachable:
+            log.info("the cluster answers again")
+        self._unreachable = False
+        return fingerprint
