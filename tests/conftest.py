@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,50 @@ REPO = Path(__file__).resolve().parents[1]
 # is its own DIR/kubelet: the machine's /var/lib/kubelet is never read either.)
 for _variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
     os.environ.pop(_variable, None)
+# Nor the machine's vgpuctl settings (a VGPUCTL_SYSFS_ROOT, a NODE_NAME): every test names its
+# simulated host, state directory and node itself.
+for _variable in [v for v in os.environ if v.startswith("VGPUCTL_")] + ["NODE_NAME"]:
+    os.environ.pop(_variable, None)
+
+#: What no test may read: the machine's sysfs, kubelet directory and kubeconfigs.
+FORBIDDEN = ("/sys", "/var/lib/kubelet", os.path.expanduser("~/.kube"))
+_touched: list[str] = []
+
+
+def _forbidden(path: Any) -> str | None:
+    if isinstance(path, int):
+        return None  # a descriptor (openat): its directory was checked when it was opened
+    try:
+        text = os.fsdecode(path)
+    except TypeError:
+        return None
+    full = os.path.normpath(os.path.abspath(text))
+    for root in FORBIDDEN:
+        if full == root or full.startswith(root + "/"):
+            return full
+    return None
+
+
+def _guard(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook: opening or listing a forbidden path fails the open and the test."""
+    if event in ("open", "os.listdir", "os.scandir", "os.chdir", "shutil.rmtree") and args:
+        found = _forbidden(args[0])
+        if found is not None:
+            _touched.append(f"{event} {found}")
+            raise PermissionError(f"hermetic tests: {event} {found} is the machine's, not a test's")
+
+
+sys.addaudithook(_guard)
+
+
+@pytest.fixture(autouse=True)
+def _hermetic() -> Iterator[None]:
+    """Fail a test that touched the machine's sysfs, kubelet directory or kubeconfig, even if
+    the code under test caught the error."""
+    del _touched[:]
+    yield
+    touched, _touched[:] = list(_touched), []
+    assert not touched, f"the test touched the machine's files: {touched}"
 
 
 @pytest.fixture(scope="session")

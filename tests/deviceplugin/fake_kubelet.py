@@ -13,14 +13,25 @@ It does what the kubelet's device manager does with plugins (DOMAIN.md §6), and
   replaces the previous connection (its stream is cancelled).
 - ``ListAndWatch`` is consumed in a thread per plugin; each message is the full list and
   replaces the resource's devices. ``allocatable(resource)`` is the count of ``Healthy`` ones:
-  what the kubelet reports as node allocatable. A stream that ends keeps the last list (the
-  kubelet keeps the devices until the plugin's socket goes away or it re-registers).
+  what the kubelet reports as node allocatable; ``capacity(resource)`` counts them all.
+- A stream that ends (the plugin stopped, its server went away, the stream broke) ends the
+  plugin's connection, as in the kubelet: ``runClient`` → ``disconnectClient`` → the client's
+  ``Disconnect`` closes the gRPC connection and calls ``ManagerImpl.PluginDisconnected``, which
+  calls ``markResourceUnhealthy`` (every healthy device of the resource becomes unhealthy:
+  allocatable drops to 0, capacity stays) and stops the endpoint (``setStopTime``). The devices
+  stay listed, ``Unhealthy``, for ``endpointStopGracePeriod`` (5 minutes; ``grace_period``
+  here), after which the kubelet's ``GetCapacity`` drops the resource. Only a new registration
+  brings it back (kubernetes ``pkg/kubelet/cm/devicemanager``: ``plugin/v1beta1/handler.go``
+  ``runClient``, ``plugin/v1beta1/client.go`` ``Run``/``Disconnect``, ``manager.go``
+  ``PluginDisconnected``/``markResourceUnhealthy``/``GetCapacity``, ``types.go``
+  ``endpointStopGracePeriod``; the 2018 ``manager.go`` ``addEndpoint`` did the same after
+  ``e.run()`` returned). The kubelet never opens a second stream on a connection.
 - ``restart()`` is a kubelet restart: connections drop, the state is forgotten (allocatable is
   zero until the plugin re-registers and streams again), every socket is deleted and a new
   ``kubelet.sock`` is served.
 
-Test hooks: ``refuse`` (registrations fail with a gRPC error), ``drop_stream`` (cancel a
-``ListAndWatch`` stream, optionally opening a new one on the same connection), the
+Test hooks: ``refuse`` (registrations fail with a gRPC error), ``drop_stream`` (the
+resource's ``ListAndWatch`` stream breaks: handled as any stream end, above), the
 ``registrations`` log and the ``updates`` log (arrival time of every list, for latency
 measurement), ``wait_for``. ``allocate``/``preferred``/``pre_start`` call the plugin directly,
 without the kubelet's own checks, so tests see what the plugin answers to anything.
@@ -155,6 +166,7 @@ class FakeKubelet:
         refuse: bool = False,
         dial_timeout: float = 2.0,
         call_timeout: float = 5.0,
+        grace_period: float = 300.0,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.socket = self.plugin_dir / KUBELET_SOCKET
@@ -164,6 +176,9 @@ class FakeKubelet:
         self.refuse = refuse
         self.dial_timeout = dial_timeout
         self.call_timeout = call_timeout
+        #: The kubelet's ``endpointStopGracePeriod``: how long a resource whose stream ended
+        #: keeps its (unhealthy) devices before it is dropped.
+        self.grace_period = grace_period
         self._cond = threading.Condition(threading.RLock())
         # Registrations of one resource are handled one at a time (the newer replaces the
         # older); different resources in parallel, as the kubelet does.
@@ -172,6 +187,8 @@ class FakeKubelet:
         self._epoch = 0
         self._connections: dict[str, _Connection] = {}
         self._devices: dict[str, tuple[DeviceState, ...]] = {}
+        #: Resources whose stream ended: when (time.monotonic()), until they re-register.
+        self._stopped: dict[str, float] = {}
         self._registrations: list[Registration] = []
         self._updates: list[Update] = []
         self._events = 0  # bumped on every change, under _cond
@@ -228,6 +245,7 @@ class FakeKubelet:
             connections = list(self._connections.values())
             self._connections.clear()
             self._devices.clear()
+            self._stopped.clear()
             self._notify()
         if server is not None:
             server.stop(grace=None).wait(5)
@@ -295,6 +313,7 @@ class FakeKubelet:
                     previous = self._connections.get(request.resource_name)
                     self._connections[request.resource_name] = conn
                     self._devices.setdefault(request.resource_name, ())
+                    self._stopped.pop(request.resource_name, None)
                 self._notify()
             if previous is not None:
                 self._disconnect(previous)
@@ -373,8 +392,37 @@ class FakeKubelet:
                 log.info("ListAndWatch of %s ended: %s", conn.resource, _describe(exc))
         finally:
             with self._cond:
+                ended = conn.call is call and not conn.closed
                 if conn.call is call:
                     conn.streaming = False
+                self._notify()
+            if ended:
+                self._plugin_disconnected(conn)
+
+    def _plugin_disconnected(self, conn: _Connection) -> None:
+        """The stream of the resource's current connection ended: the kubelet's
+        ``disconnectClient`` (close the connection, forget the client) and
+        ``PluginDisconnected`` (``markResourceUnhealthy``, stop the endpoint)."""
+        with self._cond:
+            if self._connections.get(conn.resource) is not conn:
+                return  # replaced by a new registration, or the kubelet stopped
+            del self._connections[conn.resource]
+            self._devices[conn.resource] = tuple(
+                DeviceState(d.id, UNHEALTHY) for d in self._devices.get(conn.resource, ())
+            )
+            self._stopped[conn.resource] = time.monotonic()
+            self._notify()
+        log.info("ListAndWatch of %s ended: its devices are unhealthy", conn.resource)
+        self._disconnect(conn)
+
+    def _expire(self) -> None:
+        """The kubelet's ``GetCapacity``: drop resources stopped longer than the grace period.
+        Call with ``_cond`` held."""
+        now = time.monotonic()
+        for resource, since in list(self._stopped.items()):
+            if now - since > self.grace_period:
+                del self._stopped[resource]
+                self._devices.pop(resource, None)
                 self._notify()
 
     def _disconnect(self, conn: _Connection) -> None:
@@ -395,32 +443,43 @@ class FakeKubelet:
 
     # --- test hooks ------------------------------------------------------------------------
 
-    def drop_stream(self, resource: str, *, reopen: bool = True) -> None:
-        """Cancel the resource's ListAndWatch stream; with ``reopen``, call ListAndWatch again
-        on the same connection (the plugin must answer with its current list)."""
+    def drop_stream(self, resource: str) -> None:
+        """The resource's ListAndWatch stream breaks (cancelled here): the kubelet handles it
+        as any stream end (its devices unhealthy, the connection closed) and waits for the
+        plugin to register again."""
         with self._cond:
             conn = self._require(resource)
             call, thread = conn.call, conn.thread
-            conn.call = None
-            conn.streaming = False
         if call is not None:
             call.cancel()
         if thread is not None:
             thread.join(5)
-        if reopen:
-            self._open_stream(conn)
 
     # --- queries ---------------------------------------------------------------------------
 
     def resources(self) -> set[str]:
-        """Resources registered with this kubelet run (since the last restart)."""
+        """Resources registered with this kubelet run (since the last restart), those whose
+        stream ended less than the grace period ago included."""
         with self._cond:
+            self._expire()
             return set(self._devices)
 
     def devices(self, resource: str) -> tuple[DeviceState, ...]:
-        """The resource's devices from its last ListAndWatch message (empty if none yet)."""
+        """The resource's devices from its last ListAndWatch message (empty if none yet), all
+        ``Unhealthy`` once its stream ended."""
         with self._cond:
+            self._expire()
             return self._devices.get(resource, ())
+
+    def stopped(self, resource: str) -> bool:
+        """Whether the resource's stream ended and it has not registered again since."""
+        with self._cond:
+            self._expire()
+            return resource in self._stopped
+
+    def capacity(self, resource: str) -> int:
+        """Node capacity for the resource: its devices, healthy or not (0 once dropped)."""
+        return len(self.devices(resource))
 
     def device_ids(self, resource: str) -> set[str]:
         return {d.id for d in self.devices(resource)}
@@ -434,6 +493,7 @@ class FakeKubelet:
 
     def allocatable_all(self) -> dict[str, int]:
         with self._cond:
+            self._expire()
             return {r: self.allocatable(r) for r in sorted(self._devices)}
 
     def streaming(self, resource: str) -> bool:

@@ -2,7 +2,8 @@
 
 The integration tests trust the fake kubelet to behave like the kubelet; these tests pin the
 parts they rely on: registration checks, dial-back, allocatable = healthy count, restarts that
-wipe the directory, dropped streams, pass-through calls.
+wipe the directory, ended streams (devices unhealthy, as the kubelet marks them),
+pass-through calls.
 """
 
 from __future__ import annotations
@@ -236,7 +237,33 @@ def test_restart_wipes_every_socket_and_forgets_devices(
     plugin.stop()
 
 
-def test_dropped_stream_reopens_with_the_current_list(
+def test_stream_ended_by_the_plugin_makes_its_devices_unhealthy(
+    plugin_dir: Path, plugin: TinyPlugin
+) -> None:
+    # The kubelet's PluginDisconnected → markResourceUnhealthy: allocatable 0, capacity kept,
+    # the devices listed Unhealthy until the grace period (endpointStopGracePeriod) ends.
+    with FakeKubelet(plugin_dir, dial_timeout=0.5, grace_period=0.5) as kubelet:
+        plugin.set_devices([("a", "Healthy"), ("b", "Unhealthy")])
+        plugin.serve()
+        plugin.register()
+        kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 1)
+        plugin.stop()
+        kubelet.wait_for(lambda: kubelet.stopped(RESOURCE), what="stream end")
+        assert not kubelet.streaming(RESOURCE)
+        assert kubelet.devices(RESOURCE) == (
+            DeviceState("a", "Unhealthy"),
+            DeviceState("b", "Unhealthy"),
+        )
+        assert (kubelet.allocatable(RESOURCE), kubelet.capacity(RESOURCE)) == (0, 2)
+        with pytest.raises(KeyError):  # the connection is gone: nothing reaches the plugin
+            kubelet.allocate(RESOURCE, ["a"])
+        kubelet.wait_for(
+            lambda: RESOURCE not in kubelet.resources(), what="the grace period to end"
+        )
+        assert kubelet.capacity(RESOURCE) == 0
+
+
+def test_a_broken_stream_is_a_stream_end_and_registering_again_restores(
     kubelet: FakeKubelet, plugin: TinyPlugin
 ) -> None:
     plugin.set_devices([("a", "Healthy")])
@@ -244,25 +271,17 @@ def test_dropped_stream_reopens_with_the_current_list(
     plugin.register()
     kubelet.wait_for(lambda: kubelet.update_count(RESOURCE) == 1)
 
-    kubelet.drop_stream(RESOURCE, reopen=False)
-    assert not kubelet.streaming(RESOURCE)
+    kubelet.drop_stream(RESOURCE)
+    kubelet.wait_for(lambda: kubelet.stopped(RESOURCE), what="the endpoint to stop")
+    assert kubelet.devices(RESOURCE) == (DeviceState("a", "Unhealthy"),)
+    assert kubelet.allocatable(RESOURCE) == 0
+    assert RESOURCE in kubelet.resources()  # within the grace period (5 minutes by default)
+
+    # Only a new registration brings it back, with a new stream and the current list.
     plugin.set_devices([("a", "Healthy"), ("b", "Healthy")])
-    kubelet.drop_stream(RESOURCE)  # reopen
-    kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 2)
-    assert kubelet.streaming(RESOURCE)
-    assert kubelet.update_count(RESOURCE) == 2
-
-
-def test_stream_ended_by_the_plugin_keeps_the_last_list(
-    kubelet: FakeKubelet, plugin: TinyPlugin
-) -> None:
-    plugin.set_devices([("a", "Healthy")])
-    plugin.serve()
     plugin.register()
-    kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 1)
-    plugin.stop()
-    kubelet.wait_for(lambda: not kubelet.streaming(RESOURCE), what="stream end")
-    assert kubelet.allocatable(RESOURCE) == 1
+    kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 2)
+    assert kubelet.streaming(RESOURCE) and not kubelet.stopped(RESOURCE)
 
 
 def test_calls_reach_the_plugin(kubelet: FakeKubelet, plugin: TinyPlugin) -> None:

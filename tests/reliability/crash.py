@@ -12,11 +12,12 @@ would remove (``vgpuctl sim hold``); random one-shot faults are armed with ``vgp
   reported done, and sent while the simulated kernel is idle (``kernel_quiet``: a real sysfs
   write cannot be interrupted half done either).
 
-Faults left unused are cleared, and apply runs again (at most ``MAX_RERUNS`` times) until a fresh
-plan has no actions. After every process: no UUID twice, no VF with two vGPUs, no dangling mdev
-link, every held vGPU still on its VF with its type. At the end: converged (nothing to do, blocked
-only by held vGPUs), no orphan (each vGPU on a managed GPU desired or held), unmanaged GPUs
-untouched, no traceback, no ``sriov-manage`` left running.
+Faults left unused are cleared, and apply runs again (at most ``MAX_RERUNS`` times) until the
+tests' oracle (``tests/oracle.py``: the tree against the desired file) finds the host converged,
+held vGPUs excepted, and a fresh plan agrees. After every process: no UUID twice, no VF with two
+vGPUs, no dangling mdev link, every held vGPU still on its VF with its type. At the end: no
+orphan (each vGPU on a managed GPU desired or held), unmanaged GPUs untouched, no traceback, no
+``sriov-manage`` left running.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ from tests.reliability.hosts import (
     histogram,
     kernel_quiet,
     orphans,
-    plan_verdict,
     read_truth,
     reap_strays,
     run_cases,
@@ -248,15 +248,12 @@ def run_case(case: Case, directory: Path) -> Result:
         result.rerun_outcomes.append(rerun.outcome())
         result.strays += len(reap_strays(node.sriov_manage))
         _check(result, rerun, node, gpus, held)
-        plan_run, plan = node.plan(desired_file)
-        if plan is None:
-            result.errors.append(f"plan failed: {plan_run.outcome()} {plan_run.messages()}")
-            break
-        done, unexplained = plan_verdict(plan, held)
-        if done:
+        left = node.converged(desired_file, held)
+        if not left:
             result.reruns = attempt
-            result.unexplained_blocked = unexplained
             break
+    else:
+        result.not_converged = left[:3]
 
     after = read_truth(node.sysfs_root, gpus)
     result.orphans = orphans(after, managed, set(held))
@@ -319,7 +316,7 @@ def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str
         "vfs_with_two_vgpus": sum(len(r.crowded) for r in results),
         "dangling_mdev_links": sum(len(r.dangling) for r in results),
         "in_use_removed": sum(len(r.in_use_removed) for r in results),
-        "blocked_not_by_held_vgpus": sum(len(r.unexplained_blocked) for r in results),
+        "not_converged_by_the_oracle": sum(1 for r in results if r.not_converged),
         "tracebacks": sum(len(r.bugs) for r in results),
         "hung_processes": sum(len(r.hung) for r in results),
         "stray_sriov_manage": sum(r.strays for r in results),

@@ -38,7 +38,6 @@ from tests.reliability.hosts import (
     SimNode,
     histogram,
     kernel_quiet,
-    plan_verdict,
     read_truth,
     reap_strays,
     safety,
@@ -120,19 +119,21 @@ def check_untouched(attempt: Attempt, node: SimNode, before: dict[str, int], wha
 
 
 def _converge(
-    attempt: Attempt, node: SimNode, desired: Path, *plan_flags: str, gpus: tuple[str, ...] = (GPU,)
+    attempt: Attempt, node: SimNode, desired: Path, *, gpus: tuple[str, ...] = (GPU,)
 ) -> None:
-    """Apply until a fresh plan has nothing to do (bounded), checking the host each time."""
+    """Apply until the oracle finds the host converged (bounded), checking the host each
+    time."""
+    left: list[str] = []
     for rerun in range(1, MAX_RERUNS + 1):
         run = node.run("apply", desired, "--yes", timeout=120)
         attempt.reruns = rerun
         if run.bug or run.hung:
             attempt.problems.append(f"apply after the fault: {run.bug or 'hung'}")
         attempt.problems += safety(read_truth(node.sysfs_root, gpus), {}).problems()
-        _, plan = node.plan(desired, *plan_flags)
-        if plan is not None and plan_verdict(plan, {}) == (True, []):
+        left = node.converged(desired)
+        if not left:
             return
-    attempt.problems.append(f"not converged after {MAX_RERUNS} applies")
+    attempt.problems.append(f"not converged after {MAX_RERUNS} applies: {left[:3]}")
 
 
 # --- the faults ---------------------------------------------------------------------------------

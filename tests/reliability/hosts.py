@@ -3,8 +3,11 @@ host, and the host's truth read straight from its sysfs tree.
 
 The invariants are judged from the tree itself (``virtfn`` links, mdev directories and their
 ``mdev_type``, ``bus/mdev/devices``), never through ``reconciler.observe``: the code under test
-does not grade itself. Every subprocess has a timeout; a process that outlives it is killed
-with its whole process group and reported, never waited for.
+does not grade itself. So is convergence: ``SimNode.converged`` asks the tests' own oracle
+(``tests/oracle.py``), the tree against the desired file; a fresh ``vgpuctl plan`` is only an
+extra check that may add a finding (it covers the cluster, which the oracle does not read).
+Every subprocess has a timeout; a process that outlives it is killed with its whole process
+group and reported, never waited for.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from reconciler.sim import SimHost
+from tests import oracle
 
 REPO = Path(__file__).resolve().parents[2]
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -215,6 +219,13 @@ class SimNode:
     node: str
     #: More global flags (``--kubeconfig K --kubelet-dir D``).
     extra: tuple[str, ...] = ()
+    #: The host as it was when this was made (make it right after building the host, before
+    #: any vgpuctl runs): which vGPUs were there before, and the GPUs nobody may touch.
+    before: oracle.Snapshot | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.before is None:
+            object.__setattr__(self, "before", oracle.snapshot(self.sysfs_root))
 
     @property
     def sysfs_root(self) -> Path:
@@ -249,6 +260,31 @@ class SimNode:
     def stats(self) -> dict[str, int]:
         host = SimHost.open(self.sysfs_root)
         return host.stats() if host is not None else {}
+
+    def converged(self, desired: Path, held: Iterable[str] = ()) -> list[str]:
+        """What is left between the host and ``desired`` (empty: converged; vGPUs in ``held``,
+        by UUID, may stay, with what they block). The verdict is the tests' oracle's; then, as
+        an extra, a fresh ``vgpuctl plan`` (cluster included) must have no action left."""
+        return self.verdict(desired, held)[0]
+
+    def verdict(
+        self, desired: Path, held: Iterable[str] = (), *, since: oracle.Snapshot | None = None
+    ) -> tuple[list[str], dict[str, Any] | None]:
+        """``converged``'s answer, and the plan document of its extra check (None: none made).
+        ``since``: the host when ``desired`` took over from an earlier desired state (default:
+        when this node was made)."""
+        before = since or self.before
+        assert before is not None
+        problems = oracle.judge(self.sysfs_root, desired, self.node, before=before, held=held)
+        if problems:
+            return [f"oracle: {p}" for p in problems], None
+        run, plan = self.plan(desired)
+        if plan is None:
+            return [f"plan failed: {run.outcome()} {run.messages()}"], None
+        if plan.get("actions"):
+            shown = [f"{a.get('kind')} {a.get('target')}" for a in plan["actions"][:3]]
+            return [f"the oracle finds the host converged, vgpuctl still plans {shown}"], plan
+        return [], plan
 
     def plan(self, desired: Path, *more: object) -> tuple[Run, dict[str, Any] | None]:
         """``plan -o json``: the run and the plan document (None if there was none)."""
@@ -468,11 +504,12 @@ class Findings:
     crowded: list[str] = field(default_factory=list)
     dangling: list[str] = field(default_factory=list)
     in_use_removed: list[str] = field(default_factory=list)
-    unexplained_blocked: list[str] = field(default_factory=list)
     bugs: list[str] = field(default_factory=list)
     hung: list[str] = field(default_factory=list)
     strays: int = 0  # sriov-manage processes left running
     unmanaged_touched: list[str] = field(default_factory=list)
+    #: What the oracle (or the extra plan check) still found at the end, when not converged.
+    not_converged: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     def add_safety(self, found: Safety) -> None:
@@ -485,8 +522,8 @@ class Findings:
         """Every finding as a line, the most telling first."""
         found = [
             *self.errors, *self.bugs, *self.hung, *self.orphans, *self.duplicates, *self.crowded,
-            *self.dangling, *self.in_use_removed, *self.unexplained_blocked,
-            *self.unmanaged_touched,
+            *self.dangling, *self.in_use_removed,
+            *self.unmanaged_touched, *self.not_converged,
         ]  # fmt: skip
         if self.strays:
             found.append(f"{self.strays} sriov-manage process(es) left running")
@@ -575,24 +612,6 @@ def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[s
                 if want_at.get(v.index) != body(v.type_name)
             ]
     return found
-
-
-_IN_USE_NAMED = re.compile(r" on (\S+) \(in use\)")
-
-
-def plan_verdict(plan: Mapping[str, Any], held: Mapping[str, Held]) -> tuple[bool, list[str]]:
-    """(no actions left, blocked changes not explained by a held vGPU)."""
-    held_vfs = {h.vf for h in held.values()}
-    unexplained = []
-    for b in plan.get("blocked", []):
-        if b["kind"] == "vgpu-remove":
-            explained = b.get("params", {}).get("uuid") in held
-        else:
-            named = _IN_USE_NAMED.findall(b.get("reason", ""))
-            explained = bool(named) and all(vf in held_vfs for vf in named)
-        if not explained:
-            unexplained.append(f"{b['kind']} {b['target']}: {b.get('reason', '')}")
-    return not plan.get("actions"), unexplained
 
 
 def histogram(values: Iterable[object]) -> dict[str, int]:

@@ -7,6 +7,7 @@ output line that breaks its invariant, and one that does not.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,11 +18,12 @@ from reconciler.sim import build_host
 from tests.reliability.bad_input import _line_form, samples
 from tests.reliability.generators import draw_examples, has_work, host_and_desired
 from tests.reliability.hosts import (
+    REPO,
     Held,
+    SimNode,
     TreeVgpu,
     Truth,
     orphans,
-    plan_verdict,
     processes_of,
     read_truth,
     reap_strays,
@@ -86,18 +88,22 @@ def test_orphans_per_vf_counts_and_sriov_off() -> None:
     assert len(orphans(truth, [{"address": GPU, "sriov": "disabled"}], {U1})) == 1
 
 
-def test_plan_verdict_explains_blocked_changes_only_by_held_vgpus() -> None:
-    held = {U1: Held(U1, "0000:08:00.4", "NVIDIA A2-4Q")}
-    remove = {"kind": "vgpu-remove", "target": "0000:08:00.4", "params": {"uuid": U1},
-              "reason": "in use by simulated VM"}  # fmt: skip
-    waits = {"kind": "vgpu-create", "target": "0000:08:00.5", "params": {},
-             "reason": "waits for NVIDIA A2-4Q on 0000:08:00.4 (in use) to be removed"}  # fmt: skip
-    assert plan_verdict({"actions": [], "blocked": [remove, waits]}, held) == (True, [])
-    assert plan_verdict({"actions": [{"kind": "vgpu-create"}], "blocked": []}, held)[0] is False
-    other = {**remove, "params": {"uuid": U2}}
-    assert plan_verdict({"actions": [], "blocked": [other]}, held)[1]
-    elsewhere = {**waits, "reason": "waits for NVIDIA A2-4Q on 0000:08:00.9 (in use) to be removed"}
-    assert plan_verdict({"actions": [], "blocked": [elsewhere]}, held)[1]
+def test_converged_is_the_oracles_verdict_with_the_plan_as_an_extra(tmp_path: Path) -> None:
+    build_host(tmp_path / "h", {"gpus": [{"model": "A2", "address": GPU}], "extraDevices": False})
+    node = SimNode(tmp_path / "h", "harvester-kgd9c")
+    desired = tmp_path / "desired.yaml"
+    desired.write_text((REPO / "desired-state" / "harvester-kgd9c.yaml").read_text())
+    left = node.converged(desired)
+    assert left and all(p.startswith("oracle: ") for p in left), left
+    assert node.run("apply", desired, "--yes").returncode == 0
+    assert node.converged(desired) == []
+    # A vGPU gone behind vgpuctl's back (its directory and bus link removed by hand): the
+    # oracle sees it from the tree.
+    gone = read_truth(node.sysfs_root, [GPU]).vgpus[0]
+    shutil.rmtree(node.sysfs_root / "bus" / "pci" / "devices" / gone.vf / gone.uuid)
+    (node.sysfs_root / "bus" / "mdev" / "devices" / gone.uuid).unlink()
+    left = node.converged(desired)
+    assert any(gone.vf in p and "missing" in p for p in left), left
 
 
 def test_cli_lines_must_name_the_file() -> None:

@@ -38,7 +38,7 @@ def test_crash_safety_converges_every_time_and_loses_nothing(ctx: Context) -> No
     assert f["vfs_with_two_vgpus"] == 0, show(f)
     assert f["dangling_mdev_links"] == 0, show(f)
     assert f["in_use_removed"] == 0, show(f)
-    assert f["blocked_not_by_held_vgpus"] == 0, show(f)
+    assert f["not_converged_by_the_oracle"] == 0, show(f)
     assert f["tracebacks"] == 0, show(f)
     assert f["hung_processes"] == 0, show(f)
     assert f["stray_sriov_manage"] == 0, show(f)

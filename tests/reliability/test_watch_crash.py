@@ -26,7 +26,7 @@ def test_watch_killed_and_restarted_converges_and_loses_nothing(ctx: Context) ->
     assert f["vfs_with_two_vgpus"] == 0, show(f)
     assert f["dangling_mdev_links"] == 0, show(f)
     assert f["in_use_removed"] == 0, show(f)
-    assert f["blocked_not_by_held_vgpus"] == 0, show(f)
+    assert f["not_converged_by_the_oracle"] == 0, show(f)
     assert f["metrics_inconsistent"] == 0, show(f)
     assert f["tracebacks"] == 0, show(f)
     assert f["hung_processes"] == 0, show(f)

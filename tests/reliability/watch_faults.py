@@ -73,7 +73,6 @@ from tests.reliability.hosts import (
     SimNode,
     histogram,
     kernel_quiet,
-    plan_verdict,
     read_truth,
     reap_strays,
     safety,
@@ -435,7 +434,7 @@ def _settled(
     *,
     counts: dict[str, dict[str, int]] | None = None,
 ) -> None:
-    """The host as the desired state says, read from the tree; and a fresh plan is empty."""
+    """The host as the desired state says, read from the tree, and the oracle's verdict."""
     gpus = [GPU, *(counts or {})]
     truth = read_truth(node.sysfs_root, gpus)
     attempt.problems += safety(truth, {}).problems()
@@ -446,11 +445,7 @@ def _settled(
         have = dict(Counter(v.type_name for v in truth.on(gpu)))
         if have != want:
             attempt.problems.append(f"{gpu} has {have}, desired {want}")
-    run, plan = node.plan(desired)
-    if plan is None:
-        attempt.problems.append(f"plan after the fault failed: {run.messages(2)}")
-    elif plan_verdict(plan, {}) != (True, []):
-        attempt.problems.append(f"a fresh plan still has {len(plan['actions'])} action(s)")
+    attempt.problems += node.converged(desired)
 
 
 # --- the faults ---------------------------------------------------------------------------------

@@ -50,7 +50,6 @@ from tests.reliability.hosts import (
     Started,
     histogram,
     kernel_quiet,
-    plan_verdict,
     read_truth,
     run_cases,
     safety,
@@ -379,12 +378,9 @@ def run_trial(index: int, rng: random.Random, directory: Path) -> Trial:
 
     gpus = [g["address"] for g in host_spec["gpus"]]
     trial.safety = safety(read_truth(node.sysfs_root, gpus), {}).problems()
-    plan_run, plan = node.plan(desired_file)
-    if plan is None:
-        trial.errors.append(f"plan failed: {plan_run.messages()}")
-    else:
-        converged, unexplained = plan_verdict(plan, {})
-        trial.converged = converged and not unexplained
+    left = node.converged(desired_file)
+    trial.converged = not left
+    trial.errors += left[:3]
     trial.seconds = round(time.monotonic() - started_at, 2)
     return trial
 

@@ -11,6 +11,10 @@ node-local. ``options.json`` holds planner options: ``{"adopt": true}``.
 
 ``UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py`` rewrites the expectations. Read every
 changed file before committing: they are the spec.
+
+Each case also has ``expect.yaml``: what the answer means, written by hand from the case's story
+(``tests/golden_expect.py``). The planner's answer must meet it too, so a regenerated golden
+file cannot silently change meaning.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from reconciler.desired import load_desired
 from reconciler.model import Inventory, Plan, PlanError, ValidationError
 from reconciler.model.cluster import ClusterState
 from reconciler.plan import plan_node
+from tests.golden_expect import check_errors, check_plan, load_expectation
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
 PLAN_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "plan.schema.json"
@@ -124,3 +129,20 @@ def test_expected_plan_matches_the_plan_schema(name: str, plan: Any) -> None:
 def test_expected_plan_round_trips_through_plan_from_json(name: str, plan: Any) -> None:
     # A saved plan (``plan --out``) is read back with Plan.from_json: nothing may be lost.
     assert Plan.from_json(plan).to_json() == plan
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_case_meets_its_hand_written_expectation(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = CASES / name
+    expect = load_expectation(case / "expect.yaml")
+    monkeypatch.chdir(case)
+    kind, got = _run(case)
+    if "errors" in expect:
+        assert kind == "expected-error.txt", f"{name}: expected problems, got a plan"
+        problems = check_errors(expect, got.splitlines())
+    else:
+        assert kind == "expected-plan.json", f"{name}: expected a plan, got {got}"
+        problems = check_plan(expect, json.loads(got))
+    assert not problems, "\n".join(problems)
