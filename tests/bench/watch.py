@@ -164,7 +164,7 @@ def measure_watch(
         return _measure_watch(
             work, edits=edits, idle_seconds=idle_seconds, rescan_interval=rescan_interval
         )
-    from tests.deviceplugin.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
+    from tests.doubles.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
 
     plugin_dir = make_plugin_dir("bench")
     try:

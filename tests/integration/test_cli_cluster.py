@@ -19,8 +19,8 @@ import yaml
 
 from reconciler.model.cluster import GROUP, VERSION
 from tests import rbac
+from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
-from tests.kube.emulator import ApiServerEmulator, Request
 
 SRIOV = (GROUP, VERSION, "sriovgpudevices")
 VGPUS = (GROUP, VERSION, "vgpudevices")

@@ -25,7 +25,7 @@ from reconciler.deviceplugin.manager import PluginManager
 from reconciler.model import Inventory
 from reconciler.observe import observe_host
 from reconciler.sim import SimHost, build_host, reboot
-from tests.deviceplugin.fake_kubelet import (
+from tests.doubles.fake_kubelet import (
     HEALTHY,
     UNHEALTHY,
     DeviceState,

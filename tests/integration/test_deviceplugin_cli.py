@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim import SimHost, build_host
-from tests.deviceplugin.fake_kubelet import (
+from tests.doubles.fake_kubelet import (
     HEALTHY,
     UNHEALTHY,
     DeviceState,

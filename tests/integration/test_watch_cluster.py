@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests import rbac
+from tests.doubles.emulator import ApiServerEmulator
 from tests.integration.test_cli_cluster import VGPUS, _cluster_node, _obj, emu
 from tests.integration.test_watch import Watch, seed_text, start_watch, wait_for
-from tests.kube.emulator import ApiServerEmulator
 
 __all__ = ["emu", "start_watch"]  # fixtures shared with the other cluster and watch tests
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deviceplugin.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
+from tests.doubles.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
 from tests.integration.conftest import SimNode, run_vgpuctl
 from tests.integration.test_watch import (
     U4,

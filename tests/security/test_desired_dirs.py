@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.doubles.emulator import ApiServerEmulator
 from tests.integration.test_cli_cluster import ClusterNode, _cluster_node, emu
 from tests.integration.test_watch import Watch, seed_text, start_watch, vgpus, wait_for
-from tests.kube.emulator import ApiServerEmulator
 
 __all__ = ["emu", "start_watch"]  # fixtures
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim import build_host
-from tests.deviceplugin.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
+from tests.doubles.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
 from tests.integration.conftest import REPO, SimNode
 from tests.integration.test_deviceplugin_cli import A2_4A, A2_4Q, NODE, SEED_SPEC, SOCKETS
 

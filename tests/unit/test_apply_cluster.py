@@ -37,7 +37,7 @@ from reconciler.model.cluster import (
     VGPU_KIND,
     KubeObject,
 )
-from tests.kube import jsonpatch
+from tests.doubles import jsonpatch
 
 NODE = "harvester-kgd9c"
 NAME = "harvester-kgd9c-000008004"

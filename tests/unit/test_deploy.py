@@ -22,7 +22,7 @@ import yaml
 
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
-from tests.kube import jsonpatch
+from tests.doubles import jsonpatch
 from tests.rbac import Grant, grants
 
 REPO = Path(__file__).resolve().parents[2]
