@@ -203,8 +203,10 @@ class FakeCluster:
         self._sent("update", group, version, (plural, namespace, name), body)
         key = self._stored(plural, namespace, name, rv)
         obj = copy.deepcopy(dict(body))
-        if group == GROUP:
-            obj["status"] = copy.deepcopy(self.store[key].get("status", {}))
+        if group == GROUP:  # the status subresource: a PUT keeps the stored status (or none)
+            obj.pop("status", None)
+            if "status" in self.store[key]:
+                obj["status"] = copy.deepcopy(self.store[key]["status"])
         obj["metadata"]["uid"] = self.store[key]["metadata"].get("uid")
         self.put(plural, obj, namespace)
         return copy.deepcopy(self.store[key])
