@@ -246,9 +246,6 @@ class Catalog:
         body = profile_body(name)
         return self._by_body.get(body)
 
-    def model_names(self) -> list[str]:
-        return [m.name for m in self.models]
-
 
 def _norm(name: str) -> str:
     return " ".join(name.lower().replace("_", " ").split())

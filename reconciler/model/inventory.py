@@ -169,12 +169,6 @@ class Inventory:
                 return g
         return None
 
-    def owner_of_vf(self, address: PciAddress) -> Gpu | None:
-        for g in self.gpus:
-            if any(v.address == address for v in g.vfs):
-                return g
-        return None
-
     def to_json(self) -> dict[str, Any]:
         """The inventory contract (``schemas/inventory.schema.json``)."""
         return {

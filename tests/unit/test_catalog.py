@@ -43,7 +43,7 @@ def _maxima(model: GpuModel, series: str) -> dict[int, int]:
 
 
 def test_the_catalogue_has_the_domain_models(catalog: Catalog) -> None:
-    assert catalog.model_names() == [
+    assert [m.name for m in catalog.models] == [
         "NVIDIA A2",
         "NVIDIA A16",
         "NVIDIA A10",
