@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim import SimHost
-from tests.integration.conftest import NODE, SEED, SimNode, make_sim, run_vgpuctl
+from tests.simnode import NODE, SEED, SimNode, make_sim, run_vgpuctl
 
 #: The seed's vGPU on VF 0000:08:00.5 (an A2-4Q), and the desired state that changes it.
 VF5 = "0000:08:00.5"

@@ -34,7 +34,7 @@ from tests import rbac
 from tests.doubles import jsonpatch
 from tests.doubles.admission import UserInfo
 from tests.doubles.emulator import ApiServerEmulator, Request
-from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim
+from tests.simnode import NODE, REPO, SEED, SimNode, make_sim
 
 DEPLOY = REPO / "deploy"
 AGENT = "system:serviceaccount:vgpuctl-system:vgpuctl"

@@ -21,7 +21,7 @@ import yaml
 from reconciler.model.cluster import GROUP, VERSION
 from reconciler.sim import SimHost
 from tests.doubles.emulator import ApiServerEmulator
-from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim
+from tests.simnode import NODE, REPO, SEED, SimNode, make_sim
 
 SRIOV = (GROUP, VERSION, "sriovgpudevices")
 VGPUS = (GROUP, VERSION, "vgpudevices")

@@ -23,7 +23,7 @@ from reconciler.model import (
     VGPUType,
 )
 from reconciler.plan import plan_node, vgpu_uuid
-from tests.unit.test_plan import CATALOG, NODE, a2, card, want
+from tests.gpus import CATALOG, NODE, a2, card, want
 
 A2 = PciAddress.parse("0000:08:00.0")
 L4 = PciAddress.parse("0000:41:00.0")
