@@ -18,7 +18,7 @@ from reconciler.model.address import PciAddress
 
 
 class Interface(enum.StrEnum):
-    """How vGPUs are made on a GPU (DOMAIN.md §3)."""
+    """How vGPUs are made on a GPU (docs/domain.md §3)."""
 
     MDEV = "mdev"
     VFIO = "vfio"  # NVIDIA vendor-specific VFIO (vGPU 17+, kernel 6.8+)

@@ -1,7 +1,7 @@
 """How vgpuctl stays safe on a real host, driven as a user drives it (the CLI, a subprocess).
 
 The kernel does not refuse to remove a vGPU a VM has open: the removal blocks until the VM
-lets go (DOMAIN.md §9), and the simulator does the same. So: a holder vgpuctl cannot see must
+lets go (docs/domain.md §9), and the simulator does the same. So: a holder vgpuctl cannot see must
 never be assumed absent, a removal that blocks must not hang vgpuctl, and a GPU passed through
 whole must never reach ``sriov-manage``.
 """

@@ -1,7 +1,7 @@
 """The device plugins end to end, in process: simulated host → observer → PluginManager → real
 gRPC on Unix sockets → the fake kubelet, which computes node allocatable as the kubelet does.
 
-Expected values are the domain's facts (DOMAIN.md §6), written out: resource and socket names,
+Expected values are the domain's facts (docs/domain.md §7), written out: resource and socket names,
 the Allocate env variable, UUIDs as the simulator names them, IOMMU groups read from the sysfs
 links themselves, not from the code under test.
 """
