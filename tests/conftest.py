@@ -1,7 +1,7 @@
-"""Fixtures shared by several test packages: the repository root, a simulated A2 node with the
-seed's desired state, the watch agent, and the API-server emulator with our CRDs. Their helpers
-are modules of their own (``simnode.py``, ``watch_agent.py``, ``cluster_node.py``, ``doubles/``):
-no test imports another test module."""
+"""Fixtures shared by several test packages: a simulated A2 node with the seed's desired
+state, the watch agent, and the API-server emulator with our CRDs. Their helpers are modules of
+their own (``simnode.py``, ``watch_agent.py``, ``cluster_node.py``, ``doubles/``): no test
+imports another test module."""
 
 from __future__ import annotations
 
@@ -16,19 +16,12 @@ from tests.doubles.emulator import ApiServerEmulator
 from tests.simnode import SimNode, make_sim
 from tests.watch_agent import Watch, seed_text
 
-REPO = Path(__file__).resolve().parents[1]
-
 # Hermetic: a test run inside a pod must not hand the pod's cluster to the vgpuctl it starts
 # (without --kubeconfig, vgpuctl in a pod uses the in-cluster service account). Every cluster a
 # test wants is the API emulator, named by a kubeconfig. (A simulated host's kubelet checkpoint
 # is its own DIR/kubelet: the machine's /var/lib/kubelet is never read either.)
 for _variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
     os.environ.pop(_variable, None)
-
-
-@pytest.fixture(scope="session")
-def repo() -> Path:
-    return REPO
 
 
 @pytest.fixture
