@@ -95,7 +95,7 @@ def offer_mdev_types(root: Path, vf_path: str, types: Path, *, hosts_vgpu: bool)
 
     The driver offers the same types on every VF of a GPU: names and descriptions are copied
     as captured. ``available_instances`` is copied too, except on a VF that hosts a vGPU,
-    where the driver shows 0 for every type (one vGPU per VF, DOMAIN.md §3a).
+    where the driver shows 0 for every type (one vGPU per VF, docs/domain.md §3a).
     """
     base = root / vf_path.lstrip("/") / "mdev_supported_types"
     shutil.copytree(types, base)
@@ -135,7 +135,7 @@ L40S_PF = "0000:26:00.0"
 def l40s_vfio_host(root: Path, *, configured: dict[int, str] | None = None) -> list[str]:
     """An L40S on the vendor-specific VFIO interface around the VF files Harvester captured.
 
-    The PF and its 32 VFs are built from DOMAIN.md §1/§4 (``10de:26b9``, ``sriov_offset`` 4,
+    The PF and its 32 VFs are built from docs/domain.md §1/§4 (``10de:26b9``, ``sriov_offset`` 4,
     bound to ``nvidia``); each VF gets the captured ``nvidia/creatable_vgpu_types`` and
     ``nvidia/current_vgpu_type`` byte for byte. ``configured`` (VF index → type id) sets some
     VFs' ``current_vgpu_type``, and narrows every list the way the driver does: nothing on a

@@ -2,7 +2,7 @@
 
 The property test and the reliability suite decide "converged" here, not with ``vgpuctl plan``:
 the code under test must not grade itself. So this module imports nothing of ``reconciler``.
-It reads the tree the way the kernel lays it out (DOMAIN.md §1, §3; docs/host.md) and the
+It reads the tree the way the kernel lays it out (docs/domain.md §1, §3; docs/host.md) and the
 desired-state YAML as a user writes it, and knows the few domain facts it needs:
 
 - the GPUs: PCI functions with vendor ``0x10de``, an ``sriov_totalvfs`` and no ``physfn``; their

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from tests.kube.emulator import Request
+from tests.doubles.emulator import Request
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac.yaml"
 SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "vgpuctl", "namespace": "vgpuctl-system"}

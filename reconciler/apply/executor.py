@@ -4,7 +4,7 @@ For every action it journals an intent, re-reads the exact state the action depe
 effect already there → a no-op with its reason; the host not as planned → a clear failure
 instead of a guess), acts through the :class:`~reconciler.apply.ports.HostDriver`, then waits a
 bounded time for the effect to become visible, because a driver may report success having done
-nothing (``sriov-manage`` exiting 0, DOMAIN.md §2). The first failure stops the run.
+nothing (``sriov-manage`` exiting 0, docs/domain.md §2). The first failure stops the run.
 
 Steps are looked up in a table by :class:`~reconciler.model.ActionKind`; only host steps exist
 yet, and other kinds are recorded as skipped. Step logic speaks only the driver port, so a new
@@ -215,7 +215,7 @@ def _gpu(action: Action) -> PciAddress:
 
 def _check_nvidia_bound(ctx: _Context, gpu: PciAddress) -> None:
     """Refuse to run sriov-manage on a PF another driver has: ``sriov-manage -e`` unbinds it
-    (DOMAIN.md §2), and a GPU bound to vfio-pci is a VM's whole GPU. The planner never plans
+    (docs/domain.md §2), and a GPU bound to vfio-pci is a VM's whole GPU. The planner never plans
     that; this guards against a plan that does anyway."""
     driver = ctx.driver.pf_driver(gpu)
     if driver != "nvidia":

@@ -1,4 +1,4 @@
-"""The mdev host driver (DOMAIN.md §2, §3a): ``sriov-manage`` for VFs, mdev sysfs for vGPUs.
+"""The mdev host driver (docs/domain.md §2, §3a): ``sriov-manage`` for VFs, mdev sysfs for vGPUs.
 
 Writes go through a :class:`~reconciler.apply.ports.SysfsWriter` (the confined real writer, or
 the simulator's kernel emulation) and commands through a

@@ -1,7 +1,7 @@
 """The ports through which ``apply`` changes a host: sysfs writes, commands, and a host driver.
 
 The executor speaks only :class:`HostDriver`; each host interface (mdev now, NVIDIA
-vendor-specific VFIO later, DOMAIN.md §3) is one adapter behind it. Adapters in turn write
+vendor-specific VFIO later, docs/domain.md §3) is one adapter behind it. Adapters in turn write
 through :class:`SysfsWriter` and run programs through :class:`CommandRunner`, so the simulator
 (or a test's fake kernel) plugs in underneath the real adapter code.
 """
@@ -19,7 +19,7 @@ from reconciler.model import PciAddress
 class SysfsDevice:
     """The device a sysfs write is meant for, as the action names it: VF ``vf`` of GPU
     ``gpu``, or the vGPU (mdev) ``vgpu`` on that VF. A writer refuses a path that leads to a
-    file of any other device (a link planted on the way: DOMAIN.md §3a's layout is
+    file of any other device (a link planted on the way: docs/domain.md §3a's layout is
     ``bus/mdev/devices/<uuid> -> …/<VF>/<uuid>``, and ``<VF>/physfn`` leads to the GPU)."""
 
     gpu: PciAddress

@@ -238,7 +238,7 @@ class BoundedWriter:
 
     A sysfs write is a kernel call, and some never return while a process holds what they
     change: removing a vGPU a VM has open blocks in ``vfio_unregister_group_dev`` until the VM
-    lets go, uninterruptibly once a signal arrived (DOMAIN.md §9). A thread stuck there would
+    lets go, uninterruptibly once a signal arrived (docs/domain.md §9). A thread stuck there would
     hold the whole process (a process exits only when all its threads have), and a forked child
     of a process with threads (gRPC's, in ``watch``) is not safe to run Python in. So the writes
     go to a separate process, started from ``command`` (``vgpuctl``'s own writer, see

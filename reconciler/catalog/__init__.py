@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-#: ``<NVIDIA|GRID> <GPU>-[<slices>-]<GB><series>[<suffix>]`` (DOMAIN.md §4). The GPU part may be
-#: several words (``RTX Pro 6000 Blackwell DC``) and end in variant letters (``A100DX``,
+#: ``<NVIDIA|GRID> <GPU>-[<slices>-]<GB><series>[<suffix>]`` (docs/domain.md §4). The GPU part
+#: may be several words (``RTX Pro 6000 Blackwell DC``) and end in variant letters (``A100DX``,
 #: ``H100XM``); MIG-backed types carry a slice count and may end in a suffix (``CME``, ``CNOME``,
 #: ``CMEALL``, ``CGFX``). Anything else is still a valid name, carried opaque.
 _PROFILE_NAME = re.compile(
@@ -245,9 +245,6 @@ class Catalog:
         (``A100-4C`` → ``GRID A100-4C``); None when the catalogue does not know it."""
         body = profile_body(name)
         return self._by_body.get(body)
-
-    def model_names(self) -> list[str]:
-        return [m.name for m in self.models]
 
 
 def _norm(name: str) -> str:

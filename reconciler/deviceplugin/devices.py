@@ -4,7 +4,7 @@ The observed :class:`~reconciler.model.Inventory` becomes one device set per kub
 (:func:`device_sets`); :func:`carry_vanished` merges it with what was advertised before, so a
 vGPU that vanished without vgpuctl removing it stays listed as Unhealthy (a tombstone) while one
 vgpuctl removed on purpose is dropped. :func:`allocation` and :func:`preferred` answer the
-kubelet's ``Allocate`` and ``GetPreferredAllocation`` (DOMAIN.md §6). No I/O, no gRPC: the
+kubelet's ``Allocate`` and ``GetPreferredAllocation`` (docs/domain.md §7). No I/O, no gRPC: the
 servers in ``server.py`` translate these values to and from protobuf messages.
 """
 
@@ -109,7 +109,7 @@ def socket_name(resource: str) -> str:
 
 def allocate_env_name(resource: str) -> str:
     """``nvidia.com/NVIDIA_A2-4Q`` → ``MDEV_PCI_RESOURCE_NVIDIA_COM_NVIDIA_A2-4Q``: the variable
-    KubeVirt's virt-launcher reads the allocated mdev UUIDs from (DOMAIN.md §6)."""
+    KubeVirt's virt-launcher reads the allocated mdev UUIDs from (docs/domain.md §7)."""
     return "MDEV_PCI_RESOURCE_" + resource.upper().replace("/", "_").replace(".", "_")
 
 

@@ -291,14 +291,6 @@ class KubernetesApi:
         except _ObjectGone:
             return  # already gone: what a delete wants
 
-    # -- beyond the port ---------------------------------------------------------------------
-
-    def create_event(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST a core/v1 Event (what :class:`~reconciler.kube.EventRecorder` sends)."""
-        return self.create_object(
-            group="", version="v1", plural="events", namespace=namespace, body=body
-        )
-
     # -- plumbing ----------------------------------------------------------------------------
 
     def _objects(self) -> Any:

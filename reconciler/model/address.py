@@ -56,11 +56,6 @@ class PciAddress:
     def routing_id(self) -> int:
         return (self.bus << 8) | (self.slot << 3) | self.function
 
-    @property
-    def compact(self) -> str:
-        """The address without punctuation, as Harvester's object names use it (``000008004``)."""
-        return f"{self.domain:04x}{self.bus:02x}{self.slot:02x}{self.function:x}"
-
     def __str__(self) -> str:
         return _text(self.domain, self.bus, self.slot, self.function)
 

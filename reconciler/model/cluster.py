@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-#: The Harvester CRDs (DOMAIN.md §5): group, version, kinds, plurals.
+#: The Harvester CRDs (docs/domain.md §5): group, version, kinds, plurals.
 GROUP = "devices.harvesterhci.io"
 VERSION = "v1beta1"
 SRIOV_GPU_KIND = "SRIOVGPUDevice"
@@ -29,7 +29,7 @@ PARENT_LABEL = "harvesterhci.io/parentSRIOVGPUDevice"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "vgpuctl"
 
-#: KubeVirt (DOMAIN.md §7).
+#: KubeVirt (docs/domain.md §8).
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
 KUBEVIRT_PLURAL = "kubevirts"
@@ -247,7 +247,7 @@ def object_name(node: str, address: str) -> str:
 
 
 def resource_name(type_name: str) -> str:
-    """``NVIDIA A2-4Q`` → ``nvidia.com/NVIDIA_A2-4Q`` (DOMAIN.md §6): whitespace, ``/`` and
+    """``NVIDIA A2-4Q`` → ``nvidia.com/NVIDIA_A2-4Q`` (docs/domain.md §7): whitespace, ``/`` and
     ``.`` become ``_``; no upper-casing."""
     out = []
     for ch in type_name.strip():

@@ -18,7 +18,7 @@ from reconciler.model.address import PciAddress
 
 
 class Interface(enum.StrEnum):
-    """How vGPUs are made on a GPU (DOMAIN.md §3)."""
+    """How vGPUs are made on a GPU (docs/domain.md §3)."""
 
     MDEV = "mdev"
     VFIO = "vfio"  # NVIDIA vendor-specific VFIO (vGPU 17+, kernel 6.8+)
@@ -166,12 +166,6 @@ class Inventory:
     def gpu(self, address: PciAddress) -> Gpu | None:
         for g in self.gpus:
             if g.address == address:
-                return g
-        return None
-
-    def owner_of_vf(self, address: PciAddress) -> Gpu | None:
-        for g in self.gpus:
-            if any(v.address == address for v in g.vfs):
                 return g
         return None
 

@@ -1,7 +1,7 @@
 """The kubelet's device-plugin checkpoint: which pod was given which vGPU.
 
 The kubelet records every device allocation in ``<kubelet dir>/device-plugins/
-kubelet_internal_checkpoint`` (DOMAIN.md §6)::
+kubelet_internal_checkpoint`` (docs/domain.md §7)::
 
     {"Data": {"PodDeviceEntries": [{"PodUID": "…", "ContainerName": "compute",
                                     "ResourceName": "nvidia.com/NVIDIA_A2-4Q",

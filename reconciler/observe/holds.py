@@ -1,6 +1,6 @@
 """Which vGPUs a VM holds: the port the observer asks, and its ``/proc`` adapter.
 
-A VM (QEMU) holds a vGPU by keeping one of its device nodes open (DOMAIN.md §9): the legacy
+A VM (QEMU) holds a vGPU by keeping one of its device nodes open (docs/domain.md §9): the legacy
 group node ``/dev/vfio/<iommu group>``, or the iommufd character device
 ``/dev/vfio/devices/vfioN`` (``vfioN`` is listed under the device's ``vfio-dev/``). Such a vGPU
 is never removed, so the inventory marks it ``in_use`` with who holds it.

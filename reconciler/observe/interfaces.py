@@ -1,6 +1,6 @@
 """What a host-interface reader returns for one GPU, and the port every such reader fills.
 
-A GPU makes vGPUs through one host interface (DOMAIN.md §3): mdev (``mdev.py``) or, later,
+A GPU makes vGPUs through one host interface (docs/domain.md §3): mdev (``mdev.py``) or, later,
 NVIDIA's vendor-specific VFIO (a ``vfio.py`` implementing :class:`InterfaceReader`). ``host.py``
 asks each reader in turn; the first that recognises the GPU's VFs describes them.
 """

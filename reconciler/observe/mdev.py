@@ -1,4 +1,4 @@
-"""The mdev host interface (DOMAIN.md §3a): offered types, per-VF availability, existing vGPUs.
+"""The mdev host interface (docs/domain.md §3a): offered types, per-VF availability, existing vGPUs.
 
 Reads, per VF, ``mdev_supported_types/<id>/available_instances``; per GPU and type id, the
 ``name`` and ``description`` once (the driver offers the same types on every VF of a GPU, so

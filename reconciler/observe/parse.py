@@ -71,7 +71,7 @@ def is_gpu_class(pci_class: int) -> bool:
 def is_nvidia_sriov_gpu(
     vendor: str, pci_class: int, has_physfn: bool, sriov_totalvfs: int | None
 ) -> bool:
-    """Whether a PCI function is an NVIDIA GPU PF with SR-IOV (DOMAIN.md §1).
+    """Whether a PCI function is an NVIDIA GPU PF with SR-IOV (docs/domain.md §1).
 
     ``sriov_totalvfs`` alone does not prove it can make vGPU VFs (a T4 reports 16 and never
     does): ``sriov_vf_device`` 0 says so, and such a GPU is listed to be left alone, as one

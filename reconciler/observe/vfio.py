@@ -1,4 +1,4 @@
-"""NVIDIA's vendor-specific VFIO interface (DOMAIN.md §3b; vGPU 17+ on kernel 6.8+): read only.
+"""NVIDIA's vendor-specific VFIO interface (docs/domain.md §3b; vGPU 17+ on kernel 6.8+): read only.
 
 Each VF of such a GPU has ``nvidia/creatable_vgpu_types`` (a header ``ID    : vGPU Name``, then
 ``1147  : NVIDIA L40S-1Q`` lines: what can be created on it *now*) and

@@ -10,7 +10,6 @@ node can create, their ``availableTypes`` all change the same way and are diffed
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -20,7 +19,6 @@ from typing import Any
 from reconciler.model.plan import FieldChange
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_STEP = re.compile(r"""\[(\d+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\]""")
 _ABSENT = object()
 #: Concrete types, not the Mapping ABC: an ABC check per field is what a 256-VF plan would feel.
 _MAPPINGS = (dict, MappingProxyType)
@@ -38,29 +36,6 @@ def format_path(parts: Sequence[str | int]) -> str:
         else:
             out += f"[{json.dumps(part, ensure_ascii=False)}]"
     return out
-
-
-def field_path(deepdiff_path: str, *, prefix: Sequence[str | int] = ()) -> str:
-    """deepdiff's ``root['spec']['vGPUTypeName']`` → ``spec.vGPUTypeName`` (after ``prefix``).
-
-    For deepdiff's text view. The planner itself reads the tree view's path lists (deepdiff does
-    not escape a key holding both kinds of quote in its text) and formats them the same way.
-    Raises ValueError on text that is not such a path.
-    """
-    if not deepdiff_path.startswith("root"):
-        raise ValueError(f"not a deepdiff path: {deepdiff_path!r}")
-    parts: list[str | int] = list(prefix)
-    rest = deepdiff_path[4:]
-    position = 0
-    for m in _STEP.finditer(rest):
-        if m.start() != position:
-            break
-        token = m[1]
-        parts.append(int(token) if token.isdigit() else str(ast.literal_eval(token)))
-        position = m.end()
-    if position != len(rest):
-        raise ValueError(f"not a deepdiff path: {deepdiff_path!r}")
-    return format_path(parts)
 
 
 def section_changes(

@@ -4,7 +4,7 @@ Two kinds of GPU are listed in the desired state yet must not be acted on:
 
 - **hands off**: the GPU is not ours to touch. A PF bound to another driver than ``nvidia``
   (``vfio-pci``: passed through whole to a VM, or reserved for one) would be unbound from it by
-  ``sriov-manage -e`` (DOMAIN.md §2) — a running VM would lose its GPU. A PF whose
+  ``sriov-manage -e`` (docs/domain.md §2) — a running VM would lose its GPU. A PF whose
   ``sriov_vf_device`` is 0 makes no vGPU VFs. Nothing is planned for it; one blocked entry
   says why (when the desired state asks for any change).
 - **not drivable**: the GPU is ours, but vgpuctl cannot make or remove its vGPUs. Its VFs use

@@ -143,7 +143,7 @@ def _catalogue_types(gpu: Gpu, catalog: Catalog) -> tuple[VGPUType, ...]:
 
 
 def _recount(gpu: Gpu, catalog: Catalog) -> Gpu:
-    """``creatable`` per VF by the driver's equal-size rules (DOMAIN.md §3a, §4)."""
+    """``creatable`` per VF by the driver's equal-size rules (docs/domain.md §3a, §4)."""
     if not gpu.vfs:
         return gpu
     sizes: Counter[int] = Counter()

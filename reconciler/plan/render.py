@@ -1,7 +1,7 @@
 """The node's CRs as they should be: spec from the desired state, status from the host.
 
 Pure. One SRIOVGPUDevice per managed GPU and one VGPUDevice per VF of a managed GPU whose VFs
-exist, named and labelled as Harvester's pcidevices-controller does (DOMAIN.md §5), marked as
+exist, named and labelled as Harvester's pcidevices-controller does (docs/domain.md §5), marked as
 vgpuctl's, and annotated with the spec vgpuctl writes, so a spec edited by hand shows as drift.
 The cluster planner diffs these against what the API server holds.
 """

@@ -1,4 +1,4 @@
-"""The NVIDIA driver's placement rules for one GPU, each stated once (DOMAIN.md §3, §4).
+"""The NVIDIA driver's placement rules for one GPU, each stated once (docs/domain.md §3, §4).
 
 Both judges of a desired GPU ask this module: ``vgpuctl validate`` against the catalogue's
 offer for the GPU's model (``desired/checks.py``), ``vgpuctl plan`` against the driver's offer

@@ -172,7 +172,7 @@ def _dispatch(
     if name == "current_vgpu_type" and parent == "nvidia" and state.interface == "vfio":
         return _set_vfio_type(state, tree, vf=grandparent, value=value, shown=shown)
     if name == "sriov_numvfs":
-        # The NVIDIA driver refuses raw writes: VFs are made by sriov-manage (DOMAIN.md §2).
+        # The NVIDIA driver refuses raw writes: VFs are made by sriov-manage (docs/domain.md §2).
         raise refusal(errno.EPERM, f"{shown}: use sriov-manage to enable or disable VFs")
     raise refusal(errno.EACCES, f"{shown}: read-only attribute")
 

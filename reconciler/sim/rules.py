@@ -16,7 +16,7 @@ from reconciler.catalog import GpuModel
 from reconciler.model import PciAddress
 
 #: Where the simulator starts numbering a model's vGPU types. Type ids belong to a driver branch,
-#: not to a GPU model (DOMAIN.md §4), so the catalogue has none and the simulator invents them;
+#: not to a GPU model (docs/domain.md §4), so the catalogue has none and the simulator invents them;
 #: where a public capture shows one branch's ids, it starts where that branch does.
 TYPE_ID_BASES = {
     "NVIDIA A2": 742,  # harvester/pcidevices' A2 capture: nvidia-742 (A2-1B) … 756
@@ -30,7 +30,7 @@ TYPE_ID_BASES = {
 }
 DEFAULT_TYPE_ID_BASE = 1000
 #: Where VF 0 sits for a model whose offset no real host has shown yet: function 4, as on every
-#: A-series and L40S host captured (DOMAIN.md §1).
+#: A-series and L40S host captured (docs/domain.md §1).
 DEFAULT_VF_OFFSET = 4
 
 

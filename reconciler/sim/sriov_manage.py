@@ -114,7 +114,7 @@ def _run(enable: bool, target: str, *, sysfs_root: Path, out: TextIO, err: TextI
             print(f"Failed to {verb} VFs on {gpu.address}: injected fault", file=err)
         return EXIT_FAIL
     if fault == "silent":
-        # The driver bug DOMAIN.md §2 warns of: success reported, nothing done.
+        # The driver bug docs/domain.md §2 warns of: success reported, nothing done.
         for gpu in gpus:
             print(f"{'Enabling' if enable else 'Disabling'} VFs on {gpu.address}", file=out)
         return EXIT_OK

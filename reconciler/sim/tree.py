@@ -1,4 +1,4 @@
-"""Renders the simulated sysfs tree: the kernel's layout (DOMAIN.md §1, §3), nothing of its rules.
+"""Renders the simulated sysfs tree: the kernel's layout (docs/domain.md §1, §3), not its rules.
 
 Devices live under ``devices/pci<dom>:00/<root port>/<addr>/``; ``bus/pci/devices``,
 ``class/mdev_bus``, ``bus/mdev/devices``, ``virtfn<N>``/``physfn``, ``driver`` and

@@ -77,7 +77,7 @@ def bench(
     from reconciler.deviceplugin.manager import PluginManager
     from reconciler.observe import observe_host
     from reconciler.sim import build_host
-    from tests.deviceplugin.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
+    from tests.doubles.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
 
     host = build_host(tmp / "dp-host", SEED_SPEC)
     catalog = default_catalog()

@@ -44,7 +44,7 @@ def _timeit(fn: Callable[[], object], *, repeat: int) -> dict[str, float]:
     }
 
 
-def _l40s_spec() -> dict[str, Any]:
+def l40s_spec() -> dict[str, Any]:
     """8 L40S, SR-IOV on, each with six 8 GB vGPUs on VFs 0..5 (a typical busy node)."""
     return {
         "gpus": [
@@ -87,7 +87,7 @@ def bench_node(tmp: Path) -> dict[str, Any]:
 
     host_dir = tmp / "l40s"
     t0 = time.perf_counter()
-    sim = build_host(host_dir, _l40s_spec())
+    sim = build_host(host_dir, l40s_spec())
     build_s = time.perf_counter() - t0
     desired_file = tmp / "l40s.yaml"
     desired_file.write_text(_l40s_desired_yaml())
@@ -236,7 +236,7 @@ def bench_fleet(tmp: Path, nodes: int) -> dict[str, Any]:
 
     # A fleet member: 8 L40S with SR-IOV on and 4 vGPUs each; desired: 6 each, and two GPUs
     # switching profile, so every node's plan has real work (creates and replacements).
-    spec = _l40s_spec()
+    spec = l40s_spec()
     for g in spec["gpus"]:
         g["vgpus"] = dict.fromkeys(range(4), "NVIDIA L40S-8Q")
     sim = build_host(tmp / "fleet", spec)

@@ -164,7 +164,7 @@ def measure_watch(
         return _measure_watch(
             work, edits=edits, idle_seconds=idle_seconds, rescan_interval=rescan_interval
         )
-    from tests.deviceplugin.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
+    from tests.doubles.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
 
     plugin_dir = make_plugin_dir("bench")
     try:
@@ -281,7 +281,7 @@ def measure_rescan(work: Path) -> dict[str, Any]:
     from reconciler.observe.holds import DeviceNodes
     from reconciler.sim import build_host
     from reconciler.watch.signature import HostSignature
-    from tests.bench.run import _l40s_spec
+    from tests.bench.run import l40s_spec
 
     catalog = default_catalog()
     seed = {
@@ -299,7 +299,7 @@ def measure_rescan(work: Path) -> dict[str, Any]:
         ]
     }
     out: dict[str, Any] = {}
-    for name, spec, repeat in (("A2_4_vgpus", seed, 300), ("8xL40S_48_vgpus", _l40s_spec(), 50)):
+    for name, spec, repeat in (("A2_4_vgpus", seed, 300), ("8xL40S_48_vgpus", l40s_spec(), 50)):
         host = build_host(work / name, spec)
         signature = HostSignature(host.sysfs_root)
         signature.compute()  # the first one finds the PFs

@@ -2,9 +2,9 @@
 
 The committed ``observed.json`` files are the test data; this script only saves typing them.
 Run ``python tests/cases/_make_observed.py`` after changing a description below, then read the
-diff. Hosts follow what the NVIDIA driver reports (DOMAIN.md §3a, §4): every time-sliced type of
-the model on each VF, and a VF lists a type as creatable only if it has no vGPU, the type's
-framebuffer size matches what the GPU already hosts, and that size is below its maximum.
+diff. Hosts follow what the NVIDIA driver reports (docs/domain.md §3a, §4): every time-sliced
+type of the model on each VF, and a VF lists a type as creatable only if it has no vGPU, the
+type's framebuffer size matches what the GPU already hosts, and that size is below its maximum.
 """
 
 from __future__ import annotations

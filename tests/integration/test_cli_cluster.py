@@ -10,94 +10,27 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from reconciler.model.cluster import GROUP, VERSION
+from reconciler.model.cluster import GROUP
 from tests import rbac
-from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
-from tests.kube.emulator import ApiServerEmulator, Request
+from tests.cluster_node import (
+    KUBEVIRTS,
+    SRIOV,
+    VGPUS,
+    VMIS,
+    cluster_node,
+    register_crds,
+    stored,
+)
+from tests.doubles.emulator import ApiServerEmulator, Request
+from tests.simnode import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
 
-SRIOV = (GROUP, VERSION, "sriovgpudevices")
-VGPUS = (GROUP, VERSION, "vgpudevices")
-KUBEVIRTS = ("kubevirt.io", "v1", "kubevirts")
-VMIS = ("kubevirt.io", "v1", "virtualmachineinstances")
 SEED_FIXTURES = REPO / "tests" / "fixtures" / "crds"
-
-
-def _register(emu: ApiServerEmulator) -> None:
-    for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
-        emu.register_crd(yaml.safe_load(path.read_text()))
-    emu.register("kubevirt.io", "v1", "kubevirts", "KubeVirt", True, True)
-    emu.register(
-        "kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True
-    )
-
-
-def _kubevirt(namespace: str = "harvester-system") -> dict[str, Any]:
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "KubeVirt",
-        "metadata": {"name": "kubevirt", "namespace": namespace},
-        "spec": {
-            "configuration": {
-                "permittedHostDevices": {
-                    "pciHostDevices": [
-                        {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/A10"}
-                    ],
-                    "mediatedDevices": [
-                        # Someone else's entry: vgpuctl must never remove it.
-                        {"mdevNameSelector": "GRID T4-2Q", "resourceName": "nvidia.com/GRID_T4-2Q"}
-                    ],
-                }
-            }
-        },
-    }
-
-
-@pytest.fixture
-def emu() -> Iterator[ApiServerEmulator]:
-    with ApiServerEmulator() as server:
-        _register(server)
-        server.seed(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "harvester-system"}}
-        )
-        server.seed(_kubevirt())
-        yield server
-
-
-class ClusterNode(SimNode):
-    kubeconfig: Path
-    kubelet_dir: Path
-
-    @property
-    def flags(self) -> list[str]:
-        return [
-            *super().flags,
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--kubelet-dir",
-            str(self.kubelet_dir),
-        ]
-
-
-def _cluster_node(tmp_path: Path, emu: ApiServerEmulator, name: str = NODE) -> ClusterNode:
-    sim = make_sim(tmp_path / f"host-{name}", ["A2@0000:08:00.0"], node=name)
-    node = ClusterNode(sim.dir, name)
-    node.kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
-    node.kubelet_dir = tmp_path / f"kubelet-{name}"
-    (node.kubelet_dir / "device-plugins").mkdir(parents=True)
-    return node
-
-
-def _obj(emu: ApiServerEmulator, res: tuple[str, str, str], name: str) -> dict[str, Any]:
-    found = emu.get_object(*res, name)
-    assert found is not None, name
-    return found
 
 
 def _mediated(emu: ApiServerEmulator) -> list[dict[str, Any]]:
@@ -107,7 +40,7 @@ def _mediated(emu: ApiServerEmulator) -> list[dict[str, Any]]:
 
 
 def test_seed_node_end_to_end(tmp_path: Path, emu: ApiServerEmulator) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     plan = node.ok("plan", SEED)
     assert "# Cluster objects" in plan.stdout
     assert "+ SRIOVGPUDevice harvester-kgd9c-000008000" in plan.stdout
@@ -118,12 +51,12 @@ def test_seed_node_end_to_end(tmp_path: Path, emu: ApiServerEmulator) -> None:
     # The objects match the seed's examples (the UUID is ours: deterministic, not theirs).
     seed_sriov = yaml.safe_load((SEED_FIXTURES / "seed-sriovgpudevice.yaml").read_text())
     seed_vgpu = yaml.safe_load((SEED_FIXTURES / "seed-vgpudevice.yaml").read_text())
-    sriov = _obj(emu, SRIOV, "harvester-kgd9c-000008000")
+    sriov = stored(emu, SRIOV, "harvester-kgd9c-000008000")
     assert sriov["spec"] == seed_sriov["spec"]
     assert sriov["metadata"]["labels"]["nodename"] == NODE
     assert sorted(sriov["status"]["vfAddresses"]) == sorted(seed_sriov["status"]["vfAddresses"])
     assert sorted(sriov["status"]["vGPUDevices"]) == sorted(seed_sriov["status"]["vGPUDevices"])
-    vgpu = _obj(emu, VGPUS, "harvester-kgd9c-000008004")
+    vgpu = stored(emu, VGPUS, "harvester-kgd9c-000008004")
     assert vgpu["spec"] == seed_vgpu["spec"]
     for label, value in seed_vgpu["metadata"]["labels"].items():
         assert vgpu["metadata"]["labels"][label] == value
@@ -132,7 +65,7 @@ def test_seed_node_end_to_end(tmp_path: Path, emu: ApiServerEmulator) -> None:
     assert vgpu["status"]["configureVGPUTypeName"] == "NVIDIA A2-4A"
     status = json.loads(node.ok("status", "-o", "json").stdout)
     assert vgpu["status"]["uuid"] == status["gpus"][0]["vfs"][0]["vgpu"]["uuid"]
-    disabled = _obj(emu, VGPUS, "harvester-kgd9c-000008010")
+    disabled = stored(emu, VGPUS, "harvester-kgd9c-000008010")
     assert disabled["spec"]["enabled"] is False and disabled["status"]["uuid"] == ""
     assert len(emu.objects(*VGPUS)) == 16
 
@@ -156,9 +89,9 @@ def test_seed_node_end_to_end(tmp_path: Path, emu: ApiServerEmulator) -> None:
 
 
 def test_hand_edit_is_reported_then_reset(tmp_path: Path, emu: ApiServerEmulator) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     node.ok("apply", SEED, "--yes")
-    edited = _obj(emu, VGPUS, "harvester-kgd9c-000008005")
+    edited = stored(emu, VGPUS, "harvester-kgd9c-000008005")
     edited["spec"]["vGPUTypeName"] = "NVIDIA A2-4C"
     # Another controller's finalizer and owner: the reset's PUT must carry them over.
     finalizers = ["example.com/audit"]
@@ -172,7 +105,7 @@ def test_hand_edit_is_reported_then_reset(tmp_path: Path, emu: ApiServerEmulator
     assert "Changed outside vgpuctl" in plan.stdout
     assert '~ spec.vGPUTypeName: "NVIDIA A2-4C" → "NVIDIA A2-4Q"' in plan.stdout
     node.ok("apply", SEED, "--yes")
-    reset = _obj(emu, VGPUS, "harvester-kgd9c-000008005")
+    reset = stored(emu, VGPUS, "harvester-kgd9c-000008005")
     assert reset["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
     assert reset["metadata"]["finalizers"] == finalizers
     assert reset["metadata"]["ownerReferences"] == owners
@@ -180,10 +113,10 @@ def test_hand_edit_is_reported_then_reset(tmp_path: Path, emu: ApiServerEmulator
 
 
 def test_conflict_is_replanned_not_overwritten(tmp_path: Path, emu: ApiServerEmulator) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     node.ok("apply", SEED, "--yes")
     target = "harvester-kgd9c-000008005"
-    edited = _obj(emu, VGPUS, target)
+    edited = stored(emu, VGPUS, target)
     edited["spec"]["vGPUTypeName"] = "NVIDIA A2-4C"
     emu.seed(edited)
 
@@ -193,7 +126,7 @@ def test_conflict_is_replanned_not_overwritten(tmp_path: Path, emu: ApiServerEmu
         # Someone else writes the object between our read and our write, once.
         if request.verb == "update" and request.name == target and not raced:
             raced.append(request)
-            current = _obj(emu, VGPUS, target)
+            current = stored(emu, VGPUS, target)
             current["metadata"].setdefault("annotations", {})["example.com/touched"] = "yes"
             emu.seed(current)
 
@@ -202,7 +135,7 @@ def test_conflict_is_replanned_not_overwritten(tmp_path: Path, emu: ApiServerEmu
     emu.on_before_write(None)
     assert res.returncode == 0, res.stdout + res.stderr
     assert raced, "the race never happened"
-    final = _obj(emu, VGPUS, target)
+    final = stored(emu, VGPUS, target)
     assert final["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
     # The other writer's change survived: we re-read and re-planned instead of overwriting.
     assert final["metadata"]["annotations"]["example.com/touched"] == "yes"
@@ -232,7 +165,7 @@ def _vgpu_uuid(node: SimNode, vf: str) -> str:
 def test_in_use_per_kubelet_checkpoint_blocks_removal(
     tmp_path: Path, emu: ApiServerEmulator
 ) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     node.ok("apply", SEED, "--yes")
     uuid = _vgpu_uuid(node, "0000:08:00.5")
     pod_uid = "9f1c7d1e-0000-4000-8000-000000000001"
@@ -293,7 +226,7 @@ def _vmi(name: str, namespace: str, uid: str) -> dict[str, Any]:
 
 
 def test_in_use_per_running_vmi_without_checkpoint(tmp_path: Path, emu: ApiServerEmulator) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     node.ok("apply", SEED, "--yes")
     emu.seed(_vmi("db", "prod", "vmi-uid-2"))
     desired = tmp_path / "changed.yaml"
@@ -313,7 +246,7 @@ def test_cluster_only_planning_of_three_nodes(tmp_path: Path, emu: ApiServerEmul
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text("\n".join(lines) + "\n")
     for name in names:
-        _cluster_node(tmp_path, emu, name).ok("apply", fleet, "--yes")
+        cluster_node(tmp_path, emu, name).ok("apply", fleet, "--yes")
 
     changed = tmp_path / "fleet-changed.yaml"
     changed.write_text(fleet.read_text().replace("{A2-4Q: 2}", "{A2-4Q: 3}", 1))
@@ -344,7 +277,7 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
     tmp_path: Path, emu: ApiServerEmulator
 ) -> None:
     """Every request the code makes in a full life cycle, checked against deploy/rbac.yaml."""
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     emu.requests.clear()
     node.ok("apply", SEED, "--yes")  # creates, status writes, KubeVirt update, events
     emu.seed(_vmi("db", "prod", "vmi-uid-2"))  # a running VM, joined to the checkpoint
@@ -354,7 +287,7 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
         (VGPUS, "harvester-kgd9c-000008005", "vGPUTypeName", "NVIDIA A2-4C"),
         (SRIOV, "harvester-kgd9c-000008000", "enabled", False),
     ):
-        edited = _obj(emu, res, name)
+        edited = stored(emu, res, name)
         edited["spec"][field] = value
         emu.seed(edited)
     raced: set[str] = set()
@@ -365,10 +298,10 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
             res = SRIOV if request.resource == "sriovgpudevices" else VGPUS
             if request.resource in ("sriovgpudevices", "vgpudevices"):
                 emu.seed(
-                    _obj(emu, res, request.name)
+                    stored(emu, res, request.name)
                     | {
                         "metadata": {
-                            **_obj(emu, res, request.name)["metadata"],
+                            **stored(emu, res, request.name)["metadata"],
                             "annotations": {"x": "y"},
                         }
                     }
@@ -411,10 +344,10 @@ def test_cluster_errors_stop_before_the_host_is_touched(
 ) -> None:
     with ApiServerEmulator() as emu:
         if setup != "no-crds":
-            _register(emu)
+            register_crds(emu)
         if setup == "forbidden":
             emu.deny("list", GROUP, "vgpudevices")
-        node = _cluster_node(tmp_path, emu)
+        node = cluster_node(tmp_path, emu)
         if setup == "stopped":
             emu.stop()
         res = node.run("apply", SEED, "--yes")
@@ -427,7 +360,7 @@ def test_cluster_errors_stop_before_the_host_is_touched(
 
 
 def test_malformed_checkpoint_is_a_clear_error(tmp_path: Path, emu: ApiServerEmulator) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     bad = node.kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint"
     bad.write_text("{not json")
     res = node.run("plan", SEED)
@@ -437,8 +370,8 @@ def test_malformed_checkpoint_is_a_clear_error(tmp_path: Path, emu: ApiServerEmu
 
 def test_missing_kubevirt_cr_is_a_clear_skip(tmp_path: Path) -> None:
     with ApiServerEmulator() as emu:
-        _register(emu)
-        node = _cluster_node(tmp_path, emu)
+        register_crds(emu)
+        node = cluster_node(tmp_path, emu)
         res = node.ok("apply", SEED, "--yes")
         assert "KubeVirt CR not found" in res.stdout
         assert len(emu.objects(*VGPUS)) == 16

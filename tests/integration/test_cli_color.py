@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import REPO, SEED, SimNode
+from tests.simnode import REPO, SEED, SimNode
 
 
 def _run_on_tty(node: SimNode, *extra: str, env: dict[str, str] | None = None) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import NODE, SEED, SimNode, run_vgpuctl
+from tests.simnode import NODE, SEED, SimNode, run_vgpuctl
 
 
 def _fails(res: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -69,7 +69,7 @@ def test_gpu_not_on_host_lists_what_is_there(tmp_path: Path, a2_node: SimNode) -
 
 
 def test_vf_of_another_gpu(tmp_path: Path) -> None:
-    from tests.integration.conftest import make_sim
+    from tests.simnode import make_sim
 
     node = make_sim(tmp_path / "h", ["A2@0000:08:00.0", "A2@0000:09:00.0"])
     node.ok("apply", _desired(tmp_path, HEADER + (

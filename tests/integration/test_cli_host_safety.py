@@ -1,7 +1,7 @@
 """How vgpuctl stays safe on a real host, driven as a user drives it (the CLI, a subprocess).
 
 The kernel does not refuse to remove a vGPU a VM has open: the removal blocks until the VM
-lets go (DOMAIN.md §9), and the simulator does the same. So: a holder vgpuctl cannot see must
+lets go (docs/domain.md §9), and the simulator does the same. So: a holder vgpuctl cannot see must
 never be assumed absent, a removal that blocks must not hang vgpuctl, and a GPU passed through
 whole must never reach ``sriov-manage``.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim import SimHost
-from tests.integration.conftest import NODE, SEED, SimNode, make_sim, run_vgpuctl
+from tests.simnode import NODE, SEED, SimNode, make_sim, run_vgpuctl
 
 #: The seed's vGPU on VF 0000:08:00.5 (an A2-4Q), and the desired state that changes it.
 VF5 = "0000:08:00.5"

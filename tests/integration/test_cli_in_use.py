@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.integration.conftest import NODE, SEED, SimNode, run_vgpuctl
+from tests.simnode import NODE, SEED, SimNode, run_vgpuctl
 
 CHANGED = f"""apiVersion: vgpu.reconciler.dev/v1alpha1
 kind: VGPUDesiredState

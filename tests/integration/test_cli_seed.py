@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
+from tests.simnode import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 SEED_ENABLED = {

@@ -13,7 +13,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from tests.integration.conftest import NODE, SimNode, make_sim, run_vgpuctl
+from tests.simnode import NODE, SimNode, make_sim, run_vgpuctl
 
 START = f"""apiVersion: vgpu.reconciler.dev/v1alpha1
 kind: VGPUDesiredState

@@ -1,7 +1,7 @@
 """The device plugins end to end, in process: simulated host → observer → PluginManager → real
 gRPC on Unix sockets → the fake kubelet, which computes node allocatable as the kubelet does.
 
-Expected values are the domain's facts (DOMAIN.md §6), written out: resource and socket names,
+Expected values are the domain's facts (docs/domain.md §7), written out: resource and socket names,
 the Allocate env variable, UUIDs as the simulator names them, IOMMU groups read from the sysfs
 links themselves, not from the code under test.
 """
@@ -25,7 +25,7 @@ from reconciler.deviceplugin.manager import PluginManager
 from reconciler.model import Inventory
 from reconciler.observe import observe_host
 from reconciler.sim import SimHost, build_host, reboot
-from tests.deviceplugin.fake_kubelet import (
+from tests.doubles.fake_kubelet import (
     HEALTHY,
     UNHEALTHY,
     DeviceState,

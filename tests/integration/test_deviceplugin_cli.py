@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim import SimHost, build_host
-from tests.deviceplugin.fake_kubelet import (
+from tests.doubles.fake_kubelet import (
     HEALTHY,
     UNHEALTHY,
     DeviceState,
@@ -23,26 +23,8 @@ from tests.deviceplugin.fake_kubelet import (
     make_plugin_dir,
     remove_plugin_dir,
 )
-from tests.integration.conftest import REPO, SEED, SimNode, run_vgpuctl
+from tests.simnode import A2_4A, A2_4Q, NODE, REPO, SEED, SEED_SPEC, SOCKETS, SimNode, run_vgpuctl
 
-NODE = "harvester-kgd9c"
-A2_4A = "nvidia.com/NVIDIA_A2-4A"
-A2_4Q = "nvidia.com/NVIDIA_A2-4Q"
-SOCKETS = ("vgpuctl-nvidia.com_NVIDIA_A2-4A.sock", "vgpuctl-nvidia.com_NVIDIA_A2-4Q.sock")
-SEED_SPEC = {
-    "gpus": [
-        {
-            "model": "A2",
-            "address": "0000:08:00.0",
-            "vgpus": {
-                "0000:08:00.4": "NVIDIA A2-4A",
-                "0000:08:00.5": "NVIDIA A2-4Q",
-                "0000:08:00.6": "NVIDIA A2-4A",
-                "0000:08:00.7": "NVIDIA A2-4Q",
-            },
-        }
-    ]
-}
 # Startup imports grpc and the rest; CI machines are slow.
 STARTUP_S = 15.0
 # The standalone mode notices host changes "within a few seconds"; it rescans every 0.2 s here.

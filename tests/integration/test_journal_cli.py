@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.integration.conftest import NODE, SEED, SimNode, make_sim
+from tests.simnode import NODE, SEED, SimNode, make_sim
 
 MIB = 1 << 20
 

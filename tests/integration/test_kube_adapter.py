@@ -1,5 +1,5 @@
 """The kube adapter, cluster observer and cluster executor over HTTP, through the unmodified
-``kubernetes`` client, against the API-server emulator (tests/kube/emulator.py)."""
+``kubernetes`` client, against the API-server emulator (tests/doubles/emulator.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.observe.checkpoint import checkpoint_file
 from reconciler.observe.cluster import observe_cluster
-from tests.kube.emulator import ApiServerEmulator, Request
+from tests.doubles.emulator import ApiServerEmulator, Request
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "harvester-kgd9c"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.captures import harvester_a2_host, l40s_vfio_host
-from tests.integration.conftest import run_vgpuctl
+from tests.simnode import run_vgpuctl
 
 NODE = "harvester-a2"
 PF = "0000:08:00.0"

@@ -1,6 +1,6 @@
 """One sentence per broken driver rule, whichever command finds it (issue 11 item 4).
 
-Each desired-state file below breaks one of the NVIDIA driver's placement rules (DOMAIN.md §4).
+Each desired-state file below breaks one of the NVIDIA driver's placement rules (docs/domain.md §4).
 ``vgpuctl validate`` judges it against the catalogue's offer, ``vgpuctl plan`` against the
 driver's, read from a simulated host's sysfs; both must print the sentence written here by hand,
 at the entry's ``file:line:column``.
@@ -21,7 +21,7 @@ import pytest
 
 from reconciler.catalog import Catalog, PciId, default_catalog
 from reconciler.sim import build_host
-from tests.integration.conftest import NODE, SimNode, run_vgpuctl
+from tests.simnode import NODE, SimNode, run_vgpuctl
 
 HEADER = f"""apiVersion: vgpu.reconciler.dev/v1alpha1
 kind: VGPUDesiredState

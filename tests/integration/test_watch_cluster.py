@@ -12,11 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests import rbac
-from tests.integration.test_cli_cluster import VGPUS, _cluster_node, _obj, emu
-from tests.integration.test_watch import Watch, seed_text, start_watch, wait_for
-from tests.kube.emulator import ApiServerEmulator
-
-__all__ = ["emu", "start_watch"]  # fixtures shared with the other cluster and watch tests
+from tests.cluster_node import VGPUS, cluster_node, stored
+from tests.doubles.emulator import ApiServerEmulator
+from tests.watch_agent import Watch, seed_text, wait_for
 
 TARGET = "harvester-kgd9c-000008005"
 
@@ -24,23 +22,23 @@ TARGET = "harvester-kgd9c-000008005"
 def test_a_hand_edit_of_our_object_is_reset_at_the_next_rescan(
     tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
 ) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     desired = tmp_path / "desired.yaml"
     desired.write_text(seed_text())
     watch = start_watch(node, desired)
     wait_for(watch.ready, "the first convergence")
-    assert _obj(emu, VGPUS, TARGET)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+    assert stored(emu, VGPUS, TARGET)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
 
     # An idle rescan only lists (three list calls); it writes nothing.
     emu.requests.clear()
     wait_for(lambda: len(emu.requests) >= 6, "two idle rescans")
     assert {r.verb for r in emu.requests} == {"list"}
 
-    edited = _obj(emu, VGPUS, TARGET)
+    edited = stored(emu, VGPUS, TARGET)
     edited["spec"]["vGPUTypeName"] = "NVIDIA A2-4C"
     emu.seed(edited)
     wait_for(
-        lambda: _obj(emu, VGPUS, TARGET)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q",
+        lambda: stored(emu, VGPUS, TARGET)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q",
         "the hand edit reset",
         timeout=10,
     )
@@ -51,7 +49,7 @@ def test_a_hand_edit_of_our_object_is_reset_at_the_next_rescan(
 def test_an_invalid_desired_state_is_a_warning_event(
     tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
 ) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     desired = tmp_path / "desired.yaml"
     desired.write_text(seed_text())
     watch = start_watch(node, desired)
@@ -71,13 +69,13 @@ def test_an_invalid_desired_state_is_a_warning_event(
     assert event["involvedObject"]["kind"] == "SRIOVGPUDevice"  # type: ignore[index]
     assert event["involvedObject"]["name"] == "harvester-kgd9c-000008000"  # type: ignore[index]
     assert str(desired) in str(event["message"])
-    assert _obj(emu, VGPUS, TARGET)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"  # kept
+    assert stored(emu, VGPUS, TARGET)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"  # kept
 
 
 def test_watch_needs_no_verb_the_role_does_not_grant(
     tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
 ) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     desired = tmp_path / "desired.yaml"
     desired.write_text(seed_text())
     emu.requests.clear()

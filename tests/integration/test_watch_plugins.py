@@ -13,22 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.deviceplugin.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
-from tests.integration.conftest import SimNode, run_vgpuctl
-from tests.integration.test_watch import (
-    U4,
-    U5,
-    U6,
-    U7,
-    Watch,
-    desired_dir,
-    node,
-    seed_text,
-    start_watch,
-    wait_for,
-)
-
-__all__ = ["desired_dir", "node", "start_watch"]  # fixtures shared with test_watch
+from tests.doubles.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
+from tests.simnode import SimNode, run_vgpuctl
+from tests.watch_agent import U4, U5, U6, U7, Watch, seed_text, wait_for
 
 A2_4A = "nvidia.com/NVIDIA_A2-4A"
 A2_4Q = "nvidia.com/NVIDIA_A2-4Q"

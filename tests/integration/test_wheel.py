@@ -8,7 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.integration.conftest import REPO, SEED
+from tests.simnode import REPO, SEED
 
 
 def test_wheel_ships_schemas_and_catalogue(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from reconciler.plan import plan_node
 from reconciler.sim import SimHost, build_host
 from reconciler.sim.rules import SimModel
 from tests import oracle
+from tests.strategies import gpu_config
 
 NODE = "prop-node"
 CATALOG = default_catalog()
@@ -40,19 +41,6 @@ def _model(name: str) -> GpuModel:
     model = CATALOG.model(name)
     assert model is not None
     return model
-
-
-@st.composite
-def gpu_config(draw: st.DrawFn, model: GpuModel) -> tuple[int, list[tuple[int, str]]]:
-    """One framebuffer size and a valid set of (VF index, profile) of that size."""
-    profiles = model.time_sliced_profiles
-    size = draw(st.sampled_from(sorted({p.framebuffer_mib for p in profiles})))
-    same_size = [p for p in profiles if p.framebuffer_mib == size]
-    limit = min(p.max_instances for p in same_size)
-    count = draw(st.integers(min_value=0, max_value=min(limit, 6)))
-    vfs = draw(st.lists(st.integers(0, model.vfs - 1), min_size=count, max_size=count, unique=True))
-    names = [draw(st.sampled_from(same_size)).name for _ in vfs]
-    return size, list(zip(vfs, names, strict=True))
 
 
 @st.composite

@@ -86,17 +86,17 @@ class Sample:
 # --- document surgery --------------------------------------------------------------------------
 
 
-def _paths(value: Any, prefix: Path_ = ()) -> list[Path_]:
+def value_paths(value: Any, prefix: Path_ = ()) -> list[Path_]:
     """Every path below ``value`` (not the root itself)."""
     found: list[Path_] = []
     if isinstance(value, dict):
         for key, child in value.items():
             found.append((*prefix, key))
-            found += _paths(child, (*prefix, key))
+            found += value_paths(child, (*prefix, key))
     elif isinstance(value, list):
         for i, child in enumerate(value):
             found.append((*prefix, i))
-            found += _paths(child, (*prefix, i))
+            found += value_paths(child, (*prefix, i))
     return found
 
 
@@ -106,7 +106,7 @@ def _get(doc: Any, path: Path_) -> Any:
     return doc
 
 
-def _set(doc: Any, path: Path_, value: Any) -> None:
+def set_path(doc: Any, path: Path_, value: Any) -> None:
     _get(doc, path[:-1])[path[-1]] = value
 
 
@@ -181,8 +181,8 @@ TAGGED = (
 
 def _with_value(draw: st.DrawFn, doc: dict[str, Any], text: str, *, style: str) -> str:
     """The document dumped with ``text`` written, verbatim, in place of one random value."""
-    path = draw(st.sampled_from(_paths(doc)))
-    _set(doc, path, SENTINEL)
+    path = draw(st.sampled_from(value_paths(doc)))
+    set_path(doc, path, SENTINEL)
     dumped = _dump(doc, style)
     for quoted in (f'"{SENTINEL}"', f"'{SENTINEL}'", SENTINEL):
         dumped = dumped.replace(quoted, text)
@@ -197,9 +197,9 @@ def m_valid(draw: st.DrawFn, doc: dict[str, Any]) -> tuple[bytes, ...]:
 
 
 def m_wrong_type(draw: st.DrawFn, doc: dict[str, Any]) -> tuple[bytes, ...]:
-    path = draw(st.sampled_from(_paths(doc)))
+    path = draw(st.sampled_from(value_paths(doc)))
     old = _get(doc, path)
-    _set(doc, path, draw(ANY_VALUE.filter(lambda v: type(v) is not type(old))))
+    set_path(doc, path, draw(ANY_VALUE.filter(lambda v: type(v) is not type(old))))
     return (_dump(doc, draw(STYLES)).encode(),)
 
 
@@ -778,7 +778,7 @@ class CliVerdict:
 _AT_LINE = re.compile(r"^\d+:\d+: \S")
 
 
-def _line_form(line: str, paths: Sequence[str]) -> str | None:
+def line_form(line: str, paths: Sequence[str]) -> str | None:
     """``located`` (file:line:col: …), ``file`` (file: …), ``error-file`` (error: file: …)."""
     for prefix, form in (("", "located"), ("error: ", "error-file")):
         for path in paths:
@@ -802,7 +802,7 @@ def validate_cli(sample: Sample, directory: Path) -> CliVerdict:
     # Lines as a terminal shows them: a raw carriage return starts the line over.
     lines = [line for line in run.stderr.split("\n") if line.strip()]
     forms = tuple(
-        "unlocated" if "\r" in line else (_line_form(line, names) or "unlocated") for line in lines
+        "unlocated" if "\r" in line else (line_form(line, names) or "unlocated") for line in lines
     )
     bad = tuple(line for line, form in zip(lines, forms, strict=True) if form == "unlocated")
     return CliVerdict(run.outcome(), run.bug, bad, forms, silent=not lines)

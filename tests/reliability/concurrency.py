@@ -129,7 +129,7 @@ class Trial:
         return f"trial {self.index} (layout {self.layout}): {roles}; " + "; ".join(details[:4])
 
 
-def _role(label: str, run: Run, others: list[int]) -> Role:
+def role_of(label: str, run: Run, others: list[int]) -> Role:
     progress = run.progress()
     made = [p for p in progress if p.mark == "✓"]
     if run.bug or run.hung or run.killed:
@@ -171,7 +171,7 @@ def run_trial(index: int, rng: random.Random, directory: Path) -> Trial:
     pids = {label: s.pid for label, s in started.items()}
     for label, run in runs.items():
         others = [pid for other, pid in pids.items() if other != label]
-        trial.roles.append(_role(label, run, others))
+        trial.roles.append(role_of(label, run, others))
 
     # Double creates, from what the processes say they did: one UUID or one VF created twice.
     made = [p for r in runs.values() for p in r.progress() if p.mark == "✓"]

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from reconciler.sim import build_host
-from tests.kube.emulator import ApiServerEmulator, Request
+from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.reliability.hosts import (
     REPO,
     Run,

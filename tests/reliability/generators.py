@@ -1,9 +1,10 @@
 """Random hosts and valid desired states, drawn by hypothesis and reproducible from a seed.
 
-Adapted from the property test (``tests/property/test_converge.py``): its per-GPU generator
-``gpu_config`` (one framebuffer size, at most the size's maximum) is reused as is; the scenario
-around it covers every single-GPU catalogue model and up to three GPUs. Multi-GPU boards (A16)
-are left out: one board entry is several PFs, which the per-GPU invariants do not model.
+Adapted from the property test (``tests/property/test_converge.py``): the per-GPU generator
+they share, ``gpu_config`` in ``tests/strategies.py`` (one framebuffer size, at most the size's
+maximum), is reused as is; the scenario around it covers every single-GPU catalogue model and
+up to three GPUs. Multi-GPU boards (A16) are left out: one board entry is several PFs, which
+the per-GPU invariants do not model.
 
 ``draw_examples`` runs a strategy outside any test to get a fixed list of examples: the suite
 then runs them in parallel, and the same seed gives the same list.
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from reconciler.catalog import GpuModel, default_catalog
 from reconciler.model import PciAddress
 from reconciler.sim.rules import SimModel
-from tests.property.test_converge import gpu_config
+from tests.strategies import gpu_config
 
 CATALOG = default_catalog()
 MODELS: tuple[GpuModel, ...] = tuple(m for m in CATALOG.models if m.gpus_per_board == 1)

@@ -574,7 +574,7 @@ def run_cases(
 
 def body(profile: str) -> str:
     """A profile name without its vendor prefix: drivers print ``NVIDIA`` or ``GRID`` by branch
-    (DOMAIN.md §4), so the oracle compares what follows it."""
+    (docs/domain.md §4), so the oracle compares what follows it."""
     for prefix in ("NVIDIA ", "GRID "):
         if profile.startswith(prefix):
             return profile[len(prefix) :]

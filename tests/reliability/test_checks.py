@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from reconciler.sim import build_host
-from tests.reliability.bad_input import _line_form, samples
+from tests.reliability.bad_input import line_form, samples
 from tests.reliability.generators import draw_examples, has_work, host_and_desired
 from tests.reliability.hosts import (
     REPO,
@@ -108,12 +108,12 @@ def test_converged_is_the_oracles_verdict_with_the_plan_as_an_extra(tmp_path: Pa
 
 def test_cli_lines_must_name_the_file() -> None:
     paths = ["/tmp/d.yaml"]
-    assert _line_form("/tmp/d.yaml:3:5: unknown field 'x'", paths) == "located"
-    assert _line_form("/tmp/d.yaml: larger than 4 MiB", paths) == "file"
-    assert _line_form("error: /tmp/d.yaml: YAML nesting is too deep", paths) == "error-file"
-    assert _line_form("x' at metadata (allowed: name)", paths) is None
-    assert _line_form("/tmp/other.yaml:3:5: unknown field", paths) is None
-    assert _line_form("/tmp/d.yaml:", paths) is None
+    assert line_form("/tmp/d.yaml:3:5: unknown field 'x'", paths) == "located"
+    assert line_form("/tmp/d.yaml: larger than 4 MiB", paths) == "file"
+    assert line_form("error: /tmp/d.yaml: YAML nesting is too deep", paths) == "error-file"
+    assert line_form("x' at metadata (allowed: name)", paths) is None
+    assert line_form("/tmp/other.yaml:3:5: unknown field", paths) is None
+    assert line_form("/tmp/d.yaml:", paths) is None
 
 
 def test_generators_are_reproducible_and_varied() -> None:

@@ -16,8 +16,8 @@ from tests.reliability.watch_race import (
     Trial,
     WatchRole,
     Work,
-    _double_work,
-    _judge_watch,
+    find_double_work,
+    judge_watch,
     watch_concurrency,
 )
 
@@ -40,7 +40,7 @@ def test_double_creates_are_found_in_both_output_formats() -> None:
     )
     w = Work("watch", "vgpu-create", "0000:08:00.5", f"created NVIDIA A2-2Q {U1}")
     trial = Trial(0, 0, "interleaved")
-    _double_work([a, w], trial)
+    find_double_work([a, w], trial)
     assert trial.double_creates == [f"vGPU {U1} created 2 times"]
     assert not trial.errors
 
@@ -50,13 +50,13 @@ def test_double_creates_are_found_in_both_output_formats() -> None:
     again = Work("watch", "sriov-enable", "0000:08:00.0", "enabled 16 VFs")
     other = Work("watch", "vgpu-create", "0000:08:00.4", f"created NVIDIA A2-2Q {U2}")
     trial = Trial(0, 0, "interleaved")
-    _double_work([a, other, enable, again], trial)
+    find_double_work([a, other, enable, again], trial)
     assert trial.double_creates == ["VF 0000:08:00.4 given a vGPU 2 times"]
     assert len(trial.double_work) == 2
 
     # Distinct work is fine; a create message without a UUID blinds the check: an error.
     trial = Trial(0, 0, "interleaved")
-    _double_work([a, Work("watch", "vgpu-create", "0000:08:00.6", "created something")], trial)
+    find_double_work([a, Work("watch", "vgpu-create", "0000:08:00.6", "created something")], trial)
     assert not trial.double_creates and not trial.double_work
     assert trial.errors and "no UUID" in trial.errors[0]
 
@@ -78,27 +78,27 @@ def test_the_watch_judge() -> None:
     observe = {"msg": "reconcile failed: devices are changing; retrying", "error": "observe"}
 
     role = WatchRole()
-    _judge_watch([_lock_line(7), {"msg": "converged"}], [], _run(), [7, 8], role)
+    judge_watch([_lock_line(7), {"msg": "converged"}], [], _run(), [7, 8], role)
     assert (role.role, role.lock_retries, role.lock_retries_naming_another) == (
         "lock-conflict", 1, 1
     )  # fmt: skip
     role = WatchRole()
-    _judge_watch([_lock_line(9)], [], _run(), [7, 8], role)  # names no apply of the trial
+    judge_watch([_lock_line(9)], [], _run(), [7, 8], role)  # names no apply of the trial
     assert (role.lock_retries, role.lock_retries_naming_another) == (1, 0)
     role = WatchRole()
-    _judge_watch([done], [], _run(), [7, 8], role)
+    judge_watch([done], [], _run(), [7, 8], role)
     assert role.role == "proceeded"
     role = WatchRole()
-    _judge_watch([observe], [], _run(), [7, 8], role)
+    judge_watch([observe], [], _run(), [7, 8], role)
     assert role.role == "failed-reconcile" and role.other_failures == {"observe": 1}
     role = WatchRole()
-    _judge_watch([], [], _run(), [7, 8], role)
+    judge_watch([], [], _run(), [7, 8], role)
     assert role.role == "nothing-to-do" and role.exit == "exit 0"
     role = WatchRole()
-    _judge_watch([done], ["Traceback (most recent call last):"], _run(), [7, 8], role)
+    judge_watch([done], ["Traceback (most recent call last):"], _run(), [7, 8], role)
     assert role.role == "broken"
     role = WatchRole()
-    _judge_watch([], [], _run(None), [7, 8], role)
+    judge_watch([], [], _run(None), [7, 8], role)
     assert role.role == "broken" and role.exit == "hung"
 
 

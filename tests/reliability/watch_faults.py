@@ -15,13 +15,13 @@ converge once the fault is gone, by itself: nobody runs anything but the fault.
   middle of the reconcile of an edit (a busy host: 33 actions), and put back after 0.5-3 s (and
   not before watch noticed: a fault watch never looked at tested nothing): ``/healthz`` 200
   throughout, failed reconciles counted and logged, retried with growing delays, no traceback;
-- the API server (``tests/kube/emulator.py``) stopped, then an edit: the reconcile stops at the
+- the API server (``tests/doubles/emulator.py``) stopped, then an edit: the reconcile stops at the
   cluster read, before any host action; started again: the edit is converged on, the cluster
   objects are right;
 - ``sriov-manage`` hanging (``sim fail --sriov hang``) past ``watch --timeout 2`` on an edit
   that enables SR-IOV: the reconcile fails naming the timeout, nothing is left running, the
   retry converges;
-- a kubelet restart (``tests/deviceplugin/fake_kubelet.py``) with watch's device plugins: every
+- a kubelet restart (``tests/doubles/fake_kubelet.py``) with watch's device plugins: every
   plugin registers again (timed: the device-plugin issue asks ≤ 1 s), the kubelet's allocatable
   is back to the same counts, the host untouched; an edit afterwards moves the allocatable.
 
@@ -55,7 +55,7 @@ from typing import Any
 import yaml
 
 from reconciler.sim import SimHost
-from tests.deviceplugin.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
+from tests.doubles.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
 from tests.reliability.faults import (
     BUSY_GPU,
     GPU,

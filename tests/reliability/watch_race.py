@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from reconciler.sim import build_host
-from tests.reliability.concurrency import LAYOUTS, LOCK_HELD, NODE, Role, _role
+from tests.reliability.concurrency import LAYOUTS, LOCK_HELD, NODE, Role, role_of
 from tests.reliability.generators import CATALOG, document
 from tests.reliability.hosts import (
     CREATED_UUID,
@@ -216,7 +216,7 @@ def _settle(watch: WatchProcess) -> bool:
     return False
 
 
-def _judge_watch(
+def judge_watch(
     logs: list[dict[str, Any]], bugs: list[str], run: Run, others: list[int], role: WatchRole
 ) -> None:
     """Fill in ``role`` from the watch's log lines; ``others``: the applies' pids."""
@@ -270,7 +270,7 @@ def _work(applies: dict[str, Run], watch: WatchProcess) -> list[Work]:
     return found
 
 
-def _double_work(work: list[Work], trial: Trial) -> None:
+def find_double_work(work: list[Work], trial: Trial) -> None:
     creates = [w for w in work if w.kind == "vgpu-create"]
     uuids: Counter[str] = Counter()
     for w in creates:
@@ -363,18 +363,18 @@ def run_trial(index: int, rng: random.Random, directory: Path) -> Trial:
     pids[WATCH] = watch.pid
     for label, run in runs.items():
         others = [pid for other, pid in pids.items() if other != label]
-        trial.applies.append(_role(label, run, others))
+        trial.applies.append(role_of(label, run, others))
         if LOCK_HELD in run.stderr:
             named = _PID.search(run.stderr.split(LOCK_HELD, 1)[1])
             holder = [o for o, pid in pids.items() if named and pid == int(named[1])]
             trial.named[label] = holder[0] if holder else "?"
-    _judge_watch(
+    judge_watch(
         watch.logs(), watch.bugs(), watch_run, [pids[label] for label in APPLIES], trial.watch
     )
     for r in trial.applies:
         if r.run.bug:
             trial.errors.append(f"{r.label}: {r.run.bug}")
-    _double_work(_work(runs, watch), trial)
+    find_double_work(_work(runs, watch), trial)
 
     gpus = [g["address"] for g in host_spec["gpus"]]
     trial.safety = safety(read_truth(node.sysfs_root, gpus), {}).problems()

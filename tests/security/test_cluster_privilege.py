@@ -31,10 +31,10 @@ import yaml
 from reconciler.kube import connect
 from reconciler.model import ClusterError
 from tests import rbac
-from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim
-from tests.kube import jsonpatch
-from tests.kube.admission import UserInfo
-from tests.kube.emulator import ApiServerEmulator, Request
+from tests.doubles import jsonpatch
+from tests.doubles.admission import UserInfo
+from tests.doubles.emulator import ApiServerEmulator, Request
+from tests.simnode import NODE, REPO, SEED, SimNode, make_sim
 
 DEPLOY = REPO / "deploy"
 AGENT = "system:serviceaccount:vgpuctl-system:vgpuctl"

@@ -19,11 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.integration.test_cli_cluster import ClusterNode, _cluster_node, emu
-from tests.integration.test_watch import Watch, seed_text, start_watch, vgpus, wait_for
-from tests.kube.emulator import ApiServerEmulator
-
-__all__ = ["emu", "start_watch"]  # fixtures
+from tests.cluster_node import ClusterNode, cluster_node
+from tests.doubles.emulator import ApiServerEmulator
+from tests.watch_agent import Watch, seed_text, vgpus, wait_for
 
 #: A shadow file's first line: parsed as YAML it is a mapping key, quoted whole before.
 SHADOW = (
@@ -84,7 +82,7 @@ def invalid(watch: Watch) -> bool:
 def test_a_link_to_a_file_outside_the_directory_is_refused_and_not_quoted(
     tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
 ) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     shadow = tmp_path / "etc" / "shadow"
     shadow.parent.mkdir()
     shadow.write_text(SHADOW)
@@ -112,7 +110,7 @@ def test_a_link_to_a_file_outside_the_directory_is_refused_and_not_quoted(
 def test_a_relative_link_climbing_out_of_the_directory_is_refused(
     tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
 ) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "shadow").write_text(SHADOW)
     root = git_sync_root(tmp_path / "git", "0a1b2c", {"node.yaml": seed_text()})
@@ -134,7 +132,7 @@ def test_a_relative_link_climbing_out_of_the_directory_is_refused(
 def test_a_configmap_volume_and_its_updates_are_followed(
     tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
 ) -> None:
-    node = _cluster_node(tmp_path, emu)
+    node = cluster_node(tmp_path, emu)
     volume = configmap_volume(tmp_path / "cm", {"node.yaml": seed_text()}, "..2026_01_14_1")
     watch = start_watch(node, volume)
     wait_for(watch.ready, "the first convergence")
@@ -148,7 +146,7 @@ def test_a_configmap_volume_and_its_updates_are_followed(
 def test_a_git_sync_checkout_and_its_new_commits_are_followed(
     tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
 ) -> None:
-    node: ClusterNode = _cluster_node(tmp_path, emu)
+    node: ClusterNode = cluster_node(tmp_path, emu)
     # A link between two files inside the directory is fine (a repository may keep one).
     root = git_sync_root(
         tmp_path / "git",

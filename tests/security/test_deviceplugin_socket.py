@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim import build_host
-from tests.deviceplugin.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
-from tests.integration.conftest import REPO, SimNode
-from tests.integration.test_deviceplugin_cli import A2_4A, A2_4Q, NODE, SEED_SPEC, SOCKETS
+from tests.doubles.fake_kubelet import FakeKubelet, make_plugin_dir, remove_plugin_dir
+from tests.simnode import A2_4A, A2_4Q, NODE, REPO, SEED_SPEC, SOCKETS, SimNode
 
 STARTUP_S = 15.0
 NOBODY = 65534

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.watch.endpoint import OperationsEndpoint, Verdict
-from tests.integration.conftest import SimNode, make_sim
-from tests.integration.test_watch import Watch, seed_text, wait_for
+from tests.simnode import SimNode, make_sim
+from tests.watch_agent import Watch, seed_text, wait_for
 
 #: "Promptly", generously: the kubelet's own probe timeout is 1 s.
 ANSWER_WITHIN_S = 10.0

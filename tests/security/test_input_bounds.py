@@ -21,10 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO, SimNode, make_sim, run_vgpuctl
-from tests.integration.test_watch import Watch, start_watch, wait_for
-
-__all__ = ["start_watch"]  # the fixture, used by name
+from tests.simnode import REPO, SimNode, make_sim, run_vgpuctl
+from tests.watch_agent import Watch, wait_for
 
 MiB = 1024 * 1024
 PEAK_LIMIT_MIB = 128

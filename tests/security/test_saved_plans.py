@@ -20,8 +20,8 @@ import yaml
 
 from reconciler.model.cluster import GROUP, VERSION
 from reconciler.sim import SimHost
-from tests.integration.conftest import NODE, REPO, SEED, SimNode, make_sim
-from tests.kube.emulator import ApiServerEmulator
+from tests.doubles.emulator import ApiServerEmulator
+from tests.simnode import NODE, REPO, SEED, SimNode, make_sim
 
 SRIOV = (GROUP, VERSION, "sriovgpudevices")
 VGPUS = (GROUP, VERSION, "vgpudevices")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import NODE, SEED, SimNode, make_sim
+from tests.simnode import NODE, SEED, SimNode, make_sim
 
 #: What a root-owned file outside the state directory holds: it must never change.
 SHADOW = "root:$6$Kx8.salt$Q1w2E3r4T5y6U7i8O9p0AsDfGhJkLzXcVbNm:19000:0:99999:7:::\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim.state import STATE_DIR
-from tests.integration.conftest import NODE, SEED, SimNode, make_sim, run_vgpuctl
+from tests.simnode import NODE, SEED, SimNode, make_sim, run_vgpuctl
 
 #: The seed's vGPUs: VF → UUID (derived from the node and the VF, so known in advance).
 VF5, UUID5 = "0000:08:00.5", "5ed3b3e8-ffe3-55db-be73-567bd703a205"

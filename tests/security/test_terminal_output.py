@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sim import hold
-from tests.integration.conftest import REPO, SEED, SimNode, make_sim, run_vgpuctl
+from tests.simnode import REPO, SEED, SimNode, make_sim, run_vgpuctl
 
 #: Up one line, erase it: what a hostile name carries.
 ERASE = "\x1b[1A\x1b[2K"

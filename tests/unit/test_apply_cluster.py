@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -24,12 +23,9 @@ from reconciler.model import (
     ActionKind,
     ApplyError,
     Blocked,
-    ClusterUnavailableError,
-    ConflictError,
     PciAddress,
 )
 from reconciler.model.cluster import (
-    GROUP,
     KUBEVIRT_OWNED_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -37,161 +33,11 @@ from reconciler.model.cluster import (
     VGPU_KIND,
     KubeObject,
 )
-from tests.kube import jsonpatch
+from tests.doubles import jsonpatch
+from tests.doubles.cluster import FakeCluster, Key
 
 NODE = "harvester-kgd9c"
 NAME = "harvester-kgd9c-000008004"
-Key = tuple[str, str | None, str]  # plural, namespace, name
-
-
-class FakeCluster:
-    """Enough of an API server: one resourceVersion counter, 409 on a stale version, status
-    dropped on create and ignored on PUT, only status taken on PUT of ``/status``, JSON patches
-    applied as the API server does (a failed ``test``: the port's ConflictError)."""
-
-    def __init__(self) -> None:
-        self.store: dict[Key, dict[str, Any]] = {}
-        self.calls: list[tuple[str, str, str | None]] = []  # verb, plural, rv sent
-        self.rv = 100
-        self.before_write: Callable[[str, Key], object] | None = None
-        self.on_get: Callable[[Key], object] | None = None
-        self.down = False
-        self.patches: list[list[dict[str, Any]]] = []
-
-    def put(self, plural: str, body: Mapping[str, Any], namespace: str | None = None) -> str:
-        """Store directly (another actor); returns the new resourceVersion."""
-        obj = copy.deepcopy(dict(body))
-        self.rv += 1
-        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
-        self.store[(plural, namespace, obj["metadata"]["name"])] = obj
-        return str(self.rv)
-
-    def _enter(self, verb: str, plural: str, rv: str | None, key: Key | None = None) -> None:
-        self.calls.append((verb, plural, rv))
-        if self.down:
-            raise ClusterUnavailableError("cannot reach the Kubernetes API server at x: refused")
-        if key is not None and verb != "get" and self.before_write is not None:
-            self.before_write(verb, key)
-
-    def list_objects(self, **kw: Any) -> list[dict[str, Any]]:
-        raise AssertionError("the executor does not list")
-
-    def get_object(
-        self, *, group: str, version: str, plural: str, name: str, namespace: str | None = None
-    ) -> dict[str, Any] | None:
-        self._enter("get", plural, None)
-        if self.on_get is not None:
-            self.on_get((plural, namespace, name))
-        found = self.store.get((plural, namespace, name))
-        return copy.deepcopy(found) if found is not None else None
-
-    def create_object(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        body: Mapping[str, Any],
-        namespace: str | None = None,
-    ) -> dict[str, Any]:
-        key = (plural, namespace, body["metadata"]["name"])
-        self._enter("create", plural, body["metadata"].get("resourceVersion"), key)
-        if key in self.store:
-            raise ConflictError(f"{plural}/{key[2]} already exists")
-        obj = copy.deepcopy(dict(body))
-        obj.pop("status", None)
-        obj["metadata"]["uid"] = f"uid-{key[2]}"
-        self.put(plural, obj, namespace)
-        return copy.deepcopy(self.store[key])
-
-    def _stored(self, plural: str, namespace: str | None, name: str, rv: str | None) -> Key:
-        key = (plural, namespace, name)
-        current = self.store.get(key)
-        if current is None:
-            raise ConflictError(f"{plural}/{name} was deleted since it was read")
-        if rv != current["metadata"]["resourceVersion"]:
-            raise ConflictError(f"{plural}/{name} changed since it was read (409 Conflict)")
-        return key
-
-    def replace_object(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        name: str,
-        body: Mapping[str, Any],
-        namespace: str | None = None,
-    ) -> dict[str, Any]:
-        rv = body["metadata"].get("resourceVersion")
-        self._enter("update", plural, rv, (plural, namespace, name))
-        key = self._stored(plural, namespace, name, rv)
-        obj = copy.deepcopy(dict(body))
-        if group == GROUP:
-            obj["status"] = copy.deepcopy(self.store[key].get("status", {}))
-        obj["metadata"]["uid"] = self.store[key]["metadata"].get("uid")
-        self.put(plural, obj, namespace)
-        return copy.deepcopy(self.store[key])
-
-    def patch_object(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        name: str,
-        patch: Sequence[Mapping[str, Any]],
-        namespace: str | None = None,
-    ) -> dict[str, Any]:
-        key = (plural, namespace, name)
-        self._enter("patch", plural, None, key)
-        self.patches.append([dict(op) for op in patch])
-        current = self.store.get(key)
-        if current is None:
-            raise ConflictError(f"{plural}/{name} was deleted since it was read")
-        try:
-            obj = jsonpatch.apply(current, patch)
-        except jsonpatch.JsonPatchError:
-            raise ConflictError(f"{plural}/{name} changed since it was read (422)") from None
-        self.put(plural, obj, namespace)
-        return copy.deepcopy(self.store[key])
-
-    def replace_status(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        name: str,
-        body: Mapping[str, Any],
-        namespace: str | None = None,
-    ) -> dict[str, Any]:
-        rv = body["metadata"].get("resourceVersion")
-        self._enter("update/status", plural, rv, (plural, namespace, name))
-        key = self._stored(plural, namespace, name, rv)
-        obj = copy.deepcopy(self.store[key])
-        obj["status"] = copy.deepcopy(body.get("status"))
-        self.put(plural, obj, namespace)
-        return copy.deepcopy(self.store[key])
-
-    def delete_object(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        name: str,
-        namespace: str | None = None,
-        resource_version: str | None = None,
-    ) -> None:
-        key = (plural, namespace, name)
-        self._enter("delete", plural, resource_version, key)
-        current = self.store.get(key)
-        if current is None:
-            return
-        if resource_version and resource_version != current["metadata"]["resourceVersion"]:
-            raise ConflictError(f"{plural}/{name}: precondition failed (409 Conflict)")
-        del self.store[key]
 
 
 class Events:

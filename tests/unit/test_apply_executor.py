@@ -507,7 +507,7 @@ def test_each_run_gets_its_own_id(tmp_path: Path) -> None:
 
 
 def test_sriov_manage_is_never_run_on_a_pf_bound_to_another_driver(tmp_path: Path) -> None:
-    """sriov-manage -e unbinds a PF from whatever driver it has (DOMAIN.md §2): on a GPU
+    """sriov-manage -e unbinds a PF from whatever driver it has (docs/domain.md §2): on a GPU
     passed through whole (vfio-pci) that takes it from its VM. The planner never plans it;
     the executor refuses it anyway."""
     host = Host(tmp_path)

@@ -198,9 +198,9 @@ class FakeWriter:
 class FakeSriovManage:
     """A CommandRunner playing ``sriov-manage``; ``behaviour`` picks how it (mis)behaves.
 
-    ``works``: does the job; ``silent``: exits 0 having done nothing (old drivers, DOMAIN.md §2);
-    ``fails``: exits 1 with a message on stderr; ``later``: exits 0, the VFs appear on a later
-    :meth:`tick` (slow VF creation).
+    ``works``: does the job; ``silent``: exits 0 having done nothing (old drivers,
+    docs/domain.md §2); ``fails``: exits 1 with a message on stderr; ``later``: exits 0, the
+    VFs appear on a later :meth:`tick` (slow VF creation).
     """
 
     kernel: FakeKernel

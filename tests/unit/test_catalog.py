@@ -1,4 +1,4 @@
-"""The profile catalogue: its data against DOMAIN.md §4, and its pure look-ups.
+"""The profile catalogue: its data against docs/domain.md §4, and its pure look-ups.
 
 The desired-state checks (``reconciler.desired.checks``) trust these facts: a profile name's GPU
 part leads back to its model, maxima follow min(framebuffer / size, VFs), and A2/A16 are told
@@ -43,7 +43,7 @@ def _maxima(model: GpuModel, series: str) -> dict[int, int]:
 
 
 def test_the_catalogue_has_the_domain_models(catalog: Catalog) -> None:
-    assert catalog.model_names() == [
+    assert [m.name for m in catalog.models] == [
         "NVIDIA A2",
         "NVIDIA A16",
         "NVIDIA A10",
@@ -61,7 +61,7 @@ def test_the_catalogue_has_the_domain_models(catalog: Catalog) -> None:
 
 
 def test_the_catalogue_holds_no_type_ids() -> None:
-    """Type ids belong to a driver branch, not a GPU model (DOMAIN.md §4)."""
+    """Type ids belong to a driver branch, not a GPU model (docs/domain.md §4)."""
     text = (Path(reconciler.catalog.__file__).parent / "catalog.json").read_text()
     assert "firstTypeId" not in text
     assert "nvidia-" not in text
@@ -70,7 +70,7 @@ def test_the_catalogue_holds_no_type_ids() -> None:
 @pytest.mark.parametrize(
     ("model", "vfs", "offset"),
     [
-        # DOMAIN.md §1 and §4, and public captures (the models' ``sources``).
+        # docs/domain.md §1 and §4, and public captures (the models' ``sources``).
         ("NVIDIA A2", 16, 4),
         ("NVIDIA A10", 32, 4),
         ("NVIDIA A40", 32, 4),
@@ -262,7 +262,7 @@ def test_a_unique_device_id_needs_no_subsystem(catalog: Catalog) -> None:
 @pytest.mark.parametrize(
     ("device", "model", "profile"),
     [
-        # SXM parts have profile names of their own (DOMAIN.md §4).
+        # SXM parts have profile names of their own (docs/domain.md §4).
         ("20b0", "NVIDIA A100X", "GRID A100X-40C"),
         ("20b2", "NVIDIA A100DX", "GRID A100DX-80C"),
         ("2330", "NVIDIA H100XM", "NVIDIA H100XM-80C"),
@@ -318,7 +318,7 @@ def test_unknown_model_names(catalog: Catalog, name: str) -> None:
         ("NVIDIA A100-1-5C", "A100", 5, "C", 1),
         ("NVIDIA A100D-7-80C", "A100D", 80, "C", 7),
         ("NVIDIA RTXA6000-4Q", "RTXA6000", 4, "Q", 0),
-        # Every shape NVIDIA's drivers print (DOMAIN.md §4).
+        # Every shape NVIDIA's drivers print (docs/domain.md §4).
         ("GRID A100D-4C", "A100D", 4, "C", 0),
         ("NVIDIA RTX 5880 Ada-48C", "RTX 5880 Ada", 48, "C", 0),
         ("NVIDIA RTX Pro 6000 Blackwell DC-4-96Q", "RTX Pro 6000 Blackwell DC", 96, "Q", 4),

@@ -1,5 +1,5 @@
 """schemas/crds/ are the contract of the objects vgpuctl writes to the cluster: Harvester's
-SRIOVGPUDevice and VGPUDevice (DOMAIN.md §5) plus vgpuctl's additive status fields.
+SRIOVGPUDevice and VGPUDevice (docs/domain.md §5) plus vgpuctl's additive status fields.
 
 The CRDs are checked for shape (group, version, scope, status subresource, names, printer
 columns), for the structural-schema rules the API server enforces, and as validators: the
@@ -71,7 +71,7 @@ VGPU_STATUS = {
     "holder",
 }
 
-# DOMAIN.md §5; the seed's `kubectl get vgpudevices` table has exactly these columns.
+# docs/domain.md §5; the seed's `kubectl get vgpudevices` table has exactly these columns.
 SRIOV_COLUMNS = [
     ("Address", "string", ".spec.address"),
     ("Node Name", "string", ".spec.nodeName"),

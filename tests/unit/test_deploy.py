@@ -2,8 +2,9 @@
 the CRDs are the canonical ones, the DaemonSet gives the code what it reads and writes (checked
 through the CLI's own option parsing), and the ClusterRole grants only the recorded verbs.
 
-``kubectl kustomize`` is run when kubectl is installed (it needs no cluster); the rest runs
-without it.
+``kubectl kustomize`` is run when kubectl is installed (it needs no cluster; CI installs
+Debian's ``kubernetes-client`` where there is none); the rest runs without it. The optional
+components (git-sync, no-node-claim) need kubectl 1.21 or newer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import yaml
 
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
-from tests.kube import jsonpatch
+from tests.doubles import jsonpatch
 from tests.rbac import Grant, grants
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,6 +179,10 @@ def _kustomize(directory: Path) -> list[dict[str, Any]]:
         timeout=120,
         check=False,
     )
+    if result.returncode != 0 and 'unknown field "components"' in result.stderr:
+        # Debian 12's kubernetes-client is kubectl 1.20, whose kustomize (v2.0.3) predates
+        # components (kustomize 3.7, kubectl 1.21): only the base can be built with it.
+        pytest.skip(f"{kubectl}'s kustomize has no components (kubectl 1.21 or newer needed)")
     assert result.returncode == 0, result.stderr
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 

@@ -402,7 +402,7 @@ def test_short_forms_are_normalised(catalog: Catalog) -> None:
 
 
 def test_names_the_catalogue_does_not_know_are_accepted_and_said_once(catalog: Catalog) -> None:
-    """No name a driver could offer is refused for its shape (DOMAIN.md §4): a GPU or profile
+    """No name a driver could offer is refused for its shape (docs/domain.md §4): a GPU or profile
     the catalogue lacks passes validation, and one note names every one of them."""
     path = FIXTURES / "valid" / "unknown-names.yaml"
     desired = load_desired([path], catalog=catalog)

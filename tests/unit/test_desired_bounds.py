@@ -25,7 +25,7 @@ from reconciler.desired.shape import _validator
 from reconciler.desired.source import document_from_data, read_document
 from reconciler.desired.validator import certainly_valid, inlined
 from reconciler.model import Problem, ValidationError
-from tests.reliability.bad_input import ANY_VALUE, _paths, _set
+from tests.reliability.bad_input import ANY_VALUE, set_path, value_paths
 from tests.reliability.generators import host_and_desired
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,7 +193,7 @@ def _verdicts(validator: Any, doc: Any) -> list[tuple[str, str, str]]:
 def test_the_validator_finds_exactly_what_jsonschema_finds(data: st.DataObject) -> None:
     _, drawn = data.draw(host_and_desired("n1", max_gpus=2))
     for _ in range(data.draw(st.integers(0, 3))):
-        _set(drawn, data.draw(st.sampled_from(_paths(drawn))), data.draw(ANY_VALUE))
+        set_path(drawn, data.draw(st.sampled_from(value_paths(drawn))), data.draw(ANY_VALUE))
     doc = document_from_data(drawn, file="drawn").data  # keys as text, as a file gives them
     schema = json.loads((REPO / "schemas" / "desired-state.schema.json").read_text())
     assert _verdicts(_validator(), doc) == _verdicts(Draft202012Validator(schema), doc)
@@ -205,7 +205,7 @@ def test_certainly_valid_is_never_wrong(data: st.DataObject) -> None:
     """The fast path that skips jsonschema says "valid" only where jsonschema finds nothing."""
     _, drawn = data.draw(host_and_desired("n1", max_gpus=2))
     for _ in range(data.draw(st.integers(0, 3))):
-        _set(drawn, data.draw(st.sampled_from(_paths(drawn))), data.draw(ANY_VALUE))
+        set_path(drawn, data.draw(st.sampled_from(value_paths(drawn))), data.draw(ANY_VALUE))
     doc = document_from_data(drawn, file="drawn").data
     schema = json.loads((REPO / "schemas" / "desired-state.schema.json").read_text())
     if certainly_valid(inlined(schema, schema["$defs"]), doc):

@@ -19,7 +19,7 @@ import pytest
 from reconciler.deviceplugin import Backoff, PluginDirError, PluginManager
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from reconciler.model import VGPU, Gpu, Interface, Inventory, PciAddress, Vf
-from tests.deviceplugin.registry import kubelet, wait_until
+from tests.doubles.registry import kubelet, wait_until
 
 NODE = "node-1"
 Q4 = "nvidia.com/NVIDIA_A2-4Q"

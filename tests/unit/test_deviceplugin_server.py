@@ -26,7 +26,7 @@ from reconciler.deviceplugin import (
 from reconciler.deviceplugin.server import remove_stale_staging
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from reconciler.model import PciAddress
-from tests.deviceplugin.registry import kubelet, wait_until
+from tests.doubles.registry import kubelet, wait_until
 
 RES = "nvidia.com/NVIDIA_A2-4Q"
 GPU = PciAddress.parse("0000:08:00.0")

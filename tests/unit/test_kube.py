@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,6 +25,7 @@ from reconciler.model import (
     ForbiddenError,
     ResourceMissingError,
 )
+from tests.doubles.cluster import FakeCluster
 
 SERVER = "https://10.53.0.1:443"
 VGPU = Request("update", "devices.harvesterhci.io", "v1beta1", "vgpudevices", None, "n-1")
@@ -250,22 +250,7 @@ def test_importing_the_adapter_does_not_load_the_client() -> None:
 # -- events -------------------------------------------------------------------------------------
 
 
-class EventSinkApi:
-    def __init__(self, fail: Exception | None = None) -> None:
-        self.created: list[tuple[str, dict[str, Any]]] = []
-        self.fail = fail
-
-    def create_object(
-        self, *, group: str, version: str, plural: str, body: Any, namespace: Any = None
-    ) -> Any:
-        assert (group, version, plural) == ("", "v1", "events")
-        if self.fail is not None:
-            raise self.fail
-        self.created.append((namespace, body))
-        return body
-
-
-def recorder(api: EventSinkApi) -> EventRecorder:
+def recorder(api: FakeCluster) -> EventRecorder:
     return EventRecorder(
         api,  # type: ignore[arg-type]
         node="harvester-kgd9c",
@@ -275,7 +260,7 @@ def recorder(api: EventSinkApi) -> EventRecorder:
 
 
 def test_event_body_as_client_go_records_it() -> None:
-    api = EventSinkApi()
+    api = FakeCluster()
     recorder(api).event(
         "VGPUDevice",
         "harvester-kgd9c-000008004",
@@ -283,9 +268,10 @@ def test_event_body_as_client_go_records_it() -> None:
         message="created NVIDIA A2-4Q u-1",
         uid="uid-7",
     )
-    ((namespace, body),) = api.created
-    assert namespace == "default"
-    assert body == {
+    (write,) = api.writes
+    assert (write.verb, write.group, write.version, write.plural) == ("create", "", "v1", "events")
+    assert write.namespace == "default"
+    assert write.body == {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": "harvester-kgd9c-000008004.17a2b3c4d5e6f", "namespace": "default"},
@@ -310,7 +296,8 @@ def test_event_body_as_client_go_records_it() -> None:
 def test_event_failures_are_logged_and_stop_trying(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    api = EventSinkApi(ForbiddenError("RBAC denies create on events in namespace default (…)"))
+    api = FakeCluster()
+    api.fail["events"] = ForbiddenError("RBAC denies create on events in namespace default (…)")
     events = recorder(api)
     events.event("VGPUDevice", "a", reason="VGPUCreated", message="m")
     events.event("VGPUDevice", "b", reason="VGPUCreated", message="m", type="Warning")
@@ -321,7 +308,8 @@ def test_event_failures_are_logged_and_stop_trying(
 
 
 def test_a_name_clash_does_not_stop_events() -> None:
-    api = EventSinkApi(ConflictError("events/default/a.1 already exists"))
+    api = FakeCluster()
+    api.fail["events"] = ConflictError("events/default/a.1 already exists")
     events = recorder(api)
     events.event("VGPUDevice", "a", reason="r", message="m")
     assert events.disabled is None
@@ -329,4 +317,4 @@ def test_a_name_clash_does_not_stop_events() -> None:
 
 def test_event_type_is_checked() -> None:
     with pytest.raises(ValueError, match="Normal or Warning"):
-        recorder(EventSinkApi()).event("VGPUDevice", "a", reason="r", message="m", type="Error")
+        recorder(FakeCluster()).event("VGPUDevice", "a", reason="r", message="m", type="Error")

@@ -34,117 +34,14 @@ from reconciler.observe.cluster import (
     observe_cluster,
     observe_nodes_from_cluster,
 )
+from tests.doubles.cluster import FakeCluster, ListCall
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint"
 NODE = "harvester-kgd9c"
 OTHER = "harvester-x2"
-KV = ("kubevirt.io", "kubevirts")
-VMI = ("kubevirt.io", "virtualmachineinstances")
-
-
-class ListingApi:
-    """Serves lists from memory with label (``k=v,…``) and field (``a.b=v``) selectors, like
-    an API server; unserved resources are ``ResourceMissingError``. Records each call."""
-
-    def __init__(self, objects: Mapping[tuple[str, str], list[dict[str, Any]]]) -> None:
-        self.objects = {k: list(v) for k, v in objects.items()}
-        self.calls: list[tuple[str, str, str | None, str, str]] = []
-        self.fail: Exception | None = None
-
-    def list_objects(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        namespace: str | None = None,
-        label_selector: str = "",
-        field_selector: str = "",
-    ) -> list[dict[str, Any]]:
-        self.calls.append(("list", plural, namespace, label_selector, field_selector))
-        if self.fail is not None:
-            raise self.fail
-        if (group, plural) not in self.objects:
-            raise ResourceMissingError(f"the API server does not serve {plural}.{group}")
-        out = []
-        for obj in self.objects[(group, plural)]:
-            meta = obj.get("metadata") or {}
-            if namespace is not None and meta.get("namespace") != namespace:
-                continue
-            if not _selected(meta.get("labels") or {}, label_selector):
-                continue
-            if field_selector:
-                path, value = field_selector.split("=")
-                node: Any = obj
-                for part in path.split("."):
-                    node = (node or {}).get(part)
-                if node != value:
-                    continue
-            out.append(json.loads(json.dumps(obj)))
-        return out
-
-    def get_object(
-        self, *, group: str, version: str, plural: str, name: str, namespace: str | None = None
-    ) -> dict[str, Any] | None:
-        raise AssertionError("the observer only lists")
-
-    def create_object(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        body: Mapping[str, Any],
-        namespace: str | None = None,
-    ) -> dict[str, Any]:
-        raise AssertionError("the observer only lists")
-
-    def replace_object(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        name: str,
-        body: Mapping[str, Any],
-        namespace: str | None = None,
-    ) -> dict[str, Any]:
-        raise AssertionError("the observer only lists")
-
-    replace_status = replace_object
-
-    def patch_object(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-    ) -> dict[str, Any]:
-        raise AssertionError("the observer only lists")
-
-    def delete_object(
-        self,
-        *,
-        group: str,
-        version: str,
-        plural: str,
-        name: str,
-        namespace: str | None = None,
-        resource_version: str | None = None,
-    ) -> None:
-        raise AssertionError("the observer only lists")
-
-
-def _selected(labels: Mapping[str, str], selector: str) -> bool:
-    for term in filter(None, selector.split(",")):
-        key, value = term.split("=")
-        if labels.get(key) != value:
-            return False
-    return True
+KV = "kubevirts"
+VMI = "virtualmachineinstances"
 
 
 # -- objects ------------------------------------------------------------------------------------
@@ -250,10 +147,10 @@ A2_4Q_UUID = "9b4a6c1e-2f0d-5e3a-8c7b-1d2e3f4a5b6c"
 A2_4A_UUID = "3c2b1a09-8f7e-5d6c-b5a4-39281706f5e4"
 
 
-def cluster(**extra: list[dict[str, Any]]) -> ListingApi:
-    objects: dict[tuple[str, str], list[dict[str, Any]]] = {
-        (GROUP, "sriovgpudevices"): [sriov_device(NODE), sriov_device(OTHER)],
-        (GROUP, "vgpudevices"): [
+def cluster(**extra: list[dict[str, Any]]) -> FakeCluster:
+    objects: dict[str, list[dict[str, Any]]] = {
+        "sriovgpudevices": [sriov_device(NODE), sriov_device(OTHER)],
+        "vgpudevices": [
             vgpu_device(NODE, "0000:08:00.4", "NVIDIA A2-4Q"),
             vgpu_device(NODE, "0000:08:00.5", ""),
             vgpu_device(OTHER, "0000:08:00.4", "NVIDIA A2-8Q"),
@@ -265,7 +162,10 @@ def cluster(**extra: list[dict[str, Any]]) -> ListingApi:
     }
     for key, value in extra.items():
         objects[{"kv": KV, "vmis": VMI}[key]] = value
-    return ListingApi(objects)
+    api = FakeCluster(read_only=True)  # the observer only reads
+    for plural, items in objects.items():
+        api.seed(plural, items)
+    return api
 
 
 def kubelet_with(tmp_path: Path, fixture: str) -> Path:
@@ -282,10 +182,18 @@ def test_a_node_without_vms_costs_four_list_calls() -> None:
     api = cluster()
     state = observe_cluster(api, node=NODE)
     assert api.calls == [
-        ("list", "sriovgpudevices", None, f"nodename={NODE}", ""),
-        ("list", "vgpudevices", None, "", ""),
-        ("list", "kubevirts", None, "", ""),
-        ("list", "virtualmachineinstances", None, f"kubevirt.io/nodeName={NODE}", ""),
+        ("list", "sriovgpudevices", None),
+        ("list", "vgpudevices", None),
+        ("list", "kubevirts", None),
+        ("list", "virtualmachineinstances", None),
+    ]
+    assert api.lists == [
+        ListCall(GROUP, "v1beta1", "sriovgpudevices", None, f"nodename={NODE}", ""),
+        ListCall(GROUP, "v1beta1", "vgpudevices", None, "", ""),
+        ListCall("kubevirt.io", "v1", "kubevirts", None, "", ""),
+        ListCall(
+            "kubevirt.io", "v1", "virtualmachineinstances", None, f"kubevirt.io/nodeName={NODE}", ""
+        ),
     ]
     assert sorted(state.sriov_gpu_devices) == [object_name(NODE, "0000:08:00.0")]
     assert sorted(state.vgpu_devices) == [
@@ -323,7 +231,7 @@ def test_no_kubevirt_cr_is_a_note() -> None:
 
 def test_kubevirt_not_installed_is_a_note_and_no_vmis_are_asked_for() -> None:
     api = cluster()
-    del api.objects[KV], api.objects[VMI]
+    api.unserved |= {"kubevirts", "virtualmachineinstances"}
     state = observe_cluster(api, node=NODE)
     assert state.kubevirt is None
     assert "KubeVirt is not installed (kubevirts.kubevirt.io is not served)" in state.notes[0]
@@ -341,7 +249,7 @@ def test_two_kubevirt_crs_need_a_pinned_namespace() -> None:
     state = observe_cluster(api, node=NODE, kubevirt_namespace="kubevirt")
     assert state.kubevirt is not None
     assert state.kubevirt.namespace == "kubevirt"
-    assert ("list", "kubevirts", "kubevirt", "", "") in api.calls
+    assert ListCall("kubevirt.io", "v1", "kubevirts", "kubevirt", "", "") in api.lists
 
 
 def test_malformed_allow_list_is_an_observe_error() -> None:
@@ -353,14 +261,16 @@ def test_malformed_allow_list_is_an_observe_error() -> None:
 
 def test_cluster_errors_propagate() -> None:
     api = cluster()
-    api.fail = ForbiddenError("RBAC denies list on vgpudevices.devices.harvesterhci.io (…)")
+    api.fail["vgpudevices"] = ForbiddenError(
+        "RBAC denies list on vgpudevices.devices.harvesterhci.io (…)"
+    )
     with pytest.raises(ForbiddenError):
         observe_cluster(api, node=NODE)
 
 
 def test_our_crds_missing_propagates() -> None:
     api = cluster()
-    del api.objects[(GROUP, "vgpudevices")]
+    api.unserved.add("vgpudevices")
     with pytest.raises(ResourceMissingError):
         observe_cluster(api, node=NODE)
 

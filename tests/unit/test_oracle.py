@@ -1,5 +1,5 @@
 """The convergence oracle (``tests/oracle.py``) is itself checked, on sysfs trees built here by
-hand in the kernel's layout (DOMAIN.md §1, §3), for both vGPU interfaces, and on the
+hand in the kernel's layout (docs/domain.md §1, §3), for both vGPU interfaces, and on the
 simulator's trees."""
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def test_vfio_gpus_use_the_vf_address_as_identity_and_plain_type_ids() -> None:
 
 
 def test_type_ids_are_not_invented_before_the_driver_shows_them() -> None:
-    """Type ids belong to the driver branch (DOMAIN.md §4): a GPU whose SR-IOV is still off
+    """Type ids belong to the driver branch (docs/domain.md §4): a GPU whose SR-IOV is still off
     gets the catalogue's types with no id, unless a sibling of the same model on this node
     shows them already (one driver serves the node, so the ids are the same)."""
     after = predict_inventory(Inventory(NODE, (_a2_off(),)), [_enable()], catalog=CATALOG)

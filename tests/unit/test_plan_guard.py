@@ -1,5 +1,6 @@
 """What the planner does with GPUs and vGPUs it must not (or cannot) touch, and with the names
-real drivers print. Expectations are written from DOMAIN.md §1-4 and §9, not from the planner."""
+real drivers print. Expectations are written from docs/domain.md §1-4 and §9, not from the
+planner."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from reconciler.model import (
     VGPUType,
 )
 from reconciler.plan import plan_node, vgpu_uuid
-from tests.unit.test_plan import CATALOG, NODE, a2, card, want
+from tests.gpus import CATALOG, NODE, a2, card, want
 
 A2 = PciAddress.parse("0000:08:00.0")
 L4 = PciAddress.parse("0000:41:00.0")
@@ -41,7 +42,7 @@ def kinds(p: Plan) -> list[tuple[str, str]]:
 
 
 def test_a_gpu_passed_through_whole_is_left_alone_with_one_blocked_entry() -> None:
-    """Bound to vfio-pci: sriov-manage -e would unbind it from its VM (DOMAIN.md §2)."""
+    """Bound to vfio-pci: sriov-manage -e would unbind it from its VM (docs/domain.md §2)."""
     l4 = replace(card("L4", L4, enabled=False), driver="vfio-pci")
     p = plan(want(A2, {0: "A2-4Q"}), want(L4, {0: "L4-6Q"}), host=(a2(A2, enabled=False), l4))
     assert kinds(p) == [("sriov-enable", str(A2)), ("vgpu-create", "0000:08:00.4")]

@@ -3,7 +3,7 @@
 Freshness: the ``proto`` recipe of the Justfile is run as written (only its output directories
 point to a temporary one) and the three generated files must equal the committed ones byte for
 byte, so editing api.proto without ``just proto`` fails here. Wire compatibility: the package,
-service and method names, and every message and field number of DOMAIN.md §6, read from the
+service and method names, and every message and field number of docs/domain.md §7, read from the
 descriptors the generated code registers; plus a few messages encoded by hand.
 """
 
@@ -171,7 +171,7 @@ def rep(kind: str) -> str:
     return f"repeated {kind}"
 
 
-# DOMAIN.md §6 (the kubelet's k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto):
+# docs/domain.md §7 (the kubelet's k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto):
 # message -> field name -> (number, type).
 MESSAGES: dict[str, dict[str, tuple[int, str]]] = {
     "Empty": {},

@@ -1,6 +1,6 @@
 """The driver's placement rules (reconciler.rules), judged on offers written here by hand.
 
-Every expectation comes from DOMAIN.md §3-4, not from the catalogue or the code: an A2 has 16 GB
+Every expectation comes from docs/domain.md §3-4, not from the catalogue or the code: an A2 has 16 GB
 and 16 VFs, its 4 GB types (4A, 4Q, 4C) allow 4 each and share that limit, 2Q allows 8, 16Q 1;
 an A100 40GB's MIG-backed A100-1-10C allows 4 and never shares a GPU with a time-sliced vGPU.
 """
@@ -223,7 +223,7 @@ def test_no_more_vgpus_than_vfs() -> None:
 
 
 def test_a_passed_maximum_is_the_only_sentence() -> None:
-    # A maximum is never above the VF count (DOMAIN.md §4): 17 × 1Q on an A2 is one problem.
+    # A maximum is never above the VF count (docs/domain.md §4): 17 × 1Q on an A2 is one problem.
     types = {"NVIDIA A2-1Q": OfferedType("NVIDIA A2-1Q", 1024, 16)}
     found = judged(a2(types=types), count("NVIDIA A2-1Q", 17, 3))
     assert [v.rule for v in found] == [Rule.MAXIMUM]
@@ -274,7 +274,7 @@ def test_a_complete_offer_refuses_what_it_does_not_list() -> None:
 
 
 def test_a_type_a_vf_hosts_is_offered_even_when_no_longer_listed() -> None:
-    # vfio's creatable list drops a type once it is in use (DOMAIN.md §3b).
+    # vfio's creatable list drops a type once it is in use (docs/domain.md §3b).
     listed = {k: v for k, v in A2_TYPES.items() if k != "NVIDIA A2-4Q"}
     assert judged(a2(types=listed), count("NVIDIA A2-4Q", 1, 1), hosted=("NVIDIA A2-4Q",)) == []
 

@@ -1,6 +1,6 @@
 """The simulator's sysfs layout: what ``init_host`` builds and ``sriov-manage -e`` adds.
 
-These facts are the real kernel's (DOMAIN.md §1, §3a); the observer is written against them.
+These facts are the real kernel's (docs/domain.md §1, §3a); the observer is written against them.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def test_enable_takes_a_pf_from_another_driver_as_nvidias_script_does(tmp_path: 
 
 
 def test_enable_does_nothing_on_a_gpu_without_vgpu_vfs(tmp_path: Path) -> None:
-    """sriov_vf_device 0: the script exits 0 having done nothing (DOMAIN.md §2)."""
+    """sriov_vf_device 0: the script exits 0 having done nothing (docs/domain.md §2)."""
     host = build_host(tmp_path, {"gpus": [{"model": "A2", "address": A2, "vgpuVfs": False}]})
     pf = host.sysfs_root / "bus/pci/devices" / A2
     assert (pf / "sriov_vf_device").read_text() == "0\n"

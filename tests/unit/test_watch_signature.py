@@ -2,7 +2,7 @@
 
 A fingerprint must change whenever something a plan depends on changed, and stay the same
 otherwise (an unchanged node must cost a fingerprint, not a reconcile). Hosts are simulated;
-the cluster is a fake of the ClusterApi port.
+the cluster is the in-memory ClusterApi (tests/doubles/cluster.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from reconciler.model import ClusterUnavailableError, ResourceMissingError
-from reconciler.model.cluster import GROUP, KUBEVIRT_PLURAL, VERSION
+from reconciler.model.cluster import GROUP, KUBEVIRT_PLURAL, NODE_LABEL, VERSION
 from reconciler.sim import SimHost, build_host, hold, reboot, release
 from reconciler.watch import signature as signature_module
 from reconciler.watch.signature import HostSignature, cluster_signature
+from tests.doubles.cluster import FakeCluster
 
 SEED_SPEC = {
     "gpus": [
@@ -132,33 +133,21 @@ def test_an_unreadable_tree_gives_a_fingerprint_of_the_error(tmp_path: Path) -> 
 # -- the cluster -----------------------------------------------------------------------------
 
 
-class FakeCluster:
-    """A ClusterApi that answers list calls from a table and records them."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, list[dict[str, Any]]] = {
-            "sriovgpudevices": [_obj("n1-000008000", "10")],
-            "vgpudevices": [_obj("n1-000008004", "11"), _obj("n1-000008005", "12")],
-            KUBEVIRT_PLURAL: [_obj("kubevirt", "13", namespace="harvester-system")],
-        }
-        self.calls: list[dict[str, Any]] = []
-        self.fail: dict[str, Exception] = {}
-
-    def list_objects(self, **kwargs: Any) -> list[dict[str, Any]]:
-        self.calls.append(kwargs)
-        plural = kwargs["plural"]
-        if plural in self.fail:
-            raise self.fail[plural]
-        return self.items[plural]
-
-    def __getattr__(self, name: str) -> Any:
-        raise AssertionError(f"the signature must only list, not {name}")
+def fake_cluster() -> FakeCluster:
+    """Node n1's objects of our two kinds and the KubeVirt CR."""
+    api = FakeCluster(read_only=True)  # the signature must only read
+    api.seed("sriovgpudevices", [_obj("n1-000008000", "10")])
+    api.seed("vgpudevices", [_obj("n1-000008004", "11"), _obj("n1-000008005", "12")])
+    api.seed(KUBEVIRT_PLURAL, [_obj("kubevirt", "13", namespace="harvester-system")])
+    return api
 
 
 def _obj(name: str, version: str, namespace: str | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "resourceVersion": version}
     if namespace:
         meta["namespace"] = namespace
+    else:
+        meta["labels"] = {NODE_LABEL: "n1"}
     return {"metadata": meta, "spec": {"x": 1}}
 
 
@@ -167,42 +156,42 @@ def _sig(api: FakeCluster, **kw: Any) -> str:
 
 
 def test_cluster_fingerprint_lists_our_objects_of_this_node_only() -> None:
-    api = FakeCluster()
+    api = fake_cluster()
     _sig(api, kubevirt_namespace="harvester-system")
-    ours = [c for c in api.calls if c["group"] == GROUP]
-    assert {c["plural"] for c in ours} == {"sriovgpudevices", "vgpudevices"}
-    assert all(c["version"] == VERSION and c["label_selector"] == "nodename=n1" for c in ours)
-    (kubevirt,) = (c for c in api.calls if c["plural"] == KUBEVIRT_PLURAL)
-    assert kubevirt["namespace"] == "harvester-system"
+    ours = [c for c in api.lists if c.group == GROUP]
+    assert {c.plural for c in ours} == {"sriovgpudevices", "vgpudevices"}
+    assert all(c.version == VERSION and c.label_selector == "nodename=n1" for c in ours)
+    (kubevirt,) = (c for c in api.lists if c.plural == KUBEVIRT_PLURAL)
+    assert kubevirt.namespace == "harvester-system"
     assert len(api.calls) == 3
 
 
 @pytest.mark.parametrize(
     "edit",
     [
-        lambda items: items["vgpudevices"][0]["metadata"].update(resourceVersion="99"),
-        lambda items: items["vgpudevices"].pop(),
-        lambda items: items["sriovgpudevices"].append(_obj("n1-000041000", "5")),
-        lambda items: items[KUBEVIRT_PLURAL][0]["metadata"].update(resourceVersion="14"),
+        lambda api: api.objects("vgpudevices")[0]["metadata"].update(resourceVersion="99"),
+        lambda api: api.store.pop(("vgpudevices", None, "n1-000008005")),
+        lambda api: api.seed("sriovgpudevices", [_obj("n1-000041000", "5")]),
+        lambda api: api.objects(KUBEVIRT_PLURAL)[0]["metadata"].update(resourceVersion="14"),
     ],
     ids=["hand-edit", "deleted", "added", "kubevirt-edited"],
 )
 def test_any_write_changes_the_cluster_fingerprint(edit: Any) -> None:
-    api = FakeCluster()
+    api = fake_cluster()
     before = _sig(api)
-    edit(api.items)
+    edit(api)
     assert _sig(api) != before
 
 
 def test_list_order_does_not_matter() -> None:
-    api = FakeCluster()
+    api = fake_cluster()
     before = _sig(api)
-    api.items["vgpudevices"].reverse()
+    api.store = dict(reversed(api.store.items()))
     assert _sig(api) == before
 
 
 def test_kubevirt_not_installed_is_a_state_not_an_error() -> None:
-    api = FakeCluster()
+    api = fake_cluster()
     with_kubevirt = _sig(api)
     api.fail[KUBEVIRT_PLURAL] = ResourceMissingError("kubevirts not served")
     without = _sig(api)
@@ -211,7 +200,7 @@ def test_kubevirt_not_installed_is_a_state_not_an_error() -> None:
 
 
 def test_an_unreachable_server_raises() -> None:
-    api = FakeCluster()
+    api = fake_cluster()
     api.fail["vgpudevices"] = ClusterUnavailableError("connection refused")
     with pytest.raises(ClusterUnavailableError):
         _sig(api)

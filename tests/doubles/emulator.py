@@ -48,8 +48,8 @@ from types import TracebackType
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
-from tests.kube import jsonpatch
-from tests.kube.admission import Attributes, UserInfo, admit
+from tests.doubles import jsonpatch
+from tests.doubles.admission import Attributes, UserInfo, admit
 
 JsonObject = dict[str, Any]
 

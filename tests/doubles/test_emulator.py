@@ -15,7 +15,7 @@ import pytest
 import urllib3
 from kubernetes import client, config, watch
 
-from tests.kube.emulator import ApiError, ApiServerEmulator, Request
+from tests.doubles.emulator import ApiError, ApiServerEmulator, Request
 
 GROUP, VERSION, PLURAL, KIND = "devices.harvesterhci.io", "v1beta1", "vgpudevices", "VGPUDevice"
 CR = (GROUP, VERSION, PLURAL)

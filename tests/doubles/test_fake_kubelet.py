@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from tests.deviceplugin.fake_kubelet import (
+from tests.doubles.fake_kubelet import (
     CHECKPOINT,
     KUBELET_SOCKET,
     DeviceState,

@@ -23,7 +23,7 @@ import pytest
 from reconciler.catalog import default_catalog
 from reconciler.deviceplugin import Backoff, run_standalone
 from reconciler.sim import SimHost, build_host
-from tests.deviceplugin.fake_kubelet import (
+from tests.doubles.fake_kubelet import (
     HEALTHY,
     UNHEALTHY,
     DeviceState,

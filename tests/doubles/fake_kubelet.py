@@ -1,6 +1,6 @@
 """A fake kubelet for device-plugin tests: the kubelet's side of the v1beta1 API over real gRPC.
 
-It does what the kubelet's device manager does with plugins (DOMAIN.md §6), and only that:
+It does what the kubelet's device manager does with plugins (docs/domain.md §7), and only that:
 
 - On ``start()`` it deletes every file in the plugin directory except its checkpoint (the
   kubelet's ``CleanupPluginDirectory``: plugin sockets included: this is the signal plugins

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from tests.kube.admission import (
+from tests.doubles.admission import (
     Attributes,
     Failed,
     PolicyNotSupportedError,
@@ -22,7 +22,7 @@ from tests.kube.admission import (
     compile_expression,
     variables_of,
 )
-from tests.kube.emulator import ApiServerEmulator
+from tests.doubles.emulator import ApiServerEmulator
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL, KIND = "devices.harvesterhci.io", "v1beta1", "vgpudevices", "VGPUDevice"

@@ -1,1 +1,0 @@
-"""Test doubles for the kubelet device-plugin API: a fake kubelet speaking real gRPC."""

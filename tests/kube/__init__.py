@@ -1,1 +1,0 @@
-"""A Kubernetes API-server emulator for tests, and the tests of its semantics."""
