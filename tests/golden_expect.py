@@ -2,9 +2,9 @@
 
 A golden ``expected-plan.json`` is written by the planner (``UPDATE_GOLDEN=1``), so on its own it
 only says the planner still does what it did. Each case therefore also carries a short
-``expect.yaml``, written by a person from the case's story (its desired state, its host and
-docs/domain.md), that says what the plan *means*; the golden test checks the planner's output against
-both. A regenerated golden file that changes the meaning fails here.
+``expect.yaml``, written by a person from the case's story (its desired state, its host
+and docs/domain.md), that says what the plan *means*; the golden test checks the planner's output
+against both. A regenerated golden file that changes the meaning fails here.
 
 The format is deliberately blind to the shape of an action's parameters (it changes with the
 plan format) and to the wording of reasons (matched by key phrases)::

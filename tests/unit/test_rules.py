@@ -1,8 +1,9 @@
 """The driver's placement rules (reconciler.rules), judged on offers written here by hand.
 
-Every expectation comes from docs/domain.md §3-4, not from the catalogue or the code: an A2 has 16 GB
-and 16 VFs, its 4 GB types (4A, 4Q, 4C) allow 4 each and share that limit, 2Q allows 8, 16Q 1;
-an A100 40GB's MIG-backed A100-1-10C allows 4 and never shares a GPU with a time-sliced vGPU.
+Every expectation comes from docs/domain.md §3-4, not from the catalogue or the code: an A2
+has 16 GB and 16 VFs, its 4 GB types (4A, 4Q, 4C) allow 4 each and share that limit, 2Q allows
+8, 16Q 1; an A100 40GB's MIG-backed A100-1-10C allows 4 and never shares a GPU with a
+time-sliced vGPU.
 """
 
 from __future__ import annotations
