@@ -5,8 +5,8 @@ hosts one shows 0 for every type); per GPU and type id, the ``name`` and ``descr
 (the driver offers the same types on every VF of a GPU, so re-reading them 32 times per GPU
 would be most of the scan's cost); and per VF the mdev directories under it (a live mdev is also
 listed under ``bus/mdev/devices``; one that is not is being removed, waiting for a VM to let go
-of it). An mdev's type is resolved by *name* through
-its ``mdev_type`` link, because type ids vary by driver branch.
+of it). An mdev's type is resolved by *name* through its ``mdev_type`` link, because type ids
+vary by driver branch.
 """
 
 from __future__ import annotations
