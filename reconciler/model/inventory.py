@@ -271,9 +271,10 @@ def _creatable_canonical(names: frozenset[str]) -> str:
     text = _canonical_creatable.get(names)
     if text is None:
         text = json.dumps(sorted(names), separators=(",", ":"))
-        if len(_canonical_creatable) >= _SHARED_LIMIT:
-            _canonical_creatable.clear()
-        _canonical_creatable[names] = text
+        if all(type(name) is str for name in names):  # what equals it encodes the same
+            if len(_canonical_creatable) >= _SHARED_LIMIT:
+                _canonical_creatable.clear()
+            _canonical_creatable[names] = text
     return text
 
 
@@ -284,7 +285,7 @@ def _types_canonical(types: tuple[VGPUType, ...]) -> str:
     if entry is not None and entry[0] is types:
         return entry[1]
     text = json.dumps([t.to_json() for t in types], sort_keys=True, separators=(",", ":"))
-    if len(_canonical_types) >= 64:
+    if len(_canonical_types) >= _SHARED_LISTS_LIMIT:
         _canonical_types.clear()
     _canonical_types[id(types)] = (types, text)
     return text
@@ -362,6 +363,7 @@ _by_index = attrgetter("index")
 # read as they are (strings and integers, no conversion) are shared, so a shared value is
 # exactly the one the input would have made. Bounded: each table is emptied when full.
 _SHARED_LIMIT = 1024
+_SHARED_LISTS_LIMIT = 64  # type lists: a few per driver branch and GPU model
 _shared_types: dict[tuple[tuple[tuple[str, Any], ...], ...], tuple[VGPUType, ...]] = {}
 _shared_creatable: dict[tuple[str, ...], frozenset[str]] = {}
 #: The fingerprint's encodings of shared values (see :meth:`Inventory.fingerprint`).
@@ -379,7 +381,7 @@ def _types_from_json(raw: Any) -> tuple[VGPUType, ...]:
         return shared
     types = tuple(VGPUType.from_json(t) for t in raw)
     if key is not None and all(_as_read(t, made) for t, made in zip(raw, types, strict=True)):
-        if len(_shared_types) >= 64:
+        if len(_shared_types) >= _SHARED_LISTS_LIMIT:
             _shared_types.clear()
         _shared_types[key] = types
     return types
