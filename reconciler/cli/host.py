@@ -54,9 +54,16 @@ class Host:
 
         return SimHost.open(self.options.sysfs_root)
 
+    @cached_property
+    def simulated(self) -> bool:
+        """Whether the sysfs root is a simulated host's (without loading the simulator)."""
+        from reconciler.sim.holds import is_simulated
+
+        return is_simulated(self.options.sysfs_root)
+
     @property
     def sim_dir(self) -> Path | None:
-        return self.options.sysfs_root.resolve().parent if self.sim else None
+        return self.options.sysfs_root.resolve().parent if self.simulated else None
 
     @property
     def state_dir(self) -> Path:
@@ -101,10 +108,13 @@ class Host:
 
     def hold_probe(self) -> HoldProbe:
         """Who holds a vGPU: the simulator's VMs on a simulated host, ``/proc`` on a real one."""
+        if self.simulated:
+            from reconciler.sim.holds import SimHoldProbe
+
+            return SimHoldProbe(self.options.sysfs_root)
         from reconciler.observe.holds import ProcfsHoldProbe
 
-        sim = self.sim
-        return sim.hold_probe() if sim else ProcfsHoldProbe()
+        return ProcfsHoldProbe()
 
     @property
     def has_cluster(self) -> bool:

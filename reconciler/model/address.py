@@ -28,13 +28,12 @@ class PciAddress:
     @classmethod
     def parse(cls, text: str) -> PciAddress:
         """Parse ``0000:08:00.4``; raise ``ValueError`` naming the expected form otherwise."""
-        m = _PATTERN.match(text.strip()) if isinstance(text, str) else None
-        if m is None or int(m["slot"], 16) > 0x1F:
-            raise ValueError(
-                f"invalid PCI address {text!r}: expected domain:bus:slot.function "
-                "such as 0000:08:00.4"
-            )
-        return cls(int(m["domain"], 16), int(m["bus"], 16), int(m["slot"], 16), int(m["function"]))
+        if isinstance(text, str) and len(text) <= 32 and cls is PciAddress:
+            # Addresses are immutable values, and a fleet's inventories repeat the same few
+            # hundred: each text is parsed once (an error is not remembered, it raises anew;
+            # a long text, padded, is not remembered at all).
+            return _parsed(text)
+        return _parse(cls, text)
 
     @classmethod
     def is_valid(cls, text: str) -> bool:
@@ -69,6 +68,20 @@ class PciAddress:
         if not isinstance(other, PciAddress):
             return NotImplemented
         return self._key() < other._key()
+
+
+def _parse(cls: type[PciAddress], text: object) -> PciAddress:
+    m = _PATTERN.match(text.strip()) if isinstance(text, str) else None
+    if m is None or int(m["slot"], 16) > 0x1F:
+        raise ValueError(
+            f"invalid PCI address {text!r}: expected domain:bus:slot.function such as 0000:08:00.4"
+        )
+    return cls(int(m["domain"], 16), int(m["bus"], 16), int(m["slot"], 16), int(m["function"]))
+
+
+@lru_cache(maxsize=1 << 12)
+def _parsed(text: str) -> PciAddress:
+    return _parse(PciAddress, text)
 
 
 @lru_cache(maxsize=1 << 16)

@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from reconciler.model.address import PciAddress
@@ -186,24 +187,25 @@ class Inventory:
         )
 
     def fingerprint(self) -> str:
-        """A digest of everything planning depends on (not the sysfs root's path)."""
-        doc = self.to_json()
-        doc.pop("sysfsRoot")
-        blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-        return "sha256:" + hashlib.sha256(blob).hexdigest()
+        """A digest of everything planning depends on (not the sysfs root's path).
+
+        The SHA-256 of the inventory JSON without ``sysfsRoot``, keys sorted, no spaces
+        (``json.dumps(doc, sort_keys=True, separators=(",", ":"))``), written here piece by
+        piece: a fleet's planning fingerprints every node, and the general encoder spent more
+        time on it than the planning itself. A test holds the two encodings equal.
+        """
+        digest = hashlib.sha256(b'{"gpus":[')
+        for i, g in enumerate(self.gpus):
+            if i:
+                digest.update(b",")
+            digest.update(_gpu_canonical(g).encode())
+        digest.update(f'],"node":{json.dumps(self.node)}}}'.encode())
+        return "sha256:" + digest.hexdigest()
 
 
 def _gpu_json(g: Gpu) -> dict[str, Any]:
     return {
-        "address": str(g.address),
-        "vendorId": g.vendor_id,
-        "deviceId": g.device_id,
-        "subsystemVendorId": g.subsystem_vendor_id,
-        "subsystemDeviceId": g.subsystem_device_id,
-        "model": g.model,
-        "interface": g.interface.value,
-        "driver": g.driver,
-        "sriov": _sriov_json(g),
+        **_gpu_json_scalars(g),
         "vgpuTypes": [t.to_json() for t in g.types],
         "vfs": [
             {
@@ -216,6 +218,71 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
             for v in g.vfs
         ],
     }
+
+
+def _gpu_canonical(g: Gpu) -> str:
+    """``g``'s inventory JSON in the fingerprint's canonical form (sorted keys, no spaces)."""
+    head = json.dumps(_gpu_json_scalars(g), sort_keys=True, separators=(",", ":"))
+    # A VF's keys in sorted order: address, creatableTypes, inUse, index, vgpu. A PCI address's
+    # text needs no escaping (hex digits, ':' and '.').
+    vfs = ",".join(
+        [
+            f'{{"address":"{v.address}","creatableTypes":{_creatable_canonical(v.creatable)},'
+            f'"inUse":false,"index":{v.index:d},"vgpu":null}}'
+            if v.vgpu is None
+            else _vf_canonical(v, v.vgpu)
+            for v in g.vfs
+        ]
+    )
+    # "vfs" and "vgpuTypes" sort after every other key of a GPU.
+    return f'{head[:-1]},"vfs":[{vfs}],"vgpuTypes":{_types_canonical(g.types)}}}'
+
+
+def _gpu_json_scalars(g: Gpu) -> dict[str, Any]:
+    return {
+        "address": str(g.address),
+        "vendorId": g.vendor_id,
+        "deviceId": g.device_id,
+        "subsystemVendorId": g.subsystem_vendor_id,
+        "subsystemDeviceId": g.subsystem_device_id,
+        "model": g.model,
+        "interface": g.interface.value,
+        "driver": g.driver,
+        "sriov": _sriov_json(g),
+    }
+
+
+def _vf_canonical(v: Vf, vgpu: VGPU) -> str:
+    in_use = "true" if vgpu.in_use else "false"
+    body = json.dumps(_vgpu_json(vgpu), sort_keys=True, separators=(",", ":"))
+    return (
+        f'{{"address":"{v.address}","creatableTypes":{_creatable_canonical(v.creatable)},'
+        f'"inUse":{in_use},"index":{v.index:d},"vgpu":{body}}}'
+    )
+
+
+def _creatable_canonical(names: frozenset[str]) -> str:
+    text = _canonical_creatable.get(names)
+    if text is None:
+        text = json.dumps(sorted(names), separators=(",", ":"))
+        if all(type(name) is str for name in names):  # what equals it encodes the same
+            if len(_canonical_creatable) >= _SHARED_LIMIT:
+                _canonical_creatable.clear()
+            _canonical_creatable[names] = text
+    return text
+
+
+def _types_canonical(types: tuple[VGPUType, ...]) -> str:
+    # By identity: parsing shares one tuple among equal type lists, so a fleet encodes each
+    # list once. The entry holds the tuple, so its id cannot be reused while it is there.
+    entry = _canonical_types.get(id(types))
+    if entry is not None and entry[0] is types:
+        return entry[1]
+    text = json.dumps([t.to_json() for t in types], sort_keys=True, separators=(",", ":"))
+    if len(_canonical_types) >= _SHARED_LISTS_LIMIT:
+        _canonical_types.clear()
+    _canonical_types[id(types)] = (types, text)
+    return text
 
 
 def _sriov_json(g: Gpu) -> dict[str, Any]:
@@ -242,13 +309,14 @@ def _vgpu_json(vgpu: VGPU) -> dict[str, Any]:
 def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
     sriov = raw.get("sriov", {})
     vfs = []
+    parse = PciAddress.parse
     for v in raw.get("vfs", []):
         vg = v.get("vgpu")
         vfs.append(
             Vf(
-                address=PciAddress.parse(v["address"]),
-                index=int(v["index"]),
-                vgpu=None
+                parse(v["address"]),
+                int(v["index"]),
+                None
                 if vg is None
                 else VGPU(
                     uuid=str(vg["uuid"]),
@@ -258,9 +326,10 @@ def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
                     iommu_group=str(vg.get("iommuGroup", "")),
                     removing=bool(vg.get("removing", False)),
                 ),
-                creatable=frozenset(v.get("creatableTypes", [])),
+                _creatable_from_json(v.get("creatableTypes", [])),
             )
         )
+    vfs.sort(key=_by_index)
     return Gpu(
         address=PciAddress.parse(raw["address"]),
         vendor_id=str(raw.get("vendorId", "10de")),
@@ -275,6 +344,61 @@ def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
         num_vfs=int(sriov.get("numVFs", 0)),
         vf_offset=int(sriov.get("vfOffset", 0)),
         vf_stride=int(sriov.get("vfStride", 1)),
-        vfs=tuple(sorted(vfs, key=lambda x: x.index)),
-        types=tuple(VGPUType.from_json(t) for t in raw.get("vgpuTypes", [])),
+        vfs=tuple(vfs),
+        types=_types_from_json(raw.get("vgpuTypes", [])),
     )
+
+
+_by_index = attrgetter("index")
+
+# Parsing shares equal immutable values instead of making each anew: a node's GPUs of one model
+# list the same types, its VFs hold a few distinct creatable sets, and a fleet's inventories
+# repeat both node after node (a 1,000-node fleet: 8,000 type lists, all equal). Only values
+# read as they are (strings and integers, no conversion) are shared, so a shared value is
+# exactly the one the input would have made. Bounded: each table is emptied when full.
+_SHARED_LIMIT = 1024
+_SHARED_LISTS_LIMIT = 64  # type lists: a few per driver branch and GPU model
+_shared_types: dict[tuple[tuple[tuple[str, Any], ...], ...], tuple[VGPUType, ...]] = {}
+_shared_creatable: dict[tuple[str, ...], frozenset[str]] = {}
+#: The fingerprint's encodings of shared values (see :meth:`Inventory.fingerprint`).
+_canonical_creatable: dict[frozenset[str], str] = {}
+_canonical_types: dict[int, tuple[tuple[VGPUType, ...], str]] = {}
+
+
+def _types_from_json(raw: Any) -> tuple[VGPUType, ...]:
+    try:
+        key = tuple(tuple(t.items()) for t in raw)
+        shared = _shared_types.get(key)
+    except (AttributeError, TypeError):  # not a list of objects of plain values: not shared
+        key, shared = None, None
+    if shared is not None:
+        return shared
+    types = tuple(VGPUType.from_json(t) for t in raw)
+    if key is not None and all(_as_read(t, made) for t, made in zip(raw, types, strict=True)):
+        if len(_shared_types) >= _SHARED_LISTS_LIMIT:
+            _shared_types.clear()
+        _shared_types[key] = types
+    return types
+
+
+def _as_read(raw: Mapping[str, Any], made: VGPUType) -> bool:
+    """Whether ``made`` holds ``raw``'s values unconverted (each a ``str`` or an ``int`` as its
+    field): then any input equal to ``raw`` makes an equal type, and may share ``made``."""
+    doc = made.to_json()
+    return all(k not in doc or (type(v) is type(doc[k]) and v == doc[k]) for k, v in raw.items())
+
+
+def _creatable_from_json(raw: Any) -> frozenset[str]:
+    try:
+        key = tuple(raw)
+        shared = _shared_creatable.get(key)
+    except TypeError:
+        key, shared = None, None
+    if shared is not None:
+        return shared
+    creatable = frozenset(raw if key is None else key)
+    if key is not None and all(type(name) is str for name in key):
+        if len(_shared_creatable) >= _SHARED_LIMIT:
+            _shared_creatable.clear()
+        _shared_creatable[key] = creatable
+    return creatable

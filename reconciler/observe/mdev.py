@@ -1,11 +1,12 @@
 """The mdev host interface (docs/domain.md §3a): offered types, per-VF availability, existing vGPUs.
 
-Reads, per VF, ``mdev_supported_types/<id>/available_instances``; per GPU and type id, the
-``name`` and ``description`` once (the driver offers the same types on every VF of a GPU, so
-re-reading them 32 times per GPU would be most of the scan's cost); and per VF the mdev
-directories under it (a live mdev is also listed under ``bus/mdev/devices``; one that is not is
-being removed, waiting for a VM to let go of it). An mdev's type is resolved by *name* through
-its ``mdev_type`` link, because type ids vary by driver branch.
+Reads, per VF with no live vGPU, ``mdev_supported_types/<id>/available_instances`` (a VF that
+hosts one shows 0 for every type); per GPU and type id, the ``name`` and ``description`` once
+(the driver offers the same types on every VF of a GPU, so re-reading them 32 times per GPU
+would be most of the scan's cost); and per VF the mdev directories under it (a live mdev is also
+listed under ``bus/mdev/devices``; one that is not is being removed, waiting for a VM to let go
+of it). An mdev's type is resolved by *name* through its ``mdev_type`` link, because type ids
+vary by driver branch.
 """
 
 from __future__ import annotations
@@ -51,15 +52,25 @@ class MdevReader:
                 type_ids = []  # not (yet) an mdev parent: nothing creatable here
             else:
                 exposes_types = True
-            creatable = set()
+            offered = []
             for type_id in type_ids:
                 known = types.get(type_id)
                 if known is None:
                     known = types[type_id] = self._read_type(f"{types_dir}/{type_id}")
-                available = f"{types_dir}/{type_id}/available_instances"
-                if parse_int(tree.read_text(available), source=tree.describe(available)) > 0:
-                    creatable.add(known.name)
+                offered.append((type_id, known.name))
             vgpu, nodes = self._vgpu_on(vf, types, notes)
+            creatable = set()
+            # A VF that hosts a live vGPU shows 0 for every type (one vGPU per VF, DOMAIN.md
+            # §3a): its counts are not read. One whose vGPU is being removed is read as it is.
+            for type_id, name in offered if vgpu is None or vgpu.removing else ():
+                available = f"{types_dir}/{type_id}/available_instances"
+                # The hot loop of a scan (every type on every free VF): the kernel prints 0 or
+                # 1 on a VF; anything else goes through the full parse (and its located error).
+                text = tree.read_text(available)
+                if text == "1\n" or (
+                    text != "0\n" and parse_int(text, source=tree.describe(available)) > 0
+                ):
+                    creatable.add(name)
             vfs.append(VfReading(frozenset(creatable), vgpu, nodes))
         if not exposes_types and not any(v.vgpu for v in vfs):
             return None

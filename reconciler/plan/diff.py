@@ -68,13 +68,14 @@ def diff_gpu(
     creates: list[Step] = []
     kept: list[str] = []  # types that stay as desired
     held: list[Vf] = []  # in-use vGPUs that should go but cannot
+    enabled = gpu.sriov_enabled
     for vf in slots:
         want = profiles.get(vf.index)
         have = vf.vgpu
         address = str(vf.address)
         if have is None:
             if want is not None:
-                appears = "has no vGPU" if gpu.sriov_enabled else "appears when SR-IOV is enabled"
+                appears = "has no vGPU" if enabled else "appears when SR-IOV is enabled"
                 creates.append(
                     _create(
                         pf,
@@ -85,7 +86,7 @@ def diff_gpu(
                         reason=f"VF {address} {appears}; desired {want}",
                     )
                 )
-            elif gpu.sriov_enabled:  # a VF that does not exist yet needs no word
+            elif enabled:  # a VF that does not exist yet needs no word
                 diff.noops.append(Noop(address, "no vGPU, none desired"))
             continue
         if have.type_name == want:

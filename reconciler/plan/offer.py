@@ -7,11 +7,12 @@ catalogue does not know offers nothing checkable until SR-IOV is enabled.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from reconciler.catalog import Catalog, GpuModel, resolve_profile_name
-from reconciler.model import DesiredGpu, Gpu
+from reconciler.model import DesiredGpu, Gpu, VGPUType
 from reconciler.rules import Offer as RulesOffer
 from reconciler.rules import OfferedType
 
@@ -59,8 +60,9 @@ def catalog_model(gpu: Gpu, catalog: Catalog) -> GpuModel | None:
 def offer_for(gpu: Gpu, catalog: Catalog) -> Offer:
     entry = catalog_model(gpu, catalog)
     model = gpu.model or (entry.name if entry is not None else None)
+    types: Mapping[str, TypeFacts]
     if gpu.types:
-        types = {t.name: TypeFacts(t.name, t.framebuffer_mib, t.max_instance) for t in gpu.types}
+        types = _driver_facts(gpu.types)
     elif entry is not None:
         types = {
             p.name: TypeFacts(p.name, p.framebuffer_mib, p.max_instances, p.mig)
@@ -79,6 +81,24 @@ def offer_for(gpu: Gpu, catalog: Catalog) -> Offer:
     )
 
 
+#: The facts of recent driver type lists, by identity: a node's GPUs of one model (and a fleet's
+#: nodes) share one parsed list. An entry holds its list, so the id is not reused meanwhile.
+_facts_of: dict[int, tuple[tuple[VGPUType, ...], Mapping[str, TypeFacts]]] = {}
+
+
+def _driver_facts(types: tuple[VGPUType, ...]) -> Mapping[str, TypeFacts]:
+    entry = _facts_of.get(id(types))
+    if entry is not None and entry[0] is types:
+        return entry[1]
+    facts = MappingProxyType(
+        {t.name: TypeFacts(t.name, t.framebuffer_mib, t.max_instance) for t in types}
+    )
+    if len(_facts_of) >= 64:
+        _facts_of.clear()
+    _facts_of[id(types)] = (types, facts)
+    return facts
+
+
 def host_spelling(desired: DesiredGpu, gpu: Gpu, offer: Offer) -> DesiredGpu:
     """``desired`` with each profile spelt as this GPU's driver spells it.
 
@@ -89,6 +109,8 @@ def host_spelling(desired: DesiredGpu, gpu: Gpu, offer: Offer) -> DesiredGpu:
     known = set(offer.types) | {vf.vgpu.type_name for vf in gpu.vfs if vf.vgpu is not None}
 
     def spelt(name: str) -> str:
+        if name in known and " ".join(name.split()) == name:
+            return name  # already spelt so: what resolve_profile_name says, without the search
         return resolve_profile_name(name, known) or name
 
     if desired.vgpus:

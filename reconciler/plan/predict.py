@@ -85,9 +85,13 @@ def _with_vgpus(gpu: Gpu, vgpus: dict[int, VGPU | None]) -> Gpu:
     """``gpu`` with the VFs of the indexes in ``vgpus`` hosting those vGPUs (None: none)."""
     if not vgpus:
         return gpu
+    # Vf(...) rather than dataclasses.replace: this runs for every changed VF of a fleet.
     return replace(
         gpu,
-        vfs=tuple(replace(v, vgpu=vgpus[v.index]) if v.index in vgpus else v for v in gpu.vfs),
+        vfs=tuple(
+            Vf(v.address, v.index, vgpus[v.index], v.creatable) if v.index in vgpus else v
+            for v in gpu.vfs
+        ),
     )
 
 
@@ -147,9 +151,11 @@ def _recount(gpu: Gpu, catalog: Catalog) -> Gpu:
     if not gpu.vfs:
         return gpu
     sizes: Counter[int] = Counter()
+    offered = {t.name: t.framebuffer_mib for t in reversed(gpu.types)}  # the first of a name
     for vf in gpu.vfs:
         if vf.vgpu is not None:
-            size = _size(gpu, vf.vgpu.type_name, catalog)
+            name = vf.vgpu.type_name
+            size = offered[name] if name in offered else _size(gpu, name, catalog)
             if size is not None:
                 sizes[size] += 1
     hosted = next(iter(sizes), None) if len(sizes) == 1 else None
@@ -162,7 +168,8 @@ def _recount(gpu: Gpu, catalog: Catalog) -> Gpu:
     vfs = []
     for vf in gpu.vfs:
         creatable = none if vf.vgpu is not None else open_types
-        vfs.append(vf if vf.creatable == creatable else replace(vf, creatable=creatable))
+        same = vf.creatable == creatable
+        vfs.append(vf if same else Vf(vf.address, vf.index, vf.vgpu, creatable))
     return replace(gpu, vfs=tuple(vfs))
 
 

@@ -6,17 +6,45 @@ a hold probe for the observer, and counters. ``hold``/``release``/``fail``/``reb
 host as a VM, a flaky driver or a power cycle would. Nothing here is used on a real host.
 """
 
-from reconciler.sim.host import (
-    SimGpu,
-    SimHost,
-    build_host,
-    fail,
-    hold,
-    init_host,
-    reboot,
-    release,
-)
-from reconciler.sim.kernel import SimHoldProbe, SimSysfsWriter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reconciler.sim.holds import SimHoldProbe
+    from reconciler.sim.host import (
+        SimGpu,
+        SimHost,
+        build_host,
+        fail,
+        hold,
+        init_host,
+        reboot,
+        release,
+    )
+    from reconciler.sim.kernel import SimSysfsWriter
+
+#: Where each name lives, imported on first use: the CLI's plan on a simulated host needs only
+#: the hold probe (``reconciler.sim.holds``), not the kernel emulation and the builders.
+_HOMES = {
+    "SimHoldProbe": "reconciler.sim.holds",
+    "SimSysfsWriter": "reconciler.sim.kernel",
+    **dict.fromkeys(
+        ("SimGpu", "SimHost", "build_host", "fail", "hold", "init_host", "reboot", "release"),
+        "reconciler.sim.host",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "SimGpu",

@@ -19,7 +19,8 @@ from reconciler.catalog import Catalog, default_catalog, long_profile_name
 from reconciler.model import PciAddress
 from reconciler.observe.holds import INIT_PID_NAMESPACE, current_pid_namespace
 from reconciler.sim import driver
-from reconciler.sim.kernel import SimHoldProbe, SimSysfsWriter
+from reconciler.sim.holds import SimHoldProbe, is_simulated
+from reconciler.sim.kernel import SimSysfsWriter
 from reconciler.sim.rules import (
     NIC_BUSES,
     GpuRequest,
@@ -83,7 +84,7 @@ class SimHost:
     def open(cls, sysfs_root: Path | str) -> SimHost | None:
         """The simulated host at ``sysfs_root``, or None if that is not a simulated tree."""
         root = Path(sysfs_root)
-        return cls(root) if state_path(root).is_file() else None
+        return cls(root) if is_simulated(root) else None
 
     @property
     def directory(self) -> Path:

@@ -9,8 +9,7 @@ Removing an mdev a VM holds does what ``vfio_unregister_group_dev`` does: the wr
 (the mdev's links vanish at once) until the VM lets go (drivers/vfio/vfio_main.c, as read in
 Linux 6.8 and 6.18; see docs/host.md).
 
-:class:`SimHoldProbe` answers the observer's "is a VM holding this vGPU?" from the state file:
-not for holders made hidden, and not from another PID namespace than the host was built in.
+The observer's "is a VM holding this vGPU?" is answered by :mod:`reconciler.sim.holds`.
 """
 
 from __future__ import annotations
@@ -20,10 +19,8 @@ import os
 import re
 import signal
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
-from reconciler.observe.holds import DeviceNodes, HolderScan, pid_namespace_blindness
 from reconciler.sim import driver
 from reconciler.sim.driver import refusal
 from reconciler.sim.state import STATE_DIR, SimState, load_state, locked, save_state
@@ -215,31 +212,3 @@ def _set_vfio_type(state: SimState, tree: SysfsTree, *, vf: str, value: str, sho
         raise refusal(errno.EINVAL, f"{shown}: no vGPU type {type_id} on this GPU")
     driver.create_vgpu(state, tree, vf=vf, type_name=vgpu_type.name, vgpu_id=vf)
     return True
-
-
-class SimHoldProbe:
-    """Which vGPUs a simulated VM holds (``vgpuctl sim hold``); reads the state, never locks.
-
-    Holders made with ``sim hold --hidden`` are invisible to it, as a VM in a PID namespace
-    vgpuctl cannot look into is to the ``/proc`` probe. Like that probe it is blind when
-    vgpuctl runs in another PID namespace than the one the host was built in.
-    """
-
-    def __init__(self, sysfs_root: Path, *, proc_root: Path = Path("/proc")) -> None:
-        self._root = Path(sysfs_root)
-        self._proc_root = proc_root
-
-    def blindness(self) -> str | None:
-        state = load_state(self._root)
-        return pid_namespace_blindness(self._proc_root, host_namespace=state.pid_namespace)
-
-    def scan(self, vgpus: Mapping[str, DeviceNodes]) -> HolderScan:
-        """Input: vGPU UUID (vfio: VF address) → its device nodes; output: the visible holds."""
-        state = load_state(self._root)
-        held = {
-            u: state.held[u.lower()]
-            for u in vgpus
-            if u.lower() in state.held and u.lower() not in state.hidden
-        }
-        blind = pid_namespace_blindness(self._proc_root, host_namespace=state.pid_namespace)
-        return HolderScan(held=held, blind=blind)
