@@ -11,9 +11,10 @@ cluster phase → device plugins → verify.
   is then the one under the lock.
 - **Host phase**: the host actions, through the host executor and its mandate.
 - **The host again**: the cluster actions were rendered from the host as the host actions were
-  predicted to leave it. The host is observed and compared with that prediction
-  (``predicted.py``); if it differs the run stops there and says how, with no cluster write:
-  the cluster actions shown are never silently re-planned.
+  predicted to leave it. With a cluster, the host is observed and compared with that
+  prediction (``predicted.py``); if it differs the run stops there and says how, with no
+  cluster write: the cluster actions shown are never silently re-planned. (Without one, the
+  verification says whether the host is where it should be.)
 - **Cluster phase**: exactly the plan's CR and KubeVirt writes, each carrying the
   resourceVersion it was planned from. A 409 on one object is the one place a write is planned
   again: that object is read again and re-planned (``replan_object``), the rewrite checked
@@ -318,7 +319,9 @@ class _Run:
         if host_actions:
             after = self._observe_after(host.ok)
         mismatch = None
-        if host.ok and after is not None and host_actions:
+        if host.ok and after is not None and host_actions and ports.cluster_api is not None:
+            # Without a cluster there is nothing planned from the prediction to protect: the
+            # verification says whether the host is where it should be.
             mismatch = self._check_prediction(planned, host_actions, after, managed)
         cluster = None
         if host.ok and mismatch is None and ports.cluster_api is not None:
