@@ -26,12 +26,10 @@ from reconciler.cli.render import (
     summary_line,
 )
 from reconciler.model import (
-    Action,
     ApplyError,
     Desired,
     DesiredNode,
     Plan,
-    Problem,
     ReconcilerError,
     UsageError,
     ValidationError,
@@ -40,8 +38,8 @@ from reconciler.model.errors import excerpt
 
 if TYPE_CHECKING:
     from reconciler.apply import Outcome
-    from reconciler.apply.reconcile import Planned
     from reconciler.cli.planfile import SavedPlan
+    from reconciler.engine import Expected, Planned, Reconciled, Verification
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -84,10 +82,10 @@ def select_node(desired: Desired, node: str) -> DesiredNode:
 
 
 def plan_for(node: DesiredNode, host: Host, *, adopt: bool = False) -> Planned:
-    """Observe the host and the cluster, then plan (the shared engine's step)."""
-    from reconciler.apply.reconcile import plan_for as engine_plan_for
+    """Observe the host and the cluster, then plan (the engine's first step)."""
+    from reconciler.engine.observe import observe_and_plan
 
-    return engine_plan_for(host.ports(), node, adopt=adopt)
+    return observe_and_plan(host.ports(), node, adopt=adopt)
 
 
 def plan_files(
@@ -338,48 +336,63 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.apply import NodeLock
 
     host = Host(options)
-    # The lock comes first: a second apply fails at once naming the holder, and never plans
-    # from a host the first one is still changing.
-    with NodeLock(host.state_dir, options.node, command=" ".join(["vgpuctl", *sys.argv[1:]])):
-        return _apply_locked(ns, options, host)
+    # The lock comes first: a second apply fails at once naming the holder, never plans from
+    # a host the first one is still changing, and the plan shown (and confirmed) is the one
+    # the engine runs, planned under the lock.
+    command = " ".join(["vgpuctl", *sys.argv[1:]])
+    with NodeLock(host.state_dir, options.node, command=command):
+        return _apply_locked(ns, options, host, command=command)
 
 
-def _apply_locked(ns: argparse.Namespace, options: GlobalOptions, host: Host) -> int:
+def _apply_locked(
+    ns: argparse.Namespace, options: GlobalOptions, host: Host, *, command: str
+) -> int:
     from reconciler.cli.planfile import read_saved_plan
+    from reconciler.engine import RunSettings, reconcile
 
     saved = read_saved_plan(Path(ns.file[0])) if len(ns.file) == 1 else None
+    expected: Expected | None = None
     if saved is not None:
-        node, planned = _replan_saved(saved, host, adopt=ns.adopt)
+        node, expected = _saved_promise(saved, host)
     else:
-        node, planned = plan_files(ns.file, host, adopt=ns.adopt)
-    plan, inventory = planned.plan, planned.inventory
+        node = select_node(load(ns.file, host), host.options.node)
 
     style = _style(options)
-    _out(plan_text(plan, inventory=inventory, style=style, verbose=ns.verbose))
-    if not plan.actions:
-        return EXIT_CHANGES if plan.blocked else EXIT_OK
-    if not ns.yes:
-        _confirm(plan)
-    ok = _execute(
-        planned, node, host, style, adopt=ns.adopt, timeout=ns.timeout,
-        verify_timeout=ns.verify_timeout, write_timeout=ns.write_timeout,
-    )  # fmt: skip
-    if not ok:
+
+    def review(planned: Planned) -> bool:
+        plan = planned.plan
+        _out(plan_text(plan, inventory=planned.inventory, style=style, verbose=ns.verbose))
+        if not plan.actions:
+            return False
+        if not ns.yes:
+            _confirm(plan)
+        return True
+
+    result = reconcile(
+        host.ports(command_timeout=ns.timeout, write_timeout=ns.write_timeout),
+        node,
+        settings=RunSettings(adopt=ns.adopt, verify_timeout=ns.verify_timeout, command=command),
+        expected=expected,
+        review=review,
+        on_outcome=_progress(style),
+        lock_held=True,
+    )
+    if not result.ran:
+        return EXIT_CHANGES if result.planned.plan.blocked else EXIT_OK
+    if not _report_run(result, style):
         return EXIT_ERROR
-    return _report_convergence(node, host, adopt=ns.adopt)
+    verification = result.verification
+    if verification is None:  # pragma: no cover - a run that went well is verified
+        raise ApplyError("the run was not verified")
+    return _report_convergence(verification)
 
 
-#: How many differences a refused saved plan lists before "… and N more".
-_DIFFERENCES_SHOWN = 5
-
-
-def _replan_saved(saved: SavedPlan, host: Host, *, adopt: bool) -> tuple[DesiredNode, Planned]:
-    """Plan again, under the node lock, from the desired state ``saved`` carries and the host
-    and cluster as they are now; the fresh plan is what runs, and only if it does what the
-    saved one says. The file's own actions never run: whoever can write the file could have
-    put anything in them."""
+def _saved_promise(saved: SavedPlan, host: Host) -> tuple[DesiredNode, Expected]:
+    """The desired state ``saved`` carries, and its actions as the promise a fresh plan under
+    the node lock must keep (the engine checks it; the file's own actions never run: whoever
+    can write the file could have put anything in them)."""
     from reconciler.cli.documents import node_from_document
-    from reconciler.plan.compare import compare_actions
+    from reconciler.engine import Expected
 
     name = str(saved.path)
     plan = saved.plan
@@ -394,50 +407,7 @@ def _replan_saved(saved: SavedPlan, host: Host, *, adopt: bool) -> tuple[Desired
             f"{name}: not a valid saved plan: its desiredState is for node "
             f"{excerpt(node.name)}, the plan for node {excerpt(plan.node)}"
         )
-    now = plan_for(node, host, adopt=adopt)
-    host_changed = plan.observed_fingerprint != now.plan.observed_fingerprint
-    difference = compare_actions(plan.actions, now.plan.actions)
-    if not difference and not host_changed:
-        return node, now
-    again = "nothing was changed; run 'vgpuctl plan' again"
-    if not difference:
-        raise ApplyError(
-            f"{name} is stale: the host changed since the plan was made (planned from "
-            f"{plan.observed_fingerprint[:19]}…, now {now.plan.observed_fingerprint[:19]}…); "
-            + again
-        )
-    why = (
-        "is stale: the host changed since the plan was made, and a fresh plan of its desired "
-        "state differs from it"
-        if host_changed
-        else "does not match a fresh plan of its desired state: it was edited, or what the "
-        "plan depends on besides the host (the cluster, the kubelet's allocations) changed "
-        "since it was made"
-    )
-    lines = [
-        *(f"only in {name}: {_action_words(a)}" for a in difference.only_saved),
-        *(f"only in a fresh plan: {_action_words(a)}" for a in difference.only_fresh),
-        *(
-            f"{_action_words(c.saved)}: {', '.join(f'params.{k}' for k in c.params)} differ"
-            for c in difference.changed
-        ),
-    ]
-    if difference.reordered:
-        lines.append("the same actions, in another order")
-    if len(lines) > _DIFFERENCES_SHOWN:
-        more = len(lines) - (_DIFFERENCES_SHOWN - 1)
-        lines = [*lines[: _DIFFERENCES_SHOWN - 1], f"… and {more} more differences"]
-    if not adopt and any(a.params.get("adopt") is True for a in plan.actions):
-        lines.append("the plan adopts objects another controller manages: pass --adopt")
-    header = f"{name} {why}; {again}"
-    raise ApplyError(header, [Problem(header), *(Problem(f"  {line}") for line in lines)])
-
-
-def _action_words(action: Action) -> str:
-    """``vgpu-remove 0000:08:00.5 (NVIDIA A2-4Q)``: an action of an untrusted file, escaped."""
-    detail = action.params.get("type") or action.params.get("kind")
-    words = f"{action.kind.value} {excerpt(action.target)}"
-    return f"{words} ({excerpt(str(detail), 40)})" if isinstance(detail, str) else words
+    return node, Expected(plan.actions, name=name, fingerprint=plan.observed_fingerprint)
 
 
 def _confirm(plan: Plan) -> None:
@@ -454,41 +424,31 @@ def _confirm(plan: Plan) -> None:
         raise UsageError("apply cancelled (nothing was changed)")
 
 
-def _execute(
-    planned: Planned,
-    node: DesiredNode,
-    host: Host,
-    style: Style,
-    *,
-    adopt: bool,
-    timeout: float,
-    verify_timeout: float,
-    write_timeout: float,
-) -> bool:
-    """Run the plan through the shared engine, showing progress. True when nothing failed."""
-    from reconciler.apply.reconcile import apply_plan
-
-    report = apply_plan(
-        planned,
-        node,
-        host.ports(command_timeout=timeout, write_timeout=write_timeout),
-        adopt=adopt,
-        verify_timeout=verify_timeout,
-        on_outcome=_progress(style),
-        locked=True,
-    )
-    if report.refreshes and report.ok:
+def _report_run(result: Reconciled, style: Style) -> bool:
+    """Say how the run went (its progress was shown as it happened). True when it went well."""
+    failed = result.failed
+    if failed is not None:
+        _err(style.red(f"Apply failed: {safe(failed.message)}"))
+        _err("Nothing after the failed action ran; fix the cause and run apply again.")
+        return False
+    if result.mismatch is not None:
+        _err(style.red(f"Apply stopped: {safe(result.mismatch.message)}"))
+        return False
+    if result.refreshes:
         _err(
-            f"Device plugins: {safe(', '.join(a.target for a in report.refreshes))} change; a "
+            f"Device plugins: {safe(', '.join(a.target for a in result.refreshes))} change; a "
             "running device plugin picks this up on its next rescan."
         )
-    failed = report.failed
-    if failed is None:
-        _err(f"Applied {report.applied} actions in {report.seconds:.1f} s.")
-        return True
-    _err(style.red(f"Apply failed: {safe(failed.message)}"))
-    _err("Nothing after the failed action ran; fix the cause and run apply again.")
-    return False
+    _err(f"Applied {result.applied} actions in {result.seconds:.1f} s.")
+    refreshed = result.verification.refreshed if result.verification else None
+    if refreshed is not None:
+        n = len(refreshed.outcomes)
+        _err(
+            f"Wrote the status of {n} object{'s' * (n != 1)} again from the host as it now is "
+            "(what a plan can only predict: the driver's type ids once SR-IOV is on, the types "
+            "still creatable, who holds a vGPU)."
+        )
+    return True
 
 
 def _progress(style: Style) -> Callable[[Outcome], None]:
@@ -505,13 +465,14 @@ def _progress(style: Style) -> Callable[[Outcome], None]:
     return show
 
 
-def _report_convergence(node: DesiredNode, host: Host, *, adopt: bool) -> int:
-    planned = plan_for(node, host, adopt=adopt)
-    after, inventory = planned.plan, planned.inventory
-    if not after.has_changes:
+def _report_convergence(verification: Verification) -> int:
+    from reconciler.engine import Convergence
+
+    after, inventory = verification.remaining, verification.planned.inventory
+    if verification.verdict is Convergence.CONVERGED:
         _out("Converged: the node matches the desired state.\n")
         return EXIT_OK
-    if not after.actions:
+    if verification.verdict is Convergence.BLOCKED:
         _out(f"Applied; {len(after.blocked)} change(s) remain blocked:\n")
         for b in after.blocked:
             _out(f"  ! {b.kind.value} {safe(b.target)}: {safe(b.reason)}\n")

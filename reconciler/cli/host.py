@@ -26,7 +26,7 @@ from reconciler.model.cluster import ClusterState, DeviceUse
 
 if TYPE_CHECKING:
     from reconciler.apply import BoundedWriter, MdevDriver
-    from reconciler.apply.reconcile import NodePorts
+    from reconciler.engine import NodePorts
     from reconciler.kube import KubernetesApi
     from reconciler.observe.holds import HoldProbe
     from reconciler.sim import SimHost
@@ -211,8 +211,8 @@ class Host:
     def ports(
         self, *, command_timeout: float = 300.0, write_timeout: float = DEFAULT_WRITE_TIMEOUT
     ) -> NodePorts:
-        """This node's parts, for the shared reconcile (``reconciler.apply.reconcile``)."""
-        from reconciler.apply.reconcile import NodePorts
+        """This node's parts, for the engine (``reconciler.engine``)."""
+        from reconciler.engine import NodePorts
 
         api = self.cluster_api
         events = None

@@ -60,7 +60,7 @@ class MdevReader:
                 offered.append((type_id, known.name))
             vgpu, nodes = self._vgpu_on(vf, types, notes)
             creatable = set()
-            # A VF that hosts a live vGPU shows 0 for every type (one vGPU per VF, DOMAIN.md
+            # A VF that hosts a live vGPU shows 0 for every type (one vGPU per VF, docs/domain.md
             # §3a): its counts are not read. One whose vGPU is being removed is read as it is.
             for type_id, name in offered if vgpu is None or vgpu.removing else ():
                 available = f"{types_dir}/{type_id}/available_instances"

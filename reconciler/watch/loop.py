@@ -14,10 +14,11 @@
 A single worker runs :meth:`WatchLoop.run`: it asks the scheduler what is due, does it, and
 sleeps until the next thing is. Other threads only announce file events and ask it to stop.
 
-A reconcile is the shared engine's (``reconciler.apply.reconcile``): observe → plan; when there
-is something to do, under the node lock: observe and plan again (another process may have
-acted meanwhile) → ``apply_plan`` → observe again to check convergence. A reconcile with nothing
-to do never takes the lock.
+A reconcile is one run of the engine (``reconciler.engine``), as for ``vgpuctl apply``:
+observe → plan; when there is something to do, under the node lock: plan again (another process
+may have acted meanwhile) → host actions → the host checked against the plan's prediction →
+cluster writes → the embedded device plugins told → verify. A reconcile with nothing to do never
+takes the lock.
 
 What starts a reconcile, and what it costs when nothing changed:
 
@@ -36,7 +37,7 @@ What starts a reconcile, and what it costs when nothing changed:
   drift is not looked for (the retry looks at everything); a permanent one is tried again when
   the desired state, the host or the cluster changes, or after ``resync_interval``.
 
-Stopping (:meth:`WatchLoop.stop`) never interrupts a reconcile: ``apply_plan`` runs to its end
+Stopping (:meth:`WatchLoop.stop`) never interrupts a reconcile: the engine runs to its end
 or its own failure, the node lock is released, then :meth:`run` returns.
 """
 
@@ -47,14 +48,13 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
 
-from reconciler.apply import NodeLock, Outcome, OutcomeStatus
-from reconciler.apply.reconcile import NodePorts, Planned, apply_plan, plan_for
+from reconciler.apply import Outcome, OutcomeStatus
 from reconciler.catalog import Catalog
+from reconciler.engine import DevicePlugins, NodePorts, Planned, Reconciled, RunSettings, reconcile
+from reconciler.engine.pipeline import Convergence
 from reconciler.model import (
-    ActionKind,
     ApplyError,
     ClusterError,
     DesiredNode,
@@ -74,13 +74,6 @@ from reconciler.watch.source import DesiredSource
 from reconciler.watch.timing import Backoff
 
 log = logging.getLogger("vgpuctl.watch")
-
-
-class DevicePlugins(Protocol):
-    """The node's device plugins (``reconciler.deviceplugin.PluginManager``), as the loop
-    drives them: the CLI composes the real one, grpc and all."""
-
-    def update(self, inventory: Inventory, *, removed_on_purpose: Iterable[str] = ()) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,9 +317,8 @@ class WatchLoop:
             return
         started = self._clock()
         self.probes.busy_since = started
-        removed: set[str] = set()
         try:
-            final, applied = self._converge(desired, removed)
+            final, applied = self._converge(desired)
         except LockHeldError as exc:
             self._failed("lock", exc.message, started, triggers, level=logging.WARNING)
         except _Failed as exc:
@@ -345,88 +337,81 @@ class WatchLoop:
             log.exception("reconcile failed on an internal error")
             self._failed("internal", f"{type(exc).__name__}: {exc}", started, triggers)
         else:
-            self._succeeded(final.plan, applied, started, triggers)
+            self._succeeded(final, applied, started, triggers)
         finally:
             self.probes.busy_since = None
             self.metrics.reconcile_duration.observe(self._clock() - started)
 
-    def _converge(self, desired: DesiredNode, removed: set[str]) -> tuple[Planned, int]:
-        """Observe, plan, apply, observe again. Returns the final observation and how many
-        actions were carried out; raises when the node could not be converged."""
+    def _converge(self, desired: DesiredNode) -> tuple[Plan, int]:
+        """One run of the engine (``reconciler.engine``), which tells the device plugins
+        itself. Returns what is left to do (blocked changes at most) and how many actions
+        were carried out; raises when the node could not be converged."""
         ports = self._ports()
-        baselines = self._fingerprints()
-        try:
-            first: Planned | None = plan_for(ports, desired, adopt=self.settings.adopt)
-        except ObserveError:
-            # Perhaps an apply holding the lock is changing the host right now (VFs vanishing
-            # mid-scan): look again under the lock, which says so if it is held.
-            first = None
-        if first is not None and not first.plan.actions:
-            return self._nothing_to_do(first, baselines)
-        with NodeLock(ports.state_dir, self.node, command="vgpuctl watch"):
-            # Planned again under the lock: an apply that held it may have changed the host
-            # since (or been changing it while we looked); act only on what is true now.
-            baselines = self._fingerprints()
-            planned = plan_for(ports, desired, adopt=self.settings.adopt)
-            if not planned.plan.actions:
-                return self._nothing_to_do(planned, baselines)
-            self._log_plan(planned.plan)
-            report = apply_plan(
-                planned,
-                desired,
-                ports,
+        # Fingerprints taken just before each host observation: those before the last one
+        # (the one the run ends on) become the baselines a rescan compares with.
+        taken: list[tuple[str, str | None]] = []
+        observe_host = ports.observe_host
+
+        def observe() -> Inventory:
+            taken[:] = [self._fingerprints()]
+            return observe_host()
+
+        result = reconcile(
+            replace(ports, observe_host=observe),
+            desired,
+            settings=RunSettings(
                 adopt=self.settings.adopt,
                 verify_timeout=self.settings.verify_timeout,
-                on_outcome=self._outcome,
                 command="vgpuctl watch",
-                locked=True,
-            )
-        results = (report.host, report.cluster) if report.cluster else (report.host,)
-        outcomes = [o for r in results for o in r.outcomes]
-        removed.update(
-            str(o.action.params.get("uuid", "")).lower()
-            for o in outcomes
-            if o.action.kind is ActionKind.VGPU_REMOVE
-            and o.status in (OutcomeStatus.DONE, OutcomeStatus.NOOP)
+            ),
+            review=self._log_plan,
+            on_outcome=self._outcome,
+            plugins=self._plugins,
         )
-        removed.discard("")
-        applied = sum(o.status is OutcomeStatus.DONE for o in outcomes)
-        baselines = self._fingerprints()
-        failed = report.failed
+        self._plugins_told(result)
+        if not result.ran:
+            return self._nothing_to_do(result.planned, taken[0])
+        failed = result.failed
         if failed is not None:
-            self._advertise_after_failure(ports, removed)
             raise _Failed(
                 "apply",
                 f"{failed.action.kind.value} {failed.action.target}: {failed.message}",
                 transient=failed.transient,
             )
-        after = plan_for(ports, desired, adopt=self.settings.adopt)
-        self._advertise(after.inventory, removed)
-        if after.plan.actions:
-            kinds = ", ".join(f"{a.kind.value} {a.target}" for a in after.plan.actions[:3])
+        if result.mismatch is not None:
+            # The host changed under the plan (another process, a driver that did otherwise):
+            # transient, the next run plans from what the host now is.
+            raise _Failed("apply", result.mismatch.message, transient=True)
+        verification = result.verification
+        if verification is None:  # pragma: no cover - a run that went well is verified
+            raise _Failed("internal", "the run was not verified")
+        remaining = verification.remaining
+        if verification.verdict is Convergence.NOT_CONVERGED:
+            kinds = ", ".join(f"{a.kind.value} {a.target}" for a in remaining.actions[:3])
             raise _Failed(
                 "not_converged",
-                f"after applying, a fresh plan still has {len(after.plan.actions)} action(s): "
+                f"after applying, a fresh plan still has {len(remaining.actions)} action(s): "
                 f"{kinds}",
             )
-        self._adopt_baselines(baselines)
-        return after, applied
+        self._adopt_baselines(taken[0])
+        return remaining, result.done
 
     def _nothing_to_do(
         self, planned: Planned, baselines: tuple[str, str | None]
-    ) -> tuple[Planned, int]:
+    ) -> tuple[Plan, int]:
         self._adopt_baselines(baselines)
-        self._advertise(planned.inventory)
-        return planned, 0
+        return planned.plan, 0
 
-    def _advertise_after_failure(self, ports: NodePorts, removed: set[str]) -> None:
-        if self._plugins is None:
+    def _plugins_told(self, result: Reconciled) -> None:
+        """Report the device plugins' own failure (the run goes on without them)."""
+        error = result.plugins.error if result.plugins is not None else None
+        if error is None:
             return
-        try:
-            inventory = ports.observe_host()
-        except ReconcilerError:
-            return
-        self._advertise(inventory, removed)
+        self.metrics.errors.labels(kind="deviceplugin").inc()
+        if isinstance(error, ReconcilerError):
+            log.error("device plugins: %s", error.message)
+        else:
+            log.error("device plugins: update failed", exc_info=error)
 
     def _fingerprints(self) -> tuple[str, str | None]:
         """Taken before an observation: a change after it shows at the next rescan."""
@@ -436,7 +421,11 @@ class WatchLoop:
         self.host.adopt(baselines[0])
         self.cluster.adopt(baselines[1])
 
-    def _log_plan(self, plan: Plan) -> None:
+    def _log_plan(self, planned: Planned) -> bool:
+        """The engine's review of the plan it is about to run: logged, never refused."""
+        plan = planned.plan
+        if not plan.actions:
+            return True
         log.info(
             "applying %d action(s)",
             len(plan.actions),
@@ -450,6 +439,7 @@ class WatchLoop:
                 action.reason,
                 extra={"kind": action.kind.value, "target": action.target},
             )
+        return True
 
     def _outcome(self, outcome: Outcome) -> None:
         self.probes.beat()

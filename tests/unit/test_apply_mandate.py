@@ -435,12 +435,13 @@ HELD_VF = PciAddress.parse("0000:08:00.5")
 
 
 class Engine:
-    """A simulated seed node driven through the shared reconcile (``apply_plan``)."""
+    """A simulated seed node driven through the engine's acting half (``carry_out``), which
+    hands the executors whatever plan it is given: here, plans edited after planning."""
 
     def __init__(self, tmp_path: Path, *, cluster: ClusterState | None = None) -> None:
-        from reconciler.apply.reconcile import plan_for
         from reconciler.cli.host import Host
         from reconciler.cli.options import GlobalOptions
+        from reconciler.engine import observe_and_plan
         from reconciler.sim import init_host
 
         self.sim = init_host(tmp_path / "host", ["A2@0000:08:00.0"])
@@ -457,18 +458,19 @@ class Engine:
         self.ports = ports
         self.desired = load_desired([SEED], catalog=host.catalog).node(SEED_NODE)
         assert self.desired is not None
-        self.plan_for = plan_for
+        self.plan_for = observe_and_plan
         assert self.apply(self.plan()).ok
 
     def plan(self) -> Any:
         return self.plan_for(self.ports, self.desired)
 
     def apply(self, planned: Any, desired: DesiredNode | None = None) -> Any:
-        from reconciler.apply.reconcile import apply_plan
+        from reconciler.engine import RunSettings
+        from reconciler.engine.pipeline import carry_out
 
         desired = desired or self.desired
         assert desired is not None
-        return apply_plan(planned, desired, self.ports, verify_timeout=5.0)
+        return carry_out(self.ports, desired, planned, settings=RunSettings(verify_timeout=5.0))
 
     def vgpu(self, vf: PciAddress) -> str | None:
         gpu = self.plan().inventory.gpus[0]

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.apply import NodeLock
-from reconciler.apply.reconcile import NodePorts
 from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
+from reconciler.engine import NodePorts
 from reconciler.model import Inventory
 from reconciler.sim import SimHost, hold, init_host, reboot, release
 from reconciler.watch.loop import WatchLoop, WatchSettings

@@ -1,0 +1,55 @@
+"""What one reconcile of one node needs from the outside world, as ports.
+
+:class:`NodePorts` holds how to observe the host and the cluster, the host driver, the
+cluster API and the Event sink; :class:`DevicePlugins` is how an in-process run tells the
+node's kubelet device plugins what the host now has. The engine composes them and decides
+nothing about where they come from: the CLI builds the real ones (``cli/host.py``), the
+tests build simulated ones. Nothing here imports the kube adapter or grpc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from reconciler.catalog import Catalog
+from reconciler.model import Inventory, PciAddress
+from reconciler.model.cluster import ClusterState
+from reconciler.model.clusterapi import ClusterApi
+
+if TYPE_CHECKING:
+    from reconciler.apply.cluster import EventSink
+    from reconciler.apply.ports import HostDriver
+
+
+@dataclass(frozen=True, slots=True)
+class NodePorts:
+    """Everything a reconcile of one node needs from the outside world."""
+
+    node: str
+    catalog: Catalog
+    state_dir: Path
+    observe_host: Callable[[], Inventory]
+    #: None: no cluster configured (node-local).
+    observe_cluster: Callable[[], ClusterState | None]
+    #: Without a cluster: the kubelet checkpoint's allocations (None when there is none).
+    kubelet_uses: Callable[[], ClusterState | None]
+    driver: Callable[[], HostDriver]
+    #: Which process of the host holds the mdev ``uuid`` on ``vf`` now; None: none does.
+    process_holder: Callable[[PciAddress, str], str | None]
+    #: The kubelet checkpoint's vGPU allocations now: device ID → the pods it is given to.
+    allocations: Callable[[], Mapping[str, frozenset[str]]]
+    cluster_api: ClusterApi | None = None
+    events: EventSink | None = None
+
+
+class DevicePlugins(Protocol):
+    """The node's kubelet device plugins (``reconciler.deviceplugin.PluginManager``) as the
+    engine tells them what changed: the host as observed after the run, and the vGPUs the run
+    removed on purpose (dropped from the lists; any other vGPU that vanished is advertised
+    unhealthy). Only an in-process run has them (``watch``); ``vgpuctl apply`` passes none, and a
+    standalone ``vgpuctl device-plugin`` learns from the host and the journal."""
+
+    def update(self, inventory: Inventory, *, removed_on_purpose: Iterable[str] = ()) -> None: ...
