@@ -28,15 +28,23 @@ from reconciler.cli.render import (
 from reconciler.model import (
     Action,
     ApplyError,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
     Desired,
     DesiredNode,
+    DevicePluginRefresh,
     Plan,
     Problem,
     ReconcilerError,
     UsageError,
     ValidationError,
+    VgpuCreate,
+    VgpuRemove,
 )
 from reconciler.model.errors import excerpt
+from reconciler.model.plan import FORMAT_VERSION
+from reconciler.model.plan_json import plan_to_json
 
 if TYPE_CHECKING:
     from reconciler.apply import Outcome
@@ -173,7 +181,7 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     if ns.out:
         _write_plan_file(Path(ns.out), doc)
     if ns.output == "json":
-        _out(json.dumps(plan.to_json(), indent=2) + "\n")
+        _out(json.dumps(plan_to_json(plan), indent=2) + "\n")
     else:
         _out(plan_text(plan, inventory=inventory, style=_style(options), verbose=ns.verbose))
         if ns.out:
@@ -263,9 +271,9 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
             totals[key] += value
     if ns.output == "json":
         doc = {
-            "formatVersion": 1,
+            "formatVersion": FORMAT_VERSION,
             "observed": "cluster",
-            "plans": [p.to_json() for p in plans],
+            "plans": [plan_to_json(p) for p in plans],
             "errors": {n: e.lines() for n, e in failures.items()},
             "summary": {"nodes": len(names), "nodesWithChanges": len(changed), **totals},
         }
@@ -299,7 +307,7 @@ def saved_plan_document(plan: Plan, node: DesiredNode) -> dict[str, Any]:
     """The plan JSON plus the desired state it was planned from (to re-check after apply)."""
     from reconciler.cli.documents import node_document
 
-    doc = plan.to_json()
+    doc = plan_to_json(plan)
     doc["desiredState"] = node_document(node)
     return doc
 
@@ -417,17 +425,14 @@ def _replan_saved(saved: SavedPlan, host: Host, *, adopt: bool) -> tuple[Desired
     lines = [
         *(f"only in {name}: {_action_words(a)}" for a in difference.only_saved),
         *(f"only in a fresh plan: {_action_words(a)}" for a in difference.only_fresh),
-        *(
-            f"{_action_words(c.saved)}: {', '.join(f'params.{k}' for k in c.params)} differ"
-            for c in difference.changed
-        ),
+        *(f"{_action_words(c.saved)}: {', '.join(c.fields)} differ" for c in difference.changed),
     ]
     if difference.reordered:
         lines.append("the same actions, in another order")
     if len(lines) > _DIFFERENCES_SHOWN:
         more = len(lines) - (_DIFFERENCES_SHOWN - 1)
         lines = [*lines[: _DIFFERENCES_SHOWN - 1], f"… and {more} more differences"]
-    if not adopt and any(a.params.get("adopt") is True for a in plan.actions):
+    if not adopt and any(isinstance(a, CrUpdate) and a.adopt for a in plan.actions):
         lines.append("the plan adopts objects another controller manages: pass --adopt")
     header = f"{name} {why}; {again}"
     raise ApplyError(header, [Problem(header), *(Problem(f"  {line}") for line in lines)])
@@ -435,9 +440,17 @@ def _replan_saved(saved: SavedPlan, host: Host, *, adopt: bool) -> tuple[Desired
 
 def _action_words(action: Action) -> str:
     """``vgpu-remove 0000:08:00.5 (NVIDIA A2-4Q)``: an action of an untrusted file, escaped."""
-    detail = action.params.get("type") or action.params.get("kind")
+    match action:
+        case VgpuRemove() | VgpuCreate() | DevicePluginRefresh():
+            detail: str | None = action.type_name
+        case CrCreate() | CrUpdate():
+            detail = action.object.kind
+        case CrDelete():
+            detail = action.object_kind
+        case _:
+            detail = None
     words = f"{action.kind.value} {excerpt(action.target)}"
-    return f"{words} ({excerpt(str(detail), 40)})" if isinstance(detail, str) else words
+    return f"{words} ({excerpt(detail, 40)})" if detail else words
 
 
 def _confirm(plan: Plan) -> None:

@@ -44,7 +44,6 @@ from reconciler.apply import NodeLock, Outcome, OutcomeStatus
 from reconciler.apply.reconcile import NodePorts, Planned, apply_plan, plan_for
 from reconciler.catalog import Catalog
 from reconciler.model import (
-    ActionKind,
     ApplyError,
     ClusterError,
     DesiredNode,
@@ -56,6 +55,7 @@ from reconciler.model import (
     Problem,
     ReconcilerError,
     ValidationError,
+    VgpuRemove,
 )
 from reconciler.model.cluster import SRIOV_GPU_KIND, object_name
 from reconciler.watch.endpoint import Verdict
@@ -545,9 +545,9 @@ class WatchLoop:
         results = (report.host, report.cluster) if report.cluster else (report.host,)
         outcomes = [o for r in results for o in r.outcomes]
         removed.update(
-            str(o.action.params.get("uuid", "")).lower()
+            o.action.uuid.lower()
             for o in outcomes
-            if o.action.kind is ActionKind.VGPU_REMOVE
+            if isinstance(o.action, VgpuRemove)
             and o.status in (OutcomeStatus.DONE, OutcomeStatus.NOOP)
         )
         removed.discard("")
