@@ -586,7 +586,7 @@ def plan_verdict(plan: Mapping[str, Any], held: Mapping[str, Held]) -> tuple[boo
     unexplained = []
     for b in plan.get("blocked", []):
         if b["kind"] == "vgpu-remove":
-            explained = b.get("params", {}).get("uuid") in held
+            explained = b.get("uuid") in held
         else:
             named = _IN_USE_NAMED.findall(b.get("reason", ""))
             explained = bool(named) and all(vf in held_vfs for vf in named)

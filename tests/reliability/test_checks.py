@@ -88,13 +88,13 @@ def test_orphans_per_vf_counts_and_sriov_off() -> None:
 
 def test_plan_verdict_explains_blocked_changes_only_by_held_vgpus() -> None:
     held = {U1: Held(U1, "0000:08:00.4", "NVIDIA A2-4Q")}
-    remove = {"kind": "vgpu-remove", "target": "0000:08:00.4", "params": {"uuid": U1},
+    remove = {"kind": "vgpu-remove", "target": "0000:08:00.4", "uuid": U1,
               "reason": "in use by simulated VM"}  # fmt: skip
-    waits = {"kind": "vgpu-create", "target": "0000:08:00.5", "params": {},
+    waits = {"kind": "vgpu-create", "target": "0000:08:00.5",
              "reason": "waits for NVIDIA A2-4Q on 0000:08:00.4 (in use) to be removed"}  # fmt: skip
     assert plan_verdict({"actions": [], "blocked": [remove, waits]}, held) == (True, [])
     assert plan_verdict({"actions": [{"kind": "vgpu-create"}], "blocked": []}, held)[0] is False
-    other = {**remove, "params": {"uuid": U2}}
+    other = {**remove, "uuid": U2}
     assert plan_verdict({"actions": [], "blocked": [other]}, held)[1]
     elsewhere = {**waits, "reason": "waits for NVIDIA A2-4Q on 0000:08:00.9 (in use) to be removed"}
     assert plan_verdict({"actions": [], "blocked": [elsewhere]}, held)[1]
