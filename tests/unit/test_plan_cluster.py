@@ -192,16 +192,16 @@ def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones
         kubevirt=kubevirt,
         profiles_elsewhere=frozenset({"NVIDIA L4-6Q", "NVIDIA A2-8Q"}),
     )
-    params = _kubevirt_update(
+    fields = _kubevirt_update(
         plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
     )
-    assert params["add"] == [_entry("NVIDIA A2-4Q")]
+    assert fields["add"] == [_entry("NVIDIA A2-4Q")]
     # A2-2B was ours and is configured nowhere; A2-8Q is not ours (kept although configured
     # elsewhere only); L4-6Q is ours and still configured on another node; A2-1B was ours but
     # someone removed its entry: forgotten.
-    assert params["remove"] == ["NVIDIA A2-2B"]
-    assert params["owned"] == ["NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA L4-6Q"]
-    assert (params["namespace"], params["name"], params["resourceVersion"]) == (
+    assert fields["remove"] == ["NVIDIA A2-2B"]
+    assert fields["owned"] == ["NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA L4-6Q"]
+    assert (fields["namespace"], fields["name"], fields["resourceVersion"]) == (
         "kubevirt",
         "kubevirt",
         "5",
