@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from reconciler.model.address import PciAddress
 from reconciler.model.cluster import KubeObject
@@ -67,6 +67,11 @@ _PHASE = {
 }
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_new = object.__new__
+_set = object.__setattr__  # as a frozen dataclass's own __init__ sets its fields
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Step:
     """What every action has: its place in the run (``seq``, 1-based; 0 before the planner
@@ -85,6 +90,20 @@ class _Step:
     @property
     def phase(self) -> Phase:
         return self.kind.phase
+
+    def numbered(self, seq: int) -> Self:
+        """This action at place ``seq``: ``dataclasses.replace(self, seq=seq)`` at half the cost
+        (the planner numbers every action of a plan once; a fleet plans hundreds of thousands).
+        """
+        cls = type(self)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls) if f.name != "seq")
+        new = _new(cls)
+        _set(new, "seq", seq)
+        for name in names:
+            _set(new, name, getattr(self, name))
+        return new
 
     @property
     def is_replacement(self) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from reconciler.model import (
     ClusterAction,
@@ -153,7 +153,7 @@ def replan_object(
     step, _ = _object_step(ours, current)
     if step is None:
         return None
-    return replace(step, seq=seq)
+    return step.numbered(seq)
 
 
 def _object_step(

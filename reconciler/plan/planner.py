@@ -14,7 +14,7 @@ allow-list (:mod:`reconciler.plan.cluster`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from reconciler.catalog import Catalog
 from reconciler.model import (
@@ -77,7 +77,7 @@ def plan_node(
     if cluster is not None:
         inventory = mark_cluster_uses(inventory, cluster)
     host = _plan_host(node, inventory, catalog=catalog)
-    actions: list[Action] = [replace(s, seq=i) for i, s in enumerate(host.actions, start=1)]
+    actions: list[Action] = [s.numbered(i) for i, s in enumerate(host.actions, start=1)]
     noops = list(host.noops)
     # What the observation itself had to say (holders it could not see, a removal under way,
     # a list it could not read) comes first: the reader of a plan needs it most.
@@ -97,7 +97,7 @@ def plan_node(
             adopt=adopt,
         )
         actions.extend(
-            replace(s, seq=i) for i, s in enumerate(cluster_plan.actions, start=len(actions) + 1)
+            s.numbered(i) for i, s in enumerate(cluster_plan.actions, start=len(actions) + 1)
         )
         noops.extend(cluster_plan.noops)
         drift.extend(cluster_plan.drift)
@@ -106,7 +106,7 @@ def plan_node(
                 notes.append(note)
     # Last of all: the device plugins learn the device sets the host now has.
     actions.extend(
-        replace(s, seq=i)
+        s.numbered(i)
         for i, s in enumerate(refresh_steps(host.actions, predicted), start=len(actions) + 1)
     )
     return Plan(

@@ -140,6 +140,14 @@ def test_the_schema_definition_of_each_kind_has_the_fields_the_codec_writes(
     assert full["phase"] == kind.phase.value
 
 
+@pytest.mark.parametrize("kind", list(ActionKind))
+def test_numbering_an_action_changes_its_seq_only(kind: ActionKind) -> None:
+    action = replace(FULL[kind], seq=0)
+    numbered = action.numbered(7)
+    assert numbered == replace(action, seq=7) and type(numbered) is type(action)
+    assert action.seq == 0  # a new action: the original is untouched
+
+
 def test_the_phases_are_host_then_cluster_then_device_plugins() -> None:
     phases = [k.phase for k in ActionKind]  # in run order
     assert phases == sorted(phases, key=[Phase.HOST, Phase.CLUSTER, Phase.DEVICE_PLUGINS].index)
