@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from reconciler.apply.executor import ApplyResult, Outcome, OutcomeStatus
@@ -35,7 +35,12 @@ from reconciler.model import (
     ActionKind,
     ApplyError,
     Blocked,
+    ClusterAction,
     ConflictError,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
+    KubevirtUpdate,
     PciAddress,
     Problem,
     ReconcilerError,
@@ -112,8 +117,8 @@ def execute_cluster(
     ``mandate`` (every apply and watch run passes one) is what the run may write: this node's
     objects vgpuctl manages (or adopts), and the KubeVirt entries it added.
 
-    Raises :class:`ApplyError` before writing anything when an action's params do not fit
-    its kind, :class:`MandateError` when an action is outside the mandate.
+    Raises :class:`ApplyError` before writing anything when an action's fields do not fit
+    together, :class:`MandateError` when an action is outside the mandate.
     """
     if max_conflict_retries < 0:
         raise ValueError("max_conflict_retries must not be negative")
@@ -124,7 +129,7 @@ def execute_cluster(
     outcomes: list[Outcome] = []
     not_run: tuple[Action, ...] = ()
     for i, action in enumerate(actions):
-        if action.kind not in CLUSTER_KINDS:
+        if not isinstance(action, CrCreate | CrUpdate | CrDelete | KubevirtUpdate):
             outcome = Outcome(action, OutcomeStatus.SKIPPED, SKIPPED_NOT_CLUSTER)
         else:
             started = clock()
@@ -150,53 +155,45 @@ def execute_cluster(
     return ApplyResult(node=node, run_id=run_id, outcomes=tuple(outcomes), not_run=not_run)
 
 
-# -- param checks -------------------------------------------------------------------------------
+# -- field checks -------------------------------------------------------------------------------
 
 
 def _check(actions: Sequence[Action]) -> None:
-    """Every cluster action's params, checked before anything is written."""
+    """Every cluster action's fields, checked before anything is written."""
     problems = []
     for a in actions:
-        if a.kind not in CLUSTER_KINDS:
-            continue
-        why = _params_problem(a)
+        why = _problem(a)
         if why:
             problems.append(Problem(f"action {a.seq} ({a.kind} {a.target}): {why}"))
     if problems:
         raise ApplyError("the plan's cluster actions are malformed; nothing was written", problems)
 
 
-def _params_problem(a: Action) -> str | None:
-    p = a.params
-    if a.kind is ActionKind.KUBEVIRT_UPDATE:
-        for key in ("namespace", "name", "resourceVersion"):
-            if not isinstance(p.get(key), str) or not p[key]:
-                return f"params.{key} must be a non-empty string"
-        add = p.get("add", [])
-        if not isinstance(add, list | tuple) or not all(
-            isinstance(e, Mapping) and isinstance(e.get("mdevNameSelector"), str) for e in add
-        ):
-            return "params.add must list entries with an mdevNameSelector"
-        for key in ("remove", "owned"):
-            value = p.get(key, [])
-            if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
-                return f"params.{key} must list mdevNameSelectors"
-        return None
-    if p.get("kind") not in PLURALS:
-        return f"params.kind must be one of {', '.join(sorted(PLURALS))}"
-    if a.kind is not ActionKind.CR_CREATE and (
-        not isinstance(p.get("resourceVersion"), str) or not p["resourceVersion"]
-    ):
-        return "params.resourceVersion must be a non-empty string"
-    if a.kind is ActionKind.CR_DELETE:
-        return None
-    body = p.get("object")
-    if not isinstance(body, Mapping) or not isinstance(body.get("metadata"), Mapping):
-        return "params.object must be the object's full body"
-    if body["metadata"].get("name") != a.target:
-        return f"params.object is named {body['metadata'].get('name')!r}, not {a.target!r}"
-    if body.get("kind") not in (None, p["kind"]):
-        return f"params.object is a {body.get('kind')}, not a {p['kind']}"
+def _object_kind(action: CrCreate | CrUpdate | CrDelete) -> str:
+    return action.object_kind if isinstance(action, CrDelete) else action.object.kind
+
+
+def _problem(a: Action) -> str | None:
+    """What does not fit together in a cluster action (its types are the codec's concern)."""
+    match a:
+        case KubevirtUpdate():
+            for key, value in (
+                ("namespace", a.namespace),
+                ("name", a.name),
+                ("resourceVersion", a.resource_version),
+            ):
+                if not value:
+                    return f"{key} must be a non-empty string"
+            return None
+        case CrCreate() | CrUpdate() | CrDelete():
+            kind = _object_kind(a)
+            if kind not in PLURALS:
+                field = "objectKind" if isinstance(a, CrDelete) else "object.kind"
+                return f"{field} must be one of {', '.join(sorted(PLURALS))}"
+            if not isinstance(a, CrCreate) and not a.resource_version:
+                return "resourceVersion must be a non-empty string"
+            if not isinstance(a, CrDelete) and a.object.name != a.target:
+                return f"object is named {a.object.name!r}, not {a.target!r}"
     return None
 
 
@@ -215,14 +212,14 @@ class _Writer:
     #: Checks each write re-planned after a conflict, as the plan's were before the run.
     mandate: ClusterMandate | None = None
 
-    def run(self, action: Action) -> tuple[OutcomeStatus, str]:
-        if action.kind is ActionKind.KUBEVIRT_UPDATE:
+    def run(self, action: ClusterAction) -> tuple[OutcomeStatus, str]:
+        if isinstance(action, KubevirtUpdate):
             return self._kubevirt(action)
-        what = f"{PLURALS[action.params['kind']]}/{action.target}"
+        what = f"{PLURALS[_object_kind(action)]}/{action.target}"
         conflicts = 0
         # What was written so far: a create can succeed and its status write then conflict.
         done: list[str] = []
-        current: Action | None = action
+        current: CrCreate | CrUpdate | CrDelete | None = action
         while current is not None:
             try:
                 self._write(current, done)
@@ -245,28 +242,27 @@ class _Writer:
             return OutcomeStatus.NOOP, f"{what} is already {state}" + _after(conflicts)
         return OutcomeStatus.DONE, ", ".join(done) + _after(conflicts)
 
-    def _write(self, action: Action, done: list[str]) -> None:
+    def _write(self, action: CrCreate | CrUpdate | CrDelete, done: list[str]) -> None:
         """The writes of one CR action, each appended to ``done`` once the server took it;
         raises ConflictError on a lost race."""
-        p = action.params
-        kind = str(p["kind"])
+        kind = _object_kind(action)
         plural = PLURALS[kind]
         name = action.target
-        if action.kind is ActionKind.CR_DELETE:
+        if isinstance(action, CrDelete):
             self.api.delete_object(
                 group=GROUP,
                 version=VERSION,
                 plural=plural,
                 name=name,
-                resource_version=str(p["resourceVersion"]),
+                resource_version=action.resource_version,
             )
             done.append(f"deleted {plural}/{name}")
             return
-        body = _plain(p["object"])
+        body = action.object.to_json()
         body["apiVersion"] = f"{GROUP}/{VERSION}"
         body["kind"] = kind
         status = body.get("status") or None
-        if action.kind is ActionKind.CR_CREATE:
+        if isinstance(action, CrCreate):
             body["metadata"].pop("resourceVersion", None)
             created = self.api.create_object(group=GROUP, version=VERSION, plural=plural, body=body)
             done.append(f"created {plural}/{name}")
@@ -275,10 +271,9 @@ class _Writer:
                 done.append("status written")
             return
         # cr-update: what changed decides which of the two writes are needed.
-        body["metadata"]["resourceVersion"] = str(p["resourceVersion"])
-        paths = [str(c.get("path", "")) for c in p.get("changes") or () if isinstance(c, Mapping)]
-        spec_changed = p.get("specChanged", True) is not False or any(
-            x.startswith("metadata") for x in paths
+        body["metadata"]["resourceVersion"] = action.resource_version
+        spec_changed = action.spec_changed or any(
+            c.path.startswith("metadata") for c in action.changes
         )
         stored: Mapping[str, Any] = body
         if spec_changed:
@@ -286,9 +281,9 @@ class _Writer:
                 group=GROUP, version=VERSION, plural=plural, name=name, body=body
             )
             done.append(
-                f"updated {plural}/{name}" + (" (hand edits reset)" if p.get("drift") else "")
+                f"updated {plural}/{name}" + (" (hand edits reset)" if action.drift else "")
             )
-        if status is not None and p.get("statusChanged", True) is not False:
+        if status is not None and action.status_changed:
             self._write_status(plural, name, stored, status)
             done.append("status written" if done else f"wrote the status of {plural}/{name}")
 
@@ -300,52 +295,54 @@ class _Writer:
         body["status"] = _plain(status)
         self.api.replace_status(group=GROUP, version=VERSION, plural=plural, name=name, body=body)
 
-    def _after_conflict(self, action: Action, conflict: ConflictError) -> Action | None:
+    def _after_conflict(
+        self, action: CrCreate | CrUpdate | CrDelete, conflict: ConflictError
+    ) -> CrCreate | CrUpdate | CrDelete | None:
         """Re-read the object and decide the write it needs now (None: nothing)."""
-        kind = str(action.params["kind"])
+        kind = _object_kind(action)
         plural = PLURALS[kind]
         raw = self.api.get_object(group=GROUP, version=VERSION, plural=plural, name=action.target)
         current = None if raw is None else KubeObject.from_json({**raw, "kind": kind})
         if (
             current is not None
             and not current.managed_by_us
-            and not (action.params.get("adopt") and action.kind is not ActionKind.CR_DELETE)
+            and not (isinstance(action, CrUpdate) and action.adopt)
         ):
             # Another controller took it over (or made it) meanwhile: its object now, as the
             # planner would say; only an explicit adoption writes over it.
             who = current.labels.get(MANAGED_BY_LABEL) or "another controller"
             raise _LeftAlone(f"{plural}/{action.target} is now managed by {who}: left alone")
-        if action.kind is ActionKind.CR_DELETE:
+        if isinstance(action, CrDelete):
             # Whatever changed, the decision to delete does not depend on the content.
             if current is None:
                 return None
-            return _with_params(action, resourceVersion=current.resource_version)
+            return replace(action, resource_version=current.resource_version)
         if self.replan is None:
             raise ConflictError(
                 f"{conflict.message}; run plan again (nothing here can re-plan the write)"
             )
-        intended = KubeObject.from_json({**_plain(action.params["object"]), "kind": kind})
-        nxt = self.replan(intended, current)
-        if nxt is not None and (
-            nxt.kind not in (ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE)
+        nxt = self.replan(action.object, current)
+        if nxt is None:
+            return None
+        if (
+            not isinstance(nxt, CrCreate | CrUpdate | CrDelete)
             or nxt.target != action.target
-            or _params_problem(nxt)
+            or _problem(nxt)
         ):
             raise ApplyError(
                 f"re-planning {plural}/{action.target} after a conflict gave an unusable "
-                f"action ({nxt.kind} {nxt.target}: {_params_problem(nxt) or 'wrong kind'})"
+                f"action ({nxt.kind} {nxt.target}: {_problem(nxt) or 'wrong kind'})"
             )
-        if nxt is not None and self.mandate is not None:
+        if self.mandate is not None:
             self.mandate.check_rewrite(nxt)
         return nxt
 
     # -- KubeVirt --------------------------------------------------------------------------------
 
-    def _kubevirt(self, action: Action) -> tuple[OutcomeStatus, str]:
-        p = action.params
-        ns, name = str(p["namespace"]), str(p["name"])
+    def _kubevirt(self, action: KubevirtUpdate) -> tuple[OutcomeStatus, str]:
+        ns, name = action.namespace, action.name
         what = f"kubevirt/{ns}/{name}"
-        planned = str(p["resourceVersion"])
+        planned = action.resource_version
         conflicts = 0
 
         def conflict() -> None:
@@ -370,9 +367,9 @@ class _Writer:
                 continue
             change = allow_list_patch(
                 raw,
-                add=p.get("add") or (),
-                remove=p.get("remove") or (),
-                owned=p.get("owned") or (),
+                add=[e.to_json() for e in action.add],
+                remove=action.remove,
+                owned=action.owned,
             )
             if change is None:
                 return OutcomeStatus.NOOP, f"{what}: mediatedDevices already as planned" + _after(
@@ -621,10 +618,10 @@ def _object_for(node: str, target: str) -> str | None:
     return object_name(node, str(PciAddress.parse(target)))
 
 
-def _failure_event(events: EventSink, action: Action, message: str) -> None:
-    if action.kind is ActionKind.KUBEVIRT_UPDATE:
+def _failure_event(events: EventSink, action: ClusterAction, message: str) -> None:
+    if isinstance(action, KubevirtUpdate):
         return  # not one of our objects
-    kind = str(action.params.get("kind", ""))
+    kind = _object_kind(action)
     reason = {
         ActionKind.CR_CREATE: "CreateFailed",
         ActionKind.CR_UPDATE: "UpdateFailed",
@@ -640,16 +637,6 @@ def _after(conflicts: int) -> str:
     if not conflicts:
         return ""
     return f" (after {conflicts} conflict{'s' if conflicts > 1 else ''}: re-read and re-planned)"
-
-
-def _with_params(action: Action, **changes: Any) -> Action:
-    return Action(
-        seq=action.seq,
-        kind=action.kind,
-        target=action.target,
-        reason=action.reason,
-        params={**action.params, **changes},
-    )
 
 
 def _plain(value: Mapping[str, Any]) -> dict[str, Any]:

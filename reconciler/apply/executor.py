@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,13 +30,17 @@ from reconciler.apply.mandate import HostMandate, refused
 from reconciler.apply.ports import HostDriver
 from reconciler.model import (
     Action,
-    ActionKind,
     ApplyError,
     PciAddress,
     Plan,
     Problem,
     ReconcilerError,
+    SriovDisable,
+    SriovEnable,
+    VgpuCreate,
+    VgpuRemove,
 )
+from reconciler.model.plan_json import action_to_json
 
 
 class OutcomeStatus(enum.StrEnum):
@@ -138,7 +142,7 @@ class ApplyResult:
             "ok": self.ok,
             "outcomes": [o.to_json() for o in self.outcomes],
             "failed": None if failed is None else failed.to_json(),
-            "notRun": [a.to_json() for a in self.not_run],
+            "notRun": [action_to_json(a) for a in self.not_run],
             "counts": self.counts.to_json(),
         }
 
@@ -156,7 +160,7 @@ class _Context:
 
 
 class _Step(Protocol):
-    """One action's host logic. Constructed from the action (params checked then)."""
+    """One action's host logic. Constructed from the action (its fields checked then)."""
 
     #: The GPU (PF) the action acts on.
     gpu: PciAddress
@@ -182,19 +186,12 @@ class _Step(Protocol):
 
 
 class _BadParams(Exception):
-    """An action's params do not fit its kind (collected for every action before any runs)."""
+    """An action's fields do not fit together (collected for every action before any runs)."""
 
 
-def _param(action: Action, name: str, kind: type[Any]) -> Any:
-    value = action.params.get(name)
-    # bool is an int: a vfIndex of True is a mistake, not VF 1.
-    if (
-        value is None
-        or not isinstance(value, kind)
-        or (kind is int and isinstance(value, bool))
-        or (kind is str and not value)
-    ):
-        raise _BadParams(f"params.{name} must be {'an integer' if kind is int else 'a string'}")
+def _text(value: str, name: str) -> str:
+    if not value:
+        raise _BadParams(f"{name} must not be empty")
     return value
 
 
@@ -203,14 +200,6 @@ def _address(text: object, what: str) -> PciAddress:
         return PciAddress.parse(str(text))
     except ValueError as e:
         raise _BadParams(f"{what}: {e}") from None
-
-
-def _gpu(action: Action) -> PciAddress:
-    return (
-        _address(action.params["gpu"], "params.gpu")
-        if "gpu" in action.params
-        else _address(action.target, "target")
-    )
 
 
 def _check_nvidia_bound(ctx: _Context, gpu: PciAddress) -> None:
@@ -227,13 +216,13 @@ def _check_nvidia_bound(ctx: _Context, gpu: PciAddress) -> None:
 
 
 class _EnableStep:
-    def __init__(self, action: Action) -> None:
-        self.gpu = _gpu(action)
+    def __init__(self, action: SriovEnable) -> None:
+        self.gpu = action.gpu
         if _address(action.target, "target") != self.gpu:
-            raise _BadParams(f"target {action.target} is not params.gpu {self.gpu}")
-        self.want: int = _param(action, "numVFs", int)
+            raise _BadParams(f"target {action.target} is not gpu {self.gpu}")
+        self.want: int = action.num_vfs
         if self.want < 1:
-            raise _BadParams("params.numVFs must be at least 1")
+            raise _BadParams("numVFs must be at least 1")
 
     def _seen(self, ctx: _Context) -> tuple[int, int]:
         return ctx.driver.num_vfs(self.gpu), len(ctx.driver.vf_addresses(self.gpu))
@@ -269,10 +258,10 @@ class _EnableStep:
 
 
 class _DisableStep:
-    def __init__(self, action: Action) -> None:
-        self.gpu = _gpu(action)
+    def __init__(self, action: SriovDisable) -> None:
+        self.gpu = action.gpu
         if _address(action.target, "target") != self.gpu:
-            raise _BadParams(f"target {action.target} is not params.gpu {self.gpu}")
+            raise _BadParams(f"target {action.target} is not gpu {self.gpu}")
 
     def _seen(self, ctx: _Context) -> tuple[int, int]:
         return ctx.driver.num_vfs(self.gpu), len(ctx.driver.vf_addresses(self.gpu))
@@ -316,14 +305,14 @@ class _DisableStep:
 
 
 class _CreateStep:
-    def __init__(self, action: Action) -> None:
+    def __init__(self, action: VgpuCreate) -> None:
         self.vf = _address(action.target, "target")
-        self.gpu = _address(_param(action, "gpu", str), "params.gpu")
-        self.index: int = _param(action, "vfIndex", int)
+        self.gpu = action.gpu
+        self.index: int = action.vf_index
         if self.index < 0:
-            raise _BadParams("params.vfIndex must not be negative")
-        self.type_name: str = _param(action, "type", str)
-        self.uuid: str = _param(action, "uuid", str)
+            raise _BadParams("vfIndex must not be negative")
+        self.type_name: str = _text(action.type_name, "type")
+        self.uuid: str = _text(action.uuid, "uuid")
 
     def precheck(self, ctx: _Context) -> str | None:
         # The plan may have predicted this VF's address before SR-IOV was on; now the
@@ -388,15 +377,12 @@ class _CreateStep:
 
 
 class _RemoveStep:
-    def __init__(self, action: Action) -> None:
+    def __init__(self, action: VgpuRemove) -> None:
         self.action = action
         self.vf = _address(action.target, "target")
-        self.gpu = _address(_param(action, "gpu", str), "params.gpu")
-        self.uuid: str = _param(action, "uuid", str)
-        type_name = action.params.get("type")
-        if type_name is not None and not isinstance(type_name, str):
-            raise _BadParams("params.type must be a string")
-        self.type_name: str | None = type_name
+        self.gpu = action.gpu
+        self.uuid: str = _text(action.uuid, "uuid")
+        self.type_name: str | None = action.type_name or None
 
     def precheck(self, ctx: _Context) -> str | None:
         where = ctx.driver.vgpu_exists(self.uuid)
@@ -412,7 +398,7 @@ class _RemoveStep:
                 f"vGPU {self.uuid} is on {where}, not on {self.vf} as planned: run plan again"
             )
         if self.vf not in ctx.driver.vf_addresses(self.gpu):
-            # params.gpu is what the mandate was checked against: the vGPU must be on it.
+            # The action's gpu is what the mandate was checked against: the vGPU must be on it.
             raise refused(
                 self.action,
                 f"{self.vf} is not a VF of GPU {self.gpu}",
@@ -458,14 +444,20 @@ class _RemoveStep:
         return Removal(vf=self.vf, uuid=self.uuid, type_name=self.type_name)
 
 
-#: Which step carries out each kind. Kinds not here (CR writes, KubeVirt, device plugin) are
-#: recorded as skipped until their executors exist.
-_HOST_STEPS: Mapping[ActionKind, Callable[[Action], _Step]] = {
-    ActionKind.VGPU_REMOVE: _RemoveStep,
-    ActionKind.SRIOV_DISABLE: _DisableStep,
-    ActionKind.SRIOV_ENABLE: _EnableStep,
-    ActionKind.VGPU_CREATE: _CreateStep,
-}
+def _host_step(action: Action) -> _Step | None:
+    """The step that carries out a host action; None for the others (CR writes, KubeVirt,
+    device plugin), which are recorded as skipped."""
+    match action:
+        case VgpuRemove():
+            return _RemoveStep(action)
+        case SriovDisable():
+            return _DisableStep(action)
+        case SriovEnable():
+            return _EnableStep(action)
+        case VgpuCreate():
+            return _CreateStep(action)
+    return None
+
 
 SKIPPED_NOT_HOST = "skipped: not a host action"
 
@@ -497,7 +489,7 @@ def execute(
     unused right before it is removed (a violation fails that action and stops the run).
 
     An action failure is an outcome in the result, not an exception. Raises ``ApplyError``
-    before touching anything when an action's params do not fit its kind, ``MandateError``
+    before touching anything when an action's fields do not fit together, ``MandateError``
     when an action is outside the mandate, ``ValueError`` when the plan's node or interface
     does not match the journal's or driver's, and lets unexpected exceptions (bugs) through
     after journaling them.
@@ -573,13 +565,13 @@ def _prepare(plan: Plan) -> dict[int, _Step]:
         if action.seq in seen:
             problems.append(Problem(f"action {action.seq}: duplicate seq"))
         seen.add(action.seq)
-        factory = _HOST_STEPS.get(action.kind)
-        if factory is None:
-            continue
         try:
-            steps[action.seq] = factory(action)
+            step = _host_step(action)
         except _BadParams as e:
             problems.append(Problem(f"action {action.seq} ({action.kind} {action.target}): {e}"))
+            continue
+        if step is not None:
+            steps[action.seq] = step
     if problems:
         raise ApplyError("the plan's actions are malformed; nothing was applied", problems)
     return steps

@@ -17,10 +17,9 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from reconciler.apply.errors import MandateError
-from reconciler.model import Action, ActionKind, PciAddress
+from reconciler.model import Action, CrCreate, CrDelete, CrUpdate, KubevirtUpdate, PciAddress
 from reconciler.model.cluster import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -36,8 +35,6 @@ from reconciler.model.errors import excerpt
 
 #: ``in_use(vf, uuid, type_name)``: who uses that vGPU at this moment; None: nobody.
 InUse = Callable[[PciAddress, str, str], str | None]
-
-_CR_WRITES = frozenset({ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE})
 
 
 def refused(
@@ -116,28 +113,27 @@ class ClusterMandate:
         )
 
     def check(self, actions: Sequence[Action]) -> None:
-        """Before anything is written: every cluster action among ``actions`` (their params
-        already checked for shape) is one vgpuctl may carry out here."""
+        """Before anything is written: every cluster action among ``actions`` (their fields
+        already checked to fit together) is one vgpuctl may carry out here."""
         for action in actions:
-            if action.kind in _CR_WRITES:
+            if isinstance(action, CrCreate | CrUpdate | CrDelete):
                 self._check_object(action)
-            elif action.kind is ActionKind.KUBEVIRT_UPDATE:
+            elif isinstance(action, KubevirtUpdate):
                 self._check_kubevirt(action)
 
-    def check_rewrite(self, rewrite: Action) -> None:
+    def check_rewrite(self, rewrite: CrCreate | CrUpdate | CrDelete) -> None:
         """After a conflict: ``rewrite``, re-planned from the object as the server has it now,
         writes a body that is this node's and vgpuctl's, for a managed GPU. (The cluster
         executor has checked that it is the same object, and its owner on re-reading; its
         version is the fresh one, so it is not compared.)"""
-        if rewrite.kind in (ActionKind.CR_CREATE, ActionKind.CR_UPDATE):
-            self._check_body(rewrite, str(rewrite.params["kind"]), rewrite.params["object"])
+        if isinstance(rewrite, CrCreate | CrUpdate):
+            self._check_body(rewrite, rewrite.object)
 
-    def _check_object(self, action: Action) -> None:
-        p = action.params
-        kind = str(p["kind"])
-        if action.kind is ActionKind.CR_CREATE:
-            self._check_body(action, kind, p["object"])
+    def _check_object(self, action: CrCreate | CrUpdate | CrDelete) -> None:
+        if isinstance(action, CrCreate):
+            self._check_body(action, action.object)
             return
+        kind = action.object_kind if isinstance(action, CrDelete) else action.object.kind
         stored = self.objects.get(action.target)
         if stored is None or stored.kind != kind:
             raise refused(
@@ -151,15 +147,15 @@ class ClusterMandate:
                 f"{kind} {stored.name} is not labelled {NODE_LABEL}={self.node}",
                 "cluster actions touch only this node's objects",
             )
-        if str(p["resourceVersion"]) != stored.resource_version:
+        if action.resource_version != stored.resource_version:
             raise refused(
                 action,
-                f"it was planned from resourceVersion {excerpt(str(p['resourceVersion']))}, "
+                f"it was planned from resourceVersion {excerpt(action.resource_version)}, "
                 f"the object observed is at {stored.resource_version}",
                 "a write carries the version of the object it was planned from",
             )
         who = stored.labels.get(MANAGED_BY_LABEL) or "another controller"
-        if action.kind is ActionKind.CR_DELETE:
+        if isinstance(action, CrDelete):
             if not stored.managed_by_us:
                 raise refused(
                     action,
@@ -167,21 +163,17 @@ class ClusterMandate:
                     "vgpuctl deletes only objects it manages",
                 )
             return
-        if not stored.managed_by_us and not (self.adopt and p.get("adopt") is True):
+        if not stored.managed_by_us and not (self.adopt and action.adopt):
             raise refused(
                 action,
                 f"{kind} {stored.name} is managed by {excerpt(who)}",
                 "another controller's object is written only when adopted with --adopt",
             )
-        self._check_body(action, kind, p["object"])
+        self._check_body(action, action.object)
 
-    def _check_body(self, action: Action, kind: str, body: Mapping[str, Any]) -> None:
+    def _check_body(self, action: Action, obj: KubeObject) -> None:
         """The object written is this node's, labelled as vgpuctl's, for a managed GPU."""
-        metadata = body.get("metadata") or {}
-        labels = metadata.get("labels") or {}
-        spec = body.get("spec") or {}
-        if not isinstance(labels, Mapping) or not isinstance(spec, Mapping):
-            raise refused(action, "its labels or spec are not mappings", "well-formed objects")
+        kind, labels, spec = obj.kind, obj.labels, obj.spec
         if labels.get(NODE_LABEL) != self.node or spec.get("nodeName") != self.node:
             raise refused(
                 action,
@@ -212,12 +204,11 @@ class ClusterMandate:
                 "objects are written only for the GPUs the desired state names",
             )
 
-    def _check_kubevirt(self, action: Action) -> None:
-        p = action.params
+    def _check_kubevirt(self, action: KubevirtUpdate) -> None:
         kv = self.kubevirt
         if kv is None:
             raise refused(action, "no KubeVirt CR was observed", "only the KubeVirt CR observed")
-        if (p["namespace"], p["name"]) != (kv.namespace, kv.name) or action.target != kv.target:
+        if (action.namespace, action.name) != (kv.namespace, kv.name) or action.target != kv.target:
             raise refused(
                 action,
                 f"the KubeVirt CR observed is {kv.target}",
@@ -225,16 +216,12 @@ class ClusterMandate:
             )
         present = {str(e.get("mdevNameSelector")) for e in kv.mediated_devices}
         added: set[str] = set()
-        for entry in p.get("add") or ():
-            selector = str(entry["mdevNameSelector"])
-            if (
-                set(entry) != {"mdevNameSelector", "resourceName", "externalResourceProvider"}
-                or entry.get("resourceName") != resource_name(selector)
-                or entry.get("externalResourceProvider") is not True
-            ):
+        for entry in action.add:
+            selector = entry.selector
+            if entry.resource_name != resource_name(selector):
                 raise refused(
                     action,
-                    f"it adds {excerpt(_json(entry))}",
+                    f"it adds {excerpt(_json(entry.to_json()))}",
                     "vgpuctl adds only {mdevNameSelector: <profile>, resourceName: "
                     "nvidia.com/<profile>, externalResourceProvider: true}",
                 )
@@ -245,14 +232,14 @@ class ClusterMandate:
                     "entries vgpuctl did not add are never touched",
                 )
             added.add(selector)
-        for selector in p.get("remove") or ():
+        for selector in action.remove:
             if selector not in kv.owned:
                 raise refused(
                     action,
                     f"it removes {excerpt(str(selector))}, an entry vgpuctl did not add",
                     "only the entries vgpuctl added are removed",
                 )
-        for selector in p.get("owned") or ():
+        for selector in action.owned:
             if selector not in kv.owned and selector not in added:
                 raise refused(
                     action,

@@ -35,6 +35,8 @@ from reconciler.model import (
     ValidationError,
 )
 from reconciler.model.errors import excerpt
+from reconciler.model.plan import FORMAT_VERSION
+from reconciler.model.plan_json import plan_to_json
 
 if TYPE_CHECKING:
     from reconciler.apply import Outcome
@@ -171,7 +173,7 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     if ns.out:
         _write_plan_file(Path(ns.out), doc)
     if ns.output == "json":
-        _out(json.dumps(plan.to_json(), indent=2) + "\n")
+        _out(json.dumps(plan_to_json(plan), indent=2) + "\n")
     else:
         _out(plan_text(plan, inventory=inventory, style=_style(options), verbose=ns.verbose))
         if ns.out:
@@ -261,9 +263,9 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
             totals[key] += value
     if ns.output == "json":
         doc = {
-            "formatVersion": 1,
+            "formatVersion": FORMAT_VERSION,
             "observed": "cluster",
-            "plans": [p.to_json() for p in plans],
+            "plans": [plan_to_json(p) for p in plans],
             "errors": {n: e.lines() for n, e in failures.items()},
             "summary": {"nodes": len(names), "nodesWithChanges": len(changed), **totals},
         }
@@ -297,7 +299,7 @@ def saved_plan_document(plan: Plan, node: DesiredNode) -> dict[str, Any]:
     """The plan JSON plus the desired state it was planned from (to re-check after apply)."""
     from reconciler.cli.documents import node_document
 
-    doc = plan.to_json()
+    doc = plan_to_json(plan)
     doc["desiredState"] = node_document(node)
     return doc
 

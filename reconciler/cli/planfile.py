@@ -23,6 +23,7 @@ from reconciler.desired.source import read_file
 from reconciler.model import Plan, ValidationError
 from reconciler.model.errors import excerpt
 from reconciler.model.plan import FORMAT_VERSION
+from reconciler.model.plan_json import PlanFormatError, plan_from_json
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError as SchemaViolation
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 #: A plan for eight 32-VF GPUs with every cluster object is well under 2 MiB.
 MAX_BYTES = 16 * 1024 * 1024
-#: A plan nests about ten levels (actions → params → object → status → …).
+#: A plan nests about ten levels (actions → object → status → …).
 MAX_DEPTH = 64
 #: Integers in a plan are sequence numbers, VF indexes and counts.
 MAX_INT_DIGITS = 18
@@ -108,6 +109,11 @@ def read_saved_plan(path: Path) -> SavedPlan | None:
     if _depth(doc) > MAX_DEPTH:
         raise refuse(f"nested more than {MAX_DEPTH} levels deep")
     version = doc.get("formatVersion")
+    if type(version) is int and 0 < version < FORMAT_VERSION:
+        raise ValidationError(
+            f"{path}: written by an older vgpuctl (plan format {version}); "
+            "run 'vgpuctl plan --out' again"
+        )
     if type(version) is not int or version != FORMAT_VERSION:
         raise refuse(
             f"formatVersion is {_kind(version)}; this vgpuctl reads formatVersion "
@@ -125,9 +131,9 @@ def read_saved_plan(path: Path) -> SavedPlan | None:
             + ", not the desired state the plan was made from (written by 'vgpuctl plan --out')"
         )
     try:
-        plan = Plan.from_json(plan_doc)
-    except (KeyError, ValueError, TypeError) as exc:  # the schema should have caught it
-        raise refuse(excerpt(str(exc))) from None
+        plan = plan_from_json(plan_doc)
+    except PlanFormatError as exc:  # what the schema cannot say (an object named otherwise)
+        raise refuse(exc.message) from None
     return SavedPlan(path=path, plan=plan, desired=desired)
 
 

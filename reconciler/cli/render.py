@@ -11,23 +11,33 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from reconciler.model import (
     UNKNOWN_HOLDER,
     VGPU,
     Action,
-    ActionKind,
     Blocked,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
+    DevicePluginRefresh,
     Gpu,
+    HostAction,
     Interface,
     Inventory,
+    KubevirtUpdate,
     PciAddress,
     Plan,
+    SriovDisable,
+    SriovEnable,
+    VgpuCreate,
+    VgpuRemove,
 )
 from reconciler.model.cluster import object_name
 from reconciler.model.errors import printable
+from reconciler.model.plan import FieldChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +78,8 @@ def safe_lines(text: str) -> str:
     return "\n".join(safe(line) for line in text.split("\n"))
 
 
-def _gpu_of(target: str, params: dict[str, object]) -> str:
-    gpu = params.get("gpu")
-    return safe(gpu) if gpu else safe(target)
+def _gpu_of(action: HostAction) -> str:
+    return safe(action.gpu)
 
 
 def _sort_key(target: str) -> tuple[int, ...]:
@@ -92,49 +101,41 @@ class _Line:
 def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Line]]:
     """Group host actions per GPU; merge a replacement's remove and create into one ``-/+``."""
     per_gpu: dict[str, list[_Line]] = defaultdict(list)
-    creates = {a.target: a for a in actions if a.kind is ActionKind.VGPU_CREATE}
+    creates = {a.target for a in actions if isinstance(a, VgpuCreate)}
     for a in actions:
-        if not a.kind.is_host:
-            continue
-        params = {k: safe(v) for k, v in a.params.items()}
-        gpu = _gpu_of(a.target, dict(a.params))
         target, reason = safe(a.target), safe(a.reason)
-        if a.kind is ActionKind.VGPU_REMOVE and a.is_replacement and a.target in creates:
-            continue  # shown with its create
-        if a.kind is ActionKind.VGPU_CREATE and a.is_replacement:
-            line = _Line(
-                style.yellow("-/+"),
-                f"vgpu {target}  {params.get('replaces')} → {params.get('type')}"
-                f"  (uuid {params.get('uuid')})",
-                reason,
-                1,
-            )
-        elif a.kind is ActionKind.VGPU_CREATE:
-            line = _Line(
-                style.green("+"),
-                f"vgpu {target}  {params.get('type')}  (uuid {params.get('uuid')})",
-                reason,
-                1,
-            )
-        elif a.kind is ActionKind.VGPU_REMOVE:
-            line = _Line(
-                style.red("-"),
-                f"vgpu {target}  {params.get('type')}  (uuid {params.get('uuid')})",
-                reason,
-                1,
-            )
-        elif a.kind is ActionKind.SRIOV_ENABLE:
-            line = _Line(
-                style.green("+"),
-                f"sriov {target}  enable {params.get('numVFs', '')} VFs".rstrip(),
-                reason,
-                0,
-            )
-        elif a.kind is ActionKind.SRIOV_DISABLE:
-            line = _Line(style.red("-"), f"sriov {target}  disable", reason, 0)
-        else:
-            line = _Line(style.yellow("~"), f"{a.kind.value} {target}", reason, 2)
-        per_gpu[gpu].append(line)
+        match a:
+            case VgpuRemove() if a.is_replacement and a.target in creates:
+                continue  # shown with its create
+            case VgpuCreate() if a.replaces is not None:
+                line = _Line(
+                    style.yellow("-/+"),
+                    f"vgpu {target}  {safe(a.replaces)} → {safe(a.type_name)}"
+                    f"  (uuid {safe(a.uuid)})",
+                    reason,
+                    1,
+                )
+            case VgpuCreate():
+                line = _Line(
+                    style.green("+"),
+                    f"vgpu {target}  {safe(a.type_name)}  (uuid {safe(a.uuid)})",
+                    reason,
+                    1,
+                )
+            case VgpuRemove():
+                line = _Line(
+                    style.red("-"),
+                    f"vgpu {target}  {safe(a.type_name)}  (uuid {safe(a.uuid)})",
+                    reason,
+                    1,
+                )
+            case SriovEnable():
+                line = _Line(style.green("+"), f"sriov {target}  enable {a.num_vfs} VFs", reason, 0)
+            case SriovDisable():
+                line = _Line(style.red("-"), f"sriov {target}  disable", reason, 0)
+            case _:
+                continue
+        per_gpu[_gpu_of(a)].append(line)
     return per_gpu
 
 
@@ -142,44 +143,37 @@ def _value(v: object) -> str:
     return safe(json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else f'"{v}"')
 
 
-def _change_lines(changes: object, style: Style, indent: str) -> list[str]:
-    out = []
-    for c in changes if isinstance(changes, list | tuple) else []:
-        if not isinstance(c, Mapping):
-            continue
-        before, after = c.get("from"), c.get("to")
-        path = safe(c.get("path"))
-        out.append(style.yellow(f"{indent}~ {path}: {_value(before)} → {_value(after)}"))
-    return out
+def _change_lines(changes: Iterable[FieldChange], style: Style, indent: str) -> list[str]:
+    return [
+        style.yellow(f"{indent}~ {safe(c.path)}: {_value(c.old)} → {_value(c.new)}")
+        for c in changes
+    ]
 
 
 def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
     """Cluster writes: one line per object, with its field-level changes under it."""
     out: list[str] = []
     for a in actions:
-        if a.kind.is_host or a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
-            continue
-        params = dict(a.params)
-        kind, target = safe(params.get("kind", "")), safe(a.target)
-        if a.kind is ActionKind.CR_CREATE:
-            out.append(f"    {style.green('+')} {kind} {target}")
-        elif a.kind is ActionKind.CR_DELETE:
-            out.append(f"    {style.red('-')} {kind} {target}")
-        elif a.kind is ActionKind.KUBEVIRT_UPDATE:
-            out.append(
-                f"    {style.yellow('~')} KubeVirt {safe(a.target.removeprefix('kubevirt/'))}"
-            )
-            for entry in params.get("add") or []:
-                selector = entry.get("mdevNameSelector") if isinstance(entry, Mapping) else entry
-                out.append(style.green(f"        + mediatedDevices: {safe(selector)}"))
-            for selector in params.get("remove") or []:
-                out.append(style.red(f"        - mediatedDevices: {safe(selector)}"))
-        elif a.kind is ActionKind.CR_UPDATE:
-            reset = " (reset: changed outside vgpuctl)" if params.get("drift") else ""
-            out.append(f"    {style.yellow('~')} {kind} {target}{reset}")
-            out.extend(_change_lines(params.get("changes"), style, "        "))
-        else:
-            out.append(f"    {style.yellow('~')} {a.kind.value} {target}")
+        target = safe(a.target)
+        match a:
+            case CrCreate():
+                out.append(f"    {style.green('+')} {safe(a.object.kind)} {target}")
+            case CrDelete():
+                out.append(f"    {style.red('-')} {safe(a.object_kind)} {target}")
+            case KubevirtUpdate():
+                out.append(
+                    f"    {style.yellow('~')} KubeVirt {safe(a.target.removeprefix('kubevirt/'))}"
+                )
+                for entry in a.add:
+                    out.append(style.green(f"        + mediatedDevices: {safe(entry.selector)}"))
+                for selector in a.remove:
+                    out.append(style.red(f"        - mediatedDevices: {safe(selector)}"))
+            case CrUpdate():
+                reset = " (reset: changed outside vgpuctl)" if a.drift else ""
+                out.append(f"    {style.yellow('~')} {safe(a.object.kind)} {target}{reset}")
+                out.extend(_change_lines(a.changes, style, "        "))
+            case _:
+                continue
         out.append(style.dim(f"        {safe(a.reason)}"))
     return out
 
@@ -188,9 +182,8 @@ def _plugin_lines(actions: Sequence[Action], style: Style) -> list[str]:
     """Device-plugin refreshes: which advertised resources change, and to how many devices."""
     out = []
     for a in actions:
-        if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
-            devices = a.params.get("devices") or ()
-            out.append(f"    {style.yellow('~')} {safe(a.target)}: {len(devices)} device(s)")
+        if isinstance(a, DevicePluginRefresh):
+            out.append(f"    {style.yellow('~')} {safe(a.target)}: {len(a.devices)} device(s)")
             out.append(style.dim(f"        {safe(a.reason)}"))
     return out
 
@@ -199,16 +192,16 @@ def _drift_lines(plan: Plan, style: Style) -> list[str]:
     out: list[str] = []
     for d in plan.drift:
         out.append(f"    {style.yellow('!')} {safe(d.kind)} {safe(d.target)}")
-        out.extend(_change_lines([c.to_json() for c in d.changes], style, "        "))
+        out.extend(_change_lines(d.changes, style, "        "))
     return out
 
 
 def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[_Line]]:
     per_gpu: dict[str, list[_Line]] = defaultdict(list)
     for b in blocked:
-        params = dict(b.params)
-        detail = f"  {safe(params['type'])}" if "type" in params else ""
-        per_gpu[_gpu_of(b.target, params)].append(
+        a = b.action
+        detail = f"  {safe(a.type_name)}" if isinstance(a, VgpuRemove | VgpuCreate) else ""
+        per_gpu[_gpu_of(a)].append(
             _Line(style.red("!"), f"{b.kind.value} {safe(b.target)}{detail}", safe(b.reason), 3)
         )
     return per_gpu

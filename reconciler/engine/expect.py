@@ -1,7 +1,7 @@
 """What was promised: the actions a saved plan (``plan --out``) carries, checked against a fresh
 plan made under the node lock before anything runs. Pure.
 
-The fresh plan runs only if it has the same actions (kind, target and parameters, in order:
+The fresh plan runs only if it has the same actions (kind, target and fields, in order:
 ``plan/compare.py``); otherwise the run is refused naming the difference, so what was reviewed
 is what runs and a file edited after review runs nothing. The file's own actions never run:
 whoever can write the file could have put anything in them.
@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reconciler.model import Action, ApplyError, Plan, Problem
+from reconciler.model import (
+    Action,
+    ApplyError,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
+    DevicePluginRefresh,
+    Plan,
+    Problem,
+    VgpuCreate,
+    VgpuRemove,
+)
 from reconciler.model.errors import excerpt
 
 #: How many differences a refusal lists before "… and N more".
@@ -58,17 +69,14 @@ class Expected:
         lines = [
             *(f"only in {name}: {action_words(a)}" for a in difference.only_saved),
             *(f"only in a fresh plan: {action_words(a)}" for a in difference.only_fresh),
-            *(
-                f"{action_words(c.saved)}: {', '.join(f'params.{k}' for k in c.params)} differ"
-                for c in difference.changed
-            ),
+            *(f"{action_words(c.saved)}: {', '.join(c.fields)} differ" for c in difference.changed),
         ]
         if difference.reordered:
             lines.append("the same actions, in another order")
         if len(lines) > DIFFERENCES_SHOWN:
             more = len(lines) - (DIFFERENCES_SHOWN - 1)
             lines = [*lines[: DIFFERENCES_SHOWN - 1], f"… and {more} more differences"]
-        if not adopt and any(a.params.get("adopt") is True for a in self.actions):
+        if not adopt and any(isinstance(a, CrUpdate) and a.adopt for a in self.actions):
             lines.append("the plan adopts objects another controller manages: pass --adopt")
         header = f"{name} {why}; {again}"
         raise ApplyError(header, [Problem(header), *(Problem(f"  {line}") for line in lines)])
@@ -76,6 +84,14 @@ class Expected:
 
 def action_words(action: Action) -> str:
     """``vgpu-remove 0000:08:00.5 (NVIDIA A2-4Q)``: an action of an untrusted file, escaped."""
-    detail = action.params.get("type") or action.params.get("kind")
+    match action:
+        case VgpuRemove() | VgpuCreate() | DevicePluginRefresh():
+            detail: str | None = action.type_name
+        case CrCreate() | CrUpdate():
+            detail = action.object.kind
+        case CrDelete():
+            detail = action.object_kind
+        case _:
+            detail = None
     words = f"{action.kind.value} {excerpt(action.target)}"
-    return f"{words} ({excerpt(str(detail), 40)})" if isinstance(detail, str) else words
+    return f"{words} ({excerpt(detail, 40)})" if detail else words

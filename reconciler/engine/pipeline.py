@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -55,12 +55,14 @@ from reconciler.engine.predicted import host_differences
 from reconciler.model import (
     Action,
     ActionKind,
+    CrUpdate,
     DesiredNode,
     Inventory,
     ObserveError,
     PciAddress,
     Plan,
     ReconcilerError,
+    VgpuRemove,
 )
 from reconciler.observe.parse import NVIDIA_VENDOR_ID
 
@@ -261,13 +263,12 @@ def removed_vgpus(outcomes: Sequence[Outcome]) -> frozenset[str]:
     """The UUIDs of the vGPUs the host executor removed (or found already gone)."""
     removed = set()
     for outcome in outcomes:
-        if outcome.action.kind is ActionKind.VGPU_REMOVE and outcome.status in (
+        action = outcome.action
+        if isinstance(action, VgpuRemove) and outcome.status in (
             OutcomeStatus.DONE,
             OutcomeStatus.NOOP,
         ):
-            uuid = str(outcome.action.params.get("uuid", "")).lower()
-            if uuid:
-                removed.add(uuid)
+            removed.add(action.uuid.lower())
     return frozenset(removed)
 
 
@@ -436,17 +437,13 @@ class _Run:
 
 def _status_only(action: Action) -> bool:
     """An update of one of our objects' status alone: a mirror of the host, nothing decided."""
-    if action.kind is not ActionKind.CR_UPDATE:
+    if not isinstance(action, CrUpdate):
         return False
-    params = action.params
-    changes = params.get("changes") or ()
     return (
-        params.get("specChanged") is False
-        and not params.get("drift")
-        and not params.get("adopt")
-        and all(
-            isinstance(c, Mapping) and str(c.get("path", "")).startswith("status") for c in changes
-        )
+        not action.spec_changed
+        and not action.drift
+        and not action.adopt
+        and all(c.path.startswith("status") for c in action.changes)
     )
 
 

@@ -1,18 +1,30 @@
 """A plan: the ordered actions that take one node from observed to desired, and why.
 
-Plans are data (``schemas/plan.schema.json``): ``plan`` renders one, ``apply`` executes one, and
-a saved plan carries the fingerprint of the host it was made from.
+Plans are data: one frozen dataclass per action kind, and one JSON form
+(:mod:`reconciler.model.plan_json`, ``schemas/plan.schema.json``). ``plan`` renders one, ``apply``
+executes one, and a saved plan carries the fingerprint of the host it was made from.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar, Self
 
-FORMAT_VERSION = 1
+from reconciler.model.address import PciAddress
+from reconciler.model.cluster import KubeObject
+
+FORMAT_VERSION = 2
+
+
+class Phase(enum.StrEnum):
+    """Where an action runs: the host first, then the cluster, then the device plugins."""
+
+    HOST = "host"
+    CLUSTER = "cluster"
+    DEVICE_PLUGINS = "device-plugins"
 
 
 class ActionKind(enum.StrEnum):
@@ -33,109 +45,252 @@ class ActionKind(enum.StrEnum):
         return _ORDER[self]
 
     @property
+    def phase(self) -> Phase:
+        return _PHASE[self]
+
+    @property
     def is_host(self) -> bool:
-        return self in _HOST
+        return _PHASE[self] is Phase.HOST
 
 
 _ORDER = {k: i for i, k in enumerate(ActionKind)}
-_HOST = frozenset(
+_PHASE = {
+    ActionKind.VGPU_REMOVE: Phase.HOST,
+    ActionKind.SRIOV_DISABLE: Phase.HOST,
+    ActionKind.SRIOV_ENABLE: Phase.HOST,
+    ActionKind.VGPU_CREATE: Phase.HOST,
+    ActionKind.CR_CREATE: Phase.CLUSTER,
+    ActionKind.CR_UPDATE: Phase.CLUSTER,
+    ActionKind.CR_DELETE: Phase.CLUSTER,
+    ActionKind.KUBEVIRT_UPDATE: Phase.CLUSTER,
+    ActionKind.DEVICE_PLUGIN_REFRESH: Phase.DEVICE_PLUGINS,
+}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_new = object.__new__
+_set = object.__setattr__  # as a frozen dataclass's own __init__ sets its fields
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Step:
+    """What every action has: its place in the run (``seq``, 1-based; 0 before the planner
+    numbers it, and on a blocked action), what it changes, and why (words for people).
+
+    ``target`` is a PCI address for host actions (the VF for vgpu-*, the GPU for sriov-*), an
+    object name for CR actions, ``kubevirt/<ns>/<name>`` for the KubeVirt CR, the extended
+    resource for a device-plugin refresh. The JSON form is :mod:`reconciler.model.plan_json`.
+    """
+
+    kind: ClassVar[ActionKind]
+    seq: int = 0
+    target: str
+    reason: str
+
+    @property
+    def phase(self) -> Phase:
+        return self.kind.phase
+
+    def numbered(self, seq: int) -> Self:
+        """This action at place ``seq``: ``dataclasses.replace(self, seq=seq)`` at half the cost
+        (the planner numbers every action of a plan once; a fleet plans hundreds of thousands).
+        """
+        cls = type(self)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls) if f.name != "seq")
+        new = _new(cls)
+        _set(new, "seq", seq)
+        for name in names:
+            _set(new, name, getattr(self, name))
+        return new
+
+    @property
+    def is_replacement(self) -> bool:
+        """Half of a profile change on one VF (a remove with ``replaced_by``, a create with
+        ``replaces``)."""
+        return False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VgpuRemove(_Step):
+    """Remove the vGPU ``uuid`` (of ``type_name``) on VF ``target``, index ``vf_index`` of
+    ``gpu``. ``replaced_by``: on a replacement, the profile the vgpu-create after it puts there.
+    """
+
+    kind: ClassVar[ActionKind] = ActionKind.VGPU_REMOVE
+    gpu: PciAddress
+    vf_index: int
+    type_name: str
+    uuid: str
+    replaced_by: str | None = None
+
+    @property
+    def is_replacement(self) -> bool:
+        return self.replaced_by is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SriovDisable(_Step):
+    """``sriov-manage -d`` on GPU ``gpu`` (= ``target``)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SRIOV_DISABLE
+    gpu: PciAddress
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SriovEnable(_Step):
+    """``sriov-manage -e`` on GPU ``gpu`` (= ``target``): ``num_vfs`` VFs appear."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SRIOV_ENABLE
+    gpu: PciAddress
+    num_vfs: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VgpuCreate(_Step):
+    """Create a vGPU of ``type_name`` under ``uuid`` on VF ``target``, index ``vf_index`` of
+    ``gpu``. ``replaces``: on a replacement, the profile the vgpu-remove before it took off."""
+
+    kind: ClassVar[ActionKind] = ActionKind.VGPU_CREATE
+    gpu: PciAddress
+    vf_index: int
+    type_name: str
+    uuid: str
+    replaces: str | None = None
+
+    @property
+    def is_replacement(self) -> bool:
+        return self.replaces is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrCreate(_Step):
+    """POST ``object`` (then its status through the status subresource)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.CR_CREATE
+    object: KubeObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrUpdate(_Step):
+    """PUT ``object`` (the full intended body, planned from ``resource_version``) when
+    ``spec_changed`` (spec or metadata differ), its status when ``status_changed``.
+    ``changes``: every differing field; ``drift``: the stored spec was edited by hand (this
+    resets it); ``adopt``: the object was another controller's (``--adopt``)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.CR_UPDATE
+    resource_version: str
+    object: KubeObject
+    spec_changed: bool
+    status_changed: bool
+    changes: tuple[FieldChange, ...] = ()
+    drift: bool = False
+    adopt: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrDelete(_Step):
+    """DELETE the ``object_kind`` named ``target``, planned from ``resource_version``."""
+
+    kind: ClassVar[ActionKind] = ActionKind.CR_DELETE
+    object_kind: str
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class MediatedDevice:
+    """A KubeVirt ``permittedHostDevices.mediatedDevices`` entry vgpuctl adds (always with
+    ``externalResourceProvider: true``: vgpuctl's device plugin allocates)."""
+
+    selector: str  # mdevNameSelector: the vGPU type name
+    resource_name: str  # nvidia.com/<type name>
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mdevNameSelector": self.selector,
+            "resourceName": self.resource_name,
+            "externalResourceProvider": True,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KubevirtUpdate(_Step):
+    """Add ``add`` to the allow-list of KubeVirt CR ``namespace``/``name``, remove the entries
+    of the ``remove`` selectors; ``owned`` are the selectors vgpuctl owns afterwards."""
+
+    kind: ClassVar[ActionKind] = ActionKind.KUBEVIRT_UPDATE
+    namespace: str
+    name: str
+    resource_version: str
+    add: tuple[MediatedDevice, ...] = ()
+    remove: tuple[str, ...] = ()
+    owned: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DevicePluginRefresh(_Step):
+    """Profile ``type_name`` (resource ``resource``) is advertised as ``devices`` (UUIDs) once
+    the host actions ran."""
+
+    kind: ClassVar[ActionKind] = ActionKind.DEVICE_PLUGIN_REFRESH
+    resource: str
+    type_name: str
+    devices: tuple[str, ...] = ()
+
+
+#: One step of a plan; ``match`` on the type, read its fields.
+Action = (
+    VgpuRemove
+    | SriovDisable
+    | SriovEnable
+    | VgpuCreate
+    | CrCreate
+    | CrUpdate
+    | CrDelete
+    | KubevirtUpdate
+    | DevicePluginRefresh
+)
+HostAction = VgpuRemove | SriovDisable | SriovEnable | VgpuCreate
+ClusterAction = CrCreate | CrUpdate | CrDelete | KubevirtUpdate
+#: The action type of each kind.
+ACTION_TYPES: Mapping[ActionKind, type[Action]] = MappingProxyType(
     {
-        ActionKind.VGPU_REMOVE,
-        ActionKind.SRIOV_DISABLE,
-        ActionKind.SRIOV_ENABLE,
-        ActionKind.VGPU_CREATE,
+        t.kind: t
+        for t in (
+            VgpuRemove,
+            SriovDisable,
+            SriovEnable,
+            VgpuCreate,
+            CrCreate,
+            CrUpdate,
+            CrDelete,
+            KubevirtUpdate,
+            DevicePluginRefresh,
+        )
     }
 )
 
 
-def _frozen(params: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(params))
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    """One step. ``target`` is a PCI address for host actions, an object name for CR actions.
-
-    Host action params (all strings unless said):
-      sriov-enable / sriov-disable: ``gpu``, ``numVFs`` (int, enable only)
-      vgpu-create: ``gpu``, ``vfIndex`` (int), ``type``, ``uuid``, ``replaces`` (old type, on
-      a replacement)
-      vgpu-remove: ``gpu``, ``vfIndex`` (int), ``type``, ``uuid``, ``replacedBy`` (new type, on
-      a replacement)
-
-    Cluster action params (``target`` is the object name, or ``kubevirt/<ns>/<name>``):
-      cr-create: ``kind``, ``object`` (the full API body, ``KubeObject.to_json()``)
-      cr-update: ``kind``, ``resourceVersion`` (planned from), ``object`` (the full intended
-      body, resourceVersion set), ``specChanged`` (bool: spec or metadata differ, a PUT of the
-      object), ``statusChanged`` (bool: a PUT of the status subresource), ``changes`` (list of
-      ``{path, from, to}``), ``drift`` (bool: the stored spec was edited by hand), ``adopt``
-      (true, only when the object was another controller's)
-      cr-delete: ``kind``, ``resourceVersion``
-      kubevirt-update: ``namespace``, ``name``, ``resourceVersion``, ``add`` (mediatedDevices
-      entries), ``remove`` (mdevNameSelectors), ``owned`` (the selectors vgpuctl owns after it)
-    """
-
-    seq: int
-    kind: ActionKind
-    target: str
-    reason: str
-    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "params", _frozen(self.params))
-
-    @property
-    def is_replacement(self) -> bool:
-        return "replaces" in self.params or "replacedBy" in self.params
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "kind": self.kind.value,
-            "target": self.target,
-            "params": dict(self.params),
-            "reason": self.reason,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> Action:
-        return cls(
-            seq=int(raw["seq"]),
-            kind=ActionKind(raw["kind"]),
-            target=str(raw["target"]),
-            reason=str(raw.get("reason", "")),
-            params=dict(raw.get("params", {})),
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class Blocked:
-    """An action that must not run now (a VM holds the vGPU), or one that depends on it."""
+    """An action that must not run now (a VM holds the vGPU), or one that depends on it: the
+    host action as it would run (``seq`` 0), its reason saying why it waits. A GPU left alone
+    as a whole (hands off) is one blocked entry: its first change."""
 
-    kind: ActionKind
-    target: str
-    reason: str
-    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    action: HostAction
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "params", _frozen(self.params))
+    @property
+    def kind(self) -> ActionKind:
+        return self.action.kind
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "target": self.target,
-            "params": dict(self.params),
-            "reason": self.reason,
-        }
+    @property
+    def target(self) -> str:
+        return self.action.target
 
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> Blocked:
-        return cls(
-            kind=ActionKind(raw["kind"]),
-            target=str(raw["target"]),
-            reason=str(raw.get("reason", "")),
-            params=dict(raw.get("params", {})),
-        )
+    @property
+    def reason(self) -> str:
+        return self.action.reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +318,6 @@ class FieldChange:
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "from": self.old, "to": self.new}
 
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> FieldChange:
-        return cls(path=str(raw["path"]), old=raw.get("from"), new=raw.get("to"))
-
 
 @dataclass(frozen=True, slots=True)
 class Drift:
@@ -183,14 +334,6 @@ class Drift:
             "kind": self.kind,
             "changes": [c.to_json() for c in self.changes],
         }
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> Drift:
-        return cls(
-            target=str(raw["target"]),
-            kind=str(raw["kind"]),
-            changes=tuple(FieldChange.from_json(c) for c in raw.get("changes", [])),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,33 +397,3 @@ class Plan:
     def applyable(self) -> bool:
         """True when applying this plan converges the node: nothing is blocked."""
         return not self.blocked
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan contract (``schemas/plan.schema.json``)."""
-        return {
-            "formatVersion": self.format_version,
-            "node": self.node,
-            "interface": self.interface,
-            "observedFingerprint": self.observed_fingerprint,
-            "actions": [a.to_json() for a in self.actions],
-            "blocked": [b.to_json() for b in self.blocked],
-            "noops": [n.to_json() for n in self.noops],
-            "drift": [d.to_json() for d in self.drift],
-            "notes": list(self.notes),
-            "summary": self.summary.to_json(),
-            "applyable": self.applyable,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> Plan:
-        return cls(
-            format_version=int(raw["formatVersion"]),
-            node=str(raw["node"]),
-            interface=str(raw["interface"]),
-            observed_fingerprint=str(raw["observedFingerprint"]),
-            actions=tuple(Action.from_json(a) for a in raw.get("actions", [])),
-            blocked=tuple(Blocked.from_json(b) for b in raw.get("blocked", [])),
-            noops=tuple(Noop(str(n["target"]), str(n["reason"])) for n in raw.get("noops", [])),
-            notes=tuple(str(n) for n in raw.get("notes", [])),
-            drift=tuple(Drift.from_json(d) for d in raw.get("drift", [])),
-        )

@@ -21,16 +21,24 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from reconciler.model import Action, ActionKind, DesiredGpu, Inventory, Noop, PciAddress
+from reconciler.model import (
+    ClusterAction,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
+    DesiredGpu,
+    Inventory,
+    KubevirtUpdate,
+    MediatedDevice,
+    Noop,
+    PciAddress,
+)
 from reconciler.model.cluster import (
-    GROUP,
     MANAGED_BY_LABEL,
     NODE_LABEL,
     PARENT_LABEL,
     SRIOV_GPU_KIND,
-    VERSION,
     VGPU_KIND,
     ClusterState,
     KubeObject,
@@ -39,7 +47,6 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.plan import Drift, FieldChange
 from reconciler.plan.changes import section_changes
-from reconciler.plan.diff import Step
 from reconciler.plan.render import LAST_APPLIED_ANNOTATION
 
 #: The labels and annotations vgpuctl sets; any other key on a stored object is kept as is.
@@ -54,7 +61,7 @@ _KIND_RANK = {SRIOV_GPU_KIND: 0, VGPU_KIND: 1}
 class ClusterPlan:
     """Cluster steps in run order (kind, then GPU, PF object before its VFs'), and the rest."""
 
-    actions: list[Step] = field(default_factory=list)
+    actions: list[ClusterAction] = field(default_factory=list)
     noops: list[Noop] = field(default_factory=list)
     drift: list[Drift] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -102,11 +109,11 @@ def plan_cluster(
             )
             continue
         plan.actions.append(
-            Step(
-                ActionKind.CR_DELETE,
-                current.name,
-                reason,
-                {"kind": current.kind, "resourceVersion": current.resource_version},
+            CrDelete(
+                target=current.name,
+                reason=reason,
+                object_kind=current.kind,
+                resource_version=current.resource_version,
             )
         )
 
@@ -125,13 +132,13 @@ def plan_cluster(
 
 def replan_object(
     intended: KubeObject, current: KubeObject | None, *, adopt: bool = False, seq: int = 0
-) -> Action | None:
+) -> CrCreate | CrUpdate | None:
     """The write that takes ``current`` (as just re-read, after a 409) to ``intended``, or None
     when there is nothing to write or the object is another controller's (and not adopted).
 
-    ``intended`` may be a plan's ``params.object`` (``KubeObject.from_json``): its resourceVersion
-    and any labels or annotations that are not vgpuctl's are ignored. ``seq`` numbers the result
-    (pass the original action's). Pass ``adopt=action.params.get("adopt", False)``.
+    ``intended`` may be a plan's ``object``: its resourceVersion and any labels or annotations
+    that are not vgpuctl's are ignored. ``seq`` numbers the result (pass the original action's).
+    Pass ``adopt=action.adopt`` (False for a create).
     """
     ours = KubeObject(
         kind=intended.kind,
@@ -146,21 +153,18 @@ def replan_object(
     step, _ = _object_step(ours, current)
     if step is None:
         return None
-    return Action(
-        seq=seq, kind=step.kind, target=step.target, reason=step.reason, params=step.params
-    )
+    return step.numbered(seq)
 
 
 def _object_step(
     intended: KubeObject, current: KubeObject | None
-) -> tuple[Step | None, Drift | None]:
+) -> tuple[CrCreate | CrUpdate | None, Drift | None]:
     if current is None:
         return (
-            Step(
-                ActionKind.CR_CREATE,
-                intended.name,
-                f"{intended.kind} for {_what(intended)} does not exist",
-                {"kind": intended.kind, "object": _body(intended, None)},
+            CrCreate(
+                target=intended.name,
+                reason=f"{intended.kind} for {_what(intended)} does not exist",
+                object=_body(intended, None),
             ),
             None,
         )
@@ -181,17 +185,6 @@ def _object_step(
         drift = _drift(current)
     adopting = not current.managed_by_us
     changes = _changes(intended, current)
-    params: dict[str, Any] = {
-        "kind": intended.kind,
-        "resourceVersion": current.resource_version,
-        "object": _body(intended, current),
-        "specChanged": metadata_changed or spec_changed,
-        "statusChanged": status_changed,
-        "changes": [c.to_json() for c in changes],
-        "drift": drift is not None,
-    }
-    if adopting:
-        params["adopt"] = True
     why: list[str] = []
     if adopting:
         why.append(f"taken over from {_manager(current)} (--adopt)")
@@ -204,35 +197,39 @@ def _object_step(
     if not why:
         why.append("labels or annotations differ")
     reason = f"{intended.kind} for {_what(intended)}: " + "; ".join(why)
-    return Step(ActionKind.CR_UPDATE, intended.name, reason, params), drift
+    update = CrUpdate(
+        target=intended.name,
+        reason=reason,
+        resource_version=current.resource_version,
+        object=_body(intended, current),
+        spec_changed=metadata_changed or spec_changed,
+        status_changed=status_changed,
+        changes=tuple(changes),
+        drift=drift is not None,
+        adopt=adopting,
+    )
+    return update, drift
 
 
-def _body(intended: KubeObject, current: KubeObject | None) -> dict[str, Any]:
-    """``intended`` as the API body to write (over ``current``): what ``KubeObject.to_json``
-    writes, keeping the labels and annotations of ``current`` that are not vgpuctl's and its
-    finalizers and owner references, with the resourceVersion the write is planned from.
-    Rendered spec and status values are plain JSON already: copying them deeply again for each
-    of a node's 256 VFs is what made plans slow."""
-    metadata: dict[str, Any] = {"name": intended.name}
+def _body(intended: KubeObject, current: KubeObject | None) -> KubeObject:
+    """``intended`` as the object to write (over ``current``): keeping the labels and
+    annotations of ``current`` that are not vgpuctl's and its finalizers and owner references,
+    with the resourceVersion the write is planned from. Rendered spec and status values are
+    plain JSON already: copying them deeply again for each of a node's 256 VFs is what made
+    plans slow (``KubeObject.to_json`` copies them when a plan is written)."""
     if current is None:
-        metadata["labels"] = dict(intended.labels)
-        metadata["annotations"] = dict(intended.annotations)
-    else:
-        metadata["labels"] = {**current.labels, **intended.labels}
-        metadata["annotations"] = {**current.annotations, **intended.annotations}
-        metadata["resourceVersion"] = current.resource_version
+        return intended
+    return KubeObject(
+        kind=intended.kind,
+        name=intended.name,
+        labels={**current.labels, **intended.labels},
+        annotations={**current.annotations, **intended.annotations},
+        spec=intended.spec,
+        status=intended.status,
+        resource_version=current.resource_version,
         # Another controller's finalizers and owner references: a PUT without them drops them.
-        for key, value in current.retained.items():
-            metadata[key] = json.loads(json.dumps(value))
-    if not metadata["annotations"]:
-        del metadata["annotations"]
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": intended.kind,
-        "metadata": metadata,
-        "spec": dict(intended.spec),
-        "status": dict(intended.status),
-    }
+        retained={k: json.loads(json.dumps(v)) for k, v in current.retained.items()},
+    )
 
 
 def _changes(intended: KubeObject, current: KubeObject) -> list[FieldChange]:
@@ -316,13 +313,10 @@ def _gone_reason(
     return f"VF {vf} is not a VF of GPU {address}"
 
 
-def _kubevirt_step(kubevirt: KubeVirtConfig, configured: frozenset[str]) -> Step | Noop:
+def _kubevirt_step(kubevirt: KubeVirtConfig, configured: frozenset[str]) -> KubevirtUpdate | Noop:
     present = {str(e.get("mdevNameSelector", "")) for e in kubevirt.mediated_devices}
     added = sorted(configured - present)
-    add = [
-        {"mdevNameSelector": p, "resourceName": resource_name(p), "externalResourceProvider": True}
-        for p in added
-    ]
+    add = tuple(MediatedDevice(selector=p, resource_name=resource_name(p)) for p in added)
     remove = sorted((kubevirt.owned - configured) & present)
     owned = sorted((kubevirt.owned & configured) | (configured - present))
     if not add and not remove and owned == sorted(kubevirt.owned):
@@ -337,16 +331,13 @@ def _kubevirt_step(kubevirt: KubeVirtConfig, configured: frozenset[str]) -> Step
         why.append(
             "forget entries removed by hand: " + ", ".join(sorted(kubevirt.owned - set(owned)))
         )
-    return Step(
-        ActionKind.KUBEVIRT_UPDATE,
-        kubevirt.target,
-        "mediated devices allow-list: " + "; ".join(why),
-        {
-            "namespace": kubevirt.namespace,
-            "name": kubevirt.name,
-            "resourceVersion": kubevirt.resource_version,
-            "add": add,
-            "remove": remove,
-            "owned": owned,
-        },
+    return KubevirtUpdate(
+        target=kubevirt.target,
+        reason="mediated devices allow-list: " + "; ".join(why),
+        namespace=kubevirt.namespace,
+        name=kubevirt.name,
+        resource_version=kubevirt.resource_version,
+        add=add,
+        remove=tuple(remove),
+        owned=tuple(owned),
     )

@@ -2,60 +2,60 @@
 
 A saved plan is run only when a fresh plan of the desired state it carries, made under the node
 lock from the host and cluster as they are, has the same actions in the same order. "The same"
-is what an action does: its kind, its target and its params. Not its reason (words for people),
+is what an action does: its kind, its target and its fields. Not its reason (words for people),
 not its seq (its place, compared through the order), and not the resourceVersion a cluster write
 was planned from: a write always carries the version it was planned from, and the fresh plan's
-is the one that runs. Every other param counts: a profile, a UUID, an object's body, a KubeVirt
-entry.
+is the one that runs. Every other field counts: a profile, a UUID, an object's body, a KubeVirt
+entry. Fields are compared in their JSON form (:mod:`reconciler.model.plan_json`), by their
+JSON names.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from reconciler.model import Action, ActionKind
+from reconciler.model.plan_json import action_to_json
+
+#: Not part of what an action does (``kind`` and ``target`` are compared on their own).
+_NOT_EFFECT = frozenset({"seq", "kind", "phase", "target", "reason", "resourceVersion"})
+
+
+def _fields(action: Action) -> dict[str, Any]:
+    """The fields that say what ``action`` does, in JSON form (no version planned from)."""
+    doc = action_to_json(action)
+    fields = {k: v for k, v in doc.items() if k not in _NOT_EFFECT}
+    body = fields.get("object")
+    if isinstance(body, dict) and isinstance(body.get("metadata"), dict):
+        metadata = {k: v for k, v in body["metadata"].items() if k != "resourceVersion"}
+        fields["object"] = {**body, "metadata": metadata}
+    return fields
 
 
 def effect(action: Action) -> str:
     """What ``action`` does, as canonical JSON (two actions do the same iff these are equal)."""
-    params: dict[str, Any] = dict(action.params)
-    params.pop("resourceVersion", None)
-    body = params.get("object")
-    if isinstance(body, Mapping) and isinstance(body.get("metadata"), Mapping):
-        metadata = {k: v for k, v in body["metadata"].items() if k != "resourceVersion"}
-        params["object"] = {**body, "metadata": metadata}
     return json.dumps(
-        [action.kind.value, action.target, params],
+        [action.kind.value, action.target, _fields(action)],
         sort_keys=True,
         separators=(",", ":"),
-        default=_plain,
     )
-
-
-def _plain(value: object) -> object:
-    # Params of a decoded plan are JSON types; read-only mappings from the planner are not.
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, tuple):
-        return list(value)
-    raise TypeError(f"not JSON: {type(value).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
 class Changed:
-    """An action both plans have for one kind and target, with other params."""
+    """An action both plans have for one kind and target, with other fields."""
 
     saved: Action
     fresh: Action
 
     @property
-    def params(self) -> tuple[str, ...]:
-        """The params whose values differ (a resourceVersion alone never does)."""
-        a, b = _without_versions(self.saved), _without_versions(self.fresh)
+    def fields(self) -> tuple[str, ...]:
+        """The fields (JSON names) whose values differ (a resourceVersion alone never does)."""
+        a, b = _fields(self.saved), _fields(self.fresh)
         return tuple(sorted(k for k in a.keys() | b.keys() if _json(a.get(k)) != _json(b.get(k))))
 
 
@@ -67,7 +67,7 @@ class PlanDifference:
     only_saved: tuple[Action, ...] = ()
     #: Actions only the fresh plan has.
     only_fresh: tuple[Action, ...] = ()
-    #: Same kind and target in both, other params.
+    #: Same kind and target in both, other fields.
     changed: tuple[Changed, ...] = ()
     #: The same actions, in another order.
     reordered: bool = False
@@ -117,10 +117,5 @@ def _take(actions: Sequence[Action], effects: Sequence[str], extra: Counter[str]
     return out
 
 
-def _without_versions(action: Action) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(effect(action))[2]
-    return loaded
-
-
 def _json(value: object) -> str:
-    return json.dumps(value, sort_keys=True, default=_plain)
+    return json.dumps(value, sort_keys=True)

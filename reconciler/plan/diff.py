@@ -11,30 +11,39 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypeVar
 
-from reconciler.model import UNKNOWN_HOLDER, VGPU, ActionKind, Gpu, Noop, Vf
+from reconciler.model import (
+    UNKNOWN_HOLDER,
+    VGPU,
+    Gpu,
+    HostAction,
+    Noop,
+    PciAddress,
+    SriovDisable,
+    SriovEnable,
+    Vf,
+    VgpuCreate,
+    VgpuRemove,
+)
 from reconciler.plan.offer import Offer, TypeFacts
 from reconciler.plan.uuids import vgpu_uuid
 
+_S = TypeVar("_S", bound=HostAction)
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """An action before it is numbered; also the shape of a blocked one."""
 
-    kind: ActionKind
-    target: str
-    reason: str
-    params: Mapping[str, Any]
-    vf_index: int = -1  # -1: a GPU-level step
+def vf_order(step: HostAction) -> int:
+    """A step's VF index; -1 for a GPU-level step (SR-IOV)."""
+    return step.vf_index if isinstance(step, VgpuRemove | VgpuCreate) else -1
 
 
 @dataclass(frozen=True, slots=True)
 class GpuDiff:
-    """One GPU's steps, each list in run order (kind, then VF index)."""
+    """One GPU's steps (actions not numbered yet: ``seq`` 0), each list in run order (kind,
+    then VF index)."""
 
-    actions: list[Step] = field(default_factory=list)
-    blocked: list[Step] = field(default_factory=list)
+    actions: list[HostAction] = field(default_factory=list)
+    blocked: list[HostAction] = field(default_factory=list)
     noops: list[Noop] = field(default_factory=list)
 
 
@@ -49,23 +58,23 @@ def diff_gpu(
 ) -> GpuDiff:
     """Steps that take ``gpu`` to ``profiles`` (VF index → profile; absent: no vGPU)."""
     diff = GpuDiff()
-    pf = str(gpu.address)
+    pf = gpu.address
     if not sriov:
         _disable(gpu, slots, diff)
         return diff
     if gpu.sriov_enabled:
-        diff.noops.append(Noop(pf, "SR-IOV enabled as desired"))
+        diff.noops.append(Noop(str(pf), "SR-IOV enabled as desired"))
     else:
         diff.actions.append(
-            Step(
-                ActionKind.SRIOV_ENABLE,
-                pf,
-                "SR-IOV is off; desired enabled",
-                {"gpu": pf, "numVFs": gpu.total_vfs},
+            SriovEnable(
+                target=str(pf),
+                reason="SR-IOV is off; desired enabled",
+                gpu=pf,
+                num_vfs=gpu.total_vfs,
             )
         )
 
-    creates: list[Step] = []
+    creates: list[VgpuCreate] = []
     kept: list[str] = []  # types that stay as desired
     held: list[Vf] = []  # in-use vGPUs that should go but cannot
     enabled = gpu.sriov_enabled
@@ -122,20 +131,20 @@ def diff_gpu(
     run, waiting = _hold_back(creates, held, kept, offer)
     # A replacement is marked only while both halves share a fate: a remove that runs while its
     # create waits is a plain remove (and counted as one), the waiting create a plain create.
-    split = {s.vf_index for s in waiting if "replaces" in s.params}
+    split = {s.vf_index for s in waiting if s.replaces is not None}
     if split:
-        diff.actions[:] = [_plain(s) if s.vf_index in split else s for s in diff.actions]
+        diff.actions[:] = [_plain(s) if vf_order(s) in split else s for s in diff.actions]
         waiting = [_plain(s) if s.vf_index in split else s for s in waiting]
     diff.actions.extend(run)
     diff.blocked.extend(waiting)
-    diff.blocked.sort(key=lambda s: (s.kind.order, s.vf_index))
+    diff.blocked.sort(key=lambda s: (s.kind.order, vf_order(s)))
     return diff
 
 
 def _disable(gpu: Gpu, slots: tuple[Vf, ...], diff: GpuDiff) -> None:
-    pf = str(gpu.address)
+    pf = gpu.address
     if not gpu.sriov_enabled:
-        diff.noops.append(Noop(pf, "SR-IOV disabled as desired"))
+        diff.noops.append(Noop(str(pf), "SR-IOV disabled as desired"))
         return
     held: list[Vf] = []
     for vf in slots:
@@ -161,11 +170,10 @@ def _disable(gpu: Gpu, slots: tuple[Vf, ...], diff: GpuDiff) -> None:
             )
         else:
             diff.actions.append(remove)
-    disable = Step(
-        ActionKind.SRIOV_DISABLE,
-        pf,
-        f"SR-IOV is on ({gpu.num_vfs} VFs); desired disabled",
-        {"gpu": pf},
+    disable = SriovDisable(
+        target=str(pf),
+        reason=f"SR-IOV is on ({gpu.num_vfs} VFs); desired disabled",
+        gpu=pf,
     )
     if held:
         diff.blocked.append(replace(disable, reason=_waits_for(held)))
@@ -174,21 +182,21 @@ def _disable(gpu: Gpu, slots: tuple[Vf, ...], diff: GpuDiff) -> None:
 
 
 def _remove(
-    pf: str, address: str, index: int, have: VGPU, *, replaced_by: str | None, reason: str
-) -> Step:
-    params: dict[str, Any] = {
-        "gpu": pf,
-        "vfIndex": index,
-        "type": have.type_name,
-        "uuid": have.uuid,
-    }
-    if replaced_by is not None:
-        params["replacedBy"] = replaced_by
-    return Step(ActionKind.VGPU_REMOVE, address, reason, params, index)
+    pf: PciAddress, address: str, index: int, have: VGPU, *, replaced_by: str | None, reason: str
+) -> VgpuRemove:
+    return VgpuRemove(
+        target=address,
+        reason=reason,
+        gpu=pf,
+        vf_index=index,
+        type_name=have.type_name,
+        uuid=have.uuid,
+        replaced_by=replaced_by,
+    )
 
 
 def _create(
-    pf: str,
+    pf: PciAddress,
     address: str,
     index: int,
     profile: str,
@@ -196,21 +204,25 @@ def _create(
     *,
     reason: str,
     replaces: str | None = None,
-) -> Step:
-    params: dict[str, Any] = {
-        "gpu": pf,
-        "vfIndex": index,
-        "type": profile,
-        "uuid": vgpu_uuid(node, address),
-    }
-    if replaces is not None:
-        params["replaces"] = replaces
-    return Step(ActionKind.VGPU_CREATE, address, reason, params, index)
+) -> VgpuCreate:
+    return VgpuCreate(
+        target=address,
+        reason=reason,
+        gpu=pf,
+        vf_index=index,
+        type_name=profile,
+        uuid=vgpu_uuid(node, address),
+        replaces=replaces,
+    )
 
 
-def _plain(step: Step) -> Step:
-    params = {k: v for k, v in step.params.items() if k not in ("replaces", "replacedBy")}
-    return replace(step, params=params)
+def _plain(step: _S) -> _S:
+    """``step`` as a plain remove or create (not half of a replacement)."""
+    if isinstance(step, VgpuRemove):
+        return replace(step, replaced_by=None)
+    if isinstance(step, VgpuCreate):
+        return replace(step, replaces=None)
+    return step
 
 
 def _held(vgpu: VGPU) -> str:
@@ -240,8 +252,8 @@ def _waits_for(vfs: Iterable[Vf]) -> str:
 
 
 def _hold_back(
-    creates: list[Step], held: list[Vf], kept: list[str], offer: Offer
-) -> tuple[list[Step], list[Step]]:
+    creates: list[VgpuCreate], held: list[Vf], kept: list[str], offer: Offer
+) -> tuple[list[VgpuCreate], list[VgpuCreate]]:
     """Split creates into those that fit beside the in-use vGPUs that stay, and the rest.
 
     The desired state itself was checked; what can break it is a vGPU that should have been
@@ -258,10 +270,10 @@ def _hold_back(
     present = [f for f in (offer.facts(name) for name in kept) if f is not None]
     present += [f for _, f in stays]
     per_size = Counter(f.framebuffer_mib for f in present)
-    run: list[Step] = []
-    waiting: list[Step] = []
+    run: list[VgpuCreate] = []
+    waiting: list[VgpuCreate] = []
     for step in creates:
-        facts = offer.facts(step.params["type"])
+        facts = offer.facts(step.type_name)
         if facts is None:
             run.append(step)
             continue

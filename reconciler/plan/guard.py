@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.model import Gpu, Interface, Noop
-from reconciler.plan.diff import GpuDiff
+from reconciler.plan.diff import GpuDiff, vf_order
 
 
 def hands_off(gpu: Gpu) -> str | None:
@@ -63,18 +63,11 @@ def left_alone(gpu: Gpu, diff: GpuDiff, reason: str) -> GpuDiff:
     if not changes:
         return GpuDiff(noops=[Noop(str(gpu.address), f"left alone as desired: {reason}")])
     first = min(changes, key=lambda s: s.kind.order)
-    blocked = replace(
-        first,
-        target=str(gpu.address),
-        reason=reason,
-        params={"gpu": str(gpu.address)},
-        vf_index=-1,
-    )
-    return GpuDiff(blocked=[blocked])
+    return GpuDiff(blocked=[replace(first, reason=reason)])
 
 
 def blocked_all(diff: GpuDiff, reason: str) -> GpuDiff:
     """A GPU vgpuctl cannot drive: each change it would make, blocked with the reason."""
     blocked = [replace(s, reason=reason) for s in diff.actions] + list(diff.blocked)
-    blocked.sort(key=lambda s: (s.kind.order, s.vf_index))
+    blocked.sort(key=lambda s: (s.kind.order, vf_order(s)))
     return GpuDiff(blocked=blocked, noops=list(diff.noops))

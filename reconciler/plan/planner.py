@@ -22,6 +22,7 @@ from reconciler.model import (
     Blocked,
     DesiredGpu,
     DesiredNode,
+    HostAction,
     Interface,
     Inventory,
     Noop,
@@ -36,7 +37,7 @@ from reconciler.model.plan import Drift
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
 from reconciler.plan.cluster import plan_cluster
-from reconciler.plan.diff import Step, diff_gpu
+from reconciler.plan.diff import diff_gpu
 from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
 from reconciler.plan.offer import Offer, gpu_label, host_spelling, offer_for
 from reconciler.plan.predict import predict_inventory
@@ -76,10 +77,7 @@ def plan_node(
     if cluster is not None:
         inventory = mark_cluster_uses(inventory, cluster)
     host = _plan_host(node, inventory, catalog=catalog)
-    actions = [
-        Action(seq=i, kind=s.kind, target=s.target, reason=s.reason, params=s.params)
-        for i, s in enumerate(host.actions, start=1)
-    ]
+    actions: list[Action] = [s.numbered(i) for i, s in enumerate(host.actions, start=1)]
     noops = list(host.noops)
     # What the observation itself had to say (holders it could not see, a removal under way,
     # a list it could not read) comes first: the reader of a plan needs it most.
@@ -99,8 +97,7 @@ def plan_node(
             adopt=adopt,
         )
         actions.extend(
-            Action(seq=i, kind=s.kind, target=s.target, reason=s.reason, params=s.params)
-            for i, s in enumerate(cluster_plan.actions, start=len(actions) + 1)
+            s.numbered(i) for i, s in enumerate(cluster_plan.actions, start=len(actions) + 1)
         )
         noops.extend(cluster_plan.noops)
         drift.extend(cluster_plan.drift)
@@ -109,7 +106,7 @@ def plan_node(
                 notes.append(note)
     # Last of all: the device plugins learn the device sets the host now has.
     actions.extend(
-        Action(seq=i, kind=s.kind, target=s.target, reason=s.reason, params=s.params)
+        s.numbered(i)
         for i, s in enumerate(refresh_steps(host.actions, predicted), start=len(actions) + 1)
     )
     return Plan(
@@ -117,7 +114,7 @@ def plan_node(
         interface=_interface(observed),
         observed_fingerprint=fingerprint,
         actions=tuple(actions),
-        blocked=tuple(Blocked(s.kind, s.target, s.reason, s.params) for s in host.blocked),
+        blocked=tuple(Blocked(s) for s in host.blocked),
         noops=tuple(noops),
         notes=tuple(notes),
         drift=tuple(drift),
@@ -126,8 +123,8 @@ def plan_node(
 
 @dataclass(frozen=True, slots=True)
 class _HostPlan:
-    actions: list[Step] = field(default_factory=list)
-    blocked: list[Step] = field(default_factory=list)
+    actions: list[HostAction] = field(default_factory=list)
+    blocked: list[HostAction] = field(default_factory=list)
     noops: list[Noop] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: The managed GPUs on the host, and the VF index → profile each is planned to.

@@ -19,12 +19,15 @@ from reconciler.catalog import Catalog, default_catalog
 from reconciler.model import (
     VGPU,
     Action,
-    ActionKind,
     Gpu,
     Interface,
     Inventory,
     PciAddress,
+    SriovDisable,
+    SriovEnable,
     Vf,
+    VgpuCreate,
+    VgpuRemove,
     VGPUType,
 )
 from reconciler.plan.offer import catalog_model
@@ -41,32 +44,32 @@ def predict_inventory(
     # GPU's next SR-IOV change, and at the end), not one rebuild of every VF per action.
     pending: dict[PciAddress, dict[int, VGPU | None]] = {}
     for action in actions:
-        if not action.kind.is_host:
+        if not isinstance(action, VgpuRemove | SriovDisable | SriovEnable | VgpuCreate):
             continue
-        address = PciAddress.parse(str(action.params["gpu"]))
+        address = action.gpu
         gpu = gpus.get(address)
         if gpu is None:
             continue  # a plan for another host: nothing to predict
         touched.add(address)
-        if action.kind in (ActionKind.SRIOV_ENABLE, ActionKind.SRIOV_DISABLE):
+        if isinstance(action, SriovEnable | SriovDisable):
             gpu = _with_vgpus(gpu, pending.pop(address, {}))
-            if action.kind is ActionKind.SRIOV_ENABLE:
+            if isinstance(action, SriovEnable):
                 gpus[address] = _enabled(gpu, inventory, catalog)
             else:
                 # The driver lists types on VFs only: none while SR-IOV is off.
                 gpus[address] = replace(gpu, num_vfs=0, vfs=(), types=(), interface=Interface.NONE)
             continue
-        index = int(action.params["vfIndex"])
+        index = action.vf_index
         vgpu = None
-        if action.kind is ActionKind.VGPU_CREATE:
+        if isinstance(action, VgpuCreate):
             vf = gpu.vf(index)
             # On the vfio interface a configured VF is its own identity (no mdev UUID).
             uuid = (
                 str(vf.address)
                 if gpu.interface is Interface.VFIO and vf is not None
-                else str(action.params["uuid"])
+                else action.uuid
             )
-            vgpu = VGPU(uuid=uuid, type_name=str(action.params["type"]))
+            vgpu = VGPU(uuid=uuid, type_name=action.type_name)
         pending.setdefault(address, {})[index] = vgpu
     if not touched:
         return inventory

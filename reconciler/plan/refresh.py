@@ -11,20 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from reconciler.model import ActionKind, Inventory
+from reconciler.model import DevicePluginRefresh, HostAction, Inventory, VgpuCreate, VgpuRemove
 from reconciler.model.cluster import resource_name
-from reconciler.plan.diff import Step
 
 
-def refresh_steps(actions: Sequence[Step], predicted: Inventory) -> list[Step]:
+def refresh_steps(actions: Sequence[HostAction], predicted: Inventory) -> list[DevicePluginRefresh]:
     """One refresh per profile whose set of vGPUs the ``actions`` change."""
     added: dict[str, int] = {}
     removed: dict[str, int] = {}
     for a in actions:
-        if a.kind is ActionKind.VGPU_CREATE:
-            added[a.params["type"]] = added.get(a.params["type"], 0) + 1
-        elif a.kind is ActionKind.VGPU_REMOVE:
-            removed[a.params["type"]] = removed.get(a.params["type"], 0) + 1
+        if isinstance(a, VgpuCreate):
+            added[a.type_name] = added.get(a.type_name, 0) + 1
+        elif isinstance(a, VgpuRemove):
+            removed[a.type_name] = removed.get(a.type_name, 0) + 1
     steps = []
     for type_name in sorted(added.keys() | removed.keys()):
         devices = sorted(
@@ -43,11 +42,12 @@ def refresh_steps(actions: Sequence[Step], predicted: Inventory) -> list[Step]:
             if part
         )
         steps.append(
-            Step(
-                kind=ActionKind.DEVICE_PLUGIN_REFRESH,
+            DevicePluginRefresh(
                 target=resource,
                 reason=f"{type_name}: {change}; {len(devices)} advertised after",
-                params={"resource": resource, "type": type_name, "devices": devices},
+                resource=resource,
+                type_name=type_name,
+                devices=tuple(devices),
             )
         )
     return steps

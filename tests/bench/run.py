@@ -328,7 +328,7 @@ def bench_writes(tmp: Path) -> dict[str, Any]:
     )
     from reconciler.catalog import default_catalog
     from reconciler.desired import load_desired
-    from reconciler.model import Action, ActionKind, Plan
+    from reconciler.model import Action, Plan, VgpuCreate, VgpuRemove
     from reconciler.observe import observe_host
     from reconciler.plan import plan_node
     from reconciler.sim import build_host
@@ -366,22 +366,21 @@ def bench_writes(tmp: Path) -> dict[str, Any]:
             # vgpu-device-manager's strategy: tear down every vGPU of the touched GPU, then
             # create the whole new configuration.
             gpu = inv.gpus[0]
-            actions = []
+            actions: list[Action] = []
             for vf in gpu.vfs:
                 assert vf.vgpu is not None
-                actions.append(Action(
-                    seq=len(actions) + 1, kind=ActionKind.VGPU_REMOVE, target=str(vf.address),
-                    reason="recreate", params={"gpu": str(gpu.address), "vfIndex": vf.index,
-                                               "type": vf.vgpu.type_name, "uuid": vf.vgpu.uuid},
+                actions.append(VgpuRemove(
+                    seq=len(actions) + 1, target=str(vf.address), reason="recreate",
+                    gpu=gpu.address, vf_index=vf.index, type_name=vf.vgpu.type_name,
+                    uuid=vf.vgpu.uuid,
                 ))  # fmt: skip
             for vf in gpu.vfs:
                 assert vf.vgpu is not None
-                actions.append(Action(
-                    seq=len(actions) + 1, kind=ActionKind.VGPU_CREATE, target=str(vf.address),
-                    reason="recreate",
-                    params={"gpu": str(gpu.address), "vfIndex": vf.index,
-                            "type": "NVIDIA A2-1B" if vf.index == 3 else "NVIDIA A2-1Q",
-                            "uuid": vf.vgpu.uuid},
+                actions.append(VgpuCreate(
+                    seq=len(actions) + 1, target=str(vf.address), reason="recreate",
+                    gpu=gpu.address, vf_index=vf.index,
+                    type_name="NVIDIA A2-1B" if vf.index == 3 else "NVIDIA A2-1Q",
+                    uuid=vf.vgpu.uuid,
                 ))  # fmt: skip
             plan = Plan(
                 node=NODE, interface="mdev", observed_fingerprint="", actions=tuple(actions)

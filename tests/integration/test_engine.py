@@ -124,7 +124,7 @@ def test_apply_planfile_makes_exactly_the_writes_of_the_saved_plans_cluster_acti
         ("cr-update", "harvester-kgd9c-000008004"),
         ("kubevirt-update", "kubevirt/harvester-system/kubevirt"),
     ]
-    update = cluster[0]["params"]
+    update = cluster[0]
     assert (update["specChanged"], update["statusChanged"]) == (True, True)
 
     before = len(emu.requests)
@@ -166,7 +166,7 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
         *(("cr-create", name) for name in vfs),
         ("kubevirt-update", "kubevirt/harvester-system/kubevirt"),
     ]
-    shown_status = cluster[0]["params"]["object"]["status"]
+    shown_status = cluster[0]["object"]["status"]
     assert {t["id"] for t in shown_status["vgpuTypes"]} == {""}
 
     at_refresh: list[dict[str, Any]] = []

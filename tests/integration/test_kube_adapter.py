@@ -16,12 +16,13 @@ import yaml
 from reconciler.apply.cluster import execute_cluster
 from reconciler.kube import EventRecorder, KubernetesApi, connect
 from reconciler.model import (
-    Action,
-    ActionKind,
     ClusterError,
     ClusterUnavailableError,
     ConflictError,
+    CrUpdate,
     ForbiddenError,
+    KubevirtUpdate,
+    MediatedDevice,
     ResourceMissingError,
 )
 from reconciler.model.cluster import (
@@ -327,7 +328,8 @@ def test_a_409_race_is_resolved_by_replanning(api: KubernetesApi, emu: ApiServer
     want = KubeObject.from_json(vgpu_body("NVIDIA A2-4Q", uuid="u-1"))
     action = replan_object(want, KubeObject.from_json(stored), seq=7)
     assert action is not None
-    assert action.params["resourceVersion"] == planned
+    assert isinstance(action, CrUpdate)
+    assert action.resource_version == planned
 
     def someone_edits(request: Request) -> None:
         emu.on_before_write(None)  # once
@@ -355,25 +357,16 @@ def test_a_409_race_is_resolved_by_replanning(api: KubernetesApi, emu: ApiServer
 
 def test_kubevirt_update_over_http(api: KubernetesApi, emu: ApiServerEmulator) -> None:
     stored = emu.seed(kubevirt_body("GRID T4-2Q", "NVIDIA A2-8Q", owned="NVIDIA A2-8Q"))
-    action = Action(
-        1,
-        ActionKind.KUBEVIRT_UPDATE,
-        "kubevirt/harvester-system/kubevirt",
-        "allow-list",
-        {
-            "namespace": "harvester-system",
-            "name": "kubevirt",
-            "resourceVersion": stored["metadata"]["resourceVersion"],
-            "add": [
-                {
-                    "mdevNameSelector": "NVIDIA A2-4Q",
-                    "resourceName": "nvidia.com/NVIDIA_A2-4Q",
-                    "externalResourceProvider": True,
-                }
-            ],
-            "remove": ["NVIDIA A2-8Q"],
-            "owned": ["NVIDIA A2-4Q"],
-        },
+    action = KubevirtUpdate(
+        seq=1,
+        target="kubevirt/harvester-system/kubevirt",
+        reason="allow-list",
+        namespace="harvester-system",
+        name="kubevirt",
+        resource_version=stored["metadata"]["resourceVersion"],
+        add=(MediatedDevice("NVIDIA A2-4Q", "nvidia.com/NVIDIA_A2-4Q"),),
+        remove=("NVIDIA A2-8Q",),
+        owned=("NVIDIA A2-4Q",),
     )
     emu.requests.clear()
     result = execute_cluster([action], api=api)

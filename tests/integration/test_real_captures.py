@@ -187,13 +187,12 @@ def test_a_one_vf_change_is_one_create(a2_host: list[str], tmp_path: Path) -> No
         {
             "seq": 1,
             "kind": "vgpu-create",
+            "phase": "host",
             "target": "0000:08:00.5",
-            "params": {
-                "gpu": PF,
-                "vfIndex": 1,
-                "type": "NVIDIA A2-4Q",
-                "uuid": new_uuid,
-            },
+            "gpu": PF,
+            "vfIndex": 1,
+            "type": "NVIDIA A2-4Q",
+            "uuid": new_uuid,
             "reason": "VF 0000:08:00.5 has no vGPU; desired NVIDIA A2-4Q",
         }
     ]
@@ -201,7 +200,7 @@ def test_a_one_vf_change_is_one_create(a2_host: list[str], tmp_path: Path) -> No
     assert plan["applyable"] is True
     refresh = [a for a in plan["actions"] if a["kind"] == "device-plugin-refresh"]
     assert [a["target"] for a in refresh] == ["nvidia.com/NVIDIA_A2-4Q"]
-    assert sorted(refresh[0]["params"]["devices"]) == sorted([CAPTURED[12][2], new_uuid])
+    assert sorted(refresh[0]["devices"]) == sorted([CAPTURED[12][2], new_uuid])
 
 
 def test_a_removal_names_the_captured_uuid(a2_host: list[str], tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from reconciler.desired import load_desired
-from reconciler.model import ActionKind, Plan
+from reconciler.model import Plan, VgpuRemove
 from reconciler.observe import observe_host
 from reconciler.plan import plan_node
 from reconciler.sim import SimHost, build_host
@@ -199,9 +199,7 @@ def run_case(case: Case, directory: Path) -> Result:
 
     # A VM holds some of the vGPUs this desired state would remove.
     removable = sorted(
-        str(a.params["uuid"])
-        for a in plan_in_process(node, desired_file).actions
-        if a.kind is ActionKind.VGPU_REMOVE
+        a.uuid for a in plan_in_process(node, desired_file).actions if isinstance(a, VgpuRemove)
     )
     for uuid in rng.sample(removable, min(case.holds, len(removable))):
         held_run = node.sim("hold", uuid)

@@ -52,7 +52,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
-from reconciler.model import ActionKind
+from reconciler.model import VgpuRemove
 from reconciler.sim import SimHost, build_host
 from tests import oracle
 from tests.holds import asked
@@ -331,9 +331,7 @@ class _Run:
         that blocks every change, it lets go of them one by one until a change is left to do
         (a reconcile to kill)."""
         removable = sorted(
-            str(a.params["uuid"])
-            for a in _host_actions(self.node, desired_file)
-            if a.kind is ActionKind.VGPU_REMOVE
+            a.uuid for a in _host_actions(self.node, desired_file) if isinstance(a, VgpuRemove)
         )
         holding = self.rng.sample(removable, min(self.case.holds, len(removable)))
         for uuid in holding:

@@ -92,9 +92,17 @@ def edit(planfile: Path, change: Callable[[dict[str, Any]], None]) -> None:
     planfile.write_text(json.dumps(doc, indent=2))
 
 
+#: The phase each kind runs in (plan format 2 writes it in every action).
+PHASES = {"vgpu-remove": "host", "sriov-disable": "host", "sriov-enable": "host",
+          "vgpu-create": "host", "cr-delete": "cluster", "kubevirt-update": "cluster"}  # fmt: skip
+
+
 def append(doc: dict[str, Any], *actions: dict[str, Any]) -> None:
     for action in actions:
-        doc["actions"].append({"seq": len(doc["actions"]) + 1, "reason": "edited in", **action})
+        doc["actions"].append(
+            {"seq": len(doc["actions"]) + 1, "phase": PHASES[action["kind"]],
+             "reason": "edited in", **action}
+        )  # fmt: skip
 
 
 def refused(res: Any, *fragments: str) -> None:
@@ -169,7 +177,7 @@ def test_an_appended_removal_of_a_vgpu_a_pod_holds_is_refused(tmp_path: Path) ->
 
     def unblock(doc: dict[str, Any]) -> None:
         blocked = next(b for b in doc["blocked"] if b["target"] == "0000:08:00.5")
-        append(doc, {k: blocked[k] for k in ("kind", "target", "params")})
+        append(doc, {k: v for k, v in blocked.items() if k != "reason"})
 
     edit(planfile, unblock)
     before = HostWatch(node)
@@ -195,10 +203,10 @@ def test_sriov_and_a_vgpu_on_a_gpu_the_desired_state_does_not_name_are_refused(
         lambda doc: append(
             doc,
             {"kind": "sriov-enable", "target": "0000:09:00.0",
-             "params": {"gpu": "0000:09:00.0", "numVFs": 16}},
+             "gpu": "0000:09:00.0", "numVFs": 16},
             {"kind": "vgpu-create", "target": "0000:09:00.4",
-             "params": {"gpu": "0000:09:00.0", "vfIndex": 0, "type": "NVIDIA A2-4Q",
-                        "uuid": "5adb8e42-c29a-5705-8ae0-584ba08668b0"}},
+             "gpu": "0000:09:00.0", "vfIndex": 0, "type": "NVIDIA A2-4Q",
+             "uuid": "5adb8e42-c29a-5705-8ae0-584ba08668b0"},
         ),
     )  # fmt: skip
     before = HostWatch(node)
@@ -211,7 +219,7 @@ def test_sriov_and_a_vgpu_on_a_gpu_the_desired_state_does_not_name_are_refused(
     before.assert_unchanged()
 
 
-def test_a_removal_on_an_unnamed_gpu_through_a_named_gpus_params_is_refused(
+def test_a_removal_on_an_unnamed_gpu_through_a_named_gpus_address_is_refused(
     tmp_path: Path,
 ) -> None:
     node = local_node(tmp_path, "A2@0000:08:00.0", "A2@0000:09:00.0")
@@ -232,8 +240,7 @@ def test_a_removal_on_an_unnamed_gpu_through_a_named_gpus_params_is_refused(
         lambda doc: append(
             doc,
             {"kind": "vgpu-remove", "target": "0000:09:00.4",
-             "params": {"gpu": "0000:08:00.0", "vfIndex": 0, "type": "NVIDIA A2-4Q",
-                        "uuid": victim}},
+             "gpu": "0000:08:00.0", "vfIndex": 0, "type": "NVIDIA A2-4Q", "uuid": victim},
         ),
     )  # fmt: skip
     before = HostWatch(node)
@@ -250,7 +257,7 @@ def test_sriov_manage_is_never_run_on_a_nic(tmp_path: Path) -> None:
     node.ok("plan", SEED, "--out", planfile)
     edit(
         planfile,
-        lambda doc: append(doc, {"kind": "sriov-disable", "target": nic, "params": {"gpu": nic}}),
+        lambda doc: append(doc, {"kind": "sriov-disable", "target": nic, "gpu": nic}),
     )
     before = HostWatch(node)
     refused(node.run("apply", planfile, "--yes"), f"only in {planfile}: sriov-disable {nic}")
@@ -305,7 +312,7 @@ def _set(path: str, value: Any) -> Callable[[str], str]:
 
 
 #: Each made vgpuctl fail badly before: an internal error (huge integer, deep nesting), the plan
-#: applied anyway (unknown formatVersion, an extra nested param), or a message that named no
+#: applied anyway (unknown formatVersion, an extra nested field), or a message that named no
 #: file and followed a printed plan, or spoke Python (wrong types).
 MALFORMED: dict[str, tuple[Callable[[str], str], str]] = {
     "huge integer": (
@@ -318,16 +325,16 @@ MALFORMED: dict[str, tuple[Callable[[str], str], str]] = {
         lambda text: text.replace('"notes": [', '"notes": [' + "[" * 10**5 + "]" * 10**5 + ",", 1),
         "nested more than",
     ),
-    "moderate nesting in params": (
-        _set("actions.0.params.extra", json.loads("[" * 80 + "]" * 80)),
+    "moderate nesting in an action": (
+        _set("actions.0.extra", json.loads("[" * 80 + "]" * 80)),
         "nested more than",
     ),
-    "unknown formatVersion": (_set("formatVersion", 2), "formatVersion is the number 2"),
+    "unknown formatVersion": (_set("formatVersion", 3), "formatVersion is the number 3"),
     "formatVersion true": (_set("formatVersion", True), "formatVersion is the boolean true"),
-    "an extra param": (_set("actions.0.params.force", True), "actions[0].params: unknown field"),
+    "an extra field": (_set("actions.0.force", True), "actions[0]: unknown field force"),
     "actions not a list": (_set("actions", {"seq": 1}), "actions: expected array"),
-    "params not an object": (_set("actions.0.params", [1]), "actions[0].params: expected object"),
-    "numVFs as text": (_set("actions.0.params.numVFs", "16"), "actions[0].params.numVFs"),
+    "an action not an object": (_set("actions.0", [1]), "actions[0]: expected object"),
+    "numVFs as text": (_set("actions.0.numVFs", "16"), "actions[0].numVFs"),
     "node not text": (_set("node", ["x"]), "node: expected string"),
 }
 
@@ -353,6 +360,34 @@ def test_a_malformed_plan_is_refused_in_one_line(tmp_path: Path, case: str) -> N
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and len(lines[0]) < 400, res.stderr
     assert res.stdout == ""
+    before.assert_unchanged()
+
+
+def _format_1(doc: dict[str, Any]) -> None:
+    """``doc`` as vgpuctl wrote plans before format 2: each action's own fields in ``params``."""
+    common = ("seq", "kind", "target", "reason")
+    for entries in (doc["actions"], doc["blocked"]):
+        entries[:] = [
+            {**{k: a[k] for k in common if k in a},
+             "params": {k: v for k, v in a.items() if k not in (*common, "phase")}}
+            for a in entries
+        ]  # fmt: skip
+    doc["formatVersion"] = 1
+
+
+def test_a_saved_plan_of_format_1_is_refused_in_one_line(tmp_path: Path) -> None:
+    node = local_node(tmp_path)
+    planfile = tmp_path / "plan.json"
+    node.ok("plan", SEED, "--out", planfile)
+    edit(planfile, _format_1)
+    assert '"params": {' in planfile.read_text()
+    before = HostWatch(node)
+    res = node.run("apply", planfile, "--yes")
+    refused(
+        res,
+        f"{planfile}: written by an older vgpuctl (plan format 1); run 'vgpuctl plan --out' again",
+    )
+    assert len(res.stderr.splitlines()) == 1, res.stderr
     before.assert_unchanged()
 
 
@@ -450,8 +485,8 @@ def test_a_delete_of_another_nodes_object_is_refused(
         lambda doc: append(
             doc,
             {"kind": "cr-delete", "target": f"{other}-000008004",
-             "params": {"kind": "VGPUDevice",
-                        "resourceVersion": stored["metadata"]["resourceVersion"]}},
+             "objectKind": "VGPUDevice",
+             "resourceVersion": stored["metadata"]["resourceVersion"]},
         ),
     )  # fmt: skip
     host, cluster = HostWatch(node), ClusterWatch(emu)
@@ -463,7 +498,7 @@ def test_a_delete_of_another_nodes_object_is_refused(
     cluster.assert_unchanged()
 
 
-def _kubevirt_update(doc: dict[str, Any], emu: ApiServerEmulator, **params: Any) -> None:
+def _kubevirt_update(doc: dict[str, Any], emu: ApiServerEmulator, **fields: Any) -> None:
     kv = emu.get_object(*KUBEVIRTS, "kubevirt", "harvester-system")
     assert kv is not None
     append(
@@ -471,13 +506,11 @@ def _kubevirt_update(doc: dict[str, Any], emu: ApiServerEmulator, **params: Any)
         {
             "kind": "kubevirt-update",
             "target": "kubevirt/harvester-system/kubevirt",
-            "params": {
-                "namespace": "harvester-system",
-                "name": "kubevirt",
-                "resourceVersion": kv["metadata"]["resourceVersion"],
-                "remove": [],
-                **params,
-            },
+            "namespace": "harvester-system",
+            "name": "kubevirt",
+            "resourceVersion": kv["metadata"]["resourceVersion"],
+            "remove": [],
+            **fields,
         },
     )
 
@@ -496,7 +529,7 @@ def _selectors(emu: ApiServerEmulator) -> list[str]:
         (
             {"mdevNameSelector": "NVIDIA A2-8Q", "resourceName": "nvidia.com/NVIDIA_A2-8Q",
              "externalResourceProvider": False},
-            "actions[0].params.add[0].externalResourceProvider",
+            "actions[0].add[0].externalResourceProvider",
         ),
         # Well-formed, but no fresh plan adds it or claims the foreign entry.
         (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,7 +24,15 @@ from reconciler.model import (
     ActionKind,
     ApplyError,
     Blocked,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
+    KubevirtUpdate,
+    MediatedDevice,
     PciAddress,
+    SriovEnable,
+    VgpuCreate,
+    VgpuRemove,
 )
 from reconciler.model.cluster import (
     KUBEVIRT_OWNED_ANNOTATION,
@@ -70,28 +79,20 @@ def intended(profile: str = "NVIDIA A2-4Q", uuid: str = "u-1") -> KubeObject:
     )
 
 
-def create(obj: KubeObject, seq: int = 1) -> Action:
-    return Action(
-        seq, ActionKind.CR_CREATE, obj.name, "missing", {"kind": obj.kind, "object": obj.to_json()}
-    )
+def create(obj: KubeObject, seq: int = 1) -> CrCreate:
+    return CrCreate(seq=seq, target=obj.name, reason="missing", object=obj)
 
 
-def update(obj: KubeObject, rv: str, *, spec: bool = True, status: bool = True) -> Action:
+def update(obj: KubeObject, rv: str, *, spec: bool = True, status: bool = True) -> CrUpdate:
     body = KubeObject(**{**_fields(obj), "resource_version": rv})
-    return Action(
-        2,
-        ActionKind.CR_UPDATE,
-        obj.name,
-        "differs",
-        {
-            "kind": obj.kind,
-            "resourceVersion": rv,
-            "object": body.to_json(),
-            "specChanged": spec,
-            "statusChanged": status,
-            "changes": [],
-            "drift": False,
-        },
+    return CrUpdate(
+        seq=2,
+        target=obj.name,
+        reason="differs",
+        resource_version=rv,
+        object=body,
+        spec_changed=spec,
+        status_changed=status,
     )
 
 
@@ -106,8 +107,25 @@ def _fields(obj: KubeObject) -> dict[str, Any]:
     }
 
 
-def delete(rv: str, name: str = NAME) -> Action:
-    return Action(3, ActionKind.CR_DELETE, name, "gone", {"kind": VGPU_KIND, "resourceVersion": rv})
+def host_action(kind: ActionKind, target: str) -> Any:
+    """A host action of ``kind`` on ``target`` (the cluster executor only skips these)."""
+    gpu = PciAddress.parse("0000:08:00.0")
+    common: dict[str, Any] = {"seq": 1, "target": target, "reason": "r", "gpu": gpu}
+    vgpu = {"vf_index": 0, "type_name": "NVIDIA A2-4Q", "uuid": "u"}
+    match kind:
+        case ActionKind.SRIOV_ENABLE:
+            return SriovEnable(**common, num_vfs=16)
+        case ActionKind.VGPU_CREATE:
+            return VgpuCreate(**common, **vgpu)
+        case ActionKind.VGPU_REMOVE:
+            return VgpuRemove(**common, **vgpu)
+        case ActionKind.CR_CREATE:
+            return create(intended())
+    raise AssertionError(kind)
+
+
+def delete(rv: str, name: str = NAME) -> CrDelete:
+    return CrDelete(seq=3, target=name, reason="gone", object_kind=VGPU_KIND, resource_version=rv)
 
 
 def simple_replan(want: KubeObject, current: KubeObject | None) -> Action | None:
@@ -358,7 +376,7 @@ def test_an_adopting_update_replans_over_another_controllers_object() -> None:
     planned = fake.put("vgpudevices", theirs)
     fake.put("vgpudevices", stored(fake))  # changed since the plan
     action = update(intended(), planned)
-    action = Action(2, action.kind, action.target, "adopt", {**action.params, "adopt": True})
+    action = replace(action, reason="adopt", adopt=True)
     result = execute_cluster([action], api=fake, replan=simple_replan)
     assert result.ok
     assert stored(fake)["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
@@ -392,7 +410,7 @@ def test_unreachable_server_fails_transient() -> None:
 
 
 def test_host_actions_are_skipped() -> None:
-    host = Action(1, ActionKind.VGPU_CREATE, "0000:08:00.4", "x", {"gpu": "0000:08:00.0"})
+    host = host_action(ActionKind.VGPU_CREATE, "0000:08:00.4")
     result = execute_cluster([host], api=FakeCluster())
     assert result.outcomes[0].status is OutcomeStatus.SKIPPED
     assert result.outcomes[0].message == SKIPPED_NOT_CLUSTER
@@ -402,16 +420,20 @@ def test_malformed_actions_write_nothing() -> None:
     fake = FakeCluster()
     bad = [
         create(intended()),
-        Action(2, ActionKind.CR_UPDATE, NAME, "x", {"kind": VGPU_KIND, "object": {}}),
-        Action(3, ActionKind.CR_DELETE, NAME, "x", {"kind": "Pod", "resourceVersion": "1"}),
-        Action(4, ActionKind.KUBEVIRT_UPDATE, "kubevirt/a/b", "x", {"namespace": "a"}),
+        update(intended(), ""),
+        replace(delete("1"), object_kind="Pod"),
+        KubevirtUpdate(
+            seq=4, target="kubevirt/a/b", reason="x", namespace="a", name="", resource_version=""
+        ),
+        replace(create(intended(), seq=5), target="n1-other"),
     ]
     with pytest.raises(ApplyError) as err:
         execute_cluster(bad, api=fake)
     assert [p.message for p in err.value.problems] == [
-        f"action 2 (cr-update {NAME}): params.resourceVersion must be a non-empty string",
-        f"action 3 (cr-delete {NAME}): params.kind must be one of SRIOVGPUDevice, VGPUDevice",
-        "action 4 (kubevirt-update kubevirt/a/b): params.name must be a non-empty string",
+        f"action 2 (cr-update {NAME}): resourceVersion must be a non-empty string",
+        f"action 3 (cr-delete {NAME}): objectKind must be one of SRIOVGPUDevice, VGPUDevice",
+        "action 4 (kubevirt-update kubevirt/a/b): name must be a non-empty string",
+        f"action 5 (cr-create n1-other): object is named '{NAME}', not 'n1-other'",
     ]
     assert fake.calls == []
 
@@ -461,20 +483,19 @@ def kubevirt_cr(entries: list[dict[str, Any]], owned: str) -> dict[str, Any]:
     }
 
 
-def kubevirt_update(rv: str, *, add: list[str], remove: list[str], owned: list[str]) -> Action:
-    return Action(
-        9,
-        ActionKind.KUBEVIRT_UPDATE,
-        "kubevirt/harvester-system/kubevirt",
-        "allow-list",
-        {
-            "namespace": "harvester-system",
-            "name": "kubevirt",
-            "resourceVersion": rv,
-            "add": [entry(s) for s in add],
-            "remove": remove,
-            "owned": owned,
-        },
+def kubevirt_update(
+    rv: str, *, add: list[str], remove: list[str], owned: list[str]
+) -> KubevirtUpdate:
+    return KubevirtUpdate(
+        seq=9,
+        target="kubevirt/harvester-system/kubevirt",
+        reason="allow-list",
+        namespace="harvester-system",
+        name="kubevirt",
+        resource_version=rv,
+        add=tuple(MediatedDevice(s, entry(s)["resourceName"]) for s in add),
+        remove=tuple(remove),
+        owned=tuple(owned),
     )
 
 
@@ -736,7 +757,7 @@ def test_allow_list_change_does_not_touch_its_input() -> None:
 
 def test_host_outcomes_and_blocks_become_events_on_our_objects() -> None:
     def outcome(kind: ActionKind, target: str, status: OutcomeStatus) -> Outcome:
-        return Outcome(Action(1, kind, target, "r", {}), status, f"{kind} {status}")
+        return Outcome(host_action(kind, target), status, f"{kind} {status}")
 
     events = Events()
     record_host_events(
@@ -749,7 +770,15 @@ def test_host_outcomes_and_blocks_become_events_on_our_objects() -> None:
         ],
         node=NODE,
         events=events,
-        blocked=[Blocked(ActionKind.VGPU_REMOVE, "0000:08:00.7", "in use by VM default/win11")],
+        blocked=[
+            Blocked(
+                replace(
+                    host_action(ActionKind.VGPU_REMOVE, "0000:08:00.7"),
+                    seq=0,
+                    reason="in use by VM default/win11",
+                )
+            )
+        ],
     )
     assert events.recorded == [
         ("SRIOVGPUDevice", "harvester-kgd9c-000008000", "SRIOVEnabled", "Normal"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,19 @@ from reconciler.apply import (
     SysfsDevice,
     execute,
 )
-from reconciler.model import Action, ActionKind, ApplyError, PciAddress, Plan
+from reconciler.model import (
+    Action,
+    ApplyError,
+    CrCreate,
+    DevicePluginRefresh,
+    PciAddress,
+    Plan,
+    SriovDisable,
+    SriovEnable,
+    VgpuCreate,
+    VgpuRemove,
+)
+from reconciler.model.cluster import KubeObject
 
 NODE = "n1"
 VF0, VF1, VF2 = (vf_address(i) for i in range(3))
@@ -64,32 +77,37 @@ class Host:
         )
 
 
-def _action(seq: int, kind: ActionKind, target: object, **params: Any) -> Action:
-    return Action(seq=seq, kind=kind, target=str(target), reason=f"because {seq}", params=params)
-
-
 def enable(seq: int = 1, num_vfs: int = 4) -> Action:
-    return _action(seq, ActionKind.SRIOV_ENABLE, GPU, gpu=str(GPU), numVFs=num_vfs)
+    return SriovEnable(seq=seq, target=str(GPU), reason=f"because {seq}", gpu=GPU, num_vfs=num_vfs)
 
 
 def disable(seq: int = 1) -> Action:
-    return _action(seq, ActionKind.SRIOV_DISABLE, GPU, gpu=str(GPU))
+    return SriovDisable(seq=seq, target=str(GPU), reason=f"because {seq}", gpu=GPU)
 
 
 def create(
     seq: int, vf: PciAddress, index: int, uuid: str, type_name: str = "NVIDIA A2-4Q"
-) -> Action:
-    return _action(
-        seq, ActionKind.VGPU_CREATE, vf, gpu=str(GPU), vfIndex=index, type=type_name, uuid=uuid
-    )
+) -> VgpuCreate:
+    return VgpuCreate(
+        seq=seq, target=str(vf), reason=f"because {seq}", gpu=GPU, vf_index=index,
+        type_name=type_name, uuid=uuid,
+    )  # fmt: skip
 
 
 def remove(
     seq: int, vf: PciAddress, index: int, uuid: str, type_name: str = "NVIDIA A2-4Q"
 ) -> Action:
-    return _action(
-        seq, ActionKind.VGPU_REMOVE, vf, gpu=str(GPU), vfIndex=index, type=type_name, uuid=uuid
-    )
+    return VgpuRemove(
+        seq=seq, target=str(vf), reason=f"because {seq}", gpu=GPU, vf_index=index,
+        type_name=type_name, uuid=uuid,
+    )  # fmt: skip
+
+
+def refresh(seq: int) -> Action:
+    return DevicePluginRefresh(
+        seq=seq, target="nvidia.com/NVIDIA_A2-4Q", reason=f"because {seq}",
+        resource="nvidia.com/NVIDIA_A2-4Q", type_name="NVIDIA A2-4Q",
+    )  # fmt: skip
 
 
 def statuses(result: ApplyResult) -> list[tuple[int, str, str]]:
@@ -385,7 +403,10 @@ def test_the_run_stops_at_the_first_failure(tmp_path: Path) -> None:
 
 def test_non_host_actions_are_skipped_and_the_run_goes_on(tmp_path: Path) -> None:
     host = Host(tmp_path)
-    cr = _action(2, ActionKind.CR_CREATE, "n1-000008004", spec={"address": "0000:08:00.4"})
+    cr = CrCreate(
+        seq=2, target="n1-000008004", reason="r",
+        object=KubeObject("VGPUDevice", "n1-000008004", spec={"address": "0000:08:00.4"}),
+    )  # fmt: skip
     result = host.apply(enable(1), cr, create(3, VF0, 0, UUID_A))
     assert [(o.action.seq, o.status) for o in result.outcomes] == [
         (1, OutcomeStatus.DONE),
@@ -397,31 +418,24 @@ def test_non_host_actions_are_skipped_and_the_run_goes_on(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    ("params", "problem"),
+    ("fields", "target", "problem"),
     [
-        (
-            {"gpu": str(GPU), "type": "NVIDIA A2-4Q", "uuid": UUID_A},
-            "params.vfIndex must be an integer",
-        ),
-        (
-            {"gpu": str(GPU), "vfIndex": True, "type": "NVIDIA A2-4Q", "uuid": UUID_A},
-            "params.vfIndex must be an integer",
-        ),
-        ({"gpu": "08:00.0", "vfIndex": 0, "type": "NVIDIA A2-4Q", "uuid": UUID_A}, "params.gpu"),
-        ({"gpu": str(GPU), "vfIndex": 0, "uuid": UUID_A}, "params.type must be a string"),
-        ({"gpu": str(GPU), "vfIndex": 0, "type": "", "uuid": UUID_A}, "params.type must be"),
+        ({"vf_index": -1}, str(VF0), "vfIndex must not be negative"),
+        ({}, "08:00.4", "target: invalid PCI address '08:00.4'"),
+        ({"type_name": ""}, str(VF0), "type must not be empty"),
+        ({"uuid": ""}, str(VF0), "uuid must not be empty"),
     ],
 )
-def test_malformed_params_fail_before_anything_runs(
-    tmp_path: Path, params: Mapping[str, Any], problem: str
+def test_malformed_actions_fail_before_anything_runs(
+    tmp_path: Path, fields: Mapping[str, Any], target: str, problem: str
 ) -> None:
     host = Host(tmp_path)
-    bad = Action(seq=2, kind=ActionKind.VGPU_CREATE, target=str(VF0), reason="r", params=params)
+    bad = replace(create(2, VF0, 0, UUID_A), target=target, **fields)
     with pytest.raises(ApplyError) as info:
         host.apply(enable(1), bad)
     assert "nothing was applied" in info.value.message
     (only,) = info.value.problems
-    assert only.message.startswith(f"action 2 (vgpu-create 0000:08:00.4): {problem}")
+    assert only.message.startswith(f"action 2 (vgpu-create {target}): {problem}")
     assert host.sriov.calls == []
     assert host.journal.records() == []
 
@@ -468,7 +482,7 @@ def test_the_run_is_journaled_intent_then_outcome(tmp_path: Path) -> None:
     host.kernel.held.add(UUID_A)
     result = host.apply(
         enable(1),
-        _action(2, ActionKind.DEVICE_PLUGIN_REFRESH, "nvidia.com/NVIDIA_A2-4Q"),
+        refresh(2),
         create(3, VF1, 1, UUID_B),
         remove(4, VF0, 0, UUID_A),
         create(5, VF2, 2, UUID_C),

@@ -32,7 +32,23 @@ from reconciler.apply.errors import MandateError
 from reconciler.apply.mandate import ClusterMandate, HostMandate, InUse
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
-from reconciler.model import Action, ActionKind, DesiredNode, Inventory, PciAddress, Plan
+from reconciler.model import (
+    Action,
+    ActionKind,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
+    DesiredNode,
+    Inventory,
+    KubevirtUpdate,
+    MediatedDevice,
+    PciAddress,
+    Plan,
+    SriovDisable,
+    SriovEnable,
+    VgpuCreate,
+    VgpuRemove,
+)
 from reconciler.model.cluster import ClusterState, KubeObject
 from reconciler.plan import plan_node
 from tests.doubles.cluster import FakeCluster
@@ -85,25 +101,21 @@ class Host:
         )
 
 
-def _action(seq: int, kind: ActionKind, target: object, **params: Any) -> Action:
-    return Action(seq=seq, kind=kind, target=str(target), reason="planned", params=params)
-
-
 def enable(seq: int = 1) -> Action:
-    return _action(seq, ActionKind.SRIOV_ENABLE, GPU, gpu=str(GPU), numVFs=4)
+    return SriovEnable(seq=seq, target=str(GPU), reason="planned", gpu=GPU, num_vfs=4)
 
 
 def create(seq: int, vf: PciAddress, index: int, uuid: str) -> Action:
-    return _action(
-        seq, ActionKind.VGPU_CREATE, vf, gpu=str(GPU), vfIndex=index, type="NVIDIA A2-4Q",
-        uuid=uuid,
+    return VgpuCreate(
+        seq=seq, target=str(vf), reason="planned", gpu=GPU, vf_index=index,
+        type_name="NVIDIA A2-4Q", uuid=uuid,
     )  # fmt: skip
 
 
 def remove(seq: int, vf: PciAddress, index: int, uuid: str) -> Action:
-    return _action(
-        seq, ActionKind.VGPU_REMOVE, vf, gpu=str(GPU), vfIndex=index, type="NVIDIA A2-4Q",
-        uuid=uuid,
+    return VgpuRemove(
+        seq=seq, target=str(vf), reason="planned", gpu=GPU, vf_index=index,
+        type_name="NVIDIA A2-4Q", uuid=uuid,
     )  # fmt: skip
 
 
@@ -196,7 +208,7 @@ def test_a_vgpu_nobody_uses_is_removed_under_a_mandate(tmp_path: Path) -> None:
 def test_a_removal_on_a_vf_the_named_gpu_does_not_have_is_refused(tmp_path: Path) -> None:
     host = Host(tmp_path)
     assert host.apply(enable(1), create(2, VF0, 0, UUID_A), mandate=None).ok
-    # Another GPU's VF, hosting a vGPU the driver finds there, named with our GPU's params.
+    # Another GPU's VF, hosting a vGPU the driver finds there, named with our GPU's address.
     foreign = PciAddress.parse("0000:41:00.4")
     (host.kernel.bus / str(foreign)).mkdir()
     (host.kernel.root / f"bus/pci/devices/{foreign}").symlink_to(host.kernel.bus / str(foreign))
@@ -243,8 +255,8 @@ def test_every_plan_the_planner_makes_is_within_its_mandate(name: str) -> None:
     plan, managed, cluster, inventory, adopt = _case(name)
     hosts = host_mandate(managed=managed, nvidia=frozenset(g.address for g in inventory.gpus))
     for action in plan.actions:
-        if action.kind.is_host:
-            hosts.check_target(action, PciAddress.parse(str(action.params["gpu"])))
+        if isinstance(action, VgpuRemove | SriovDisable | SriovEnable | VgpuCreate):
+            hosts.check_target(action, action.gpu)
     if cluster is not None:
         ClusterMandate.observed(cluster, managed=managed, adopt=adopt).check(plan.actions)
 
@@ -261,14 +273,11 @@ def _first(plan: Plan, kind: ActionKind) -> Action:
     return next(a for a in plan.actions if a.kind is kind)
 
 
-def _edited(action: Action, **params: Any) -> Action:
-    return replace(action, params={**action.params, **params})
-
-
 def _body(action: Action, change: Callable[[dict[str, Any]], None]) -> Action:
-    body = json.loads(json.dumps(dict(action.params["object"])))
+    assert isinstance(action, CrCreate | CrUpdate)
+    body = action.object.to_json()
     change(body)
-    return _edited(action, object=body)
+    return replace(action, object=KubeObject.from_json(body))
 
 
 def _refused(mandate: ClusterMandate, action: Action, words: str) -> None:
@@ -282,15 +291,16 @@ def test_a_delete_of_an_object_not_observed_on_this_node_is_refused() -> None:
     assert cluster is not None
     mandate = ClusterMandate.observed(cluster, managed=managed, adopt=False)
     delete = _first(plan, ActionKind.CR_DELETE)
+    assert isinstance(delete, CrDelete)
     mandate.check([delete])
     _refused(
         mandate,
         replace(delete, target="gpu-node-2-000008004"),
-        f"no {delete.params['kind']} of that name was observed for node {cluster.node}",
+        f"no {delete.object_kind} of that name was observed for node {cluster.node}",
     )
     _refused(
         mandate,
-        _edited(delete, resourceVersion="1"),
+        replace(delete, resource_version="1"),
         "it was planned from resourceVersion 1",
     )
 
@@ -298,16 +308,16 @@ def test_a_delete_of_an_object_not_observed_on_this_node_is_refused() -> None:
 def test_another_controllers_object_is_deleted_never_and_updated_only_when_adopted() -> None:
     plan, managed, cluster, _, _ = _case("cluster-foreign-adopt")
     assert cluster is not None
-    update = next(a for a in plan.actions if a.params.get("adopt") is True)
+    update = next(a for a in plan.actions if isinstance(a, CrUpdate) and a.adopt)
     ClusterMandate.observed(cluster, managed=managed, adopt=True).check([update])
     _refused(
         ClusterMandate.observed(cluster, managed=managed, adopt=False),
         update,
         "is managed by",
     )
-    delete = Action(
-        seq=update.seq, kind=ActionKind.CR_DELETE, target=update.target, reason="edited",
-        params={"kind": update.params["kind"], "resourceVersion": update.params["resourceVersion"]},
+    delete = CrDelete(
+        seq=update.seq, target=update.target, reason="edited", object_kind=update.object.kind,
+        resource_version=update.resource_version,
     )  # fmt: skip
     _refused(
         ClusterMandate.observed(cluster, managed=managed, adopt=True),
@@ -349,7 +359,7 @@ def test_objects_are_written_only_for_gpus_the_desired_state_names() -> None:
     _refused(mandate, _first(plan, ActionKind.CR_CREATE), "which the desired state does not name")
 
 
-def _kubevirt_case() -> tuple[Action, ClusterMandate]:
+def _kubevirt_case() -> tuple[KubevirtUpdate, ClusterMandate]:
     plan, managed, cluster, _, _ = _case("cluster-seed-fresh")
     assert cluster is not None and cluster.kubevirt is not None
     # Someone else's entry in the allow-list, besides whatever the case has.
@@ -361,43 +371,40 @@ def _kubevirt_case() -> tuple[Action, ClusterMandate]:
         replace(cluster, kubevirt=kubevirt), managed=managed, adopt=False
     )
     update = _first(plan, ActionKind.KUBEVIRT_UPDATE)
+    assert isinstance(update, KubevirtUpdate)
     mandate.check([update])
     return update, mandate
 
 
 def test_a_kubevirt_entry_must_be_the_one_vgpuctl_writes() -> None:
     update, mandate = _kubevirt_case()
-    entry = dict(update.params["add"][0])
+    # An entry without externalResourceProvider: true cannot be an action at all: the codec
+    # refuses it in a saved plan (test_plan_codec, tests/security/test_saved_plans).
+    entry = update.add[0]
     _refused(
         mandate,
-        _edited(update, add=[{**entry, "externalResourceProvider": False}]),
-        '"externalResourceProvider": false',
+        replace(update, add=(replace(entry, resource_name="x/y"),)),
+        '{"externalResourceProvider": true, "mdevNameSelector": "NVIDIA A2-4A", "resource…'
+        " (rule: vgpuctl adds only",
     )
     _refused(
         mandate,
-        _edited(update, add=[{**entry, "externalResourceProvider": 1}]),
-        "vgpuctl adds only",
-    )
-    _refused(mandate, _edited(update, add=[{**entry, "resourceName": "x/y"}]), "vgpuctl adds only")
-    _refused(
-        mandate,
-        _edited(update, add=[{**entry, "mdevNameSelector": "GRID T4-2Q",
-                              "resourceName": "nvidia.com/GRID_T4-2Q"}]),
+        replace(update, add=(MediatedDevice("GRID T4-2Q", "nvidia.com/GRID_T4-2Q"),)),
         "the allow-list already has an entry for GRID T4-2Q",
-    )  # fmt: skip
+    )
 
 
 def test_kubevirt_entries_vgpuctl_did_not_add_are_never_claimed_or_removed() -> None:
     update, mandate = _kubevirt_case()
     _refused(
         mandate,
-        _edited(update, owned=[*update.params["owned"], "GRID T4-2Q"]),
+        replace(update, owned=(*update.owned, "GRID T4-2Q")),
         "it claims GRID T4-2Q as vgpuctl's",
     )
-    _refused(mandate, _edited(update, remove=["GRID T4-2Q"]), "it removes GRID T4-2Q")
+    _refused(mandate, replace(update, remove=("GRID T4-2Q",)), "it removes GRID T4-2Q")
     _refused(
         mandate,
-        replace(_edited(update, namespace="kube-system"), target="kubevirt/kube-system/kubevirt"),
+        replace(update, namespace="kube-system", target="kubevirt/kube-system/kubevirt"),
         "the KubeVirt CR observed is",
     )
 
@@ -420,10 +427,9 @@ def test_a_cluster_mandate_without_an_observed_cluster_allows_no_write() -> None
     empty = ClusterMandate(node=cluster.node, managed=managed)
     _refused(empty, _first(plan, ActionKind.KUBEVIRT_UPDATE), "no KubeVirt CR was observed")
     stored = KubeObject(kind="VGPUDevice", name=f"{cluster.node}-000008004", resource_version="5")
-    delete = Action(
-        seq=1, kind=ActionKind.CR_DELETE, target=stored.name, reason="edited",
-        params={"kind": "VGPUDevice", "resourceVersion": "5"},
-    )  # fmt: skip
+    delete = CrDelete(
+        seq=1, target=stored.name, reason="edited", object_kind="VGPUDevice", resource_version="5"
+    )
     _refused(empty, delete, "no VGPUDevice of that name was observed")
 
 
@@ -480,9 +486,10 @@ class Engine:
     def with_removal(self, planned: Any, vf: PciAddress) -> Any:
         """``planned`` with one more action: removing the vGPU on ``vf`` (an edited plan)."""
         uuid = self.vgpu(vf)
-        action = _action(
-            len(planned.plan.actions) + 1, ActionKind.VGPU_REMOVE, vf, gpu="0000:08:00.0",
-            vfIndex=1, type="NVIDIA A2-4Q", uuid=uuid,
+        assert uuid is not None
+        action = VgpuRemove(
+            seq=len(planned.plan.actions) + 1, target=str(vf), reason="planned",
+            gpu=PciAddress.parse("0000:08:00.0"), vf_index=1, type_name="NVIDIA A2-4Q", uuid=uuid,
         )  # fmt: skip
         return replace(planned, plan=replace(planned.plan, actions=(action,)))
 

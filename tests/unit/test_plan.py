@@ -23,7 +23,9 @@ from reconciler.model import (
     Plan,
     PlanError,
     Vf,
+    VgpuCreate,
 )
+from reconciler.model.plan_json import plan_to_json
 from reconciler.plan import VGPU_UUID_NAMESPACE, plan_node, vgpu_uuid
 from reconciler.plan.assign import assign_counts
 from tests.gpus import A2, A2_B, A2_C, CATALOG, NODE, a2, card, want
@@ -42,7 +44,7 @@ def problems(*gpus: DesiredGpu, host: tuple[Gpu, ...]) -> list[str]:
 def _unfingerprinted(p: Plan) -> dict[str, object]:
     # The fingerprint digests the inventory as given, VF order included; observe and
     # Inventory.from_json always give index order, so only the rest must not depend on it.
-    doc = p.to_json()
+    doc = plan_to_json(p)
     doc.pop("observedFingerprint")
     return doc
 
@@ -66,14 +68,15 @@ def test_a_recreated_vgpu_gets_the_uuid_it_had() -> None:
     # After a reboot the VF is back without its mdev: the create carries the same UUID.
     rebooted = plan(want(vgpus={0: "A2-4Q"}), host=(a2(),))
     again = next(a for a in rebooted.actions if a.kind is ActionKind.VGPU_CREATE)
-    assert again.params["uuid"] == first.params["uuid"]
-    assert first.params["uuid"] == vgpu_uuid(NODE, PciAddress.parse("0000:08:00.4"))
+    assert isinstance(first, VgpuCreate) and isinstance(again, VgpuCreate)
+    assert again.uuid == first.uuid
+    assert first.uuid == vgpu_uuid(NODE, PciAddress.parse("0000:08:00.4"))
 
 
 def test_uuids_differ_per_node_and_per_vf() -> None:
     one = plan(want(vgpus={0: "A2-4Q", 1: "A2-4Q"}), host=(a2(),), node="n1")
     two = plan(want(vgpus={0: "A2-4Q", 1: "A2-4Q"}), host=(a2(),), node="n2")
-    uuids = {a.params["uuid"] for p in (one, two) for a in p.actions if a.kind.is_host}
+    uuids = {a.uuid for p in (one, two) for a in p.actions if isinstance(a, VgpuCreate)}
     assert len(uuids) == 4
 
 
@@ -261,9 +264,9 @@ def test_a_replacement_whose_create_must_wait_is_a_plain_remove() -> None:
         "0000:08:00.4",
         False,
     )
-    assert [(b.kind, b.target, dict(b.params).get("replaces")) for b in p.blocked] == [
-        (ActionKind.VGPU_REMOVE, "0000:08:00.5", None),
-        (ActionKind.VGPU_CREATE, "0000:08:00.4", None),
+    assert [(b.kind, b.target, b.action.is_replacement) for b in p.blocked] == [
+        (ActionKind.VGPU_REMOVE, "0000:08:00.5", False),
+        (ActionKind.VGPU_CREATE, "0000:08:00.4", False),
     ]
     assert p.summary.to_json() == {"create": 0, "change": 0, "remove": 1, "blocked": 2}
 

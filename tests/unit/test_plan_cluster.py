@@ -16,6 +16,8 @@ from reconciler.catalog import default_catalog
 from reconciler.model import (
     VGPU,
     ActionKind,
+    CrDelete,
+    CrUpdate,
     DesiredGpu,
     DesiredNode,
     Gpu,
@@ -29,6 +31,7 @@ from reconciler.model import (
     VGPUType,
 )
 from reconciler.model.cluster import ClusterState, DeviceUse, KubeObject, KubeVirtConfig
+from reconciler.model.plan_json import action_to_json, plan_from_json, plan_to_json
 from reconciler.plan import plan_node
 from reconciler.plan.cluster import KUBEVIRT_MISSING
 from reconciler.plan.planner import NO_CLUSTER
@@ -174,7 +177,7 @@ def test_a_running_vmi_with_unknown_allocation_holds_every_vgpu_of_its_profile()
 def _kubevirt_update(plan: Plan) -> Mapping[str, Any]:
     (action,) = [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_UPDATE]
     assert action.target == "kubevirt/kubevirt/kubevirt"
-    return action.params
+    return action_to_json(action)
 
 
 def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones() -> None:
@@ -189,16 +192,16 @@ def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones
         kubevirt=kubevirt,
         profiles_elsewhere=frozenset({"NVIDIA L4-6Q", "NVIDIA A2-8Q"}),
     )
-    params = _kubevirt_update(
+    fields = _kubevirt_update(
         plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
     )
-    assert params["add"] == [_entry("NVIDIA A2-4Q")]
+    assert fields["add"] == [_entry("NVIDIA A2-4Q")]
     # A2-2B was ours and is configured nowhere; A2-8Q is not ours (kept although configured
     # elsewhere only); L4-6Q is ours and still configured on another node; A2-1B was ours but
     # someone removed its entry: forgotten.
-    assert params["remove"] == ["NVIDIA A2-2B"]
-    assert params["owned"] == ["NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA L4-6Q"]
-    assert (params["namespace"], params["name"], params["resourceVersion"]) == (
+    assert fields["remove"] == ["NVIDIA A2-2B"]
+    assert fields["owned"] == ["NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA L4-6Q"]
+    assert (fields["namespace"], fields["name"], fields["resourceVersion"]) == (
         "kubevirt",
         "kubevirt",
         "5",
@@ -255,7 +258,13 @@ def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_delet
         assert [(a.kind, a.target, a.reason) for a in plan.actions] == [
             (ActionKind.CR_DELETE, "n1-00000a000", "GPU 0000:0a:00.0 is not in the desired state")
         ]
-        assert plan.actions[0].params == {"kind": "SRIOVGPUDevice", "resourceVersion": "3"}
+        assert plan.actions[0] == CrDelete(
+            seq=1,
+            target="n1-00000a000",
+            reason="GPU 0000:0a:00.0 is not in the desired state",
+            object_kind="SRIOVGPUDevice",
+            resource_version="3",
+        )
         noop = next(n for n in plan.noops if n.target == theirs.name)
         assert noop.reason == (
             "managed by another controller; GPU 0000:09:00.0 is not in the desired state: "
@@ -312,7 +321,7 @@ def test_summary_counts_cluster_actions_by_kind() -> None:
     assert [c.to_json() for c in drift.changes] == [
         {"path": "spec.enabled", "from": True, "to": False}
     ]
-    assert [a.params["drift"] for a in plan.actions if a.kind is ActionKind.CR_UPDATE] == [
+    assert [a.drift for a in plan.actions if isinstance(a, CrUpdate)] == [
         True,
         False,
     ]
@@ -320,9 +329,9 @@ def test_summary_counts_cluster_actions_by_kind() -> None:
 
 def test_a_cluster_plan_round_trips_through_json_and_matches_the_schema() -> None:
     plan = _busy_plan()
-    raw = json.loads(json.dumps(plan.to_json()))
-    assert Plan.from_json(raw).to_json() == raw
-    assert Plan.from_json(raw).drift == plan.drift
+    raw = json.loads(json.dumps(plan_to_json(plan)))
+    assert plan_to_json(plan_from_json(raw)) == raw
+    assert plan_from_json(raw) == plan
     VALIDATOR.validate(raw)
     assert raw["drift"][0]["changes"][0]["path"] == "spec.enabled"
 
@@ -350,16 +359,17 @@ def _drop(path: tuple[Any, ...]) -> Callable[[dict[str, Any]], None]:
 @pytest.mark.parametrize(
     "damage",
     [
-        pytest.param(_set(("actions", 0, "params", "kind"), "Pod"), id="cr kind"),
-        pytest.param(_drop(("actions", 0, "params", "object")), id="create without object"),
+        pytest.param(_set(("actions", 0, "object", "kind"), "Pod"), id="cr kind"),
+        pytest.param(_drop(("actions", 0, "object")), id="create without object"),
         pytest.param(_set(("actions", 0, "target"), "N1_000008006"), id="object name"),
-        pytest.param(_drop(("actions", 1, "params", "resourceVersion")), id="update rv"),
-        pytest.param(_set(("actions", 1, "params", "drift"), "yes"), id="drift flag"),
-        pytest.param(_set(("actions", 1, "params", "changes", 0, "op"), "x"), id="change field"),
-        pytest.param(_drop(("actions", 3, "params", "resourceVersion")), id="delete rv"),
+        pytest.param(_drop(("actions", 1, "resourceVersion")), id="update rv"),
+        pytest.param(_set(("actions", 1, "drift"), "yes"), id="drift flag"),
+        pytest.param(_set(("actions", 1, "changes", 0, "op"), "x"), id="change field"),
+        pytest.param(_drop(("actions", 3, "resourceVersion")), id="delete rv"),
+        pytest.param(_set(("actions", 3, "objectKind"), "Pod"), id="delete kind"),
         pytest.param(_set(("actions", 4, "target"), "kubevirt"), id="kubevirt target"),
         pytest.param(
-            _set(("actions", 4, "params", "add", 0, "externalResourceProvider"), False),
+            _set(("actions", 4, "add", 0, "externalResourceProvider"), False),
             id="external provider",
         ),
         pytest.param(_set(("drift", 0, "changes"), []), id="drift without changes"),
@@ -369,7 +379,7 @@ def _drop(path: tuple[Any, ...]) -> Callable[[dict[str, Any]], None]:
 def test_the_schema_rejects_malformed_cluster_actions(
     damage: Callable[[dict[str, Any]], None],
 ) -> None:
-    raw = json.loads(json.dumps(_busy_plan().to_json()))
+    raw = json.loads(json.dumps(plan_to_json(_busy_plan())))
     VALIDATOR.validate(raw)
     damage(raw)
     assert not VALIDATOR.is_valid(raw)

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from reconciler.model import ActionKind
+from reconciler.model import ActionKind, CrUpdate
 from reconciler.model.cluster import KubeObject
 from reconciler.model.plan import FieldChange
+from reconciler.model.plan_json import action_to_json
 from reconciler.plan.changes import format_path, section_changes
 from reconciler.plan.cluster import replan_object
 from reconciler.plan.render import LAST_APPLIED_ANNOTATION, canonical_json
@@ -103,8 +104,8 @@ def test_replan_of_a_deleted_object_creates_it() -> None:
         ActionKind.CR_CREATE,
         "harvester-kgd9c-000008005",
     )
-    assert action.params["object"]["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
-    assert "resourceVersion" not in action.params["object"]["metadata"]
+    assert action_to_json(action)["object"]["spec"]["vGPUTypeName"] == "NVIDIA A2-4Q"
+    assert "resourceVersion" not in action_to_json(action)["object"]["metadata"]
 
 
 def test_replan_when_someone_else_already_made_the_change_is_nothing() -> None:
@@ -112,7 +113,7 @@ def test_replan_when_someone_else_already_made_the_change_is_nothing() -> None:
 
 
 def test_replan_updates_from_the_version_just_read_and_keeps_foreign_metadata() -> None:
-    intended = replace(_vf(), resource_version="41")  # the plan's params.object
+    intended = replace(_vf(), resource_version="41")  # the plan's object
     current = replace(
         _vf(vGPUTypeName="NVIDIA A2-4A"),
         resource_version="42",
@@ -121,17 +122,17 @@ def test_replan_updates_from_the_version_just_read_and_keeps_foreign_metadata() 
     )
     action = replan_object(intended, current, seq=3)
     assert action is not None and action.kind is ActionKind.CR_UPDATE
-    params = action.params
-    assert params["resourceVersion"] == "42"
-    assert params["object"]["metadata"]["resourceVersion"] == "42"
-    assert params["object"]["metadata"]["labels"]["team"] == "vdi"
-    assert params["object"]["metadata"]["annotations"]["note"] == "keep"
-    assert params["object"]["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] == canonical_json(
+    fields = action_to_json(action)
+    assert fields["resourceVersion"] == "42"
+    assert fields["object"]["metadata"]["resourceVersion"] == "42"
+    assert fields["object"]["metadata"]["labels"]["team"] == "vdi"
+    assert fields["object"]["metadata"]["annotations"]["note"] == "keep"
+    assert fields["object"]["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] == canonical_json(
         dict(intended.spec)
     )
-    assert params["specChanged"] is True and params["statusChanged"] is False
-    assert params["drift"] is False  # annotated as written: a desired change, not a hand edit
-    assert params["changes"] == [
+    assert fields["specChanged"] is True and fields["statusChanged"] is False
+    assert fields["drift"] is False  # annotated as written: a desired change, not a hand edit
+    assert fields["changes"] == [
         {"path": "spec.vGPUTypeName", "from": "NVIDIA A2-4A", "to": "NVIDIA A2-4Q"}
     ]
 
@@ -139,7 +140,7 @@ def test_replan_updates_from_the_version_just_read_and_keeps_foreign_metadata() 
 def test_replan_of_a_hand_edited_object_flags_drift() -> None:
     edited = replace(_vf(), spec={**_vf().spec, "enabled": False}, resource_version="9")
     action = replan_object(_vf(), edited)
-    assert action is not None and action.params["drift"] is True
+    assert action is not None and action_to_json(action)["drift"] is True
     assert "changed outside vgpuctl" in action.reason
 
 
@@ -147,10 +148,10 @@ def test_replan_leaves_another_controllers_object_alone_unless_adopted() -> None
     theirs = replace(_vf(vGPUTypeName="NVIDIA A2-4A"), labels={"nodename": NODE}, annotations={})
     assert replan_object(_vf(), theirs) is None
     adopted = replan_object(_vf(), theirs, adopt=True)
-    assert adopted is not None and adopted.params["adopt"] is True
-    assert "finalizers" not in adopted.params["object"]["metadata"]
-    assert adopted.params["drift"] is False  # nothing vgpuctl wrote to compare with
-    assert {c["path"] for c in adopted.params["changes"]} == {
+    assert adopted is not None and action_to_json(adopted)["adopt"] is True
+    assert "finalizers" not in action_to_json(adopted)["object"]["metadata"]
+    assert action_to_json(adopted)["drift"] is False  # nothing vgpuctl wrote to compare with
+    assert {c["path"] for c in action_to_json(adopted)["changes"]} == {
         'metadata.labels["harvesterhci.io/parentSRIOVGPUDevice"]',
         'metadata.labels["app.kubernetes.io/managed-by"]',
         "spec.vGPUTypeName",
@@ -160,8 +161,8 @@ def test_replan_leaves_another_controllers_object_alone_unless_adopted() -> None
 def test_status_only_changes_touch_only_the_status() -> None:
     current = replace(_vf(), status={**_vf().status, "uuid": "old"}, resource_version="5")
     action = replan_object(_vf(), current)
-    assert action is not None
-    assert (action.params["specChanged"], action.params["statusChanged"]) == (False, True)
+    assert isinstance(action, CrUpdate)
+    assert (action.spec_changed, action.status_changed) == (False, True)
     assert action.reason.endswith("status differs from the host")
 
 
@@ -186,11 +187,11 @@ def test_an_update_carries_over_finalizers_and_owner_references() -> None:
     }
     adopted = replan_object(_vf(), theirs, adopt=True)
     assert adopted is not None
-    metadata = adopted.params["object"]["metadata"]
+    metadata = action_to_json(adopted)["object"]["metadata"]
     assert metadata["finalizers"] == ["wrangler.cattle.io/vgpu-device"]
     assert metadata["ownerReferences"] == owners
     assert metadata["ownerReferences"] is not owners  # a copy: the plan is plain JSON
     # Nothing to retain on an object that has none (no empty lists written).
     mine = replan_object(_vf(), replace(_vf(vGPUTypeName="NVIDIA A2-4A"), resource_version="3"))
     assert mine is not None
-    assert "finalizers" not in mine.params["object"]["metadata"]
+    assert "finalizers" not in action_to_json(mine)["object"]["metadata"]

@@ -15,14 +15,18 @@ from reconciler.catalog import default_catalog
 from reconciler.model import (
     VGPU,
     Action,
-    ActionKind,
+    CrCreate,
     DesiredGpu,
     DesiredNode,
     Gpu,
     Interface,
     Inventory,
     PciAddress,
+    SriovDisable,
+    SriovEnable,
     Vf,
+    VgpuCreate,
+    VgpuRemove,
     VGPUType,
 )
 from reconciler.model.cluster import ClusterState
@@ -53,17 +57,16 @@ def _a2_off() -> Gpu:
     )
 
 
-def _action(kind: ActionKind, target: str, **params: Any) -> Action:
-    return Action(seq=1, kind=kind, target=target, reason="test", params={"gpu": str(A2), **params})
-
-
 def _enable() -> Action:
-    return _action(ActionKind.SRIOV_ENABLE, str(A2), numVFs=16)
+    return SriovEnable(seq=1, target=str(A2), reason="test", gpu=A2, num_vfs=16)
 
 
 def _create(index: int, profile: str) -> Action:
     address = str(_a2_off().predicted_vf_address(index))
-    return _action(ActionKind.VGPU_CREATE, address, vfIndex=index, type=profile, uuid=f"u{index}")
+    return VgpuCreate(
+        seq=1, target=address, reason="test", gpu=A2, vf_index=index, type_name=profile,
+        uuid=f"u{index}",
+    )  # fmt: skip
 
 
 def _creatable(inventory: Inventory) -> dict[int, frozenset[str]]:
@@ -107,9 +110,10 @@ def test_at_the_sizes_maximum_nothing_more_is_creatable_and_a_removal_reopens_it
     assert set(_creatable(full).values()) == {frozenset()}
     gpu = full.gpu(A2)
     assert gpu is not None
-    remove = _action(
-        ActionKind.VGPU_REMOVE, str(gpu.vfs[2].address), vfIndex=2, type="NVIDIA A2-4A", uuid="u2"
-    )
+    remove = VgpuRemove(
+        seq=1, target=str(gpu.vfs[2].address), reason="test", gpu=A2, vf_index=2,
+        type_name="NVIDIA A2-4A", uuid="u2",
+    )  # fmt: skip
     freed = predict_inventory(full, [remove], catalog=CATALOG)
     creatable = _creatable(freed)
     assert creatable[2] == FOUR_GB and creatable[4] == FOUR_GB and creatable[0] == frozenset()
@@ -117,7 +121,8 @@ def test_at_the_sizes_maximum_nothing_more_is_creatable_and_a_removal_reopens_it
 
 def test_disabling_takes_the_vfs_and_types_away() -> None:
     on = predict_inventory(Inventory(NODE, (_a2_off(),)), [_enable()], catalog=CATALOG)
-    off = predict_inventory(on, [_action(ActionKind.SRIOV_DISABLE, str(A2))], catalog=CATALOG)
+    disable = SriovDisable(seq=1, target=str(A2), reason="test", gpu=A2)
+    off = predict_inventory(on, [disable], catalog=CATALOG)
     assert off.gpu(A2) == _a2_off()
 
 
@@ -139,12 +144,14 @@ def test_vfio_gpus_use_the_vf_address_as_identity_and_plain_type_ids() -> None:
         vfs=(Vf(PciAddress.parse("0000:09:00.4"), 0),),
     )
     inventory = Inventory(NODE, (_a2_off(), vfio_gpu))
-    create = Action(
+    create = VgpuCreate(
         seq=2,
-        kind=ActionKind.VGPU_CREATE,
         target="0000:09:00.4",
         reason="test",
-        params={"gpu": "0000:09:00.0", "vfIndex": 0, "type": "NVIDIA A2-4Q", "uuid": "u"},
+        gpu=PciAddress.parse("0000:09:00.0"),
+        vf_index=0,
+        type_name="NVIDIA A2-4Q",
+        uuid="u",
     )
     after = predict_inventory(inventory, [_enable(), create], catalog=CATALOG)
     a2, vfio_after = after.gpus
@@ -205,7 +212,7 @@ def test_prediction_matches_the_simulated_host_after_apply(name: str, tmp_path: 
     before = observe_host(root, node=NODE, catalog=CATALOG, hold_probe=sim.hold_probe())
     plan = plan_node(node, before, catalog=CATALOG, cluster=ClusterState(NODE))
     host_actions = tuple(a for a in plan.actions if a.kind.is_host)
-    predicted_objects = [a.params["object"] for a in plan.actions if a.kind is ActionKind.CR_CREATE]
+    predicted_objects = [a.object.to_json() for a in plan.actions if isinstance(a, CrCreate)]
     driver = MdevDriver(
         sysfs_root=root,
         writer=ConfinedSysfsWriter(root, kernel=sim.writer()),

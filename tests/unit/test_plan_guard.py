@@ -20,7 +20,9 @@ from reconciler.model import (
     PciAddress,
     Plan,
     PlanError,
+    SriovEnable,
     Vf,
+    VgpuCreate,
     VGPUType,
 )
 from reconciler.plan import plan_node, vgpu_uuid
@@ -51,7 +53,10 @@ def test_a_gpu_passed_through_whole_is_left_alone_with_one_blocked_entry() -> No
         "GPU 0000:41:00.0 is bound to vfio-pci, not nvidia: it is passed through whole to a VM, "
         "or reserved for one; vgpuctl never touches it (sriov-manage would unbind it)"
     )
-    assert p.blocked[0].params == {"gpu": str(L4)}
+    # The first change it would make, as planned: nothing of it runs.
+    assert p.blocked[0].action == SriovEnable(
+        target=str(L4), reason=p.blocked[0].reason, gpu=L4, num_vfs=32
+    )
     assert not p.applyable
 
 
@@ -165,7 +170,8 @@ def test_a_name_takes_the_hosts_prefix() -> None:
     desired = DesiredGpu(A2, True, vgpus={0: "NVIDIA A100-4C"})
     p = plan(desired, host=(a100,))
     create = next(a for a in p.actions if a.kind is ActionKind.VGPU_CREATE)
-    assert create.params["type"] == "GRID A100-4C"
+    assert isinstance(create, VgpuCreate)
+    assert create.type_name == "GRID A100-4C"
 
 
 def test_a_gpu_and_profile_no_catalogue_knows_work_from_what_the_host_offers() -> None:
@@ -188,7 +194,8 @@ def test_a_gpu_and_profile_no_catalogue_knows_work_from_what_the_host_offers() -
     p = plan(DesiredGpu(address, True, vgpus={0: name}), host=(gpu,))
     assert kinds(p) == [("vgpu-create", "0000:17:00.4")]
     create = p.actions[0]
-    assert create.params["uuid"] == vgpu_uuid(NODE, "0000:17:00.4")
+    assert isinstance(create, VgpuCreate)
+    assert create.uuid == vgpu_uuid(NODE, "0000:17:00.4")
     # Its maximum is the driver's: a second 48 GB vGPU is refused, naming it.
     two = DesiredGpu(address, True, vgpus={0: name, 1: name})
     with pytest.raises(PlanError) as caught:

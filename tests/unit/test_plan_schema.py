@@ -1,5 +1,6 @@
 """schemas/plan.schema.json is the contract of ``vgpuctl plan -o json``: it accepts what
-``Plan.to_json()`` writes (every golden plan is checked in test_golden.py) and nothing looser."""
+the codec (``plan_to_json``) writes (every golden plan is checked in test_golden.py, every
+action kind in test_plan_codec.py) and nothing looser."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from reconciler.model import (
     PciAddress,
     Vf,
 )
+from reconciler.model.plan_json import plan_to_json
 from reconciler.plan import plan_node
 
 SCHEMA = json.loads(
@@ -60,7 +62,7 @@ def _plan() -> dict[str, Any]:
             DesiredGpu(l4, True, profiles={"NVIDIA L4-6Q": 1}),
         ),
     )
-    return plan_node(node, inventory, catalog=default_catalog()).to_json()
+    return plan_to_json(plan_node(node, inventory, catalog=default_catalog()))
 
 
 def test_a_plan_with_every_host_kind_is_valid() -> None:
@@ -68,6 +70,10 @@ def test_a_plan_with_every_host_kind_is_valid() -> None:
     kinds = {a["kind"] for a in plan["actions"]} | {b["kind"] for b in plan["blocked"]}
     assert kinds == {"vgpu-remove", "sriov-enable", "vgpu-create", "device-plugin-refresh"}
     VALIDATOR.validate(plan)
+
+
+#: The index of the plan's first vgpu-create (after a vgpu-remove and a sriov-enable).
+CREATE = 2
 
 
 def _drop(key: str) -> Callable[[dict[str, Any]], None]:
@@ -90,25 +96,30 @@ def _set(path: tuple[Any, ...], value: object) -> Callable[[dict[str, Any]], Non
         pytest.param(_drop("applyable"), id="no applyable"),
         pytest.param(_drop("notes"), id="no notes"),
         pytest.param(_set(("extra",), 1), id="unknown field"),
-        pytest.param(_set(("formatVersion",), 2), id="format version"),
+        pytest.param(_set(("formatVersion",), 1), id="format version"),
         pytest.param(_set(("interface",), "pci"), id="interface"),
         pytest.param(_set(("observedFingerprint",), "md5:00"), id="fingerprint"),
         pytest.param(_set(("actions", 0, "seq"), 0), id="seq from 1"),
         pytest.param(_set(("actions", 0, "kind"), "vgpu-destroy"), id="kind"),
         pytest.param(_set(("actions", 0, "target"), "0000:08:00.5 "), id="target address"),
-        pytest.param(_set(("actions", -1, "params", "uuid"), "not-a-uuid"), id="create uuid"),
-        pytest.param(_set(("actions", -1, "params", "vfIndex"), "1"), id="vf index type"),
-        pytest.param(_set(("actions", 0, "params", "colour"), "red"), id="unknown param"),
+        pytest.param(_set(("actions", CREATE, "uuid"), "not-a-uuid"), id="create uuid"),
+        pytest.param(_set(("actions", CREATE, "vfIndex"), "1"), id="vf index type"),
+        pytest.param(_set(("actions", CREATE, "phase"), "cluster"), id="phase of the kind"),
+        pytest.param(_set(("actions", 0, "colour"), "red"), id="unknown field"),
+        pytest.param(_set(("actions", 0, "params"), {}), id="format 1 params"),
         pytest.param(_set(("actions", 0, "reason"), ""), id="empty reason"),
+        pytest.param(_set(("blocked", 0, "kind"), "cr-delete"), id="blocked cluster action"),
         pytest.param(_set(("blocked", 0, "seq"), 1), id="blocked has no seq"),
         pytest.param(_set(("noops", 0, "why"), "x"), id="noop field"),
         pytest.param(_set(("summary", "create"), -1), id="negative count"),
     ],
 )
-def test_the_schema_rejects_what_to_json_never_writes(
+def test_the_schema_rejects_what_the_codec_never_writes(
     damage: Callable[[dict[str, Any]], None],
 ) -> None:
     plan = copy.deepcopy(_plan())
+    assert plan["actions"][CREATE]["kind"] == "vgpu-create"
+    VALIDATOR.validate(plan)
     damage(plan)
     assert not VALIDATOR.is_valid(plan)
 
@@ -116,5 +127,5 @@ def test_the_schema_rejects_what_to_json_never_writes(
 def test_sriov_enable_needs_its_vf_count() -> None:
     plan = _plan()
     enable = next(a for a in plan["actions"] if a["kind"] == "sriov-enable")
-    del enable["params"]["numVFs"]
+    del enable["numVFs"]
     assert not VALIDATOR.is_valid(plan)

@@ -10,22 +10,29 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import pytest
 
 from reconciler.cli.render import Style, gpu_line, plan_text, status_table
 from reconciler.model import (
     VGPU,
-    Action,
-    ActionKind,
     Blocked,
+    CrUpdate,
+    DevicePluginRefresh,
     Gpu,
     Interface,
     Inventory,
+    KubevirtUpdate,
+    MediatedDevice,
     PciAddress,
     Plan,
+    SriovEnable,
     Vf,
+    VgpuCreate,
+    VgpuRemove,
 )
+from reconciler.model.cluster import KubeObject
 from reconciler.model.plan import Drift, FieldChange, Noop
 from reconciler.watch.logs import JsonFormatter, TextFormatter
 
@@ -52,28 +59,31 @@ def _no_controls_but_colours(text: str) -> None:
 
 @pytest.mark.parametrize(("bad", "shown"), list(zip(HOSTILE, ESCAPED, strict=True)))
 def test_every_line_of_a_plan_escapes_what_came_from_outside(bad: str, shown: str) -> None:
-    host = {"gpu": GPU, "vfIndex": 1, "uuid": "u"}
+    gpu = PciAddress.parse(GPU)
+    host: dict[str, Any] = {"gpu": gpu, "vf_index": 1, "uuid": "u"}
     plan = Plan(
         node=f"node{bad}",
         interface="mdev",
         observed_fingerprint="f",
         actions=(
-            Action(1, ActionKind.VGPU_REMOVE, "0000:08:00.5", f"r{bad}",
-                   {**host, "type": f"T{bad}", "replacedBy": "B"}),
-            Action(2, ActionKind.VGPU_CREATE, "0000:08:00.5", f"c{bad}",
-                   {**host, "type": "B", "replaces": f"T{bad}"}),
-            Action(3, ActionKind.SRIOV_ENABLE, GPU, f"e{bad}", {"gpu": GPU, "numVFs": 16}),
-            Action(4, ActionKind.CR_UPDATE, f"obj{bad}", f"u{bad}",
-                   {"kind": f"K{bad}", "drift": True,
-                    "changes": [{"path": f"p{bad}", "from": f"a{bad}", "to": 1}]}),
-            Action(5, ActionKind.KUBEVIRT_UPDATE, f"kubevirt/ns/kv{bad}", f"k{bad}",
-                   {"add": [{"mdevNameSelector": f"s{bad}"}], "remove": [f"t{bad}"]}),
-            Action(6, ActionKind.DEVICE_PLUGIN_REFRESH, f"nvidia.com/x{bad}", f"d{bad}",
-                   {"devices": ["u"]}),
+            VgpuRemove(seq=1, target="0000:08:00.5", reason=f"r{bad}", **host,
+                       type_name=f"T{bad}", replaced_by="B"),
+            VgpuCreate(seq=2, target="0000:08:00.5", reason=f"c{bad}", **host,
+                       type_name="B", replaces=f"T{bad}"),
+            SriovEnable(seq=3, target=GPU, reason=f"e{bad}", gpu=gpu, num_vfs=16),
+            CrUpdate(seq=4, target=f"obj{bad}", reason=f"u{bad}", resource_version="1",
+                     object=KubeObject(f"K{bad}", f"obj{bad}"), spec_changed=True,
+                     status_changed=False, drift=True,
+                     changes=(FieldChange(f"p{bad}", f"a{bad}", 1),)),
+            KubevirtUpdate(seq=5, target=f"kubevirt/ns/kv{bad}", reason=f"k{bad}",
+                           namespace="ns", name="kv", resource_version="1",
+                           add=(MediatedDevice(f"s{bad}", "nvidia.com/s"),), remove=(f"t{bad}",)),
+            DevicePluginRefresh(seq=6, target=f"nvidia.com/x{bad}", reason=f"d{bad}",
+                                resource="nvidia.com/x", type_name="x", devices=("u",)),
         ),
         blocked=(
-            Blocked(ActionKind.VGPU_REMOVE, "0000:08:00.6", f"in use by pid 1 ({bad})",
-                    {"gpu": GPU, "type": f"T{bad}"}),
+            Blocked(VgpuRemove(target="0000:08:00.6", reason=f"in use by pid 1 ({bad})",
+                               gpu=gpu, vf_index=2, type_name=f"T{bad}", uuid="v")),
         ),
         noops=(Noop(f"0000:08:00.7{bad}", f"n{bad}"),),
         notes=(f"first{bad}\n  second{bad}",),

@@ -1,0 +1,466 @@
+"""The plan codec (``reconciler.model.plan_json``) against the plan schema, and on bad input.
+
+``schemas/plan.schema.json`` is written by hand; these tests hold it to what the codec writes:
+for every action kind, the schema's definition has exactly the fields the codec writes (all of
+them when every optional field is set) and requires exactly those it always writes; plans built
+by hypothesis from every action type validate and come back unchanged through the codec. A
+damaged document is one :class:`PlanFormatError` line naming the field, never another exception.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reconciler.model import (
+    ACTION_TYPES,
+    ActionKind,
+    Blocked,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
+    DevicePluginRefresh,
+    KubevirtUpdate,
+    MediatedDevice,
+    Noop,
+    PciAddress,
+    Phase,
+    Plan,
+    SriovDisable,
+    SriovEnable,
+    VgpuCreate,
+    VgpuRemove,
+)
+from reconciler.model.cluster import KubeObject
+from reconciler.model.plan import Drift, FieldChange
+from reconciler.model.plan_json import (
+    PlanFormatError,
+    action_to_json,
+    blocked_to_json,
+    plan_from_json,
+    plan_to_json,
+)
+
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "schemas" / "plan.schema.json").read_text("utf-8")
+)
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+DEFS = SCHEMA["$defs"]
+
+GPU = PciAddress.parse("0000:08:00.0")
+UUID = "5adb8e42-c29a-5705-8ae0-584ba08668b0"
+OBJECT = KubeObject(
+    kind="VGPUDevice",
+    name="node-1-000008004",
+    labels={"nodename": "node-1", "app.kubernetes.io/managed-by": "vgpuctl"},
+    annotations={"vgpu.reconciler.dev/last-applied-spec": "{}"},
+    spec={"address": "0000:08:00.4", "nodeName": "node-1", "vGPUTypeName": "NVIDIA A2-4Q"},
+    status={"configureStatus": "Configured"},
+    resource_version="41",
+    retained={"finalizers": ["wrangler.cattle.io/x"]},
+)
+CHANGE = FieldChange("spec.vGPUTypeName", "NVIDIA A2-4A", "NVIDIA A2-4Q")
+
+#: Per kind: an action with every optional field set, and one with none.
+FULL = {
+    ActionKind.VGPU_REMOVE: VgpuRemove(
+        seq=1, target="0000:08:00.4", reason="r", gpu=GPU, vf_index=0,
+        type_name="NVIDIA A2-4A", uuid=UUID, replaced_by="NVIDIA A2-4Q",
+    ),
+    ActionKind.SRIOV_DISABLE: SriovDisable(seq=1, target=str(GPU), reason="r", gpu=GPU),
+    ActionKind.SRIOV_ENABLE: SriovEnable(seq=1, target=str(GPU), reason="r", gpu=GPU, num_vfs=16),
+    ActionKind.VGPU_CREATE: VgpuCreate(
+        seq=1, target="0000:08:00.4", reason="r", gpu=GPU, vf_index=0,
+        type_name="NVIDIA A2-4Q", uuid=UUID, replaces="NVIDIA A2-4A",
+    ),
+    ActionKind.CR_CREATE: CrCreate(seq=1, target=OBJECT.name, reason="r", object=OBJECT),
+    ActionKind.CR_UPDATE: CrUpdate(
+        seq=1, target=OBJECT.name, reason="r", resource_version="41", object=OBJECT,
+        spec_changed=True, status_changed=True, changes=(CHANGE,), drift=True, adopt=True,
+    ),
+    ActionKind.CR_DELETE: CrDelete(
+        seq=1, target=OBJECT.name, reason="r", object_kind="VGPUDevice", resource_version="41"
+    ),
+    ActionKind.KUBEVIRT_UPDATE: KubevirtUpdate(
+        seq=1, target="kubevirt/harvester-system/kubevirt", reason="r",
+        namespace="harvester-system", name="kubevirt", resource_version="7",
+        add=(MediatedDevice("NVIDIA A2-4Q", "nvidia.com/NVIDIA_A2-4Q"),),
+        remove=("NVIDIA A2-4A",), owned=("NVIDIA A2-4Q",),
+    ),
+    ActionKind.DEVICE_PLUGIN_REFRESH: DevicePluginRefresh(
+        seq=1, target="nvidia.com/NVIDIA_A2-4Q", reason="r", resource="nvidia.com/NVIDIA_A2-4Q",
+        type_name="NVIDIA A2-4Q", devices=(UUID,),
+    ),
+}  # fmt: skip
+#: The optional fields, each kind's: unset in the minimal action.
+OPTIONAL: dict[ActionKind, dict[str, Any]] = {
+    ActionKind.VGPU_REMOVE: {"replaced_by": None},
+    ActionKind.VGPU_CREATE: {"replaces": None},
+    ActionKind.CR_UPDATE: {"adopt": False},
+}
+
+
+def _schema_def(kind: ActionKind) -> dict[str, Any]:
+    """The definition ``action`` uses for ``kind`` (through its if/then on kind)."""
+    for branch in DEFS["action"]["allOf"]:
+        if branch["if"]["properties"]["kind"]["const"] == kind.value:
+            ref = branch["then"]["$ref"].removeprefix("#/$defs/")
+            definition: dict[str, Any] = DEFS[ref]
+            return definition
+    raise AssertionError(f"the schema has no definition for {kind}")
+
+
+def test_every_kind_has_one_type_and_an_example() -> None:
+    assert set(ACTION_TYPES) == set(ActionKind) == set(FULL)
+    for kind, action in FULL.items():
+        assert type(action) is ACTION_TYPES[kind] and action.kind is kind
+
+
+@pytest.mark.parametrize("kind", list(ActionKind))
+def test_the_schema_definition_of_each_kind_has_the_fields_the_codec_writes(
+    kind: ActionKind,
+) -> None:
+    definition = _schema_def(kind)
+    full = action_to_json(FULL[kind])
+    minimal = action_to_json(replace(FULL[kind], **OPTIONAL.get(kind, {})))
+    assert definition["additionalProperties"] is False
+    assert set(definition["properties"]) == set(full)
+    assert set(definition["required"]) | {"seq"} == set(minimal)
+    assert "seq" not in definition["required"]  # a blocked action has none; actions require it
+    assert definition["properties"]["kind"] == {"const": kind.value}
+    assert definition["properties"]["phase"] == {"const": kind.phase.value}
+    assert full["phase"] == kind.phase.value
+
+
+@pytest.mark.parametrize("kind", list(ActionKind))
+def test_numbering_an_action_changes_its_seq_only(kind: ActionKind) -> None:
+    action = replace(FULL[kind], seq=0)
+    numbered = action.numbered(7)
+    assert numbered == replace(action, seq=7) and type(numbered) is type(action)
+    assert action.seq == 0  # a new action: the original is untouched
+
+
+def test_the_phases_are_host_then_cluster_then_device_plugins() -> None:
+    phases = [k.phase for k in ActionKind]  # in run order
+    assert phases == sorted(phases, key=[Phase.HOST, Phase.CLUSTER, Phase.DEVICE_PLUGINS].index)
+    assert {k for k in ActionKind if k.phase is Phase.HOST} == {
+        ActionKind.VGPU_REMOVE,
+        ActionKind.SRIOV_DISABLE,
+        ActionKind.SRIOV_ENABLE,
+        ActionKind.VGPU_CREATE,
+    }
+    assert [k for k in ActionKind if k.phase is Phase.DEVICE_PLUGINS] == [
+        ActionKind.DEVICE_PLUGIN_REFRESH
+    ]
+
+
+@pytest.mark.parametrize("kind", [k for k in ActionKind if k.is_host])
+def test_a_blocked_host_action_is_the_action_without_seq(kind: ActionKind) -> None:
+    blocked = Blocked(replace(FULL[kind], seq=0))
+    doc = blocked_to_json(blocked)
+    assert doc == {k: v for k, v in action_to_json(FULL[kind]).items() if k != "seq"}
+    plan = Plan("n", "mdev", "sha256:" + "0" * 64, blocked=(blocked,))
+    VALIDATOR.validate(plan_to_json(plan))
+    assert plan_from_json(plan_to_json(plan)) == plan
+
+
+# --- plans drawn by hypothesis ---------------------------------------------------------------
+
+_names = st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789- ", min_size=1, max_size=12).map(
+    lambda s: "NVIDIA " + s.strip() + "Q"
+)
+_words = st.text(min_size=1, max_size=20)
+_addresses = st.builds(
+    PciAddress,
+    st.integers(0, 0xFFFF),
+    st.integers(0, 0xFF),
+    st.integers(0, 0x1F),
+    st.integers(0, 7),
+)
+_uuids = st.uuids(version=5).map(str)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**9), 10**9) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_changes = st.builds(FieldChange, _words, _json_values, _json_values)
+_object_names = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?\Z")
+_versions = st.text("0123456789", min_size=1, max_size=6)
+
+
+@st.composite
+def _objects(draw: st.DrawFn, name: str) -> KubeObject:
+    kind = draw(st.sampled_from(["SRIOVGPUDevice", "VGPUDevice"]))
+    retained = draw(
+        st.dictionaries(
+            st.sampled_from(["finalizers"]), st.lists(st.text(max_size=5), min_size=1, max_size=2)
+        )
+    )
+    return KubeObject(
+        kind=kind,
+        name=name,
+        labels=draw(
+            st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=3)
+        ),
+        annotations=draw(
+            st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=2)
+        ),
+        spec=draw(st.dictionaries(st.text(max_size=6), _json_values, max_size=3)),
+        status=draw(st.dictionaries(st.text(max_size=6), _json_values, max_size=3)),
+        resource_version=draw(st.just("") | _versions),
+        retained=retained,
+    )
+
+
+@st.composite
+def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
+    common = {"seq": seq, "reason": draw(_words)}
+    gpu = draw(_addresses)
+    match kind:
+        case ActionKind.VGPU_REMOVE | ActionKind.VGPU_CREATE:
+            other = draw(st.none() | _names)
+            fields = (
+                {"replaced_by": other} if kind is ActionKind.VGPU_REMOVE else {"replaces": other}
+            )
+            return ACTION_TYPES[kind](
+                **common,
+                target=str(draw(_addresses)),
+                gpu=gpu,
+                vf_index=draw(st.integers(0, 255)),
+                type_name=draw(_names),
+                uuid=draw(_uuids),
+                **fields,
+            )
+        case ActionKind.SRIOV_DISABLE:
+            return SriovDisable(**common, target=str(gpu), gpu=gpu)
+        case ActionKind.SRIOV_ENABLE:
+            return SriovEnable(**common, target=str(gpu), gpu=gpu, num_vfs=draw(st.integers(1, 64)))
+        case ActionKind.CR_CREATE:
+            name = draw(_object_names)
+            return CrCreate(**common, target=name, object=draw(_objects(name)))
+        case ActionKind.CR_UPDATE:
+            name = draw(_object_names)
+            changes = draw(
+                st.lists(st.builds(FieldChange, _words, _json_values, _json_values), max_size=3)
+            )
+            return CrUpdate(
+                **common,
+                target=name,
+                resource_version=draw(_versions),
+                object=draw(_objects(name)),
+                spec_changed=draw(st.booleans()),
+                status_changed=draw(st.booleans()),
+                changes=tuple(changes),
+                drift=draw(st.booleans()),
+                adopt=draw(st.booleans()),
+            )
+        case ActionKind.CR_DELETE:
+            return CrDelete(
+                **common,
+                target=draw(_object_names),
+                object_kind=draw(st.sampled_from(["SRIOVGPUDevice", "VGPUDevice"])),
+                resource_version=draw(_versions),
+            )
+        case ActionKind.KUBEVIRT_UPDATE:
+            added = draw(st.lists(_names, max_size=3, unique=True))
+            return KubevirtUpdate(
+                **common,
+                target="kubevirt/harvester-system/kubevirt",
+                namespace="harvester-system",
+                name="kubevirt",
+                resource_version=draw(_versions),
+                add=tuple(MediatedDevice(n, "nvidia.com/" + n.replace(" ", "_")) for n in added),
+                remove=tuple(draw(st.lists(_names, max_size=2))),
+                owned=tuple(draw(st.lists(_names, max_size=3, unique=True))),
+            )
+        case ActionKind.DEVICE_PLUGIN_REFRESH:
+            name = draw(_names)
+            resource = "nvidia.com/" + name.replace(" ", "_")
+            return DevicePluginRefresh(
+                **common,
+                target=resource,
+                resource=resource,
+                type_name=name,
+                devices=tuple(draw(st.lists(_uuids, max_size=3, unique=True))),
+            )
+    raise AssertionError(kind)  # fmt: skip
+
+
+@st.composite
+def _plans(draw: st.DrawFn) -> Plan:
+    kinds = draw(st.lists(st.sampled_from(list(ActionKind)), max_size=8))
+    actions = tuple(draw(_actions(k, i)) for i, k in enumerate(kinds, start=1))
+    blocked_kinds = draw(
+        st.lists(st.sampled_from([k for k in ActionKind if k.is_host]), max_size=3)
+    )
+    blocked = tuple(Blocked(draw(_actions(k, 0))) for k in blocked_kinds)
+    drift = draw(
+        st.lists(
+            st.builds(
+                Drift, _object_names, st.sampled_from(["SRIOVGPUDevice", "VGPUDevice"]),
+                st.lists(_changes, min_size=1, max_size=2).map(tuple),
+            ),
+            max_size=2,
+        )
+    )  # fmt: skip
+    return Plan(
+        node=draw(_words),
+        interface=draw(st.sampled_from(["mdev", "vfio", "none"])),
+        observed_fingerprint="sha256:"
+        + draw(st.text("0123456789abcdef", min_size=64, max_size=64)),
+        actions=actions,
+        blocked=blocked,
+        noops=tuple(draw(st.lists(st.builds(Noop, _words, _words), max_size=2))),
+        notes=tuple(draw(st.lists(_words, max_size=2))),
+        drift=tuple(drift),
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_plans())
+def test_plans_of_every_kind_validate_and_round_trip(plan: Plan) -> None:
+    doc = plan_to_json(plan)
+    VALIDATOR.validate(doc)
+    assert plan_from_json(doc) == plan
+    # Through text, as a saved plan is.
+    assert plan_from_json(json.loads(json.dumps(doc))) == plan
+
+
+# --- untrusted input -------------------------------------------------------------------------
+
+
+def _doc() -> dict[str, Any]:
+    plan = Plan(
+        "n", "mdev", "sha256:" + "0" * 64,
+        actions=tuple(FULL.values()),
+        blocked=(Blocked(VgpuRemove(
+            target="0000:08:00.5", reason="in use", gpu=GPU, vf_index=1,
+            type_name="NVIDIA A2-4Q", uuid=UUID,
+        )),),
+    )  # fmt: skip
+    return plan_to_json(plan)
+
+
+def _index(kind: ActionKind) -> int:
+    return list(FULL).index(kind)
+
+
+#: A damaged field and the one line that names it.
+DAMAGED: dict[str, tuple[tuple[Any, ...], Any, str]] = {
+    "format 1": (("formatVersion",), 1, "written by an older vgpuctl (plan format 1)"),
+    "format 3": (("formatVersion",), 3, "formatVersion: expected 2, got the number 3"),
+    "vfIndex as text": (
+        ("actions", 0, "vfIndex"), "0", "actions[0].vfIndex: expected an integer, got text '0'"
+    ),
+    "vfIndex a boolean": (
+        ("actions", 0, "vfIndex"), True, "actions[0].vfIndex: expected an integer"
+    ),
+    "negative vfIndex": (("actions", 0, "vfIndex"), -1, "actions[0].vfIndex: expected at least 0"),
+    "gpu not an address": (
+        ("actions", 0, "gpu"), "../../x", "actions[0].gpu: text '../../x' is not a PCI address"
+    ),
+    "unknown kind": (("actions", 0, "kind"), "rm-rf", "actions[0].kind: text 'rm-rf' is not"),
+    "wrong phase": (
+        ("actions", 0, "phase"), "cluster",
+        "actions[0].phase: text 'cluster', but a vgpu-remove runs in the host phase",
+    ),
+    "format 1 params": (("actions", 1, "params"), {}, "actions[1]: unknown field params"),
+    "seq 0": (("actions", 0, "seq"), 0, "actions[0].seq: expected at least 1"),
+    "numVFs 0": (
+        ("actions", _index(ActionKind.SRIOV_ENABLE), "numVFs"), 0, "numVFs: expected at least 1"
+    ),
+    "object named otherwise": (
+        ("actions", _index(ActionKind.CR_CREATE), "object", "metadata", "name"), "other",
+        "object.metadata.name: text 'other' is not the target",
+    ),
+    "object of another kind": (
+        ("actions", _index(ActionKind.CR_UPDATE), "object", "kind"), "Pod",
+        ".object.kind: text 'Pod' is not one of SRIOVGPUDevice, VGPUDevice",
+    ),
+    "adopt false": (
+        ("actions", _index(ActionKind.CR_UPDATE), "adopt"), False, ".adopt: expected true"
+    ),
+    "change without to": (
+        ("actions", _index(ActionKind.CR_UPDATE), "changes", 0), {"path": "x", "from": 1},
+        ".changes[0]: missing required field to",
+    ),
+    "entry allocated by KubeVirt": (
+        ("actions", _index(ActionKind.KUBEVIRT_UPDATE), "add", 0, "externalResourceProvider"),
+        False, ".add[0].externalResourceProvider: expected true",
+    ),
+    "devices not a list": (
+        ("actions", _index(ActionKind.DEVICE_PLUGIN_REFRESH), "devices"), "x",
+        ".devices: expected a list, got text 'x'",
+    ),
+    "blocked with a seq": (("blocked", 0, "seq"), 3, "blocked[0]: unknown field seq"),
+    "interface": (("interface",), "pci", "interface: text 'pci' is not one of mdev, vfio, none"),
+    "escape in a kind": (("actions", 0, "kind"), "\x1b[2J", "\\x1b[2J"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_a_damaged_plan_is_one_line_naming_the_field(case: str) -> None:
+    path, value, message = DAMAGED[case]
+    doc = _doc()
+    assert plan_from_json(copy.deepcopy(doc)) is not None  # the undamaged plan is fine
+    target: Any = doc
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    with pytest.raises(PlanFormatError) as info:
+        plan_from_json(doc)
+    assert message in info.value.message
+    assert "\n" not in info.value.message and "\x1b" not in info.value.message
+
+
+def test_a_blocked_cluster_action_is_refused() -> None:
+    doc = _doc()
+    delete = action_to_json(FULL[ActionKind.CR_DELETE])
+    doc["blocked"][0] = {k: v for k, v in delete.items() if k != "seq"}
+    with pytest.raises(PlanFormatError, match=r"blocked\[0\]\.kind: only host actions are blocked"):
+        plan_from_json(doc)
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.extend(_paths(v, (*prefix, k)))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out.extend(_paths(v, (*prefix, i)))
+    return out
+
+
+_PATHS = [p for p in _paths(_doc()) if p]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(_PATHS), _json_values | st.sampled_from([None, -1, "", [], {}]))
+def test_any_damaged_field_is_a_plan_format_error_or_a_plan(
+    path: tuple[Any, ...], value: Any
+) -> None:
+    """Whatever one field is replaced by, decoding gives a plan or one PlanFormatError line:
+    never a KeyError, TypeError or any other exception."""
+    doc = _doc()
+    target: Any = doc
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    try:
+        plan_from_json(doc)
+    except PlanFormatError as e:
+        message = e.message
+    else:
+        return
+    assert message and "\n" not in message
