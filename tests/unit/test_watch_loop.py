@@ -91,6 +91,8 @@ class Node:
     plugins: FakePlugins
     events: FakeEvents
     state_dir: Path
+    #: What the loop builds its ports with, at each use: a test replaces it to inject a fault.
+    ports: Callable[[], NodePorts]
 
     def vgpus(self) -> dict[str, str]:
         """uuid → type name, as the host has them now."""
@@ -138,11 +140,14 @@ def make_node(
         built = composed.ports(command_timeout=30)
         return replace(built, events=events) if with_events else built
 
+    def current_ports() -> NodePorts:
+        return node.ports()  # looked up at each use: a test may replace it
+
     loop = WatchLoop(
         source=DesiredSource.at(desired),
         node=NODE,
         catalog=composed.catalog,
-        ports=ports,
+        ports=current_ports,
         host_signature=wrap_signature(HostSignature(host.sysfs_root).compute),
         plugins=plugins,
         metrics=WatchMetrics(),
@@ -155,7 +160,8 @@ def make_node(
         ),
         clock=clock,
     )
-    return Node(host, desired, loop, plugins, events, composed.state_dir)
+    node = Node(host, desired, loop, plugins, events, composed.state_dir, ports)
+    return node
 
 
 @contextmanager
@@ -338,7 +344,7 @@ def test_a_permanent_failure_waits_for_a_change_of_the_host_instead_of_retrying(
         return lambda: f"{compute()}/{generation[0]}"
 
     node = make_node(tmp_path, seed_text(), wrap_signature=wrap, resync_interval=3600)
-    built = node.loop._ports
+    built = node.ports
     unreadable = threading.Event()
     unreadable.set()
 
@@ -352,7 +358,7 @@ def test_a_permanent_failure_waits_for_a_change_of_the_host_instead_of_retrying(
 
         return replace(real, observe_host=observe)
 
-    node.loop._ports = ports
+    node.ports = ports
     with running(node.loop):
         wait_for(lambda: node.sample("vgpuctl_errors_total", kind="observe") >= 1, "the failure")
         rescans = node.sample("vgpuctl_rescan_duration_seconds_count")
@@ -382,7 +388,7 @@ def test_a_permanent_failure_is_tried_again_after_the_resync_interval(tmp_path: 
     from reconciler.model import ForbiddenError
 
     node = make_node(tmp_path, seed_text(), resync_interval=0.3)
-    built = node.loop._ports
+    built = node.ports
     refusals: list[int] = []
 
     def ports() -> NodePorts:
@@ -396,7 +402,7 @@ def test_a_permanent_failure_is_tried_again_after_the_resync_interval(tmp_path: 
 
         return replace(real, observe_host=observe)
 
-    node.loop._ports = ports
+    node.ports = ports
     with running(node.loop):
         wait_for(converged(node), "convergence at the resync")
     assert node.sample("vgpuctl_errors_total", kind="cluster") == 1
@@ -414,7 +420,7 @@ def test_work_another_apply_did_meanwhile_is_planned_again_under_the_lock(
     node = make_node(tmp_path, seed_text())
     other = tmp_path / "by-hand.yaml"
     other.write_text(seed_text(vf4="NVIDIA A2-4C"))
-    built = node.loop._ports
+    built = node.ports
     applied_by_hand: list[int] = []
 
     def ports() -> NodePorts:
@@ -430,7 +436,7 @@ def test_work_another_apply_did_meanwhile_is_planned_again_under_the_lock(
 
         return replace(real, observe_host=observe)
 
-    node.loop._ports = ports
+    node.ports = ports
     with running(node.loop):
         wait_for(converged(node), "the first reconcile")
     assert applied_by_hand == [0]
@@ -450,7 +456,7 @@ def test_a_scan_spoiled_by_an_apply_at_work_is_a_lock_wait_not_an_error(tmp_path
     node = make_node(tmp_path, seed_text())
     node.state_dir.mkdir(parents=True, exist_ok=True)
     lock = NodeLock(node.state_dir, NODE, command="vgpuctl apply (test)")
-    built = node.loop._ports
+    built = node.ports
     spoiled: list[int] = []
 
     def ports() -> NodePorts:
@@ -466,7 +472,7 @@ def test_a_scan_spoiled_by_an_apply_at_work_is_a_lock_wait_not_an_error(tmp_path
 
         return replace(real, observe_host=observe)
 
-    node.loop._ports = ports
+    node.ports = ports
     lock.acquire()
     try:
         with running(node.loop):
