@@ -3,7 +3,10 @@
 ``loop.py`` is the worker, a thin composition (one reconcile at a time) of:
 ``scheduler.py`` (when: triggers, rescans, debounce, the retry policy for transient and
 permanent errors, stopping), ``changes.py`` (the change sources: the desired-state files with
-the last valid state in force, host and cluster drift) and ``health.py`` (/healthz and /readyz).
+the last valid state in force, host and cluster drift), ``reconcile.py`` (one run of the engine
+and its reporting: logs, metrics, success or failure told to the scheduler and the probes),
+``advertising.py`` (the embedded device plugins told of a host change between reconciles) and
+``health.py`` (/healthz and /readyz).
 ``source.py`` reads the desired-state file or directory afresh through link swaps;
 ``follow.py`` turns file events into wake-ups; ``signature.py`` fingerprints the host and the
 cluster so an idle node costs a few reads per rescan; ``metrics.py``, ``endpoint.py`` and

@@ -12,9 +12,9 @@ Each has one job, and none decides when to act (the scheduler does):
   calls); a cluster that does not answer is logged once, not taken for a change.
 
 A baseline is a fingerprint taken just *before* an observation: whatever changes after it shows
-at the next rescan. The loop adopts as baselines the last fingerprints a reconcile took, when it
-succeeded, and when it failed permanently (then a change of the host or the cluster is what
-may make the next try succeed).
+at the next rescan. The reconcile runner (``reconcile.py``) adopts as baselines the last
+fingerprints a reconcile took, when it succeeded, and when it failed permanently (then a change
+of the host or the cluster is what may make the next try succeed).
 """
 
 from __future__ import annotations

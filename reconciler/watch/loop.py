@@ -1,6 +1,6 @@
 """The watch loop: keep one node converged on its desired state, one reconcile at a time.
 
-:class:`WatchLoop` is a composition; each part has its own module:
+:class:`WatchLoop` is a composition, mostly wiring; each part has its own module:
 
 - ``scheduler.py`` decides *when*: file events debounced, the periodic rescan, the reconcile's
   triggers, the retry after a failure (exponential backoff for a transient error; for a
@@ -9,16 +9,15 @@
 - ``changes.py`` holds the change sources: the desired-state files (the last valid state
   stays in force while they are invalid), the host's and the cluster's fingerprints against
   their baselines;
+- ``reconcile.py`` runs one reconcile (the engine, as for ``vgpuctl apply``) and reports it:
+  the plan and each outcome logged, the metrics of a run, success or failure told to the
+  scheduler, the probes and the drift baselines;
+- ``advertising.py`` tells the embedded device plugins what the host offers between
+  reconciles (the engine tells them during one);
 - ``health.py`` answers ``/healthz`` and ``/readyz``; ``metrics.py`` holds the counters.
 
 A single worker runs :meth:`WatchLoop.run`: it asks the scheduler what is due, does it, and
 sleeps until the next thing is. Other threads only announce file events and ask it to stop.
-
-A reconcile is one run of the engine (``reconciler.engine``), as for ``vgpuctl apply``:
-observe → plan; when there is something to do, under the node lock: plan again (another process
-may have acted meanwhile) → host actions → the host checked against the plan's prediction →
-cluster writes → the embedded device plugins told → verify. A reconcile with nothing to do never
-takes the lock.
 
 What starts a reconcile, and what it costs when nothing changed:
 
@@ -45,31 +44,19 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from reconciler.apply import Outcome, OutcomeStatus
 from reconciler.catalog import Catalog
-from reconciler.engine import DevicePlugins, NodePorts, Planned, Reconciled, RunSettings, reconcile
-from reconciler.engine.pipeline import Convergence
-from reconciler.model import (
-    ApplyError,
-    ClusterError,
-    DesiredNode,
-    Inventory,
-    LockHeldError,
-    ObserveError,
-    Plan,
-    PlanError,
-    ReconcilerError,
-)
+from reconciler.engine import DevicePlugins, NodePorts, RunSettings
+from reconciler.watch.advertising import Advertising
 from reconciler.watch.changes import ClusterDrift, DesiredChange, DesiredFiles, HostDrift
 from reconciler.watch.endpoint import Verdict
 from reconciler.watch.health import Health
 from reconciler.watch.metrics import WatchMetrics
-from reconciler.watch.scheduler import Retry, Scheduler, Trigger, is_transient
+from reconciler.watch.reconcile import ReconcileRunner
+from reconciler.watch.scheduler import Scheduler, Trigger
 from reconciler.watch.source import DesiredSource
 from reconciler.watch.timing import Backoff
 
@@ -103,15 +90,6 @@ class WatchSettings:
         return max(3 * self.rescan_interval, 30.0)
 
 
-class _Failed(ReconcilerError):
-    """A reconcile that ended without an exception of its own but did not succeed."""
-
-    def __init__(self, kind: str, message: str, *, transient: bool = True) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.transient = transient
-
-
 class WatchLoop:
     """Runs reconciles for one node until stopped. See the module docstring."""
 
@@ -137,10 +115,7 @@ class WatchLoop:
         self.catalog = catalog
         self.metrics = metrics or WatchMetrics()
         self.settings = settings or WatchSettings()
-        self._ports = ports
-        self._plugins = plugins
         self._clock = clock
-        self._wall_clock = wall_clock
 
         self.scheduler = Scheduler(
             rescan_interval=self.settings.rescan_interval,
@@ -155,7 +130,7 @@ class WatchLoop:
             node=node,
             catalog=catalog,
             metrics=self.metrics,
-            events=lambda: self._ports().events,
+            events=lambda: ports().events,
             refresh_watches=refresh_watches,
         )
         self.host = HostDrift(host_signature, metrics=self.metrics)
@@ -165,6 +140,23 @@ class WatchLoop:
             stale_after=self.settings.stale_after,
             action_budget=self.settings.action_budget,
             clock=clock,
+        )
+        self.advertising = Advertising(plugins, ports=ports, metrics=self.metrics)
+        self.reconciles = ReconcileRunner(
+            ports=ports,
+            settings=RunSettings(
+                adopt=self.settings.adopt,
+                verify_timeout=self.settings.verify_timeout,
+                command="vgpuctl watch",
+            ),
+            scheduler=self.scheduler,
+            host=self.host,
+            cluster=self.cluster,
+            probes=self.probes,
+            advertising=self.advertising,
+            metrics=self.metrics,
+            clock=clock,
+            wall_clock=wall_clock,
         )
 
     # -- inputs from other threads -----------------------------------------------------------
@@ -268,257 +260,16 @@ class WatchLoop:
     def _look_for_drift(self) -> None:
         if self.host.drifted():
             self.scheduler.want(Trigger.HOST)
-            self._advertise_host()
+            self.advertising.host_changed()
         if self.cluster.drifted():
             self.scheduler.want(Trigger.CLUSTER)
         if self.probes.blocked and not self.scheduler.failing:
             self.scheduler.want(Trigger.BLOCKED)
-
-    def _advertise_host(self) -> None:
-        """Tell the device plugins at once what vanished (reported Unhealthy until it is back),
-        before a reconcile that may take a while or fail."""
-        if self._plugins is None:
-            return
-        try:
-            inventory = self._ports().observe_host()
-        except ReconcilerError:
-            return  # the reconcile that follows reports it
-        self._advertise(inventory)
-
-    def _advertise(self, inventory: Inventory, removed: Iterable[str] = ()) -> None:
-        if self._plugins is None:
-            return
-        try:
-            self._plugins.update(inventory, removed_on_purpose=removed)
-        except ReconcilerError as exc:
-            self.metrics.errors.labels(kind="deviceplugin").inc()
-            log.error("device plugins: %s", exc.message)
-        except Exception:
-            self.metrics.errors.labels(kind="deviceplugin").inc()
-            log.exception("device plugins: update failed")
-
-    def _retry(self, transient: bool | None) -> Retry:
-        """Schedule the retry of the reconcile that just failed. ``transient`` None: as the
-        exception being handled says (``_failed`` is called in an ``except`` clause)."""
-        if transient is None:
-            transient = is_transient(sys.exception())
-        if not transient:
-            # What the failed reconcile saw last is what must change for another try to
-            # succeed: a rescan that finds the host or the cluster otherwise tries again.
-            self._adopt_baselines((self.host.last, self.cluster.last))
-        return self.scheduler.failed(transient=transient)
 
     # -- one reconcile -----------------------------------------------------------------------
 
     def _reconcile(self) -> None:
         desired = self.desired.current
         triggers = self.scheduler.take()
-        if desired is None:
-            return
-        started = self._clock()
-        self.probes.busy_since = started
-        try:
-            final, applied = self._converge(desired)
-        except LockHeldError as exc:
-            self._failed("lock", exc.message, started, triggers, level=logging.WARNING)
-        except _Failed as exc:
-            self._failed(exc.kind, exc.message, started, triggers)
-        except PlanError as exc:
-            self._failed("plan", "; ".join(exc.lines()), started, triggers)
-        except ObserveError as exc:
-            self._failed("observe", exc.message, started, triggers)
-        except ClusterError as exc:
-            self._failed("cluster", exc.message, started, triggers)
-        except ApplyError as exc:
-            self._failed("apply", exc.message, started, triggers)
-        except ReconcilerError as exc:
-            self._failed("internal", exc.message, started, triggers)
-        except Exception as exc:
-            log.exception("reconcile failed on an internal error")
-            self._failed("internal", f"{type(exc).__name__}: {exc}", started, triggers)
-        else:
-            self._succeeded(final, applied, started, triggers)
-        finally:
-            self.probes.busy_since = None
-            self.metrics.reconcile_duration.observe(self._clock() - started)
-
-    def _converge(self, desired: DesiredNode) -> tuple[Plan, int]:
-        """One run of the engine (``reconciler.engine``), which tells the device plugins
-        itself. Returns what is left to do (blocked changes at most) and how many actions
-        were carried out; raises when the node could not be converged."""
-        ports = self._ports()
-        # Fingerprints taken just before each host observation: those before the last one
-        # (the one the run ends on) become the baselines a rescan compares with.
-        taken: list[tuple[str, str | None]] = []
-        observe_host = ports.observe_host
-
-        def observe() -> Inventory:
-            taken[:] = [self._fingerprints()]
-            return observe_host()
-
-        result = reconcile(
-            replace(ports, observe_host=observe),
-            desired,
-            settings=RunSettings(
-                adopt=self.settings.adopt,
-                verify_timeout=self.settings.verify_timeout,
-                command="vgpuctl watch",
-            ),
-            review=self._log_plan,
-            on_outcome=self._outcome,
-            plugins=self._plugins,
-        )
-        self._plugins_told(result)
-        if not result.ran:
-            return self._nothing_to_do(result.planned, taken[0])
-        failed = result.failed
-        if failed is not None:
-            raise _Failed(
-                "apply",
-                f"{failed.action.kind.value} {failed.action.target}: {failed.message}",
-                transient=failed.transient,
-            )
-        if result.mismatch is not None:
-            # The host changed under the plan (another process, a driver that did otherwise):
-            # transient, the next run plans from what the host now is.
-            raise _Failed("apply", result.mismatch.message, transient=True)
-        verification = result.verification
-        if verification is None:  # pragma: no cover - a run that went well is verified
-            raise _Failed("internal", "the run was not verified")
-        remaining = verification.remaining
-        if verification.verdict is Convergence.NOT_CONVERGED:
-            kinds = ", ".join(f"{a.kind.value} {a.target}" for a in remaining.actions[:3])
-            raise _Failed(
-                "not_converged",
-                f"after applying, a fresh plan still has {len(remaining.actions)} action(s): "
-                f"{kinds}",
-            )
-        self._adopt_baselines(taken[0])
-        return remaining, result.done
-
-    def _nothing_to_do(
-        self, planned: Planned, baselines: tuple[str, str | None]
-    ) -> tuple[Plan, int]:
-        self._adopt_baselines(baselines)
-        return planned.plan, 0
-
-    def _plugins_told(self, result: Reconciled) -> None:
-        """Report the device plugins' own failure (the run goes on without them)."""
-        error = result.plugins.error if result.plugins is not None else None
-        if error is None:
-            return
-        self.metrics.errors.labels(kind="deviceplugin").inc()
-        if isinstance(error, ReconcilerError):
-            log.error("device plugins: %s", error.message)
-        else:
-            log.error("device plugins: update failed", exc_info=error)
-
-    def _fingerprints(self) -> tuple[str, str | None]:
-        """Taken before an observation: a change after it shows at the next rescan."""
-        return self.host.take(), self.cluster.take()
-
-    def _adopt_baselines(self, baselines: tuple[str | None, str | None]) -> None:
-        self.host.adopt(baselines[0])
-        self.cluster.adopt(baselines[1])
-
-    def _log_plan(self, planned: Planned) -> bool:
-        """The engine's review of the plan it is about to run: logged, never refused."""
-        plan = planned.plan
-        if not plan.actions:
-            return True
-        log.info(
-            "applying %d action(s)",
-            len(plan.actions),
-            extra={"summary": plan.summary.to_json()},
-        )
-        for action in plan.actions:
-            log.info(
-                "plan: %s %s: %s",
-                action.kind.value,
-                action.target,
-                action.reason,
-                extra={"kind": action.kind.value, "target": action.target},
-            )
-        return True
-
-    def _outcome(self, outcome: Outcome) -> None:
-        self.probes.beat()
-        action = outcome.action
-        if outcome.status is OutcomeStatus.DONE:
-            self.metrics.actions_applied.labels(kind=action.kind.value).inc()
-        level = logging.ERROR if outcome.status is OutcomeStatus.FAILED else logging.INFO
-        log.log(
-            level,
-            "%s %s %s: %s",
-            outcome.status.value,
-            action.kind.value,
-            action.target,
-            outcome.message,
-            extra={
-                "kind": action.kind.value,
-                "target": action.target,
-                "status": outcome.status.value,
-                "seconds": round(outcome.seconds, 3),
-            },
-        )
-
-    def _succeeded(self, plan: Plan, applied: int, started: float, triggers: str) -> None:
-        seconds = self._clock() - started
-        blocked = tuple(f"{b.kind.value} {b.target}: {b.reason}" for b in plan.blocked)
-        converged = not plan.has_changes
-        result = "converged" if converged else "blocked"
-        self.metrics.reconciles.labels(result=result).inc()
-        self.metrics.blocked_actions.set(len(blocked))
-        self.metrics.converged.set(1 if converged else 0)
-        self.metrics.last_success.set(self._wall_clock())
-        changed = self.probes.settled(blocked, converged=converged) or applied > 0
-        self.scheduler.succeeded()
-        fields = {
-            "reason": triggers,
-            "result": result,
-            "applied": applied,
-            "seconds": round(seconds, 3),
-        }
-        if not changed:
-            log.debug("reconciled: nothing changed", extra=fields)
-            return
-        if converged:
-            log.info("converged: the node matches the desired state", extra=fields)
-            return
-        log.warning(
-            "%d change(s) blocked; the rest is applied (planned again at every rescan)",
-            len(blocked),
-            extra=fields,
-        )
-        for line in blocked:
-            log.warning("blocked: %s", line)
-
-    def _failed(
-        self,
-        kind: str,
-        message: str,
-        started: float,
-        triggers: str,
-        *,
-        level: int = logging.ERROR,
-        transient: bool | None = None,
-    ) -> None:
-        retry = self._retry(transient)
-        self.probes.failed(message)
-        self.metrics.reconciles.labels(result="failed").inc()
-        self.metrics.errors.labels(kind=kind).inc()
-        self.metrics.converged.set(0)
-        log.log(
-            level,
-            "reconcile failed: %s; %s",
-            message,
-            retry.when,
-            extra={
-                "reason": triggers,
-                "error": kind,
-                "transient": retry.transient,
-                "failures": retry.failures,
-                "retry_in": round(retry.delay, 2),
-                "seconds": round(self._clock() - started, 3),
-            },
-        )
+        if desired is not None:
+            self.reconciles.run(desired, triggers)

@@ -7,6 +7,7 @@ and Events are fakes of the ports the loop speaks (the real ones have their own 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -15,11 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from reconciler.apply import NodeLock
 from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.engine import NodePorts
-from reconciler.model import Inventory
+from reconciler.model import Inventory, ReconcilerError
 from reconciler.sim import SimHost, hold, init_host, reboot, release
 from reconciler.watch.loop import WatchLoop, WatchSettings
 from reconciler.watch.metrics import DRIFT_SOURCES, ERROR_KINDS, RESULTS, WatchMetrics
@@ -54,10 +57,11 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) ->
 
 @dataclass
 class FakePlugins:
-    """The DevicePlugins port: records each update."""
+    """The DevicePlugins port: records each update (then fails with ``failure``, if set)."""
 
     updates: list[tuple[frozenset[str], frozenset[str]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    failure: Exception | None = None
 
     def update(self, inventory: Inventory, *, removed_on_purpose: Iterable[str] = ()) -> None:
         uuids = frozenset(
@@ -65,6 +69,9 @@ class FakePlugins:
         )
         with self.lock:
             self.updates.append((uuids, frozenset(removed_on_purpose)))
+            failure = self.failure
+        if failure is not None:
+            raise failure
 
     def last(self) -> tuple[frozenset[str], frozenset[str]] | None:
         with self.lock:
@@ -91,6 +98,8 @@ class Node:
     plugins: FakePlugins
     events: FakeEvents
     state_dir: Path
+    #: What the loop builds its ports with, at each use: a test replaces it to inject a fault.
+    ports: Callable[[], NodePorts]
 
     def vgpus(self) -> dict[str, str]:
         """uuid → type name, as the host has them now."""
@@ -138,11 +147,14 @@ def make_node(
         built = composed.ports(command_timeout=30)
         return replace(built, events=events) if with_events else built
 
+    def current_ports() -> NodePorts:
+        return node.ports()  # looked up at each use: a test may replace it
+
     loop = WatchLoop(
         source=DesiredSource.at(desired),
         node=NODE,
         catalog=composed.catalog,
-        ports=ports,
+        ports=current_ports,
         host_signature=wrap_signature(HostSignature(host.sysfs_root).compute),
         plugins=plugins,
         metrics=WatchMetrics(),
@@ -155,7 +167,8 @@ def make_node(
         ),
         clock=clock,
     )
-    return Node(host, desired, loop, plugins, events, composed.state_dir)
+    node = Node(host, desired, loop, plugins, events, composed.state_dir, ports)
+    return node
 
 
 @contextmanager
@@ -222,6 +235,31 @@ def test_host_drift_is_repaired_at_the_next_rescan(tmp_path: Path) -> None:
         # Plugins first heard it vanished (not on purpose), then that it is back.
         assert any(U4 not in uuids and not removed for uuids, removed in node.plugins.updates)
         assert node.plugins.last() == (frozenset(node.vgpus()), frozenset())
+
+
+def test_device_plugins_that_fail_are_counted_and_never_fail_a_reconcile(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The device plugins failing, whether the reconcile tells them or a rescan that found the
+    host changed does at once, is logged and counted under kind="deviceplugin": the node is
+    converged all the same and the loop goes on."""
+    caplog.set_level(logging.ERROR, logger="vgpuctl.watch")
+    node = make_node(tmp_path, seed_text())
+    node.plugins.failure = ReconcilerError("kubelet.sock: connection refused")
+    with running(node.loop):
+        wait_for(converged(node), "the first reconcile")
+        assert node.sample("vgpuctl_errors_total", kind="deviceplugin") == 1
+        node.plugins.failure = RuntimeError("a bug in the plugins")
+        node.host.writer().write(f"bus/mdev/devices/{U4}/remove", "1")
+        wait_for(converged(node, reconciles=2), "the vGPU re-created")
+    assert U4 in node.vgpus()
+    # Told twice more: at once when the rescan found the vGPU gone, then by the reconcile.
+    assert len(node.plugins.updates) == 3
+    assert node.sample("vgpuctl_errors_total", kind="deviceplugin") == 3
+    assert node.sample("vgpuctl_reconciles_total", result="failed") == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages.count("device plugins: kubelet.sock: connection refused") == 1
+    assert messages.count("device plugins: update failed") == 2
 
 
 def test_after_a_reboot_every_vgpu_comes_back_with_its_uuid(tmp_path: Path) -> None:
@@ -338,7 +376,7 @@ def test_a_permanent_failure_waits_for_a_change_of_the_host_instead_of_retrying(
         return lambda: f"{compute()}/{generation[0]}"
 
     node = make_node(tmp_path, seed_text(), wrap_signature=wrap, resync_interval=3600)
-    built = node.loop._ports
+    built = node.ports
     unreadable = threading.Event()
     unreadable.set()
 
@@ -352,7 +390,7 @@ def test_a_permanent_failure_waits_for_a_change_of_the_host_instead_of_retrying(
 
         return replace(real, observe_host=observe)
 
-    node.loop._ports = ports
+    node.ports = ports
     with running(node.loop):
         wait_for(lambda: node.sample("vgpuctl_errors_total", kind="observe") >= 1, "the failure")
         rescans = node.sample("vgpuctl_rescan_duration_seconds_count")
@@ -382,7 +420,7 @@ def test_a_permanent_failure_is_tried_again_after_the_resync_interval(tmp_path: 
     from reconciler.model import ForbiddenError
 
     node = make_node(tmp_path, seed_text(), resync_interval=0.3)
-    built = node.loop._ports
+    built = node.ports
     refusals: list[int] = []
 
     def ports() -> NodePorts:
@@ -396,7 +434,7 @@ def test_a_permanent_failure_is_tried_again_after_the_resync_interval(tmp_path: 
 
         return replace(real, observe_host=observe)
 
-    node.loop._ports = ports
+    node.ports = ports
     with running(node.loop):
         wait_for(converged(node), "convergence at the resync")
     assert node.sample("vgpuctl_errors_total", kind="cluster") == 1
@@ -414,7 +452,7 @@ def test_work_another_apply_did_meanwhile_is_planned_again_under_the_lock(
     node = make_node(tmp_path, seed_text())
     other = tmp_path / "by-hand.yaml"
     other.write_text(seed_text(vf4="NVIDIA A2-4C"))
-    built = node.loop._ports
+    built = node.ports
     applied_by_hand: list[int] = []
 
     def ports() -> NodePorts:
@@ -430,7 +468,7 @@ def test_work_another_apply_did_meanwhile_is_planned_again_under_the_lock(
 
         return replace(real, observe_host=observe)
 
-    node.loop._ports = ports
+    node.ports = ports
     with running(node.loop):
         wait_for(converged(node), "the first reconcile")
     assert applied_by_hand == [0]
@@ -450,7 +488,7 @@ def test_a_scan_spoiled_by_an_apply_at_work_is_a_lock_wait_not_an_error(tmp_path
     node = make_node(tmp_path, seed_text())
     node.state_dir.mkdir(parents=True, exist_ok=True)
     lock = NodeLock(node.state_dir, NODE, command="vgpuctl apply (test)")
-    built = node.loop._ports
+    built = node.ports
     spoiled: list[int] = []
 
     def ports() -> NodePorts:
@@ -466,7 +504,7 @@ def test_a_scan_spoiled_by_an_apply_at_work_is_a_lock_wait_not_an_error(tmp_path
 
         return replace(real, observe_host=observe)
 
-    node.loop._ports = ports
+    node.ports = ports
     lock.acquire()
     try:
         with running(node.loop):

@@ -1,0 +1,294 @@
+"""One reconcile of the watch loop: the engine run, and what the loop reports of it.
+
+:class:`ReconcileRunner` runs the engine (``reconciler.engine``) once, as ``vgpuctl apply``
+does: observe → plan; when there is something to do, under the node lock: plan again (another
+process may have acted meanwhile) → host actions → the host checked against the plan's
+prediction → cluster writes → the embedded device plugins told → verify. A reconcile with
+nothing to do never takes the lock.
+
+Around the run it keeps the books:
+
+- logs: the plan before it runs, each action's outcome, then the result (converged, blocked
+  with the changes a VM holds up, or failed with the retry the scheduler set);
+- metrics: reconciles by result, actions applied, errors by kind, the duration, the converged
+  and blocked gauges, the last success;
+- the probes (``health.py``): busy while it runs, a beat at each action, settled or failed;
+- the scheduler (``scheduler.py``): a success, or a failure and its retry (a transient error
+  with backoff; a permanent one waits for a change of an input or the resync);
+- the drift baselines (``changes.py``): the host's and the cluster's fingerprints taken just
+  before the run's last host observation are adopted when it succeeds, and when it fails
+  permanently what the failed run saw last (so a change of either brings the next try).
+
+It never decides *when*: the loop calls :meth:`ReconcileRunner.run` when the scheduler says a
+reconcile is due.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from reconciler.apply import Outcome, OutcomeStatus
+from reconciler.engine import NodePorts, Planned, RunSettings, reconcile
+from reconciler.engine.pipeline import Convergence
+from reconciler.model import (
+    ApplyError,
+    ClusterError,
+    DesiredNode,
+    Inventory,
+    LockHeldError,
+    ObserveError,
+    Plan,
+    PlanError,
+    ReconcilerError,
+)
+from reconciler.watch.advertising import Advertising
+from reconciler.watch.changes import ClusterDrift, HostDrift
+from reconciler.watch.health import Health
+from reconciler.watch.metrics import WatchMetrics
+from reconciler.watch.scheduler import Scheduler, is_transient
+
+log = logging.getLogger("vgpuctl.watch")
+
+#: The host's and the cluster's fingerprints (the latter None without a cluster).
+_Fingerprints = tuple[str | None, str | None]
+
+
+class _Failed(ReconcilerError):
+    """A reconcile that ended without an exception of its own but did not succeed."""
+
+    def __init__(self, kind: str, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.transient = transient
+
+
+class ReconcileRunner:
+    """Runs one reconcile at a time and reports it. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        ports: Callable[[], NodePorts],
+        settings: RunSettings,
+        scheduler: Scheduler,
+        host: HostDrift,
+        cluster: ClusterDrift,
+        probes: Health,
+        advertising: Advertising,
+        metrics: WatchMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ports = ports
+        self._settings = settings
+        self._scheduler = scheduler
+        self._host = host
+        self._cluster = cluster
+        self._probes = probes
+        self._advertising = advertising
+        self._metrics = metrics
+        self._clock = clock
+        self._wall_clock = wall_clock
+
+    def run(self, desired: DesiredNode, triggers: str) -> None:
+        """Converge the node on ``desired`` (``triggers``: why, for the logs). Never raises:
+        a failure is reported and its retry scheduled."""
+        started = self._clock()
+        self._probes.busy_since = started
+        try:
+            final, applied = self._converge(desired)
+        except LockHeldError as exc:
+            self._failed("lock", exc.message, exc, started, triggers, level=logging.WARNING)
+        except _Failed as exc:
+            self._failed(exc.kind, exc.message, exc, started, triggers)
+        except PlanError as exc:
+            self._failed("plan", "; ".join(exc.lines()), exc, started, triggers)
+        except ObserveError as exc:
+            self._failed("observe", exc.message, exc, started, triggers)
+        except ClusterError as exc:
+            self._failed("cluster", exc.message, exc, started, triggers)
+        except ApplyError as exc:
+            self._failed("apply", exc.message, exc, started, triggers)
+        except ReconcilerError as exc:
+            self._failed("internal", exc.message, exc, started, triggers)
+        except Exception as exc:
+            log.exception("reconcile failed on an internal error")
+            message = f"{type(exc).__name__}: {exc}"
+            self._failed("internal", message, exc, started, triggers)
+        else:
+            self._succeeded(final, applied, started, triggers)
+        finally:
+            self._probes.busy_since = None
+            self._metrics.reconcile_duration.observe(self._clock() - started)
+
+    # -- the engine's run --------------------------------------------------------------------
+
+    def _converge(self, desired: DesiredNode) -> tuple[Plan, int]:
+        """One run of the engine, which tells the device plugins itself. Returns what is left
+        to do (blocked changes at most) and how many actions were carried out; raises when
+        the node could not be converged."""
+        ports = self._ports()
+        # Fingerprints taken just before each host observation: those before the last one
+        # (the one the run ends on) become the baselines a rescan compares with.
+        taken: list[_Fingerprints] = []
+        observe_host = ports.observe_host
+
+        def observe() -> Inventory:
+            # Taken before the observation: a change after it shows at the next rescan.
+            taken[:] = [(self._host.take(), self._cluster.take())]
+            return observe_host()
+
+        result = reconcile(
+            replace(ports, observe_host=observe),
+            desired,
+            settings=self._settings,
+            review=self._log_plan,
+            on_outcome=self._outcome,
+            plugins=self._advertising.plugins,
+        )
+        self._advertising.engine_told(result)
+        if not result.ran:
+            self._adopt_baselines(taken[0])
+            return result.planned.plan, 0
+        failed = result.failed
+        if failed is not None:
+            raise _Failed(
+                "apply",
+                f"{failed.action.kind.value} {failed.action.target}: {failed.message}",
+                transient=failed.transient,
+            )
+        if result.mismatch is not None:
+            # The host changed under the plan (another process, a driver that did otherwise):
+            # transient, the next run plans from what the host now is.
+            raise _Failed("apply", result.mismatch.message, transient=True)
+        verification = result.verification
+        if verification is None:  # pragma: no cover - a run that went well is verified
+            raise _Failed("internal", "the run was not verified")
+        remaining = verification.remaining
+        if verification.verdict is Convergence.NOT_CONVERGED:
+            kinds = ", ".join(f"{a.kind.value} {a.target}" for a in remaining.actions[:3])
+            raise _Failed(
+                "not_converged",
+                f"after applying, a fresh plan still has {len(remaining.actions)} action(s): "
+                f"{kinds}",
+            )
+        self._adopt_baselines(taken[0])
+        return remaining, result.done
+
+    def _adopt_baselines(self, baselines: _Fingerprints) -> None:
+        self._host.adopt(baselines[0])
+        self._cluster.adopt(baselines[1])
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def _log_plan(self, planned: Planned) -> bool:
+        """The engine's review of the plan it is about to run: logged, never refused."""
+        plan = planned.plan
+        if not plan.actions:
+            return True
+        log.info(
+            "applying %d action(s)",
+            len(plan.actions),
+            extra={"summary": plan.summary.to_json()},
+        )
+        for action in plan.actions:
+            log.info(
+                "plan: %s %s: %s",
+                action.kind.value,
+                action.target,
+                action.reason,
+                extra={"kind": action.kind.value, "target": action.target},
+            )
+        return True
+
+    def _outcome(self, outcome: Outcome) -> None:
+        self._probes.beat()
+        action = outcome.action
+        if outcome.status is OutcomeStatus.DONE:
+            self._metrics.actions_applied.labels(kind=action.kind.value).inc()
+        level = logging.ERROR if outcome.status is OutcomeStatus.FAILED else logging.INFO
+        log.log(
+            level,
+            "%s %s %s: %s",
+            outcome.status.value,
+            action.kind.value,
+            action.target,
+            outcome.message,
+            extra={
+                "kind": action.kind.value,
+                "target": action.target,
+                "status": outcome.status.value,
+                "seconds": round(outcome.seconds, 3),
+            },
+        )
+
+    def _succeeded(self, plan: Plan, applied: int, started: float, triggers: str) -> None:
+        seconds = self._clock() - started
+        blocked = tuple(f"{b.kind.value} {b.target}: {b.reason}" for b in plan.blocked)
+        converged = not plan.has_changes
+        result = "converged" if converged else "blocked"
+        self._metrics.reconciles.labels(result=result).inc()
+        self._metrics.blocked_actions.set(len(blocked))
+        self._metrics.converged.set(1 if converged else 0)
+        self._metrics.last_success.set(self._wall_clock())
+        changed = self._probes.settled(blocked, converged=converged) or applied > 0
+        self._scheduler.succeeded()
+        fields = {
+            "reason": triggers,
+            "result": result,
+            "applied": applied,
+            "seconds": round(seconds, 3),
+        }
+        if not changed:
+            log.debug("reconciled: nothing changed", extra=fields)
+            return
+        if converged:
+            log.info("converged: the node matches the desired state", extra=fields)
+            return
+        log.warning(
+            "%d change(s) blocked; the rest is applied (planned again at every rescan)",
+            len(blocked),
+            extra=fields,
+        )
+        for line in blocked:
+            log.warning("blocked: %s", line)
+
+    def _failed(
+        self,
+        kind: str,
+        message: str,
+        error: Exception,
+        started: float,
+        triggers: str,
+        *,
+        level: int = logging.ERROR,
+    ) -> None:
+        """Report a failed reconcile and schedule its retry, as ``error`` says (transient or
+        permanent: ``scheduler.is_transient``)."""
+        transient = is_transient(error)
+        if not transient:
+            # What the failed reconcile saw last is what must change for another try to
+            # succeed: a rescan that finds the host or the cluster otherwise tries again.
+            self._adopt_baselines((self._host.last, self._cluster.last))
+        retry = self._scheduler.failed(transient=transient)
+        self._probes.failed(message)
+        self._metrics.reconciles.labels(result="failed").inc()
+        self._metrics.errors.labels(kind=kind).inc()
+        self._metrics.converged.set(0)
+        log.log(
+            level,
+            "reconcile failed: %s; %s",
+            message,
+            retry.when,
+            extra={
+                "reason": triggers,
+                "error": kind,
+                "transient": retry.transient,
+                "failures": retry.failures,
+                "retry_in": round(retry.delay, 2),
+                "seconds": round(self._clock() - started, 3),
+            },
+        )
