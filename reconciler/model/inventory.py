@@ -226,13 +226,7 @@ def _gpu_canonical(g: Gpu) -> str:
     # A VF's keys in sorted order: address, creatableTypes, inUse, index, vgpu. A PCI address's
     # text needs no escaping (hex digits, ':' and '.').
     vfs = ",".join(
-        [
-            f'{{"address":"{v.address}","creatableTypes":{_creatable_canonical(v.creatable)},'
-            f'"inUse":false,"index":{v.index:d},"vgpu":null}}'
-            if v.vgpu is None
-            else _vf_canonical(v, v.vgpu)
-            for v in g.vfs
-        ]
+        [_free_vf_canonical(v) if v.vgpu is None else _vf_canonical(v, v.vgpu) for v in g.vfs]
     )
     # "vfs" and "vgpuTypes" sort after every other key of a GPU.
     return f'{head[:-1]},"vfs":[{vfs}],"vgpuTypes":{_types_canonical(g.types)}}}'
@@ -250,6 +244,23 @@ def _gpu_json_scalars(g: Gpu) -> dict[str, Any]:
         "driver": g.driver,
         "sriov": _sriov_json(g),
     }
+
+
+def _free_vf_canonical(v: Vf) -> str:
+    """A VF with no vGPU, canonical. By identity, like type lists: parsing shares such VFs."""
+    entry = _canonical_vfs.get(id(v))
+    if entry is not None and entry[0] is v:
+        return entry[1]
+    # A VF's keys in sorted order: address, creatableTypes, inUse, index, vgpu. A PCI address's
+    # text needs no escaping (hex digits, ':' and '.').
+    text = (
+        f'{{"address":"{v.address}","creatableTypes":{_creatable_canonical(v.creatable)},'
+        f'"inUse":false,"index":{v.index:d},"vgpu":null}}'
+    )
+    if len(_canonical_vfs) >= _SHARED_VFS_LIMIT:
+        _canonical_vfs.clear()
+    _canonical_vfs[id(v)] = (v, text)
+    return text
 
 
 def _vf_canonical(v: Vf, vgpu: VGPU) -> str:
@@ -310,8 +321,36 @@ def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
     sriov = raw.get("sriov", {})
     vfs = []
     parse = PciAddress.parse
+    shared_vfs = _shared_vfs
     for v in raw.get("vfs", []):
         vg = v.get("vgpu")
+        if vg is None:
+            # A VF with no vGPU is its address, index and creatable set: a fleet's nodes repeat
+            # them, so one made from the same plain values (a str, an int, strs) is shared.
+            try:
+                key = (v["address"], v["index"], *v.get("creatableTypes", ()))
+                vf = shared_vfs.get(key)
+            except (KeyError, TypeError):
+                key, vf = None, None
+            if vf is not None:
+                vfs.append(vf)
+                continue
+            vf = Vf(
+                parse(v["address"]),
+                int(v["index"]),
+                None,
+                _creatable_from_json(v.get("creatableTypes", [])),
+            )
+            if (
+                key is not None
+                and all(type(k) is str for k in key[2:])
+                and (type(key[0]) is str and type(key[1]) is int)
+            ):
+                if len(shared_vfs) >= _SHARED_VFS_LIMIT:
+                    shared_vfs.clear()
+                shared_vfs[key] = vf
+            vfs.append(vf)
+            continue
         vfs.append(
             Vf(
                 parse(v["address"]),
@@ -360,9 +399,13 @@ _SHARED_LIMIT = 1024
 _SHARED_LISTS_LIMIT = 64  # type lists: a few per driver branch and GPU model
 _shared_types: dict[tuple[tuple[tuple[str, Any], ...], ...], tuple[VGPUType, ...]] = {}
 _shared_creatable: dict[tuple[str, ...], frozenset[str]] = {}
+#: VFs with no vGPU, by (address, index, *creatable names) as read.
+_SHARED_VFS_LIMIT = 1 << 14  # a node has up to a few thousand VFs
+_shared_vfs: dict[tuple[Any, ...], Vf] = {}
 #: The fingerprint's encodings of shared values (see :meth:`Inventory.fingerprint`).
 _canonical_creatable: dict[frozenset[str], str] = {}
 _canonical_types: dict[int, tuple[tuple[VGPUType, ...], str]] = {}
+_canonical_vfs: dict[int, tuple[Vf, str]] = {}
 
 
 def _types_from_json(raw: Any) -> tuple[VGPUType, ...]:

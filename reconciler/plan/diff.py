@@ -72,6 +72,9 @@ def diff_gpu(
     for vf in slots:
         want = profiles.get(vf.index)
         have = vf.vgpu
+        if have is None and want is None and enabled:  # most VFs of a node: nothing to do
+            diff.noops.append(_free_noop(vf))
+            continue
         address = str(vf.address)
         if have is None:
             if want is not None:
@@ -86,8 +89,7 @@ def diff_gpu(
                         reason=f"VF {address} {appears}; desired {want}",
                     )
                 )
-            elif enabled:  # a VF that does not exist yet needs no word
-                diff.noops.append(Noop(address, "no vGPU, none desired"))
+            # else a VF that does not exist yet, which needs no word (an existing one has had)
             continue
         if have.type_name == want:
             diff.noops.append(Noop(address, f"hosts {want} as desired"))
@@ -130,6 +132,23 @@ def diff_gpu(
     diff.blocked.extend(waiting)
     diff.blocked.sort(key=lambda s: (s.kind.order, s.vf_index))
     return diff
+
+
+#: The word on a VF with no vGPU and none desired, by the VF (held: its id is not reused).
+#: Parsing shares a fleet's equal free VFs, and planning words each of them node after node.
+_FREE_NOOPS_LIMIT = 1 << 14
+_free_noops: dict[int, tuple[Vf, Noop]] = {}
+
+
+def _free_noop(vf: Vf) -> Noop:
+    entry = _free_noops.get(id(vf))
+    if entry is not None and entry[0] is vf:
+        return entry[1]
+    noop = Noop(str(vf.address), "no vGPU, none desired")
+    if len(_free_noops) >= _FREE_NOOPS_LIMIT:
+        _free_noops.clear()
+    _free_noops[id(vf)] = (vf, noop)
+    return noop
 
 
 def _disable(gpu: Gpu, slots: tuple[Vf, ...], diff: GpuDiff) -> None:
