@@ -397,7 +397,8 @@ _by_index = attrgetter("index")
 # exactly the one the input would have made. Bounded: each table is emptied when full.
 _SHARED_LIMIT = 1024
 _SHARED_LISTS_LIMIT = 64  # type lists: a few per driver branch and GPU model
-_shared_types: dict[tuple[tuple[tuple[str, Any], ...], ...], tuple[VGPUType, ...]] = {}
+#: Type lists as read (copies: the caller's may change), with the types made of them.
+_shared_types: list[tuple[list[dict[str, Any]], tuple[VGPUType, ...]]] = []
 _shared_creatable: dict[tuple[str, ...], frozenset[str]] = {}
 #: VFs with no vGPU, by (address, index, *creatable names) as read.
 _SHARED_VFS_LIMIT = 1 << 14  # a node has up to a few thousand VFs
@@ -409,18 +410,21 @@ _canonical_vfs: dict[int, tuple[Vf, str]] = {}
 
 
 def _types_from_json(raw: Any) -> tuple[VGPUType, ...]:
-    try:
-        key = tuple(tuple(t.items()) for t in raw)
-        shared = _shared_types.get(key)
-    except (AttributeError, TypeError):  # not a list of objects of plain values: not shared
-        key, shared = None, None
-    if shared is not None:
-        return shared
+    # Compared with the lists read before, as they were read (a plain list of objects of plain
+    # values compares in C; making a hashable key of every type cost more than the rest).
+    if type(raw) is list:
+        for seen, shared in _shared_types:
+            if raw == seen:
+                return shared
     types = tuple(VGPUType.from_json(t) for t in raw)
-    if key is not None and all(_as_read(t, made) for t, made in zip(raw, types, strict=True)):
+    if (
+        type(raw) is list
+        and all(type(t) is dict for t in raw)
+        and all(_as_read(t, made) for t, made in zip(raw, types, strict=True))
+    ):
         if len(_shared_types) >= _SHARED_LISTS_LIMIT:
             _shared_types.clear()
-        _shared_types[key] = types
+        _shared_types.append(([dict(t) for t in raw], types))
     return types
 
 
