@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _encode
 from operator import attrgetter
 from typing import Any
 
@@ -222,9 +223,7 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
 
 def _gpu_canonical(g: Gpu) -> str:
     """``g``'s inventory JSON in the fingerprint's canonical form (sorted keys, no spaces)."""
-    head = json.dumps(_gpu_json_scalars(g), sort_keys=True, separators=(",", ":"))
-    # A VF's keys in sorted order: address, creatableTypes, inUse, index, vgpu. A PCI address's
-    # text needs no escaping (hex digits, ':' and '.').
+    head = _gpu_head_canonical(g)
     vfs = ",".join(
         [_free_vf_canonical(v) if v.vgpu is None else _vf_canonical(v, v.vgpu) for v in g.vfs]
     )
@@ -246,6 +245,33 @@ def _gpu_json_scalars(g: Gpu) -> dict[str, Any]:
     }
 
 
+def _gpu_head_canonical(g: Gpu) -> str:
+    """``g``'s scalars, canonical: remembered by their values when each is a plain ``str`` or
+    ``int`` as its field (then what equals them encodes the same)."""
+    key = (
+        g.address, g.vendor_id, g.device_id, g.subsystem_vendor_id, g.subsystem_device_id,
+        g.model, g.interface, g.driver, g.vf_device,
+        g.total_vfs, g.num_vfs, g.vf_offset, g.vf_stride,
+    )  # fmt: skip
+    text = _canonical_heads.get(key)
+    if text is None:
+        text = json.dumps(_gpu_json_scalars(g), sort_keys=True, separators=(",", ":"))
+        plain = (
+            type(g.address) is PciAddress
+            and all(type(x) is str for x in key[1:5])
+            and (g.model is None or type(g.model) is str)
+            and type(g.interface) is Interface
+            and type(g.driver) is str
+            and type(g.vf_device) is str
+            and all(type(x) is int for x in key[9:])
+        )
+        if plain:
+            if len(_canonical_heads) >= _SHARED_LIMIT:
+                _canonical_heads.clear()
+            _canonical_heads[key] = text
+    return text
+
+
 def _free_vf_canonical(v: Vf) -> str:
     """A VF with no vGPU, canonical. By identity, like type lists: parsing shares such VFs."""
     entry = _canonical_vfs.get(id(v))
@@ -265,7 +291,25 @@ def _free_vf_canonical(v: Vf) -> str:
 
 def _vf_canonical(v: Vf, vgpu: VGPU) -> str:
     in_use = "true" if vgpu.in_use else "false"
-    body = json.dumps(_vgpu_json(vgpu), sort_keys=True, separators=(",", ":"))
+    holder, group, name, uuid = vgpu.holder, vgpu.iommu_group, vgpu.type_name, vgpu.uuid
+    if type(holder) is str and type(group) is str and type(name) is str and type(uuid) is str:
+        # Sorted keys: holder, iommuGroup, removing, type, uuid; strings as json.dumps writes
+        # them (ASCII, escaped).
+        body = "".join(
+            [
+                '{"holder":',
+                _encode(holder),
+                f',"iommuGroup":{_encode(group)}' if group else "",
+                ',"removing":true' if vgpu.removing else "",
+                ',"type":',
+                _encode(name),
+                ',"uuid":',
+                _encode(uuid),
+                "}",
+            ]
+        )
+    else:
+        body = json.dumps(_vgpu_json(vgpu), sort_keys=True, separators=(",", ":"))
     return (
         f'{{"address":"{v.address}","creatableTypes":{_creatable_canonical(v.creatable)},'
         f'"inUse":{in_use},"index":{v.index:d},"vgpu":{body}}}'
@@ -407,6 +451,7 @@ _shared_vfs: dict[tuple[Any, ...], Vf] = {}
 _canonical_creatable: dict[frozenset[str], str] = {}
 _canonical_types: dict[int, tuple[tuple[VGPUType, ...], str]] = {}
 _canonical_vfs: dict[int, tuple[Vf, str]] = {}
+_canonical_heads: dict[tuple[Any, ...], str] = {}
 
 
 def _types_from_json(raw: Any) -> tuple[VGPUType, ...]:

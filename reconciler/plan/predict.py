@@ -181,21 +181,41 @@ def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
         for t in gpu.types
         if (not sizes or t.framebuffer_mib == hosted) and sizes[t.framebuffer_mib] < t.max_instance
     )
-    # VFs read from one inventory share equal creatable sets: when one equals the new set, it
-    # stands for it, and the rest compare by identity.
-    for vf, vgpu in zip(gpu.vfs, hosts, strict=True):
-        if vgpu is None and vf.creatable == open_types:
-            open_types = vf.creatable
-            break
+    # One set stands for its equals (a fleet's GPUs compute the same few): a free VF predicted
+    # to change is made once per set and shared (immutable), node after node.
+    open_types = _open_sets.setdefault(open_types, open_types)
+    if len(_open_sets) > _SHARED_LIMIT:
+        _open_sets.clear()
     none: frozenset[str] = frozenset()
     vfs = []
     for vf, vgpu in zip(gpu.vfs, hosts, strict=True):
-        creatable = none if vgpu is not None else open_types
-        if vgpu is vf.vgpu and (vf.creatable is creatable or vf.creatable == creatable):
+        if vgpu is not None:
+            if vgpu is vf.vgpu and not vf.creatable:
+                vfs.append(vf)
+            else:
+                vfs.append(Vf(vf.address, vf.index, vgpu, none))
+        elif vf.vgpu is None and (vf.creatable is open_types or vf.creatable == open_types):
             vfs.append(vf)
         else:
-            vfs.append(Vf(vf.address, vf.index, vgpu, creatable))
+            vfs.append(_freed(vf, open_types))
     return _with_vfs(gpu, tuple(vfs))
+
+
+_SHARED_LIMIT = 1 << 14
+_open_sets: dict[frozenset[str], frozenset[str]] = {}
+#: By the VF (held: its id is not reused): the VF with no vGPU and that creatable set.
+_freed_vfs: dict[int, tuple[Vf, frozenset[str], Vf]] = {}
+
+
+def _freed(vf: Vf, creatable: frozenset[str]) -> Vf:
+    entry = _freed_vfs.get(id(vf))
+    if entry is not None and entry[0] is vf and entry[1] is creatable:
+        return entry[2]
+    made = Vf(vf.address, vf.index, None, creatable)
+    if len(_freed_vfs) >= _SHARED_LIMIT:
+        _freed_vfs.clear()
+    _freed_vfs[id(vf)] = (vf, creatable, made)
+    return made
 
 
 def _size(gpu: Gpu, type_name: str, catalog: Catalog) -> int | None:
