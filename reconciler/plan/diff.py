@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from reconciler.model import UNKNOWN_HOLDER, VGPU, ActionKind, Gpu, Noop, Vf
+from reconciler.model import UNKNOWN_HOLDER, VGPU, ActionKind, Gpu, Noop, PciAddress, Vf
 from reconciler.plan.offer import Offer, TypeFacts
 from reconciler.plan.uuids import vgpu_uuid
 
@@ -75,9 +75,9 @@ def diff_gpu(
         if have is None and want is None and enabled:  # most VFs of a node: nothing to do
             diff.noops.append(_free_noop(vf))
             continue
-        address = str(vf.address)
         if have is None:
             if want is not None:
+                address = str(vf.address)
                 appears = "has no vGPU" if enabled else "appears when SR-IOV is enabled"
                 creates.append(
                     _create(
@@ -92,9 +92,10 @@ def diff_gpu(
             # else a VF that does not exist yet, which needs no word (an existing one has had)
             continue
         if have.type_name == want:
-            diff.noops.append(Noop(address, f"hosts {want} as desired"))
+            diff.noops.append(_kept_noop(vf, want))
             kept.append(want)
             continue
+        address = str(vf.address)
         wanted = f"desired {want}" if want is not None else "no vGPU desired"
         remove = _remove(
             pf,
@@ -138,6 +139,22 @@ def diff_gpu(
 #: Parsing shares a fleet's equal free VFs, and planning words each of them node after node.
 _FREE_NOOPS_LIMIT = 1 << 14
 _free_noops: dict[int, tuple[Vf, Noop]] = {}
+#: The word on a VF that hosts its desired type, by the VF's address (parsing shares equal
+#: addresses) and the type.
+_kept_noops: dict[tuple[int, str], tuple[PciAddress, Noop]] = {}
+
+
+def _kept_noop(vf: Vf, want: str) -> Noop:
+    key = (id(vf.address), want)
+    entry = _kept_noops.get(key)
+    if entry is not None and entry[0] is vf.address:
+        return entry[1]
+    noop = Noop(str(vf.address), f"hosts {want} as desired")
+    if type(want) is str:  # what equals it words the same
+        if len(_kept_noops) >= _FREE_NOOPS_LIMIT:
+            _kept_noops.clear()
+        _kept_noops[key] = (vf.address, noop)
+    return noop
 
 
 def _free_noop(vf: Vf) -> Noop:

@@ -194,7 +194,9 @@ def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
                 vfs.append(vf)
             else:
                 vfs.append(Vf(vf.address, vf.index, vgpu, none))
-        elif vf.vgpu is None and (vf.creatable is open_types or vf.creatable == open_types):
+        elif vf.vgpu is not None:  # its vGPU goes
+            vfs.append(Vf(vf.address, vf.index, None, open_types))
+        elif vf.creatable is open_types or vf.creatable == open_types:
             vfs.append(vf)
         else:
             vfs.append(_freed(vf, open_types))
@@ -203,7 +205,7 @@ def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
 
 _SHARED_LIMIT = 1 << 14
 _open_sets: dict[frozenset[str], frozenset[str]] = {}
-#: By the VF (held: its id is not reused): the VF with no vGPU and that creatable set.
+#: By a VF with no vGPU (held: its id is not reused): the VF with that creatable set.
 _freed_vfs: dict[int, tuple[Vf, frozenset[str], Vf]] = {}
 
 
