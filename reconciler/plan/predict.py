@@ -183,11 +183,13 @@ def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
     )
     # One set stands for its equals (a fleet's GPUs compute the same few): a free VF predicted
     # to change is made once per set and shared (immutable), node after node.
-    open_types = _open_sets.setdefault(open_types, open_types)
-    if len(_open_sets) > _SHARED_LIMIT:
-        _open_sets.clear()
+    if all(type(name) is str for name in open_types):  # what equals it is the same
+        open_types = _open_sets.setdefault(open_types, open_types)
+        if len(_open_sets) > _SHARED_LIMIT:
+            _open_sets.clear()
     none: frozenset[str] = frozenset()
     vfs = []
+    freed = _freed_vfs
     for vf, vgpu in zip(gpu.vfs, hosts, strict=True):
         if vgpu is not None:
             if vgpu is vf.vgpu and not vf.creatable:
@@ -198,6 +200,8 @@ def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
             vfs.append(Vf(vf.address, vf.index, None, open_types))
         elif vf.creatable is open_types or vf.creatable == open_types:
             vfs.append(vf)
+        elif (entry := freed.get(id(vf))) is not None and entry[0] is vf and entry[1] is open_types:
+            vfs.append(entry[2])
         else:
             vfs.append(_freed(vf, open_types))
     return _with_vfs(gpu, tuple(vfs))
@@ -210,9 +214,6 @@ _freed_vfs: dict[int, tuple[Vf, frozenset[str], Vf]] = {}
 
 
 def _freed(vf: Vf, creatable: frozenset[str]) -> Vf:
-    entry = _freed_vfs.get(id(vf))
-    if entry is not None and entry[0] is vf and entry[1] is creatable:
-        return entry[2]
     made = Vf(vf.address, vf.index, None, creatable)
     if len(_freed_vfs) >= _SHARED_LIMIT:
         _freed_vfs.clear()
