@@ -224,8 +224,18 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
 def _gpu_canonical(g: Gpu) -> str:
     """``g``'s inventory JSON in the fingerprint's canonical form (sorted keys, no spaces)."""
     head = _gpu_head_canonical(g)
+    known = _canonical_vfs  # a free VF's text, by the VF (looked up here: most VFs are free)
     vfs = ",".join(
-        [_free_vf_canonical(v) if v.vgpu is None else _vf_canonical(v, v.vgpu) for v in g.vfs]
+        [
+            (
+                entry[1]
+                if (entry := known.get(id(v))) is not None and entry[0] is v
+                else _free_vf_canonical(v)
+            )
+            if v.vgpu is None
+            else _vf_canonical(v, v.vgpu)
+            for v in g.vfs
+        ]
     )
     # "vfs" and "vgpuTypes" sort after every other key of a GPU.
     return f'{head[:-1]},"vfs":[{vfs}],"vgpuTypes":{_types_canonical(g.types)}}}'
@@ -273,10 +283,8 @@ def _gpu_head_canonical(g: Gpu) -> str:
 
 
 def _free_vf_canonical(v: Vf) -> str:
-    """A VF with no vGPU, canonical. By identity, like type lists: parsing shares such VFs."""
-    entry = _canonical_vfs.get(id(v))
-    if entry is not None and entry[0] is v:
-        return entry[1]
+    """A VF with no vGPU, canonical; remembered by identity, like type lists (parsing shares
+    such VFs)."""
     # A VF's keys in sorted order: address, creatableTypes, inUse, index, vgpu. A PCI address's
     # text needs no escaping (hex digits, ':' and '.').
     text = (

@@ -69,11 +69,13 @@ def diff_gpu(
     kept: list[str] = []  # types that stay as desired
     held: list[Vf] = []  # in-use vGPUs that should go but cannot
     enabled = gpu.sriov_enabled
+    free_noops = _free_noops
     for vf in slots:
         want = profiles.get(vf.index)
         have = vf.vgpu
         if have is None and want is None and enabled:  # most VFs of a node: nothing to do
-            diff.noops.append(_free_noop(vf))
+            entry = free_noops.get(id(vf))
+            diff.noops.append(entry[1] if entry is not None and entry[0] is vf else _free_noop(vf))
             continue
         if have is None:
             if want is not None:
@@ -158,9 +160,6 @@ def _kept_noop(vf: Vf, want: str) -> Noop:
 
 
 def _free_noop(vf: Vf) -> Noop:
-    entry = _free_noops.get(id(vf))
-    if entry is not None and entry[0] is vf:
-        return entry[1]
     noop = Noop(str(vf.address), "no vGPU, none desired")
     if len(_free_noops) >= _FREE_NOOPS_LIMIT:
         _free_noops.clear()

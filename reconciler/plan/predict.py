@@ -168,25 +168,31 @@ def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
         return gpu
     hosts = [vgpus.get(vf.index, vf.vgpu) for vf in gpu.vfs]
     sizes: Counter[int] = Counter()
-    offered = {t.name: t.framebuffer_mib for t in reversed(gpu.types)}  # the first of a name
+    offered, opened = _sizes_of(gpu.types)
     for vgpu in hosts:
         if vgpu is not None:
             name = vgpu.type_name
             size = offered[name] if name in offered else _size(gpu, name, catalog)
             if size is not None:
                 sizes[size] += 1
-    hosted = next(iter(sizes), None) if len(sizes) == 1 else None
-    open_types = frozenset(
-        t.name
-        for t in gpu.types
-        if (not sizes or t.framebuffer_mib == hosted) and sizes[t.framebuffer_mib] < t.max_instance
-    )
     # One set stands for its equals (a fleet's GPUs compute the same few): a free VF predicted
     # to change is made once per set and shared (immutable), node after node.
-    if all(type(name) is str for name in open_types):  # what equals it is the same
-        open_types = _open_sets.setdefault(open_types, open_types)
-        if len(_open_sets) > _SHARED_LIMIT:
-            _open_sets.clear()
+    key = tuple(sizes.items())
+    open_types = opened.get(key)
+    if open_types is None:
+        hosted = next(iter(sizes), None) if len(sizes) == 1 else None
+        open_types = frozenset(
+            t.name
+            for t in gpu.types
+            if (not sizes or t.framebuffer_mib == hosted)
+            and sizes[t.framebuffer_mib] < t.max_instance
+        )
+        if all(type(name) is str for name in open_types):  # what equals it is the same
+            open_types = _open_sets.setdefault(open_types, open_types)
+            if len(_open_sets) > _SHARED_LIMIT:
+                _open_sets.clear()
+            if len(opened) < _SHARED_LIMIT:
+                opened[key] = open_types
     none: frozenset[str] = frozenset()
     vfs = []
     freed = _freed_vfs
@@ -211,6 +217,28 @@ _SHARED_LIMIT = 1 << 14
 _open_sets: dict[frozenset[str], frozenset[str]] = {}
 #: By a VF with no vGPU (held: its id is not reused): the VF with that creatable set.
 _freed_vfs: dict[int, tuple[Vf, frozenset[str], Vf]] = {}
+
+
+#: By a type list (held: its id is not reused; parsing shares equal lists): each type's size
+#: (the first of a name), and the creatable set by hosted sizes (size → count, in found order).
+_type_sizes: dict[
+    int,
+    tuple[tuple[VGPUType, ...], dict[str, int], dict[tuple[tuple[int, int], ...], frozenset[str]]],
+] = {}
+
+
+def _sizes_of(
+    types: tuple[VGPUType, ...],
+) -> tuple[dict[str, int], dict[tuple[tuple[int, int], ...], frozenset[str]]]:
+    entry = _type_sizes.get(id(types))
+    if entry is not None and entry[0] is types:
+        return entry[1], entry[2]
+    offered = {t.name: t.framebuffer_mib for t in reversed(types)}  # the first of a name
+    opened: dict[tuple[tuple[int, int], ...], frozenset[str]] = {}
+    if len(_type_sizes) >= 64:
+        _type_sizes.clear()
+    _type_sizes[id(types)] = (types, offered, opened)
+    return offered, opened
 
 
 def _freed(vf: Vf, creatable: frozenset[str]) -> Vf:
