@@ -32,9 +32,17 @@ from reconciler.plan.offer import catalog_model
 
 
 def predict_inventory(
-    inventory: Inventory, actions: Sequence[Action], *, catalog: Catalog | None = None
+    inventory: Inventory,
+    actions: Sequence[Action],
+    *,
+    catalog: Catalog | None = None,
+    vgpus_only: bool = False,
 ) -> Inventory:
-    """``inventory`` after ``actions`` (host kinds; others are ignored), in the given order."""
+    """``inventory`` after ``actions`` (host kinds; others are ignored), in the given order.
+
+    ``vgpus_only``: the VFs and the vGPUs they will host, each VF's ``creatable`` left as
+    observed (not recounted): for a caller that reads only the vGPUs.
+    """
     catalog = catalog if catalog is not None else default_catalog()
     gpus = {g.address: g for g in inventory.gpus}
     touched: set[PciAddress] = set()
@@ -74,7 +82,11 @@ def predict_inventory(
     return replace(
         inventory,
         gpus=tuple(
-            _recount(gpus[g.address], pending.get(g.address, {}), catalog)
+            (
+                _with_vgpus(gpus[g.address], pending.get(g.address, {}))
+                if vgpus_only
+                else _recount(gpus[g.address], pending.get(g.address, {}), catalog)
+            )
             if g.address in touched
             else g
             for g in inventory.gpus
