@@ -139,8 +139,13 @@ class Gpu:
         return None
 
     def vf(self, key: PciAddress | int) -> Vf | None:
+        if isinstance(key, int):
+            for v in self.vfs:
+                if v.index == key:
+                    return v
+            return None
         for v in self.vfs:
-            if (v.index if isinstance(key, int) else v.address) == key:
+            if v.address == key:
                 return v
         return None
 

@@ -54,7 +54,13 @@ def diff_gpu(
         _disable(gpu, slots, diff)
         return diff
     if gpu.sriov_enabled:
-        diff.noops.append(Noop(pf, "SR-IOV enabled as desired"))
+        noop = _enabled_noops.get(pf)
+        if noop is None:
+            noop = Noop(pf, "SR-IOV enabled as desired")
+            if len(_enabled_noops) >= _FREE_NOOPS_LIMIT:
+                _enabled_noops.clear()
+            _enabled_noops[pf] = noop
+        diff.noops.append(noop)
     else:
         diff.actions.append(
             Step(
@@ -144,6 +150,8 @@ _free_noops: dict[int, tuple[Vf, Noop]] = {}
 #: The word on a VF that hosts its desired type, by the VF's address (parsing shares equal
 #: addresses) and the type.
 _kept_noops: dict[tuple[int, str], tuple[PciAddress, Noop]] = {}
+#: The word on a GPU whose SR-IOV is on as desired, by its address.
+_enabled_noops: dict[str, Noop] = {}
 
 
 def _kept_noop(vf: Vf, want: str) -> Noop:
