@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _encode
 from operator import attrgetter
 from typing import Any
 
@@ -138,8 +139,13 @@ class Gpu:
         return None
 
     def vf(self, key: PciAddress | int) -> Vf | None:
+        if isinstance(key, int):
+            for v in self.vfs:
+                if v.index == key:
+                    return v
+            return None
         for v in self.vfs:
-            if (v.index if isinstance(key, int) else v.address) == key:
+            if v.address == key:
                 return v
         return None
 
@@ -222,13 +228,15 @@ def _gpu_json(g: Gpu) -> dict[str, Any]:
 
 def _gpu_canonical(g: Gpu) -> str:
     """``g``'s inventory JSON in the fingerprint's canonical form (sorted keys, no spaces)."""
-    head = json.dumps(_gpu_json_scalars(g), sort_keys=True, separators=(",", ":"))
-    # A VF's keys in sorted order: address, creatableTypes, inUse, index, vgpu. A PCI address's
-    # text needs no escaping (hex digits, ':' and '.').
+    head = _gpu_head_canonical(g)
+    known = _canonical_vfs  # a free VF's text, by the VF (looked up here: most VFs are free)
     vfs = ",".join(
         [
-            f'{{"address":"{v.address}","creatableTypes":{_creatable_canonical(v.creatable)},'
-            f'"inUse":false,"index":{v.index:d},"vgpu":null}}'
+            (
+                entry[1]
+                if (entry := known.get(id(v))) is not None and entry[0] is v
+                else _free_vf_canonical(v)
+            )
             if v.vgpu is None
             else _vf_canonical(v, v.vgpu)
             for v in g.vfs
@@ -252,9 +260,69 @@ def _gpu_json_scalars(g: Gpu) -> dict[str, Any]:
     }
 
 
+def _gpu_head_canonical(g: Gpu) -> str:
+    """``g``'s scalars, canonical: remembered by their values when each is a plain ``str`` or
+    ``int`` as its field (then what equals them encodes the same)."""
+    key = (
+        g.address, g.vendor_id, g.device_id, g.subsystem_vendor_id, g.subsystem_device_id,
+        g.model, g.interface, g.driver, g.vf_device,
+        g.total_vfs, g.num_vfs, g.vf_offset, g.vf_stride,
+    )  # fmt: skip
+    text = _canonical_heads.get(key)
+    if text is None:
+        text = json.dumps(_gpu_json_scalars(g), sort_keys=True, separators=(",", ":"))
+        plain = (
+            type(g.address) is PciAddress
+            and all(type(x) is str for x in key[1:5])
+            and (g.model is None or type(g.model) is str)
+            and type(g.interface) is Interface
+            and type(g.driver) is str
+            and type(g.vf_device) is str
+            and all(type(x) is int for x in key[9:])
+        )
+        if plain:
+            if len(_canonical_heads) >= _SHARED_LIMIT:
+                _canonical_heads.clear()
+            _canonical_heads[key] = text
+    return text
+
+
+def _free_vf_canonical(v: Vf) -> str:
+    """A VF with no vGPU, canonical; remembered by identity, like type lists (parsing shares
+    such VFs)."""
+    # A VF's keys in sorted order: address, creatableTypes, inUse, index, vgpu. A PCI address's
+    # text needs no escaping (hex digits, ':' and '.').
+    text = (
+        f'{{"address":"{v.address}","creatableTypes":{_creatable_canonical(v.creatable)},'
+        f'"inUse":false,"index":{v.index:d},"vgpu":null}}'
+    )
+    if len(_canonical_vfs) >= _SHARED_VFS_LIMIT:
+        _canonical_vfs.clear()
+    _canonical_vfs[id(v)] = (v, text)
+    return text
+
+
 def _vf_canonical(v: Vf, vgpu: VGPU) -> str:
     in_use = "true" if vgpu.in_use else "false"
-    body = json.dumps(_vgpu_json(vgpu), sort_keys=True, separators=(",", ":"))
+    holder, group, name, uuid = vgpu.holder, vgpu.iommu_group, vgpu.type_name, vgpu.uuid
+    if type(holder) is str and type(group) is str and type(name) is str and type(uuid) is str:
+        # Sorted keys: holder, iommuGroup, removing, type, uuid; strings as json.dumps writes
+        # them (ASCII, escaped).
+        body = "".join(
+            [
+                '{"holder":',
+                _encode(holder),
+                f',"iommuGroup":{_encode(group)}' if group else "",
+                ',"removing":true' if vgpu.removing else "",
+                ',"type":',
+                _encode(name),
+                ',"uuid":',
+                _encode(uuid),
+                "}",
+            ]
+        )
+    else:
+        body = json.dumps(_vgpu_json(vgpu), sort_keys=True, separators=(",", ":"))
     return (
         f'{{"address":"{v.address}","creatableTypes":{_creatable_canonical(v.creatable)},'
         f'"inUse":{in_use},"index":{v.index:d},"vgpu":{body}}}'
@@ -310,8 +378,36 @@ def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
     sriov = raw.get("sriov", {})
     vfs = []
     parse = PciAddress.parse
+    shared_vfs = _shared_vfs
     for v in raw.get("vfs", []):
         vg = v.get("vgpu")
+        if vg is None:
+            # A VF with no vGPU is its address, index and creatable set: a fleet's nodes repeat
+            # them, so one made from the same plain values (a str, an int, strs) is shared.
+            try:
+                key = (v["address"], v["index"], *v.get("creatableTypes", ()))
+                vf = shared_vfs.get(key)
+            except (KeyError, TypeError):
+                key, vf = None, None
+            if vf is not None:
+                vfs.append(vf)
+                continue
+            vf = Vf(
+                parse(v["address"]),
+                int(v["index"]),
+                None,
+                _creatable_from_json(v.get("creatableTypes", [])),
+            )
+            if (
+                key is not None
+                and all(type(k) is str for k in key[2:])
+                and (type(key[0]) is str and type(key[1]) is int)
+            ):
+                if len(shared_vfs) >= _SHARED_VFS_LIMIT:
+                    shared_vfs.clear()
+                shared_vfs[key] = vf
+            vfs.append(vf)
+            continue
         vfs.append(
             Vf(
                 parse(v["address"]),
@@ -358,26 +454,35 @@ _by_index = attrgetter("index")
 # exactly the one the input would have made. Bounded: each table is emptied when full.
 _SHARED_LIMIT = 1024
 _SHARED_LISTS_LIMIT = 64  # type lists: a few per driver branch and GPU model
-_shared_types: dict[tuple[tuple[tuple[str, Any], ...], ...], tuple[VGPUType, ...]] = {}
+#: Type lists as read (copies: the caller's may change), with the types made of them.
+_shared_types: list[tuple[list[dict[str, Any]], tuple[VGPUType, ...]]] = []
 _shared_creatable: dict[tuple[str, ...], frozenset[str]] = {}
+#: VFs with no vGPU, by (address, index, *creatable names) as read.
+_SHARED_VFS_LIMIT = 1 << 14  # a node has up to a few thousand VFs
+_shared_vfs: dict[tuple[Any, ...], Vf] = {}
 #: The fingerprint's encodings of shared values (see :meth:`Inventory.fingerprint`).
 _canonical_creatable: dict[frozenset[str], str] = {}
 _canonical_types: dict[int, tuple[tuple[VGPUType, ...], str]] = {}
+_canonical_vfs: dict[int, tuple[Vf, str]] = {}
+_canonical_heads: dict[tuple[Any, ...], str] = {}
 
 
 def _types_from_json(raw: Any) -> tuple[VGPUType, ...]:
-    try:
-        key = tuple(tuple(t.items()) for t in raw)
-        shared = _shared_types.get(key)
-    except (AttributeError, TypeError):  # not a list of objects of plain values: not shared
-        key, shared = None, None
-    if shared is not None:
-        return shared
+    # Compared with the lists read before, as they were read (a plain list of objects of plain
+    # values compares in C; making a hashable key of every type cost more than the rest).
+    if type(raw) is list:
+        for seen, shared in _shared_types:
+            if raw == seen:
+                return shared
     types = tuple(VGPUType.from_json(t) for t in raw)
-    if key is not None and all(_as_read(t, made) for t, made in zip(raw, types, strict=True)):
+    if (
+        type(raw) is list
+        and all(type(t) is dict for t in raw)
+        and all(_as_read(t, made) for t, made in zip(raw, types, strict=True))
+    ):
         if len(_shared_types) >= _SHARED_LISTS_LIMIT:
             _shared_types.clear()
-        _shared_types[key] = types
+        _shared_types.append(([dict(t) for t in raw], types))
     return types
 
 

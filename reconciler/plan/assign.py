@@ -9,6 +9,7 @@ result depends only on the observed VFs and the counts, never on the order they 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 
 from reconciler.model import DesiredGpu, Vf, VfKey
 
@@ -40,7 +41,7 @@ def vf_profiles(desired: DesiredGpu, slots: Iterable[Vf]) -> dict[int, str]:
 
 def assign_counts(vfs: Iterable[Vf], counts: Mapping[str, int]) -> dict[int, str]:
     """VF index → profile for ``counts``. The caller has checked the counts fit the VFs."""
-    ordered = sorted(vfs, key=lambda vf: vf.index)
+    ordered = sorted(vfs, key=_by_index)
     chosen: dict[int, str] = {}
     hosting: dict[str, list[Vf]] = {}
     for vf in ordered:
@@ -51,7 +52,19 @@ def assign_counts(vfs: Iterable[Vf], counts: Mapping[str, int]) -> dict[int, str
         keep = sorted(hosting.get(name, ()), key=_keep_order)[: max(counts[name], 0)]
         chosen.update((vf.index, name) for vf in keep)
         missing.extend([name] * (counts[name] - len(keep)))
-    free = sorted((vf for vf in ordered if vf.index not in chosen), key=_fill_order)
+    if not missing:
+        return chosen
+    # The free VFs in fill order: each kind in index order, those with no vGPU first, then those
+    # whose vGPU must go anyway; an in-use VF comes last (a create there waits until its VM lets
+    # go).
+    empty: list[Vf] = []
+    surplus: list[Vf] = []
+    held: list[Vf] = []
+    for vf in ordered:
+        if vf.index not in chosen:
+            have = vf.vgpu
+            (empty if have is None else held if have.in_use else surplus).append(vf)
+    free = [*empty, *surplus, *held]
     chosen.update((vf.index, name) for vf, name in zip(free, missing, strict=False))
     return chosen
 
@@ -61,8 +74,4 @@ def _keep_order(vf: Vf) -> tuple[bool, int]:
     return (not (vf.vgpu is not None and vf.vgpu.in_use), vf.index)
 
 
-def _fill_order(vf: Vf) -> tuple[int, int]:
-    if vf.vgpu is None:
-        return (0, vf.index)
-    # An in-use VF comes last: a create there waits until its VM lets go.
-    return (2 if vf.vgpu.in_use else 1, vf.index)
+_by_index = attrgetter("index")

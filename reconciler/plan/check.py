@@ -12,6 +12,7 @@ all its reasons rather than half-way through ``apply``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from reconciler.catalog import Catalog
 from reconciler.model import (
@@ -58,7 +59,7 @@ def vf_slots(gpu: Gpu) -> tuple[Vf, ...]:
     """
     if gpu.sriov_enabled:
         # Index order whatever order the VFs were read in: the plan's order must not depend on it.
-        return tuple(sorted(gpu.vfs, key=lambda vf: vf.index))
+        return tuple(sorted(gpu.vfs, key=attrgetter("index")))
     return tuple(Vf(gpu.predicted_vf_address(i), i) for i in range(gpu.total_vfs))
 
 

@@ -63,7 +63,14 @@ def diff_gpu(
         _disable(gpu, slots, diff)
         return diff
     if gpu.sriov_enabled:
-        diff.noops.append(Noop(str(pf), "SR-IOV enabled as desired"))
+        key = str(pf)
+        noop = _enabled_noops.get(key)
+        if noop is None:
+            noop = Noop(key, "SR-IOV enabled as desired")
+            if len(_enabled_noops) >= _FREE_NOOPS_LIMIT:
+                _enabled_noops.clear()
+            _enabled_noops[key] = noop
+        diff.noops.append(noop)
     else:
         diff.actions.append(
             SriovEnable(
@@ -78,12 +85,17 @@ def diff_gpu(
     kept: list[str] = []  # types that stay as desired
     held: list[Vf] = []  # in-use vGPUs that should go but cannot
     enabled = gpu.sriov_enabled
+    free_noops = _free_noops
     for vf in slots:
         want = profiles.get(vf.index)
         have = vf.vgpu
-        address = str(vf.address)
+        if have is None and want is None and enabled:  # most VFs of a node: nothing to do
+            entry = free_noops.get(id(vf))
+            diff.noops.append(entry[1] if entry is not None and entry[0] is vf else _free_noop(vf))
+            continue
         if have is None:
             if want is not None:
+                address = str(vf.address)
                 appears = "has no vGPU" if enabled else "appears when SR-IOV is enabled"
                 creates.append(
                     _create(
@@ -95,13 +107,13 @@ def diff_gpu(
                         reason=f"VF {address} {appears}; desired {want}",
                     )
                 )
-            elif enabled:  # a VF that does not exist yet needs no word
-                diff.noops.append(Noop(address, "no vGPU, none desired"))
+            # else a VF that does not exist yet, which needs no word (an existing one has had)
             continue
         if have.type_name == want:
-            diff.noops.append(Noop(address, f"hosts {want} as desired"))
+            diff.noops.append(_kept_noop(vf, want))
             kept.append(want)
             continue
+        address = str(vf.address)
         wanted = f"desired {want}" if want is not None else "no vGPU desired"
         remove = _remove(
             pf,
@@ -139,6 +151,38 @@ def diff_gpu(
     diff.blocked.extend(waiting)
     diff.blocked.sort(key=lambda s: (s.kind.order, vf_order(s)))
     return diff
+
+
+#: The word on a VF with no vGPU and none desired, by the VF (held: its id is not reused).
+#: Parsing shares a fleet's equal free VFs, and planning words each of them node after node.
+_FREE_NOOPS_LIMIT = 1 << 14
+_free_noops: dict[int, tuple[Vf, Noop]] = {}
+#: The word on a VF that hosts its desired type, by the VF's address (parsing shares equal
+#: addresses) and the type.
+_kept_noops: dict[tuple[int, str], tuple[PciAddress, Noop]] = {}
+#: The word on a GPU whose SR-IOV is on as desired, by its address.
+_enabled_noops: dict[str, Noop] = {}
+
+
+def _kept_noop(vf: Vf, want: str) -> Noop:
+    key = (id(vf.address), want)
+    entry = _kept_noops.get(key)
+    if entry is not None and entry[0] is vf.address:
+        return entry[1]
+    noop = Noop(str(vf.address), f"hosts {want} as desired")
+    if type(want) is str:  # what equals it words the same
+        if len(_kept_noops) >= _FREE_NOOPS_LIMIT:
+            _kept_noops.clear()
+        _kept_noops[key] = (vf.address, noop)
+    return noop
+
+
+def _free_noop(vf: Vf) -> Noop:
+    noop = Noop(str(vf.address), "no vGPU, none desired")
+    if len(_free_noops) >= _FREE_NOOPS_LIMIT:
+        _free_noops.clear()
+    _free_noops[id(vf)] = (vf, noop)
+    return noop
 
 
 def _disable(gpu: Gpu, slots: tuple[Vf, ...], diff: GpuDiff) -> None:

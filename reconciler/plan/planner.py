@@ -83,7 +83,8 @@ def plan_node(
     # a list it could not read) comes first: the reader of a plan needs it most.
     notes = [*observed.notes, *host.notes]
     drift: list[Drift] = []
-    predicted = predict_inventory(inventory, actions, catalog=catalog)
+    # Without a cluster, the predicted host serves only the device plugins' refresh: its vGPUs.
+    predicted = predict_inventory(inventory, actions, catalog=catalog, vgpus_only=cluster is None)
     if cluster is None:
         notes.append(NO_CLUSTER)
     else:

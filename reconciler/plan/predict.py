@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
+from operator import attrgetter
 
 from reconciler.catalog import Catalog, default_catalog
 from reconciler.model import (
@@ -34,9 +35,17 @@ from reconciler.plan.offer import catalog_model
 
 
 def predict_inventory(
-    inventory: Inventory, actions: Sequence[Action], *, catalog: Catalog | None = None
+    inventory: Inventory,
+    actions: Sequence[Action],
+    *,
+    catalog: Catalog | None = None,
+    vgpus_only: bool = False,
 ) -> Inventory:
-    """``inventory`` after ``actions`` (host kinds; others are ignored), in the given order."""
+    """``inventory`` after ``actions`` (host kinds; others are ignored), in the given order.
+
+    ``vgpus_only``: the VFs and the vGPUs they will host, each VF's ``creatable`` left as
+    observed (not recounted): for a caller that reads only the vGPUs.
+    """
     catalog = catalog if catalog is not None else default_catalog()
     gpus = {g.address: g for g in inventory.gpus}
     touched: set[PciAddress] = set()
@@ -76,7 +85,11 @@ def predict_inventory(
     return replace(
         inventory,
         gpus=tuple(
-            _recount(_with_vgpus(gpus[g.address], pending.get(g.address, {})), catalog)
+            (
+                _with_vgpus(gpus[g.address], pending.get(g.address, {}))
+                if vgpus_only
+                else _recount(gpus[g.address], pending.get(g.address, {}), catalog)
+            )
             if g.address in touched
             else g
             for g in inventory.gpus
@@ -89,13 +102,27 @@ def _with_vgpus(gpu: Gpu, vgpus: dict[int, VGPU | None]) -> Gpu:
     if not vgpus:
         return gpu
     # Vf(...) rather than dataclasses.replace: this runs for every changed VF of a fleet.
-    return replace(
+    return _with_vfs(
         gpu,
-        vfs=tuple(
+        tuple(
             Vf(v.address, v.index, vgpus[v.index], v.creatable) if v.index in vgpus else v
             for v in gpu.vfs
         ),
     )
+
+
+#: A GPU's constructor arguments in order, read at once (``dataclasses.replace`` reads the
+#: fields anew each call: a fleet's prediction rebuilds every GPU).
+_GPU_FIELDS = tuple(f.name for f in fields(Gpu) if f.init)
+_gpu_values = attrgetter(*_GPU_FIELDS)
+_VFS = _GPU_FIELDS.index("vfs")
+
+
+def _with_vfs(gpu: Gpu, vfs: tuple[Vf, ...]) -> Gpu:
+    """``replace(gpu, vfs=vfs)``, faster."""
+    values = list(_gpu_values(gpu))
+    values[_VFS] = vfs
+    return Gpu(*values)
 
 
 def _enabled(gpu: Gpu, inventory: Inventory, catalog: Catalog) -> Gpu:
@@ -149,31 +176,92 @@ def _catalogue_types(gpu: Gpu, catalog: Catalog) -> tuple[VGPUType, ...]:
     )
 
 
-def _recount(gpu: Gpu, catalog: Catalog) -> Gpu:
-    """``creatable`` per VF by the driver's equal-size rules (docs/domain.md §3a, §4)."""
+def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
+    """``gpu`` with the VFs of the indexes in ``vgpus`` hosting those vGPUs (None: none), and
+    ``creatable`` per VF by the driver's equal-size rules (docs/domain.md §3a, §4)."""
     if not gpu.vfs:
         return gpu
+    hosts = [vgpus.get(vf.index, vf.vgpu) for vf in gpu.vfs]
     sizes: Counter[int] = Counter()
-    offered = {t.name: t.framebuffer_mib for t in reversed(gpu.types)}  # the first of a name
-    for vf in gpu.vfs:
-        if vf.vgpu is not None:
-            name = vf.vgpu.type_name
+    offered, opened = _sizes_of(gpu.types)
+    for vgpu in hosts:
+        if vgpu is not None:
+            name = vgpu.type_name
             size = offered[name] if name in offered else _size(gpu, name, catalog)
             if size is not None:
                 sizes[size] += 1
-    hosted = next(iter(sizes), None) if len(sizes) == 1 else None
-    open_types = frozenset(
-        t.name
-        for t in gpu.types
-        if (not sizes or t.framebuffer_mib == hosted) and sizes[t.framebuffer_mib] < t.max_instance
-    )
+    # One set stands for its equals (a fleet's GPUs compute the same few): a free VF predicted
+    # to change is made once per set and shared (immutable), node after node.
+    key = tuple(sizes.items())
+    open_types = opened.get(key)
+    if open_types is None:
+        hosted = next(iter(sizes), None) if len(sizes) == 1 else None
+        open_types = frozenset(
+            t.name
+            for t in gpu.types
+            if (not sizes or t.framebuffer_mib == hosted)
+            and sizes[t.framebuffer_mib] < t.max_instance
+        )
+        if all(type(name) is str for name in open_types):  # what equals it is the same
+            open_types = _open_sets.setdefault(open_types, open_types)
+            if len(_open_sets) > _SHARED_LIMIT:
+                _open_sets.clear()
+            if len(opened) < _SHARED_LIMIT:
+                opened[key] = open_types
     none: frozenset[str] = frozenset()
     vfs = []
-    for vf in gpu.vfs:
-        creatable = none if vf.vgpu is not None else open_types
-        same = vf.creatable == creatable
-        vfs.append(vf if same else Vf(vf.address, vf.index, vf.vgpu, creatable))
-    return replace(gpu, vfs=tuple(vfs))
+    freed = _freed_vfs
+    for vf, vgpu in zip(gpu.vfs, hosts, strict=True):
+        if vgpu is not None:
+            if vgpu is vf.vgpu and not vf.creatable:
+                vfs.append(vf)
+            else:
+                vfs.append(Vf(vf.address, vf.index, vgpu, none))
+        elif vf.vgpu is not None:  # its vGPU goes
+            vfs.append(Vf(vf.address, vf.index, None, open_types))
+        elif vf.creatable is open_types or vf.creatable == open_types:
+            vfs.append(vf)
+        elif (entry := freed.get(id(vf))) is not None and entry[0] is vf and entry[1] is open_types:
+            vfs.append(entry[2])
+        else:
+            vfs.append(_freed(vf, open_types))
+    return _with_vfs(gpu, tuple(vfs))
+
+
+_SHARED_LIMIT = 1 << 14
+_open_sets: dict[frozenset[str], frozenset[str]] = {}
+#: By a VF with no vGPU (held: its id is not reused): the VF with that creatable set.
+_freed_vfs: dict[int, tuple[Vf, frozenset[str], Vf]] = {}
+
+
+#: By a type list (held: its id is not reused; parsing shares equal lists): each type's size
+#: (the first of a name), and the creatable set by hosted sizes (size → count, in found order).
+_type_sizes: dict[
+    int,
+    tuple[tuple[VGPUType, ...], dict[str, int], dict[tuple[tuple[int, int], ...], frozenset[str]]],
+] = {}
+
+
+def _sizes_of(
+    types: tuple[VGPUType, ...],
+) -> tuple[dict[str, int], dict[tuple[tuple[int, int], ...], frozenset[str]]]:
+    entry = _type_sizes.get(id(types))
+    if entry is not None and entry[0] is types:
+        return entry[1], entry[2]
+    offered = {t.name: t.framebuffer_mib for t in reversed(types)}  # the first of a name
+    opened: dict[tuple[tuple[int, int], ...], frozenset[str]] = {}
+    if len(_type_sizes) >= 64:
+        _type_sizes.clear()
+    _type_sizes[id(types)] = (types, offered, opened)
+    return offered, opened
+
+
+def _freed(vf: Vf, creatable: frozenset[str]) -> Vf:
+    made = Vf(vf.address, vf.index, None, creatable)
+    if len(_freed_vfs) >= _SHARED_LIMIT:
+        _freed_vfs.clear()
+    _freed_vfs[id(vf)] = (vf, creatable, made)
+    return made
 
 
 def _size(gpu: Gpu, type_name: str, catalog: Catalog) -> int | None:

@@ -184,3 +184,16 @@ def test_reading_the_same_document_twice_gives_equal_inventories() -> None:
     assert first == second
     assert first.gpus[0].vfs[0].creatable == frozenset({"NVIDIA A2-4Q"})
     assert [t.name for t in second.gpus[0].types] == ["NVIDIA A2-4Q", "NVIDIA A2-2B"]
+
+
+def test_a_document_changed_after_reading_is_read_as_it_now_is() -> None:
+    # What parsing remembers of a document (to share equal values) is its own copy: the caller's
+    # document may change afterwards, and then it reads as it now says.
+    raw = _doc([_type()], ["NVIDIA A2-4Q"])
+    Inventory.from_json(raw)
+    gpu_doc = raw["gpus"][0]
+    gpu_doc["vgpuTypes"][0]["framebufferMiB"] = 2048
+    gpu_doc["vfs"][0]["creatableTypes"].append("NVIDIA A2-2Q")
+    (gpu,) = Inventory.from_json(raw).gpus
+    assert gpu.types[0].framebuffer_mib == 2048
+    assert gpu.vfs[0].creatable == frozenset({"NVIDIA A2-4Q", "NVIDIA A2-2Q"})

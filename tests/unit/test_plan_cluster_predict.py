@@ -119,6 +119,27 @@ def test_at_the_sizes_maximum_nothing_more_is_creatable_and_a_removal_reopens_it
     assert creatable[2] == FOUR_GB and creatable[4] == FOUR_GB and creatable[0] == frozenset()
 
 
+def test_a_prediction_of_vgpus_only_has_them_and_leaves_creatable_as_observed() -> None:
+    # What the planner asks for when no cluster reads the rest (the device plugins' refresh).
+    steps = [_enable(), *(_create(i, "NVIDIA A2-4A") for i in range(4))]
+    full = predict_inventory(Inventory(NODE, (_a2_off(),)), steps, catalog=CATALOG)
+    gpu = full.gpu(A2)
+    assert gpu is not None
+    remove = VgpuRemove(
+        seq=1, target=str(gpu.vfs[2].address), reason="test", gpu=A2, vf_index=2,
+        type_name="NVIDIA A2-4A", uuid="u2",
+    )  # fmt: skip
+    after = predict_inventory(
+        full, [remove, _create(5, "NVIDIA A2-4A")], catalog=CATALOG, vgpus_only=True
+    )
+    hosts = {i: VGPU(f"u{i}", "NVIDIA A2-4A") for i in (0, 1, 3, 5)}
+    gpu_after = after.gpu(A2)
+    assert gpu_after is not None
+    assert [vf.vgpu for vf in gpu_after.vfs] == [hosts.get(i) for i in range(16)]
+    assert [vf.address for vf in gpu_after.vfs] == [vf.address for vf in gpu.vfs]
+    assert _creatable(after) == _creatable(full)  # not recounted: VF 2 still shows none
+
+
 def test_disabling_takes_the_vfs_and_types_away() -> None:
     on = predict_inventory(Inventory(NODE, (_a2_off(),)), [_enable()], catalog=CATALOG)
     disable = SriovDisable(seq=1, target=str(A2), reason="test", gpu=A2)
