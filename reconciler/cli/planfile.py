@@ -24,6 +24,7 @@ from reconciler.model import Plan, ValidationError
 from reconciler.model.errors import excerpt
 from reconciler.model.plan import FORMAT_VERSION
 from reconciler.model.plan_json import PlanFormatError, plan_from_json
+from reconciler.model.plan_json import value_in_words as _kind
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError as SchemaViolation
@@ -213,20 +214,3 @@ def _explain(error: SchemaViolation) -> str:
         case "pattern" | "minLength" | "maxLength" | "minimum" | "maximum" | "uniqueItems":
             return f"{where}: {_kind(value)} is not valid here ({error.validator} rule)"
     return f"{where}: {excerpt(error.message)}"
-
-
-def _kind(value: object) -> str:
-    """A value in words, with the value itself when short (escaped): ``text 'abc'``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, int | float):
-        return f"the number {excerpt(str(value), 24)}"
-    if isinstance(value, str):
-        return f"text {excerpt(repr(value), 40)}"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__

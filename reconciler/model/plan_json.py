@@ -557,8 +557,9 @@ def _list(
     return value
 
 
-def _kind(value: object) -> str:
-    """A value in words, with the value itself when short (escaped): ``text 'abc'``."""
+def value_in_words(value: object) -> str:
+    """A value of an untrusted JSON document in words, with the value itself when short
+    (escaped): ``text 'abc'``. Saved-plan reading (``cli/planfile.py``) uses it too."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -572,3 +573,6 @@ def _kind(value: object) -> str:
     if isinstance(value, list):
         return "a list"
     return type(value).__name__
+
+
+_kind = value_in_words
