@@ -67,7 +67,8 @@ class _PluginState:
     """What the supervisor still owes one plugin. Guarded by the manager's lock."""
 
     plugin: ProfilePlugin
-    serve: bool = False  # serve again first: its socket vanished
+    #: A socket of its name was deleted: serve again first if it was the one in use.
+    serve: bool = False
     register: bool = False
     #: Bumped whenever work is asked for, so work that raced with a newer request (a socket
     #: deleted again during the restart, a kubelet restart during Register) is done again.
@@ -78,15 +79,20 @@ class _PluginState:
     #: Which kubelet.sock (inode, ctime) it registered with, or is registering with now.
     kubelet: tuple[int, int] | None = None
 
-    def ask(self, *, serve: bool = False) -> None:
-        if serve:
-            self.serve = True
-            self.serve_request += 1
+    def ask(self) -> None:
+        """Register (again) as soon as possible."""
         self.register = True
         self.request += 1
         self.failures = 0
         self.next_try = 0.0
         self.kubelet = None
+
+    def check_socket(self) -> None:
+        """Serve again as soon as possible if the socket in use is gone; registering follows
+        only if it was (see :meth:`ProfilePlugin.serve_again_if_gone`)."""
+        self.serve = True
+        self.serve_request += 1
+        self.next_try = 0.0
 
 
 class PluginManager:
@@ -255,16 +261,13 @@ class PluginManager:
             return
         with self._lock:
             state = next((s for s in self._plugins.values() if s.plugin.socket_path == path), None)
-            # Our own restart unlinks nothing that still exists; a socket that is there again
-            # was already re-served.
-            if state is None or path.exists() or not state.plugin.serving:
+            if state is None:
                 return
-            log.warning(
-                "socket %s was deleted (kubelet restart?): serving %s again",
-                path,
-                state.plugin.resource,
-            )
-            state.ask(serve=True)
+            # Whether it was the socket in use (not one the plugin replaced itself, not one
+            # already served again) is for the supervisor to find out: the plugin decides it
+            # once any restart under way is done. Judged here, on a flag that a restart flips,
+            # a deletion arriving mid-restart was lost and the plugin left without a socket.
+            state.check_socket()
             self._lock.notify_all()
 
     def _kubelet_appeared(self) -> None:
@@ -324,13 +327,23 @@ class PluginManager:
             serve, serve_request = state.serve, state.serve_request
         if serve:
             try:
-                plugin.restart()
+                restarted = plugin.serve_again_if_gone()
             except PluginDirError as exc:
                 self._failed(state, f"cannot serve {plugin.resource}: {exc.message}")
                 return
             with self._lock:
                 if state.serve_request == serve_request:
                     state.serve = False
+                if restarted:
+                    log.warning(
+                        "socket %s was deleted (kubelet restart?): serving %s again",
+                        plugin.socket_path,
+                        plugin.resource,
+                    )
+                    state.ask()
+                    request = state.request
+                elif not state.register:
+                    return  # its socket is in place and it is registered
         if not plugin.serving:
             return  # stopped meanwhile (its profile is gone)
         with self._lock:

@@ -166,20 +166,30 @@ class ProfilePlugin:
 
     def stop(self) -> None:
         """End every stream (each sends a pending change first), stop serving, remove the
-        socket. No-op when not serving; :meth:`restart` does nothing afterwards."""
+        socket. No-op when not serving; :meth:`serve_again_if_gone` does nothing afterwards."""
         with self._lifecycle:
             self._stopped = True
             self._stop_locked()
 
-    def restart(self) -> bool:
-        """Serve afresh (the socket was deleted, as a restarting kubelet does); False, doing
-        nothing, once :meth:`stop` was called (a retry racing with the profile's end)."""
+    def serve_again_if_gone(self) -> bool:
+        """Serve afresh unless :attr:`socket_path` is still this plugin's socket: True when it
+        restarted. A deletion seen in the directory may be of any socket that had the name (one
+        this plugin replaced itself, or one already served again), and may arrive while a
+        restart is under way: decided here, under the lifecycle lock, it is decided on what is
+        there once any restart is done. False, doing nothing, once :meth:`stop` was called."""
         with self._lifecycle:
-            if self._stopped:
+            if self._stopped or (self._server is not None and self._socket_intact()):
                 return False
             self._stop_locked()
             self._start_locked()
             return True
+
+    def _socket_intact(self) -> bool:
+        try:
+            st = self.socket_path.lstat()
+        except OSError:
+            return False
+        return stat.S_ISSOCK(st.st_mode) and st.st_ino == self._inode
 
     def _start_locked(self) -> None:
         path = str(self.socket_path)

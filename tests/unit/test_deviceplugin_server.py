@@ -8,7 +8,6 @@ import shutil
 import socket
 import stat
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -180,20 +179,17 @@ def test_prestart_container_is_accepted(stub: Any) -> None:
 # -- ListAndWatch ---------------------------------------------------------------------------------
 
 
-def test_list_and_watch_sends_the_list_at_once_and_each_change_within_100_ms(
+def test_list_and_watch_sends_the_list_at_once_and_each_change(
     plugin: ProfilePlugin, stub: Any
 ) -> None:
+    # How fast a change reaches the stream is the bench's refresh_to_list_and_watch.
     stream = stub.ListAndWatch(api_pb2.Empty(), timeout=5)
     try:
         assert listed(next(stream)) == [(U1, "Healthy"), (U2, "Healthy")]
 
-        started = time.perf_counter()
         plugin.update((DEVICES[0], device(U2, 1, "46", healthy=False)))
-        changed = next(stream)
-        latency = time.perf_counter() - started
 
-        assert listed(changed) == [(U1, "Healthy"), (U2, "Unhealthy")]
-        assert latency < 0.1
+        assert listed(next(stream)) == [(U1, "Healthy"), (U2, "Unhealthy")]
         assert not plugin.update((DEVICES[0], device(U2, 1, "46", healthy=False)))  # same
         plugin.update(DEVICES[:1])
         assert listed(next(stream)) == [(U1, "Healthy")]
@@ -233,13 +229,44 @@ def test_stop_sends_a_pending_empty_list_then_ends_the_stream_and_removes_the_so
         next(stream)
     assert not plugin.socket_path.exists()
     assert not plugin.serving
-    assert not plugin.restart()  # a stopped plugin is not resurrected by a late retry
+    assert not plugin.serve_again_if_gone()  # a stopped plugin is not resurrected by a late retry
 
 
-def test_restart_serves_again_after_the_socket_was_deleted(plugin: ProfilePlugin) -> None:
+def test_a_plugin_whose_socket_is_in_place_is_not_restarted(plugin: ProfilePlugin) -> None:
+    inode = plugin.socket_path.lstat().st_ino
+    assert not plugin.serve_again_if_gone()
+    assert plugin.socket_path.lstat().st_ino == inode
+
+
+def test_another_socket_under_its_name_is_not_taken_for_its_own(plugin: ProfilePlugin) -> None:
+    plugin.socket_path.unlink()
+    other = socket.socket(socket.AF_UNIX)
+    other.bind(str(plugin.socket_path))  # nobody serves on it
+    other.close()
+    theirs = plugin.socket_path.lstat().st_ino
+
+    assert plugin.serve_again_if_gone()
+
+    assert plugin.socket_path.lstat().st_ino != theirs
+    with dial(plugin.socket_path) as stub:
+        assert stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=2)
+
+
+def test_a_file_under_its_name_that_is_no_socket_is_left_alone_and_said(
+    plugin: ProfilePlugin,
+) -> None:
+    plugin.socket_path.unlink()
+    plugin.socket_path.write_text("")
+
+    with pytest.raises(PluginDirError, match="is not a socket"):
+        plugin.serve_again_if_gone()
+    assert plugin.socket_path.read_text() == ""
+
+
+def test_it_serves_again_after_the_socket_was_deleted(plugin: ProfilePlugin) -> None:
     plugin.socket_path.unlink()
 
-    assert plugin.restart()
+    assert plugin.serve_again_if_gone()
 
     with dial(plugin.socket_path) as stub:
         stream = stub.ListAndWatch(api_pb2.Empty(), timeout=5)
@@ -299,7 +326,8 @@ def test_with_umask_0_the_socket_is_never_reachable_more_open_than_0600(
     previous = os.umask(0)
     try:
         p.start()
-        p.restart()
+        p.socket_path.unlink()
+        assert p.serve_again_if_gone()
     finally:
         os.umask(previous)
     try:
