@@ -30,7 +30,6 @@ from reconciler.model import (
     Desired,
     DesiredNode,
     Plan,
-    ReconcilerError,
     UsageError,
     ValidationError,
 )
@@ -231,7 +230,7 @@ def add_adopt_option(p: argparse.ArgumentParser) -> None:
 def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     """Plan every node of the desired state from the CR statuses in the cluster (CI)."""
     from reconciler.observe import observe_nodes_from_cluster
-    from reconciler.plan import plan_node
+    from reconciler.plan import FleetMember, plan_fleet
 
     api = host.cluster_api
     if api is None:
@@ -243,19 +242,12 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     observed = observe_nodes_from_cluster(
         api, names, kubevirt_namespace=host.options.kubevirt_namespace
     )
-    plans: list[Plan] = []
-    failures: dict[str, ReconcilerError] = {}
-    for name in names:
-        inventory, cluster = observed[name]
-        try:
-            plans.append(
-                plan_node(
-                    desired.nodes[name], inventory, catalog=host.catalog, cluster=cluster,
-                    adopt=ns.adopt,
-                )
-            )  # fmt: skip
-        except ReconcilerError as exc:
-            failures[name] = exc
+    fleet = plan_fleet(
+        (FleetMember(desired.nodes[name], *observed[name]) for name in names),
+        catalog=host.catalog,
+        adopt=ns.adopt,
+    )
+    plans, failures = fleet.plans, fleet.failures
     changed = [p for p in plans if p.has_changes]
     totals = {"create": 0, "change": 0, "remove": 0, "blocked": 0}
     for p in plans:

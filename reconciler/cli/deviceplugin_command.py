@@ -9,7 +9,6 @@ same plugins. SIGTERM or SIGINT stops it cleanly.
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -49,6 +48,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_device_plugin(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    import logging  # here: importing it costs every other command's start
+
     from reconciler.deviceplugin import run_standalone
 
     if ns.rescan_interval <= 0:

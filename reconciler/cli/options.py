@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,9 @@ def _env(name: str) -> str | None:
 
 
 def default_node() -> str:
-    return _env("NODE") or os.environ.get("NODE_NAME") or socket.gethostname()
+    # os.uname()'s node name is what socket.gethostname() returns (both are uname(2)'s), without
+    # importing socket into every command's start.
+    return _env("NODE") or os.environ.get("NODE_NAME") or os.uname().nodename
 
 
 def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:

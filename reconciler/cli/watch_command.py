@@ -14,7 +14,6 @@ lock, so it cannot deadlock with the code it interrupts.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import threading
@@ -28,13 +27,13 @@ from reconciler.cli.options import GlobalOptions
 from reconciler.model import UsageError
 
 if TYPE_CHECKING:
+    import logging
+
     from reconciler.deviceplugin import PluginManager
     from reconciler.watch.loop import WatchLoop
 
 EXIT_OK, EXIT_ERROR = 0, 1
 DEFAULT_LISTEN = "127.0.0.1:9477"
-
-log = logging.getLogger("vgpuctl.watch")
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -102,7 +101,15 @@ def register(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _log() -> logging.Logger:
+    import logging  # here: importing it costs every other command's start
+
+    return logging.getLogger("vgpuctl.watch")
+
+
 def cmd_watch(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    import logging
+
     from reconciler.watch.endpoint import parse_listen
     from reconciler.watch.logs import configure
 
@@ -195,13 +202,13 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
             )
         except OSError as exc:
             raise UsageError(f"--listen {ns.listen}: {exc.strerror or exc}") from None
-        log.info(
+        _log().info(
             "serving /healthz, /readyz and /metrics on %s",
             endpoint.url,
             extra={"listen": endpoint.url},
         )
         if plugins is not None:
-            log.info("device plugins: sockets in %s", plugins.plugin_dir)
+            _log().info("device plugins: sockets in %s", plugins.plugin_dir)
         return _run_until_signalled(loop)
     finally:
         files.close()
@@ -209,7 +216,7 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
             endpoint.close()
         if plugins is not None:
             plugins.close()
-        log.info("stopped")
+        _log().info("stopped")
 
 
 def _device_plugins(
@@ -255,9 +262,9 @@ def _run_until_signalled(loop: WatchLoop) -> int:
                 elif number in (signal.SIGTERM, signal.SIGINT):
                     name = signal.Signals(number).name
                     if loop.stopping:
-                        log.info("%s: still finishing the reconcile under way", name)
+                        _log().info("%s: still finishing the reconcile under way", name)
                     else:
-                        log.info("%s: stopping once the reconcile under way is done", name)
+                        _log().info("%s: stopping once the reconcile under way is done", name)
                         loop.stop()
         worker.join()
     finally:
@@ -268,7 +275,7 @@ def _run_until_signalled(loop: WatchLoop) -> int:
         os.close(wake_write)
     if failure:
         exc = failure[0]
-        log.error("the watch loop failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        _log().error("the watch loop failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
         return EXIT_ERROR
     return EXIT_OK
 

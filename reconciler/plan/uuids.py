@@ -9,13 +9,14 @@ project creates.
 from __future__ import annotations
 
 import hashlib
-import uuid
 
 from reconciler.model import PciAddress
 
-#: ``uuid5(NAMESPACE_DNS, "vgpu.reconciler.dev")``, written out so that it can never drift.
-VGPU_UUID_NAMESPACE = uuid.UUID("77c317bb-d8cf-5df3-9d07-9b5f6884ffb3")
-_NAMESPACE_BYTES = VGPU_UUID_NAMESPACE.bytes
+#: ``uuid5(NAMESPACE_DNS, "vgpu.reconciler.dev")``, written out so that it can never drift (a
+#: unit test derives it). A string: the stdlib's ``uuid`` module is not imported by planning,
+#: whose cold start it would slow (it imports ``platform``, which compiles regexes at import).
+VGPU_UUID_NAMESPACE = "77c317bb-d8cf-5df3-9d07-9b5f6884ffb3"
+_NAMESPACE_BYTES = bytes.fromhex(VGPU_UUID_NAMESPACE.replace("-", ""))
 
 
 def vgpu_uuid(node: str, vf: PciAddress | str) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from reconciler.observe.holds import DeviceNodes, HolderScan, pid_namespace_blindness
-from reconciler.sim.state import load_state, state_path
+from reconciler.sim.statefile import read_holds, state_path
 
 
 def is_simulated(sysfs_root: Path | str) -> bool:
@@ -33,16 +33,16 @@ class SimHoldProbe:
         self._proc_root = proc_root
 
     def blindness(self) -> str | None:
-        state = load_state(self._root)
-        return pid_namespace_blindness(self._proc_root, host_namespace=state.pid_namespace)
+        holds = read_holds(self._root)
+        return pid_namespace_blindness(self._proc_root, host_namespace=holds.pid_namespace)
 
     def scan(self, vgpus: Mapping[str, DeviceNodes]) -> HolderScan:
         """Input: vGPU UUID (vfio: VF address) → its device nodes; output: the visible holds."""
-        state = load_state(self._root)
+        holds = read_holds(self._root)
         held = {
-            u: state.held[u.lower()]
+            u: holds.held[u.lower()]
             for u in vgpus
-            if u.lower() in state.held and u.lower() not in state.hidden
+            if u.lower() in holds.held and u.lower() not in holds.hidden
         }
-        blind = pid_namespace_blindness(self._proc_root, host_namespace=state.pid_namespace)
+        blind = pid_namespace_blindness(self._proc_root, host_namespace=holds.pid_namespace)
         return HolderScan(held=held, blind=blind)

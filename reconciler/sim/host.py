@@ -34,15 +34,14 @@ from reconciler.sim.rules import (
 from reconciler.sim.sriov_manage import install_script
 from reconciler.sim.state import (
     SRIOV_MANAGE_FAULTS,
-    STATE_DIR,
     DeviceRecord,
     GpuRecord,
     SimState,
     load_state,
     locked,
     save_state,
-    state_path,
 )
+from reconciler.sim.statefile import STATE_DIR, state_path
 from reconciler.sim.tree import NVIDIA_DRIVER, PciFunction, SysfsTree, device_dir
 
 INTERFACES = ("mdev", "vfio")

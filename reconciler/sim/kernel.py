@@ -23,7 +23,8 @@ from pathlib import Path
 
 from reconciler.sim import driver
 from reconciler.sim.driver import refusal
-from reconciler.sim.state import STATE_DIR, SimState, load_state, locked, save_state
+from reconciler.sim.state import SimState, load_state, locked, save_state
+from reconciler.sim.statefile import STATE_DIR
 from reconciler.sim.tree import SysfsTree
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")

@@ -22,18 +22,19 @@ from typing import Any
 
 from reconciler.observe.holds import INIT_PID_NAMESPACE
 from reconciler.sim.rules import SimModel
+from reconciler.sim.statefile import (
+    FORMAT_VERSION,
+    STATE_DIR,
+    STATE_FILE,
+    Holds,
+    read_state_document,
+    state_path,
+)
 
-STATE_DIR = ".vgpuctl-sim"
-STATE_FILE = "state.json"
 LOCK_FILE = "lock"
-FORMAT_VERSION = 1
 
 #: Faults ``sriov-manage`` can be told to show once.
 SRIOV_MANAGE_FAULTS = ("error", "silent", "hang")
-
-
-def state_path(sysfs_root: Path) -> Path:
-    return sysfs_root / STATE_DIR / STATE_FILE
 
 
 # The records below are mutable on purpose: they are the in-memory image of the state file,
@@ -232,11 +233,9 @@ class SimState:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SimState:
-        if raw.get("formatVersion") != FORMAT_VERSION:
-            raise ValueError(
-                f"simulator state format {raw.get('formatVersion')!r} is not {FORMAT_VERSION}"
-            )
+        """From the state file's JSON (its format version checked by the reader)."""
         faults = raw.get("faults", {})
+        holds = Holds.from_json(raw)
         return cls(
             interface=str(raw["interface"]),
             models={k: SimModel.from_json(m) for k, m in raw["models"].items()},
@@ -265,10 +264,10 @@ class SimState:
                 )
                 for vid, r in raw["vgpus"].items()
             },
-            held={str(k): str(v) for k, v in raw["held"].items()},
-            hidden={str(v) for v in raw.get("hidden", [])},
+            held=dict(holds.held),
+            hidden=set(holds.hidden),
             removing={str(v) for v in raw.get("removing", [])},
-            pid_namespace=int(raw.get("pidNamespace", INIT_PID_NAMESPACE)),
+            pid_namespace=holds.pid_namespace,
             faults=Faults(
                 writes=int(faults.get("writes", 0)),
                 sriov_manage=faults.get("sriovManage"),
@@ -291,8 +290,7 @@ def _allocate(taken: dict[int, str], owner: str) -> int:
 
 def load_state(sysfs_root: Path) -> SimState:
     """Read the state without the lock (it is replaced atomically)."""
-    with state_path(sysfs_root).open(encoding="utf-8") as f:
-        return SimState.from_json(json.load(f))
+    return SimState.from_json(read_state_document(sysfs_root))
 
 
 def save_state(sysfs_root: Path, state: SimState) -> None:

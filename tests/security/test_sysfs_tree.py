@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.sim.state import STATE_DIR
+from reconciler.sim.statefile import STATE_DIR
 from tests.simnode import NODE, SEED, SimNode, make_sim, run_vgpuctl
 
 #: The seed's vGPUs: VF → UUID (derived from the node and the VF, so known in advance).

@@ -53,13 +53,13 @@ def _unfingerprinted(p: Plan) -> dict[str, object]:
 
 
 def test_the_namespace_is_uuid5_of_the_project_domain() -> None:
-    assert uuid.uuid5(uuid.NAMESPACE_DNS, "vgpu.reconciler.dev") == VGPU_UUID_NAMESPACE
+    assert str(uuid.uuid5(uuid.NAMESPACE_DNS, "vgpu.reconciler.dev")) == VGPU_UUID_NAMESPACE
 
 
 @pytest.mark.parametrize("name", ["harvester-kgd9c", "n", "节点-1", "a" * 300])
 def test_vgpu_uuid_is_the_standard_uuid5(name: str) -> None:
     vf = PciAddress.parse("0000:08:01.7")
-    assert vgpu_uuid(name, vf) == str(uuid.uuid5(VGPU_UUID_NAMESPACE, f"{name}/{vf}"))
+    assert vgpu_uuid(name, vf) == str(uuid.uuid5(uuid.UUID(VGPU_UUID_NAMESPACE), f"{name}/{vf}"))
 
 
 def test_a_recreated_vgpu_gets_the_uuid_it_had() -> None:
