@@ -10,6 +10,8 @@ server's rules that code relies on (the HTTP-level model, with watches and admis
 - the status subresource: status dropped on create, kept on a PUT of one of our CRs (group
   ``devices.harvesterhci.io``), only status taken on a PUT of ``/status``;
 - JSON patches applied as the API server does (``jsonpatch.py``); a failed ``test`` is a conflict;
+- our CRDs' schemas (``schemas/crds``): a write is pruned to the schema and validated, a 422
+  being a ``ClusterError`` naming every field that is wrong (``structural.py``, as the emulator);
 - lists filtered by namespace, label selector (the emulator's parser: the API server's grammar)
   and ``a.b=v`` field selectors, returned as copies in the order stored; a plural named in
   ``unserved`` is a resource the server does not serve (``ResourceMissingError``).
@@ -26,18 +28,52 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
+from pathlib import Path
 from typing import Any, NamedTuple
+
+import yaml
 
 from reconciler.model.cluster import GROUP
 from reconciler.model.errors import (
+    ClusterError,
     ClusterUnavailableError,
     ConflictError,
     ResourceMissingError,
 )
-from tests.doubles import jsonpatch
+from tests.doubles import jsonpatch, structural
 from tests.doubles.emulator import parse_label_selector
 
 Key = tuple[str, str | None, str]  # plural, namespace, name
+CRDS = Path(__file__).resolve().parents[2] / "schemas" / "crds"
+
+
+@cache
+def crd_schemas() -> dict[str, Any]:
+    """Our CRDs' openAPIV3Schema by plural (the version each serves: one)."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+        (version,) = crd["spec"]["versions"]
+        structural.check_schema(version["schema"]["openAPIV3Schema"])
+        schemas[crd["spec"]["names"]["plural"]] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def conform(verb: str, plural: str, obj: dict[str, Any]) -> None:
+    """Prune ``obj`` to its CRD's schema in place and validate it (``ClusterError``, as the
+    product reports a 422)."""
+    schema = crd_schemas().get(plural)
+    if schema is None:
+        return
+    structural.prune(obj, schema)
+    causes = structural.validate(obj, schema)
+    if causes:
+        name = obj["metadata"]["name"]
+        raise ClusterError(
+            f"the API server refused {verb} {plural}/{name} (422 Unprocessable Entity): "
+            + "; ".join(causes)
+        )
 
 
 class ListCall(NamedTuple):
@@ -169,6 +205,7 @@ class FakeCluster:
             raise ConflictError(f"{plural}/{key[2]} already exists")
         obj = copy.deepcopy(dict(body))
         obj.pop("status", None)
+        conform("create", plural, obj)
         obj["metadata"]["uid"] = f"uid-{key[2]}"
         self.put(plural, obj, namespace)
         return copy.deepcopy(self.store[key])
@@ -208,6 +245,7 @@ class FakeCluster:
             if "status" in self.store[key]:
                 obj["status"] = copy.deepcopy(self.store[key]["status"])
         obj["metadata"]["uid"] = self.store[key]["metadata"].get("uid")
+        conform("update", plural, obj)
         self.put(plural, obj, namespace)
         return copy.deepcopy(self.store[key])
 
@@ -231,6 +269,7 @@ class FakeCluster:
             obj = jsonpatch.apply(current, patch)
         except jsonpatch.JsonPatchError:
             raise ConflictError(f"{plural}/{name} changed since it was read (422)") from None
+        conform("patch", plural, obj)
         self.put(plural, obj, namespace)
         return copy.deepcopy(self.store[key])
 
@@ -250,6 +289,7 @@ class FakeCluster:
         key = self._stored(plural, namespace, name, rv)
         obj = copy.deepcopy(self.store[key])
         obj["status"] = copy.deepcopy(body.get("status"))
+        conform("update", plural, obj)
         self.put(plural, obj, namespace)
         return copy.deepcopy(self.store[key])
 

@@ -8,6 +8,10 @@ the status subresource split from the main resource (status dropped on create an
 PUT of a custom resource, only status taken on PUT of ``/status``); generation bumped only when
 the spec changes; label and field selectors; watches resumable from a resourceVersion with a
 bounded history (410 Gone when too old); 404 NotFound for a resource whose CRD is not installed.
+A CRD installed with its ``openAPIV3Schema`` prunes and validates every write to its resource as
+the API server does (``structural.py``): a field the schema does not declare is dropped at any
+depth, a wrong type, a missing required field, a value outside an enum or a pattern is 422
+Invalid naming each field (``spec.address: Invalid value: ...``), and nothing is written.
 
 Patches: JSON merge patch, and JSON patch (RFC 6902) with the API server's semantics
 (``jsonpatch.py``: evanphx/json-patch v4; an operation that does not apply, a failed ``test``
@@ -24,7 +28,9 @@ an RBAC model per user), failed (``fail_next``), the server stopped and restarte
 port (an outage), and a hook can interleave a concurrent change before each write (409 races).
 
 Not emulated: finalizers and graceful deletion, strategic-merge patches (415), paging (``limit``
-is ignored: allowed by the API), managedFields, mutating admission, dry runs.
+is ignored: allowed by the API), managedFields, mutating admission, dry runs, schema defaults,
+CEL validation rules and ``oneOf``/``anyOf`` (a CRD using a keyword ``structural.py`` does not
+model is refused when installed).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
-from tests.doubles import jsonpatch
+from tests.doubles import jsonpatch, structural
 from tests.doubles.admission import Attributes, UserInfo, admit
 
 JsonObject = dict[str, Any]
@@ -401,6 +407,8 @@ class ApiServerEmulator:
         self._users: dict[str, UserInfo] = {DEFAULT_TOKEN: UserInfo(user)}
         self._cond = threading.Condition(threading.RLock())
         self._resources: dict[tuple[str, str, str], Resource] = {}
+        #: A CRD's openAPIV3Schema, by the resource it serves: writes are pruned and validated.
+        self._schemas: dict[Resource, JsonObject] = {}
         self._store: dict[tuple[str, str], dict[tuple[str, str], JsonObject]] = {}
         self._rv = 0
         self._history: deque[_Change] = deque(maxlen=history)
@@ -504,10 +512,14 @@ class ApiServerEmulator:
         return resource
 
     def register_crd(self, crd: Mapping[str, Any]) -> list[Resource]:
-        """Serve every served version of a CustomResourceDefinition manifest."""
+        """Serve every served version of a CustomResourceDefinition manifest; its schema then
+        prunes and validates every write (``tests/doubles/structural.py``)."""
         spec = crd["spec"]
-        return [
-            self.register(
+        served = []
+        for version in spec["versions"]:
+            if not version.get("served", True):
+                continue
+            resource = self.register(
                 spec["group"],
                 version["name"],
                 spec["names"]["plural"],
@@ -515,9 +527,12 @@ class ApiServerEmulator:
                 spec["scope"] == "Namespaced",
                 "status" in (version.get("subresources") or {}),
             )
-            for version in spec["versions"]
-            if version.get("served", True)
-        ]
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if schema is not None:
+                structural.check_schema(schema)
+                self._schemas[resource] = copy.deepcopy(schema)
+            served.append(resource)
+        return served
 
     def seed(self, obj: Mapping[str, Any]) -> JsonObject:
         """Store an object as given (status included), creating or replacing it; returns it stored.
@@ -801,6 +816,7 @@ class ApiServerEmulator:
         self._check_namespace(resource, target, meta)
         if resource.custom and resource.status_subresource:
             body.pop("status", None)  # status is written through the subresource only
+        self._conform(resource, body, meta["name"])
         self._call_hook(request)
         with self._cond:
             if resource.namespaced and not self._namespace_exists(target.namespace or ""):
@@ -1117,6 +1133,7 @@ class ApiServerEmulator:
             if _spec_part(new, resource) != _spec_part(current, resource):
                 meta["generation"] = old_meta.get("generation", 1) + 1
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
+        self._conform(resource, new, target.name or "")
         self._admit("UPDATE", resource, target, user, new=new, old=current)
         if new == current:
             return copy.deepcopy(current)  # real servers skip no-op writes: no new resourceVersion
@@ -1221,6 +1238,19 @@ class ApiServerEmulator:
                 "request",
             )
         meta["namespace"] = target.namespace
+
+    def _conform(self, resource: Resource, body: JsonObject, name: str) -> None:
+        """Prune ``body`` to its CRD's schema and validate it, as the API server does before
+        admission: 422 naming every field that is wrong."""
+        schema = self._schemas.get(resource)
+        if schema is None:
+            return
+        structural.prune(body, schema)
+        causes = structural.validate(body, schema)
+        if causes:
+            raise self._invalid(
+                resource, name, causes[0] if len(causes) == 1 else f"[{', '.join(causes)}]"
+            )
 
     def _invalid(self, resource: Resource, name: str, cause: str) -> ApiError:
         qualified_kind = f"{resource.kind}.{resource.group}" if resource.group else resource.kind

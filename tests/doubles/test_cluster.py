@@ -32,7 +32,13 @@ def vgpu(name: str, node: str, profile: str = "", uuid: str = "") -> dict[str, A
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": VGPU_KIND,
         "metadata": {"name": name, "labels": {NODE_LABEL: node}},
-        "spec": {"address": "0000:08:00.4", "enabled": bool(profile), "vGPUTypeName": profile},
+        "spec": {
+            "address": "0000:08:00.4",
+            "enabled": bool(profile),
+            "vGPUTypeName": profile,
+            "nodeName": node,
+            "parentGPUDeviceAddress": "0000:08:00.0",
+        },
         "status": {"uuid": uuid},
     }
 
@@ -69,6 +75,12 @@ def scenario(api: ClusterApi) -> list[Any]:
     a = call(api.create_object, **VGPUS, body=vgpu("n1-a", "n1", "NVIDIA A2-4Q", "u-1"))
     call(api.create_object, **VGPUS, body=vgpu("n1-a", "n1"))  # exists
     call(api.create_object, **VGPUS, body=vgpu("n2-b", "n2"))
+    invalid = vgpu("n3-c", "n3")
+    invalid["spec"]["address"] = "08:00.4"  # the CRD's pattern: refused (422), nothing stored
+    call(api.create_object, **VGPUS, body=invalid)
+    pruned = vgpu("n3-d", "n3")
+    pruned["spec"]["colour"] = "blue"  # not in the CRD: dropped
+    call(api.create_object, **VGPUS, body=pruned)
     call(api.get_object, **VGPUS, name="n1-a")  # status dropped on create
     call(api.get_object, **VGPUS, name="missing")
     call(api.list_objects, **VGPUS, label_selector=f"{NODE_LABEL}=n1")
@@ -113,6 +125,7 @@ def test_the_fake_answers_as_the_emulator_does(over_http: KubernetesApi) -> None
     errors = [t for t in expected if isinstance(t, str)]
     assert errors == [
         "ConflictError",  # create of an existing name
+        "ClusterError",  # create of an object the CRD's schema refuses (422)
         "ConflictError",  # replace with a stale resourceVersion
         "ConflictError",  # status replace with a stale resourceVersion
         "ConflictError",  # a JSON patch whose test fails
@@ -120,7 +133,8 @@ def test_the_fake_answers_as_the_emulator_does(over_http: KubernetesApi) -> None
         "ConflictError",  # replace of an object deleted since it was read
         "ResourceMissingError",  # a resource the server does not serve
     ]
-    assert "status" not in expected[3]  # dropped on create
+    assert "colour" not in expected[4]["spec"]  # pruned: the CRD does not declare it
+    assert "status" not in expected[5]  # dropped on create
 
 
 def test_the_fake_has_the_ports_methods_and_signatures() -> None:

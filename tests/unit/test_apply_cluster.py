@@ -74,7 +74,13 @@ def intended(profile: str = "NVIDIA A2-4Q", uuid: str = "u-1") -> KubeObject:
         kind=VGPU_KIND,
         name=NAME,
         labels={NODE_LABEL: NODE, MANAGED_BY_LABEL: MANAGED_BY},
-        spec={"address": "0000:08:00.4", "enabled": True, "vGPUTypeName": profile},
+        spec={
+            "address": "0000:08:00.4",
+            "enabled": True,
+            "vGPUTypeName": profile,
+            "nodeName": NODE,
+            "parentGPUDeviceAddress": "0000:08:00.0",
+        },
         status={"vGPUStatus": "vGPUConfigured", "uuid": uuid},
     )
 
@@ -161,7 +167,7 @@ def test_create_then_status_through_the_subresource() -> None:
 
 def test_create_without_status_is_one_request() -> None:
     fake = FakeCluster()
-    obj = KubeObject(kind=VGPU_KIND, name=NAME, spec={"enabled": False})
+    obj = KubeObject(kind=VGPU_KIND, name=NAME, spec={**intended().spec, "enabled": False})
     result = execute_cluster([create(obj)], api=fake)
     assert result.outcomes[0].message == f"created vgpudevices/{NAME}"
     assert [c[0] for c in fake.calls] == ["create"]
