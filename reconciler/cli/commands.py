@@ -230,7 +230,7 @@ def add_adopt_option(p: argparse.ArgumentParser) -> None:
 def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     """Plan every node of the desired state from the CR statuses in the cluster (CI)."""
     from reconciler.observe import observe_nodes_from_cluster
-    from reconciler.plan import FleetMember, plan_fleet
+    from reconciler.plan.fleet import FleetMember, plan_fleet
 
     api = host.cluster_api
     if api is None:

@@ -1,7 +1,8 @@
 """The diff engine: (desired node, observed inventory[, cluster]) → Plan. Pure; constraint checks
 included.
 
-``plan_node`` is the entry point; ``plan_fleet`` plans many nodes in one batch.
+``plan_node`` is the entry point; ``fleet.plan_fleet`` plans many nodes in one batch (imported
+from its module: a node's plan does not load it).
 ``VGPU_UUID_NAMESPACE`` and ``vgpu_uuid`` define the UUIDs created vGPUs get (a contract: the
 same node and VF always give the same UUID). The cluster half:
 ``render_objects`` (the node's CRs as they should be), ``predict_inventory`` (the host after the
@@ -10,7 +11,6 @@ answer to a 409).
 """
 
 from reconciler.plan.cluster import KUBEVIRT_MISSING, replan_object
-from reconciler.plan.fleet import FleetMember, FleetPlan, plan_fleet
 from reconciler.plan.planner import NO_CLUSTER, plan_node
 from reconciler.plan.predict import predict_inventory
 from reconciler.plan.render import LAST_APPLIED_ANNOTATION, canonical_json, render_objects
@@ -21,10 +21,7 @@ __all__ = [
     "LAST_APPLIED_ANNOTATION",
     "NO_CLUSTER",
     "VGPU_UUID_NAMESPACE",
-    "FleetMember",
-    "FleetPlan",
     "canonical_json",
-    "plan_fleet",
     "plan_node",
     "predict_inventory",
     "render_objects",

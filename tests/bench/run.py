@@ -223,7 +223,7 @@ sys.path.insert(0, sys.argv[1])
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
 from reconciler.model import Inventory
-from reconciler.plan import FleetMember, plan_fleet
+from reconciler.plan.fleet import FleetMember, plan_fleet
 from reconciler.plan.uuids import vgpu_uuid
 from pathlib import Path
 from dataclasses import replace

@@ -18,6 +18,7 @@ NOT_IMPORTED = {
     "socket": "the default node name (os.uname() says the same)",
     "reconciler.sim.state": "the simulated hold probe, which needs the holders only",
     "reconciler.sim.rules": "reconciler.sim.state",
+    "reconciler.plan.fleet": "planning many nodes in one batch (plan --observed cluster)",
 }
 
 _RUN = (

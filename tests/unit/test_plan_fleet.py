@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from reconciler.model import ActionKind, DesiredNode, Inventory, PlanError
-from reconciler.plan import FleetMember, plan_fleet
-from reconciler.plan.fleet import BATCH_GC_THRESHOLD
+from reconciler.plan.fleet import BATCH_GC_THRESHOLD, FleetMember, plan_fleet
 from tests.gpus import A2, A2_B, CATALOG, a2, want
 
 
