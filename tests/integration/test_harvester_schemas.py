@@ -1,0 +1,96 @@
+"""What Harvester's own CRDs (tests/fixtures/harvester-crds: pcidevices-controller installs them
+at every start) do to vgpuctl's writes, through the strict emulator and the real client: only
+Harvester's fields survive. The groundwork of issue 12 items 1-2, which move vgpuctl's other
+fields to an object of its own and make its CRDs Harvester's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.doubles.emulator import ApiServerEmulator
+
+REPO = Path(__file__).resolve().parents[2]
+HARVESTER = REPO / "tests" / "fixtures" / "harvester-crds"
+OURS = REPO / "schemas" / "crds"
+GROUP, VERSION, PLURAL = "devices.harvesterhci.io", "v1beta1", "vgpudevices"
+
+
+def api_with(crds: Path) -> Iterator[Any]:
+    with ApiServerEmulator() as emulator:
+        for path in sorted(crds.glob("*.yaml")):
+            emulator.register_crd(yaml.safe_load(path.read_text()))
+        config = client.Configuration()
+        config.host = emulator.url
+        with client.ApiClient(config) as api:
+            yield client.CustomObjectsApi(api)
+
+
+@pytest.fixture
+def harvester() -> Iterator[Any]:
+    yield from api_with(HARVESTER)
+
+
+@pytest.fixture
+def ours() -> Iterator[Any]:
+    yield from api_with(OURS)
+
+
+def seed_object() -> dict[str, Any]:
+    """The seed's VGPUDevice as Harvester shows it, without what the server sets."""
+    obj: dict[str, Any] = yaml.safe_load(
+        (REPO / "tests/fixtures/crds/seed-vgpudevice.yaml").read_text()
+    )
+    obj["metadata"] = {k: obj["metadata"][k] for k in ("name", "labels")}
+    return obj
+
+
+def write(api: Any, obj: dict[str, Any]) -> dict[str, Any]:
+    """Create, then write the status through its subresource, as vgpuctl does."""
+    created = api.create_cluster_custom_object(GROUP, VERSION, PLURAL, obj)
+    created["status"] = obj["status"]
+    return dict(
+        api.replace_cluster_custom_object_status(
+            GROUP, VERSION, PLURAL, obj["metadata"]["name"], created
+        )
+    )
+
+
+def test_harvesters_schema_keeps_harvesters_fields_and_drops_vgpuctls(harvester: Any) -> None:
+    obj = seed_object()
+    obj["status"].update(vfIndex=0, inUse=False, holder="", availableTypes={})
+
+    stored = write(harvester, obj)
+
+    assert stored["spec"] == seed_object()["spec"]
+    assert stored["status"] == {
+        "configureVGPUTypeName": "NVIDIA A2-4A",
+        "uuid": "dd6772a8-7db8-4e96-9a73-f94c389d9bc3",
+        "vGPUStatus": "vGPUConfigured",
+        "availableTypes": {},
+    }
+
+
+def test_harvesters_ui_disable_without_a_type_name_is_accepted(harvester: Any) -> None:
+    obj = seed_object()
+    del obj["spec"]["vGPUTypeName"]  # what the UI's "Disable" saves
+    obj["spec"]["enabled"] = False
+    created = harvester.create_cluster_custom_object(GROUP, VERSION, PLURAL, obj)
+    assert "vGPUTypeName" not in created["spec"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 12 item 2: our VGPUDevice CRD requires spec.vGPUTypeName (and four other "
+    "spec fields); Harvester's requires nothing, so with ours installed the UI's Disable is 422",
+)
+def test_our_crd_accepts_the_harvester_ui_disable_too(ours: Any) -> None:
+    obj = seed_object()
+    del obj["spec"]["vGPUTypeName"]
+    obj["spec"]["enabled"] = False
+    ours.create_cluster_custom_object(GROUP, VERSION, PLURAL, obj)
