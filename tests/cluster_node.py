@@ -22,9 +22,20 @@ KUBEVIRTS = ("kubevirt.io", "v1", "kubevirts")
 VMIS = ("kubevirt.io", "v1", "virtualmachineinstances")
 
 
-def register_crds(emu: ApiServerEmulator) -> None:
-    for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
+#: Our CRDs; Harvester's own, as pcidevices-controller installs them, are test fixtures.
+OUR_CRDS = REPO / "schemas" / "crds"
+HARVESTER_CRDS = REPO / "tests" / "fixtures" / "harvester-crds"
+
+
+def install_crds(emu: ApiServerEmulator, directory: Path = OUR_CRDS) -> None:
+    """Install every CRD manifest in ``directory``: its schema prunes and validates writes."""
+    for path in sorted(directory.glob("*.yaml")):
         emu.register_crd(yaml.safe_load(path.read_text()))
+
+
+def register_crds(emu: ApiServerEmulator) -> None:
+    """Our CRDs, and KubeVirt's resources (served without a schema)."""
+    install_crds(emu)
     emu.register("kubevirt.io", "v1", "kubevirts", "KubeVirt", True, True)
     emu.register(
         "kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from reconciler.kube import KubernetesApi, connect
 from reconciler.model import ReconcilerError
 from reconciler.model.cluster import GROUP, NODE_LABEL, VERSION, VGPU_KIND
 from reconciler.model.clusterapi import ClusterApi
+from tests.cluster_node import install_crds
 from tests.doubles.cluster import FakeCluster
 from tests.doubles.emulator import ApiServerEmulator
 
@@ -110,8 +110,7 @@ def scenario(api: ClusterApi) -> list[Any]:
 @pytest.fixture
 def over_http(tmp_path: Path) -> Iterator[KubernetesApi]:
     with ApiServerEmulator() as server:
-        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
-            server.register_crd(yaml.safe_load(path.read_text()))
+        install_crds(server)
         with connect(server.kubeconfig(tmp_path), timeout=5) as api:
             yield api
 

@@ -18,15 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from reconciler.model.cluster import GROUP, VERSION
+from tests.cluster_node import SRIOV, VGPUS, cluster_node, register_crds
 from tests.doubles.emulator import ApiServerEmulator, Request
-from tests.simnode import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
+from tests.simnode import NODE, SEED, run_vgpuctl
 
-SRIOV = (GROUP, VERSION, "sriovgpudevices")
-VGPUS = (GROUP, VERSION, "vgpudevices")
-KUBEVIRTS = ("kubevirt.io", "v1", "kubevirts")
 #: The seed's vGPU UUIDs on VFs .4 and .5 (uuid5 of node and VF, as the README shows them).
 U4 = "5adb8e42-c29a-5705-8ae0-584ba08668af"
 U5 = "5ed3b3e8-ffe3-55db-be73-567bd703a205"
@@ -40,12 +36,7 @@ def seed_with(vf4: str) -> str:
 @pytest.fixture
 def emu() -> Iterator[ApiServerEmulator]:
     with ApiServerEmulator() as server:
-        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
-            server.register_crd(yaml.safe_load(path.read_text()))
-        server.register("kubevirt.io", "v1", "kubevirts", "KubeVirt", True, True)
-        server.register(
-            "kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True
-        )
+        register_crds(server)
         server.seed(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "harvester-system"}}
         )
@@ -58,30 +49,6 @@ def emu() -> Iterator[ApiServerEmulator]:
             }
         )
         yield server
-
-
-class ClusterNode(SimNode):
-    kubeconfig: Path
-    kubelet_dir: Path
-
-    @property
-    def flags(self) -> list[str]:
-        return [
-            *super().flags,
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--kubelet-dir",
-            str(self.kubelet_dir),
-        ]
-
-
-def cluster_node(tmp_path: Path, emu: ApiServerEmulator) -> ClusterNode:
-    sim = make_sim(tmp_path / "host", ["A2@0000:08:00.0"])
-    node = ClusterNode(sim.dir, NODE)
-    node.kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
-    node.kubelet_dir = tmp_path / "kubelet"
-    (node.kubelet_dir / "device-plugins").mkdir(parents=True)
-    return node
 
 
 def writes(emu: ApiServerEmulator, since: int = 0) -> list[tuple[str, str, str, str | None]]:

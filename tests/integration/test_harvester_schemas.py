@@ -13,18 +13,16 @@ import pytest
 import yaml
 from kubernetes import client
 
+from tests.cluster_node import HARVESTER_CRDS, OUR_CRDS, install_crds
 from tests.doubles.emulator import ApiServerEmulator
+from tests.simnode import REPO
 
-REPO = Path(__file__).resolve().parents[2]
-HARVESTER = REPO / "tests" / "fixtures" / "harvester-crds"
-OURS = REPO / "schemas" / "crds"
 GROUP, VERSION, PLURAL = "devices.harvesterhci.io", "v1beta1", "vgpudevices"
 
 
 def api_with(crds: Path) -> Iterator[Any]:
     with ApiServerEmulator() as emulator:
-        for path in sorted(crds.glob("*.yaml")):
-            emulator.register_crd(yaml.safe_load(path.read_text()))
+        install_crds(emulator, crds)
         config = client.Configuration()
         config.host = emulator.url
         with client.ApiClient(config) as api:
@@ -33,12 +31,12 @@ def api_with(crds: Path) -> Iterator[Any]:
 
 @pytest.fixture
 def harvester() -> Iterator[Any]:
-    yield from api_with(HARVESTER)
+    yield from api_with(HARVESTER_CRDS)
 
 
 @pytest.fixture
 def ours() -> Iterator[Any]:
-    yield from api_with(OURS)
+    yield from api_with(OUR_CRDS)
 
 
 def seed_object() -> dict[str, Any]:

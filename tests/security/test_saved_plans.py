@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from reconciler.model.cluster import GROUP, VERSION
 from reconciler.sim import SimHost
+from tests.cluster_node import register_crds
 from tests.doubles.emulator import ApiServerEmulator
-from tests.simnode import NODE, REPO, SEED, SimNode, make_sim
+from tests.simnode import NODE, SEED, SimNode, make_sim
 
 SRIOV = (GROUP, VERSION, "sriovgpudevices")
 VGPUS = (GROUP, VERSION, "vgpudevices")
@@ -421,12 +421,7 @@ def _kubevirt() -> dict[str, Any]:
 @pytest.fixture
 def emu() -> Iterator[ApiServerEmulator]:
     with ApiServerEmulator() as server:
-        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
-            server.register_crd(yaml.safe_load(path.read_text()))
-        server.register("kubevirt.io", "v1", "kubevirts", "KubeVirt", True, True)
-        server.register(
-            "kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True
-        )
+        register_crds(server)
         server.seed(_kubevirt())
         yield server
 
