@@ -61,9 +61,6 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clusterapi import ClusterApi
 
-CLUSTER_KINDS = frozenset(
-    {ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE, ActionKind.KUBEVIRT_UPDATE}
-)
 SKIPPED_NOT_CLUSTER = "skipped: not a cluster action"
 
 

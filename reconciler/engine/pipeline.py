@@ -60,16 +60,13 @@ from reconciler.model import (
     Inventory,
     ObserveError,
     PciAddress,
+    Phase,
     Plan,
     ReconcilerError,
     VgpuRemove,
 )
 from reconciler.observe.parse import NVIDIA_VENDOR_ID
 
-#: The cluster writes, run by the cluster executor after the host actions.
-CLUSTER_KINDS = frozenset(
-    {ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE, ActionKind.KUBEVIRT_UPDATE}
-)
 #: How many differences a stop on an unexpected host names before "… and N more".
 DIFFERENCES_SHOWN = 5
 
@@ -371,7 +368,7 @@ class _Run:
     ) -> ApplyResult:
         plan = planned.plan
         result = self._write_cluster(
-            [a for a in plan.actions if a.kind in CLUSTER_KINDS], planned, managed, host.run_id
+            [a for a in plan.actions if a.phase is Phase.CLUSTER], planned, managed, host.run_id
         )
         if self.ports.events is not None:
             record_host_events(
