@@ -18,6 +18,7 @@ from tests.simnode import NODE, REPO, SimNode, make_sim
 
 SRIOV = (GROUP, VERSION, "sriovgpudevices")
 VGPUS = (GROUP, VERSION, "vgpudevices")
+NODE_STATES = ("vgpu.reconciler.dev", "v1alpha1", "vgpunodestates")
 KUBEVIRTS = ("kubevirt.io", "v1", "kubevirts")
 VMIS = ("kubevirt.io", "v1", "virtualmachineinstances")
 
@@ -33,9 +34,19 @@ def install_crds(emu: ApiServerEmulator, directory: Path = OUR_CRDS) -> None:
         emu.register_crd(yaml.safe_load(path.read_text()))
 
 
-def register_crds(emu: ApiServerEmulator) -> None:
-    """Our CRDs, and KubeVirt's resources (served without a schema)."""
-    install_crds(emu)
+#: vgpuctl's own CRD, installed beside Harvester's on a Harvester cluster.
+NODE_STATE_CRD = OUR_CRDS / "vgpunodestates.vgpu.reconciler.dev.yaml"
+
+
+def register_crds(emu: ApiServerEmulator, *, harvester: bool = False) -> None:
+    """Our CRDs (``harvester``: Harvester's own for its two kinds, as pcidevices-controller
+    installs them, and ours for the VGPUNodeState), and KubeVirt's resources (served without
+    a schema)."""
+    if harvester:
+        install_crds(emu, HARVESTER_CRDS)
+        emu.register_crd(yaml.safe_load(NODE_STATE_CRD.read_text()))
+    else:
+        install_crds(emu)
     emu.register("kubevirt.io", "v1", "kubevirts", "KubeVirt", True, True)
     emu.register(
         "kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True

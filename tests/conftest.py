@@ -100,11 +100,22 @@ def desired_dir(tmp_path: Path) -> Path:
     return directory
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module's ``CRD_SETS`` runs each of its tests that uses ``emu`` once per CRD set."""
+    sets = getattr(metafunc.module, "CRD_SETS", None)
+    if sets and "emu" in metafunc.fixturenames:
+        metafunc.parametrize("emu", sets, indirect=True)
+
+
 @pytest.fixture
-def emu() -> Iterator[ApiServerEmulator]:
-    """The API-server emulator serving our CRDs, KubeVirt's and its CR in harvester-system."""
+def emu(request: pytest.FixtureRequest) -> Iterator[ApiServerEmulator]:
+    """The API-server emulator serving our CRDs, KubeVirt's and its CR in harvester-system.
+
+    A module may run its tests against Harvester's own CRDs too: ``CRD_SETS = ("ours",
+    "harvester")`` (:func:`pytest_generate_tests`)."""
+    harvester = getattr(request, "param", "ours") == "harvester"
     with ApiServerEmulator() as server:
-        register_crds(server)
+        register_crds(server, harvester=harvester)
         server.seed(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "harvester-system"}}
         )

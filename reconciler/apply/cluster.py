@@ -46,22 +46,29 @@ from reconciler.model import (
     ReconcilerError,
 )
 from reconciler.model.cluster import (
-    GROUP,
+    GROUP_VERSIONS,
     KUBEVIRT_GROUP,
     KUBEVIRT_OWNED_ANNOTATION,
     KUBEVIRT_PLURAL,
     KUBEVIRT_VERSION,
     MANAGED_BY_LABEL,
+    NODE_STATE_KIND,
     PLURALS,
     SRIOV_GPU_KIND,
-    VERSION,
     VGPU_KIND,
     KubeObject,
     object_name,
 )
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.nodestate import stamped
 
 SKIPPED_NOT_CLUSTER = "skipped: not a cluster action"
+
+
+def utc_now() -> str:
+    """The time now in UTC, RFC 3339 to the second (``2026-12-02T03:07:13Z``): a Kubernetes
+    ``metav1.Time``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class EventSink(Protocol):
@@ -97,6 +104,7 @@ def execute_cluster(
     run_id: str = "",
     clock: Callable[[], float] = time.monotonic,
     mandate: ClusterMandate | None = None,
+    now: Callable[[], str] | None = None,
 ) -> ApplyResult:
     """Carry out the cluster actions among ``actions`` in order; stop at the first failure.
 
@@ -122,7 +130,13 @@ def execute_cluster(
     _check(actions)
     if mandate is not None:
         mandate.check(actions)
-    writer = _Writer(api=api, replan=replan, retries=max_conflict_retries, mandate=mandate)
+    writer = _Writer(
+        api=api,
+        replan=replan,
+        retries=max_conflict_retries,
+        mandate=mandate,
+        now=now or utc_now,
+    )
     outcomes: list[Outcome] = []
     not_run: tuple[Action, ...] = ()
     for i, action in enumerate(actions):
@@ -208,6 +222,8 @@ class _Writer:
     retries: int
     #: Checks each write re-planned after a conflict, as the plan's were before the run.
     mandate: ClusterMandate | None = None
+    #: The wall-clock time a VGPUNodeState's pending times are stamped with.
+    now: Callable[[], str] = utc_now
 
     def run(self, action: ClusterAction) -> tuple[OutcomeStatus, str]:
         if isinstance(action, KubevirtUpdate):
@@ -244,11 +260,12 @@ class _Writer:
         raises ConflictError on a lost race."""
         kind = _object_kind(action)
         plural = PLURALS[kind]
+        group, version = GROUP_VERSIONS[kind]
         name = action.target
         if isinstance(action, CrDelete):
             self.api.delete_object(
-                group=GROUP,
-                version=VERSION,
+                group=group,
+                version=version,
                 plural=plural,
                 name=name,
                 resource_version=action.resource_version,
@@ -256,15 +273,17 @@ class _Writer:
             done.append(f"deleted {plural}/{name}")
             return
         body = action.object.to_json()
-        body["apiVersion"] = f"{GROUP}/{VERSION}"
+        body["apiVersion"] = f"{group}/{version}"
         body["kind"] = kind
         status = body.get("status") or None
+        if status is not None and kind == NODE_STATE_KIND:
+            status = stamped(status, self.now())
         if isinstance(action, CrCreate):
             body["metadata"].pop("resourceVersion", None)
-            created = self.api.create_object(group=GROUP, version=VERSION, plural=plural, body=body)
+            created = self.api.create_object(group=group, version=version, plural=plural, body=body)
             done.append(f"created {plural}/{name}")
             if status:
-                self._write_status(plural, name, created, status)
+                self._write_status(kind, name, created, status)
                 done.append("status written")
             return
         # cr-update: what changed decides which of the two writes are needed.
@@ -275,22 +294,25 @@ class _Writer:
         stored: Mapping[str, Any] = body
         if spec_changed:
             stored = self.api.replace_object(
-                group=GROUP, version=VERSION, plural=plural, name=name, body=body
+                group=group, version=version, plural=plural, name=name, body=body
             )
             done.append(
                 f"updated {plural}/{name}" + (" (hand edits reset)" if action.drift else "")
             )
         if status is not None and action.status_changed:
-            self._write_status(plural, name, stored, status)
+            self._write_status(kind, name, stored, status)
             done.append("status written" if done else f"wrote the status of {plural}/{name}")
 
     def _write_status(
-        self, plural: str, name: str, stored: Mapping[str, Any], status: Mapping[str, Any]
+        self, kind: str, name: str, stored: Mapping[str, Any], status: Mapping[str, Any]
     ) -> None:
         """PUT ``/status`` on top of what the server just returned (its resourceVersion)."""
+        group, version = GROUP_VERSIONS[kind]
         body = _plain(stored)
         body["status"] = _plain(status)
-        self.api.replace_status(group=GROUP, version=VERSION, plural=plural, name=name, body=body)
+        self.api.replace_status(
+            group=group, version=version, plural=PLURALS[kind], name=name, body=body
+        )
 
     def _after_conflict(
         self, action: CrCreate | CrUpdate | CrDelete, conflict: ConflictError
@@ -298,7 +320,8 @@ class _Writer:
         """Re-read the object and decide the write it needs now (None: nothing)."""
         kind = _object_kind(action)
         plural = PLURALS[kind]
-        raw = self.api.get_object(group=GROUP, version=VERSION, plural=plural, name=action.target)
+        group, version = GROUP_VERSIONS[kind]
+        raw = self.api.get_object(group=group, version=version, plural=plural, name=action.target)
         current = None if raw is None else KubeObject.from_json({**raw, "kind": kind})
         if (
             current is not None

@@ -24,6 +24,7 @@ from reconciler.model.cluster import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NODE_LABEL,
+    NODE_STATE_KIND,
     SRIOV_GPU_KIND,
     ClusterState,
     KubeObject,
@@ -95,6 +96,8 @@ class ClusterMandate:
     managed: frozenset[PciAddress]
     #: This node's SRIOVGPUDevices and VGPUDevices as observed, by name.
     objects: Mapping[str, KubeObject] = field(default_factory=lambda: MappingProxyType({}))
+    #: This node's VGPUNodeState as observed (None: none yet).
+    node_state: KubeObject | None = None
     #: The KubeVirt CR's allow-list as observed (None: none was found).
     kubevirt: KubeVirtConfig | None = None
     #: ``--adopt``: objects another controller manages may be taken over (never deleted).
@@ -108,6 +111,7 @@ class ClusterMandate:
             node=cluster.node,
             managed=managed,
             objects={**cluster.sriov_gpu_devices, **cluster.vgpu_devices},
+            node_state=cluster.node_state,
             kubevirt=cluster.kubevirt,
             adopt=adopt,
         )
@@ -134,7 +138,7 @@ class ClusterMandate:
             self._check_body(action, action.object)
             return
         kind = action.object_kind if isinstance(action, CrDelete) else action.object.kind
-        stored = self.objects.get(action.target)
+        stored = self.node_state if kind == NODE_STATE_KIND else self.objects.get(action.target)
         if stored is None or stored.kind != kind:
             raise refused(
                 action,
@@ -172,7 +176,8 @@ class ClusterMandate:
         self._check_body(action, action.object)
 
     def _check_body(self, action: Action, obj: KubeObject) -> None:
-        """The object written is this node's, labelled as vgpuctl's, for a managed GPU."""
+        """The object written is this node's, labelled as vgpuctl's, for a managed GPU (the
+        node's VGPUNodeState: named after the node)."""
         kind, labels, spec = obj.kind, obj.labels, obj.spec
         if labels.get(NODE_LABEL) != self.node or spec.get("nodeName") != self.node:
             raise refused(
@@ -187,6 +192,14 @@ class ClusterMandate:
                 f"the {kind} written is not labelled {MANAGED_BY_LABEL}={MANAGED_BY}",
                 "objects vgpuctl writes are marked as its own",
             )
+        if kind == NODE_STATE_KIND:
+            if action.target != self.node:
+                raise refused(
+                    action,
+                    f"a {kind} named {excerpt(action.target)} is not node {self.node}'s",
+                    "a node's VGPUNodeState is named after the node",
+                )
+            return
         address = _address(spec.get("address"))
         if address is None or object_name(self.node, str(address)) != action.target:
             raise refused(

@@ -33,7 +33,7 @@ from reconciler.model import (
     UsageError,
     ValidationError,
 )
-from reconciler.model.errors import excerpt
+from reconciler.model.errors import ReconcilerError, excerpt
 from reconciler.model.plan import FORMAT_VERSION
 from reconciler.model.plan_json import plan_to_json
 
@@ -242,12 +242,18 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     observed = observe_nodes_from_cluster(
         api, names, kubevirt_namespace=host.options.kubevirt_namespace
     )
+    unread = {n: o for n, o in observed.items() if isinstance(o, ReconcilerError)}
     fleet = plan_fleet(
-        (FleetMember(desired.nodes[name], *observed[name]) for name in names),
+        (
+            FleetMember(desired.nodes[name], *seen)
+            for name in names
+            if not isinstance(seen := observed[name], ReconcilerError)
+        ),
         catalog=host.catalog,
         adopt=ns.adopt,
     )
-    plans, failures = fleet.plans, fleet.failures
+    plans = fleet.plans
+    failures = {n: e for n in names if (e := unread.get(n) or fleet.failures.get(n)) is not None}
     changed = [p for p in plans if p.has_changes]
     totals = {"create": 0, "change": 0, "remove": 0, "blocked": 0}
     for p in plans:

@@ -98,9 +98,35 @@ def node_from_document(doc: object, catalog: Catalog, source: str) -> DesiredNod
 
 
 def crd_objects(inventory: Inventory, catalog: Catalog) -> list[dict[str, Any]]:
-    """The CR objects for the host as it is (its current vGPUs taken as the desired ones)."""
+    """The objects vgpuctl writes for the host as it is (its current vGPUs taken as the
+    desired ones): Harvester's SRIOVGPUDevices and VGPUDevices, then the node's VGPUNodeState,
+    its times those of now (a summary of the host as it is, nothing blocked or changed)."""
+    from reconciler.apply.cluster import utc_now
+    from reconciler.model.nodestate import stamped
     from reconciler.plan import render_objects
+    from reconciler.plan.assign import vf_profiles
+    from reconciler.plan.check import vf_slots
+    from reconciler.plan.nodestate import render_node_state
 
-    source = f"{inventory.node} (observed)"
-    desired = node_from_document(export_document(inventory, name=inventory.node), catalog, source)
-    return [o.to_json() for o in render_objects(inventory.node, desired, inventory)]
+    node = inventory.node
+    source = f"{node} (observed)"
+    desired = node_from_document(export_document(inventory, name=node), catalog, source)
+    objects = [o.to_json() for o in render_objects(node, desired, inventory)]
+    assignments = {}
+    for gpu in inventory.gpus:
+        entry = desired.gpu(gpu.address)
+        if entry is not None:
+            assignments[gpu.address] = vf_profiles(entry, vf_slots(gpu))
+    summary = render_node_state(
+        node,
+        desired=desired,
+        predicted=inventory,
+        managed=frozenset(assignments),
+        assignments=assignments,
+        blocked=(),
+        degraded=(),
+        changes=(),
+        stored=None,
+    ).to_json()
+    summary["status"] = stamped(summary["status"], utc_now())
+    return [*objects, summary]

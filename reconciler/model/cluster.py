@@ -20,7 +20,47 @@ SRIOV_GPU_KIND = "SRIOVGPUDevice"
 SRIOV_GPU_PLURAL = "sriovgpudevices"
 VGPU_KIND = "VGPUDevice"
 VGPU_PLURAL = "vgpudevices"
-PLURALS = {SRIOV_GPU_KIND: SRIOV_GPU_PLURAL, VGPU_KIND: VGPU_PLURAL}
+#: vgpuctl's own per-node summary (docs/architecture.md "The node's summary"): one
+#: cluster-scoped object per node, named after it, holding everything vgpuctl knows beyond
+#: Harvester's fields.
+NODE_STATE_GROUP = "vgpu.reconciler.dev"
+NODE_STATE_VERSION = "v1alpha1"
+NODE_STATE_KIND = "VGPUNodeState"
+NODE_STATE_PLURAL = "vgpunodestates"
+PLURALS = {
+    SRIOV_GPU_KIND: SRIOV_GPU_PLURAL,
+    VGPU_KIND: VGPU_PLURAL,
+    NODE_STATE_KIND: NODE_STATE_PLURAL,
+}
+#: Each kind's API group and version.
+GROUP_VERSIONS = {
+    SRIOV_GPU_KIND: (GROUP, VERSION),
+    VGPU_KIND: (GROUP, VERSION),
+    NODE_STATE_KIND: (NODE_STATE_GROUP, NODE_STATE_VERSION),
+}
+
+#: The fields Harvester's CRDs declare (harvester/pcidevices ``charts/templates/crds.yaml``,
+#: from ``pkg/apis/devices.harvesterhci.io/v1beta1``): the API server prunes every other field,
+#: so these are all vgpuctl writes to and compares of Harvester's two kinds. Spec fields
+#: are always written; status fields only when not empty (Harvester's ``omitempty``).
+HARVESTER_SPEC: Mapping[str, tuple[tuple[str, type], ...]] = MappingProxyType(
+    {
+        SRIOV_GPU_KIND: (("address", str), ("enabled", bool), ("nodeName", str)),
+        VGPU_KIND: (
+            ("address", str),
+            ("enabled", bool),
+            ("nodeName", str),
+            ("parentGPUDeviceAddress", str),
+            ("vGPUTypeName", str),
+        ),
+    }
+)
+HARVESTER_STATUS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        SRIOV_GPU_KIND: ("vfAddresses", "vGPUDevices"),
+        VGPU_KIND: ("vGPUStatus", "uuid", "configureVGPUTypeName", "availableTypes"),
+    }
+)
 
 #: Labels Harvester sets and readers (UI, Rancher, kubectl) select on.
 NODE_LABEL = "nodename"
@@ -72,6 +112,11 @@ class KubeObject:
     def plural(self) -> str:
         return PLURALS[self.kind]
 
+    @property
+    def api_version(self) -> str:
+        group, version = GROUP_VERSIONS.get(self.kind, (GROUP, VERSION))
+        return f"{group}/{version}"
+
     def to_json(self) -> dict[str, Any]:
         """The full API body (``apiVersion``, ``kind``, ``metadata``, ``spec``, ``status``)."""
         metadata: dict[str, Any] = {"name": self.name, "labels": dict(self.labels)}
@@ -81,7 +126,7 @@ class KubeObject:
             metadata["resourceVersion"] = self.resource_version
         metadata.update(_plain(self.retained))
         return {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": self.api_version,
             "kind": self.kind,
             "metadata": metadata,
             "spec": _plain(self.spec),
@@ -101,6 +146,45 @@ class KubeObject:
             resource_version=str(meta.get("resourceVersion", "")),
             retained={k: meta[k] for k in RETAINED_METADATA if meta.get(k)},
         )
+
+
+def harvester_view(obj: KubeObject) -> KubeObject:
+    """``obj`` as Harvester's schema lets the API server keep it, read as Harvester's Go types
+    read it: every spec field (a missing or null string is empty, a missing bool false), and
+    the status fields Harvester declares that are not empty. Other kinds are returned as they
+    are. The planner compares what is stored through this view: a field the server would prune
+    is never a difference, and neither is an absent field Go reads as its zero value."""
+    spec_fields = HARVESTER_SPEC.get(obj.kind)
+    if spec_fields is None:
+        return obj
+    spec = {name: _zero_if_null(obj.spec.get(name), kind) for name, kind in spec_fields}
+    status = {
+        name: obj.status[name]
+        for name in HARVESTER_STATUS[obj.kind]
+        if obj.status.get(name) not in _EMPTY_VALUES
+    }
+    if spec == obj.spec and status == obj.status:
+        return obj
+    return KubeObject(
+        kind=obj.kind,
+        name=obj.name,
+        labels=obj.labels,
+        annotations=obj.annotations,
+        spec=spec,
+        status=status,
+        resource_version=obj.resource_version,
+        retained=obj.retained,
+    )
+
+
+#: What Harvester's ``omitempty`` leaves out (and a nullable field may hold instead).
+_EMPTY_VALUES: tuple[Any, ...] = (None, "", [], {})
+
+
+def _zero_if_null(value: Any, kind: type) -> Any:
+    if value is None:
+        return kind()
+    return value
 
 
 def _plain(value: Any) -> Any:
@@ -184,8 +268,10 @@ class ClusterState:
         default_factory=lambda: MappingProxyType({})
     )
     vgpu_devices: Mapping[str, KubeObject] = field(default_factory=lambda: MappingProxyType({}))
-    #: Profiles configured (spec.enabled, spec.vGPUTypeName) by managed VGPUDevices of OTHER
-    #: nodes: an allow-list entry stays while any node still offers its profile.
+    #: This node's VGPUNodeState, None when there is none yet.
+    node_state: KubeObject | None = None
+    #: Profiles the OTHER nodes' VGPUNodeStates show configured (wanted or existing vGPUs): an
+    #: allow-list entry stays while any node still has its profile.
     profiles_elsewhere: frozenset[str] = frozenset()
     kubevirt: KubeVirtConfig | None = None
     #: Allocated vGPUs (kubelet checkpoint, joined with running VMIs), by device ID.
@@ -214,6 +300,7 @@ class ClusterState:
                 self.sriov_gpu_devices[n].to_json() for n in sorted(self.sriov_gpu_devices)
             ],
             "vgpuDevices": [self.vgpu_devices[n].to_json() for n in sorted(self.vgpu_devices)],
+            "nodeState": None if self.node_state is None else self.node_state.to_json(),
             "profilesElsewhere": sorted(self.profiles_elsewhere),
             "kubevirt": None if self.kubevirt is None else self.kubevirt.to_json(),
             "deviceUses": [self.device_uses[d].to_json() for d in sorted(self.device_uses)],
@@ -227,10 +314,12 @@ class ClusterState:
         vgpus = (KubeObject.from_json(o) for o in raw.get("vgpuDevices", []))
         uses = (DeviceUse.from_json(u) for u in raw.get("deviceUses", []))
         kubevirt = raw.get("kubevirt")
+        node_state = raw.get("nodeState")
         return cls(
             node=str(raw["node"]),
             sriov_gpu_devices={o.name: o for o in sriov},
             vgpu_devices={o.name: o for o in vgpus},
+            node_state=None if node_state is None else KubeObject.from_json(node_state),
             profiles_elsewhere=frozenset(str(p) for p in raw.get("profilesElsewhere", [])),
             kubevirt=None if kubevirt is None else KubeVirtConfig.from_json(kubevirt),
             device_uses={u.device_id: u for u in uses},

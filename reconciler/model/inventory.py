@@ -209,6 +209,11 @@ class Inventory:
         return "sha256:" + digest.hexdigest()
 
 
+def gpu_facts_json(g: Gpu) -> dict[str, Any]:
+    """``g``'s inventory JSON without its VFs: what it is, its SR-IOV state, its vGPU types."""
+    return {**_gpu_json_scalars(g), "vgpuTypes": [t.to_json() for t in g.types]}
+
+
 def _gpu_json(g: Gpu) -> dict[str, Any]:
     return {
         **_gpu_json_scalars(g),

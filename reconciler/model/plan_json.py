@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.model.address import PciAddress
-from reconciler.model.cluster import GROUP, PLURALS, RETAINED_METADATA, VERSION, KubeObject
+from reconciler.model.cluster import GROUP_VERSIONS, PLURALS, RETAINED_METADATA, KubeObject
 from reconciler.model.errors import ValidationError, excerpt
 from reconciler.model.plan import (
     FORMAT_VERSION,
@@ -437,14 +437,16 @@ _METADATA = ("name", "labels", "annotations", "resourceVersion", *RETAINED_METAD
 def _kube_object(raw: object, where: str, target: str) -> KubeObject:
     body = _mapping(raw, where)
     _keys(body, where, required=("apiVersion", "kind", "metadata", "spec", "status"))
-    if body["apiVersion"] != f"{GROUP}/{VERSION}":
-        raise PlanFormatError(
-            f"{where}.apiVersion: expected {GROUP}/{VERSION}, got {_kind(body['apiVersion'])}"
-        )
     kind = _str(body, "kind", where)
     if kind not in PLURALS:
         raise PlanFormatError(
             f"{where}.kind: {_kind(kind)} is not one of {', '.join(sorted(PLURALS))}"
+        )
+    group, version = GROUP_VERSIONS[kind]
+    if body["apiVersion"] != f"{group}/{version}":
+        raise PlanFormatError(
+            f"{where}.apiVersion: expected {group}/{version} for a {kind}, got "
+            f"{_kind(body['apiVersion'])}"
         )
     meta_where = f"{where}.metadata"
     meta = _mapping(body["metadata"], meta_where)

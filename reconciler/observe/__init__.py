@@ -9,7 +9,7 @@ the kubelet's device-plugin checkpoint (``checkpoint.py``).
 
 from reconciler.observe.checkpoint import CheckpointEntry, parse_checkpoint, read_checkpoint
 from reconciler.observe.cluster import (
-    inventory_from_crs,
+    inventory_from_cluster,
     kubevirt_config,
     observe_cluster,
     observe_nodes_from_cluster,
@@ -24,7 +24,7 @@ __all__ = [
     "ProcfsHoldProbe",
     "SysfsChangedError",
     "SysfsTree",
-    "inventory_from_crs",
+    "inventory_from_cluster",
     "kubevirt_config",
     "observe_cluster",
     "observe_host",

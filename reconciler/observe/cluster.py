@@ -4,11 +4,11 @@ Reads go through the :class:`~reconciler.model.clusterapi.ClusterApi` port (neve
 ``kubernetes`` package), so tests run the same code against fakes or the API-server emulator.
 Each reader is a list call plus a pure interpretation of its items:
 
-- SRIOVGPUDevice objects of the node (label ``nodename``), and every VGPUDevice in one list:
-  the node's own objects plus, from other nodes' managed ones, which profiles are configured
-  elsewhere (a KubeVirt allow-list entry stays while any node offers its profile). One
-  unfiltered list is one request instead of two; the price is reading other nodes' objects,
-  which the "elsewhere" question needs anyway.
+- The node's own SRIOVGPUDevices and VGPUDevices (label ``nodename``: a selected list, so a
+  node reads only its own however large the fleet).
+- Every VGPUNodeState (one object per node): this node's, and from the other nodes' the
+  profiles configured elsewhere (a KubeVirt allow-list entry stays while any node has its
+  profile).
 - The KubeVirt CR, wherever it lives (``harvester-system`` on Harvester, ``kubevirt``
   upstream), unless a namespace is pinned.
 - VMIs on the node and the kubelet's device-plugin checkpoint, joined by pod UID (a VMI's
@@ -29,35 +29,29 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.model import (
-    VGPU,
-    Gpu,
-    Interface,
     Inventory,
     ObserveError,
     PciAddress,
     ResourceMissingError,
-    Vf,
-    VGPUType,
 )
 from reconciler.model.cluster import (
-    GROUP,
+    GROUP_VERSIONS,
     KUBEVIRT_GROUP,
     KUBEVIRT_OWNED_ANNOTATION,
     KUBEVIRT_PLURAL,
     KUBEVIRT_VERSION,
     NODE_LABEL,
+    NODE_STATE_KIND,
+    PLURALS,
     SRIOV_GPU_KIND,
-    SRIOV_GPU_PLURAL,
-    VERSION,
     VGPU_KIND,
-    VGPU_PLURAL,
     ClusterState,
     DeviceUse,
     KubeObject,
     KubeVirtConfig,
-    object_name,
 )
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.nodestate import configured_profiles
 from reconciler.observe.checkpoint import CheckpointEntry, checkpoint_file, read_checkpoint
 
 VMI_PLURAL = "virtualmachineinstances"
@@ -89,8 +83,10 @@ def observe_cluster(
     forbidden, our CRDs missing: ``ResourceMissingError``) and :class:`ObserveError` (several
     KubeVirt CRs and none pinned; a malformed checkpoint).
     """
-    sriov = _our_objects(api, SRIOV_GPU_KIND, label_selector=f"{NODE_LABEL}={node}")
-    vgpus = _our_objects(api, VGPU_KIND)
+    selector = f"{NODE_LABEL}={node}"
+    sriov = _our_objects(api, SRIOV_GPU_KIND, label_selector=selector)
+    vgpus = _our_objects(api, VGPU_KIND, label_selector=selector)
+    states = _our_objects(api, NODE_STATE_KIND)
     kubevirt, notes = _kubevirt(api, kubevirt_namespace)
     vmis = _vmis(api, label_selector=f"{VMI_NODE_LABEL}={node}")
     entries: list[CheckpointEntry] | None = None
@@ -106,7 +102,8 @@ def observe_cluster(
         node=node,
         sriov_gpu_devices={o.name: o for o in sriov if _node_of(o) == node},
         vgpu_devices={o.name: o for o in vgpus if _node_of(o) == node},
-        profiles_elsewhere=profiles_elsewhere(vgpus, node=node),
+        node_state=_own_state(states, node),
+        profiles_elsewhere=profiles_elsewhere(states, node=node),
         kubevirt=kubevirt,
         device_uses=uses.device_uses,
         vmi_resources=uses.vmi_resources,
@@ -116,38 +113,66 @@ def observe_cluster(
 
 def observe_nodes_from_cluster(
     api: ClusterApi, nodes: Sequence[str], *, kubevirt_namespace: str | None = None
-) -> dict[str, tuple[Inventory, ClusterState]]:
-    """Cluster-only planning: each node's inventory from its CRs' status, and its cluster
-    state, from one list call per kind however many nodes (grouped by label in code).
+) -> dict[str, tuple[Inventory, ClusterState] | ObserveError]:
+    """Cluster-only planning: each node's inventory from its VGPUNodeState and its Harvester
+    objects, and its cluster state, from one list call per kind however many nodes, grouped by
+    node once. A node that cannot be read so (no VGPUNodeState yet, a malformed one) maps to
+    the error saying why.
 
     No node is visited, so no kubelet checkpoint is read: every vGPU resource a running VM
     requests counts as possibly in use on that VM's node.
     """
-    sriov = _our_objects(api, SRIOV_GPU_KIND)
-    vgpus = _our_objects(api, VGPU_KIND)
+    wanted = set(nodes)
+    sriov = _by_node(_our_objects(api, SRIOV_GPU_KIND), wanted)
+    vgpus = _by_node(_our_objects(api, VGPU_KIND), wanted)
+    all_states = _our_objects(api, NODE_STATE_KIND)
+    states = {o.name: o for o in all_states if o.name in wanted and _node_of(o) == o.name}
+    configured = {o.name: _configured(o) for o in all_states if o.managed_by_us}
     kubevirt, notes = _kubevirt(api, kubevirt_namespace)
     vmis = _vmis(api)
-    wanted = set(nodes)
     vmis_by_node: dict[str, list[dict[str, Any]]] = {}
     for vmi in vmis:
         where = _labels(vmi).get(VMI_NODE_LABEL, "")
         if where in wanted:
             vmis_by_node.setdefault(where, []).append(vmi)
     notes.append("kubelet checkpoints not read (cluster-only): VMs' vGPU resources count as in use")
-    out: dict[str, tuple[Inventory, ClusterState]] = {}
+    everywhere: dict[str, int] = {}  # profile → how many nodes have it configured
+    for profiles in configured.values():
+        for name in profiles:
+            everywhere[name] = everywhere.get(name, 0) + 1
+    out: dict[str, tuple[Inventory, ClusterState] | ObserveError] = {}
     for node in nodes:
+        mine = configured.get(node, frozenset())
+        elsewhere = frozenset(p for p, n in everywhere.items() if n > (p in mine))
+        own_sriov, own_vgpus = sriov.get(node, []), vgpus.get(node, [])
         uses = _node_uses(vmis_by_node.get(node, []), None, node=node)
         state = ClusterState(
             node=node,
-            sriov_gpu_devices={o.name: o for o in sriov if _node_of(o) == node},
-            vgpu_devices={o.name: o for o in vgpus if _node_of(o) == node},
-            profiles_elsewhere=profiles_elsewhere(vgpus, node=node),
+            sriov_gpu_devices={o.name: o for o in own_sriov},
+            vgpu_devices={o.name: o for o in own_vgpus},
+            node_state=states.get(node),
+            profiles_elsewhere=elsewhere,
             kubevirt=kubevirt,
             device_uses=uses.device_uses,
             vmi_resources=uses.vmi_resources,
             notes=tuple(notes),
         )
-        out[node] = (inventory_from_crs(node, sriov, vgpus), state)
+        try:
+            inventory = inventory_from_cluster(node, states.get(node), own_sriov, own_vgpus)
+        except ObserveError as e:
+            out[node] = e
+            continue
+        out[node] = (inventory, state)
+    return out
+
+
+def _by_node(objects: Iterable[KubeObject], wanted: set[str]) -> dict[str, list[KubeObject]]:
+    """``objects`` grouped by their ``nodename`` label, the wanted nodes' only: one pass."""
+    out: dict[str, list[KubeObject]] = {}
+    for o in objects:
+        where = _node_of(o)
+        if where in wanted:
+            out.setdefault(where, []).append(o)
     return out
 
 
@@ -155,9 +180,9 @@ def observe_nodes_from_cluster(
 
 
 def _our_objects(api: ClusterApi, kind: str, *, label_selector: str = "") -> list[KubeObject]:
-    plural = SRIOV_GPU_PLURAL if kind == SRIOV_GPU_KIND else VGPU_PLURAL
+    group, version = GROUP_VERSIONS[kind]
     items = api.list_objects(
-        group=GROUP, version=VERSION, plural=plural, label_selector=label_selector
+        group=group, version=version, plural=PLURALS[kind], label_selector=label_selector
     )
     objects = []
     for raw in items:
@@ -172,16 +197,25 @@ def _node_of(obj: KubeObject) -> str:
     return obj.labels.get(NODE_LABEL, "")
 
 
-def profiles_elsewhere(vgpu_objects: Iterable[KubeObject], *, node: str) -> frozenset[str]:
-    """Profiles configured (enabled, with a type) by managed VGPUDevices of other nodes."""
-    return frozenset(
-        str(o.spec.get("vGPUTypeName"))
-        for o in vgpu_objects
-        if o.managed_by_us
-        and _node_of(o) != node
-        and o.spec.get("enabled") is True
-        and o.spec.get("vGPUTypeName")
-    )
+def profiles_elsewhere(node_states: Iterable[KubeObject], *, node: str) -> frozenset[str]:
+    """Profiles the VGPUNodeStates of the other nodes (vgpuctl's) show configured."""
+    out: set[str] = set()
+    for o in node_states:
+        if o.managed_by_us and o.name != node:
+            out |= _configured(o)
+    return frozenset(out)
+
+
+def _configured(state: KubeObject) -> frozenset[str]:
+    return configured_profiles(state.status)
+
+
+def _own_state(states: Iterable[KubeObject], node: str) -> KubeObject | None:
+    """This node's VGPUNodeState (named after the node and labelled with it)."""
+    for o in states:
+        if o.name == node and _node_of(o) == node:
+            return o
+    return None
 
 
 # -- KubeVirt ----------------------------------------------------------------------------------
@@ -353,27 +387,84 @@ def _phase(obj: Mapping[str, Any]) -> str:
     return str((obj.get("status") or {}).get("phase") or "")
 
 
-# -- inventory from CR status (cluster-only planning) --------------------------------------------
+# -- inventory from the cluster (cluster-only planning) -------------------------------------------
 
 
-def inventory_from_crs(
-    node: str, sriov_objs: Sequence[KubeObject], vgpu_objs: Sequence[KubeObject]
+def inventory_from_cluster(
+    node: str,
+    node_state: KubeObject | None,
+    sriov_objs: Sequence[KubeObject],
+    vgpu_objs: Sequence[KubeObject],
 ) -> Inventory:
-    """The node's host as its SRIOVGPUDevice / VGPUDevice status last recorded it (pure).
+    """The node's host as vgpuctl last recorded it (pure): each GPU as its VGPUNodeState
+    shows it (what it is, its SR-IOV state and vGPU types, its VFs' addresses, its vGPUs), each
+    VF's creatable types from its VGPUDevice's ``status.availableTypes``.
 
-    Objects of other nodes are ignored. A GPU object without status (never observed) is a GPU
-    whose SR-IOV state is unknown, taken as off. Raises :class:`ObserveError` naming the
-    object and field when a status is malformed.
+    Raises :class:`ObserveError` naming the object and field when the node has no
+    VGPUNodeState (vgpuctl has not reconciled it) or one is malformed.
     """
-    vgpus = {o.name: o for o in vgpu_objs if _node_of(o) == node}
-    gpus = [_gpu_from_cr(o, vgpus, node) for o in sriov_objs if _node_of(o) == node]
-    gpus.sort(key=lambda g: g.address)
+    if node_state is None:
+        raise ObserveError(
+            f"node {node} has no {NODE_STATE_KIND}: vgpuctl has not reconciled it yet, so the "
+            "cluster does not say what its host has (run vgpuctl apply or watch on it)"
+        )
+    f = _Field(node_state)
+    status = node_state.status
+    creatable = {
+        str(o.spec.get("address", "")): _creatable(o) for o in vgpu_objs if _node_of(o) == node
+    }
+    vgpus: dict[str, dict[str, Any]] = {}
+    for i, raw in enumerate(f.items(status, "vgpus", "status")):
+        where = f"status.vgpus[{i}]"
+        if not isinstance(raw, Mapping):
+            raise f.fail(where, "is not an object")
+        vf = f.address(raw.get("vf"), f"{where}.vf")
+        vgpus[str(vf)] = {
+            "type": f.text(raw, "profile", where),
+            "uuid": f.text(raw, "uuid", where),
+            "holder": f.text(raw, "holder", where),
+            "inUse": raw.get("inUse") is True,
+        }
+    gpus = []
+    for i, raw in enumerate(f.items(status, "gpus", "status")):
+        where = f"status.gpus[{i}]"
+        if not isinstance(raw, Mapping):
+            raise f.fail(where, "is not an object")
+        vfs = []
+        for j, text in enumerate(f.items(raw, "vfAddresses", where)):
+            address = str(f.address(text, f"{where}.vfAddresses[{j}]"))
+            vgpu = vgpus.get(address)
+            vfs.append(
+                {
+                    "address": address,
+                    "index": j,
+                    "creatableTypes": sorted(creatable.get(address, ())),
+                    "vgpu": None
+                    if vgpu is None
+                    else {k: vgpu[k] for k in ("type", "uuid", "holder")},
+                    "inUse": bool(vgpu and vgpu["inUse"]),
+                }
+            )
+        gpus.append(
+            {**{k: v for k, v in raw.items() if k not in ("managed", "vfAddresses")}, "vfs": vfs}
+        )
+    try:
+        inventory = Inventory.from_json({"node": node, "sysfsRoot": "", "gpus": gpus})
+    except (KeyError, TypeError, ValueError) as e:
+        raise f.fail("status.gpus", f"is malformed: {e!r}") from None
     return Inventory(
         node=node,
-        gpus=tuple(gpus),
+        gpus=tuple(sorted(inventory.gpus, key=lambda g: g.address)),
         sysfs_root="",
-        notes=("observed from SRIOVGPUDevice/VGPUDevice status: the host was not read",),
+        notes=(f"observed from the cluster ({NODE_STATE_KIND} {node}): the host was not read",),
     )
+
+
+def _creatable(obj: KubeObject) -> frozenset[str]:
+    available = obj.status.get("availableTypes")
+    if not isinstance(available, Mapping):
+        return frozenset()
+    return frozenset(str(k) for k in available)
 
 
 class _Field:
@@ -391,14 +482,6 @@ class _Field:
         except ValueError:
             raise self.fail(path, f"is not a PCI address: {value!r}") from None
 
-    def integer(self, section: Mapping[str, Any], key: str, path: str, default: int = 0) -> int:
-        value = section.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(f"{path}.{key}", f"is not an integer: {value!r}")
-        return value
-
     def text(self, section: Mapping[str, Any], key: str, path: str) -> str:
         value = section.get(key)
         if value is None:
@@ -414,67 +497,3 @@ class _Field:
         if not isinstance(value, list | tuple):
             raise self.fail(f"{path}.{key}", "is not a list")
         return list(value)
-
-
-def _gpu_from_cr(obj: KubeObject, vgpus: Mapping[str, KubeObject], node: str) -> Gpu:
-    f = _Field(obj)
-    address = f.address(obj.spec.get("address"), "spec.address")
-    status = obj.status
-    if not status:
-        return Gpu(address=address, vendor_id="10de", device_id="")
-    try:
-        interface = Interface(f.text(status, "interface", "status") or "none")
-    except ValueError:
-        raise f.fail(
-            "status.interface", f"is not mdev, vfio or none: {status['interface']!r}"
-        ) from None
-    types = []
-    for i, raw in enumerate(f.items(status, "vgpuTypes", "status")):
-        try:
-            types.append(VGPUType.from_json(raw))
-        except (KeyError, TypeError, ValueError) as e:
-            raise f.fail(f"status.vgpuTypes[{i}]", f"is malformed: {e!r}") from None
-    vf_names = f.items(status, "vGPUDevices", "status")
-    vfs = []
-    for i, text in enumerate(f.items(status, "vfAddresses", "status")):
-        vf_address = f.address(text, f"status.vfAddresses[{i}]")
-        name = str(vf_names[i]) if i < len(vf_names) else object_name(node, str(vf_address))
-        vfs.append(_vf_from_cr(vgpus.get(name), vf_address, i))
-    model = status.get("model")
-    return Gpu(
-        address=address,
-        vendor_id=f.text(status, "vendorId", "status") or "10de",
-        device_id=f.text(status, "deviceId", "status"),
-        subsystem_vendor_id=f.text(status, "subsystemVendorId", "status"),
-        subsystem_device_id=f.text(status, "subsystemDeviceId", "status"),
-        model=str(model) if model else None,
-        interface=interface,
-        driver=f.text(status, "driver", "status"),
-        total_vfs=f.integer(status, "totalVFs", "status"),
-        num_vfs=f.integer(status, "numVFs", "status"),
-        vf_offset=f.integer(status, "vfOffset", "status"),
-        vf_stride=f.integer(status, "vfStride", "status", default=1),
-        vfs=tuple(vfs),
-        types=tuple(types),
-    )
-
-
-def _vf_from_cr(obj: KubeObject | None, address: PciAddress, index: int) -> Vf:
-    """A VF from its VGPUDevice status; without an object, a VF known only by address."""
-    if obj is None or not obj.status:
-        return Vf(address=address, index=index)
-    f = _Field(obj)
-    status = obj.status
-    available = status.get("availableTypes") or {}
-    if not isinstance(available, Mapping):
-        raise f.fail("status.availableTypes", "is not a map of type name to id")
-    uuid = f.text(status, "uuid", "status")
-    vgpu = None
-    if uuid:
-        vgpu = VGPU(
-            uuid=uuid,
-            type_name=f.text(status, "configureVGPUTypeName", "status"),
-            in_use=status.get("inUse") is True,
-            holder=f.text(status, "holder", "status"),
-        )
-    return Vf(address=address, index=index, vgpu=vgpu, creatable=frozenset(map(str, available)))

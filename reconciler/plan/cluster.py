@@ -1,6 +1,8 @@
 """The cluster half of a node plan: CR writes and the KubeVirt allow-list. Pure.
 
-The CRs as they should be (``render``) are compared with what the API server holds:
+The CRs as they should be (``render``) are compared with what the API server holds, read
+through Harvester's schema (``harvester_view``: the fields it declares, absent ones as Go reads
+them), so a field the server prunes or a status field left out when empty is no difference:
 - missing → ``cr-create``;
 - ours (label ``app.kubernetes.io/managed-by: vgpuctl``), or adopted, and different →
   ``cr-update`` with the field-level changes; a stored spec that differs from the spec vgpuctl
@@ -37,12 +39,14 @@ from reconciler.model import (
 from reconciler.model.cluster import (
     MANAGED_BY_LABEL,
     NODE_LABEL,
+    NODE_STATE_KIND,
     PARENT_LABEL,
     SRIOV_GPU_KIND,
     VGPU_KIND,
     ClusterState,
     KubeObject,
     KubeVirtConfig,
+    harvester_view,
     resource_name,
 )
 from reconciler.model.plan import Drift, FieldChange
@@ -80,7 +84,10 @@ def plan_cluster(
     predicted ``inventory``), and the allow-list to the ``configured`` profiles of this node.
     ``desired`` (the managed GPUs) only words the reasons of deletes."""
     plan = ClusterPlan()
-    stored = {**cluster.sriov_gpu_devices, **cluster.vgpu_devices}
+    stored = {
+        name: harvester_view(o)
+        for name, o in (*cluster.sriov_gpu_devices.items(), *cluster.vgpu_devices.items())
+    }
     untouched: dict[str, list[str]] = {}
     for intended in rendered:
         current = stored.get(intended.name)
@@ -130,6 +137,17 @@ def plan_cluster(
     return plan
 
 
+def plan_node_state(intended: KubeObject, current: KubeObject | None) -> CrCreate | CrUpdate | Noop:
+    """The write that takes the node's VGPUNodeState to ``intended``, or a no-op. Another
+    controller's object of that name is left alone (vgpuctl never adopts it)."""
+    if current is not None and not current.managed_by_us:
+        return Noop(current.name, f"{NODE_STATE_KIND} managed by {_manager(current)}: not touched")
+    step, _ = _object_step(intended, current)
+    if step is None:
+        return Noop(intended.name, f"{NODE_STATE_KIND} up to date")
+    return step
+
+
 def replan_object(
     intended: KubeObject, current: KubeObject | None, *, adopt: bool = False, seq: int = 0
 ) -> CrCreate | CrUpdate | None:
@@ -150,7 +168,7 @@ def replan_object(
     )
     if current is not None and not (current.managed_by_us or adopt):
         return None
-    step, _ = _object_step(ours, current)
+    step, _ = _object_step(ours, None if current is None else harvester_view(current))
     if step is None:
         return None
     return step.numbered(seq)
@@ -267,6 +285,8 @@ def _drift(current: KubeObject) -> Drift | None:
 
 
 def _what(obj: KubeObject) -> str:
+    if obj.kind == NODE_STATE_KIND:
+        return f"node {obj.name}"
     address = obj.spec.get("address", "")
     return f"GPU {address}" if obj.kind == SRIOV_GPU_KIND else f"VF {address}"
 

@@ -36,9 +36,10 @@ from reconciler.model.cluster import ClusterState
 from reconciler.model.plan import Drift
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
-from reconciler.plan.cluster import plan_cluster
+from reconciler.plan.cluster import plan_cluster, plan_node_state
 from reconciler.plan.diff import diff_gpu
 from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
+from reconciler.plan.nodestate import render_node_state
 from reconciler.plan.offer import Offer, gpu_label, host_spelling, offer_for
 from reconciler.plan.predict import predict_inventory
 from reconciler.plan.refresh import refresh_steps
@@ -97,10 +98,30 @@ def plan_node(
             configured=configured,
             adopt=adopt,
         )
-        actions.extend(
-            s.numbered(i) for i, s in enumerate(cluster_plan.actions, start=len(actions) + 1)
+        node_state = plan_node_state(
+            render_node_state(
+                inventory.node,
+                desired=node,
+                predicted=predicted,
+                managed=frozenset(host.managed),
+                assignments=host.assignments,
+                blocked=host.blocked,
+                degraded=host.degraded,
+                changes=[*actions, *cluster_plan.actions],
+                stored=cluster.node_state,
+            ),
+            cluster.node_state,
         )
+        steps = list(cluster_plan.actions)
+        if isinstance(node_state, Noop):
+            noops_after = [node_state]
+        else:
+            noops_after = []
+            steps.append(node_state)
+            steps.sort(key=lambda s: s.kind.order)  # stable: the node state last of its kind
+        actions.extend(s.numbered(i) for i, s in enumerate(steps, start=len(actions) + 1))
         noops.extend(cluster_plan.noops)
+        noops.extend(noops_after)
         drift.extend(cluster_plan.drift)
         for note in (*cluster.notes, *cluster_plan.notes):
             if note not in notes:
@@ -131,6 +152,8 @@ class _HostPlan:
     #: The managed GPUs on the host, and the VF index → profile each is planned to.
     managed: dict[PciAddress, DesiredGpu] = field(default_factory=dict)
     assignments: dict[PciAddress, Mapping[int, str]] = field(default_factory=dict)
+    #: Why managed GPUs cannot be driven (left alone, or no usable vGPU interface).
+    degraded: list[str] = field(default_factory=list)
 
 
 def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catalog) -> _HostPlan:
@@ -201,8 +224,10 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
         )
         if (reason := hands_off(gpu)) is not None:
             diff = left_alone(gpu, diff, reason)
+            plan.degraded.append(reason)
         elif (reason := not_drivable(gpu)) is not None:
             diff = blocked_all(diff, reason)
+            plan.degraded.append(reason)
         plan.actions.extend(diff.actions)
         plan.blocked.extend(diff.blocked)
         plan.noops.extend(diff.noops)

@@ -3,6 +3,8 @@
 Pure. One SRIOVGPUDevice per managed GPU and one VGPUDevice per VF of a managed GPU whose VFs
 exist, named and labelled as Harvester's pcidevices-controller does (docs/domain.md §5), marked as
 vgpuctl's, and annotated with the spec vgpuctl writes, so a spec edited by hand shows as drift.
+They hold exactly the fields Harvester's CRDs declare, with Harvester's types (every spec field;
+status fields only when not empty): what the API server keeps under either CRD.
 The cluster planner diffs these against what the API server holds.
 """
 
@@ -79,22 +81,11 @@ def _gpu_objects(
     vf_addresses = [str(vf.address) for vf in vfs]
     vf_names = [object_name(node, a) for a in vf_addresses]
     spec = {"address": pf, "enabled": desired.sriov, "nodeName": node}
-    status = {
-        "vfAddresses": vf_addresses,
-        "vGPUDevices": vf_names,
-        "model": gpu.model,
-        "vendorId": gpu.vendor_id,
-        "deviceId": gpu.device_id,
-        "subsystemVendorId": gpu.subsystem_vendor_id,
-        "subsystemDeviceId": gpu.subsystem_device_id,
-        "interface": gpu.interface.value,
-        "driver": gpu.driver,
-        "totalVFs": gpu.total_vfs,
-        "numVFs": gpu.num_vfs,
-        "vfOffset": gpu.vf_offset,
-        "vfStride": gpu.vf_stride,
-        "vgpuTypes": [t.to_json() for t in gpu.types],
-    }
+    # Harvester's fields only (docs/domain.md §5), empty ones left out as its omitempty does:
+    # everything else vgpuctl knows of the GPU is in the node's VGPUNodeState.
+    status: dict[str, Any] = {}
+    if vf_addresses:
+        status = {"vfAddresses": vf_addresses, "vGPUDevices": vf_names}
     objects = [
         KubeObject(
             kind=SRIOV_GPU_KIND,
@@ -145,13 +136,14 @@ def _available(creatable: frozenset[str], type_ids: Mapping[str, str]) -> dict[s
 
 
 def _vf_status(vf: Vf, available: dict[str, str]) -> dict[str, Any]:
+    """Harvester's VGPUDevice status, empty fields left out (its ``omitempty``)."""
     vgpu = vf.vgpu
-    return {
-        "vGPUStatus": VGPU_CONFIGURED if vgpu is not None else "",
-        "uuid": vgpu.uuid if vgpu is not None else "",
-        "configureVGPUTypeName": vgpu.type_name if vgpu is not None else "",
-        "availableTypes": available,
-        "vfIndex": vf.index,
-        "inUse": bool(vgpu is not None and vgpu.in_use),
-        "holder": vgpu.holder if vgpu is not None else "",
-    }
+    status: dict[str, Any] = {}
+    if vgpu is not None:
+        status["vGPUStatus"] = VGPU_CONFIGURED
+        status["uuid"] = vgpu.uuid
+        if vgpu.type_name:
+            status["configureVGPUTypeName"] = vgpu.type_name
+    if available:
+        status["availableTypes"] = available
+    return status

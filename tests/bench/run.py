@@ -188,7 +188,22 @@ def bench_node(tmp: Path) -> dict[str, Any]:
 
 
 def _cluster_in_sync(node: Any, inventory: Any) -> Any:
-    """The cluster as vgpuctl leaves it for this node: every CR rendered and stored."""
+    """The cluster as vgpuctl leaves it for this node: every CR rendered and stored, and the
+    node's VGPUNodeState as the plan writes it (its times stamped)."""
+    from dataclasses import replace
+
+    from reconciler.catalog import default_catalog
+    from reconciler.model.nodestate import stamped
+    from reconciler.plan import plan_node
+
+    state = _harvester_objects_in_sync(node, inventory)
+    first = plan_node(node, inventory, catalog=default_catalog(), cluster=state)
+    (summary,) = [a.object for a in first.actions if getattr(a, "target", "") == NODE]
+    stored = replace(summary, status=stamped(summary.status, "2026-12-01T00:00:00Z"))
+    return replace(state, node_state=replace(stored, resource_version="1"))
+
+
+def _harvester_objects_in_sync(node: Any, inventory: Any) -> Any:
     from reconciler.model.cluster import ClusterState, KubeObject, KubeVirtConfig
     from reconciler.plan import render_objects
 

@@ -29,6 +29,10 @@ from reconciler.model.cluster import (
     KubeVirtConfig,
     resource_name,
 )
+from reconciler.model.nodestate import stamped
+from reconciler.plan.assign import vf_profiles
+from reconciler.plan.check import vf_slots
+from reconciler.plan.nodestate import render_node_state
 from reconciler.plan.render import render_objects
 
 CASES = Path(__file__).parent
@@ -82,7 +86,7 @@ def harvesters(objects: Iterable[KubeObject]) -> list[KubeObject]:
     out = []
     for o in objects:
         labels = {k: v for k, v in o.labels.items() if k in (NODE_LABEL, PARENT_LABEL)}
-        if o.kind == "SRIOVGPUDevice":
+        if o.kind == "SRIOVGPUDevice" and o.status:
             pairs = sorted(zip(o.status["vfAddresses"], o.status["vGPUDevices"], strict=True))
             # A glob of virtfn* links: virtfn0, virtfn1, virtfn10, …
             order = sorted(range(len(pairs)), key=str)
@@ -90,14 +94,10 @@ def harvesters(objects: Iterable[KubeObject]) -> list[KubeObject]:
                 "vGPUDevices": [pairs[i][1] for i in order],
                 "vfAddresses": [pairs[i][0] for i in order],
             }
-        elif o.status["uuid"]:
-            status = {
-                "configureVGPUTypeName": o.status["configureVGPUTypeName"],
-                "uuid": o.status["uuid"],
-                "vGPUStatus": "vGPUConfigured",
-            }
-        else:
+        elif o.kind == "SRIOVGPUDevice":
             status = {}
+        else:
+            status = dict(o.status)
         out.append(replace(o, labels=labels, annotations={}, status=status))
     return out
 
@@ -113,6 +113,8 @@ class Case:
     profiles_elsewhere: frozenset[str] = frozenset()
     device_uses: tuple[DeviceUse, ...] = ()
     vmi_resources: Mapping[str, tuple[str, ...]] | None = None
+    #: The node's VGPUNodeState as vgpuctl left it (False: none, as on a node Harvester runs).
+    node_state: bool = True
 
 
 def hand_edit(objects: list[KubeObject]) -> list[KubeObject]:
@@ -147,11 +149,13 @@ CLUSTERS: dict[str, Case] = {
         # Harvester appended the allow-list entries itself: they are not vgpuctl's.
         kubevirt=kubevirt([entry("NVIDIA A2-4A"), entry("NVIDIA A2-4Q")], []),
         change=harvesters,
+        node_state=False,
     ),
     "cluster-foreign-adopt": Case(
         baseline=SEED,
         kubevirt=kubevirt([entry("NVIDIA A2-4A"), entry("NVIDIA A2-4Q")], []),
         change=harvesters,
+        node_state=False,
     ),
     "cluster-in-use-checkpoint": Case(
         baseline=SEED,
@@ -191,14 +195,45 @@ CLUSTERS: dict[str, Case] = {
 }
 
 
+#: When the earlier run wrote the node's VGPUNodeState.
+EARLIER = "2026-11-30T10:00:00Z"
+
+
+def baseline_node_state(baseline: DesiredNode, inventory: Inventory) -> KubeObject:
+    """The VGPUNodeState a run that reached ``baseline`` on ``inventory`` left (nothing
+    blocked, nothing changed since)."""
+    assignments = {}
+    for gpu in inventory.gpus:
+        desired = baseline.gpu(gpu.address)
+        if desired is not None:
+            assignments[gpu.address] = vf_profiles(desired, vf_slots(gpu))
+    rendered = render_node_state(
+        NODE,
+        desired=baseline,
+        predicted=inventory,
+        managed=frozenset(assignments),
+        assignments=assignments,
+        blocked=(),
+        degraded=(),
+        changes=(),
+        stored=None,
+    )
+    return replace(rendered, status=stamped(rendered.status, EARLIER), resource_version="7001")
+
+
 def cluster_state(name: str, case: Case) -> ClusterState:
     objects: list[KubeObject] = []
+    node_state = None
     if case.baseline is not None:
-        objects = case.change(stored(render_objects(NODE, case.baseline, _inventory(name))))
+        inventory = _inventory(name)
+        objects = case.change(stored(render_objects(NODE, case.baseline, inventory)))
+        if case.node_state:
+            node_state = baseline_node_state(case.baseline, inventory)
     return ClusterState(
         node=NODE,
         sriov_gpu_devices={o.name: o for o in objects if o.kind == "SRIOVGPUDevice"},
         vgpu_devices={o.name: o for o in objects if o.kind == "VGPUDevice"},
+        node_state=node_state,
         profiles_elsewhere=case.profiles_elsewhere,
         kubevirt=case.kubevirt,
         device_uses={u.device_id: u for u in case.device_uses},

@@ -76,7 +76,7 @@ def scenario(api: ClusterApi) -> list[Any]:
     call(api.create_object, **VGPUS, body=vgpu("n1-a", "n1"))  # exists
     call(api.create_object, **VGPUS, body=vgpu("n2-b", "n2"))
     invalid = vgpu("n3-c", "n3")
-    invalid["spec"]["address"] = "08:00.4"  # the CRD's pattern: refused (422), nothing stored
+    invalid["spec"]["enabled"] = "yes"  # the CRD says boolean: refused (422), nothing stored
     call(api.create_object, **VGPUS, body=invalid)
     pruned = vgpu("n3-d", "n3")
     pruned["spec"]["colour"] = "blue"  # not in the CRD: dropped

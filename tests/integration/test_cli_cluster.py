@@ -9,6 +9,7 @@ cluster-only planning of three nodes, and what RBAC must allow (recorded, not gu
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from reconciler.model.cluster import GROUP
 from tests import rbac
 from tests.cluster_node import (
     KUBEVIRTS,
+    NODE_STATES,
     SRIOV,
     VGPUS,
     VMIS,
@@ -29,6 +31,10 @@ from tests.cluster_node import (
 )
 from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.simnode import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
+
+#: Every scenario runs with our CRDs and with Harvester's own (what pcidevices-controller
+#: installs): vgpuctl must converge under either.
+CRD_SETS = ("ours", "harvester")
 
 SEED_FIXTURES = REPO / "tests" / "fixtures" / "crds"
 
@@ -66,8 +72,32 @@ def test_seed_node_end_to_end(tmp_path: Path, emu: ApiServerEmulator) -> None:
     status = json.loads(node.ok("status", "-o", "json").stdout)
     assert vgpu["status"]["uuid"] == status["gpus"][0]["vfs"][0]["vgpu"]["uuid"]
     disabled = stored(emu, VGPUS, "harvester-kgd9c-000008010")
-    assert disabled["spec"]["enabled"] is False and disabled["status"]["uuid"] == ""
+    # No vGPU, none creatable (4 of 4 4 GB vGPUs): every status field empty, so none written.
+    assert disabled["spec"]["enabled"] is False and disabled.get("status", {}) == {}
     assert len(emu.objects(*VGPUS)) == 16
+
+    # The node's summary: everything beyond Harvester's fields.
+    summary = stored(emu, NODE_STATES, NODE)
+    assert summary["metadata"]["labels"] == {
+        "nodename": NODE,
+        "app.kubernetes.io/managed-by": "vgpuctl",
+    }
+    assert summary["status"]["counts"] == {
+        "gpus": 1, "managedGPUs": 1, "vfs": 16, "vgpus": 4, "inUse": 0, "blocked": 0,
+    }  # fmt: skip
+    by_vf = {v["vf"]: v for v in summary["status"]["vgpus"]}
+    assert by_vf["0000:08:00.4"]["uuid"] == vgpu["status"]["uuid"]
+    assert by_vf["0000:08:00.4"]["profile"] == "NVIDIA A2-4A"
+    assert [(c["type"], c["status"]) for c in summary["status"]["conditions"]] == [
+        ("Converged", "True"),
+        ("Blocked", "False"),
+        ("Degraded", "False"),
+    ]
+    change = summary["status"]["lastChange"]
+    assert change["result"].startswith("applied ") and "1 sriov-enable" in change["result"]
+    stamped = [change["time"], *(c["lastTransitionTime"] for c in summary["status"]["conditions"])]
+    for text in stamped:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", text), text
 
     entries = {e["mdevNameSelector"]: e for e in _mediated(emu)}
     assert entries["NVIDIA A2-4Q"] == {
@@ -81,7 +111,9 @@ def test_seed_node_end_to_end(tmp_path: Path, emu: ApiServerEmulator) -> None:
     reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
     assert ("harvester-kgd9c-000008004", "VGPUCreated") in reasons
 
-    # A no-op reconcile reads and writes nothing.
+    # Nothing differs any more, whichever CRDs pruned what was written; a no-op reconcile
+    # writes nothing.
+    assert node.run("plan", SEED, "--detailed-exitcode").returncode == 0
     emu.requests.clear()
     again = node.run("apply", SEED, "--yes")
     assert again.returncode == 0 and "No changes." in again.stdout
@@ -286,17 +318,19 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
     for res, name, field, value in (
         (VGPUS, "harvester-kgd9c-000008005", "vGPUTypeName", "NVIDIA A2-4C"),
         (SRIOV, "harvester-kgd9c-000008000", "enabled", False),
+        (NODE_STATES, "harvester-kgd9c", "nodeName", "someone-else"),
     ):
         edited = stored(emu, res, name)
         edited["spec"][field] = value
         emu.seed(edited)
     raced: set[str] = set()
+    by_plural = {res[2]: res for res in (SRIOV, VGPUS, NODE_STATES)}
 
     def race(request: Request) -> None:
         if request.verb == "update" and request.name not in raced:
             raced.add(request.name)
-            res = SRIOV if request.resource == "sriovgpudevices" else VGPUS
-            if request.resource in ("sriovgpudevices", "vgpudevices"):
+            res = by_plural.get(request.resource)
+            if res is not None:
                 emu.seed(
                     stored(emu, res, request.name)
                     | {
@@ -385,6 +419,13 @@ def test_status_crds_prints_the_objects(tmp_path: Path) -> None:
     assert kinds.count("SRIOVGPUDevice") == 1 and kinds.count("VGPUDevice") == 16
     vgpu = next(d for d in docs if d["metadata"]["name"] == "harvester-kgd9c-000008004")
     assert vgpu["spec"]["vGPUTypeName"] == "NVIDIA A2-4A"
+    # Last, the node's summary: its four vGPUs, converged.
+    assert kinds[-1] == "VGPUNodeState" and docs[-1]["metadata"]["name"] == NODE
+    summary = docs[-1]["status"]
+    assert summary["counts"]["vgpus"] == 4
+    converged = summary["conditions"][0]
+    assert (converged["type"], converged["status"]) == ("Converged", "True")
+    assert all(c["lastTransitionTime"] for c in summary["conditions"])
 
 
 def test_no_cluster_plan_says_cluster_actions_skipped(a2_node: SimNode) -> None:

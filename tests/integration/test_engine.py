@@ -19,9 +19,13 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_node import SRIOV, VGPUS, cluster_node, register_crds
+from tests.cluster_node import NODE_STATES, VGPUS, cluster_node, register_crds
 from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.simnode import NODE, SEED, run_vgpuctl
+
+#: Every scenario runs with our CRDs and with Harvester's own (what pcidevices-controller
+#: installs): vgpuctl must converge under either.
+CRD_SETS = ("ours", "harvester")
 
 #: The seed's vGPU UUIDs on VFs .4 and .5 (uuid5 of node and VF, as the README shows them).
 U4 = "5adb8e42-c29a-5705-8ae0-584ba08668af"
@@ -83,12 +87,14 @@ def test_apply_planfile_makes_exactly_the_writes_of_the_saved_plans_cluster_acti
     node.ok("plan", changed, "--out", planfile)
 
     # The plan, read by hand: VF .4's vGPU replaced (remove, create), then its VGPUDevice's
-    # spec and status updated, and the KubeVirt allow-list given the new profile (A2-4A stays:
+    # spec and status updated, the node's VGPUNodeState (its vGPUs, the desired state's
+    # fingerprint, this change), and the KubeVirt allow-list given the new profile (A2-4A stays:
     # VF .6 still has it). Nothing else: the other VFs' statuses do not change (four 4 GB
     # vGPUs before and after).
     cluster = saved_cluster_actions(planfile)
     assert [(a["kind"], a["target"]) for a in cluster] == [
         ("cr-update", "harvester-kgd9c-000008004"),
+        ("cr-update", NODE),
         ("kubevirt-update", "kubevirt/harvester-system/kubevirt"),
     ]
     update = cluster[0]
@@ -97,10 +103,12 @@ def test_apply_planfile_makes_exactly_the_writes_of_the_saved_plans_cluster_acti
     before = len(emu.requests)
     applied = node.ok("apply", planfile, "--yes")
     assert "Converged" in applied.stdout
-    # cr-update with spec and status changed: PUT, PUT /status; kubevirt-update: one PATCH.
+    # cr-update with spec and status changed: PUT, PUT /status; the node state's status alone:
+    # PUT /status; kubevirt-update: one PATCH.
     assert writes(emu, before) == [
         ("update", "vgpudevices", "harvester-kgd9c-000008004", None),
         ("update", "vgpudevices", "harvester-kgd9c-000008004", "status"),
+        ("update", "vgpunodestates", NODE, "status"),
         ("patch", "kubevirts", "kubevirt", None),
     ]
     # Events: one per host action carried out (VGPURemoved, VGPUCreated on VF .4's object).
@@ -117,9 +125,9 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
     tmp_path: Path, emu: ApiServerEmulator
 ) -> None:
     """SR-IOV is off when the plan is made: the driver lists its vGPU types (with their ids) on
-    VFs only, so the plan's SRIOVGPUDevice status has the catalogue's types with blank ids.
-    The run writes that status as shown, then, after verifying, the one status the host now
-    says otherwise, as its own named write: never a silent re-plan of the shown writes."""
+    VFs only, so the plan's VGPUNodeState shows the catalogue's types with blank ids. The run
+    writes that status as shown, then, after verifying, the one status the host now says
+    otherwise, as its own named write: never a silent re-plan of the shown writes."""
     node = cluster_node(tmp_path, emu)
     planfile = tmp_path / "plan.json"
     node.ok("plan", SEED, "--out", planfile)
@@ -131,17 +139,18 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
     assert [(a["kind"], a["target"]) for a in cluster] == [
         ("cr-create", pf),
         *(("cr-create", name) for name in vfs),
+        ("cr-create", NODE),
         ("kubevirt-update", "kubevirt/harvester-system/kubevirt"),
     ]
-    shown_status = cluster[0]["object"]["status"]
-    assert {t["id"] for t in shown_status["vgpuTypes"]} == {""}
+    shown_status = cluster[-2]["object"]["status"]
+    assert {t["id"] for t in shown_status["gpus"][0]["vgpuTypes"]} == {""}
 
     at_refresh: list[dict[str, Any]] = []
 
     def look(request: Request) -> None:
-        # The PF object's status as stored when the second status write of it arrives.
-        if request.subresource == "status" and request.name == pf:
-            stored = emu.get_object(*SRIOV, pf)
+        # The node state's status as stored when the second status write of it arrives.
+        if request.subresource == "status" and request.name == NODE:
+            stored = emu.get_object(*NODE_STATES, NODE)
             if stored is not None and stored.get("status"):
                 at_refresh.append(stored["status"])
 
@@ -149,8 +158,11 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
     before = len(emu.requests)
     applied = node.ok("apply", planfile, "--yes")
     emu.on_before_write(None)
-    # Each cr-create: POST (to the collection: no name), PUT /status; the kubevirt-update: one
-    # PATCH; then the PF's status again.
+    # Each cr-create: POST (to the collection: no name), then PUT /status when its status has
+    # a field: the four VFs with a vGPU (.4 to .7) do; the twelve others have none and nothing
+    # creatable (four 4 GB vGPUs are the A2's maximum), so an empty status (Harvester's
+    # omitempty). The kubevirt-update: one PATCH; then the node state's status again.
+    with_vgpu = set(vfs[:4])
     assert writes(emu, before) == [
         ("create", "sriovgpudevices", "", None),
         ("update", "sriovgpudevices", pf, "status"),
@@ -159,17 +171,21 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
             for name in vfs
             for w in (
                 ("create", "vgpudevices", "", None),
-                ("update", "vgpudevices", name, "status"),
+                *([("update", "vgpudevices", name, "status")] if name in with_vgpu else []),
             )
         ),
+        ("create", "vgpunodestates", "", None),
+        ("update", "vgpunodestates", NODE, "status"),
         ("patch", "kubevirts", "kubevirt", None),
-        ("update", "sriovgpudevices", pf, "status"),
+        ("update", "vgpunodestates", NODE, "status"),
     ]
-    # The status first written is the one the plan showed, blank type ids and all.
-    assert at_refresh == [shown_status]
-    final = emu.get_object(*SRIOV, pf)
+    # The status first written is the one the plan showed, blank type ids and all (and the
+    # times the write stamped).
+    (first,) = at_refresh
+    assert first["gpus"] == shown_status["gpus"]
+    final = emu.get_object(*NODE_STATES, NODE)
     assert final is not None
-    assert "" not in {t["id"] for t in final["status"]["vgpuTypes"]}
+    assert "" not in {t["id"] for t in final["status"]["gpus"][0]["vgpuTypes"]}
     assert "Wrote the status of 1 object again from the host as it now is" in applied.stderr
     assert "Converged" in applied.stdout
 

@@ -16,6 +16,10 @@ from tests.cluster_node import VGPUS, cluster_node, stored
 from tests.doubles.emulator import ApiServerEmulator
 from tests.watch_agent import Watch, seed_text, wait_for
 
+#: Every scenario runs with our CRDs and with Harvester's own (what pcidevices-controller
+#: installs): vgpuctl must converge under either.
+CRD_SETS = ("ours", "harvester")
+
 TARGET = "harvester-kgd9c-000008005"
 
 

@@ -437,7 +437,8 @@ def test_malformed_actions_write_nothing() -> None:
         execute_cluster(bad, api=fake)
     assert [p.message for p in err.value.problems] == [
         f"action 2 (cr-update {NAME}): resourceVersion must be a non-empty string",
-        f"action 3 (cr-delete {NAME}): objectKind must be one of SRIOVGPUDevice, VGPUDevice",
+        f"action 3 (cr-delete {NAME}): objectKind must be one of SRIOVGPUDevice, VGPUDevice, "
+        "VGPUNodeState",
         "action 4 (kubevirt-update kubevirt/a/b): name must be a non-empty string",
         f"action 5 (cr-create n1-other): object is named '{NAME}', not 'n1-other'",
     ]

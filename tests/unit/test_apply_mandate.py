@@ -414,7 +414,8 @@ def test_the_cluster_executor_checks_before_writing_anything() -> None:
     assert cluster is not None
     mandate = ClusterMandate.observed(cluster, managed=managed, adopt=False)
     actions = [a for a in plan.actions if not a.kind.is_host and a.kind.value.startswith("cr-")]
-    stranger = replace(actions[0], seq=99, target="gpu-node-2-000008004")
+    harvesters = [a for a in actions if a.target != cluster.node]  # not the VGPUNodeState
+    stranger = replace(harvesters[0], seq=99, target="gpu-node-2-000008004")
     api = FakeCluster()
     with pytest.raises(MandateError):
         execute_cluster([*actions, stranger], api=api, node=cluster.node, mandate=mandate)

@@ -1,11 +1,13 @@
 """schemas/crds/ are the contract of the objects vgpuctl writes to the cluster: Harvester's
-SRIOVGPUDevice and VGPUDevice (docs/domain.md §5) plus vgpuctl's additive status fields.
+SRIOVGPUDevice and VGPUDevice exactly as Harvester's own CRDs declare them (docs/domain.md §5),
+and vgpuctl's own per-node VGPUNodeState.
 
-The CRDs are checked for shape (group, version, scope, status subresource, names, printer
-columns), for the structural-schema rules the API server enforces, and as validators: the
-openAPIV3Schema is turned into a JSON Schema (the small conversion below) that must accept the
-seed's example objects and the planner's rendered objects, and reject unknown fields (the API
-server prunes them, or refuses them under strict field validation) and wrong types.
+Harvester's two are compared with Harvester's CRDs (tests/fixtures/harvester-crds/, written from
+harvester/pcidevices ``charts/templates/crds.yaml``): the same schema and printer columns,
+descriptions aside. All three are checked for the structural-schema rules the API server
+enforces and used as validators: the openAPIV3Schema is turned into a JSON Schema (the small
+conversion below) that must accept the seed's example objects and the planner's rendered
+objects, and reject unknown fields (the API server prunes them) and wrong types.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from reconciler.catalog import default_catalog
 from reconciler.model import Inventory
 from reconciler.model.cluster import (
     GROUP,
+    HARVESTER_SPEC,
+    HARVESTER_STATUS,
     NODE_LABEL,
+    NODE_STATE_GROUP,
+    NODE_STATE_KIND,
+    NODE_STATE_PLURAL,
+    NODE_STATE_VERSION,
     PARENT_LABEL,
     SRIOV_GPU_KIND,
     SRIOV_GPU_PLURAL,
@@ -38,54 +46,17 @@ from reconciler.model.inventory import VGPUType
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "schemas" / "crds"
+HARVESTER = REPO / "tests" / "fixtures" / "harvester-crds"
 FIXTURES = REPO / "tests" / "fixtures" / "crds"
 SRIOV_CRD_FILE = CRDS / f"{SRIOV_GPU_PLURAL}.{GROUP}.yaml"
 VGPU_CRD_FILE = CRDS / f"{VGPU_PLURAL}.{GROUP}.yaml"
+NODE_STATE_CRD_FILE = CRDS / f"{NODE_STATE_PLURAL}.{NODE_STATE_GROUP}.yaml"
 
-# The object shapes agreed in notes/contracts-cluster.md: every one of these fields is declared.
+# Harvester's fields (docs/domain.md §5), written out here from its Go types.
 SRIOV_SPEC = {"address", "nodeName", "enabled"}
-SRIOV_STATUS = {
-    "vfAddresses",
-    "vGPUDevices",
-    "model",
-    "vendorId",
-    "deviceId",
-    "subsystemVendorId",
-    "subsystemDeviceId",
-    "interface",
-    "driver",
-    "totalVFs",
-    "numVFs",
-    "vfOffset",
-    "vfStride",
-    "vgpuTypes",
-}
+SRIOV_STATUS = {"vfAddresses", "vGPUDevices"}
 VGPU_SPEC = {"address", "enabled", "nodeName", "parentGPUDeviceAddress", "vGPUTypeName"}
-VGPU_STATUS = {
-    "vGPUStatus",
-    "uuid",
-    "configureVGPUTypeName",
-    "availableTypes",
-    "vfIndex",
-    "inUse",
-    "holder",
-}
-
-# docs/domain.md §5; the seed's `kubectl get vgpudevices` table has exactly these columns.
-SRIOV_COLUMNS = [
-    ("Address", "string", ".spec.address"),
-    ("Node Name", "string", ".spec.nodeName"),
-    ("Enabled", "boolean", ".spec.enabled"),
-    ("VGPUDevices", "string", ".status.vGPUDevices"),
-]
-VGPU_COLUMNS = [
-    ("Address", "string", ".spec.address"),
-    ("Node Name", "string", ".spec.nodeName"),
-    ("Enabled", "boolean", ".spec.enabled"),
-    ("UUID", "string", ".status.uuid"),
-    ("VGPUType", "string", ".spec.vGPUTypeName"),
-    ("ParentGPUDevice", "string", ".spec.parentGPUDeviceAddress"),
-]
+VGPU_STATUS = {"vGPUStatus", "uuid", "configureVGPUTypeName", "availableTypes"}
 # The seed's first row of `kubectl get vgpudevices` (after NAME), for its example VGPUDevice.
 SEED_TABLE_ROW = (
     "0000:08:00.4   harvester-kgd9c   true      dd6772a8-7db8-4e96-9a73-f94c389d9bc3   "
@@ -193,8 +164,12 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
-CRD_BY_KIND = {SRIOV_GPU_KIND: _load(SRIOV_CRD_FILE), VGPU_KIND: _load(VGPU_CRD_FILE)}
-COLUMNS_BY_KIND = {SRIOV_GPU_KIND: SRIOV_COLUMNS, VGPU_KIND: VGPU_COLUMNS}
+CRD_BY_KIND = {
+    SRIOV_GPU_KIND: _load(SRIOV_CRD_FILE),
+    VGPU_KIND: _load(VGPU_CRD_FILE),
+    NODE_STATE_KIND: _load(NODE_STATE_CRD_FILE),
+}
+HARVESTERS = (SRIOV_GPU_KIND, VGPU_KIND)
 
 
 def _version(crd: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,9 +181,20 @@ def _open_api(kind: str) -> dict[str, Any]:
     return dict(_version(CRD_BY_KIND[kind])["schema"]["openAPIV3Schema"])
 
 
-VALIDATORS = {
-    kind: jsonschema.Draft202012Validator(to_json_schema(_open_api(kind))) for kind in CRD_BY_KIND
-}
+def _root(kind: str) -> dict[str, Any]:
+    """The kind's schema with the root fields the API server keeps whatever the schema says
+    (apiVersion, kind, metadata: Harvester's schema does not declare them)."""
+    schema = to_json_schema(_open_api(kind))
+    root = {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {"type": "object"},
+    }
+    schema["properties"] = {**root, **schema["properties"]}
+    return schema
+
+
+VALIDATORS = {kind: jsonschema.Draft202012Validator(_root(kind)) for kind in CRD_BY_KIND}
 
 
 def _errors(obj: Mapping[str, Any]) -> list[str]:
@@ -221,6 +207,14 @@ def _errors(obj: Mapping[str, Any]) -> list[str]:
 
 def _seed(name: str) -> dict[str, Any]:
     return _load(FIXTURES / name)
+
+
+def _without_descriptions(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_descriptions(v) for k, v in node.items() if k != "description"}
+    if isinstance(node, list):
+        return [_without_descriptions(v) for v in node]
+    return node
 
 
 def _full_sriov() -> dict[str, Any]:
@@ -237,26 +231,12 @@ def _full_sriov() -> dict[str, Any]:
         "status": {
             "vfAddresses": vfs,
             "vGPUDevices": [object_name("harvester-kgd9c", a) for a in vfs],
-            "model": "NVIDIA A2",
-            "vendorId": "10de",
-            "deviceId": "25b6",
-            "subsystemVendorId": "10de",
-            "subsystemDeviceId": "157e",
-            "interface": "mdev",
-            "driver": "nvidia",
-            "totalVFs": 16,
-            "numVFs": 16,
-            "vfOffset": 4,
-            "vfStride": 1,
-            "vgpuTypes": [
-                VGPUType("NVIDIA A2-4Q", "nvidia-746", 4096, 4, 4, "7680x4320", 60).to_json()
-            ],
         },
     }
 
 
 def _full_vgpu() -> dict[str, Any]:
-    """A VGPUDevice with every field set, as vgpuctl writes it for a held vGPU."""
+    """A VGPUDevice with every field set, as vgpuctl writes it for a vGPU."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": VGPU_KIND,
@@ -281,56 +261,142 @@ def _full_vgpu() -> dict[str, Any]:
             "uuid": "9534e04b-4687-412b-833e-3ae95b97d4d1",
             "configureVGPUTypeName": "NVIDIA A2-4Q",
             "availableTypes": {"NVIDIA A2-4Q": "nvidia-746"},
-            "vfIndex": 1,
-            "inUse": True,
-            "holder": "VM default/win11 (pod virt-launcher-win11-abcde)",
         },
     }
 
 
-# --- CRD shape ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("kind", "plural", "short"),
-    [(SRIOV_GPU_KIND, SRIOV_GPU_PLURAL, "sriovgpu"), (VGPU_KIND, VGPU_PLURAL, "vgpu")],
-)
-def test_crd_identity_matches_the_model(kind: str, plural: str, short: str) -> None:
-    crd = CRD_BY_KIND[kind]
-    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
-    assert crd["kind"] == "CustomResourceDefinition"
-    assert crd["metadata"]["name"] == f"{plural}.{GROUP}"
-    spec = crd["spec"]
-    assert spec["group"] == GROUP
-    assert spec["scope"] == "Cluster"
-    assert spec["names"] == {
-        "plural": plural,
-        "singular": kind.lower(),
-        "kind": kind,
-        "listKind": f"{kind}List",
-        "shortNames": [short],
+def _full_node_state() -> dict[str, Any]:
+    """A VGPUNodeState with every field set, written by hand from the CRD's description."""
+    a2_4q = VGPUType("NVIDIA A2-4Q", "nvidia-746", 4096, 4, 4, "7680x4320", 60).to_json()
+    return {
+        "apiVersion": f"{NODE_STATE_GROUP}/{NODE_STATE_VERSION}",
+        "kind": NODE_STATE_KIND,
+        "metadata": {
+            "name": "harvester-kgd9c",
+            "labels": {NODE_LABEL: "harvester-kgd9c", "app.kubernetes.io/managed-by": "vgpuctl"},
+        },
+        "spec": {"nodeName": "harvester-kgd9c"},
+        "status": {
+            "vgpuctlVersion": "0.1.0",
+            "desiredFingerprint": "sha256:" + "0" * 64,
+            "counts": {
+                "gpus": 1,
+                "managedGPUs": 1,
+                "vfs": 16,
+                "vgpus": 1,
+                "inUse": 1,
+                "blocked": 0,
+            },
+            "gpus": [
+                {
+                    "address": "0000:08:00.0",
+                    "vendorId": "10de",
+                    "deviceId": "25b6",
+                    "subsystemVendorId": "10de",
+                    "subsystemDeviceId": "157e",
+                    "model": "NVIDIA A2",
+                    "interface": "mdev",
+                    "driver": "nvidia",
+                    "managed": True,
+                    "sriov": {"totalVFs": 16, "numVFs": 16, "vfOffset": 4, "vfStride": 1},
+                    "vfAddresses": ["0000:08:00.4", "0000:08:00.5"],
+                    "vgpuTypes": [a2_4q],
+                }
+            ],
+            "vgpus": [
+                {
+                    "gpu": "0000:08:00.0",
+                    "vf": "0000:08:00.5",
+                    "vfIndex": 1,
+                    "profile": "NVIDIA A2-4Q",
+                    "uuid": "9534e04b-4687-412b-833e-3ae95b97d4d1",
+                    "inUse": True,
+                    "holder": "VM default/win11 (pod virt-launcher-win11-abcde)",
+                }
+            ],
+            "profiles": [
+                {
+                    "name": "NVIDIA A2-4Q",
+                    "resourceName": "nvidia.com/NVIDIA_A2-4Q",
+                    "wanted": 1,
+                    "vgpus": 1,
+                    "inUse": 1,
+                    "creatable": 3,
+                }
+            ],
+            "conditions": [
+                {
+                    "type": t,
+                    "status": s,
+                    "reason": "R",
+                    "message": "m",
+                    "lastTransitionTime": "2026-12-01T10:00:00Z",
+                }
+                for t, s in (("Converged", "True"), ("Blocked", "False"), ("Degraded", "False"))
+            ],
+            "lastChange": {"time": "2026-12-01T10:00:00Z", "result": "applied 1 action"},
+        },
     }
+
+
+# --- the CRDs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", HARVESTERS)
+def test_our_crds_for_harvesters_kinds_are_harvesters_own(kind: str) -> None:
+    """Installing ours or Harvester's is the same: equal but for descriptions and our labels."""
+    ours = _without_descriptions(CRD_BY_KIND[kind])
+    ours["metadata"].pop("labels")
+    theirs = _load(HARVESTER / f"{CRD_BY_KIND[kind]['metadata']['name']}.yaml")
+    assert theirs["spec"].pop("preserveUnknownFields", False) is False  # v1's default
+    assert ours["spec"].pop("preserveUnknownFields") is False
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("kind", HARVESTERS)
+def test_harvesters_schema_has_exactly_the_fields_vgpuctl_writes(kind: str) -> None:
+    spec, status = {
+        SRIOV_GPU_KIND: (SRIOV_SPEC, SRIOV_STATUS),
+        VGPU_KIND: (VGPU_SPEC, VGPU_STATUS),
+    }[kind]
+    props = _open_api(kind)["properties"]
+    assert set(props["spec"]["properties"]) == spec == {n for n, _ in HARVESTER_SPEC[kind]}
+    assert set(props["status"]["properties"]) == status == set(HARVESTER_STATUS[kind])
+    # Harvester's schema requires nothing and has no enums or patterns (Go types, no markers).
+    text = yaml.safe_dump(props)
+    assert "required" not in text and "enum" not in text and "pattern" not in text
+
+
+def test_the_node_state_crd_is_vgpuctls_own() -> None:
+    crd = CRD_BY_KIND[NODE_STATE_KIND]
+    assert crd["metadata"]["name"] == f"{NODE_STATE_PLURAL}.{NODE_STATE_GROUP}"
+    spec = crd["spec"]
+    assert (spec["group"], spec["scope"]) == (NODE_STATE_GROUP, "Cluster")
+    assert spec["names"]["kind"] == NODE_STATE_KIND
+    assert spec["names"]["plural"] == NODE_STATE_PLURAL
     version = _version(crd)
-    assert (version["name"], version["served"], version["storage"]) == (VERSION, True, True)
+    assert (version["name"], version["served"], version["storage"]) == (
+        NODE_STATE_VERSION,
+        True,
+        True,
+    )
     assert version["subresources"] == {"status": {}}
+    # kubectl get vgns: node, converged, vGPUs, blocked, age (issue 12).
+    columns = [(c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"]]
+    assert columns == [
+        ("Node", ".spec.nodeName"),
+        ("Converged", '.status.conditions[?(@.type=="Converged")].status'),
+        ("vGPUs", ".status.counts.vgpus"),
+        ("In Use", ".status.counts.inUse"),
+        ("Blocked", ".status.counts.blocked"),
+        ("Age", ".metadata.creationTimestamp"),
+    ]
 
 
 def test_file_names_are_the_crd_names() -> None:
     assert sorted(p.name for p in CRDS.iterdir()) == sorted(
         f"{crd['metadata']['name']}.yaml" for crd in CRD_BY_KIND.values()
     )
-
-
-@pytest.mark.parametrize("kind", [SRIOV_GPU_KIND, VGPU_KIND])
-def test_printer_columns_are_harvesters(kind: str) -> None:
-    columns = _version(CRD_BY_KIND[kind])["additionalPrinterColumns"]
-    assert [(c["name"], c["type"], c["jsonPath"]) for c in columns] == COLUMNS_BY_KIND[kind]
-    # Each column shows a declared field of the matching type: a typo would print blanks.
-    declared = dict(schema_nodes(_open_api(kind)))
-    for column in columns:
-        field = declared[column["jsonPath"]]
-        expected = "array" if column["name"] == "VGPUDevices" else column["type"]
-        assert field["type"] == expected, column
 
 
 def test_printer_columns_print_the_seeds_table_row() -> None:
@@ -344,44 +410,7 @@ def test_printer_columns_print_the_seeds_table_row() -> None:
     assert cells == re.split(r"\s{2,}", SEED_TABLE_ROW)
 
 
-# --- the schema -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("kind", "spec", "status"),
-    [(SRIOV_GPU_KIND, SRIOV_SPEC, SRIOV_STATUS), (VGPU_KIND, VGPU_SPEC, VGPU_STATUS)],
-)
-def test_schema_declares_every_field_of_the_object_shape(
-    kind: str, spec: set[str], status: set[str]
-) -> None:
-    props = _open_api(kind)["properties"]
-    assert set(props) == {"apiVersion", "kind", "metadata", "spec", "status"}
-    assert set(props["spec"]["properties"]) == spec
-    # Every spec field is always written (Harvester's Go types have no omitempty on them)...
-    assert set(props["spec"]["required"]) == spec
-    assert set(props["status"]["properties"]) == status
-    # ...while a freshly created object has no status at all.
-    assert "required" not in props["status"]
-
-
-def test_vgpu_type_entries_are_the_models_json() -> None:
-    entry = _open_api(SRIOV_GPU_KIND)["properties"]["status"]["properties"]["vgpuTypes"]["items"]
-    assert set(entry["properties"]) == set(VGPUType("x", "y", 1, 1).to_json())
-
-
-def test_harvester_field_spellings_are_kept() -> None:
-    status = _open_api(VGPU_KIND)["properties"]["status"]["properties"]
-    assert "configureVGPUTypeName" in status  # sic: Harvester's spelling
-    assert status["availableTypes"] == {
-        "description": status["availableTypes"]["description"],
-        "type": "object",
-        "additionalProperties": {"type": "string"},
-    }
-    assert status["vGPUStatus"]["enum"] == ["", "vGPUConfigured"]
-    assert _open_api(SRIOV_GPU_KIND)["properties"]["status"]["properties"]["model"]["nullable"]
-
-
-@pytest.mark.parametrize("kind", [SRIOV_GPU_KIND, VGPU_KIND])
+@pytest.mark.parametrize("kind", [SRIOV_GPU_KIND, VGPU_KIND, NODE_STATE_KIND])
 def test_schema_is_structural(kind: str) -> None:
     schema = _open_api(kind)
     assert structural_violations(schema) == []
@@ -414,14 +443,17 @@ def test_structural_check_can_fail() -> None:
     ]
 
 
-@pytest.mark.parametrize("kind", [SRIOV_GPU_KIND, VGPU_KIND])
+@pytest.mark.parametrize("kind", HARVESTERS)
 def test_every_field_is_described(kind: str) -> None:
     undescribed = [
-        path
-        for path, node in schema_nodes(_open_api(kind))
-        if path not in (".metadata",) and not node.get("description")
+        path for path, node in schema_nodes(_open_api(kind)) if not node.get("description")
     ]
     assert undescribed == []
+
+
+def test_every_node_state_status_field_is_described() -> None:
+    status = _open_api(NODE_STATE_KIND)["properties"]["status"]["properties"]
+    assert [name for name, node in status.items() if not node.get("description")] == []
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -458,23 +490,25 @@ def test_conversion_keeps_kubernetes_semantics() -> None:
 
 @pytest.mark.parametrize("name", ["seed-sriovgpudevice.yaml", "seed-vgpudevice.yaml"])
 def test_the_seeds_example_objects_validate(name: str) -> None:
-    obj = _seed(name)
-    # The seed's objects carry only Harvester's status fields: vgpuctl's are optional.
-    assert _errors(obj) == []
+    assert _errors(_seed(name)) == []
 
 
-@pytest.mark.parametrize("build", [_full_sriov, _full_vgpu])
+@pytest.mark.parametrize("build", [_full_sriov, _full_vgpu, _full_node_state])
 def test_an_object_with_every_field_validates(build: Any) -> None:
     assert _errors(build()) == []
 
 
-def test_a_model_the_catalogue_does_not_know_is_null() -> None:
-    obj = _full_sriov()
-    obj["status"]["model"] = None
+@pytest.mark.parametrize("build", [_full_sriov, _full_vgpu])
+def test_harvesters_nulls_validate(build: Any) -> None:
+    """Harvester's strings are nullable (Go's zero values): null reads as empty."""
+    obj = build()
+    for key in obj["spec"]:
+        if isinstance(obj["spec"][key], str):
+            obj["spec"][key] = None
     assert _errors(obj) == []
 
 
-@pytest.mark.parametrize("build", [_full_sriov, _full_vgpu])
+@pytest.mark.parametrize("build", [_full_sriov, _full_vgpu, _full_node_state])
 def test_a_freshly_created_object_has_no_status(build: Any) -> None:
     obj = build()
     del obj["status"]
@@ -486,95 +520,95 @@ def test_a_freshly_created_object_has_no_status(build: Any) -> None:
 def _set(obj: dict[str, Any], path: str, value: Any) -> None:
     *parents, last = path.split(".")
     for part in parents:
-        obj = obj[part]
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
     obj[last] = value
 
 
-def _drop(obj: dict[str, Any], path: str, _: Any) -> None:
-    *parents, last = path.split(".")
-    for part in parents:
-        obj = obj[part]
-    del obj[last]
-
-
-# (base object, change, path, value, what the validator must name)
+# (base object, path, value, what the validator must name)
 REJECTED = [
-    (_full_vgpu, _set, "spec.vGPUTypename", "NVIDIA A2-4Q", "'vGPUTypename' was unexpected"),
-    (_full_vgpu, _set, "status.configuredVGPUTypeName", "x", "'configuredVGPUTypeName' was unexp"),
-    (_full_sriov, _set, "status.vgpuDevices", [], "'vgpuDevices' was unexpected"),
-    (_full_sriov, _set, "extra", {}, "'extra' was unexpected"),
-    (_full_vgpu, _set, "spec.enabled", "true", "'true' is not of type 'boolean'"),
-    (_full_sriov, _set, "spec.address", "0000:08:00", "does not match"),
-    (_full_vgpu, _set, "spec.parentGPUDeviceAddress", "08:00.0", "does not match"),
-    (_full_sriov, _set, "status.vfAddresses", ["0000:08:0g.4"], "does not match"),
-    (_full_vgpu, _set, "status.vGPUStatus", "configured", "is not one of"),
-    (_full_vgpu, _set, "status.availableTypes", {"NVIDIA A2-4Q": 746}, "is not of type 'string'"),
-    (_full_vgpu, _set, "status.vfIndex", -1, "less than the minimum"),
-    (_full_vgpu, _set, "status.inUse", "no", "is not of type 'boolean'"),
-    (_full_sriov, _set, "status.interface", "pci", "is not one of"),
-    (_full_sriov, _set, "status.numVFs", "16", "is not of type 'integer'"),
-    (_full_sriov, _set, "status.vgpuTypes", [{"id": "nvidia-746"}], "'name' is a required"),
-    (
-        _full_sriov,
-        _set,
-        "status.vgpuTypes",
-        [{"name": "A", "id": "1", "framebufferMiB": 1, "maxInstances": 1, "size": 1}],
-        "'size' was unexp",
-    ),
-    (_full_vgpu, _drop, "spec.vGPUTypeName", None, "'vGPUTypeName' is a required property"),
-    (_full_sriov, _drop, "spec.enabled", None, "'enabled' is a required property"),
-    (_full_sriov, _set, "spec.nodeName", "", "should be non-empty"),
+    (_full_vgpu, "spec.vGPUTypename", "NVIDIA A2-4Q", "'vGPUTypename' was unexpected"),
+    (_full_vgpu, "status.configuredVGPUTypeName", "x", "'configuredVGPUTypeName' was unexp"),
+    # vgpuctl's additions of old: Harvester's schema prunes them.
+    (_full_vgpu, "status.inUse", True, "'inUse' was unexpected"),
+    (_full_vgpu, "status.vfIndex", 1, "'vfIndex' was unexpected"),
+    (_full_sriov, "status.model", "NVIDIA A2", "'model' was unexpected"),
+    (_full_sriov, "status.vgpuDevices", [], "'vgpuDevices' was unexpected"),
+    (_full_sriov, "extra", {}, "'extra' was unexpected"),
+    (_full_vgpu, "spec.enabled", "true", "'true' is not of type 'boolean'"),
+    (_full_vgpu, "status.availableTypes", {"NVIDIA A2-4Q": 746}, "is not of type 'string', 'null'"),
+    (_full_node_state, "status.counts.vgpus", -1, "less than the minimum"),
+    (_full_node_state, "status.vgpus.0.inUse", "no", "is not of type 'boolean'"),
+    (_full_node_state, "status.conditions.0.type", "Ready", "is not one of"),
+    (_full_node_state, "status.conditions.0.status", "yes", "is not one of"),
+    (_full_node_state, "status.summary", {}, "'summary' was unexpected"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("build", "change", "path", "value", "message"),
-    REJECTED,
-    ids=[f"{change.__name__[1:]}-{path}" for _, change, path, _, _ in REJECTED],
+    ("build", "path", "value", "message"), REJECTED, ids=[path for _, path, _, _ in REJECTED]
 )
-def test_the_schema_rejects(build: Any, change: Any, path: str, value: Any, message: str) -> None:
+def test_the_schema_rejects(build: Any, path: str, value: Any, message: str) -> None:
     obj = build()
     assert _errors(obj) == []  # the change alone makes it invalid
-    change(obj, path, copy.deepcopy(value))
+    _set(obj, path, copy.deepcopy(value))
     errors = _errors(obj)
     assert errors, f"{path} = {value!r} was accepted"
     assert any(message in e for e in errors), errors
 
 
-# --- the planner's rendered objects ---------------------------------------------------------------
+def test_a_condition_without_its_transition_time_is_rejected() -> None:
+    obj = _full_node_state()
+    del obj["status"]["conditions"][0]["lastTransitionTime"]
+    assert any("'lastTransitionTime' is a required property" in e for e in _errors(obj))
+
+
+# --- the planner's objects ------------------------------------------------------------------------
 
 SEED_NODE = "harvester-kgd9c"
 
 
-def _rendered() -> list[dict[str, Any]]:
+def _planned() -> list[dict[str, Any]]:
+    """Every object a plan for the seed's node writes (from SR-IOV off: all created)."""
     from reconciler.desired import load_desired
-    from reconciler.plan.render import render_objects
+    from reconciler.model import CrCreate
+    from reconciler.model.cluster import ClusterState
+    from reconciler.model.nodestate import stamped
+    from reconciler.plan import plan_node
 
     catalog = default_catalog()
     desired = load_desired([REPO / "desired-state" / f"{SEED_NODE}.yaml"], catalog=catalog)
     node = desired.node(SEED_NODE)
     assert node is not None
-    observed = REPO / "tests" / "cases" / "seed-already-applied" / "observed.json"
+    observed = REPO / "tests" / "cases" / "seed-fresh-enable-and-create" / "observed.json"
     inventory = Inventory.from_json(json.loads(observed.read_text("utf-8")))
-    return [obj.to_json() for obj in render_objects(SEED_NODE, node, inventory)]
+    plan = plan_node(node, inventory, catalog=catalog, cluster=ClusterState(SEED_NODE))
+    out = []
+    for a in plan.actions:
+        if isinstance(a, CrCreate):
+            body = a.object.to_json()
+            body["status"] = stamped(body["status"], "2026-12-02T03:00:00Z")  # as the executor
+            out.append(body)
+    return out
 
 
-def test_rendered_objects_validate_against_the_crds() -> None:
-    objects = _rendered()
-    kinds = sorted(obj["kind"] for obj in objects)
-    # The seed's node: one managed A2 with 16 VFs.
-    assert kinds == [SRIOV_GPU_KIND] + [VGPU_KIND] * 16
+def test_planned_objects_validate_against_the_crds() -> None:
+    """Nothing vgpuctl writes is a field the API server would prune or refuse."""
+    objects = _planned()
+    # The seed's node: one managed A2 with 16 VFs, and the node's summary.
+    assert sorted(obj["kind"] for obj in objects) == sorted(
+        [SRIOV_GPU_KIND] + [VGPU_KIND] * 16 + [NODE_STATE_KIND]
+    )
     for obj in objects:
-        assert obj["apiVersion"] == f"{GROUP}/{VERSION}"
         assert _errors(obj) == [], obj["metadata"]["name"]
 
 
-def test_rendered_objects_fill_every_declared_field() -> None:
-    """The renderer and the CRDs agree both ways: nothing rendered is undeclared (the validation
-    above) and nothing declared is left unrendered for a GPU whose VFs and vGPUs exist."""
+def test_planned_objects_write_every_spec_field_and_only_non_empty_status_fields() -> None:
     fields = {SRIOV_GPU_KIND: (SRIOV_SPEC, SRIOV_STATUS), VGPU_KIND: (VGPU_SPEC, VGPU_STATUS)}
-    for obj in _rendered():
+    for obj in _planned():
+        if obj["kind"] == NODE_STATE_KIND:
+            continue
         spec, status = fields[obj["kind"]]
         name = obj["metadata"]["name"]
         assert set(obj["spec"]) == spec, name
-        assert set(obj["status"]) == status, name
+        assert set(obj["status"]) <= status, name
+        assert all(v not in ("", [], {}, None) for v in obj["status"].values()), name

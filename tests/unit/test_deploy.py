@@ -43,6 +43,13 @@ EXPECTED_GRANTS = {
     ),
     Grant("devices.harvesterhci.io", "sriovgpudevices/status", "update", None),
     Grant("devices.harvesterhci.io", "vgpudevices/status", "update", None),
+    # vgpuctl's per-node summary: never deleted (it outlives a reconcile; a node's removal is
+    # the operator's to clean up).
+    *(
+        Grant("vgpu.reconciler.dev", "vgpunodestates", verb, None)
+        for verb in ("get", "list", "create", "update")
+    ),
+    Grant("vgpu.reconciler.dev", "vgpunodestates/status", "update", None),
     Grant("kubevirt.io", "kubevirts", "get", None),
     Grant("kubevirt.io", "kubevirts", "list", None),
     Grant("kubevirt.io", "kubevirts", "patch", None),
@@ -195,6 +202,7 @@ def test_kustomize_builds_the_base() -> None:
         ("ConfigMap", DESIRED_CONFIGMAP),
         ("CustomResourceDefinition", "sriovgpudevices.devices.harvesterhci.io"),
         ("CustomResourceDefinition", "vgpudevices.devices.harvesterhci.io"),
+        ("CustomResourceDefinition", "vgpunodestates.vgpu.reconciler.dev"),
         ("DaemonSet", "vgpuctl"),
         ("Namespace", NAMESPACE),
         ("NetworkPolicy", "vgpuctl"),

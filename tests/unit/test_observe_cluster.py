@@ -30,7 +30,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.observe.checkpoint import checkpoint_file
 from reconciler.observe.cluster import (
-    inventory_from_crs,
+    inventory_from_cluster,
     observe_cluster,
     observe_nodes_from_cluster,
 )
@@ -75,6 +75,27 @@ def sriov_device(node: str) -> dict[str, Any]:
             "resourceVersion": "5",
         },
         "spec": {"address": "0000:08:00.0", "nodeName": node, "enabled": True},
+    }
+
+
+def node_state(
+    node: str, profiles: Mapping[str, tuple[int, int]], *, managed: bool = True
+) -> dict[str, Any]:
+    """A VGPUNodeState whose ``status.profiles`` give each profile (wanted, vgpus)."""
+    labels = {NODE_LABEL: node}
+    if managed:
+        labels[MANAGED_BY_LABEL] = MANAGED_BY
+    return {
+        "apiVersion": "vgpu.reconciler.dev/v1alpha1",
+        "kind": "VGPUNodeState",
+        "metadata": {"name": node, "labels": labels, "resourceVersion": "3"},
+        "spec": {"nodeName": node},
+        "status": {
+            "profiles": [
+                {"name": name, "wanted": wanted, "vgpus": vgpus, "creatable": 9}
+                for name, (wanted, vgpus) in profiles.items()
+            ]
+        },
     }
 
 
@@ -157,6 +178,15 @@ def cluster(**extra: list[dict[str, Any]]) -> FakeCluster:
             vgpu_device(OTHER, "0000:08:00.5", "NVIDIA A2-2B", managed=False),
             vgpu_device(OTHER, "0000:08:00.6", ""),
         ],
+        "vgpunodestates": [
+            node_state(NODE, {"NVIDIA A2-4Q": (1, 1)}),
+            # Wanted but not yet there, there but no longer wanted, only creatable: the first
+            # two count as configured, the last does not.
+            node_state(
+                OTHER, {"NVIDIA A2-8Q": (1, 0), "NVIDIA A2-1Q": (0, 1), "NVIDIA A2-16Q": (0, 0)}
+            ),
+            node_state("not-ours", {"NVIDIA A2-2B": (1, 1)}, managed=False),
+        ],
         KV: [kubevirt(**{KUBEVIRT_OWNED_ANNOTATION: "NVIDIA A2-4Q, NVIDIA A2-8Q,"})],
         VMI: [],
     }
@@ -178,18 +208,20 @@ def kubelet_with(tmp_path: Path, fixture: str) -> Path:
 # -- our CRs and the KubeVirt CR ----------------------------------------------------------------
 
 
-def test_a_node_without_vms_costs_four_list_calls() -> None:
+def test_a_node_without_vms_costs_five_list_calls_its_own_objects_selected() -> None:
     api = cluster()
     state = observe_cluster(api, node=NODE)
     assert api.calls == [
         ("list", "sriovgpudevices", None),
         ("list", "vgpudevices", None),
+        ("list", "vgpunodestates", None),
         ("list", "kubevirts", None),
         ("list", "virtualmachineinstances", None),
     ]
     assert api.lists == [
         ListCall(GROUP, "v1beta1", "sriovgpudevices", None, f"nodename={NODE}", ""),
-        ListCall(GROUP, "v1beta1", "vgpudevices", None, "", ""),
+        ListCall(GROUP, "v1beta1", "vgpudevices", None, f"nodename={NODE}", ""),
+        ListCall("vgpu.reconciler.dev", "v1alpha1", "vgpunodestates", None, "", ""),
         ListCall("kubevirt.io", "v1", "kubevirts", None, "", ""),
         ListCall(
             "kubevirt.io", "v1", "virtualmachineinstances", None, f"kubevirt.io/nodeName={NODE}", ""
@@ -207,10 +239,11 @@ def test_a_node_without_vms_costs_four_list_calls() -> None:
     assert state.vmi_resources == {}
 
 
-def test_profiles_elsewhere_come_from_other_nodes_managed_enabled_objects() -> None:
+def test_profiles_elsewhere_come_from_the_other_nodes_summaries() -> None:
     state = observe_cluster(cluster(), node=NODE)
-    # Not this node's A2-4Q, not the unmanaged A2-2B, not the disabled VF.
-    assert state.profiles_elsewhere == frozenset({"NVIDIA A2-8Q"})
+    # Not this node's A2-4Q, not another controller's A2-2B, not the merely creatable A2-16Q.
+    assert state.profiles_elsewhere == frozenset({"NVIDIA A2-8Q", "NVIDIA A2-1Q"})
+    assert state.node_state is not None and state.node_state.name == NODE
 
 
 def test_kubevirt_allow_list_and_owned_annotation() -> None:
@@ -289,6 +322,7 @@ def test_vmi_active_pods_and_checkpoint_join_into_device_uses(tmp_path: Path) ->
     assert [c[1] for c in api.calls] == [
         "sriovgpudevices",
         "vgpudevices",
+        "vgpunodestates",
         "kubevirts",
         "virtualmachineinstances",
     ]
@@ -398,60 +432,86 @@ def test_malformed_checkpoint_is_an_error(tmp_path: Path) -> None:
         observe_cluster(cluster(), node=NODE, kubelet_dir=kubelet_with(tmp_path, "truncated.json"))
 
 
-# -- inventory from CR status -------------------------------------------------------------------
+# -- inventory from the cluster ----------------------------------------------------------------
 
 
 def contract_objects(node: str, inventory: Inventory) -> list[KubeObject]:
-    """The CRs per the object shapes in contracts-cluster.md, written independently of the
-    planner's renderer."""
+    """The node's objects written from the facts, independently of the planner: Harvester's
+    fields on Harvester's kinds (docs/domain.md §5), the rest in the VGPUNodeState as its
+    CRD describes it (schemas/crds/vgpunodestates.vgpu.reconciler.dev.yaml)."""
     out = []
+    gpus, vgpus = [], []
     for gpu in inventory.gpus:
         pf_name = object_name(node, str(gpu.address))
-        vf_names = [object_name(node, str(v.address)) for v in gpu.vfs]
+        vfs = sorted(gpu.vfs, key=lambda v: v.index)
+        vf_names = [object_name(node, str(v.address)) for v in vfs]
+        sriov: dict[str, Any] = {
+            "totalVFs": gpu.total_vfs,
+            "numVFs": gpu.num_vfs,
+            "vfOffset": gpu.vf_offset,
+            "vfStride": gpu.vf_stride,
+        }
+        if gpu.vf_device:
+            sriov["vfDevice"] = gpu.vf_device
+        gpus.append(
+            {
+                "address": str(gpu.address),
+                "vendorId": gpu.vendor_id,
+                "deviceId": gpu.device_id,
+                "subsystemVendorId": gpu.subsystem_vendor_id,
+                "subsystemDeviceId": gpu.subsystem_device_id,
+                "model": gpu.model,
+                "interface": gpu.interface.value,
+                "driver": gpu.driver,
+                "managed": True,
+                "sriov": sriov,
+                "vfAddresses": [str(v.address) for v in vfs],
+                "vgpuTypes": [t.to_json() for t in gpu.types],
+            }
+        )
         out.append(
             KubeObject(
                 kind=SRIOV_GPU_KIND,
                 name=pf_name,
                 labels={NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
                 spec={"address": str(gpu.address), "nodeName": node, "enabled": True},
-                status={
-                    "vfAddresses": [str(v.address) for v in gpu.vfs],
-                    "vGPUDevices": vf_names,
-                    "model": gpu.model,
-                    "vendorId": gpu.vendor_id,
-                    "deviceId": gpu.device_id,
-                    "subsystemVendorId": gpu.subsystem_vendor_id,
-                    "subsystemDeviceId": gpu.subsystem_device_id,
-                    "interface": gpu.interface.value,
-                    "driver": gpu.driver,
-                    "totalVFs": gpu.total_vfs,
-                    "numVFs": gpu.num_vfs,
-                    "vfOffset": gpu.vf_offset,
-                    "vfStride": gpu.vf_stride,
-                    "vgpuTypes": [t.to_json() for t in gpu.types],
-                },
+                status={"vfAddresses": [str(v.address) for v in vfs], "vGPUDevices": vf_names}
+                if vfs
+                else {},
             )
         )
         ids = {t.name: t.type_id for t in gpu.types}
-        for vf, name in zip(gpu.vfs, vf_names, strict=True):
+        for vf, name in zip(vfs, vf_names, strict=True):
             vg = vf.vgpu
+            status: dict[str, Any] = {}
+            if vg is not None:
+                status = {"vGPUStatus": "vGPUConfigured", "uuid": vg.uuid}
+                status["configureVGPUTypeName"] = vg.type_name
+                entry = {"gpu": str(gpu.address), "vf": str(vf.address), "vfIndex": vf.index}
+                entry |= {"profile": vg.type_name, "uuid": vg.uuid, "inUse": vg.in_use}
+                if vg.holder:
+                    entry["holder"] = vg.holder
+                vgpus.append(entry)
+            if vf.creatable:
+                status["availableTypes"] = {n: ids.get(n, "") for n in sorted(vf.creatable)}
             out.append(
                 KubeObject(
                     kind=VGPU_KIND,
                     name=name,
                     labels={NODE_LABEL: node, PARENT_LABEL: pf_name, MANAGED_BY_LABEL: MANAGED_BY},
                     spec={"address": str(vf.address), "enabled": False, "nodeName": node},
-                    status={
-                        "vGPUStatus": "vGPUConfigured" if vg else "",
-                        "uuid": vg.uuid if vg else "",
-                        "configureVGPUTypeName": vg.type_name if vg else "",
-                        "availableTypes": {n: ids.get(n, "") for n in sorted(vf.creatable)},
-                        "vfIndex": vf.index,
-                        "inUse": bool(vg and vg.in_use),
-                        "holder": vg.holder if vg else "",
-                    },
+                    status=status,
                 )
             )
+    out.append(
+        KubeObject(
+            kind="VGPUNodeState",
+            name=node,
+            labels={NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
+            spec={"nodeName": node},
+            status={"gpus": gpus, "vgpus": vgpus},
+        )
+    )
     return out
 
 
@@ -462,6 +522,11 @@ def case_inventory(case: str) -> Inventory:
 def comparable(inventory: Inventory) -> dict[str, Any]:
     doc = inventory.to_json()
     doc.pop("sysfsRoot")
+    for gpu in doc["gpus"]:
+        for vf in gpu["vfs"]:
+            if vf["vgpu"] is not None:  # what only the host knows: not in the cluster
+                vf["vgpu"].pop("iommuGroup", None)
+                vf["vgpu"].pop("removing", None)
     return doc
 
 
@@ -473,73 +538,97 @@ CASES_WITH_HOSTS = [
 ]
 
 
+def _split(objects: list[KubeObject]) -> tuple[KubeObject, list[KubeObject], list[KubeObject]]:
+    (state,) = [o for o in objects if o.kind == "VGPUNodeState"]
+    return (
+        state,
+        [o for o in objects if o.kind == SRIOV_GPU_KIND],
+        [o for o in objects if o.kind == VGPU_KIND],
+    )
+
+
 @pytest.mark.parametrize("case", CASES_WITH_HOSTS)
-def test_inventory_round_trips_through_cr_status(case: str) -> None:
+def test_inventory_round_trips_through_the_node_state_and_harvesters_objects(case: str) -> None:
     inventory = case_inventory(case)
-    objects = contract_objects(inventory.node, inventory)
+    state, sriov, vgpus = _split(contract_objects(inventory.node, inventory))
     # Other nodes' objects in the same lists are ignored.
-    other = contract_objects(OTHER, case_inventory("seed-already-applied"))
-    sriov = [o for o in objects + other if o.kind == SRIOV_GPU_KIND]
-    vgpus = [o for o in other + objects if o.kind == VGPU_KIND]
-    again = inventory_from_crs(inventory.node, sriov, vgpus)
+    _, other_sriov, other_vgpus = _split(
+        contract_objects(OTHER, case_inventory("seed-already-applied"))
+    )
+    again = inventory_from_cluster(inventory.node, state, sriov + other_sriov, other_vgpus + vgpus)
     assert comparable(again) == comparable(inventory)
-    assert again.fingerprint() == inventory.fingerprint()
 
 
 @pytest.mark.parametrize("case", CASES_WITH_HOSTS)
-def test_inventory_round_trips_through_the_planners_renderer(case: str) -> None:
-    from reconciler.model import DesiredGpu
-    from reconciler.plan.render import render_with
+def test_inventory_round_trips_through_what_the_planner_writes(case: str) -> None:
+    from reconciler.catalog import default_catalog
+    from reconciler.model import CrCreate, DesiredGpu, DesiredNode
+    from reconciler.model.cluster import ClusterState
+    from reconciler.plan import plan_node
 
     inventory = case_inventory(case)
-    desired = [DesiredGpu(address=g.address, sriov=g.sriov_enabled) for g in inventory.gpus]
-    objects = render_with(inventory.node, desired, inventory, {})
-    # Through JSON, as the API server hands them back.
-    stored = [KubeObject.from_json(json.loads(json.dumps(o.to_json()))) for o in objects]
-    again = inventory_from_crs(
+    desired = DesiredNode(
         inventory.node,
-        [o for o in stored if o.kind == SRIOV_GPU_KIND],
-        [o for o in stored if o.kind == VGPU_KIND],
+        tuple(
+            DesiredGpu(
+                address=g.address,
+                sriov=g.sriov_enabled,
+                vgpus={v.index: v.vgpu.type_name for v in g.vfs if v.vgpu is not None}
+                if g.sriov_enabled
+                else None,
+            )
+            for g in inventory.gpus
+        ),
     )
+    plan = plan_node(
+        desired, inventory, catalog=default_catalog(), cluster=ClusterState(inventory.node)
+    )
+    # Through JSON, as the API server hands them back.
+    written = [
+        KubeObject.from_json(json.loads(json.dumps(a.object.to_json())))
+        for a in plan.actions
+        if isinstance(a, CrCreate)
+    ]
+    again = inventory_from_cluster(inventory.node, *_split(written))
     assert comparable(again) == comparable(inventory)
 
 
-def test_a_gpu_object_without_status_is_sriov_off() -> None:
-    obj = KubeObject.from_json(sriov_device(NODE))
-    inventory = inventory_from_crs(NODE, [obj], [])
-    (gpu,) = inventory.gpus
-    assert (str(gpu.address), gpu.sriov_enabled, gpu.vfs, gpu.model) == (
-        "0000:08:00.0",
-        False,
-        (),
-        None,
-    )
+def test_a_node_without_a_node_state_cannot_be_planned_from_the_cluster() -> None:
+    with pytest.raises(ObserveError) as err:
+        inventory_from_cluster(NODE, None, [], [])
+    assert err.value.message.startswith(f"node {NODE} has no VGPUNodeState: vgpuctl has not")
 
 
 def test_a_vf_without_its_object_is_known_by_address_only() -> None:
     inventory = case_inventory("seed-already-applied")
-    objects = [o for o in contract_objects(NODE, inventory) if o.kind == SRIOV_GPU_KIND]
-    (gpu,) = inventory_from_crs(NODE, objects, []).gpus
+    state, sriov, _ = _split(contract_objects(NODE, inventory))
+    (gpu,) = inventory_from_cluster(NODE, state, sriov, []).gpus
     assert len(gpu.vfs) == 16
-    assert all(v.vgpu is None and not v.creatable for v in gpu.vfs)
+    assert all(not v.creatable for v in gpu.vfs)
+    assert sum(v.vgpu is not None for v in gpu.vfs) == 4  # the node state lists them
 
 
 @pytest.mark.parametrize(
     ("status", "message"),
     [
-        ({"vfAddresses": ["0000:08:00.4", "nope"]}, "status.vfAddresses[1] is not a PCI address"),
-        ({"totalVFs": "16"}, "status.totalVFs is not an integer: '16'"),
-        ({"interface": "sriov"}, "status.interface is not mdev, vfio or none: 'sriov'"),
-        ({"vgpuTypes": [{"name": "NVIDIA A2-4Q"}]}, "status.vgpuTypes[0] is malformed"),
-        ({"vfAddresses": "0000:08:00.4"}, "status.vfAddresses is not a list"),
+        (
+            {"gpus": [{"vfAddresses": ["0000:08:00.4", "nope"]}]},
+            "status.gpus[0].vfAddresses[1] is not a PCI address",
+        ),
+        ({"gpus": "x"}, "status.gpus is not a list"),
+        ({"gpus": [5]}, "status.gpus[0] is not an object"),
+        ({"gpus": [{"address": "0000:08:00.0", "interface": "sriov"}]}, "status.gpus is malformed"),
+        ({"vgpus": [{"vf": "0000:08:00.4", "uuid": 7}]}, "status.vgpus[0].uuid is not a string: 7"),
+        ({"vgpus": [{"vf": "x"}]}, "status.vgpus[0].vf is not a PCI address"),
     ],
 )
-def test_malformed_status_names_object_and_field(status: dict[str, Any], message: str) -> None:
-    raw = sriov_device(NODE)
-    raw["status"] = status
+def test_a_malformed_node_state_names_object_and_field(
+    status: dict[str, Any], message: str
+) -> None:
+    state = KubeObject.from_json({**node_state(NODE, {}), "status": status})
     with pytest.raises(ObserveError) as err:
-        inventory_from_crs(NODE, [KubeObject.from_json(raw)], [])
-    assert err.value.message.startswith(f"SRIOVGPUDevice {object_name(NODE, '0000:08:00.0')}: ")
+        inventory_from_cluster(NODE, state, [], [])
+    assert err.value.message.startswith(f"VGPUNodeState {NODE}: ")
     assert message in err.value.message
 
 
@@ -553,16 +642,30 @@ def test_many_nodes_cost_one_list_per_kind() -> None:
             vmi("b", "vmi-b", node="elsewhere", gpus=("nvidia.com/NVIDIA_A2-4Q",)),
         ],
     )
+    seed = case_inventory("seed-already-applied")
+    for obj in contract_objects(NODE, seed)[-1:] + contract_objects(OTHER, seed)[-1:]:
+        # The summaries say what each host has; the profiles which are configured.
+        raw = obj.to_json()
+        raw["status"]["profiles"] = (
+            [{"name": "NVIDIA A2-4Q", "wanted": 1, "vgpus": 1}]
+            if obj.name == NODE
+            else [{"name": "NVIDIA A2-8Q", "wanted": 1, "vgpus": 0}]
+        )
+        raw["metadata"]["resourceVersion"] = "9"
+        api.seed("vgpunodestates", [raw])
     nodes = [NODE, OTHER, "harvester-empty"]
     result = observe_nodes_from_cluster(api, nodes)
     assert [c[1] for c in api.calls] == [
         "sriovgpudevices",
         "vgpudevices",
+        "vgpunodestates",
         "kubevirts",
         "virtualmachineinstances",
     ]
     assert list(result) == nodes
-    inv, state = result[NODE]
+    seen = result[NODE]
+    assert not isinstance(seen, ObserveError)
+    inv, state = seen
     assert [str(g.address) for g in inv.gpus] == ["0000:08:00.0"]
     assert sorted(state.vgpu_devices) == [
         object_name(NODE, "0000:08:00.4"),
@@ -570,9 +673,12 @@ def test_many_nodes_cost_one_list_per_kind() -> None:
     ]
     assert state.profiles_elsewhere == frozenset({"NVIDIA A2-8Q"})
     assert state.vmi_resources == {"default/a": ("nvidia.com/NVIDIA_A2-4Q",)}
-    other_inv, other_state = result[OTHER]
+    other = result[OTHER]
+    assert not isinstance(other, ObserveError)
+    other_inv, other_state = other
     assert other_state.profiles_elsewhere == frozenset({"NVIDIA A2-4Q"})
     assert other_state.vmi_resources == {}
     assert len(other_inv.gpus) == 1
-    empty_inv, empty_state = result["harvester-empty"]
-    assert (empty_inv.gpus, dict(empty_state.vgpu_devices)) == ((), {})
+    # A node vgpuctl never reconciled: no summary, so nothing to plan from.
+    empty = result["harvester-empty"]
+    assert isinstance(empty, ObserveError) and "has no VGPUNodeState" in empty.message

@@ -16,6 +16,7 @@ from reconciler.catalog import default_catalog
 from reconciler.model import (
     VGPU,
     ActionKind,
+    CrCreate,
     CrDelete,
     CrUpdate,
     DesiredGpu,
@@ -31,6 +32,7 @@ from reconciler.model import (
     VGPUType,
 )
 from reconciler.model.cluster import ClusterState, DeviceUse, KubeObject, KubeVirtConfig
+from reconciler.model.nodestate import stamped
 from reconciler.model.plan_json import action_to_json, plan_from_json, plan_to_json
 from reconciler.plan import plan_node
 from reconciler.plan.cluster import KUBEVIRT_MISSING
@@ -100,12 +102,30 @@ def _synced(desired: DesiredNode, inventory: Inventory, **kwargs: Any) -> Cluste
         replace(o, resource_version=str(100 + i))
         for i, o in enumerate(render_objects(NODE, desired, inventory))
     ]
-    return ClusterState(
+    state = ClusterState(
         NODE,
         sriov_gpu_devices={o.name: o for o in objects if o.kind == "SRIOVGPUDevice"},
         vgpu_devices={o.name: o for o in objects if o.kind == "VGPUDevice"},
         **kwargs,
     )
+    return with_node_state(state, desired, inventory)
+
+
+def with_node_state(
+    state: ClusterState, desired: DesiredNode, inventory: Inventory
+) -> ClusterState:
+    """``state`` with the VGPUNodeState an earlier run left (as the planner writes it, times
+    stamped): the tests here are about the other objects; tests/unit/test_node_state.py
+    judges the node state itself."""
+    plan = plan_node(desired, inventory, catalog=CATALOG, cluster=state)
+    (write,) = [a for a in plan.actions if a.target == NODE]
+    assert isinstance(write, CrCreate | CrUpdate)
+    stored = replace(
+        write.object,
+        status=stamped(write.object.status, "2026-11-30T10:00:00Z"),
+        resource_version="99",
+    )
+    return replace(state, node_state=stored)
 
 
 SEED = {0: "NVIDIA A2-4A", 1: "NVIDIA A2-4Q"}
@@ -218,7 +238,10 @@ def test_a_complete_allow_list_is_a_noop_and_a_missing_kubevirt_cr_a_note() -> N
         cluster=_synced(_desired(SEED), inventory, kubevirt=complete),
     )
     assert plan.actions == () and plan.drift == ()
-    assert plan.noops[-1].target == "kubevirt/kubevirt/kubevirt"
+    assert [n.reason for n in plan.noops[-2:]] == [
+        "allow-list has every configured profile (NVIDIA A2-4A, NVIDIA A2-4Q)",
+        "VGPUNodeState up to date",
+    ]
     missing = plan_node(
         _desired(SEED),
         inventory,
@@ -255,11 +278,13 @@ def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_delet
     )
     for adopt in (False, True):
         plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster, adopt=adopt)
+        # The node's VGPUNodeState records the change; the only Harvester object written is ours.
         assert [(a.kind, a.target, a.reason) for a in plan.actions] == [
-            (ActionKind.CR_DELETE, "n1-00000a000", "GPU 0000:0a:00.0 is not in the desired state")
+            (ActionKind.CR_UPDATE, NODE, "VGPUNodeState for node n1: status differs from the host"),
+            (ActionKind.CR_DELETE, "n1-00000a000", "GPU 0000:0a:00.0 is not in the desired state"),
         ]
-        assert plan.actions[0] == CrDelete(
-            seq=1,
+        assert plan.actions[1] == CrDelete(
+            seq=2,
             target="n1-00000a000",
             reason="GPU 0000:0a:00.0 is not in the desired state",
             object_kind="SRIOVGPUDevice",
@@ -310,12 +335,14 @@ def test_summary_counts_cluster_actions_by_kind() -> None:
         ActionKind.CR_CREATE,
         ActionKind.CR_UPDATE,
         ActionKind.CR_UPDATE,
+        ActionKind.CR_UPDATE,  # the node's VGPUNodeState, last of its kind: records the change
         ActionKind.CR_DELETE,
         ActionKind.KUBEVIRT_UPDATE,
     ]
-    assert [a.seq for a in plan.actions] == [1, 2, 3, 4, 5]
+    assert plan.actions[3].target == NODE
+    assert [a.seq for a in plan.actions] == [1, 2, 3, 4, 5, 6]
     s = plan.summary
-    assert (s.create, s.change, s.remove, s.blocked) == (1, 3, 1, 0)
+    assert (s.create, s.change, s.remove, s.blocked) == (1, 4, 1, 0)
     (drift,) = plan.drift
     assert drift.target == "n1-000008004"
     assert [c.to_json() for c in drift.changes] == [
@@ -323,6 +350,7 @@ def test_summary_counts_cluster_actions_by_kind() -> None:
     ]
     assert [a.drift for a in plan.actions if isinstance(a, CrUpdate)] == [
         True,
+        False,
         False,
     ]
 
@@ -365,11 +393,11 @@ def _drop(path: tuple[Any, ...]) -> Callable[[dict[str, Any]], None]:
         pytest.param(_drop(("actions", 1, "resourceVersion")), id="update rv"),
         pytest.param(_set(("actions", 1, "drift"), "yes"), id="drift flag"),
         pytest.param(_set(("actions", 1, "changes", 0, "op"), "x"), id="change field"),
-        pytest.param(_drop(("actions", 3, "resourceVersion")), id="delete rv"),
-        pytest.param(_set(("actions", 3, "objectKind"), "Pod"), id="delete kind"),
-        pytest.param(_set(("actions", 4, "target"), "kubevirt"), id="kubevirt target"),
+        pytest.param(_drop(("actions", 4, "resourceVersion")), id="delete rv"),
+        pytest.param(_set(("actions", 4, "objectKind"), "Pod"), id="delete kind"),
+        pytest.param(_set(("actions", 5, "target"), "kubevirt"), id="kubevirt target"),
         pytest.param(
-            _set(("actions", 4, "add", 0, "externalResourceProvider"), False),
+            _set(("actions", 5, "add", 0, "externalResourceProvider"), False),
             id="external provider",
         ),
         pytest.param(_set(("drift", 0, "changes"), []), id="drift without changes"),
@@ -418,10 +446,11 @@ def test_cluster_planning_of_a_256_vf_node() -> None:
     assert sum(len(g.vfs) for g in inventory.gpus) == 256
     in_sync = plan_node(node, inventory, catalog=CATALOG, cluster=cluster)
     assert in_sync.actions == ()
-    # One vGPU fewer per GPU: every empty VF of every GPU can create again, 216 status updates.
+    # One vGPU fewer per GPU: every empty VF of every GPU can create again, 216 status updates,
+    # and the node's VGPUNodeState.
     fewer = replace(
         node,
         gpus=tuple(replace(g, profiles={"NVIDIA L40S-8Q": 5}) for g in node.gpus),
     )
     busy = plan_node(fewer, inventory, catalog=CATALOG, cluster=cluster)
-    assert busy.summary.change == 216
+    assert busy.summary.change == 217

@@ -233,7 +233,9 @@ def test_prediction_matches_the_simulated_host_after_apply(name: str, tmp_path: 
     before = observe_host(root, node=NODE, catalog=CATALOG, hold_probe=sim.hold_probe())
     plan = plan_node(node, before, catalog=CATALOG, cluster=ClusterState(NODE))
     host_actions = tuple(a for a in plan.actions if a.kind.is_host)
-    predicted_objects = [a.object.to_json() for a in plan.actions if isinstance(a, CrCreate)]
+    creates = [a.object for a in plan.actions if isinstance(a, CrCreate)]
+    predicted_objects = [o.to_json() for o in creates if o.kind != "VGPUNodeState"]
+    (node_state,) = [o for o in creates if o.kind == "VGPUNodeState"]
     driver = MdevDriver(
         sysfs_root=root,
         writer=ConfinedSysfsWriter(root, kernel=sim.writer()),
@@ -258,6 +260,13 @@ def test_prediction_matches_the_simulated_host_after_apply(name: str, tmp_path: 
         assert predicted == _without_type_ids(observed)
         assert predicted != observed
     assert predicted_inventory_renders_the_same(node, before, host_actions, _statuses_of(predicted))
+    # The node's VGPUNodeState lists the vGPUs the host has after the apply, UUIDs included.
+    assert [(v["vf"], v["profile"], v["uuid"]) for v in node_state.status["vgpus"]] == [
+        (str(vf.address), vf.vgpu.type_name, vf.vgpu.uuid)
+        for gpu in after.gpus
+        for vf in sorted(gpu.vfs, key=lambda v: v.index)
+        if vf.vgpu is not None
+    ]
 
 
 def _without_type_ids(
