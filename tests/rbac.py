@@ -2,7 +2,9 @@
 
 Bindings are followed the way the RBAC authorizer does: a ClusterRoleBinding grants its
 ClusterRole everywhere; a RoleBinding grants its Role (or a ClusterRole) in its own namespace
-only. Tests compare the requests recorded by the API-server emulator with these grants.
+only. A rule's ``resourceNames`` grant its verbs on those names alone: a request naming another
+object, or none (a list, a create), is not allowed by it. Tests compare the requests recorded by
+the API-server emulator with these grants.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Grant(NamedTuple):
     resource: str  # with "/status" for the subresource
     verb: str
     namespace: str | None  # None: every namespace (and cluster-scoped resources)
+    name: str | None = None  # None: any object (no resourceNames); else that object only
 
 
 def grants(path: Path = RBAC) -> set[Grant]:
@@ -46,21 +49,27 @@ def grants(path: Path = RBAC) -> set[Grant]:
 
 def _rules(rules: Iterable[dict[str, Any]], namespace: str | None) -> Iterable[Grant]:
     for rule in rules:
+        names: list[str | None] = list(rule.get("resourceNames") or [None])
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
-                    yield Grant(group, resource, verb, namespace)
+                    for name in names:
+                        yield Grant(group, resource, verb, namespace, name)
 
 
 def needed(request: Request) -> Grant:
-    """The grant a recorded request needs."""
+    """The grant a recorded request needs (naming the object when the request names one)."""
     resource = request.resource + (f"/{request.subresource}" if request.subresource else "")
-    return Grant(request.group, resource, request.verb, request.namespace)
+    return Grant(request.group, resource, request.verb, request.namespace, request.name)
 
 
 def allows(granted: set[Grant], request: Request) -> bool:
     want = needed(request)
-    return want in granted or want._replace(namespace=None) in granted
+    return any(
+        want._replace(namespace=namespace, name=name) in granted
+        for namespace in {want.namespace, None}
+        for name in {want.name, None}
+    )
 
 
 def unused(granted: set[Grant], requests: Iterable[Request]) -> set[Grant]:
@@ -72,6 +81,7 @@ def unused(granted: set[Grant], requests: Iterable[Request]) -> set[Grant]:
         if not any(
             (u.group, u.resource, u.verb) == (g.group, g.resource, g.verb)
             and (g.namespace is None or g.namespace == u.namespace)
+            and (g.name is None or g.name == u.name)
             for u in used
         )
     }

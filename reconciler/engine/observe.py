@@ -2,17 +2,27 @@
 and all that ``plan``, ``assert`` and the engine's re-plans under the lock and its verification
 need. A cluster that cannot be read raises here, before anything could act on the strength of
 what it did not say.
+
+With a cluster, the observation also says whether Harvester's pcidevices-controller is running
+(``observe/harvester.py``): the engine refuses to act while it is, or may be, and the plan says
+so in its notes (first of them), so ``plan`` shows what ``apply`` would do. Without a cluster
+nothing can tell: a host-local run is what the operator asked for, as for every other cluster
+fact (docs/domain.md §6a).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from reconciler.engine.ports import NodePorts
 from reconciler.model import DesiredNode, Inventory, Plan
 from reconciler.model.cluster import ClusterState
+
+if TYPE_CHECKING:
+    from reconciler.observe.harvester import ControllerPresence
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +35,8 @@ class Planned:
     #: The kubelet's vGPU allocations (device ID → pods) read just before the observation: an
     #: allocation found at the moment of acting that is not here was made since.
     allocations: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
+    #: Whether Harvester's pcidevices-controller runs (None: no cluster, so nothing can tell).
+    controller: ControllerPresence | None = None
 
 
 def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = False) -> Planned:
@@ -35,10 +47,22 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
     allocations = ports.allocations()
     inventory = ports.observe_host()
     cluster = ports.observe_cluster()
+    controller = None
+    if ports.cluster_api is not None:
+        from reconciler.observe.harvester import observe_pcidevices_controller
+
+        controller = observe_pcidevices_controller(ports.cluster_api)
     planned_from = inventory
     if cluster is None:
         uses = ports.kubelet_uses()
         if uses is not None:
             planned_from = mark_cluster_uses(inventory, uses)
     plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
-    return Planned(inventory, cluster, plan, MappingProxyType(dict(allocations)))
+    if controller is not None and controller.refuses:
+        plan = replace(plan, notes=(refusal_note(controller), *plan.notes))
+    return Planned(inventory, cluster, plan, MappingProxyType(dict(allocations)), controller)
+
+
+def refusal_note(controller: ControllerPresence) -> str:
+    """The plan's note when apply and watch would refuse to act."""
+    return f"vgpuctl apply and watch refuse to act on this node: {controller.reason}"

@@ -30,9 +30,12 @@ cluster phase → device plugins → verify.
   then, as their own named outcomes (:attr:`Verification.refreshed`). Anything else left is
   "not converged".
 
-A cluster that cannot be read stops the run before any host action. Failures of actions are
-outcomes in the result; refusals (a broken promise, a mandate violated, the lock held) raise.
-The engine never prints and never exits.
+A cluster that cannot be read stops the run before any host action. So does one where
+Harvester's pcidevices-controller runs, or might (``observe/harvester.py``): every plan the run
+acts on is checked first, and the run refused with ``ForeignControllerError`` before the lock,
+a host write or a cluster write, even when there is nothing to do (the refusal is the news).
+Failures of actions are outcomes in the result; refusals (another controller, a broken promise,
+a mandate violated, the lock held) raise. The engine never prints and never exits.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from reconciler.model import (
     ActionKind,
     CrUpdate,
     DesiredNode,
+    ForeignControllerError,
     Inventory,
     ObserveError,
     PciAddress,
@@ -230,6 +234,8 @@ def reconcile(
         # Perhaps a process holding the lock is changing the host right now (VFs vanishing
         # mid-scan): look again under the lock, which says so if it is held.
         first = None
+    if first is not None:
+        refuse_if_another_controller(first)
     run = _Run(ports, desired, settings, plugins, on_outcome, started)
     if first is not None and not first.plan.actions and expected is None:
         return run.nothing_to_do(first)
@@ -254,6 +260,16 @@ def carry_out(
     and the observation ``planned`` carries."""
     run = _Run(ports, desired, settings or RunSettings(), plugins, on_outcome, time.monotonic())
     return run.act(planned)
+
+
+def refuse_if_another_controller(planned: Planned) -> None:
+    """Raise ``ForeignControllerError`` when Harvester's pcidevices-controller runs, or the
+    cluster would not say whether it does (see ``observe/harvester.py``)."""
+    controller = planned.controller
+    if controller is not None and controller.refuses:
+        raise ForeignControllerError(
+            f"refusing to change node {planned.plan.node}: {controller.reason}"
+        )
 
 
 def removed_vgpus(outcomes: Sequence[Outcome]) -> frozenset[str]:
@@ -282,6 +298,7 @@ class _Run:
         self, expected: Expected | None, review: Callable[[Planned], bool] | None
     ) -> Reconciled:
         planned = observe_and_plan(self.ports, self.desired, adopt=self.settings.adopt)
+        refuse_if_another_controller(planned)
         if expected is not None:
             expected.check(planned.plan, adopt=self.settings.adopt)
         if review is not None and not review(planned):
@@ -295,6 +312,7 @@ class _Run:
         return Reconciled(planned, ran=False, seconds=self._seconds(), plugins=told)
 
     def act(self, planned: Planned) -> Reconciled:
+        refuse_if_another_controller(planned)
         ports, plan = self.ports, planned.plan
         managed = frozenset(g.address for g in self.desired.gpus)
         host_actions = tuple(a for a in plan.actions if a.kind.is_host)

@@ -99,6 +99,13 @@ class ApplyError(ReconcilerError):
     """An action failed on the host."""
 
 
+class ForeignControllerError(ReconcilerError):
+    """Another controller manages this node's vGPUs (Harvester's pcidevices-controller), or
+    may: node-local apply and watch refuse to change the host or the cluster. Not transient:
+    the same cluster refuses the same way until the controller is disabled (or the reads that
+    would tell are granted)."""
+
+
 class TransientError(ReconcilerError):
     """Worth retrying with a delay (busy device, timeout, conflict)."""
 

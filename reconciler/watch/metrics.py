@@ -25,6 +25,7 @@ ERROR_KINDS = (
     "cluster",
     "not_converged",
     "deviceplugin",
+    "refused",
     "internal",
 )
 #: ``vgpuctl_drift_detected_total{source}``.
@@ -65,7 +66,8 @@ class WatchMetrics:
         self.errors = Counter(
             "vgpuctl_errors_total",
             "Errors by kind: validation (desired state invalid), observe, plan, apply, lock "
-            "(another apply held the node lock), cluster, not_converged, deviceplugin, internal.",
+            "(another apply held the node lock), cluster, not_converged, deviceplugin, refused "
+            "(Harvester's pcidevices-controller runs, or may: nothing was changed), internal.",
             ["kind"],
             registry=r,
         )

@@ -9,7 +9,8 @@ nothing to do never takes the lock.
 Around the run it keeps the books:
 
 - logs: the plan before it runs, each action's outcome, then the result (converged, blocked
-  with the changes a VM holds up, or failed with the retry the scheduler set);
+  with the changes a VM holds up, or failed with the retry the scheduler set; a refusal to act
+  while Harvester's pcidevices-controller runs is a failure of kind ``refused``);
 - metrics: reconciles by result, actions applied, errors by kind, the duration, the converged
   and blocked gauges, the last success;
 - the probes (``health.py``): busy while it runs, a beat at each action, settled or failed;
@@ -37,6 +38,7 @@ from reconciler.model import (
     ApplyError,
     ClusterError,
     DesiredNode,
+    ForeignControllerError,
     Inventory,
     LockHeldError,
     ObserveError,
@@ -104,6 +106,10 @@ class ReconcileRunner:
             self._failed("lock", exc.message, exc, started, triggers, level=logging.WARNING)
         except _Failed as exc:
             self._failed(exc.kind, exc.message, exc, started, triggers)
+        except ForeignControllerError as exc:
+            # Harvester's pcidevices-controller runs (or may): nothing was changed. Permanent:
+            # tried again when an input changes or at the resync (an Addon disabled).
+            self._failed("refused", exc.message, exc, started, triggers)
         except PlanError as exc:
             self._failed("plan", "; ".join(exc.lines()), exc, started, triggers)
         except ObserveError as exc:

@@ -334,6 +334,18 @@ def _core_resources() -> list[Resource]:
         core("pods", "Pod", True, True, _POD_FIELDS),
         core("events", "Event", True, False, _EVENT_FIELDS),
         core("configmaps", "ConfigMap", True, False),
+        # Built in everywhere (no CRD): what vgpuctl reads to tell whether Harvester's
+        # pcidevices-controller runs (reconciler/observe/harvester.py).
+        Resource("apps", "v1", "daemonsets", "DaemonSet", True, True, frozenset(_COMMON_FIELDS)),
+        Resource(
+            _ADMISSION,
+            "v1",
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+            False,
+            False,
+            frozenset(_COMMON_FIELDS),
+        ),
         Resource(
             _ADMISSION,
             "v1",

@@ -33,8 +33,8 @@ IMAGE = "ghcr.io/vgpuctl/vgpuctl:0.1.0"
 DESIRED_CONFIGMAP = "vgpuctl-desired-state"
 
 # The requests vgpuctl makes, as RBAC sees them: (apiGroup, resource, verb, namespace; None for
-# everywhere). The RBAC recording tests check them against the requests recorded by the
-# API-server emulator in a full life cycle.
+# everywhere; and the object's name where the rule names it). The RBAC recording tests check
+# them against the requests recorded by the API-server emulator in a full life cycle.
 EXPECTED_GRANTS = {
     *(
         Grant("devices.harvesterhci.io", resource, verb, None)
@@ -54,6 +54,16 @@ EXPECTED_GRANTS = {
     Grant("kubevirt.io", "kubevirts", "list", None),
     Grant("kubevirt.io", "kubevirts", "patch", None),
     Grant("kubevirt.io", "virtualmachineinstances", "list", None),
+    # Whether Harvester's pcidevices-controller runs: one get each, by name, wherever.
+    Grant("harvesterhci.io", "addons", "get", None, "pcidevices-controller"),
+    Grant("apps", "daemonsets", "get", None, "harvester-pcidevices-controller"),
+    Grant(
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        "get",
+        None,
+        "pcidevices-validator",
+    ),
     Grant("", "events", "create", "default"),
 }
 # Verbs a node agent may ever hold; escalate, bind, impersonate and deletecollection are never
@@ -448,6 +458,32 @@ def test_events_are_allowed_where_the_recorder_writes_them() -> None:
     from reconciler.kube import EVENT_NAMESPACE
 
     assert _one("Role", "vgpuctl-events")["metadata"]["namespace"] == EVENT_NAMESPACE
+
+
+def test_the_reads_of_harvesters_controller_are_gets_of_the_names_the_code_reads() -> None:
+    """Only ``get`` (``list`` cannot be limited by name), only of the objects
+    ``observe/harvester.py`` reads, and from the ClusterRole: no Role in ``harvester-system``,
+    a namespace a cluster without Harvester does not have."""
+    from reconciler.observe.harvester import READS
+
+    read = {(r.group, r.plural, r.name) for r in READS}
+    assert len(read) == 3
+    rules = [
+        rule
+        for rule in _rules()
+        if any((g, res) in {(r[0], r[1]) for r in read} for g in rule["apiGroups"]
+               for res in rule["resources"])
+    ]  # fmt: skip
+    assert rules
+    for rule in rules:
+        assert rule["verbs"] == ["get"], rule
+        assert rule.get("resourceNames"), rule
+    granted = {(g.group, g.resource, g.name) for g in grants(DEPLOY / "rbac.yaml")}
+    assert read <= granted
+    assert not [
+        d for p in DEPLOY.glob("*.yaml") for d in _docs(p)
+        if (d.get("metadata") or {}).get("namespace") == "harvester-system"
+    ]  # fmt: skip
 
 
 # --- the admission policy ----------------------------------------------------------------------
