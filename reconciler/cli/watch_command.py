@@ -132,24 +132,24 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
     from prometheus_client import disable_created_metrics
 
     from reconciler.observe.checkpoint import checkpoint_file
+    from reconciler.watch.clusterwatch import ClusterWatch
     from reconciler.watch.endpoint import OperationsEndpoint
     from reconciler.watch.follow import DesiredStateWatch
     from reconciler.watch.loop import WatchLoop, WatchSettings
     from reconciler.watch.metrics import CONTENT_TYPE, WatchMetrics
-    from reconciler.watch.signature import HostSignature, cluster_signature
+    from reconciler.watch.signature import HostSignature
     from reconciler.watch.source import DesiredSource
 
     host = Host(options)
     source = DesiredSource.at(Path(ns.path))
-    cluster = None
+    follower: ClusterWatch | None = None
     api = host.cluster_api  # connects (a bad kubeconfig is an error at start, not a retry)
     if api is not None:
-        cluster = partial(
-            cluster_signature,
-            api,
-            node=options.node,
-            kubevirt_namespace=options.kubevirt_namespace,
+        # List once, then watch: rescans compare what the watches keep, with no request.
+        follower = ClusterWatch(
+            api, node=options.node, kubevirt_namespace=options.kubevirt_namespace
         )
+        follower.start(wait=api_timeout(api))
     # Who holds a vGPU matters to a converged node only through the CR status that mirrors
     # it; without a cluster the /proc scan is left to the full observation.
     probe = host.hold_probe() if host.has_cluster else None
@@ -185,7 +185,7 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
             catalog=host.catalog,
             ports=partial(host.ports, command_timeout=ns.timeout, write_timeout=ns.write_timeout),
             host_signature=signature.compute,
-            cluster_signature=cluster,
+            cluster_signature=None if follower is None else follower.signature,
             plugins=plugins,
             metrics=metrics,
             settings=settings,
@@ -212,11 +212,19 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
         return _run_until_signalled(loop)
     finally:
         files.close()
+        if follower is not None:
+            follower.stop()
         if endpoint is not None:
             endpoint.close()
         if plugins is not None:
             plugins.close()
         _log().info("stopped")
+
+
+def api_timeout(api: object) -> float:
+    """How long a request to the cluster may take (the adapter's timeout; 10 s otherwise)."""
+    timeout = getattr(api, "timeout", None)
+    return float(timeout) if isinstance(timeout, int | float) else 10.0
 
 
 def _device_plugins(

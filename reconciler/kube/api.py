@@ -13,7 +13,9 @@ and node-local commands must not pay for loading the client.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -24,13 +26,109 @@ from reconciler.kube.errors import (
     is_object_not_found,
     server_message,
 )
-from reconciler.model import ClusterError, ConflictError
+from reconciler.model import ClusterError, ConflictError, ExpiredError
+from reconciler.model.clusterapi import ObjectList, WatchEvent, WatchStream
 
 T = TypeVar("T")
 
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
+#: Items per page of a list (client-go's pager default).
+PAGE = 500
+#: The most items one list may hold before vgpuctl stops reading (a 1,000-node fleet of 8
+#: GPUs × 32 VFs has 256,000 VGPUDevices).
+MAX_ITEMS = 1_000_000
 #: RFC 6902 JSON patch, as the API server names it.
 JSON_PATCH = "application/json-patch+json"
+
+
+def _collection_path(req: Request) -> str:
+    """``/api/v1/...`` (core) or ``/apis/<group>/<version>/...``: a collection's URL."""
+    if req.group:
+        path = f"/apis/{quote(req.group, safe='')}/{quote(req.version, safe='')}"
+    else:
+        path = f"/api/{quote(req.version, safe='')}"
+    if req.namespace is not None:
+        path += f"/namespaces/{quote(req.namespace, safe='')}"
+    return path + f"/{quote(req.plural, safe='')}"
+
+
+def _items(page: Mapping[str, Any], req: Request, server: str) -> list[dict[str, Any]]:
+    items = page.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise ClusterError(f"{server} answered list {req.resource} without a list")
+    return [item for item in items if isinstance(item, dict)]
+
+
+class _Watch:
+    """The events of one watch response, one JSON object per line; ``ERROR`` events raise
+    (410 Gone: :class:`ExpiredError`). :meth:`close` from another thread ends the stream."""
+
+    def __init__(self, response: Any, req: Request, api: KubernetesApi) -> None:
+        self._response = response
+        self._req = req
+        self._api = api
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        buffer = b""
+        try:
+            for chunk in self._api.call_quietly(self._req, self._chunks):
+                buffer += chunk
+                if len(buffer) > _MAX_EVENT:
+                    raise ClusterError(
+                        f"watch {self._req.resource}: an event of more than {_MAX_EVENT} bytes"
+                    )
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield self._event(line)
+            if buffer.strip():
+                yield self._event(buffer)
+        finally:
+            self.close()
+
+    def _chunks(self) -> Iterator[bytes]:
+        raw = getattr(self._response, "response", self._response)  # the urllib3 response
+        yield from raw.stream(amt=65536, decode_content=True)
+
+    def _event(self, line: bytes) -> WatchEvent:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            raise ClusterError(
+                f"{self._api.server} sent a watch event of {self._req.resource} that is not JSON"
+            ) from None
+        kind = doc.get("type") if isinstance(doc, dict) else None
+        obj = doc.get("object") if isinstance(doc, dict) else None
+        if not isinstance(kind, str) or not isinstance(obj, dict):
+            raise ClusterError(
+                f"{self._api.server} sent a malformed watch event of {self._req.resource}"
+            )
+        if kind == "ERROR":
+            code = int(obj.get("code") or 0)
+            raise from_api_exception(
+                code, str(obj.get("reason") or ""), json.dumps(obj), request=self._req,
+                server=self._api.server,
+            )  # fmt: skip
+        return WatchEvent(kind, obj)
+
+    def close(self) -> None:
+        raw = getattr(self._response, "response", self._response)
+        with contextlib.suppress(Exception):
+            raw.shutdown()  # unblocks a read in another thread (urllib3 >= 2.3)
+        _release(self._response)
+
+
+def _release(response: Any) -> None:
+    """Give a response's connection back (or drop it), whatever state it is in."""
+    raw = getattr(response, "response", response)
+    with contextlib.suppress(Exception):
+        raw.release_conn()
+
+
+#: The largest watch event read (a VGPUNodeState of a 64-GPU node is well below).
+_MAX_EVENT = 16 << 20
 
 
 class _ObjectGone(Exception):
@@ -78,42 +176,140 @@ class KubernetesApi:
         label_selector: str = "",
         field_selector: str = "",
     ) -> list[dict[str, Any]]:
+        """Every item, read in pages (:meth:`list_collection`)."""
         req = Request("list", group, version, plural, namespace)
-        if not group:
-            query = [("labelSelector", label_selector), ("fieldSelector", field_selector)]
-            result = self._call(req, lambda: self._core("GET", req, query=query))
-        elif namespace is None:
-            # One URL for cluster-scoped resources and for namespaced ones across namespaces.
-            result = self._call(
-                req,
-                lambda: self._objects().list_cluster_custom_object(
-                    group,
-                    version,
-                    plural,
-                    label_selector=label_selector or None,
-                    field_selector=field_selector or None,
-                    _request_timeout=self._timeout,
-                ),
+        return self._paged(req, label_selector, field_selector).items
+
+    def list_collection(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+    ) -> ObjectList:
+        """Every item and the list's resourceVersion, read in pages of :data:`PAGE` (``limit``
+        and ``continue``: every page of one list is the collection at one version), each
+        page's body decoded as plain JSON (never the client's typed models). A list whose
+        version expired between two pages (410) is read again from the start, once; a
+        collection of more than :data:`MAX_ITEMS` items is refused (work is bounded)."""
+        req = Request("list", group, version, plural, namespace)
+        return self._paged(req, label_selector, "")
+
+    def _paged(self, req: Request, label_selector: str, field_selector: str) -> ObjectList:
+        for attempt in (1, 2):
+            items: list[dict[str, Any]] = []
+            token = ""
+            while True:
+                try:
+                    page = self._page(req, label_selector, field_selector, token)
+                except ExpiredError:
+                    if attempt == 2 or not token:
+                        raise
+                    break  # the list's version was compacted: read it again from the start
+                items.extend(item for item in _items(page, req, self.server))
+                if len(items) > MAX_ITEMS:
+                    raise ClusterError(
+                        f"list {req.resource}: more than {MAX_ITEMS} items; refusing to read on"
+                    )
+                meta = page.get("metadata")
+                meta = meta if isinstance(meta, dict) else {}
+                token = str(meta.get("continue") or "")
+                if not token:
+                    return ObjectList(items, str(meta.get("resourceVersion") or ""))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def watch_objects(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+    ) -> WatchStream:
+        """A watch from ``resource_version`` with bookmarks; the server ends it after
+        ``timeout_seconds`` (the client gives up reading 30 s later than that)."""
+        req = Request("watch", group, version, plural, namespace)
+        query = [
+            ("watch", "1"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(int(timeout_seconds))),
+            ("labelSelector", label_selector),
+        ]
+        params = self._client.param_serialize(
+            method="GET",
+            resource_path=_collection_path(req),
+            query_params=[(k, v) for k, v in query if v],
+            header_params=dict(_JSON_HEADERS),
+            auth_settings=["BearerToken"],
+        )
+        read_timeout = (self._timeout, float(timeout_seconds) + 30.0)
+        response = self._call(
+            req, lambda: self._client.call_api(*params, _request_timeout=read_timeout)
+        )
+        status = int(getattr(response, "status", 0) or 0)
+        if not 200 <= status < 300:
+            data = response.read()
+            _release(response)
+            raise from_api_exception(
+                status,
+                str(getattr(response, "reason", "")),
+                data.decode("utf-8", "replace") if isinstance(data, bytes) else None,
+                request=req,
+                server=self.server,
             )
-        else:
-            result = self._call(
-                req,
-                lambda: self._objects().list_namespaced_custom_object(
-                    group,
-                    version,
-                    namespace,
-                    plural,
-                    label_selector=label_selector or None,
-                    field_selector=field_selector or None,
-                    _request_timeout=self._timeout,
-                ),
-            )
-        items = result.get("items") if isinstance(result, dict) else None
-        if items is None:
-            return []
-        if not isinstance(items, list):
-            raise ClusterError(f"{self.server} answered list {req.resource} without a list")
-        return [dict(item) for item in items if isinstance(item, dict)]
+        return _Watch(response, req, self)
+
+    def _page(
+        self, req: Request, label_selector: str, field_selector: str, token: str
+    ) -> dict[str, Any]:
+        """One page of a list, as the server's JSON."""
+        query = [
+            ("labelSelector", label_selector),
+            ("fieldSelector", field_selector),
+            ("limit", str(PAGE)),
+            ("continue", token),
+        ]
+        path = _collection_path(req)
+        return self._call(req, lambda: self._get_json(path, query))
+
+    def _get_json(self, path: str, query: list[tuple[str, str]]) -> dict[str, Any]:
+        """GET ``path`` and decode the body as JSON ourselves (``_preload_content=False``)."""
+        params = self._client.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=[(k, v) for k, v in query if v] or None,
+            header_params=dict(_JSON_HEADERS),
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(*params, _request_timeout=self._timeout)
+        try:
+            data = response.read()
+            status = int(response.status)
+            if not 200 <= status < 300:
+                from kubernetes.client.exceptions import ApiException
+
+                raise ApiException(
+                    status=status,
+                    reason=str(getattr(response, "reason", "")),
+                    body=data.decode("utf-8", "replace") if isinstance(data, bytes) else None,
+                )
+        finally:
+            _release(response)
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise ClusterError(
+                f"{self.server} answered GET {path} with a body that is not JSON"
+            ) from None
+        if not isinstance(doc, dict):
+            raise ClusterError(f"{self.server} answered GET {path} with a body that is no object")
+        return doc
 
     def get_object(
         self, *, group: str, version: str, plural: str, name: str, namespace: str | None = None
@@ -393,6 +589,18 @@ class KubernetesApi:
         except ConfigException as e:
             # Credentials are refreshed lazily (exec plugins, token files) on a request.
             raise ClusterError(f"cannot authenticate to {self.server}: {e}") from None
+
+    def call_quietly(self, req: Request, chunks: Callable[[], Iterator[bytes]]) -> Iterator[bytes]:
+        """The chunks of a streamed answer, a connection lost midway translated as every
+        other failure is (:class:`~reconciler.model.ClusterUnavailableError`)."""
+        import urllib3
+
+        try:
+            yield from chunks()
+        except urllib3.exceptions.HTTPError as e:
+            raise from_transport_error(e, server=self.server, timeout=self._timeout) from None
+        except (OSError, ValueError) as e:  # a socket shut down by close(), or torn
+            raise ClusterError(f"watch {req.resource} ended: {e}") from None
 
     def _body(self, req: Request, answer: object) -> dict[str, Any]:
         if not isinstance(answer, dict):

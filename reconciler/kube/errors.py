@@ -20,6 +20,7 @@ from reconciler.model import (
     ClusterError,
     ClusterUnavailableError,
     ConflictError,
+    ExpiredError,
     ForbiddenError,
     ReconcilerError,
     ResourceMissingError,
@@ -149,6 +150,8 @@ def from_api_exception(
             f"the API server does not serve {request.plural}.{request.group or 'core'}"
             f"/{request.version}" + (f": {hint}" if hint else f" ({said})")
         )
+    if status == 410:
+        return ExpiredError(f"{request.verb} {request.object}: 410 Gone: {said}")
     if status == 409:
         return ConflictError(f"{request.object} changed since it was read (409 Conflict): {said}")
     if status == 422 and request.verb == "patch" and is_patch_not_applied(body):

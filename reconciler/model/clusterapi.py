@@ -11,8 +11,40 @@ A missing object on ``get_object`` is ``None``, not an error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectList:
+    """A whole collection and the resourceVersion it was read at (a watch resumes there)."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    resource_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One event of a watch: ``ADDED``, ``MODIFIED``, ``DELETED`` with the object, or
+    ``BOOKMARK`` (only ``metadata.resourceVersion`` is meaningful: where to resume)."""
+
+    type: str
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        meta = self.object.get("metadata")
+        return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
+
+
+class WatchStream(Protocol):
+    """The events of one watch request, until the server ends it (its timeout) or
+    :meth:`close` is called from any thread. A 410 Gone raises ``ExpiredError``."""
+
+    def __iter__(self) -> Iterator[WatchEvent]: ...
+
+    def close(self) -> None: ...
 
 
 class ClusterApi(Protocol):
@@ -28,6 +60,33 @@ class ClusterApi(Protocol):
     ) -> list[dict[str, Any]]:
         """Items of a collection (all namespaces when ``namespace`` is None for a namespaced
         resource). ``group`` "" means the core API (``/api/v1``)."""
+        ...
+
+    def list_collection(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+    ) -> ObjectList:
+        """:meth:`list_objects` with the resourceVersion the list was read at."""
+        ...
+
+    def watch_objects(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+    ) -> WatchStream:
+        """Watch a collection from ``resource_version`` (bookmarks asked for), for at most
+        ``timeout_seconds``."""
         ...
 
     def get_object(

@@ -138,3 +138,8 @@ class ForbiddenError(ClusterError):
 
 class ResourceMissingError(ClusterError):
     """A resource type is not served (e.g. the CRDs are not installed)."""
+
+
+class ExpiredError(ClusterError):
+    """410 Gone: a list's continue token or a watch's resourceVersion is older than the server
+    keeps (compacted): read the collection again from the start."""

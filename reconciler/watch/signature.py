@@ -13,29 +13,18 @@ changes when anything the planner cares about changes:
   asked only when a cluster mirrors holders into CR status);
 - the status (inode, size, mtime) of extra files, such as the kubelet's checkpoint.
 
-:func:`cluster_signature` is the cluster's counterpart: the resourceVersions of this node's
-SRIOVGPUDevice/VGPUDevice objects and of the KubeVirt CR, from three list calls.
+The cluster's counterpart is :class:`~reconciler.watch.clusterwatch.ClusterWatch`: what its
+watches keep in memory, with no request per rescan.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from reconciler.model import ReconcilerError, ResourceMissingError
-from reconciler.model.cluster import (
-    GROUP,
-    KUBEVIRT_GROUP,
-    KUBEVIRT_PLURAL,
-    KUBEVIRT_VERSION,
-    NODE_LABEL,
-    SRIOV_GPU_PLURAL,
-    VERSION,
-    VGPU_PLURAL,
-)
-from reconciler.model.clusterapi import ClusterApi
+from reconciler.model import ReconcilerError
 from reconciler.observe import HoldProbe, SysfsTree
 from reconciler.observe.holds import DeviceNodes
 from reconciler.observe.interfaces import device_nodes
@@ -133,41 +122,3 @@ class HostSignature:
             found = tuple((str(pf.address), pf.path) for pf in find_vgpu_pfs(tree))
             self._pfs_of = (pci, found)
         return self._pfs_of[1]
-
-
-def cluster_signature(api: ClusterApi, *, node: str, kubevirt_namespace: str | None = None) -> str:
-    """The resourceVersions of this node's objects and of the KubeVirt CR.
-
-    Any write (ours, a hand edit, a deletion, a label taken off) changes a resourceVersion or
-    the set of names. Raises the port's ``ClusterError`` subclasses; KubeVirt not being
-    installed is a state, not an error.
-    """
-    digest = _Digest()
-    for plural in (SRIOV_GPU_PLURAL, VGPU_PLURAL):
-        items = api.list_objects(
-            group=GROUP, version=VERSION, plural=plural, label_selector=f"{NODE_LABEL}={node}"
-        )
-        digest.add(plural, *_versions(items))
-    try:
-        kubevirts = api.list_objects(
-            group=KUBEVIRT_GROUP,
-            version=KUBEVIRT_VERSION,
-            plural=KUBEVIRT_PLURAL,
-            namespace=kubevirt_namespace,
-        )
-    except ResourceMissingError:
-        digest.add(KUBEVIRT_PLURAL, "not served")
-    else:
-        digest.add(KUBEVIRT_PLURAL, *_versions(kubevirts))
-    return digest.hexdigest()
-
-
-def _versions(items: Iterable[dict[str, object]]) -> list[str]:
-    out = []
-    for item in items:
-        meta = item.get("metadata")
-        if isinstance(meta, dict):
-            out.append(
-                f"{meta.get('namespace', '')}/{meta.get('name')}@{meta.get('resourceVersion')}"
-            )
-    return sorted(out)

@@ -27,14 +27,18 @@ Test hooks: every request is recorded as RBAC sees it (``requests``; JSON patch 
 an RBAC model per user), failed (``fail_next``), the server stopped and restarted on the same
 port (an outage), and a hook can interleave a concurrent change before each write (409 races).
 
-Not emulated: finalizers and graceful deletion, strategic-merge patches (415), paging (``limit``
-is ignored: allowed by the API), managedFields, mutating admission, dry runs, schema defaults,
-CEL validation rules and ``oneOf``/``anyOf`` (a CRD using a keyword ``structural.py`` does not
-model is refused when installed).
+Lists in pages (``limit`` and ``continue``, as etcd-backed API servers serve them: every page of
+one list at the first page's resourceVersion, ``remainingItemCount``, 410 Expired once that
+version is compacted).
+
+Not emulated: finalizers and graceful deletion, strategic-merge patches (415), managedFields,
+mutating admission, dry runs, schema defaults, CEL validation rules and ``oneOf``/``anyOf`` (a CRD
+using a keyword ``structural.py`` does not model is refused when installed).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import json
@@ -103,6 +107,32 @@ DEFAULT_TOKEN = "emulator-token"  # noqa: S105 (a test fixture's bearer token)
 PATCH_NOT_APPLIED = "the server rejected our request due to an error in our request"
 _ADMISSION = "admissionregistration.k8s.io"
 _MISSING_RESOURCE = "the server could not find the requested resource"
+#: The API server's answer to a continue token whose list version was compacted.
+_CONTINUE_EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. You can "
+    "start a new list without the continue parameter, or use the continue token in this "
+    "response to retrieve the remainder of the results. Continuing with the provided token "
+    "results in an inconsistent list - objects that were created, modified, or deleted between "
+    "the time the first chunk was returned and now may show up in the list."
+)
+#: A paged list's collection: (group, plural, resourceVersion, selection).
+_SnapshotKey = tuple[str, str, int, "_Selection"]
+#: How many paged lists the emulator keeps a snapshot of at once.
+_SNAPSHOTS = 64
+
+
+def _continue_token(rv: int, start: int) -> str:
+    """An opaque continue token (the API server's encodes a version and a key, base64)."""
+    doc = json.dumps({"rv": rv, "start": start}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(doc.encode()).decode()
+
+
+class Call(NamedTuple):
+    """One request as recorded with its sender and query string."""
+
+    request: Request
+    user: str
+    query: dict[str, str]
 
 
 class Request(NamedTuple):
@@ -414,6 +444,9 @@ class ApiServerEmulator:
     def __init__(self, *, user: str = DEFAULT_USER, history: int = 1000) -> None:
         self.user = user
         self.requests: list[Request] = []
+        #: Every request with who sent it and its query (label selectors, limits, versions):
+        #: what a recorded load is judged by.
+        self.calls: list[Call] = []
         #: The operations of every JSON patch received, with its request.
         self.patches: list[tuple[Request, list[JsonObject]]] = []
         self._users: dict[str, UserInfo] = {DEFAULT_TOKEN: UserInfo(user)}
@@ -425,6 +458,14 @@ class ApiServerEmulator:
         self._rv = 0
         self._history: deque[_Change] = deque(maxlen=history)
         self._floor = 0  # watches from a resourceVersion below this get 410 Gone
+        #: How often a watch that asked for bookmarks gets one while nothing else happens (the
+        #: API server's watch cache sends one about every minute).
+        self.bookmark_interval = 60.0
+        #: Paged lists in progress: the collection at a version, by (group, plural, version,
+        #: selection), so every page of one list is the same collection (bounded).
+        self._snapshots: dict[
+            tuple[str, str, int, _Selection], tuple[list[Any], dict[Any, Any]]
+        ] = {}
         self._denied: list[tuple[str, str, str, str | None]] = []
         self._failures: deque[int] = deque()
         self._before_write: Callable[[Request], None] | None = None
@@ -683,6 +724,7 @@ class ApiServerEmulator:
         request = self._request_of(method, target, query)
         with self._cond:
             self.requests.append(request)
+            self.calls.append(Call(request, user.username, dict(query)))
             failure = self._failures.popleft() if self._failures else None
             denied = any(self._matches_rule(rule, request) for rule in self._denied)
             authorizer = self._authorizer
@@ -714,7 +756,7 @@ class ApiServerEmulator:
             )
             if verb == "watch":
                 return self._watch(resource, selection, query)
-            return 200, self._list(resource, selection)
+            return 200, self._list(resource, selection, query)
         if verb == "get":
             return 200, self._get(resource, target)
         patch_type = content_type.split(";", maxsplit=1)[0].strip()
@@ -794,18 +836,58 @@ class ApiServerEmulator:
         with self._cond:
             return copy.deepcopy(self._existing(resource, target))
 
-    def _list(self, resource: Resource, selection: _Selection) -> JsonObject:
+    def _list(
+        self, resource: Resource, selection: _Selection, query: Mapping[str, str]
+    ) -> JsonObject:
+        """A list, in pages when ``limit`` is given, as the API server serves them from etcd:
+        every page of one list is the collection at the first page's resourceVersion (kept
+        here as a snapshot), ``metadata.continue`` carries that version and where the next page
+        starts, ``remainingItemCount`` says how many follow, and a token whose version was
+        compacted since (or is not one this server gave) is 410 Expired."""
+        limit_text = query.get("limit", "")
+        token = query.get("continue", "")
+        if limit_text and not limit_text.isdigit():
+            raise ApiError(400, f"invalid limit: {limit_text!r}")
+        limit = int(limit_text or 0)
         with self._cond:
-            bucket = self._bucket(resource)
-            items = [
-                copy.deepcopy(bucket[k]) for k in sorted(bucket) if selection.matches(bucket[k])
-            ]
+            if token:
+                rv, start = self._continue_from(token)
+                snapshot = self._snapshots.get((resource.group, resource.plural, rv, selection))
+                if snapshot is None or rv < self._floor:
+                    raise ApiError(410, _CONTINUE_EXPIRED, reason="Expired")
+                keys, objects = snapshot
+            else:
+                bucket = self._bucket(resource)
+                keys = [k for k in sorted(bucket) if selection.matches(bucket[k])]
+                objects = {k: copy.deepcopy(bucket[k]) for k in keys}
+                rv, start = self._rv, 0
+                if limit and len(keys) > limit:
+                    self._snapshots[(resource.group, resource.plural, rv, selection)] = (
+                        keys,
+                        objects,
+                    )
+                    while len(self._snapshots) > _SNAPSHOTS:
+                        del self._snapshots[next(iter(self._snapshots))]
+            end = start + limit if limit else len(keys)
+            items = [copy.deepcopy(objects[k]) for k in keys[start:end]]
+            metadata: JsonObject = {"resourceVersion": str(rv)}
+            if end < len(keys):
+                metadata["continue"] = _continue_token(rv, end)
+                metadata["remainingItemCount"] = len(keys) - end
             return {
                 "kind": f"{resource.kind}List",
                 "apiVersion": resource.api_version,
-                "metadata": {"resourceVersion": str(self._rv)},
+                "metadata": metadata,
                 "items": items,
             }
+
+    @staticmethod
+    def _continue_from(token: str) -> tuple[int, int]:
+        try:
+            doc = json.loads(base64.urlsafe_b64decode(token.encode()))
+            return int(doc["rv"]), int(doc["start"])
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(400, "continue key is not valid") from None
 
     def _create(
         self,
@@ -984,12 +1066,33 @@ class ApiServerEmulator:
             timeout = float(query.get("timeoutSeconds") or 1800)
         except ValueError:
             raise ApiError(400, "invalid timeoutSeconds") from None
-        return self._watch_events(resource, selection, since, time.monotonic() + timeout)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        return self._watch_events(
+            resource, selection, since, time.monotonic() + timeout, bookmarks=bookmarks
+        )
+
+    def _bookmark(self, resource: Resource, cursor: int) -> JsonObject:
+        """A BOOKMARK: where a watch is, with nothing else of an object."""
+        return {
+            "type": "BOOKMARK",
+            "object": {
+                "kind": resource.kind,
+                "apiVersion": resource.api_version,
+                "metadata": {"resourceVersion": str(cursor)},
+            },
+        }
 
     def _watch_events(
-        self, resource: Resource, selection: _Selection, since: str, deadline: float
+        self,
+        resource: Resource,
+        selection: _Selection,
+        since: str,
+        deadline: float,
+        *,
+        bookmarks: bool = False,
     ) -> Iterator[JsonObject]:
         store = (resource.group, resource.plural)
+        next_bookmark = time.monotonic() + self.bookmark_interval
         with self._cond:
             epoch = self._epoch
             if since in ("", "0"):
@@ -1014,14 +1117,26 @@ class ApiServerEmulator:
                         message = f"too old resource version: {cursor} ({self._floor + 1})"
                         expired = ApiError(410, message, reason="Expired")
                         break
-                    remaining = deadline - time.monotonic()
+                    now = time.monotonic()
+                    remaining = deadline - now
                     if remaining <= 0:
-                        return
+                        break
                     changes = [c for c in self._history if c.rv > cursor and c.store == store]
                     cursor = self._rv
                     pending = [e for c in changes if (e := self._event_for(c, selection))]
+                    if not pending and bookmarks and now >= next_bookmark:
+                        pending = [self._bookmark(resource, cursor)]
+                        next_bookmark = now + self.bookmark_interval
                     if not pending:
-                        self._cond.wait(remaining)
+                        wait = remaining
+                        if bookmarks:
+                            wait = min(wait, max(next_bookmark - now, 0.001))
+                        self._cond.wait(wait)
+            if not pending and expired is None:
+                # The watch timed out: a last bookmark says where it ended, as real servers do.
+                if bookmarks:
+                    yield self._bookmark(resource, cursor)
+                return
             if expired is not None:
                 # Tell the client, then end the stream, as real servers do
                 yield {"type": "ERROR", "object": expired.status()}

@@ -805,3 +805,58 @@ def test_seed_keeps_status_and_replaces_existing(emulator: ApiServerEmulator) ->
     assert [o["spec"] for o in emulator.objects(*CR)] == [{"enabled": True}]
     emulator.delete_object(*CR, "a")
     assert emulator.objects(*CR) == []
+
+
+# --- lists in pages ----------------------------------------------------------------------------
+
+
+def test_a_list_in_pages_is_one_collection_at_the_first_pages_version(
+    custom: Any, emulator: ApiServerEmulator
+) -> None:
+    for i in range(5):
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, vgpu(f"n1-{i}"))
+    first = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=2)
+    assert [o["metadata"]["name"] for o in first["items"]] == ["n1-0", "n1-1"]
+    assert first["metadata"]["remainingItemCount"] == 3
+    version = first["metadata"]["resourceVersion"]
+    # Writes between pages do not show: the pages are the collection at the first version.
+    custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "n1-3")
+    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, vgpu("n1-9"))
+    token = first["metadata"]["continue"]
+    second = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=2, _continue=token)
+    assert [o["metadata"]["name"] for o in second["items"]] == ["n1-2", "n1-3"]
+    assert second["metadata"]["resourceVersion"] == version
+    token = second["metadata"]["continue"]
+    last = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=2, _continue=token)
+    assert [o["metadata"]["name"] for o in last["items"]] == ["n1-4"]
+    assert "continue" not in last["metadata"] and "remainingItemCount" not in last["metadata"]
+    # Each page is a list request, as RBAC sees it.
+    assert [r.verb for r in emulator.requests if r.resource == PLURAL][-2:] == ["list"] * 2
+
+
+def test_a_continue_token_of_a_compacted_version_is_410_expired(
+    custom: Any, emulator: ApiServerEmulator
+) -> None:
+    for i in range(3):
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, vgpu(f"n1-{i}"))
+    first = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=1)
+    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, vgpu("n1-8"))
+    emulator.compact()
+    error = api_error(
+        custom.list_cluster_custom_object,
+        GROUP,
+        VERSION,
+        PLURAL,
+        limit=1,
+        _continue=first["metadata"]["continue"],
+    )
+    assert (error.status, status_of(error)["reason"]) == (410, "Expired")
+    assert "continue parameter is too old" in status_of(error)["message"]
+
+
+def test_a_list_without_a_limit_or_with_a_large_one_is_one_page(custom: Any) -> None:
+    for i in range(3):
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, vgpu(f"n1-{i}"))
+    for kwargs in ({}, {"limit": 3}, {"limit": 500}):
+        page = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
+        assert len(page["items"]) == 3 and "continue" not in page["metadata"]

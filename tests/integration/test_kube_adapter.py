@@ -514,3 +514,76 @@ def test_observe_without_kubevirt_and_with_rbac_denied(tmp_path: Path) -> None:
         emu.deny("list", GROUP, "vgpudevices")
         with pytest.raises(ForbiddenError, match=r"^RBAC denies list on vgpudevices"):
             observe_cluster(api, node=NODE)
+
+
+# -- lists in pages -------------------------------------------------------------------------------
+
+
+def _many(emu: ApiServerEmulator, n: int) -> None:
+    for i in range(n):
+        emu.seed(
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": VGPU_KIND,
+                "metadata": {"name": f"n{i:03d}-000008004", "labels": {NODE_LABEL: f"n{i:03d}"}},
+                "spec": {"address": VF, "enabled": False, "nodeName": f"n{i:03d}"},
+            }
+        )
+
+
+def test_a_list_is_read_in_pages(
+    api: KubernetesApi, emu: ApiServerEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reconciler.kube.api as kube_api
+
+    monkeypatch.setattr(kube_api, "PAGE", 4)
+    _many(emu, 10)
+    emu.requests.clear()
+    items = api.list_objects(**VGPUS)
+    assert [o["metadata"]["name"] for o in items] == [f"n{i:03d}-000008004" for i in range(10)]
+    # 10 items, 4 a page: three list requests.
+    assert [r.verb for r in emu.requests] == ["list"] * 3
+
+
+def test_a_list_whose_version_expired_between_pages_is_read_again(
+    api: KubernetesApi, emu: ApiServerEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reconciler.kube.api as kube_api
+
+    monkeypatch.setattr(kube_api, "PAGE", 4)
+    _many(emu, 10)
+    compacted = []
+
+    original = emu.handle
+
+    def compact_after_the_first_page(*args: Any, **kwargs: Any) -> Any:
+        answer = original(*args, **kwargs)
+        if not compacted:
+            compacted.append(True)
+            # A write, then compaction: the first page's version is gone before the second
+            # page is asked for.
+            emu.seed({**emu.objects(*VGPUS.values())[0], "spec": {"address": VF, "enabled": True}})
+            emu.compact()
+        return answer
+
+    monkeypatch.setattr(emu, "handle", compact_after_the_first_page)
+    emu.requests.clear()
+    items = api.list_objects(**VGPUS)
+    assert len(items) == 10
+    # The first page, the 410, then the whole list again: 1 + 1 + 3.
+    assert [r.verb for r in emu.requests] == ["list"] * 5
+
+
+def test_a_list_past_the_bound_is_refused(
+    api: KubernetesApi, emu: ApiServerEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reconciler.kube.api as kube_api
+
+    monkeypatch.setattr(kube_api, "PAGE", 2)
+    monkeypatch.setattr(kube_api, "MAX_ITEMS", 5)
+    _many(emu, 10)
+    with pytest.raises(ClusterError) as err:
+        api.list_objects(**VGPUS)
+    assert err.value.message == (
+        "list vgpudevices.devices.harvesterhci.io: more than 5 items; refusing to read on"
+    )

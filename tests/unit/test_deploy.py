@@ -39,7 +39,7 @@ EXPECTED_GRANTS = {
     *(
         Grant("devices.harvesterhci.io", resource, verb, None)
         for resource in ("sriovgpudevices", "vgpudevices")
-        for verb in ("get", "list", "create", "update", "delete")
+        for verb in ("get", "list", "watch", "create", "update", "delete")
     ),
     Grant("devices.harvesterhci.io", "sriovgpudevices/status", "update", None),
     Grant("devices.harvesterhci.io", "vgpudevices/status", "update", None),
@@ -47,11 +47,12 @@ EXPECTED_GRANTS = {
     # the operator's to clean up).
     *(
         Grant("vgpu.reconciler.dev", "vgpunodestates", verb, None)
-        for verb in ("get", "list", "create", "update")
+        for verb in ("get", "list", "watch", "create", "update")
     ),
     Grant("vgpu.reconciler.dev", "vgpunodestates/status", "update", None),
     Grant("kubevirt.io", "kubevirts", "get", None),
     Grant("kubevirt.io", "kubevirts", "list", None),
+    Grant("kubevirt.io", "kubevirts", "watch", None),
     Grant("kubevirt.io", "kubevirts", "patch", None),
     Grant("kubevirt.io", "virtualmachineinstances", "list", None),
     # Whether Harvester's pcidevices-controller runs: one get each, by name, wherever.

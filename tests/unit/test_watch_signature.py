@@ -10,16 +10,12 @@ from __future__ import annotations
 import os
 import uuid as uuidlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from reconciler.model import ClusterUnavailableError, ResourceMissingError
-from reconciler.model.cluster import GROUP, KUBEVIRT_PLURAL, NODE_LABEL, VERSION
 from reconciler.sim import SimHost, build_host, hold, reboot, release
 from reconciler.watch import signature as signature_module
-from reconciler.watch.signature import HostSignature, cluster_signature
-from tests.doubles.cluster import FakeCluster
+from reconciler.watch.signature import HostSignature
 
 SEED_SPEC = {
     "gpus": [
@@ -128,79 +124,3 @@ def test_an_unreadable_tree_gives_a_fingerprint_of_the_error(tmp_path: Path) -> 
     assert first == signature.compute()  # stable while the error is the same
     (tmp_path / "missing" / "bus" / "pci" / "devices").mkdir(parents=True)
     assert signature.compute() != first
-
-
-# -- the cluster -----------------------------------------------------------------------------
-
-
-def fake_cluster() -> FakeCluster:
-    """Node n1's objects of our two kinds and the KubeVirt CR."""
-    api = FakeCluster(read_only=True)  # the signature must only read
-    api.seed("sriovgpudevices", [_obj("n1-000008000", "10")])
-    api.seed("vgpudevices", [_obj("n1-000008004", "11"), _obj("n1-000008005", "12")])
-    api.seed(KUBEVIRT_PLURAL, [_obj("kubevirt", "13", namespace="harvester-system")])
-    return api
-
-
-def _obj(name: str, version: str, namespace: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "resourceVersion": version}
-    if namespace:
-        meta["namespace"] = namespace
-    else:
-        meta["labels"] = {NODE_LABEL: "n1"}
-    return {"metadata": meta, "spec": {"x": 1}}
-
-
-def _sig(api: FakeCluster, **kw: Any) -> str:
-    return cluster_signature(api, node="n1", **kw)  # type: ignore[arg-type]
-
-
-def test_cluster_fingerprint_lists_our_objects_of_this_node_only() -> None:
-    api = fake_cluster()
-    _sig(api, kubevirt_namespace="harvester-system")
-    ours = [c for c in api.lists if c.group == GROUP]
-    assert {c.plural for c in ours} == {"sriovgpudevices", "vgpudevices"}
-    assert all(c.version == VERSION and c.label_selector == "nodename=n1" for c in ours)
-    (kubevirt,) = (c for c in api.lists if c.plural == KUBEVIRT_PLURAL)
-    assert kubevirt.namespace == "harvester-system"
-    assert len(api.calls) == 3
-
-
-@pytest.mark.parametrize(
-    "edit",
-    [
-        lambda api: api.objects("vgpudevices")[0]["metadata"].update(resourceVersion="99"),
-        lambda api: api.store.pop(("vgpudevices", None, "n1-000008005")),
-        lambda api: api.seed("sriovgpudevices", [_obj("n1-000041000", "5")]),
-        lambda api: api.objects(KUBEVIRT_PLURAL)[0]["metadata"].update(resourceVersion="14"),
-    ],
-    ids=["hand-edit", "deleted", "added", "kubevirt-edited"],
-)
-def test_any_write_changes_the_cluster_fingerprint(edit: Any) -> None:
-    api = fake_cluster()
-    before = _sig(api)
-    edit(api)
-    assert _sig(api) != before
-
-
-def test_list_order_does_not_matter() -> None:
-    api = fake_cluster()
-    before = _sig(api)
-    api.store = dict(reversed(api.store.items()))
-    assert _sig(api) == before
-
-
-def test_kubevirt_not_installed_is_a_state_not_an_error() -> None:
-    api = fake_cluster()
-    with_kubevirt = _sig(api)
-    api.fail[KUBEVIRT_PLURAL] = ResourceMissingError("kubevirts not served")
-    without = _sig(api)
-    assert without != with_kubevirt
-    assert _sig(api) == without
-
-
-def test_an_unreachable_server_raises() -> None:
-    api = fake_cluster()
-    api.fail["vgpudevices"] = ClusterUnavailableError("connection refused")
-    with pytest.raises(ClusterUnavailableError):
-        _sig(api)
