@@ -78,7 +78,7 @@ def l40s_spec() -> dict[str, Any]:
     }
 
 
-def _l40s_desired_yaml() -> str:
+def l40s_desired_yaml() -> str:
     lines = [
         "apiVersion: vgpu.reconciler.dev/v1alpha1",
         "kind: VGPUDesiredState",
@@ -109,7 +109,7 @@ def bench_node(tmp: Path) -> dict[str, Any]:
     sim = build_host(host_dir, l40s_spec())
     build_s = time.perf_counter() - t0
     desired_file = tmp / "l40s.yaml"
-    desired_file.write_text(_l40s_desired_yaml())
+    desired_file.write_text(l40s_desired_yaml())
     catalog = default_catalog()
     desired = load_desired([desired_file], catalog=catalog)
     node = desired.node(NODE)
@@ -309,7 +309,7 @@ def bench_fleet(tmp: Path, nodes: int, *, repeat: int = 3) -> dict[str, Any]:
     inv_file = tmp / "fleet-inventory.json"
     inv_file.write_text(json.dumps(inv.to_json()))
     desired = tmp / "fleet.yaml"
-    text = _l40s_desired_yaml()
+    text = l40s_desired_yaml()
     # The last two GPUs switch to 8 GB A-series vGPUs: removals and creations on those.
     head, _, tail = text.rpartition("profiles: {NVIDIA L40S-8Q: 6}")
     head2, _, mid = head.rpartition("profiles: {NVIDIA L40S-8Q: 6}")
@@ -442,20 +442,34 @@ def bench_writes(tmp: Path) -> dict[str, Any]:
     }
 
 
+def bench_cluster_fleet(tmp: Path) -> dict[str, Any]:
+    from tests.bench.cluster_fleet import bench_cluster_fleet as bench
+
+    return bench(tmp)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, help="also write the JSON results here")
     parser.add_argument("--fleet-nodes", type=int, default=1000)
     parser.add_argument(
-        "--only", choices=("node", "fleet", "writes"), help="run one of the measurements"
+        "--only",
+        choices=("node", "fleet", "writes", "cluster"),
+        help="run one of the measurements",
     )
     args = parser.parse_args()
     benches: dict[str, Callable[[Path], dict[str, Any]]] = {
         "node_8xL40S": bench_node,
         "fleet_plan": lambda tmp: bench_fleet(tmp, args.fleet_nodes),
         "one_vf_change_writes": bench_writes,
+        "cluster_fleet_plan": bench_cluster_fleet,
     }
-    chosen = {"node": "node_8xL40S", "fleet": "fleet_plan", "writes": "one_vf_change_writes"}
+    chosen = {
+        "node": "node_8xL40S",
+        "fleet": "fleet_plan",
+        "writes": "one_vf_change_writes",
+        "cluster": "cluster_fleet_plan",
+    }
     with tempfile.TemporaryDirectory(prefix="vgpuctl-bench-") as d:
         tmp = Path(d)
         results: dict[str, Any] = {
@@ -496,6 +510,20 @@ def summary(results: dict[str, Any]) -> str:
             f"peak RSS {fleet['peak_rss_mib']} MiB (target <= {fleet['target_peak_rss_mib']}), "
             f"tracemalloc peak {fleet['tracemalloc_peak_mib']} MiB"
         )
+    if (cluster := results.get("cluster_fleet_plan")) is not None:
+        for key in ("nodes_100", "nodes_1000"):
+            if (size := cluster.get(key)) is not None:
+                lines.append(
+                    f"plan --observed cluster, {size['nodes']} nodes x 256 VFs "
+                    f"({size['objects']} objects) against the emulator: "
+                    f"{min(size['plan_s'])} s (runs {size['plan_s']}; target <= "
+                    f"{cluster['target_plan_s']} s at 1,000), peak RSS {size['peak_rss_mib']} MiB"
+                )
+        if "time_ratio" in cluster:
+            lines.append(
+                f"cluster plan time 1,000 / 100 nodes: {cluster['time_ratio']} "
+                f"(linear: {cluster['node_ratio']})"
+            )
     return "\n".join(lines)
 
 

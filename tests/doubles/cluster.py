@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from reconciler.model.cluster import GROUP
+from reconciler.model.clusterapi import ObjectList, WatchStream
 from reconciler.model.errors import (
     ClusterError,
     ClusterUnavailableError,
@@ -179,6 +180,39 @@ class FakeCluster:
                 continue
             out.append(json.loads(json.dumps(obj)))
         return out
+
+    def list_collection(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+    ) -> ObjectList:
+        items = self.list_objects(
+            group=group,
+            version=version,
+            plural=plural,
+            namespace=namespace,
+            label_selector=label_selector,
+        )
+        return ObjectList(items, str(self.rv))
+
+    def watch_objects(
+        self,
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+    ) -> WatchStream:
+        """Not modelled in memory: watches are the API-server emulator's (over HTTP)."""
+        self._enter("watch", plural, None)
+        raise ClusterError("FakeCluster does not serve watches: use the API-server emulator")
 
     def get_object(
         self, *, group: str, version: str, plural: str, name: str, namespace: str | None = None

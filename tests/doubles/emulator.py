@@ -859,7 +859,9 @@ class ApiServerEmulator:
             else:
                 bucket = self._bucket(resource)
                 keys = [k for k in sorted(bucket) if selection.matches(bucket[k])]
-                objects = {k: copy.deepcopy(bucket[k]) for k in keys}
+                # Stored objects are never changed in place (a write stores a new one, as the
+                # watch history relies on too): the snapshot keeps them, not copies.
+                objects = {k: bucket[k] for k in keys}
                 rv, start = self._rv, 0
                 if limit and len(keys) > limit:
                     self._snapshots[(resource.group, resource.plural, rv, selection)] = (
@@ -869,7 +871,8 @@ class ApiServerEmulator:
                     while len(self._snapshots) > _SNAPSHOTS:
                         del self._snapshots[next(iter(self._snapshots))]
             end = start + limit if limit else len(keys)
-            items = [copy.deepcopy(objects[k]) for k in keys[start:end]]
+            # Encoded as JSON at once by the HTTP layer; a caller in process must not change them.
+            items = [objects[k] for k in keys[start:end]]
             metadata: JsonObject = {"resourceVersion": str(rv)}
             if end < len(keys):
                 metadata["continue"] = _continue_token(rv, end)

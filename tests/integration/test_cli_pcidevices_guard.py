@@ -107,7 +107,7 @@ def test_apply_refuses_with_one_line_and_changes_nothing(
     assert res.stdout == ""
     assert res.stderr == f"error: {RUNNING} ({SIGNALS[signal]}): {ADVICE}\n"
     assert host_files(node) == before
-    assert {r.verb for r in emu.requests} <= {"get", "list"}
+    assert {r.verb for r in emu.requests} <= {"get", "list", "watch"}  # reads only
     assert not emu.objects(*SRIOV) and not emu.objects(*VGPUS)
 
 
@@ -280,7 +280,7 @@ def test_watch_refuses_each_reconcile_reports_it_and_goes_on_once_it_is_gone(
     desired.write_text(seed_text("NVIDIA A2-4C"))
     wait_for(lambda: watch.metric("vgpuctl_errors_total", kind="refused") == 2, "the 2nd refusal")
     assert host_files(node) == before
-    assert {r.verb for r in emu.requests} <= {"get", "list"}
+    assert {r.verb for r in emu.requests} <= {"get", "list", "watch"}  # reads only
     assert watch.proc.poll() is None
 
     # The controller gone (its webhook configuration deleted), the next reconcile acts.
