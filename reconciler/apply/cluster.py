@@ -396,6 +396,10 @@ class _Writer:
                     conflicts
                 )
             ops, summary = change
+            if action.remove:
+                # A profile leaves the allow-list only as decided from this version of the CR
+                # (issue 12): any write to it since, and the patch fails and is re-planned.
+                ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": read}, *ops]
             try:
                 self.api.patch_object(
                     group=KUBEVIRT_GROUP,

@@ -230,7 +230,7 @@ def add_adopt_option(p: argparse.ArgumentParser) -> None:
 def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     """Plan every node of the desired state from the CR statuses in the cluster (CI)."""
     from reconciler.observe import observe_nodes_from_cluster
-    from reconciler.plan.fleet import FleetMember, plan_fleet
+    from reconciler.plan.fleet import FleetMember, collector_batch, plan_fleet
 
     api = host.cluster_api
     if api is None:
@@ -239,19 +239,22 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
         raise UsageError("--out saves a plan for one node's apply; not with --observed cluster")
     desired = load(ns.file, host)
     names = sorted(desired.nodes)
-    observed = observe_nodes_from_cluster(
-        api, names, kubevirt_namespace=host.options.kubevirt_namespace
-    )
-    unread = {n: o for n, o in observed.items() if isinstance(o, ReconcilerError)}
-    fleet = plan_fleet(
-        (
-            FleetMember(desired.nodes[name], *seen)
-            for name in names
-            if not isinstance(seen := observed[name], ReconcilerError)
-        ),
-        catalog=host.catalog,
-        adopt=ns.adopt,
-    )
+    # A fleet's objects are read and planned in one batch: the young generation is collected
+    # rarely meanwhile (nothing of it is garbage until the plans are made).
+    with collector_batch():
+        observed = observe_nodes_from_cluster(
+            api, names, kubevirt_namespace=host.options.kubevirt_namespace
+        )
+        unread = {n: o for n, o in observed.items() if isinstance(o, ReconcilerError)}
+        fleet = plan_fleet(
+            (
+                FleetMember(desired.nodes[name], *seen)
+                for name in names
+                if not isinstance(seen := observed[name], ReconcilerError)
+            ),
+            catalog=host.catalog,
+            adopt=ns.adopt,
+        )
     plans = fleet.plans
     failures = {n: e for n in names if (e := unread.get(n) or fleet.failures.get(n)) is not None}
     changed = [p for p in plans if p.has_changes]

@@ -93,9 +93,11 @@ class _Watch:
         yield from raw.stream(amt=65536, decode_content=True)
 
     def _event(self, line: bytes) -> WatchEvent:
+        import orjson
+
         try:
-            doc = json.loads(line)
-        except ValueError:
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError:
             raise ClusterError(
                 f"{self._api.server} sent a watch event of {self._req.resource} that is not JSON"
             ) from None
@@ -301,9 +303,11 @@ class KubernetesApi:
                 )
         finally:
             _release(response)
+        import orjson
+
         try:
-            doc = json.loads(data)
-        except ValueError:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
             raise ClusterError(
                 f"{self.server} answered GET {path} with a body that is not JSON"
             ) from None

@@ -81,8 +81,17 @@ KUBEVIRT_OWNED_ANNOTATION = "vgpu.reconciler.dev/mediated-devices"
 RETAINED_METADATA = ("finalizers", "ownerReferences")
 
 
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_MAPPING_FIELDS = ("labels", "annotations", "spec", "status", "retained")
+
+
 def _frozen(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return MappingProxyType(dict(m or {}))
+    """A read-only copy of ``m``; a read-only view is kept as it is (who made it gave up the
+    mapping behind it: :meth:`KubeObject.from_json`, the renderers), so no mapping of a
+    fleet's objects is copied twice."""
+    if type(m) is MappingProxyType:
+        return m
+    return MappingProxyType(dict(m)) if m else _EMPTY
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +110,10 @@ class KubeObject:
     retained: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
-        for name in ("labels", "annotations", "spec", "status", "retained"):
-            object.__setattr__(self, name, _frozen(getattr(self, name)))
+        for name in _MAPPING_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not MappingProxyType:  # a read-only view is kept (_frozen)
+                object.__setattr__(self, name, _frozen(value))
 
     @property
     def managed_by_us(self) -> bool:
@@ -135,17 +146,24 @@ class KubeObject:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> KubeObject:
+        """The object of an API body. Its top-level mappings are copied once (``raw`` stays
+        the caller's); values below them are shared with ``raw``."""
         meta = raw.get("metadata") or {}
         return cls(
             kind=str(raw.get("kind", "")),
             name=str(meta.get("name", "")),
-            labels=dict(meta.get("labels") or {}),
-            annotations=dict(meta.get("annotations") or {}),
-            spec=dict(raw.get("spec") or {}),
-            status=dict(raw.get("status") or {}),
+            labels=_owned(meta.get("labels")),
+            annotations=_owned(meta.get("annotations")),
+            spec=_owned(raw.get("spec")),
+            status=_owned(raw.get("status")),
             resource_version=str(meta.get("resourceVersion", "")),
-            retained={k: meta[k] for k in RETAINED_METADATA if meta.get(k)},
+            retained=_owned({k: meta[k] for k in RETAINED_METADATA if meta.get(k)}),
         )
+
+
+def _owned(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A read-only copy made here, which :func:`_frozen` keeps as it is."""
+    return MappingProxyType(dict(m)) if m else _EMPTY
 
 
 def harvester_view(obj: KubeObject) -> KubeObject:
@@ -170,8 +188,8 @@ def harvester_view(obj: KubeObject) -> KubeObject:
         name=obj.name,
         labels=obj.labels,
         annotations=obj.annotations,
-        spec=spec,
-        status=status,
+        spec=MappingProxyType(spec),
+        status=MappingProxyType(status),
         resource_version=obj.resource_version,
         retained=obj.retained,
     )

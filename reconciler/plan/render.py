@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from reconciler.model import DesiredGpu, DesiredNode, Gpu, Inventory, PciAddress, Vf
@@ -86,18 +87,22 @@ def _gpu_objects(
     status: dict[str, Any] = {}
     if vf_addresses:
         status = {"vfAddresses": vf_addresses, "vGPUDevices": vf_names}
+    # Fresh mappings handed over as read-only views: KubeObject keeps them without a copy (a
+    # fleet renders a quarter of a million of these).
     objects = [
         KubeObject(
             kind=SRIOV_GPU_KIND,
             name=pf_name,
-            labels={NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
-            annotations={LAST_APPLIED_ANNOTATION: canonical_json(spec)},
-            spec=spec,
-            status=status,
+            labels=MappingProxyType({NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY}),
+            annotations=MappingProxyType({LAST_APPLIED_ANNOTATION: canonical_json(spec)}),
+            spec=MappingProxyType(spec),
+            status=MappingProxyType(status),
         )
     ]
     type_ids = {t.name: t.type_id for t in gpu.types}
-    labels = {NODE_LABEL: node, PARENT_LABEL: pf_name, MANAGED_BY_LABEL: MANAGED_BY}
+    labels = MappingProxyType(
+        {NODE_LABEL: node, PARENT_LABEL: pf_name, MANAGED_BY_LABEL: MANAGED_BY}
+    )
     available: dict[frozenset[str], dict[str, str]] = {}  # VFs of a GPU mostly offer the same
     for vf, address, name in zip(vfs, vf_addresses, vf_names, strict=True):
         profile = profiles.get(vf.index)
@@ -116,9 +121,9 @@ def _gpu_objects(
                 kind=VGPU_KIND,
                 name=name,
                 labels=labels,
-                annotations={LAST_APPLIED_ANNOTATION: canonical_json(vf_spec)},
-                spec=vf_spec,
-                status=_vf_status(vf, dict(offered)),
+                annotations=MappingProxyType({LAST_APPLIED_ANNOTATION: canonical_json(vf_spec)}),
+                spec=MappingProxyType(vf_spec),
+                status=MappingProxyType(_vf_status(vf, offered)),
             )
         )
     return objects

@@ -142,7 +142,7 @@ def bench_cluster_fleet(tmp: Path, sizes: Sequence[int] = (100, 1000)) -> dict[s
 # The plan in a process of its own: its wall and CPU time, and its peak RSS (the emulator's
 # memory is this harness's, not the plan's).
 _CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, sys.argv[1])
 t0, c0 = time.perf_counter(), time.process_time()
 from reconciler.cli.main import main
@@ -151,7 +151,10 @@ try:
 except SystemExit as e:
     code = e.code
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, the peak RSS of this program: ru_maxrss would count the harness's memory too, as
+# the fork it was before exec had it.
+with open("/proc/self/status") as status:
+    peak = next(int(l.split()[1]) for l in status if l.startswith("VmHWM:")) / 1024
 sys.stdout.flush()
 print(json.dumps({"returncode": code, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                   "peak_rss_mib": round(peak, 1)}), file=sys.stderr)

@@ -115,6 +115,16 @@ _CONTINUE_EXPIRED = (
     "results in an inconsistent list - objects that were created, modified, or deleted between "
     "the time the first chunk was returned and now may show up in the list."
 )
+#: How many encoded objects the emulator keeps at most.
+_ENCODINGS = 2_000_000
+
+
+class _Page(dict[str, Any]):
+    """A page of a list, with its JSON already made of the objects' cached encodings."""
+
+    encoded: bytes = b""
+
+
 #: A paged list's collection: (group, plural, resourceVersion, selection).
 _SnapshotKey = tuple[str, str, int, "_Selection"]
 #: How many paged lists the emulator keeps a snapshot of at once.
@@ -461,6 +471,8 @@ class ApiServerEmulator:
         #: How often a watch that asked for bookmarks gets one while nothing else happens (the
         #: API server's watch cache sends one about every minute).
         self.bookmark_interval = 60.0
+        #: Stored objects as JSON, by identity (:meth:`_encoded`).
+        self._encodings: dict[int, tuple[JsonObject, bytes]] = {}
         #: Paged lists in progress: the collection at a version, by (group, plural, version,
         #: selection), so every page of one list is the same collection (bounded).
         self._snapshots: dict[
@@ -877,12 +889,30 @@ class ApiServerEmulator:
             if end < len(keys):
                 metadata["continue"] = _continue_token(rv, end)
                 metadata["remainingItemCount"] = len(keys) - end
-            return {
-                "kind": f"{resource.kind}List",
-                "apiVersion": resource.api_version,
-                "metadata": metadata,
-                "items": items,
-            }
+            page = _Page(
+                kind=f"{resource.kind}List",
+                apiVersion=resource.api_version,
+                metadata=metadata,
+                items=items,
+            )
+            head = json.dumps({k: page[k] for k in ("kind", "apiVersion", "metadata")})
+            page.encoded = b'%s,"items":[%s]}' % (
+                head[:-1].encode(),
+                b",".join(self._encoded(o) for o in items),
+            )
+            return page
+
+    def _encoded(self, obj: JsonObject) -> bytes:
+        """``obj`` as JSON, encoded once: stored objects never change in place (callers hold
+        the lock). Bounded: the cache is emptied when it outgrows the store a few times."""
+        entry = self._encodings.get(id(obj))
+        if entry is not None and entry[0] is obj:
+            return entry[1]
+        if len(self._encodings) > _ENCODINGS:
+            self._encodings.clear()
+        data = json.dumps(obj).encode()
+        self._encodings[id(obj)] = (obj, data)
+        return data
 
     @staticmethod
     def _continue_from(token: str) -> tuple[int, int]:
@@ -1526,7 +1556,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(answer)
 
     def _send_json(self, code: int, payload: JsonObject) -> None:
-        data = json.dumps(payload).encode()
+        data = payload.encoded if isinstance(payload, _Page) else json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

@@ -533,11 +533,12 @@ def test_kubevirt_update_adds_and_removes_only_its_own_entries() -> None:
     )
     assert fake.calls == [("get", "kubevirts", None), ("patch", "kubevirts", None)]
     # A JSON patch naming only the entries and the annotation it changes, each guarded by a
-    # test of the value read.
+    # test of the value read; it removes an entry, so it is written with the CR's version.
     entries = "/spec/configuration/permittedHostDevices/mediatedDevices"
     annotation = "/metadata/annotations/vgpu.reconciler.dev~1mediated-devices"
     assert fake.patches == [
         [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
             {"op": "test", "path": f"{entries}/1", "value": entry("NVIDIA A2-8Q")},
             {"op": "test", "path": annotation, "value": "NVIDIA A2-8Q"},
             {"op": "remove", "path": f"{entries}/1"},
@@ -629,15 +630,10 @@ def test_kubevirt_gives_up_too() -> None:
     )
 
 
-def test_kubevirt_patch_leaves_a_concurrent_change_elsewhere_alone() -> None:
-    fake = FakeCluster()
-    theirs = entry("GRID T4-2Q")
-    planned = fake.put(
-        "kubevirts", kubevirt_cr([theirs, A2_4Q], "NVIDIA A2-4Q"), "harvester-system"
-    )
+def _someone_else_edits(fake: FakeCluster) -> None:
+    """Between our read and our (first) write: another field, and someone else's entry."""
 
-    def someone_else(verb: str, key: Key) -> None:
-        # Between our read and our write: another field, and someone else's entry.
+    def edit(verb: str, key: Key) -> None:
         fake.before_write = None
         edited = copy.deepcopy(fake.store[key])
         edited["spec"]["imageRegistry"] = "registry.example/kubevirt"
@@ -645,17 +641,55 @@ def test_kubevirt_patch_leaves_a_concurrent_change_elsewhere_alone() -> None:
         mediated[0]["resourceName"] = "nvidia.com/T4"
         fake.put("kubevirts", edited, "harvester-system")
 
-    fake.before_write = someone_else
+    fake.before_write = edit
+
+
+def test_kubevirt_add_leaves_a_concurrent_change_elsewhere_alone() -> None:
+    fake = FakeCluster()
+    theirs = entry("GRID T4-2Q")
+    planned = fake.put("kubevirts", kubevirt_cr([theirs], ""), "harvester-system")
+    _someone_else_edits(fake)
+    action = kubevirt_update(planned, add=["NVIDIA A2-4Q"], remove=[], owned=["NVIDIA A2-4Q"])
+    result = execute_cluster([action], api=fake)
+    assert result.ok
+    after = stored_kubevirt(fake)
+    assert after["spec"]["imageRegistry"] == "registry.example/kubevirt"
+    assert after["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
+        {**theirs, "resourceName": "nvidia.com/T4"},
+        A2_4Q,
+    ]
+    # An addition tests only what it touches: no conflict.
+    assert [c[0] for c in fake.calls] == ["get", "patch"]
+    assert not any(op["path"] == "/metadata/resourceVersion" for op in fake.patches[0])
+
+
+def test_kubevirt_removal_is_written_with_the_version_it_was_decided_from() -> None:
+    """A profile leaves the allow-list only as decided from the CR's version (issue 12): a
+    change anywhere in the CR since it was read fails the patch, which is re-planned from the
+    CR as it now is, and the other change is left alone."""
+    fake = FakeCluster()
+    theirs = entry("GRID T4-2Q")
+    planned = fake.put(
+        "kubevirts", kubevirt_cr([theirs, A2_4Q], "NVIDIA A2-4Q"), "harvester-system"
+    )
+    version = planned
+    _someone_else_edits(fake)
     action = kubevirt_update(planned, add=[], remove=["NVIDIA A2-4Q"], owned=[])
     result = execute_cluster([action], api=fake)
     assert result.ok
-    assert result.outcomes[0].message == "kubevirt/harvester-system/kubevirt: removed NVIDIA A2-4Q"
+    assert result.outcomes[0].message == (
+        "kubevirt/harvester-system/kubevirt: removed NVIDIA A2-4Q (after 1 conflict: re-read "
+        "and re-planned)"
+    )
     after = stored_kubevirt(fake)
     assert after["spec"]["imageRegistry"] == "registry.example/kubevirt"
     assert after["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
         {**theirs, "resourceName": "nvidia.com/T4"}
     ]
-    assert [c[0] for c in fake.calls] == ["get", "patch"]  # no conflict: nothing of ours moved
+    assert [c[0] for c in fake.calls] == ["get", "patch", "get", "patch"]
+    first, second = fake.patches
+    assert first[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": version}
+    assert second[0]["path"] == "/metadata/resourceVersion" and second[0]["value"] != version
 
 
 def test_kubevirt_patch_fails_cleanly_when_an_entry_it_removes_changed() -> None:
