@@ -425,11 +425,15 @@ def inventory_from_cluster(
             "holder": f.text(raw, "holder", where),
             "inUse": raw.get("inUse") is True,
         }
+    type_sets = f.items(status, "typeSets", "status")
     gpus = []
     for i, raw in enumerate(f.items(status, "gpus", "status")):
         where = f"status.gpus[{i}]"
         if not isinstance(raw, Mapping):
             raise f.fail(where, "is not an object")
+        index = raw.get("typeSet")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(type_sets):
+            raise f.fail(f"{where}.typeSet", f"is not an index of status.typeSets: {index!r}")
         vfs = []
         for j, text in enumerate(f.items(raw, "vfAddresses", where)):
             address = str(f.address(text, f"{where}.vfAddresses[{j}]"))
@@ -445,9 +449,8 @@ def inventory_from_cluster(
                     "inUse": bool(vgpu and vgpu["inUse"]),
                 }
             )
-        gpus.append(
-            {**{k: v for k, v in raw.items() if k not in ("managed", "vfAddresses")}, "vfs": vfs}
-        )
+        entry = {k: v for k, v in raw.items() if k not in _SUMMARY_ONLY}
+        gpus.append({**entry, "vgpuTypes": type_sets[index], "vfs": vfs})
     try:
         inventory = Inventory.from_json({"node": node, "sysfsRoot": "", "gpus": gpus})
     except (KeyError, TypeError, ValueError) as e:
@@ -458,6 +461,10 @@ def inventory_from_cluster(
         sysfs_root="",
         notes=(f"observed from the cluster ({NODE_STATE_KIND} {node}): the host was not read",),
     )
+
+
+#: Fields of a summary's GPU entry that are not the inventory's.
+_SUMMARY_ONLY = frozenset({"managed", "vfAddresses", "typeSet"})
 
 
 def _creatable(obj: KubeObject) -> frozenset[str]:

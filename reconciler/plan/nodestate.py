@@ -69,6 +69,28 @@ def render_node_state(
             if vf.vgpu.holder:
                 entry["holder"] = vf.vgpu.holder
             vgpus.append(entry)
+    # Each GPU's vGPU types by reference to a list of distinct type lists: a node's GPUs of one
+    # model list the same types (an 8×L40S node's summary shrinks from 48 KB to 12 KB), and
+    # every node reads every node's summary.
+    type_sets: list[list[dict[str, Any]]] = []
+    set_index: dict[str, int] = {}
+    gpu_entries = []
+    for g in gpus:
+        facts = gpu_facts_json(g)
+        types = facts.pop("vgpuTypes")
+        key = canonical_json(types)
+        index = set_index.get(key)
+        if index is None:
+            index = set_index[key] = len(type_sets)
+            type_sets.append(types)
+        gpu_entries.append(
+            {
+                **facts,
+                "managed": g.address in managed,
+                "vfAddresses": [str(v.address) for v in sorted(g.vfs, key=lambda v: v.index)],
+                "typeSet": index,
+            }
+        )
     status: dict[str, Any] = {
         "vgpuctlVersion": __version__,
         "desiredFingerprint": desired_fingerprint(desired),
@@ -80,14 +102,8 @@ def render_node_state(
             "inUse": sum(1 for v in vgpus if v["inUse"]),
             "blocked": len(blocked),
         },
-        "gpus": [
-            {
-                **gpu_facts_json(g),
-                "managed": g.address in managed,
-                "vfAddresses": [str(v.address) for v in sorted(g.vfs, key=lambda v: v.index)],
-            }
-            for g in gpus
-        ],
+        "gpus": gpu_entries,
+        "typeSets": type_sets,
         "vgpus": vgpus,
         "profiles": _profiles(predicted, assignments, vgpus),
         "conditions": _conditions(blocked, degraded, stored_status),

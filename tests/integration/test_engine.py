@@ -143,7 +143,8 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
         ("kubevirt-update", "kubevirt/harvester-system/kubevirt"),
     ]
     shown_status = cluster[-2]["object"]["status"]
-    assert {t["id"] for t in shown_status["gpus"][0]["vgpuTypes"]} == {""}
+    shown_types = shown_status["typeSets"][shown_status["gpus"][0]["typeSet"]]
+    assert {t["id"] for t in shown_types} == {""}
 
     at_refresh: list[dict[str, Any]] = []
 
@@ -185,7 +186,8 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
     assert first["gpus"] == shown_status["gpus"]
     final = emu.get_object(*NODE_STATES, NODE)
     assert final is not None
-    assert "" not in {t["id"] for t in final["status"]["gpus"][0]["vgpuTypes"]}
+    final_types = final["status"]["typeSets"][final["status"]["gpus"][0]["typeSet"]]
+    assert "" not in {t["id"] for t in final_types}
     assert "Wrote the status of 1 object again from the host as it now is" in applied.stderr
     assert "Converged" in applied.stdout
 

@@ -300,9 +300,10 @@ def _full_node_state() -> dict[str, Any]:
                     "managed": True,
                     "sriov": {"totalVFs": 16, "numVFs": 16, "vfOffset": 4, "vfStride": 1},
                     "vfAddresses": ["0000:08:00.4", "0000:08:00.5"],
-                    "vgpuTypes": [a2_4q],
+                    "typeSet": 0,
                 }
             ],
+            "typeSets": [[a2_4q]],
             "vgpus": [
                 {
                     "gpu": "0000:08:00.0",

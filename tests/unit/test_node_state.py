@@ -111,6 +111,10 @@ def test_the_summary_of_the_seeds_node() -> None:
     (gpu,) = status["gpus"]
     assert (gpu["address"], gpu["model"], gpu["managed"]) == ("0000:08:00.0", "NVIDIA A2", True)
     assert gpu["sriov"]["numVFs"] == 16 and len(gpu["vfAddresses"]) == 16
+    # The A2's vGPU types (the seed host's 15, by the driver's type ids), once for the node.
+    ((types),) = status["typeSets"]
+    assert gpu["typeSet"] == 0 and "vgpuTypes" not in gpu
+    assert [t["id"] for t in types] == [f"nvidia-{742 + i}" for i in range(15)]
     profiles = {p["name"]: p for p in status["profiles"]}
     # Four 4 GB vGPUs are the A2's maximum: nothing is creatable anywhere any more.
     assert profiles["NVIDIA A2-4A"] == {
@@ -374,3 +378,25 @@ def test_the_harvester_uis_disable_of_a_wanted_vgpu_is_drift() -> None:
     update = next(a for a in p.actions if a.target == name)
     assert isinstance(update, CrUpdate) and update.drift
     assert update.object.spec["vGPUTypeName"] == "NVIDIA A2-4Q"
+
+
+def test_gpus_with_the_same_types_share_one_list() -> None:
+    from reconciler.plan.nodestate import render_node_state
+
+    host = applied_host()
+    a2 = host.gpus[0]
+    twin = replace(a2, address=PciAddress.parse("0000:09:00.0"), vfs=())
+    fewer = replace(a2, address=PciAddress.parse("0000:0a:00.0"), vfs=(), types=a2.types[:-1])
+    node = render_node_state(
+        NODE,
+        desired=None,
+        predicted=replace(host, gpus=(a2, twin, fewer)),
+        managed=frozenset(),
+        assignments={},
+        blocked=(),
+        degraded=(),
+        changes=(),
+        stored=None,
+    )
+    assert [g["typeSet"] for g in node.status["gpus"]] == [0, 0, 1]
+    assert [len(s) for s in node.status["typeSets"]] == [15, 14]

@@ -441,6 +441,7 @@ def contract_objects(node: str, inventory: Inventory) -> list[KubeObject]:
     CRD describes it (schemas/crds/vgpunodestates.vgpu.reconciler.dev.yaml)."""
     out = []
     gpus, vgpus = [], []
+    type_sets: list[list[dict[str, Any]]] = []
     for gpu in inventory.gpus:
         pf_name = object_name(node, str(gpu.address))
         vfs = sorted(gpu.vfs, key=lambda v: v.index)
@@ -466,9 +467,10 @@ def contract_objects(node: str, inventory: Inventory) -> list[KubeObject]:
                 "managed": True,
                 "sriov": sriov,
                 "vfAddresses": [str(v.address) for v in vfs],
-                "vgpuTypes": [t.to_json() for t in gpu.types],
+                "typeSet": len(type_sets),  # one list per GPU: sharing is the planner's choice
             }
         )
+        type_sets.append([t.to_json() for t in gpu.types])
         out.append(
             KubeObject(
                 kind=SRIOV_GPU_KIND,
@@ -509,7 +511,7 @@ def contract_objects(node: str, inventory: Inventory) -> list[KubeObject]:
             name=node,
             labels={NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
             spec={"nodeName": node},
-            status={"gpus": gpus, "vgpus": vgpus},
+            status={"gpus": gpus, "typeSets": type_sets, "vgpus": vgpus},
         )
     )
     return out
@@ -612,12 +614,20 @@ def test_a_vf_without_its_object_is_known_by_address_only() -> None:
     ("status", "message"),
     [
         (
-            {"gpus": [{"vfAddresses": ["0000:08:00.4", "nope"]}]},
+            {"gpus": [{"vfAddresses": ["0000:08:00.4", "nope"], "typeSet": 0}], "typeSets": [[]]},
             "status.gpus[0].vfAddresses[1] is not a PCI address",
         ),
         ({"gpus": "x"}, "status.gpus is not a list"),
         ({"gpus": [5]}, "status.gpus[0] is not an object"),
-        ({"gpus": [{"address": "0000:08:00.0", "interface": "sriov"}]}, "status.gpus is malformed"),
+        (
+            {
+                "gpus": [{"address": "0000:08:00.0", "interface": "sriov", "typeSet": 0}],
+                "typeSets": [[]],
+            },
+            "status.gpus is malformed",
+        ),
+        ({"gpus": [{"address": "0000:08:00.0"}]}, "status.gpus[0].typeSet is not an index"),
+        ({"gpus": [{"typeSet": 1}], "typeSets": [[]]}, "status.gpus[0].typeSet is not an index"),
         ({"vgpus": [{"vf": "0000:08:00.4", "uuid": 7}]}, "status.vgpus[0].uuid is not a string: 7"),
         ({"vgpus": [{"vf": "x"}]}, "status.vgpus[0].vf is not a PCI address"),
     ],
