@@ -70,7 +70,7 @@ def render_node_state(
                 entry["holder"] = vf.vgpu.holder
             vgpus.append(entry)
     # Each GPU's vGPU types by reference to a list of distinct type lists: a node's GPUs of one
-    # model list the same types (an 8×L40S node's summary shrinks from 48 KB to 12 KB), and
+    # model list the same types (an 8×L40S node's summary shrinks from 48 KB to 18 KB), and
     # every node reads every node's summary.
     type_sets: list[list[dict[str, Any]]] = []
     set_index: dict[str, int] = {}

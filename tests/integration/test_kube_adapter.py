@@ -388,10 +388,16 @@ def test_kubevirt_update_over_http(api: KubernetesApi, emu: ApiServerEmulator) -
     ]
     ((_, ops),) = emu.patches
     assert {op["path"].split("/")[1] for op in ops} == {"spec", "metadata"}
+    # It removes an entry: written with the CR's version, tested first; else only our paths.
+    assert ops[0] == {
+        "op": "test",
+        "path": "/metadata/resourceVersion",
+        "value": stored["metadata"]["resourceVersion"],
+    }
     assert all(
         op["path"].startswith("/spec/configuration/permittedHostDevices/mediatedDevices/")
         or op["path"] == "/metadata/annotations/vgpu.reconciler.dev~1mediated-devices"
-        for op in ops
+        for op in ops[1:]
     )
 
 
