@@ -25,11 +25,13 @@ from reconciler.model import (
     ReconcilerError,
     ResourceMissingError,
 )
-from reconciler.model.cluster import GROUP, KUBEVIRT_GROUP
+from reconciler.model.cluster import GROUP, KUBEVIRT_GROUP, NODE_STATE_GROUP
 
 #: What to do about a resource type the server does not serve, by API group.
 _MISSING_HINTS = {
     GROUP: "are the CRDs installed? kubectl apply -k deploy/",
+    # New with vgpuctl's per-node summary: a cluster set up by an older vgpuctl lacks it.
+    NODE_STATE_GROUP: "is vgpuctl's VGPUNodeState CRD installed? kubectl apply -k deploy/",
     KUBEVIRT_GROUP: "is KubeVirt installed?",
 }
 

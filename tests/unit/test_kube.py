@@ -78,6 +78,11 @@ def test_missing_crd_says_what_to_install() -> None:
     assert from_api_exception(404, None, None, request=kv, server=SERVER).message == (
         "the API server does not serve kubevirts.kubevirt.io/v1: is KubeVirt installed?"
     )
+    summaries = Request("list", "vgpu.reconciler.dev", "v1alpha1", "vgpunodestates")
+    assert from_api_exception(404, None, None, request=summaries, server=SERVER).message == (
+        "the API server does not serve vgpunodestates.vgpu.reconciler.dev/v1alpha1: "
+        "is vgpuctl's VGPUNodeState CRD installed? kubectl apply -k deploy/"
+    )
 
 
 def test_conflict_and_unavailable_and_others() -> None:
