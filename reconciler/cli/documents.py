@@ -104,29 +104,12 @@ def crd_objects(inventory: Inventory, catalog: Catalog) -> list[dict[str, Any]]:
     from reconciler.apply.cluster import utc_now
     from reconciler.model.nodestate import stamped
     from reconciler.plan import render_objects
-    from reconciler.plan.assign import vf_profiles
-    from reconciler.plan.check import vf_slots
-    from reconciler.plan.nodestate import render_node_state
+    from reconciler.plan.nodestate import settled_node_state
 
     node = inventory.node
     source = f"{node} (observed)"
     desired = node_from_document(export_document(inventory, name=node), catalog, source)
     objects = [o.to_json() for o in render_objects(node, desired, inventory)]
-    assignments = {}
-    for gpu in inventory.gpus:
-        entry = desired.gpu(gpu.address)
-        if entry is not None:
-            assignments[gpu.address] = vf_profiles(entry, vf_slots(gpu))
-    summary = render_node_state(
-        node,
-        desired=desired,
-        predicted=inventory,
-        managed=frozenset(assignments),
-        assignments=assignments,
-        blocked=(),
-        degraded=(),
-        changes=(),
-        stored=None,
-    ).to_json()
+    summary = settled_node_state(node, desired, inventory).to_json()
     summary["status"] = stamped(summary["status"], utc_now())
     return [*objects, summary]

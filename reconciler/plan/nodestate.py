@@ -26,6 +26,8 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.inventory import gpu_facts_json
 from reconciler.model.nodestate import BLOCKED, CONVERGED, DEGRADED, PENDING_TIME
+from reconciler.plan.assign import vf_profiles
+from reconciler.plan.check import vf_slots
 from reconciler.plan.render import canonical_json
 
 #: How many reasons a condition's message quotes before "and N more".
@@ -117,6 +119,28 @@ def render_node_state(
         labels={NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
         spec={"nodeName": node},
         status=status,
+    )
+
+
+def settled_node_state(node: str, desired: DesiredNode, inventory: Inventory) -> KubeObject:
+    """The VGPUNodeState of a host that is as ``desired`` wants it: every managed GPU's VFs
+    assigned as the planner assigns them, nothing blocked, nothing changed (its times
+    pending). ``status -o crds`` shows it; test cases store it as an earlier run left it."""
+    assignments = {}
+    for gpu in inventory.gpus:
+        entry = desired.gpu(gpu.address)
+        if entry is not None:
+            assignments[gpu.address] = vf_profiles(entry, vf_slots(gpu))
+    return render_node_state(
+        node,
+        desired=desired,
+        predicted=inventory,
+        managed=frozenset(assignments),
+        assignments=assignments,
+        blocked=(),
+        degraded=(),
+        changes=(),
+        stored=None,
     )
 
 

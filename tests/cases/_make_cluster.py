@@ -30,9 +30,7 @@ from reconciler.model.cluster import (
     resource_name,
 )
 from reconciler.model.nodestate import stamped
-from reconciler.plan.assign import vf_profiles
-from reconciler.plan.check import vf_slots
-from reconciler.plan.nodestate import render_node_state
+from reconciler.plan.nodestate import settled_node_state
 from reconciler.plan.render import render_objects
 
 CASES = Path(__file__).parent
@@ -202,22 +200,7 @@ EARLIER = "2026-11-30T10:00:00Z"
 def baseline_node_state(baseline: DesiredNode, inventory: Inventory) -> KubeObject:
     """The VGPUNodeState a run that reached ``baseline`` on ``inventory`` left (nothing
     blocked, nothing changed since)."""
-    assignments = {}
-    for gpu in inventory.gpus:
-        desired = baseline.gpu(gpu.address)
-        if desired is not None:
-            assignments[gpu.address] = vf_profiles(desired, vf_slots(gpu))
-    rendered = render_node_state(
-        NODE,
-        desired=baseline,
-        predicted=inventory,
-        managed=frozenset(assignments),
-        assignments=assignments,
-        blocked=(),
-        degraded=(),
-        changes=(),
-        stored=None,
-    )
+    rendered = settled_node_state(NODE, baseline, inventory)
     return replace(rendered, status=stamped(rendered.status, EARLIER), resource_version="7001")
 
 
