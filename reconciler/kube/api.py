@@ -243,28 +243,9 @@ class KubernetesApi:
             ("timeoutSeconds", str(int(timeout_seconds))),
             ("labelSelector", label_selector),
         ]
-        params = self._client.param_serialize(
-            method="GET",
-            resource_path=_collection_path(req),
-            query_params=[(k, v) for k, v in query if v],
-            header_params=dict(_JSON_HEADERS),
-            auth_settings=["BearerToken"],
-        )
         read_timeout = (self._timeout, float(timeout_seconds) + 30.0)
-        response = self._call(
-            req, lambda: self._client.call_api(*params, _request_timeout=read_timeout)
-        )
-        status = int(getattr(response, "status", 0) or 0)
-        if not 200 <= status < 300:
-            data = response.read()
-            _release(response)
-            raise from_api_exception(
-                status,
-                str(getattr(response, "reason", "")),
-                data.decode("utf-8", "replace") if isinstance(data, bytes) else None,
-                request=req,
-                server=self.server,
-            )
+        path = _collection_path(req)
+        response = self._call(req, lambda: self._get(path, query, timeout=read_timeout))
         return _Watch(response, req, self)
 
     def _page(
@@ -280,8 +261,10 @@ class KubernetesApi:
         path = _collection_path(req)
         return self._call(req, lambda: self._get_json(path, query))
 
-    def _get_json(self, path: str, query: list[tuple[str, str]]) -> dict[str, Any]:
-        """GET ``path`` and decode the body as JSON ourselves (``_preload_content=False``)."""
+    def _get(self, path: str, query: list[tuple[str, str]], *, timeout: Any = None) -> Any:
+        """GET ``path`` with the body left unread (a watch streams it); an error answer is
+        read, its connection released, and raised as the client's ``ApiException`` (which
+        :meth:`_call` translates)."""
         params = self._client.param_serialize(
             method="GET",
             resource_path=path,
@@ -289,18 +272,26 @@ class KubernetesApi:
             header_params=dict(_JSON_HEADERS),
             auth_settings=["BearerToken"],
         )
-        response = self._client.call_api(*params, _request_timeout=self._timeout)
+        response = self._client.call_api(*params, _request_timeout=timeout or self._timeout)
+        status = int(getattr(response, "status", 0) or 0)
+        if not 200 <= status < 300:
+            from kubernetes.client.exceptions import ApiException
+
+            data = response.read()
+            _release(response)
+            raise ApiException(
+                status=status,
+                reason=str(getattr(response, "reason", "")),
+                body=data.decode("utf-8", "replace") if isinstance(data, bytes) else None,
+            )
+        return response
+
+    def _get_json(self, path: str, query: list[tuple[str, str]]) -> dict[str, Any]:
+        """GET ``path`` and decode its body as JSON here (orjson), not through the client's
+        models."""
+        response = self._get(path, query)
         try:
             data = response.read()
-            status = int(response.status)
-            if not 200 <= status < 300:
-                from kubernetes.client.exceptions import ApiException
-
-                raise ApiException(
-                    status=status,
-                    reason=str(getattr(response, "reason", "")),
-                    body=data.decode("utf-8", "replace") if isinstance(data, bytes) else None,
-                )
         finally:
             _release(response)
         import orjson
@@ -540,10 +531,7 @@ class KubernetesApi:
         content_type: str = "application/json",
     ) -> Any:
         """One request on the core group (``/api/v1/...``), answered as plain JSON."""
-        path = f"/api/{quote(req.version, safe='')}"
-        if req.namespace is not None:
-            path += f"/namespaces/{quote(req.namespace, safe='')}"
-        path += f"/{quote(req.plural, safe='')}"
+        path = _collection_path(req)
         if req.name and method != "POST":  # a create goes to the collection
             path += f"/{quote(req.name, safe='')}"
         if req.subresource:

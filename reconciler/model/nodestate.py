@@ -21,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-#: The condition types, in the order they are listed.
+#: The condition types.
 CONVERGED = "Converged"
 BLOCKED = "Blocked"
 DEGRADED = "Degraded"
-CONDITION_TYPES = (CONVERGED, BLOCKED, DEGRADED)
 #: A time the cluster executor fills in when it writes the status.
 PENDING_TIME = ""
 

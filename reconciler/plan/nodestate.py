@@ -25,7 +25,7 @@ from reconciler.model.cluster import (
     resource_name,
 )
 from reconciler.model.inventory import gpu_facts_json
-from reconciler.model.nodestate import BLOCKED, CONVERGED, DEGRADED, PENDING_TIME
+from reconciler.model.nodestate import BLOCKED, CONVERGED, DEGRADED, PENDING_TIME, condition
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import vf_slots
 from reconciler.plan.render import canonical_json
@@ -232,13 +232,10 @@ def _conditions(
 
 def _kept_time(stored: Mapping[str, Any], kind: str, status: str) -> str:
     """The stored condition's transition time when its status is unchanged; else pending."""
-    conditions = stored.get("conditions")
-    for c in conditions if isinstance(conditions, list | tuple) else ():
-        if isinstance(c, Mapping) and c.get("type") == kind:
-            time = c.get("lastTransitionTime")
-            if c.get("status") == status and isinstance(time, str) and time:
-                return time
-            break
+    c = condition(stored, kind)
+    time = None if c is None else c.get("lastTransitionTime")
+    if c is not None and c.get("status") == status and isinstance(time, str) and time:
+        return time
     return PENDING_TIME
 
 
