@@ -237,11 +237,11 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
         raise UsageError("--observed cluster needs a cluster: pass --kubeconfig")
     if ns.out:
         raise UsageError("--out saves a plan for one node's apply; not with --observed cluster")
-    desired = load(ns.file, host)
-    names = sorted(desired.nodes)
-    # A fleet's objects are read and planned in one batch: the young generation is collected
-    # rarely meanwhile (nothing of it is garbage until the plans are made).
+    # A fleet's desired state and objects are read and planned in one batch, the cyclic
+    # collector paused (plan.fleet): it would walk every kept object again and again.
     with collector_batch():
+        desired = load(ns.file, host)
+        names = sorted(desired.nodes)
         observed = observe_nodes_from_cluster(
             api, names, kubevirt_namespace=host.options.kubevirt_namespace
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache, lru_cache, partial
 
 from reconciler.catalog import Catalog, GpuModel, ParsedProfileName, parse_profile_name
 from reconciler.desired.ascii_names import non_ascii
@@ -288,6 +288,21 @@ def _catalog_offer(model: GpuModel | None, catalog: Catalog) -> Offer:
     catalogue lags drivers, so its list is never complete: a name outside it is accepted."""
     if model is None:
         return Offer(None, {}, complete=False, vfs=None, catalog=catalog)
+    for index, listed in enumerate(catalog.models):
+        if listed is model:
+            return _listed_offer(index, catalog)
+    return _offer_of(model, catalog)
+
+
+@lru_cache(maxsize=64)  # a fleet's file names the same few models thousands of times
+def _listed_offer(index: int, catalog: Catalog) -> Offer:
+    """:func:`_offer_of` of the catalogue's ``index``-th model, made once per model and catalogue
+    (keyed so, not by the model: hashing a model hashes all its profiles)."""
+    return _offer_of(catalog.models[index], catalog)
+
+
+def _offer_of(model: GpuModel, catalog: Catalog) -> Offer:
+    """An offer is a frozen value (its type table is read, never changed): one is shared."""
     types = {
         p.name: OfferedType(p.name, p.framebuffer_mib, p.max_instances, p.mig)
         for p in model.profiles

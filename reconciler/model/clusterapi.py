@@ -59,7 +59,8 @@ class ClusterApi(Protocol):
         field_selector: str = "",
     ) -> list[dict[str, Any]]:
         """Items of a collection (all namespaces when ``namespace`` is None for a namespaced
-        resource). ``group`` "" means the core API (``/api/v1``)."""
+        resource), fresh: the caller's to keep or change. ``group`` "" means the core API
+        (``/api/v1``)."""
         ...
 
     def list_collection(

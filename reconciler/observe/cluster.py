@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from reconciler.model import (
@@ -185,11 +186,10 @@ def _our_objects(api: ClusterApi, kind: str, *, label_selector: str = "") -> lis
         group=group, version=version, plural=PLURALS[kind], label_selector=label_selector
     )
     objects = []
-    for raw in items:
-        obj = KubeObject.from_json(raw)
-        if obj.kind != kind:  # list items normally carry their kind; make sure
-            obj = KubeObject.from_json({**raw, "kind": kind})
-        objects.append(obj)
+    for item in items:  # the port's items are ours (decoded for this call): kept, not copied
+        # List items normally carry their kind; make sure.
+        raw = item if item.get("kind") == kind else {**item, "kind": kind}
+        objects.append(KubeObject.from_json(raw, take=True))
     return objects
 
 
@@ -410,9 +410,19 @@ def inventory_from_cluster(
         )
     f = _Field(node_state)
     status = node_state.status
-    creatable = {
-        str(o.spec.get("address", "")): _creatable(o) for o in vgpu_objs if _node_of(o) == node
-    }
+    # VF address → its creatable type names, sorted; the VFs of a GPU mostly list the same
+    # types, and each distinct list is made once.
+    creatable: dict[str, list[str]] = {}
+    made: dict[tuple[str, ...], list[str]] = {}
+    for o in vgpu_objs:
+        if o.labels.get(NODE_LABEL) != node:
+            continue
+        available = o.status.get("availableTypes")
+        key = tuple(available) if isinstance(available, dict | MappingProxyType) else ()
+        names = made.get(key)
+        if names is None:
+            names = made[key] = sorted({str(k) for k in key})
+        creatable[str(o.spec.get("address", ""))] = names
     vgpus: dict[str, dict[str, Any]] = {}
     for i, raw in enumerate(f.items(status, "vgpus", "status")):
         where = f"status.vgpus[{i}]"
@@ -420,9 +430,11 @@ def inventory_from_cluster(
             raise f.fail(where, "is not an object")
         vf = f.address(raw.get("vf"), f"{where}.vf")
         vgpus[str(vf)] = {
-            "type": f.text(raw, "profile", where),
-            "uuid": f.text(raw, "uuid", where),
-            "holder": f.text(raw, "holder", where),
+            "vgpu": {
+                "type": f.text(raw, "profile", where),
+                "uuid": f.text(raw, "uuid", where),
+                "holder": f.text(raw, "holder", where),
+            },
             "inUse": raw.get("inUse") is True,
         }
     type_sets = f.items(status, "typeSets", "status")
@@ -442,11 +454,9 @@ def inventory_from_cluster(
                 {
                     "address": address,
                     "index": j,
-                    "creatableTypes": sorted(creatable.get(address, ())),
-                    "vgpu": None
-                    if vgpu is None
-                    else {k: vgpu[k] for k in ("type", "uuid", "holder")},
-                    "inUse": bool(vgpu and vgpu["inUse"]),
+                    "creatableTypes": creatable.get(address, _NONE),
+                    "vgpu": None if vgpu is None else vgpu["vgpu"],
+                    "inUse": vgpu is not None and vgpu["inUse"],
                 }
             )
         entry = {k: v for k, v in raw.items() if k not in _SUMMARY_ONLY}
@@ -463,15 +473,9 @@ def inventory_from_cluster(
     )
 
 
+_NONE: list[str] = []  # no creatable type (read only)
 #: Fields of a summary's GPU entry that are not the inventory's.
 _SUMMARY_ONLY = frozenset({"managed", "vfAddresses", "typeSet"})
-
-
-def _creatable(obj: KubeObject) -> frozenset[str]:
-    available = obj.status.get("availableTypes")
-    if not isinstance(available, Mapping):
-        return frozenset()
-    return frozenset(str(k) for k in available)
 
 
 class _Field:

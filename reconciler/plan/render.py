@@ -10,8 +10,10 @@ The cluster planner diffs these against what the API server holds.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -39,9 +41,29 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
 def canonical_json(value: Any) -> str:
-    """Sorted keys, no spaces: equal values give equal text (``json.dumps(value,
-    sort_keys=True, separators=(",", ":"))``)."""
-    return _CANONICAL.encode(value)
+    """Sorted keys, no spaces: equal values give equal text, the text of ``json.dumps(value,
+    sort_keys=True, separators=(",", ":"))`` (what vgpuctl has always written in the
+    last-applied annotation). orjson writes that text ten times faster (a fleet's plan makes
+    a quarter of a million); what it would write differently goes through ``json``: text
+    that is not ASCII (``json`` escapes it), a value it does not take (a read-only mapping,
+    an integer beyond 64 bits). Floats would differ in exponent form: vgpuctl's canonical
+    values have none (specs are strings and booleans, fingerprints strings and integers)."""
+    try:
+        text = _sorted_dumps()(value)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return _CANONICAL.encode(value)
+    if not text.isascii():
+        return _CANONICAL.encode(value)
+    return text.decode("ascii")
+
+
+@functools.cache
+def _sorted_dumps() -> Callable[[Any], bytes]:
+    """orjson's encoder with sorted keys, imported on first use: a plan of the host alone
+    renders no object, and its cold start is measured (tests/bench)."""
+    import orjson
+
+    return functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
 
 
 def render_objects(node: str, desired: DesiredNode, inventory: Inventory) -> list[KubeObject]:
@@ -78,7 +100,7 @@ def _gpu_objects(
 ) -> list[KubeObject]:
     pf = str(gpu.address)
     pf_name = object_name(node, pf)
-    vfs = sorted(gpu.vfs, key=lambda vf: vf.index)
+    vfs = sorted(gpu.vfs, key=_by_index)
     vf_addresses = [str(vf.address) for vf in vfs]
     vf_names = [object_name(node, a) for a in vf_addresses]
     spec = {"address": pf, "enabled": desired.sriov, "nodeName": node}
@@ -104,8 +126,11 @@ def _gpu_objects(
         {NODE_LABEL: node, PARENT_LABEL: pf_name, MANAGED_BY_LABEL: MANAGED_BY}
     )
     available: dict[frozenset[str], dict[str, str]] = {}  # VFs of a GPU mostly offer the same
+    # The loop below runs a quarter of a million times for a fleet: names looked up once.
+    proxy, make, annotation = MappingProxyType, KubeObject, LAST_APPLIED_ANNOTATION
+    encode, status_of, profile_of = canonical_json, _vf_status, profiles.get
     for vf, address, name in zip(vfs, vf_addresses, vf_names, strict=True):
-        profile = profiles.get(vf.index)
+        profile = profile_of(vf.index)
         offered = available.get(vf.creatable)
         if offered is None:
             offered = available[vf.creatable] = _available(vf.creatable, type_ids)
@@ -117,16 +142,19 @@ def _gpu_objects(
             "vGPUTypeName": profile or "",
         }
         objects.append(
-            KubeObject(
-                kind=VGPU_KIND,
-                name=name,
-                labels=labels,
-                annotations=MappingProxyType({LAST_APPLIED_ANNOTATION: canonical_json(vf_spec)}),
-                spec=MappingProxyType(vf_spec),
-                status=MappingProxyType(_vf_status(vf, offered)),
+            make(
+                VGPU_KIND,
+                name,
+                labels,
+                proxy({annotation: encode(vf_spec)}),
+                proxy(vf_spec),
+                proxy(status_of(vf, offered)),
             )
         )
     return objects
+
+
+_by_index = attrgetter("index")
 
 
 def _available(creatable: frozenset[str], type_ids: Mapping[str, str]) -> dict[str, str]:

@@ -234,6 +234,7 @@ def _harvester_objects_in_sync(node: Any, inventory: Any) -> Any:
 
 FLEET_CHILD = r"""
 import gc, json, resource, sys, time, tracemalloc
+import orjson
 sys.path.insert(0, sys.argv[1])
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
@@ -261,12 +262,13 @@ names = [f"node-{i:04d}" for i in range(n)]
 texts = [node_text(name) for name in names]
 nodes = [replace(node, name=name) for name in names]
 # Planned as `plan --observed cluster` plans a fleet (plan_fleet), each inventory parsed when its
-# node's turn comes, as a reader of the nodes' observations page by page would.
+# node's turn comes, as a reader of the nodes' observations page by page would, and with the
+# parser vgpuctl reads the cluster's JSON with (orjson: reconciler/kube/api.py).
 def fleet():
     inventories = []
     def members():
         for d, t in zip(nodes, texts):
-            inventories.append(Inventory.from_json(json.loads(t)))
+            inventories.append(Inventory.from_json(orjson.loads(t)))
             yield FleetMember(d, inventories[-1])
     planned = plan_fleet(members(), catalog=catalog)
     assert not planned.failures

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -111,6 +112,29 @@ def test_every_object_is_marked_ours_and_annotated_with_its_spec() -> None:
 
 def test_canonical_json_is_sorted_and_compact() -> None:
     assert canonical_json({"b": True, "a": "x y"}) == '{"a":"x y","b":true}'
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"address": "0000:08:00.4", "enabled": True, "nodeName": "n1", "vGPUTypeName": ""},
+        {"z": [1, None, False, -7], "a": {"y": 'q"uote', "b": "back\\slash/"}},
+        {"control": "tab\tnew\nline\u001f", "nested": [[{"k": "v"}], []]},
+        {"non-ascii": "caf\u00e9 \u2603 \U0001f600", "ascii": "plain"},
+        {"big": 2**70, "small": -(2**63)},
+        [],
+        "",
+    ],
+)
+def test_canonical_json_is_the_text_vgpuctl_always_wrote(value: object) -> None:
+    # The oracle: what json.dumps writes (every last-applied annotation and fingerprint so
+    # far): a text that differed would show every stored object as changed.
+    assert canonical_json(value) == json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def test_canonical_json_refuses_what_json_refuses() -> None:
+    with pytest.raises(TypeError):
+        canonical_json({"a": MappingProxyType({"b": 1})})
 
 
 def _types() -> tuple[VGPUType, ...]:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from reconciler.model import ActionKind, DesiredNode, Inventory, PlanError
-from reconciler.plan.fleet import BATCH_GC_THRESHOLD, FleetMember, plan_fleet
+from reconciler.plan.fleet import FleetMember, collector_batch, plan_fleet
 from tests.gpus import A2, A2_B, CATALOG, a2, want
 
 
@@ -47,28 +47,42 @@ def test_a_node_that_cannot_be_planned_is_recorded_and_the_others_are_planned() 
     assert "GPU 0000:09:00.0 is not on node n2" in "\n".join(error.lines())
 
 
-def test_the_collector_threshold_is_raised_while_nodes_are_produced_and_planned() -> None:
-    before = gc.get_threshold()
-    seen: list[int] = []
+def test_the_collector_is_paused_while_nodes_are_produced_and_planned() -> None:
+    assert gc.isenabled()
+    seen: list[bool] = []
 
     def members() -> Iterator[FleetMember]:
         for name in ("n1", "n2"):
-            seen.append(gc.get_threshold()[0])  # produced inside the batch
+            seen.append(gc.isenabled())  # produced inside the batch
             yield member(name, {"A2-4Q": 1})
 
     plan_fleet(members(), catalog=CATALOG)
 
-    assert seen == [max(BATCH_GC_THRESHOLD, before[0])] * 2
-    assert gc.get_threshold() == before
+    assert seen == [False, False]
+    assert gc.isenabled()
 
 
-def test_the_threshold_is_restored_when_producing_a_node_fails() -> None:
-    before = gc.get_threshold()
-
+def test_the_collector_is_resumed_when_producing_a_node_fails() -> None:
     def members() -> Iterator[FleetMember]:
         yield member("n1", {"A2-4Q": 1})
         raise ValueError("the second node's observation is unreadable")
 
     with pytest.raises(ValueError, match="unreadable"):
         plan_fleet(members(), catalog=CATALOG)
-    assert gc.get_threshold() == before
+    assert gc.isenabled()
+
+
+def test_a_batch_inside_a_batch_leaves_the_collector_paused_until_the_outer_one_ends() -> None:
+    with collector_batch():
+        plan_fleet([member("n1", {"A2-4Q": 1})], catalog=CATALOG)
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_a_collector_paused_by_the_caller_stays_paused() -> None:
+    gc.disable()
+    try:
+        plan_fleet([member("n1", {"A2-4Q": 1})], catalog=CATALOG)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
