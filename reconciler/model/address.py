@@ -7,7 +7,7 @@ Every address that reaches a sysfs path or a command line has been through
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache, total_ordering
 
 _PATTERN = re.compile(
@@ -24,6 +24,9 @@ class PciAddress:
     bus: int
     slot: int
     function: int
+    #: The printed form, made on first use: a fleet's plan prints each address thousands of
+    #: times (names, keys, paths), and most addresses are shared (:meth:`parse`).
+    _printed: str = field(default="", init=False, repr=False, compare=False)
 
     @classmethod
     def parse(cls, text: str) -> PciAddress:
@@ -56,7 +59,11 @@ class PciAddress:
         return (self.bus << 8) | (self.slot << 3) | self.function
 
     def __str__(self) -> str:
-        return _text(self.domain, self.bus, self.slot, self.function)
+        printed = self._printed
+        if not printed:
+            printed = _text(self.domain, self.bus, self.slot, self.function)
+            object.__setattr__(self, "_printed", printed)
+        return printed
 
     def __repr__(self) -> str:
         return f"PciAddress({str(self)!r})"
