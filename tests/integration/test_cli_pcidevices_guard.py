@@ -28,7 +28,7 @@ from tests.pcidevices_controller import (
     pcidevice,
     webhook,
 )
-from tests.simnode import SEED
+from tests.simnode import SEED, run_vgpuctl
 from tests.watch_agent import SEED_VGPUS, Watch, seed_text, vgpus, wait_for
 
 NODE = "harvester-kgd9c"
@@ -250,6 +250,34 @@ def test_plan_still_plans_and_says_apply_would_refuse(
     doc = json.loads(node.ok("plan", SEED, "-o", "json").stdout)
     assert doc["notes"][0] == note
     assert doc["actions"]
+
+
+def test_a_fleet_plan_says_on_each_node_that_apply_would_refuse(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    node = cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")  # its VGPUNodeState: what a cluster-only plan reads
+    kubeconfig = emu.kubeconfig(tmp_path / "ci.kubeconfig")
+    argv = ("plan", SEED, "--observed", "cluster", "--kubeconfig", kubeconfig)
+    quiet = run_vgpuctl(*argv)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "pcidevices-controller" not in quiet.stdout  # not running: nothing said of it
+
+    install_harvester_crds(emu)
+    emu.seed(addon(enabled=True))
+    emu.requests.clear()
+    res = run_vgpuctl(*argv)
+    assert res.returncode == 0, res.stderr
+    note = (
+        "vgpuctl apply and watch refuse to act on this node: Harvester's pcidevices-controller "
+        f"is running ({SIGNALS['addon']}): {ADVICE}"
+    )
+    assert f"Note: {note}\n" in res.stdout
+    assert "Cluster plan: 1 node, 0 with changes" in res.stdout
+    assert looked(emu)
+    assert {r.verb for r in emu.requests} <= {"get", "list"}
+    doc = json.loads(run_vgpuctl(*argv, "-o", "json").stdout)
+    assert [p["notes"][0] for p in doc["plans"]] == [note]
 
 
 # -- watch ------------------------------------------------------------------------------------

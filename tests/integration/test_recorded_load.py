@@ -186,13 +186,17 @@ def test_one_cluster_plan_of_the_fleet_costs_one_list_per_kind(
     assert "Cluster plan: 50 nodes, 0 with changes" in result.stdout
     calls = by_user(emu.calls[start:], planner.username)
     counted = Counter((c.request.verb, c.request.resource) for c in calls)
-    # 800 VGPUDevices in pages of 500: two requests; every other kind fits one page.
+    # 800 VGPUDevices in pages of 500: two requests; every other kind fits one page. And one
+    # get each of what says whether Harvester's pcidevices-controller runs, by name.
     assert counted == {
         ("list", "sriovgpudevices"): 1,
         ("list", "vgpudevices"): 2,
         ("list", "vgpunodestates"): 1,
         ("list", "kubevirts"): 1,
         ("list", "virtualmachineinstances"): 1,
+        ("get", "addons"): 1,
+        ("get", "daemonsets"): 1,
+        ("get", "validatingwebhookconfigurations"): 1,
     }
     pages = [c for c in calls if c.request.resource == "vgpudevices"]
     assert "continue" not in pages[0].query and pages[1].query.get("continue")
