@@ -13,7 +13,10 @@ It counts as running when any one of these says so (docs/domain.md §6a names th
 - its DaemonSet ``harvester-system/harvester-pcidevices-controller`` (``apps/v1``) has a ready
   pod (``status.numberReady`` > 0) — installed by the Addon's chart, or by hand;
 - the ValidatingWebhookConfiguration ``pcidevices-validator`` exists — the controller registers
-  it itself once its webhook server listens.
+  it itself once its webhook server listens. Its chart does not hold it (harvester/charts
+  ``charts/harvester-pcidevices-controller/templates``: a DaemonSet, a Service, a service
+  account), so it outlives a disabled Addon: when it is the only sign, the reason says so and
+  names what to delete (still refusing: vgpuctl cannot tell a leftover from a controller).
 
 Not signs of it: a disabled Addon, a DaemonSet with no ready pod, and Harvester's CRDs
 (``PCIDevice``, ``SRIOVGPUDevice``, …), which stay installed after the controller is gone.
@@ -54,6 +57,8 @@ WEBHOOK_GROUP = "admissionregistration.k8s.io"
 WEBHOOK_VERSION = "v1"
 WEBHOOK_PLURAL = "validatingwebhookconfigurations"
 WEBHOOK_NAME = "pcidevices-validator"
+#: Its mutating twin (``MutatorName``), applied with it; not read, named in the advice only.
+MUTATING_WEBHOOK_NAME = "pcidevices-mutator"
 
 CONTROLLER = "Harvester's pcidevices-controller"
 
@@ -67,6 +72,10 @@ class ControllerPresence:
     #: Reads that could not tell, one line each: RBAC denied them, or what they read was not
     #: what the API guarantees. Unknown counts as running: acting is refused.
     unknown: tuple[str, ...] = ()
+    #: Those of ``signals`` a removed controller leaves behind (its webhook configuration: the
+    #: controller applies it itself, the chart does not hold it, so disabling the Addon does
+    #: not remove it). When they are all there is, the reason says how to clear them.
+    left_behind: tuple[str, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -81,12 +90,20 @@ class ControllerPresence:
     def reason(self) -> str:
         """Why acting is refused, one line ("" when it is not)."""
         if self.signals:
-            return (
+            reason = (
                 f"{CONTROLLER} is running ({'; '.join(self.signals)}): it manages the same "
                 "GPUs and objects, and two controllers would undo each other's changes. "
                 f"Disable the {ADDON_NAME} Addon to let vgpuctl manage this node's vGPUs "
                 "(vgpuctl cannot drive Harvester's controller yet)"
             )
+            if all(signal in self.left_behind for signal in self.signals):
+                reason += (
+                    ". If the Addon is disabled already, the controller left its webhook "
+                    "configurations behind (it applies them itself, not its chart): delete "
+                    f"ValidatingWebhookConfiguration {WEBHOOK_NAME} and "
+                    f"MutatingWebhookConfiguration {MUTATING_WEBHOOK_NAME}"
+                )
+            return reason
         if self.unknown:
             return (
                 f"cannot tell whether {CONTROLLER} is running ({'; '.join(self.unknown)}): "
@@ -96,7 +113,11 @@ class ControllerPresence:
         return ""
 
     def __add__(self, other: ControllerPresence) -> ControllerPresence:
-        return ControllerPresence(self.signals + other.signals, self.unknown + other.unknown)
+        return ControllerPresence(
+            self.signals + other.signals,
+            self.unknown + other.unknown,
+            self.left_behind + other.left_behind,
+        )
 
 
 NOT_RUNNING = ControllerPresence()
@@ -145,7 +166,8 @@ def interpret_webhook(obj: Mapping[str, Any] | None) -> ControllerPresence:
     signal."""
     if obj is None:
         return NOT_RUNNING
-    return ControllerPresence(signals=(f"ValidatingWebhookConfiguration {WEBHOOK_NAME} exists",))
+    signal = f"ValidatingWebhookConfiguration {WEBHOOK_NAME} exists"
+    return ControllerPresence(signals=(signal,), left_behind=(signal,))
 
 
 # -- the reads ---------------------------------------------------------------------------------

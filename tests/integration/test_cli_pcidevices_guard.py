@@ -38,6 +38,14 @@ ADVICE = (
     "Disable the pcidevices-controller Addon to let vgpuctl manage this node's vGPUs (vgpuctl "
     "cannot drive Harvester's controller yet)"
 )
+#: What the reason adds when the webhook configuration is the only sign: it outlives a
+#: disabled Addon (the controller applies it itself; its chart does not hold it).
+LEFTOVER = (
+    ". If the Addon is disabled already, the controller left its webhook configurations behind "
+    "(it applies them itself, not its chart): delete "
+    "ValidatingWebhookConfiguration pcidevices-validator and MutatingWebhookConfiguration "
+    "pcidevices-mutator"
+)
 UNKNOWN = (
     "refusing to change node harvester-kgd9c: cannot tell whether Harvester's "
     "pcidevices-controller is running"
@@ -105,7 +113,8 @@ def test_apply_refuses_with_one_line_and_changes_nothing(
     res = node.run("apply", SEED, "--yes")
     assert res.returncode == 1
     assert res.stdout == ""
-    assert res.stderr == f"error: {RUNNING} ({SIGNALS[signal]}): {ADVICE}\n"
+    leftover = LEFTOVER if signal == "webhook" else ""
+    assert res.stderr == f"error: {RUNNING} ({SIGNALS[signal]}): {ADVICE}{leftover}\n"
     assert host_files(node) == before
     assert {r.verb for r in emu.requests} <= {"get", "list", "watch"}  # reads only
     assert not emu.objects(*SRIOV) and not emu.objects(*VGPUS)
@@ -131,7 +140,7 @@ def test_a_saved_plan_is_refused_once_the_controller_runs(
     before = host_files(node)
     res = node.run("apply", saved, "--yes")
     assert res.returncode == 1
-    assert res.stderr == f"error: {RUNNING} ({SIGNALS['webhook']}): {ADVICE}\n"
+    assert res.stderr == f"error: {RUNNING} ({SIGNALS['webhook']}): {ADVICE}{LEFTOVER}\n"
     assert host_files(node) == before
 
 
@@ -243,7 +252,7 @@ def test_plan_still_plans_and_says_apply_would_refuse(
     res = node.ok("plan", SEED)
     note = (
         "vgpuctl apply and watch refuse to act on this node: Harvester's pcidevices-controller "
-        f"is running ({SIGNALS['webhook']}): {ADVICE}"
+        f"is running ({SIGNALS['webhook']}): {ADVICE}{LEFTOVER}"
     )
     assert f"Note: {note}\n" in res.stdout
     assert "+ sriov 0000:08:00.0  enable 16 VFs" in res.stdout
@@ -294,7 +303,7 @@ def test_watch_refuses_each_reconcile_reports_it_and_goes_on_once_it_is_gone(
     emu.requests.clear()
     watch = start_watch(node, desired)
     refused = watch.wait_log(lambda d: d.get("error") == "refused", "the refusal")
-    message = f"{RUNNING} ({SIGNALS['webhook']}): {ADVICE}"
+    message = f"{RUNNING} ({SIGNALS['webhook']}): {ADVICE}{LEFTOVER}"
     assert refused["level"] == "error"
     assert refused["msg"].startswith(f"reconcile failed: {message}; retrying when")
     assert refused["transient"] is False

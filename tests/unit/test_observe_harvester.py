@@ -73,7 +73,7 @@ def test_a_cluster_that_is_not_harvester_is_not_running() -> None:
 )
 def test_each_signal_alone_means_running(plural: str, obj: dict[str, Any], signal: str) -> None:
     presence = observe_pcidevices_controller(cluster((plural, obj)))
-    assert presence == ControllerPresence(signals=(signal,))
+    assert presence.signals == (signal,) and not presence.unknown
     assert presence.running and presence.refuses
     assert presence.reason.startswith(
         f"Harvester's pcidevices-controller is running ({signal}): it manages the same GPUs"
@@ -239,5 +239,37 @@ def test_interpret_daemonset(obj: dict[str, Any] | None, expected: ControllerPre
 def test_interpret_webhook() -> None:
     assert interpret_webhook(None) == ControllerPresence()
     assert interpret_webhook({"metadata": {"name": "pcidevices-validator"}}) == ControllerPresence(
-        signals=(WEBHOOK_ON,)
+        signals=(WEBHOOK_ON,), left_behind=(WEBHOOK_ON,)
     )
+
+
+LEFTOVER_ADVICE = (
+    ". If the Addon is disabled already, the controller left its webhook configurations behind "
+    "(it applies them itself, not its chart): delete "
+    "ValidatingWebhookConfiguration pcidevices-validator and MutatingWebhookConfiguration "
+    "pcidevices-mutator"
+)
+
+
+def test_a_webhook_configuration_alone_refuses_and_says_it_may_be_left_behind() -> None:
+    presence = observe_pcidevices_controller(
+        cluster(("validatingwebhookconfigurations", webhook()))
+    )
+    assert presence.refuses
+    assert presence.reason.endswith(LEFTOVER_ADVICE)
+    assert "\n" not in presence.reason
+
+
+@pytest.mark.parametrize(
+    ("plural", "obj"),
+    [("addons", addon(enabled=True)), ("daemonsets", daemonset(ready=3))],
+    ids=["addon", "daemonset"],
+)
+def test_with_another_signal_the_webhook_configuration_is_no_leftover(
+    plural: str, obj: dict[str, Any]
+) -> None:
+    presence = observe_pcidevices_controller(
+        cluster(("validatingwebhookconfigurations", webhook()), (plural, obj))
+    )
+    assert presence.refuses
+    assert "left its webhook configurations behind" not in presence.reason
