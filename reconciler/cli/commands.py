@@ -11,7 +11,6 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -230,7 +229,7 @@ def add_adopt_option(p: argparse.ArgumentParser) -> None:
 
 def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     """Plan every node of the desired state from the CR statuses in the cluster (CI)."""
-    from reconciler.engine.observe import refusal_note
+    from reconciler.engine.observe import with_refusal_note
     from reconciler.observe import observe_nodes_from_cluster
     from reconciler.observe.harvester import observe_pcidevices_controller
     from reconciler.plan.fleet import FleetMember, collector_batch, plan_fleet
@@ -262,9 +261,7 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     # Where Harvester's pcidevices-controller runs (or may), apply and watch on each node refuse
     # to act: each plan says so first, as a node's own plan does.
     controller = observe_pcidevices_controller(api)
-    if controller.refuses:
-        note = refusal_note(controller)
-        plans = tuple(replace(p, notes=(note, *p.notes)) for p in plans)
+    plans = tuple(with_refusal_note(p, controller) for p in plans)
     failures = {n: e for n in names if (e := unread.get(n) or fleet.failures.get(n)) is not None}
     changed = [p for p in plans if p.has_changes]
     totals = {"create": 0, "change": 0, "remove": 0, "blocked": 0}

@@ -58,11 +58,15 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
         if uses is not None:
             planned_from = mark_cluster_uses(inventory, uses)
     plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
-    if controller is not None and controller.refuses:
-        plan = replace(plan, notes=(refusal_note(controller), *plan.notes))
+    if controller is not None:
+        plan = with_refusal_note(plan, controller)
     return Planned(inventory, cluster, plan, MappingProxyType(dict(allocations)), controller)
 
 
-def refusal_note(controller: ControllerPresence) -> str:
-    """The plan's note when apply and watch would refuse to act."""
-    return f"vgpuctl apply and watch refuse to act on this node: {controller.reason}"
+def with_refusal_note(plan: Plan, controller: ControllerPresence) -> Plan:
+    """``plan``, with a first note that apply and watch would refuse to act on its node when
+    ``controller`` says they must (else as it is)."""
+    if not controller.refuses:
+        return plan
+    note = f"vgpuctl apply and watch refuse to act on this node: {controller.reason}"
+    return replace(plan, notes=(note, *plan.notes))

@@ -162,11 +162,7 @@ class KubeObject:
         own = _taken if take else _owned
         meta = raw.get("metadata") or {}
         get = meta.get
-        retained = (
-            {k: meta[k] for k in RETAINED_METADATA if get(k)}
-            if get("finalizers") or get("ownerReferences")
-            else None
-        )
+        retained = {k: meta[k] for k in RETAINED_METADATA if get(k)}
         return cls(  # positional: a fleet reads a quarter of a million objects
             str(raw.get("kind", "")),
             str(get("name", "")),

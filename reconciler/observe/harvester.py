@@ -15,7 +15,7 @@ It counts as running when any one of these says so (docs/domain.md §6a names th
 - the ValidatingWebhookConfiguration ``pcidevices-validator`` exists — the controller registers
   it itself once its webhook server listens. Its chart does not hold it (harvester/charts
   ``charts/harvester-pcidevices-controller/templates``: a DaemonSet, a Service, a service
-  account), so it outlives a disabled Addon: when it is the only sign, the reason says so and
+  account), so it can outlive a disabled Addon: when it is the only sign, the reason says so and
   names what to delete (still refusing: vgpuctl cannot tell a leftover from a controller).
 
 Not signs of it: a disabled Addon, a DaemonSet with no ready pod, and Harvester's CRDs
@@ -72,9 +72,9 @@ class ControllerPresence:
     #: Reads that could not tell, one line each: RBAC denied them, or what they read was not
     #: what the API guarantees. Unknown counts as running: acting is refused.
     unknown: tuple[str, ...] = ()
-    #: Those of ``signals`` a removed controller leaves behind (its webhook configuration: the
-    #: controller applies it itself, the chart does not hold it, so disabling the Addon does
-    #: not remove it). When they are all there is, the reason says how to clear them.
+    #: Those of ``signals`` a removed controller may leave behind (its webhook configuration:
+    #: the controller applies it itself, the chart does not hold it). When they are all there
+    #: is, the reason says how to clear them.
     left_behind: tuple[str, ...] = ()
 
     @property

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
-from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -100,7 +99,7 @@ def _gpu_objects(
 ) -> list[KubeObject]:
     pf = str(gpu.address)
     pf_name = object_name(node, pf)
-    vfs = sorted(gpu.vfs, key=_by_index)
+    vfs = sorted(gpu.vfs, key=lambda vf: vf.index)
     vf_addresses = [str(vf.address) for vf in vfs]
     vf_names = [object_name(node, a) for a in vf_addresses]
     spec = {"address": pf, "enabled": desired.sriov, "nodeName": node}
@@ -126,11 +125,8 @@ def _gpu_objects(
         {NODE_LABEL: node, PARENT_LABEL: pf_name, MANAGED_BY_LABEL: MANAGED_BY}
     )
     available: dict[frozenset[str], dict[str, str]] = {}  # VFs of a GPU mostly offer the same
-    # The loop below runs a quarter of a million times for a fleet: names looked up once.
-    proxy, make, annotation = MappingProxyType, KubeObject, LAST_APPLIED_ANNOTATION
-    encode, status_of, profile_of = canonical_json, _vf_status, profiles.get
     for vf, address, name in zip(vfs, vf_addresses, vf_names, strict=True):
-        profile = profile_of(vf.index)
+        profile = profiles.get(vf.index)
         offered = available.get(vf.creatable)
         if offered is None:
             offered = available[vf.creatable] = _available(vf.creatable, type_ids)
@@ -142,19 +138,16 @@ def _gpu_objects(
             "vGPUTypeName": profile or "",
         }
         objects.append(
-            make(
+            KubeObject(  # positional: a fleet renders a quarter of a million
                 VGPU_KIND,
                 name,
                 labels,
-                proxy({annotation: encode(vf_spec)}),
-                proxy(vf_spec),
-                proxy(status_of(vf, offered)),
+                MappingProxyType({LAST_APPLIED_ANNOTATION: canonical_json(vf_spec)}),
+                MappingProxyType(vf_spec),
+                MappingProxyType(_vf_status(vf, offered)),
             )
         )
     return objects
-
-
-_by_index = attrgetter("index")
 
 
 def _available(creatable: frozenset[str], type_ids: Mapping[str, str]) -> dict[str, str]:
