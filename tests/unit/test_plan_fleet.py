@@ -1,9 +1,11 @@
 """plan_fleet: every node planned alone, in order, a failing node recorded without stopping the
-others; the collector's threshold raised for the batch only."""
+others; the cyclic collector paused for the batch, and what the batch kept handed to the oldest
+generation without a walk over it."""
 
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -86,3 +88,61 @@ def test_a_collector_paused_by_the_caller_stays_paused() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Node:
+    """A collectable object that can sit in a cycle and be watched through a weak reference."""
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def test_what_a_batch_kept_goes_to_the_oldest_generation_without_a_young_collection() -> None:
+    gc.collect()
+    threshold = gc.get_threshold()[0]
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    try:
+        with collector_batch():
+            kept = [[i] for i in range(20 * threshold)]  # tracked, acyclic, kept past the batch
+            gc.callbacks.append(count)
+        # The collector would otherwise find 20 thresholds' worth of young objects at the first
+        # allocation after the batch and walk them all, then the middle generation, then the
+        # oldest.
+        more = [[i] for i in range(threshold // 2)]
+        assert collections == []
+        assert gc.get_count()[0] < threshold
+    finally:
+        gc.callbacks.remove(count)
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert id(kept) in oldest and id(kept[-1]) in oldest
+    assert gc.get_freeze_count() == 0
+    del more
+
+
+def test_a_cycle_made_in_a_batch_is_still_collected_afterwards() -> None:
+    with collector_batch():
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a
+        gone = weakref.ref(a)
+        del a, b
+    assert gone() is not None  # only the cyclic collector can free it
+    gc.collect()
+    assert gone() is None
+
+
+def test_objects_the_caller_froze_stay_frozen() -> None:
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with collector_batch():
+            kept = [[i] for i in range(1000)]
+        assert gc.get_freeze_count() == frozen
+        del kept
+    finally:
+        gc.unfreeze()
