@@ -1,7 +1,8 @@
 """Apply: the only layer that changes a host.
 
 Ports (:mod:`~reconciler.apply.ports`) for sysfs writes, commands and host drivers; the real
-adapters (:class:`ConfinedSysfsWriter`, :class:`SubprocessRunner`, :class:`MdevDriver`); the
+adapters (:class:`ConfinedSysfsWriter`, :class:`SubprocessRunner`, :class:`MdevDriver`,
+:class:`VfioDriver`, and :class:`PerVfDriver` that hands each VF to the one it shows); the
 idempotent :func:`execute`; and the per-node :class:`NodeLock` and :class:`Journal`.
 :func:`execute_cluster` (``cluster.py``) carries out CR and KubeVirt writes through the
 ClusterApi port.
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
         allow_list_patch,
         execute_cluster,
         record_host_events,
+    )
+    from reconciler.apply.drivers import (
+        PerVfDriver,
     )
     from reconciler.apply.errors import (
         CommandFailedError,
@@ -72,6 +76,9 @@ if TYPE_CHECKING:
         BoundedWriter,
         ConfinedSysfsWriter,
     )
+    from reconciler.apply.vfio import (
+        VfioDriver,
+    )
 
 #: Where each public name lives. Imported on first use: the sysfs writer process (and every
 #: node-local command) needs a few of these, not the whole layer (the cluster executor pulls
@@ -99,6 +106,7 @@ _EXPORTS = {
     "JournalRecord": "reconciler.apply.journal",
     "MdevDriver": "reconciler.apply.mdev",
     "NodeLock": "reconciler.apply.lock",
+    "PerVfDriver": "reconciler.apply.drivers",
     "Outcome": "reconciler.apply.executor",
     "OutcomeStatus": "reconciler.apply.executor",
     "PathEscapeError": "reconciler.apply.errors",
@@ -111,6 +119,7 @@ _EXPORTS = {
     "SysfsKernel": "reconciler.apply.ports",
     "SysfsWriter": "reconciler.apply.ports",
     "VerificationError": "reconciler.apply.errors",
+    "VfioDriver": "reconciler.apply.vfio",
     "WriteTimeoutError": "reconciler.apply.errors",
     "allow_list_change": "reconciler.apply.cluster",
     "allow_list_patch": "reconciler.apply.cluster",
@@ -158,6 +167,7 @@ __all__ = [
     "Outcome",
     "OutcomeStatus",
     "PathEscapeError",
+    "PerVfDriver",
     "Phase",
     "Removal",
     "SubprocessRunner",
@@ -165,6 +175,7 @@ __all__ = [
     "SysfsKernel",
     "SysfsWriter",
     "VerificationError",
+    "VfioDriver",
     "WriteTimeoutError",
     "allow_list_change",
     "allow_list_patch",

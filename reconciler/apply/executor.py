@@ -496,7 +496,11 @@ def execute(
     """
     if plan.node != journal.node:
         raise ValueError(f"plan for node {plan.node} given a journal for node {journal.node}")
-    if plan.interface in _INTERFACES and plan.interface != driver.interface:
+    if (
+        plan.interface in _INTERFACES
+        and driver.interface in _INTERFACES
+        and plan.interface != driver.interface
+    ):
         raise ValueError(
             f"a plan for the {plan.interface} interface given the {driver.interface} driver"
         )

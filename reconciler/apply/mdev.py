@@ -1,38 +1,25 @@
-"""The mdev host driver (docs/domain.md §2, §3a): ``sriov-manage`` for VFs, mdev sysfs for vGPUs.
-
-Writes go through a :class:`~reconciler.apply.ports.SysfsWriter` (the confined real writer, or
-the simulator's kernel emulation) and commands through a
-:class:`~reconciler.apply.ports.CommandRunner`; reads are plain file reads under the same root.
-Kernel errnos become messages an operator can act on.
+"""The mdev host driver (docs/domain.md §3a): mdev sysfs for vGPUs, ``sriov-manage`` for VFs
+(:class:`~reconciler.apply.sriov.SriovHost`). Kernel errnos become messages an operator can act
+on.
 """
 
 from __future__ import annotations
 
 import errno
-import os
-import re
 import uuid as uuidlib
-from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Final, NoReturn
 
 from reconciler.apply.errors import (
-    CommandFailedError,
-    CommandNotExecutableError,
-    CommandNotFoundError,
     DeviceBusyError,
     DriverRefusedError,
     HostChangedError,
     WriteTimeoutError,
 )
-from reconciler.apply.ports import CommandRunner, HostedVGPU, SysfsDevice, SysfsWriter
-from reconciler.apply.sysfs import SysfsReader
+from reconciler.apply.ports import HostedVGPU, SysfsDevice
+from reconciler.apply.sriov import SriovHost, errno_text
 from reconciler.model import ApplyError, PciAddress
 from reconciler.model.errors import excerpt
-
-_VIRTFN = re.compile(r"^virtfn(\d+)$")
-#: How many trailing lines of a failed command's output go into the message.
-_OUTPUT_LINES = 5
 
 
 def checked_uuid(text: str) -> str:
@@ -59,48 +46,10 @@ def _is_uuid(name: str) -> bool:
         return False
 
 
-class MdevDriver:
+class MdevDriver(SriovHost):
     """:class:`~reconciler.apply.ports.HostDriver` for GPUs whose VFs are mdev parents."""
 
     interface: Final = "mdev"
-
-    def __init__(
-        self,
-        *,
-        sysfs_root: Path,
-        writer: SysfsWriter,
-        runner: CommandRunner,
-        sriov_manage: Sequence[str],
-        command_timeout: float = 300.0,
-    ) -> None:
-        if isinstance(sriov_manage, str) or not sriov_manage:
-            raise ValueError("sriov_manage must be a non-empty argv prefix (a list), not a string")
-        self._read = SysfsReader(sysfs_root)
-        self._writer = writer
-        self._runner = runner
-        self._sriov_manage = tuple(str(a) for a in sriov_manage)
-        self._command_timeout = command_timeout
-
-    # -- SR-IOV -----------------------------------------------------------------------------
-
-    def enable_sriov(self, gpu: PciAddress) -> None:
-        self._run_sriov_manage("-e", gpu)
-
-    def disable_sriov(self, gpu: PciAddress) -> None:
-        self._run_sriov_manage("-d", gpu)
-
-    def _run_sriov_manage(self, flag: str, gpu: PciAddress) -> None:
-        argv = [*self._sriov_manage, flag, str(gpu)]
-        what = f"{os.path.basename(self._sriov_manage[-1])} {flag} {gpu}"
-        try:
-            result = self._runner.run(argv, timeout=self._command_timeout)
-        except (CommandNotFoundError, CommandNotExecutableError) as e:
-            raise type(e)(f"{e.message}: set --sriov-manage") from e
-        if result.returncode != 0:
-            raise CommandFailedError(
-                f"{what} failed (exit {result.returncode}): "
-                f"{_tail(result.stderr) or _tail(result.stdout) or 'no output'}"
-            )
 
     # -- vGPUs ------------------------------------------------------------------------------
 
@@ -144,7 +93,7 @@ class MdevDriver:
                     "reached)"
                 )
             else:
-                detail = f"{_errno_text(e)}; available_instances is {available}"
+                detail = f"{errno_text(e)}; available_instances is {available}"
             raise DriverRefusedError(
                 f"the driver refused to create {type_name} on {vf} ({detail})"
             ) from e
@@ -191,57 +140,7 @@ class MdevDriver:
 
             raise self._write_failed(e, f"remove vGPU {uuid} from {vf}") from e
 
-    def _write_failed(self, e: OSError, what: str) -> ApplyError:
-        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return DriverRefusedError(
-                f"cannot {what}: {_errno_text(e)} writing {e.filename or 'sysfs'} "
-                "(apply must run as root on the host)"
-            )
-        if e.errno == errno.EIO:
-            return DriverRefusedError(
-                f"the driver failed to {what} (I/O error): see the kernel log (dmesg) "
-                "and the nvidia-vgpu-mgr service",
-                transient=True,
-            )
-        return DriverRefusedError(
-            f"the driver refused to {what}: {_errno_text(e)}",
-            transient=e.errno in (errno.ENOMEM, errno.EAGAIN),
-        )
-
     # -- reads ------------------------------------------------------------------------------
-
-    def num_vfs(self, gpu: PciAddress) -> int:
-        pf = f"bus/pci/devices/{gpu}"
-        if not self._read.exists(pf):
-            self._read.check_root()
-            raise ApplyError(f"no PCI device {gpu} under {self._read.path('bus/pci/devices')}")
-        if not self._read.exists(f"{pf}/sriov_numvfs"):
-            raise ApplyError(f"{gpu} has no sriov_numvfs: it is not an SR-IOV device")
-        return self._read.integer(f"{pf}/sriov_numvfs")
-
-    def pf_driver(self, gpu: PciAddress) -> str:
-        link = f"bus/pci/devices/{gpu}/driver"
-        if not self._read.exists(link):
-            self._read.check_root()
-            return ""
-        return self._read.link_name(link)
-
-    def vf_addresses(self, gpu: PciAddress) -> list[PciAddress]:
-        pf = f"bus/pci/devices/{gpu}"
-        # Sort by the number, not the name: a glob order puts virtfn10 before virtfn2.
-        links = sorted(
-            (int(m[1]), name) for name in self._read.entries(pf) if (m := _VIRTFN.match(name))
-        )
-        out = []
-        for _, name in links:
-            target = self._read.link_name(f"{pf}/{name}")
-            try:
-                out.append(PciAddress.parse(target))
-            except ValueError:
-                raise ApplyError(
-                    f"{gpu}/{name} points to '{excerpt(target)}', not a PCI address"
-                ) from None
-        return out
 
     def vgpu_parent_ready(self, vf: PciAddress) -> bool:
         if self._read.entries(f"bus/pci/devices/{vf}/mdev_supported_types"):
@@ -249,8 +148,8 @@ class MdevDriver:
         if self._read.exists(f"bus/pci/devices/{vf}/nvidia/creatable_vgpu_types"):
             raise DriverRefusedError(
                 f"{vf} exposes NVIDIA's vendor-specific VFIO interface "
-                "(nvidia/creatable_vgpu_types), not mdev: vgpuctl does not drive it yet, so no "
-                "vGPU was created (plan again: its changes show as blocked)"
+                "(nvidia/creatable_vgpu_types), not the mdev the plan was made for: no vGPU "
+                "was created; plan again"
             )
         return False
 
@@ -302,13 +201,3 @@ class MdevDriver:
             return self._read.integer(f"{type_rel}/available_instances")
         except ApplyError:
             return None
-
-
-def _errno_text(e: OSError) -> str:
-    name = errno.errorcode.get(e.errno or 0, str(e.errno))
-    return f"{e.strerror or name} ({name})"
-
-
-def _tail(output: str) -> str:
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    return "; ".join(lines[-_OUTPUT_LINES:])

@@ -1,7 +1,8 @@
 """The ports through which ``apply`` changes a host: sysfs writes, commands, and a host driver.
 
-The executor speaks only :class:`HostDriver`; each host interface (mdev now, NVIDIA
-vendor-specific VFIO later, docs/domain.md §3) is one adapter behind it. Adapters in turn write
+The executor speaks only :class:`HostDriver`; each host interface (mdev, NVIDIA's
+vendor-specific VFIO: docs/domain.md §3) is one adapter behind it, and a node's driver hands each
+VF to the one it shows (``drivers.PerVfDriver``). Adapters in turn write
 through :class:`SysfsWriter` and run programs through :class:`CommandRunner`, so the simulator
 (or a test's fake kernel) plugs in underneath the real adapter code.
 """
@@ -107,7 +108,8 @@ class HostDriver(Protocol):
 
     @property
     def interface(self) -> str:
-        """The host interface this driver speaks (``mdev`` or ``vfio``, as in plans)."""
+        """The host interface this driver speaks (``mdev`` or ``vfio``, as in plans), or
+        ``any`` for one that serves each VF through the interface it shows."""
         ...
 
     # -- writes -----------------------------------------------------------------------------
@@ -118,7 +120,10 @@ class HostDriver(Protocol):
 
     def create_vgpu(
         self, *, gpu: PciAddress, vf: PciAddress, vf_index: int, type_name: str, uuid: str
-    ) -> None: ...
+    ) -> None:
+        """Make a vGPU of ``type_name`` on ``vf``, named ``uuid``: an mdev UUID, or on the
+        vfio interface the VF's own address (the VF is the vGPU there)."""
+        ...
 
     def remove_vgpu(self, *, gpu: PciAddress, vf: PciAddress, uuid: str) -> None: ...
 

@@ -69,8 +69,9 @@ def export_document(inventory: Inventory, *, name: str) -> dict[str, Any]:
 
 def unexportable(gpu: Gpu) -> str | None:
     """Why ``export`` leaves a GPU out: one vgpuctl must leave alone (passed through whole, no
-    vGPU VFs), one whose vGPUs it does not drive, or one in the middle of a change (a removal
-    under way, a vGPU whose type it cannot name). An empty layout would be a lie there."""
+    vGPU VFs), one whose vGPUs it cannot drive now (no interface, a vfio type it cannot name),
+    or one in the middle of a change (a removal under way, a vGPU whose type it cannot read).
+    An empty layout would be a lie there."""
     from reconciler.plan.guard import hands_off, not_drivable
 
     reason = hands_off(gpu) or not_drivable(gpu)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +25,8 @@ from reconciler.model import Inventory, PciAddress, UsageError
 from reconciler.model.cluster import ClusterState, DeviceUse
 
 if TYPE_CHECKING:
-    from reconciler.apply import BoundedWriter, MdevDriver
+    from reconciler.apply import BoundedWriter, PerVfDriver
+    from reconciler.apply.typerecord import TypeRecord
     from reconciler.engine import NodePorts
     from reconciler.kube import KubernetesApi
     from reconciler.observe.holds import HoldProbe
@@ -95,16 +96,30 @@ class Host:
             raise UsageError("--sriov-manage is empty")
         return argv
 
+    @cached_property
+    def type_record(self) -> TypeRecord:
+        """The vfio types vgpuctl configured on this node (``apply.typerecord``)."""
+        from reconciler.apply.typerecord import TypeRecord, driver_version
+
+        return TypeRecord(
+            self.state_dir, self.options.node, driver=driver_version(self.options.sysfs_root)
+        )
+
     def observe(self) -> Inventory:
         from reconciler.observe import observe_host
 
-        return observe_host(
+        record = self.type_record.read()
+        inventory = observe_host(
             self.options.sysfs_root,
             node=self.options.node,
             catalog=self.catalog,
             hold_probe=self.hold_probe(),
             assume_no_hidden_holders=self.options.assume_no_hidden_holders,
+            known_types=record.names,
         )
+        if record.note is not None:
+            inventory = replace(inventory, notes=(*inventory.notes, record.note))
+        return inventory
 
     def hold_probe(self) -> HoldProbe:
         """Who holds a vGPU: the simulator's VMs on a simulated host, ``/proc`` on a real one."""
@@ -186,8 +201,15 @@ class Host:
 
     def driver(
         self, *, command_timeout: float = 300.0, write_timeout: float = DEFAULT_WRITE_TIMEOUT
-    ) -> MdevDriver:
-        from reconciler.apply import BoundedWriter, MdevDriver, SubprocessRunner
+    ) -> PerVfDriver:
+        from reconciler.apply import (
+            BoundedWriter,
+            MdevDriver,
+            PerVfDriver,
+            SubprocessRunner,
+            VfioDriver,
+        )
+        from reconciler.apply.sysfs import SysfsReader
 
         root = self.options.sysfs_root
         # Every write in a writer process of its own: a kernel call that never returns
@@ -200,12 +222,25 @@ class Host:
                 command += ["--simulated", "--owner", str(os.getpid())]
             writer = BoundedWriter(command, timeout=write_timeout, root=root)
             self._writers[write_timeout] = writer
-        return MdevDriver(
-            sysfs_root=root,
-            writer=writer,
-            runner=SubprocessRunner(),
-            sriov_manage=self.sriov_manage_argv,
-            command_timeout=command_timeout,
+        runner, argv = SubprocessRunner(), self.sriov_manage_argv
+        return PerVfDriver(
+            mdev=MdevDriver(
+                sysfs_root=root,
+                writer=writer,
+                runner=runner,
+                sriov_manage=argv,
+                command_timeout=command_timeout,
+            ),
+            vfio=VfioDriver(
+                sysfs_root=root,
+                writer=writer,
+                runner=runner,
+                sriov_manage=argv,
+                command_timeout=command_timeout,
+                known_types=self.type_record.read().names,
+                on_configured=self.type_record.add,
+            ),
+            reader=SysfsReader(root),
         )
 
     def ports(

@@ -98,6 +98,12 @@ class _Line:
     order: int
 
 
+def _named(uuid: str, target: str) -> str:
+    """How a vGPU is named in a plan's line: its mdev UUID; on NVIDIA's vendor-specific VFIO
+    interface the VF is the vGPU, and has no UUID."""
+    return "(vfio: the VF itself)" if uuid == target else f"(uuid {safe(uuid)})"
+
+
 def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Line]]:
     """Group host actions per GPU; merge a replacement's remove and create into one ``-/+``."""
     per_gpu: dict[str, list[_Line]] = defaultdict(list)
@@ -111,21 +117,21 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Li
                 line = _Line(
                     style.yellow("-/+"),
                     f"vgpu {target}  {safe(a.replaces)} → {safe(a.type_name)}"
-                    f"  (uuid {safe(a.uuid)})",
+                    f"  {_named(a.uuid, a.target)}",
                     reason,
                     1,
                 )
             case VgpuCreate():
                 line = _Line(
                     style.green("+"),
-                    f"vgpu {target}  {safe(a.type_name)}  (uuid {safe(a.uuid)})",
+                    f"vgpu {target}  {safe(a.type_name)}  {_named(a.uuid, a.target)}",
                     reason,
                     1,
                 )
             case VgpuRemove():
                 line = _Line(
                     style.red("-"),
-                    f"vgpu {target}  {safe(a.type_name)}  (uuid {safe(a.uuid)})",
+                    f"vgpu {target}  {safe(a.type_name)}  {_named(a.uuid, a.target)}",
                     reason,
                     1,
                 )
@@ -350,7 +356,7 @@ def gpu_line(g: Gpu) -> str:
     held = sum(1 for v in g.vfs if v.vgpu and v.vgpu.in_use)
     interface = {
         Interface.MDEV: "mdev",
-        Interface.VFIO: "NVIDIA vendor-specific VFIO (read only: vgpuctl does not drive it yet)",
+        Interface.VFIO: "NVIDIA vendor-specific VFIO",
         Interface.NONE: "no vGPU interface on its VFs",
     }[g.interface]
     in_use = f", {held} in use" if held else ""

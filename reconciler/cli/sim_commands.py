@@ -51,7 +51,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
         choices=("mdev", "vfio"),
         default="mdev",
         help="mdev (vGPU 16 and older, kernels before 6.8), or NVIDIA's vendor-specific VFIO "
-        "interface (vGPU 17+ on kernel 6.8+), which vgpuctl reports but does not drive yet",
+        "interface (vGPU 17+ on kernel 6.8+: a VF's profile is its nvidia/current_vgpu_type)",
     )
     p.add_argument(
         "--passthrough",

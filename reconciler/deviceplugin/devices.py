@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from reconciler.model import Inventory, PciAddress, ReconcilerError
+from reconciler.model import Interface, Inventory, PciAddress, ReconcilerError
 from reconciler.model.cluster import resource_name
 
 HEALTHY = "Healthy"
@@ -27,7 +27,8 @@ PERMISSIONS = "mrw"
 
 @dataclass(frozen=True, slots=True)
 class PluginDevice:
-    """One advertised device: a vGPU (ID = mdev UUID) with where it lives."""
+    """One advertised device: a vGPU (ID = mdev UUID; on NVIDIA's vendor-specific VFIO
+    interface the VF's address, the VF being the vGPU) with where it lives."""
 
     id: str
     healthy: bool
@@ -35,6 +36,8 @@ class PluginDevice:
     gpu: PciAddress
     #: The vGPU's IOMMU group number as a string ("" when unknown): ``/dev/vfio/<group>``.
     iommu_group: str
+    #: The VF itself is the device, handed to the VM as a PCI device (docs/domain.md §3b).
+    whole_vf: bool = False
 
     @property
     def health(self) -> str:
@@ -66,6 +69,7 @@ def device_sets(inventory: Inventory) -> DeviceSets:
                     vf=vf.address,
                     gpu=gpu.address,
                     iommu_group=vf.vgpu.iommu_group,
+                    whole_vf=gpu.interface is Interface.VFIO,
                 )
             )
     return {resource: tuple(sorted(devs, key=_order)) for resource, devs in sorted(sets.items())}
@@ -107,10 +111,13 @@ def socket_name(resource: str) -> str:
     return "vgpuctl-" + resource.replace("/", "_") + ".sock"
 
 
-def allocate_env_name(resource: str) -> str:
+def allocate_env_name(resource: str, *, whole_vf: bool = False) -> str:
     """``nvidia.com/NVIDIA_A2-4Q`` → ``MDEV_PCI_RESOURCE_NVIDIA_COM_NVIDIA_A2-4Q``: the variable
-    KubeVirt's virt-launcher reads the allocated mdev UUIDs from (docs/domain.md §7)."""
-    return "MDEV_PCI_RESOURCE_" + resource.upper().replace("/", "_").replace(".", "_")
+    KubeVirt's virt-launcher reads the allocated mdev UUIDs from; for VFs handed over whole
+    (the vfio interface), ``PCI_RESOURCE_NVIDIA_COM_NVIDIA_A2-4Q`` with their PCI addresses
+    (docs/domain.md §7)."""
+    prefix = "PCI_RESOURCE_" if whole_vf else "MDEV_PCI_RESOURCE_"
+    return prefix + resource.upper().replace("/", "_").replace(".", "_")
 
 
 class AllocationError(ReconcilerError):
@@ -161,9 +168,14 @@ def allocation(resource: str, ids: Sequence[str], devices: Sequence[PluginDevice
     no_group = [i for i in ids if not by_id[i].iommu_group]
     if no_group:
         raise AllocationError(f"{resource}: no IOMMU group known for {', '.join(no_group)}")
+    kinds = {by_id[i].whole_vf for i in ids}
+    if len(kinds) > 1:
+        raise AllocationError(
+            f"{resource}: the request mixes mdevs and whole VFs, which no VM can take together"
+        )
     groups = dict.fromkeys(by_id[i].iommu_group for i in ids)
     return Allocation(
-        envs={allocate_env_name(resource): ",".join(ids)},
+        envs={allocate_env_name(resource, whole_vf=kinds.pop()): ",".join(ids)},
         device_paths=(VFIO_CONTROL, *(f"/dev/vfio/{g}" for g in groups)),
     )
 

@@ -30,8 +30,11 @@ from reconciler.model.inventory import (
     Gpu,
     Interface,
     Inventory,
+    TypeNames,
     Vf,
     VGPUType,
+    type_shown_by_id,
+    unresolved_type_id,
 )
 from reconciler.model.plan import (
     ACTION_TYPES,
@@ -100,6 +103,7 @@ __all__ = [
     "SriovEnable",
     "Summary",
     "TransientError",
+    "TypeNames",
     "UsageError",
     "VGPUType",
     "ValidationError",
@@ -107,4 +111,6 @@ __all__ = [
     "VfKey",
     "VgpuCreate",
     "VgpuRemove",
+    "type_shown_by_id",
+    "unresolved_type_id",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _encode
@@ -68,6 +69,25 @@ class VGPUType:
 UNKNOWN_HOLDER = "unknown"
 #: The type of a vGPU whose type cannot be read (its type link is gone: a removal under way).
 UNKNOWN_TYPE = "unknown"
+_BY_ID = re.compile(r"type ([0-9]{1,9})")
+
+
+#: Names of vGPU type ids on NVIDIA's vendor-specific VFIO interface, per GPU: (GPU, type id)
+#: → type name. Ids are a driver branch's, so such a mapping holds for the running driver only.
+TypeNames = Mapping[tuple[PciAddress, str], str]
+
+
+def type_shown_by_id(type_id: str) -> str:
+    """How a vGPU is named whose type id (vfio's ``current_vgpu_type``) no list and no record
+    names: ``type 1147``. Such a vGPU is shown, never planned as absent or changed blindly."""
+    return f"type {type_id}"
+
+
+def unresolved_type_id(type_name: str) -> str | None:
+    """The type id of a name made by :func:`type_shown_by_id`, else None (a driver's type
+    names start with the vendor: ``NVIDIA …``, ``GRID …``)."""
+    m = _BY_ID.fullmatch(type_name)
+    return m[1] if m else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +189,10 @@ class Inventory:
     sysfs_root: str = "/sys"
     #: Extra facts that do not affect planning (driver version, notes); not fingerprinted.
     notes: tuple[str, ...] = field(default=(), compare=False)
+    #: Whether the host has the mdev bus (``bus/mdev``: the kernel's mdev core is loaded).
+    #: Without it no GPU can make mdevs, so a GPU whose VFs are not up yet will show NVIDIA's
+    #: vendor-specific VFIO interface (docs/domain.md §3b). In the JSON only when false.
+    mdev_bus: bool = True
 
     def gpu(self, address: PciAddress) -> Gpu | None:
         for g in self.gpus:
@@ -178,11 +202,14 @@ class Inventory:
 
     def to_json(self) -> dict[str, Any]:
         """The inventory contract (``schemas/inventory.schema.json``)."""
-        return {
+        doc: dict[str, Any] = {
             "node": self.node,
             "sysfsRoot": self.sysfs_root,
             "gpus": [_gpu_json(g) for g in self.gpus],
         }
+        if not self.mdev_bus:
+            doc["mdevBus"] = False
+        return doc
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Inventory:
@@ -190,6 +217,7 @@ class Inventory:
             node=str(raw["node"]),
             sysfs_root=str(raw.get("sysfsRoot", "/sys")),
             gpus=tuple(_gpu_from_json(g) for g in raw.get("gpus", [])),
+            mdev_bus=raw.get("mdevBus", True) is not False,
         )
 
     def fingerprint(self) -> str:
@@ -205,7 +233,8 @@ class Inventory:
             if i:
                 digest.update(b",")
             digest.update(_gpu_canonical(g).encode())
-        digest.update(f'],"node":{json.dumps(self.node)}}}'.encode())
+        bus = "" if self.mdev_bus else '"mdevBus":false,'
+        digest.update(f'],{bus}"node":{json.dumps(self.node)}}}'.encode())
         return "sha256:" + digest.hexdigest()
 
 

@@ -319,7 +319,7 @@ def _vgpu_remove(r: _Read, seq: int, target: str, reason: str) -> Action:
         gpu=r.gpu(),
         vf_index=r.integer("vfIndex", 0),
         type_name=r.text("type"),
-        uuid=r.text("uuid"),
+        uuid=_vgpu_name(r, target),
         replaced_by=r.opt_text("replacedBy"),
     )
 
@@ -342,9 +342,24 @@ def _vgpu_create(r: _Read, seq: int, target: str, reason: str) -> Action:
         gpu=r.gpu(),
         vf_index=r.integer("vfIndex", 0),
         type_name=r.text("type"),
-        uuid=r.text("uuid"),
+        uuid=_vgpu_name(r, target),
         replaces=r.opt_text("replaces"),
     )
+
+
+def _vgpu_name(r: _Read, target: str) -> str:
+    """``uuid``: an mdev UUID, or on the vfio interface the VF's address, which can only be
+    the action's own VF (the VF is the vGPU there)."""
+    name = r.text("uuid")
+    try:
+        PciAddress.parse(name)
+    except ValueError:
+        return name
+    if name != target:
+        raise PlanFormatError(
+            f"{r.where}.uuid: a VF address names the vGPU on that VF only: expected {target}"
+        )
+    return name
 
 
 def _cr_create(r: _Read, seq: int, target: str, reason: str) -> Action:

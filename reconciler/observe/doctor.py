@@ -189,8 +189,7 @@ def _gpu(gpu: Gpu) -> Check:
             name,
             CheckStatus.OK,
             f"{label}: {gpu.num_vfs} VFs, NVIDIA's vendor-specific VFIO interface "
-            f"(nvidia/creatable_vgpu_types), {offered}; vgpuctl reports it, it does not drive "
-            "it yet",
+            f"(nvidia/creatable_vgpu_types), {offered}",
         )
     return Check(
         name,

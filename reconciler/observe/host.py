@@ -22,6 +22,7 @@ from reconciler.model import (
     Inventory,
     ObserveError,
     PciAddress,
+    TypeNames,
     Vf,
 )
 from reconciler.observe.holds import DeviceNodes, HolderScan, HoldProbe
@@ -49,8 +50,12 @@ def observe_host(
     catalog: Catalog,
     hold_probe: HoldProbe | None = None,
     assume_no_hidden_holders: bool = False,
+    known_types: TypeNames | None = None,
 ) -> Inventory:
     """Every NVIDIA SR-IOV vGPU GPU under ``sysfs_root``, with its VFs, types and vGPUs.
+
+    ``known_types`` names the vfio type ids vgpuctl configured under the running driver (its
+    record in the state directory): a type in use that no VF lists any more is named from it.
 
     Without a ``hold_probe`` no vGPU is reported in use: callers on a real host pass
     ``ProcfsHoldProbe()``, the simulator passes its own. When the probe cannot see every
@@ -62,7 +67,9 @@ def observe_host(
     for _attempt in range(2):
         try:
             # A tree per attempt: it holds the root open, and the root may have been replaced.
-            inventory, nodes = _scan(_open_tree(sysfs_root), node=node, catalog=catalog)
+            inventory, nodes = _scan(
+                _open_tree(sysfs_root), node=node, catalog=catalog, known_types=known_types or {}
+            )
             break
         except (FileNotFoundError, NotADirectoryError) as exc:
             vanished = exc
@@ -107,18 +114,23 @@ def vgpu_holder(
     hold_probe: HoldProbe,
     assume_no_hidden_holders: bool = False,
 ) -> str | None:
-    """Which process holds the mdev ``uuid`` on ``vf`` now, for the executor to ask right before
+    """Which process holds the vGPU ``uuid`` on ``vf`` now, for the executor to ask right before
     it removes that vGPU: one vGPU's device nodes and one probe scan, never a host scan.
+    ``uuid`` is an mdev UUID, or on NVIDIA's vendor-specific VFIO interface the VF's address:
+    the VF is the vGPU there, held through the VF's own group or cdev (docs/domain.md §3b, §9).
 
     ``unknown: …`` (it counts as held) when the probe cannot see every process of the host,
     unless ``assume_no_hidden_holders``, as :func:`observe_host` decides. None when no process
     holds it, when nothing could open it, or when it is gone.
     """
-    if not is_mdev_uuid(uuid):
-        raise ObserveError(f"not an mdev UUID: {uuid!r}")
+    whole_vf = uuid == str(vf)
+    if not whole_vf and not is_mdev_uuid(uuid):
+        raise ObserveError(f"not an mdev UUID, nor the VF's address: {uuid!r}")
     tree = SysfsTree(sysfs_root)
     try:
-        device = f"{tree.resolve(f'{PCI_DEVICES}/{vf}')}/{uuid}"
+        device = tree.resolve(f"{PCI_DEVICES}/{vf}")
+        if not whole_vf:
+            device = f"{device}/{uuid}"
         if not tree.exists(device):
             return None
         nodes = device_nodes(tree, device)
@@ -154,8 +166,10 @@ def _open_tree(sysfs_root: Path) -> SysfsTree:
     return tree
 
 
-def _scan(tree: SysfsTree, *, node: str, catalog: Catalog) -> tuple[Inventory, VgpuNodes]:
-    readers = _interface_readers(tree, catalog)
+def _scan(
+    tree: SysfsTree, *, node: str, catalog: Catalog, known_types: TypeNames
+) -> tuple[Inventory, VgpuNodes]:
+    readers = _interface_readers(tree, catalog, known_types)
     gpus: list[Gpu] = []
     notes: list[str] = []
     nodes: VgpuNodes = {}
@@ -172,14 +186,20 @@ def _scan(tree: SysfsTree, *, node: str, catalog: Catalog) -> tuple[Inventory, V
                 nodes[vf.vgpu.uuid] = vf.nodes
         gpus.append(_gpu(pf, reading, catalog))
     inventory = Inventory(
-        node=node, gpus=tuple(gpus), sysfs_root=str(tree.root), notes=tuple(notes)
+        node=node,
+        gpus=tuple(gpus),
+        sysfs_root=str(tree.root),
+        notes=tuple(notes),
+        mdev_bus=tree.exists("bus/mdev"),
     )
     return inventory, nodes
 
 
-def _interface_readers(tree: SysfsTree, catalog: Catalog) -> tuple[InterfaceReader, ...]:
+def _interface_readers(
+    tree: SysfsTree, catalog: Catalog, known_types: TypeNames
+) -> tuple[InterfaceReader, ...]:
     """One reader per host interface, asked in this order; the first that knows a GPU wins."""
-    return (MdevReader(tree), VendorVfioReader(tree, catalog))
+    return (MdevReader(tree), VendorVfioReader(tree, catalog, known_types))
 
 
 def _read_interfaces(readers: tuple[InterfaceReader, ...], pf: PhysicalFunction) -> GpuReading:

@@ -1,21 +1,23 @@
-"""NVIDIA's vendor-specific VFIO interface (docs/domain.md §3b; vGPU 17+ on kernel 6.8+): read only.
+"""NVIDIA's vendor-specific VFIO interface (docs/domain.md §3b; vGPU 17+ on kernel 6.8+), read.
 
 Each VF of such a GPU has ``nvidia/creatable_vgpu_types`` (a header ``ID    : vGPU Name``, then
 ``1147  : NVIDIA L40S-1Q`` lines: what can be created on it *now*) and
 ``nvidia/current_vgpu_type`` (``0``, or the id of the type it was given). There are no mdevs:
 the VF itself is the vGPU, handed to a VM as a PCI device, so its address is its identity.
 
-vgpuctl reads this interface so that such a GPU is reported truthfully (its vGPUs are shown and
-never planned as absent) but does not drive it yet: the planner blocks its changes. The name of
-a type in use is not listed any more (the list narrows to what can still be created), so it is
-resolved through the other VFs' lists; one no list names is shown by its id. This interface
-publishes no ``description``: sizes and maxima come from the catalogue, or from the name.
+``apply.vfio`` drives it. The name of a type in use is not listed any more (the list narrows to
+what can still be created), so it is resolved through the other VFs' lists; one no list names is
+shown by its id (:func:`~reconciler.model.type_shown_by_id`), and the planner changes nothing on
+that GPU. This interface publishes no ``description``: sizes and maxima come from the catalogue,
+or from the name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from reconciler.catalog import Catalog, parse_profile_name
-from reconciler.model import VGPU, Interface, VGPUType
+from reconciler.model import VGPU, Interface, TypeNames, VGPUType, type_shown_by_id
 from reconciler.model.errors import excerpt
 from reconciler.observe.interfaces import GpuReading, VfReading, device_nodes
 from reconciler.observe.parse import parse_creatable_types, parse_int, type_id_order
@@ -26,17 +28,16 @@ CREATABLE = "nvidia/creatable_vgpu_types"
 CURRENT = "nvidia/current_vgpu_type"
 
 
-def type_by_id(type_id: str) -> str:
-    """How a vGPU whose type no list names is shown: ``type 1147``."""
-    return f"type {type_id}"
-
-
 class VendorVfioReader:
     """Reads GPUs whose VFs expose ``nvidia/creatable_vgpu_types``. One instance per scan."""
 
-    def __init__(self, tree: SysfsTree, catalog: Catalog) -> None:
+    def __init__(
+        self, tree: SysfsTree, catalog: Catalog, known_types: TypeNames | None = None
+    ) -> None:
         self._tree = tree
         self._catalog = catalog
+        #: Type ids vgpuctl configured under the running driver, by GPU (its record).
+        self._known = known_types or {}
 
     def read_gpu(self, pf: PhysicalFunction) -> GpuReading | None:
         tree = self._tree
@@ -67,12 +68,12 @@ class VendorVfioReader:
         for vf, offered, current in zip(pf.vfs, lists, currents, strict=True):
             vgpu = None
             if current != "0":
-                name = names.get(current)
+                name = names.get(current) or self._known.get((pf.address, current))
                 if name is None:
-                    name = type_by_id(current)
+                    name = type_shown_by_id(current)
                     notes.append(
-                        f"VF {vf.address} has vGPU type {current}, which no VF lists any more: "
-                        "shown by its id"
+                        f"VF {vf.address} has vGPU type {current}, which no VF lists any more "
+                        "and vgpuctl has no record of: shown by its id"
                     )
                 vgpu = VGPU(uuid=str(vf.address), type_name=name)
             vfs.append(
@@ -88,7 +89,33 @@ class VendorVfioReader:
                 key=lambda t: type_id_order(t.type_id),
             )
         )
+        if any(current != "0" for current in currents):
+            types += self._unlisted(pf, names.values())
         return GpuReading(Interface.VFIO, types=types, vfs=tuple(vfs), notes=tuple(notes))
+
+    def _unlisted(self, pf: PhysicalFunction, listed: Iterable[str]) -> tuple[VGPUType, ...]:
+        """Once a vGPU is configured the lists narrow to what can still be created, so the
+        GPU's other types are no longer listed anywhere: they are the catalogue's, with no id
+        (an id is read off a list when one lists the type again; docs/domain.md §3b)."""
+        model = self._catalog.model_for_ids(
+            pf.vendor_id, pf.device_id, pf.subsystem_vendor_id, pf.subsystem_device_id
+        )
+        if model is None:
+            return ()
+        seen = set(listed)
+        return tuple(
+            VGPUType(
+                name=p.name,
+                type_id="",
+                framebuffer_mib=p.framebuffer_mib,
+                max_instance=p.max_instances,
+                num_heads=p.num_heads,
+                max_resolution=p.max_resolution,
+                frl_config=p.frl_config,
+            )
+            for p in model.time_sliced_profiles
+            if p.name not in seen
+        )
 
     def _type(self, type_id: str, name: str) -> VGPUType:
         """A listed type with the sizes the catalogue (or the name) gives; 0 where unknown."""

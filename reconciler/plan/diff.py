@@ -18,6 +18,7 @@ from reconciler.model import (
     VGPU,
     Gpu,
     HostAction,
+    Interface,
     Noop,
     PciAddress,
     SriovDisable,
@@ -55,8 +56,11 @@ def diff_gpu(
     profiles: Mapping[int, str],
     offer: Offer,
     node: str,
+    interface: Interface,
 ) -> GpuDiff:
-    """Steps that take ``gpu`` to ``profiles`` (VF index → profile; absent: no vGPU)."""
+    """Steps that take ``gpu`` to ``profiles`` (VF index → profile; absent: no vGPU).
+    ``interface``: the one its VFs show, or will once SR-IOV is on; it says how a new vGPU is
+    named (an mdev UUID; on vfio, its VF's address)."""
     diff = GpuDiff()
     pf = gpu.address
     if not sriov:
@@ -103,7 +107,7 @@ def diff_gpu(
                         address,
                         vf.index,
                         want,
-                        node,
+                        _identity(interface, node, address),
                         reason=f"VF {address} {appears}; desired {want}",
                     )
                 )
@@ -127,7 +131,13 @@ def diff_gpu(
             None
             if want is None
             else _create(
-                pf, address, vf.index, want, node, reason=remove.reason, replaces=have.type_name
+                pf,
+                address,
+                vf.index,
+                want,
+                _identity(interface, node, address),
+                reason=remove.reason,
+                replaces=have.type_name,
             )
         )
         if have.in_use:
@@ -239,12 +249,18 @@ def _remove(
     )
 
 
+def _identity(interface: Interface, node: str, address: str) -> str:
+    """How the vGPU to make on VF ``address`` is named: on NVIDIA's vendor-specific VFIO the
+    VF is the vGPU, so its address (no UUID is invented); an mdev gets vgpuctl's stable UUID."""
+    return address if interface is Interface.VFIO else vgpu_uuid(node, address)
+
+
 def _create(
     pf: PciAddress,
     address: str,
     index: int,
     profile: str,
-    node: str,
+    uuid: str,
     *,
     reason: str,
     replaces: str | None = None,
@@ -255,7 +271,7 @@ def _create(
         gpu=pf,
         vf_index=index,
         type_name=profile,
-        uuid=vgpu_uuid(node, address),
+        uuid=uuid,
         replaces=replaces,
     )
 

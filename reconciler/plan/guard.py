@@ -7,10 +7,11 @@ Two kinds of GPU are listed in the desired state yet must not be acted on:
   ``sriov-manage -e`` (docs/domain.md §2) — a running VM would lose its GPU. A PF whose
   ``sriov_vf_device`` is 0 makes no vGPU VFs. Nothing is planned for it; one blocked entry
   says why (when the desired state asks for any change).
-- **not drivable**: the GPU is ours, but vgpuctl cannot make or remove its vGPUs. Its VFs use
-  NVIDIA's vendor-specific VFIO interface, which vgpuctl reads but does not drive yet, or
-  they expose no vGPU interface at all. Every change is planned as usual, then blocked with
-  the reason: the plan shows what would change, and nothing runs.
+- **not drivable**: the GPU is ours, but vgpuctl cannot make or remove its vGPUs now. Its VFs
+  expose no vGPU interface at all, or (NVIDIA's vendor-specific VFIO) a VF has a vGPU type
+  whose id no list and no record names: its profile, and so its size, is unknown, and every
+  rule of the GPU depends on it. Every change is planned as usual, then blocked with the
+  reason: the plan shows what would change, and nothing runs.
 
 Either way the plan is not ``applyable``, and the rest of the node is planned as usual.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.model import Gpu, Interface, Noop
+from reconciler.model import Gpu, Interface, Noop, unresolved_type_id
 from reconciler.plan.diff import GpuDiff, vf_order
 
 
@@ -43,11 +44,20 @@ def not_drivable(gpu: Gpu) -> str | None:
     """Why vgpuctl cannot make or remove vGPUs on this GPU's VFs now, or None."""
     if not gpu.sriov_enabled:
         return None  # no VF yet: the interface shows once SR-IOV is on
-    if gpu.interface is Interface.VFIO:
+    unknown = [
+        (vf, type_id)
+        for vf in gpu.vfs
+        if vf.vgpu is not None and (type_id := unresolved_type_id(vf.vgpu.type_name)) is not None
+    ]
+    if unknown:
+        vf, type_id = unknown[0]
+        more = f" (and {len(unknown) - 1} more VFs)" if len(unknown) > 1 else ""
         return (
-            f"GPU {gpu.address} uses NVIDIA's vendor-specific VFIO interface "
-            "(<VF>/nvidia/current_vgpu_type, vGPU 17+ on kernel 6.8+), which this version of "
-            "vgpuctl reads but does not drive"
+            f"GPU {gpu.address}: VF {vf.address}{more} has vGPU type {type_id}, which no VF's "
+            "nvidia/creatable_vgpu_types lists any more and vgpuctl has no record of (it did "
+            "not configure it): its profile and size are unknown, so nothing on this GPU is "
+            f"changed (once no VM uses it, writing 0 to {vf.address}'s "
+            "nvidia/current_vgpu_type by hand frees it)"
         )
     if gpu.interface is Interface.NONE and gpu.vfs:
         return (

@@ -41,7 +41,7 @@ from reconciler.plan.diff import diff_gpu
 from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
 from reconciler.plan.nodestate import render_node_state
 from reconciler.plan.offer import Offer, gpu_label, host_spelling, offer_for
-from reconciler.plan.predict import predict_inventory
+from reconciler.plan.predict import likely_interface, predict_inventory
 from reconciler.plan.refresh import refresh_steps
 from reconciler.plan.render import render_with
 from reconciler.plan.uses import mark_cluster_uses
@@ -221,6 +221,11 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
             profiles=profiles,
             offer=offer,
             node=inventory.node,
+            interface=(
+                gpu.interface
+                if gpu.interface is not Interface.NONE
+                else likely_interface(inventory)
+            ),
         )
         if (reason := hands_off(gpu)) is not None:
             diff = left_alone(gpu, diff, reason)

@@ -71,14 +71,9 @@ def predict_inventory(
         index = action.vf_index
         vgpu = None
         if isinstance(action, VgpuCreate):
-            vf = gpu.vf(index)
-            # On the vfio interface a configured VF is its own identity (no mdev UUID).
-            uuid = (
-                str(vf.address)
-                if gpu.interface is Interface.VFIO and vf is not None
-                else action.uuid
-            )
-            vgpu = VGPU(uuid=uuid, type_name=action.type_name)
+            # The action names the vGPU as the host will: an mdev UUID, or on the vfio
+            # interface the VF's address (diff.py).
+            vgpu = VGPU(uuid=action.uuid, type_name=action.type_name)
         pending.setdefault(address, {})[index] = vgpu
     if not touched:
         return inventory
@@ -128,19 +123,22 @@ def _with_vfs(gpu: Gpu, vfs: tuple[Vf, ...]) -> Gpu:
 def _enabled(gpu: Gpu, inventory: Inventory, catalog: Catalog) -> Gpu:
     if gpu.sriov_enabled:
         return gpu  # sriov-manage -e leaves a GPU that has VFs alone
-    interface = _likely_interface(inventory)
+    interface = likely_interface(inventory)
     types = gpu.types or _sibling_types(gpu, inventory) or _catalogue_types(gpu, catalog)
     vfs = tuple(Vf(gpu.predicted_vf_address(i), i) for i in range(gpu.total_vfs))
     return replace(gpu, num_vfs=gpu.total_vfs, vfs=vfs, types=types, interface=interface)
 
 
-def _likely_interface(inventory: Inventory) -> Interface:
-    """One driver serves a node: a GPU whose VFs are up shows the interface; else mdev (the
-    seed's)."""
+def likely_interface(inventory: Inventory) -> Interface:
+    """The interface a GPU's VFs will show once SR-IOV is on: one driver serves a node, so the
+    one a GPU whose VFs are up shows; else, on a host without the mdev bus, NVIDIA's
+    vendor-specific VFIO (mdev cannot be); else mdev. Where the guess is wrong (the mdev core
+    loaded for something else on a vfio host), the first create stops the run before it writes
+    (plan again) and nothing is lost."""
     for g in sorted(inventory.gpus, key=lambda g: g.address):
         if g.interface is not Interface.NONE:
             return g.interface
-    return Interface.MDEV
+    return Interface.MDEV if inventory.mdev_bus else Interface.VFIO
 
 
 def _sibling_types(gpu: Gpu, inventory: Inventory) -> tuple[VGPUType, ...]:

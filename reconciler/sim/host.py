@@ -470,7 +470,7 @@ def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool)
 
 
 def _render(tree: SysfsTree, state: SimState) -> None:
-    tree.skeleton(_DRIVERS)
+    tree.skeleton(_DRIVERS, mdev=state.interface == "mdev")
     for d in state.devices:
         if d.role == "root-port":
             tree.function(_root_port(d))

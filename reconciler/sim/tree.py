@@ -131,12 +131,12 @@ class SysfsTree:
 
     # --- skeleton and plain functions -----------------------------------------------------
 
-    def skeleton(self, drivers: Sequence[str]) -> None:
+    def skeleton(self, drivers: Sequence[str], *, mdev: bool = True) -> None:
+        """The host's fixed directories. ``mdev``: the kernel's mdev core is loaded (its bus
+        and class); a host on NVIDIA's vendor-specific VFIO interface does without it."""
         for rel in (
             "bus/pci/devices",
-            "bus/mdev/devices",
-            MDEV_DRIVER,
-            "class/mdev_bus",
+            *(("bus/mdev/devices", MDEV_DRIVER, "class/mdev_bus") if mdev else ()),
             "class/vfio-dev",
             "kernel/iommu_groups",
             "module/nvidia",

@@ -272,7 +272,8 @@ def test_vgpus_on_the_vendor_specific_interface_are_shown_never_planned_absent(
     tmp_path: Path,
 ) -> None:
     """VF 1 was given type 1152 (L40S-8Q): its name is not in its own list any more, other
-    VFs' lists name it. VF 3 has a type no list names: it is shown by its id."""
+    VFs' lists name it. VF 3 has a type no list names and vgpuctl has no record of: it is shown
+    by its id, and nothing on that GPU is changed."""
     flags = l40s_flags(tmp_path, configured={1: "1152", 3: "9999"})
     res = run_vgpuctl("status", "-o", "json", *flags)
     assert res.returncode == 0, res.stderr
@@ -291,7 +292,7 @@ def test_vgpus_on_the_vendor_specific_interface_are_shown_never_planned_absent(
         ("vgpu-remove", "0000:26:00.5"),
         ("vgpu-remove", "0000:26:00.7"),
     }
-    assert all("vendor-specific VFIO interface" in b["reason"] for b in plan["blocked"])
+    assert all("VF 0000:26:00.7 has vGPU type 9999" in b["reason"] for b in plan["blocked"])
     assert plan["applyable"] is False
     # apply changes nothing (no write is tried: the files are as they were) and exits 2.
     root = tmp_path / "l40s" / "sys"
@@ -304,4 +305,29 @@ def test_vgpus_on_the_vendor_specific_interface_are_shown_never_planned_absent(
     res = run_vgpuctl("export", *flags)
     assert res.returncode == 0, res.stderr
     assert yaml.safe_load(res.stdout)["spec"]["nodes"][NODE]["gpus"] == []
-    assert "left out: GPU 0000:26:00.0 uses NVIDIA's vendor-specific VFIO interface" in res.stderr
+    assert "left out: GPU 0000:26:00.0: VF 0000:26:00.7 has vGPU type 9999" in res.stderr
+
+
+def test_apply_writes_the_id_the_vf_lists_for_the_profile(tmp_path: Path) -> None:
+    """On the captured L40S with VF 1 at type 1152 (L40S-8Q), asking for L40S-8Q on VF 0 too
+    writes 1152, the id the capture lists for that name, into VF 0's current_vgpu_type, and
+    nothing else; the plan names the vGPU by the VF. Type ids are resolved by name on the host,
+    never stored: the capture's list is the only source of 1152 here."""
+    flags = l40s_flags(tmp_path, configured={1: "1152"})
+    desired = l40s_desired(tmp_path, {0: "L40S-8Q", 1: "L40S-8Q"})
+    res = run_vgpuctl("plan", desired, "-o", "json", *flags)
+    assert res.returncode == 0, res.stderr
+    (create,) = [a for a in json.loads(res.stdout)["actions"] if a["kind"] == "vgpu-create"]
+    assert (create["target"], create["uuid"], create["type"]) == (
+        "0000:26:00.4",
+        "0000:26:00.4",
+        "NVIDIA L40S-8Q",
+    )
+    root = tmp_path / "l40s" / "sys"
+    currents = sorted(root.rglob("current_vgpu_type"))
+    before = {p: p.read_text() for p in currents}
+    res = run_vgpuctl("apply", desired, "--yes", *flags)
+    assert res.returncode == 0, res.stdout + res.stderr
+    after = {p: p.read_text() for p in currents}
+    changed = {p.parent.parent.name: after[p] for p in currents if after[p] != before[p]}
+    assert changed == {"0000:26:00.4": "1152"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -210,6 +211,27 @@ def test_allocation_refuses_unhealthy_and_groupless_devices() -> None:
         allocation(Q4, [uuid(2)], [groupless])
     assert not unhealthy.value.unknown_device
     assert not no_group.value.unknown_device
+
+
+def test_on_vfio_the_vfs_are_the_devices_and_are_allocated_as_pci_devices() -> None:
+    """docs/domain.md §3b, §7: the VF is the vGPU, its address the device ID, and KubeVirt reads
+    the addresses from PCI_RESOURCE_<NAME>; the VF's own IOMMU group is opened."""
+    inventory = make_inventory({A2_1: {0: ("NVIDIA A2-4Q", str(vf_address(A2_1, 0)), "200")}})
+    (gpu,) = inventory.gpus
+    vfs = list(gpu.vfs)
+    vfs[1] = Vf(vfs[1].address, 1, VGPU(str(vfs[1].address), "NVIDIA A2-4Q", iommu_group="201"))
+    vfio = Inventory("node-1", (replace(gpu, interface=Interface.VFIO, vfs=tuple(vfs)),))
+    (devices,) = device_sets(vfio).values()
+    assert [(d.id, d.whole_vf) for d in devices] == [
+        ("0000:08:00.4", True),
+        ("0000:08:00.5", True),
+    ]
+    got = allocation(Q4, ["0000:08:00.5", "0000:08:00.4"], devices)
+    assert got.envs == {"PCI_RESOURCE_NVIDIA_COM_NVIDIA_A2-4Q": "0000:08:00.5,0000:08:00.4"}
+    assert got.device_paths == ("/dev/vfio/vfio", "/dev/vfio/201", "/dev/vfio/200")
+    mdev = dev(1, A2_2, 0)
+    with pytest.raises(AllocationError, match="mixes mdevs and whole VFs"):
+        allocation(Q4, ["0000:08:00.4", uuid(1)], [*devices, mdev])
 
 
 # -- preferred allocation ------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from reconciler.model import (
     SriovEnable,
     Vf,
     VgpuCreate,
+    VgpuRemove,
     VGPUType,
 )
 from reconciler.plan import plan_node, vgpu_uuid
@@ -103,16 +104,61 @@ def test_a_vfio_gpu_matching_its_desired_state_needs_nothing() -> None:
     assert not p.has_changes
 
 
-def test_a_vfio_gpus_vgpus_are_never_planned_absent_only_blocked() -> None:
+def test_a_vfio_gpu_is_driven_and_its_vgpus_are_named_by_their_vf() -> None:
+    """On the vfio interface the VF is the vGPU (docs/domain.md §3b): a create and a remove name
+    it by the VF's address, never by an invented UUID."""
     p = plan(want(A2, {1: "A2-4Q"}), host=(_vfio_a2({0: "NVIDIA A2-4Q"}),))
-    assert p.actions == ()
+    assert p.blocked == ()
+    steps = [a for a in p.actions if isinstance(a, VgpuCreate | VgpuRemove)]
+    assert [(a.kind, a.target, a.uuid) for a in steps] == [
+        (ActionKind.VGPU_REMOVE, "0000:08:00.4", "0000:08:00.4"),
+        (ActionKind.VGPU_CREATE, "0000:08:00.5", "0000:08:00.5"),
+    ]
+    assert p.interface == "vfio"
+    assert p.applyable
+
+
+def test_a_profile_change_on_a_vfio_vf_keeps_the_vf_as_its_name() -> None:
+    p = plan(want(A2, {0: "A2-8Q"}), host=(_vfio_a2({0: "NVIDIA A2-4Q"}),))
+    (remove, create) = [a for a in p.actions if a.kind.is_host]
+    assert isinstance(remove, VgpuRemove)
+    assert isinstance(create, VgpuCreate)
+    assert (remove.target, remove.uuid, remove.replaced_by) == (
+        "0000:08:00.4",
+        "0000:08:00.4",
+        "NVIDIA A2-8Q",
+    )
+    assert (create.target, create.uuid, create.replaces) == (
+        "0000:08:00.4",
+        "0000:08:00.4",
+        "NVIDIA A2-4Q",
+    )
+
+
+def test_a_vfio_type_nobody_can_name_blocks_every_change_of_its_gpu() -> None:
+    """VF 2 has a type whose id no list and no record names: its size is unknown, so neither
+    it nor anything the equal-size rule ties to it is touched."""
+    host = _vfio_a2({0: "NVIDIA A2-4Q", 2: "type 1147"})
+    p = plan(want(A2, {0: "A2-4Q", 1: "A2-4Q"}), host=(host,))
+    assert [a for a in p.actions if a.kind.is_host] == []
     assert [(b.kind, b.target) for b in p.blocked] == [
-        (ActionKind.VGPU_REMOVE, "0000:08:00.4"),
+        (ActionKind.VGPU_REMOVE, "0000:08:00.6"),
         (ActionKind.VGPU_CREATE, "0000:08:00.5"),
     ]
-    assert all("vendor-specific VFIO interface" in b.reason for b in p.blocked)
-    assert all("does not drive" in b.reason for b in p.blocked)
+    for b in p.blocked:
+        assert b.reason.startswith(
+            "GPU 0000:08:00.0: VF 0000:08:00.6 has vGPU type 1147, which no VF's "
+            "nvidia/creatable_vgpu_types lists any more and vgpuctl has no record of"
+        )
     assert not p.applyable
+    # Wanting A2-4Q there is no better: type 1147 may be anything, so it is never taken for
+    # the desired profile, nor replaced blindly.
+    p = plan(want(A2, {0: "A2-4Q", 2: "A2-4Q"}), host=(host,))
+    assert [a for a in p.actions if a.kind.is_host] == []
+    assert [(b.kind, b.target) for b in p.blocked] == [
+        (ActionKind.VGPU_REMOVE, "0000:08:00.6"),
+        (ActionKind.VGPU_CREATE, "0000:08:00.6"),
+    ]
 
 
 def test_vfs_with_no_interface_block_the_gpus_changes() -> None:

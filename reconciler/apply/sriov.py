@@ -1,0 +1,136 @@
+"""What every NVIDIA host driver shares, whichever interface makes its vGPUs: SR-IOV through
+``sriov-manage`` (docs/domain.md §2) and the reads of a GPU's PF and VFs (§1).
+
+:class:`~reconciler.apply.mdev.MdevDriver` and :class:`~reconciler.apply.vfio.VfioDriver` add
+the vGPU half. Writes go through a :class:`~reconciler.apply.ports.SysfsWriter` (the confined
+real writer, or the simulator's kernel emulation) and commands through a
+:class:`~reconciler.apply.ports.CommandRunner`; reads are plain file reads under the same root.
+Kernel errnos become messages an operator can act on.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from reconciler.apply.errors import (
+    CommandFailedError,
+    CommandNotExecutableError,
+    CommandNotFoundError,
+    DriverRefusedError,
+)
+from reconciler.apply.ports import CommandRunner, SysfsWriter
+from reconciler.apply.sysfs import SysfsReader
+from reconciler.model import ApplyError, PciAddress
+from reconciler.model.errors import excerpt
+
+_VIRTFN = re.compile(r"^virtfn(\d+)$")
+#: How many trailing lines of a failed command's output go into the message.
+_OUTPUT_LINES = 5
+
+
+class SriovHost:
+    """SR-IOV and the PF/VF reads of :class:`~reconciler.apply.ports.HostDriver`."""
+
+    def __init__(
+        self,
+        *,
+        sysfs_root: Path,
+        writer: SysfsWriter,
+        runner: CommandRunner,
+        sriov_manage: Sequence[str],
+        command_timeout: float = 300.0,
+    ) -> None:
+        if isinstance(sriov_manage, str) or not sriov_manage:
+            raise ValueError("sriov_manage must be a non-empty argv prefix (a list), not a string")
+        self._read = SysfsReader(sysfs_root)
+        self._writer = writer
+        self._runner = runner
+        self._sriov_manage = tuple(str(a) for a in sriov_manage)
+        self._command_timeout = command_timeout
+
+    # -- SR-IOV -----------------------------------------------------------------------------
+
+    def enable_sriov(self, gpu: PciAddress) -> None:
+        self._run_sriov_manage("-e", gpu)
+
+    def disable_sriov(self, gpu: PciAddress) -> None:
+        self._run_sriov_manage("-d", gpu)
+
+    def _run_sriov_manage(self, flag: str, gpu: PciAddress) -> None:
+        argv = [*self._sriov_manage, flag, str(gpu)]
+        what = f"{os.path.basename(self._sriov_manage[-1])} {flag} {gpu}"
+        try:
+            result = self._runner.run(argv, timeout=self._command_timeout)
+        except (CommandNotFoundError, CommandNotExecutableError) as e:
+            raise type(e)(f"{e.message}: set --sriov-manage") from e
+        if result.returncode != 0:
+            raise CommandFailedError(
+                f"{what} failed (exit {result.returncode}): "
+                f"{tail(result.stderr) or tail(result.stdout) or 'no output'}"
+            )
+
+    def _write_failed(self, e: OSError, what: str) -> ApplyError:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return DriverRefusedError(
+                f"cannot {what}: {errno_text(e)} writing {e.filename or 'sysfs'} "
+                "(apply must run as root on the host)"
+            )
+        if e.errno == errno.EIO:
+            return DriverRefusedError(
+                f"the driver failed to {what} (I/O error): see the kernel log (dmesg) "
+                "and the nvidia-vgpu-mgr service",
+                transient=True,
+            )
+        return DriverRefusedError(
+            f"the driver refused to {what}: {errno_text(e)}",
+            transient=e.errno in (errno.ENOMEM, errno.EAGAIN),
+        )
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def num_vfs(self, gpu: PciAddress) -> int:
+        pf = f"bus/pci/devices/{gpu}"
+        if not self._read.exists(pf):
+            self._read.check_root()
+            raise ApplyError(f"no PCI device {gpu} under {self._read.path('bus/pci/devices')}")
+        if not self._read.exists(f"{pf}/sriov_numvfs"):
+            raise ApplyError(f"{gpu} has no sriov_numvfs: it is not an SR-IOV device")
+        return self._read.integer(f"{pf}/sriov_numvfs")
+
+    def pf_driver(self, gpu: PciAddress) -> str:
+        link = f"bus/pci/devices/{gpu}/driver"
+        if not self._read.exists(link):
+            self._read.check_root()
+            return ""
+        return self._read.link_name(link)
+
+    def vf_addresses(self, gpu: PciAddress) -> list[PciAddress]:
+        pf = f"bus/pci/devices/{gpu}"
+        # Sort by the number, not the name: a glob order puts virtfn10 before virtfn2.
+        links = sorted(
+            (int(m[1]), name) for name in self._read.entries(pf) if (m := _VIRTFN.match(name))
+        )
+        out = []
+        for _, name in links:
+            target = self._read.link_name(f"{pf}/{name}")
+            try:
+                out.append(PciAddress.parse(target))
+            except ValueError:
+                raise ApplyError(
+                    f"{gpu}/{name} points to '{excerpt(target)}', not a PCI address"
+                ) from None
+        return out
+
+
+def errno_text(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno or 0, str(e.errno))
+    return f"{e.strerror or name} ({name})"
+
+
+def tail(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return "; ".join(lines[-_OUTPUT_LINES:])

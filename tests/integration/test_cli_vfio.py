@@ -1,0 +1,162 @@
+"""vgpuctl on NVIDIA's vendor-specific VFIO interface (docs/domain.md §3b), run as a user runs
+it: ``sim init --interface vfio``, then ``apply``/``plan``/``status`` as subprocesses.
+
+Expectations are written from the domain facts, and the host is judged from its files: each
+VF's ``nvidia/current_vgpu_type`` holds the id its ``creatable_vgpu_types`` listed for the
+profile's name when SR-IOV came up (read here with a parser of the test's own), ``0`` on every
+other VF. There is no mdev and no UUID: the VF is the vGPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from tests.simnode import SimNode, run_vgpuctl
+
+GPU = "0000:08:00.0"
+#: The L40S's first VFs (sriov_offset 4, stride 1).
+VF0, VF1, VF4 = "0000:08:00.4", "0000:08:00.5", "0000:08:01.0"
+
+
+def vfio_sim(tmp_path: Path) -> SimNode:
+    res = run_vgpuctl(
+        "sim", "init", tmp_path / "host", "--gpu", f"L40S@{GPU}", "--interface", "vfio"
+    )
+    assert res.returncode == 0, res.stderr
+    return SimNode(tmp_path / "host")
+
+
+def desired(tmp_path: Path, gpu: dict[str, object], name: str = "desired.yaml") -> Path:
+    doc = {
+        "apiVersion": "vgpu.reconciler.dev/v1alpha1",
+        "kind": "VGPUDesiredState",
+        "metadata": {"name": "vfio"},
+        "spec": {"nodes": {"harvester-kgd9c": {"gpus": [{"address": GPU, **gpu}]}}},
+    }
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def vf_dir(node: SimNode, vf: str) -> Path:
+    return node.dir / "sys" / "bus" / "pci" / "devices" / vf / "nvidia"
+
+
+def listed(node: SimNode, vf: str) -> dict[str, str]:
+    """A VF's creatable_vgpu_types as name → id: a header line, then ``id : name`` lines."""
+    lines = (vf_dir(node, vf) / "creatable_vgpu_types").read_text().splitlines()
+    assert lines[0].split() == ["ID", ":", "vGPU", "Name"]
+    return {
+        name.strip(): type_id.strip() for type_id, name in (ln.split(":", 1) for ln in lines[1:])
+    }
+
+
+def currents(node: SimNode) -> dict[str, str]:
+    """Every VF's current_vgpu_type that is not 0, by VF address."""
+    out = {}
+    for path in sorted((node.dir / "sys").glob("devices/**/nvidia/current_vgpu_type")):
+        value = path.read_text().strip()
+        if value != "0":
+            out[path.parent.parent.name] = value
+    return out
+
+
+def test_a_vfio_host_is_enabled_and_configured_by_writing_type_ids(tmp_path: Path) -> None:
+    node = vfio_sim(tmp_path)
+    four = desired(tmp_path, {"sriov": "enabled", "profiles": {"NVIDIA L40S-8Q": 4}})
+    plan = json.loads(node.ok("plan", four, "-o", "json").stdout)
+    assert plan["interface"] == "none"  # no GPU has VFs yet (plan.schema.json)
+    # ... but the host has no mdev bus, so its VFs will show vfio: each vGPU is named by its VF.
+    creates = [a for a in plan["actions"] if a["kind"] == "vgpu-create"]
+    assert [(a["target"], a["uuid"]) for a in creates] == [
+        (vf, vf) for vf in (VF0, VF1, "0000:08:00.6", "0000:08:00.7")
+    ]
+    node.ok("apply", four, "--yes")
+    # Every VF listed every type before any was configured: read the id of L40S-8Q off an
+    # untouched VF now that the lists have narrowed to 8 GB types.
+    eight_q = listed(node, VF4)["NVIDIA L40S-8Q"]
+    assert currents(node) == dict.fromkeys((VF0, VF1, "0000:08:00.6", "0000:08:00.7"), eight_q)
+    # The lists narrow as the driver's do: nothing on a configured VF, one size elsewhere.
+    assert listed(node, VF0) == {}
+    assert {n.rsplit("-", 1)[1][:1] for n in listed(node, VF4)} == {"8"}
+    status = json.loads(node.ok("status", "-o", "json").stdout)
+    (gpu,) = status["gpus"]
+    assert gpu["interface"] == "vfio"
+    assert [
+        (v["address"], v["vgpu"]["uuid"], v["vgpu"]["type"]) for v in gpu["vfs"] if v["vgpu"]
+    ] == [(vf, vf, "NVIDIA L40S-8Q") for vf in (VF0, VF1, "0000:08:00.6", "0000:08:00.7")]
+    res = node.run("plan", four, "--detailed-exitcode")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "No changes" in res.stdout
+
+
+def test_a_size_change_clears_every_vf_then_writes_the_new_id(tmp_path: Path) -> None:
+    node = vfio_sim(tmp_path)
+    node.ok(
+        "apply", desired(tmp_path, {"sriov": "enabled", "profiles": {"NVIDIA L40S-8Q": 2}}), "--yes"
+    )
+    whole = desired(
+        tmp_path, {"sriov": "enabled", "profiles": {"NVIDIA L40S-48Q": 1}}, "whole.yaml"
+    )
+    # Both 8Q go before the 48Q can be configured (equal size; 48Q: one per GPU).
+    forty_eight = listed(node, VF4).get("NVIDIA L40S-48Q")
+    assert forty_eight is None  # not creatable while 8 GB vGPUs exist: the id is unknown yet
+    out = node.ok("apply", whole, "--yes").stdout
+    assert "Plan: 1 to create, 0 to change, 2 to remove, 0 blocked." in out
+    (configured,) = currents(node).items()
+    # At the maximum every list is a header only: no VF names the type in use any more.
+    assert all(listed(node, vf) == {} for vf in (VF0, VF1, VF4))
+    # vgpuctl recorded what it configured, so a fresh run still knows the type: no change,
+    # nothing blocked, and status names it.
+    res = node.run("plan", whole, "--detailed-exitcode")
+    assert res.returncode == 0, res.stdout + res.stderr
+    status = json.loads(node.ok("status", "-o", "json").stdout)
+    hosted = [v["vgpu"]["type"] for v in status["gpus"][0]["vfs"] if v["vgpu"]]
+    assert hosted == ["NVIDIA L40S-48Q"]
+    # Without the record (another state directory) the type is shown by its id, and the GPU's
+    # changes are blocked rather than guessed.
+    other = ["--state-dir", str(tmp_path / "elsewhere")]
+    res = node.run("plan", whole, *other, "-o", "json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["applyable"] is False
+    assert all(f"has vGPU type {configured[1]}" in b["reason"] for b in plan["blocked"])
+
+
+def test_after_a_reboot_the_same_profile_comes_back_on_the_same_vf(tmp_path: Path) -> None:
+    node = vfio_sim(tmp_path)
+    layout = desired(
+        tmp_path, {"sriov": "enabled", "vgpus": {0: "NVIDIA L40S-8Q", 4: "NVIDIA L40S-8A"}}
+    )
+    node.ok("apply", layout, "--yes")
+    before = currents(node)
+    assert set(before) == {VF0, VF4}
+    assert run_vgpuctl("sim", "reboot", node.dir).returncode == 0
+    assert currents(node) == {}
+    plan = json.loads(node.ok("plan", layout, "-o", "json").stdout)
+    host = [a for a in plan["actions"] if a["phase"] == "host"]
+    assert [(a["kind"], a["target"]) for a in host] == [
+        ("sriov-enable", GPU),
+        ("vgpu-create", VF0),
+        ("vgpu-create", VF4),
+    ]
+    assert [a["uuid"] for a in host[1:]] == [VF0, VF4]  # the VF, not a UUID
+    node.ok("apply", layout, "--yes")
+    assert currents(node) == before
+
+
+def test_a_vf_a_vm_holds_is_never_cleared(tmp_path: Path) -> None:
+    node = vfio_sim(tmp_path)
+    node.ok(
+        "apply", desired(tmp_path, {"sriov": "enabled", "vgpus": {0: "NVIDIA L40S-8Q"}}), "--yes"
+    )
+    # sim hold takes what names the vGPU: on vfio, the VF's address.
+    assert run_vgpuctl("sim", "hold", node.dir, VF0).returncode == 0
+    none = desired(tmp_path, {"sriov": "enabled", "vgpus": {}}, "none.yaml")
+    res = node.run("apply", none, "--yes")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"VF {VF0} hosts NVIDIA L40S-8Q, in use by simulated VM" in res.stdout
+    assert set(currents(node)) == {VF0}
