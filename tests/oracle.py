@@ -32,6 +32,7 @@ off) is excused, nothing else.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -112,17 +113,38 @@ def _link_name(path: Path) -> str:
     return os.path.basename(os.readlink(path))
 
 
-def _vfio_names(devices: Path) -> dict[str, str]:
-    """Type id → name from every VF's ``nvidia/creatable_vgpu_types`` on the host."""
+def _driver_type_names(root: Path, gpu: str) -> dict[str, str]:
+    """Type id → name as the (simulated) driver itself knows them for the GPU at ``gpu``: the
+    simulator's state file, ``<root>/.vgpuctl-sim/state.json``, lists each GPU's model and each
+    model's types with their ids. This is the hardware's word, as ``nvidia-smi`` would be on a
+    real host, and what names a vfio type in use once no VF lists it any more (a GPU at a
+    profile's maximum). Empty for a tree that is not the simulator's."""
+    path = root / ".vgpuctl-sim" / "state.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        model = next(g["model"] for g in doc["gpus"] if g["address"] == gpu)
+        types = doc["models"][model]["types"]
+        return {str(t["id"]): str(t["name"]) for t in types}
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return {}
+
+
+def vfio_type_names(root: Path, gpu: str, vf_dirs: Iterable[Path]) -> dict[str, str]:
+    """Type id → name for the GPU at ``gpu``: what its VFs' ``nvidia/creatable_vgpu_types``
+    list (``ID : name`` lines after a header), then what the driver itself says for ids no
+    list names (:func:`_driver_type_names`). Ids are a driver's, per GPU model: never taken
+    from another GPU's lists."""
     names: dict[str, str] = {}
-    for entry in sorted(os.listdir(devices)):
-        listing = devices / entry / "nvidia" / "creatable_vgpu_types"
+    for vf_dir in vf_dirs:
+        listing = vf_dir / "nvidia" / "creatable_vgpu_types"
         if not listing.is_file():
             continue
         for line in _read(listing).splitlines()[1:]:  # the header: "ID    : vGPU Name"
             m = _CREATABLE_LINE.match(line)
             if m:
                 names.setdefault(m.group(1), m.group(2))
+    for type_id, name in _driver_type_names(root, gpu).items():
+        names.setdefault(type_id, name)
     return names
 
 
@@ -163,17 +185,17 @@ def _maxima(vf_dir: Path) -> dict[str, int]:
     return out
 
 
-def read_gpu(root: Path, address: str, *, vfio_names: Mapping[str, str] | None = None) -> GpuView:
+def read_gpu(root: Path, address: str) -> GpuView:
     """One GPU as the tree under ``root`` (a sysfs root) shows it."""
     devices = root / "bus" / "pci" / "devices"
     pf = devices / address
-    names = _vfio_names(devices) if vfio_names is None else vfio_names
     links = {
         int(entry.removeprefix("virtfn")): _link_name(pf / entry)
         for entry in os.listdir(pf)
         if entry.startswith("virtfn") and entry.removeprefix("virtfn").isdigit()
     }
     vfs = tuple(links[i] for i in sorted(links))
+    names = vfio_type_names(root, address, (devices / vf for vf in vfs))
     vgpus: list[HostVgpu] = []
     maxima: dict[str, int] = {}
     for index in sorted(links):
@@ -230,9 +252,7 @@ class Snapshot:
 
 
 def snapshot(root: Path) -> Snapshot:
-    devices = root / "bus" / "pci" / "devices"
-    names = _vfio_names(devices)
-    return Snapshot({a: read_gpu(root, a, vfio_names=names) for a in gpu_addresses(root)})
+    return Snapshot({a: read_gpu(root, a) for a in gpu_addresses(root)})
 
 
 # --- the desired state ---------------------------------------------------------------------------

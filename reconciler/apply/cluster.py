@@ -12,10 +12,10 @@ ignores ``status``, so a create or a spec update is followed by a status write c
 resourceVersion the first write returned.
 
 The KubeVirt CR is shared with KubeVirt itself and with other vgpuctl nodes: only entries of
-``spec.configuration.permittedHostDevices.mediatedDevices`` named in the action change, and
-the ownership annotation with them. It is written with a JSON patch (RFC 6902) that names only
-those paths, each guarded by a ``test`` of the value it was computed from: a change elsewhere
-in the object (image registry, ``pciHostDevices``, someone else's entry) is neither carried
+``spec.configuration.permittedHostDevices.mediatedDevices`` and ``.pciHostDevices`` named in
+the action change, and the ownership annotations with them. It is written with a JSON patch
+(RFC 6902) that names only those paths, each guarded by a ``test`` of the value it was computed
+from: a change elsewhere in the object (image registry, someone else's entry) is neither carried
 nor overwritten, and a change to what we touch fails the patch (a conflict: read again and
 re-plan). The admission policy in deploy/ refuses the agent any other change to the object.
 Outcomes reuse the host executor's :class:`Outcome`/:class:`ApplyResult`.
@@ -49,6 +49,7 @@ from reconciler.model.cluster import (
     GROUP_VERSIONS,
     KUBEVIRT_GROUP,
     KUBEVIRT_OWNED_ANNOTATION,
+    KUBEVIRT_OWNED_PCI_ANNOTATION,
     KUBEVIRT_PLURAL,
     KUBEVIRT_VERSION,
     MANAGED_BY_LABEL,
@@ -390,13 +391,19 @@ class _Writer:
                 add=[e.to_json() for e in action.add],
                 remove=action.remove,
                 owned=action.owned,
+                add_pci=[e.to_json() for e in action.add_pci],
+                remove_pci=action.remove_pci,
+                owned_pci=action.owned_pci,
             )
             if change is None:
-                return OutcomeStatus.NOOP, f"{what}: mediatedDevices already as planned" + _after(
-                    conflicts
+                lists = "mediatedDevices" + (
+                    " and pciHostDevices"
+                    if action.add_pci or action.remove_pci or action.owned_pci
+                    else ""
                 )
+                return OutcomeStatus.NOOP, f"{what}: {lists} already as planned" + _after(conflicts)
             ops, summary = change
-            if action.remove:
+            if action.remove or action.remove_pci:
                 # A profile leaves the allow-list only as decided from this version of the CR
                 # (issue 12): any write to it since, and the patch fails and is re-planned.
                 ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": read}, *ops]
@@ -430,69 +437,116 @@ def _resource_version(raw: Mapping[str, Any]) -> str:
     return str((raw.get("metadata") or {}).get("resourceVersion") or "")
 
 
+@dataclass(frozen=True, slots=True)
+class _AllowList:
+    """One of the KubeVirt CR's allow-lists vgpuctl keeps entries in."""
+
+    #: Where it lives, as JSON pointer tokens.
+    path: tuple[str, ...]
+    #: The field that says which entry is whose (the ownership annotation lists its values).
+    key: str
+    annotation: str
+    #: How the summary names its entries.
+    label: str
+
+
+#: Where the mediated-devices allow-list lives in the KubeVirt CR, as JSON pointer tokens.
+MEDIATED_DEVICES_PATH = ("spec", "configuration", "permittedHostDevices", "mediatedDevices")
+#: Where the PCI host devices allow-list lives (NVIDIA's vfio interface: the VF is the vGPU).
+PCI_HOST_DEVICES_PATH = ("spec", "configuration", "permittedHostDevices", "pciHostDevices")
+_MEDIATED = _AllowList(MEDIATED_DEVICES_PATH, "mdevNameSelector", KUBEVIRT_OWNED_ANNOTATION, "")
+_PCI = _AllowList(PCI_HOST_DEVICES_PATH, "resourceName", KUBEVIRT_OWNED_PCI_ANNOTATION, "PCI ")
+_ALLOW_LISTS = (_MEDIATED, _PCI)
+
+
 def allow_list_change(
     kubevirt: Mapping[str, Any],
     *,
     add: Sequence[Mapping[str, Any]],
     remove: Sequence[str],
     owned: Sequence[str] = (),
+    add_pci: Sequence[Mapping[str, Any]] = (),
+    remove_pci: Sequence[str] = (),
+    owned_pci: Sequence[str] = (),
 ) -> tuple[dict[str, Any], str] | None:
-    """The KubeVirt CR with ``add`` entries appended (unless an entry for the selector is
-    there already) and ``remove`` selectors dropped (only entries the ownership annotation
-    says are ours), plus a summary; None when that changes nothing (pure).
+    """The KubeVirt CR with ``add`` entries appended to ``mediatedDevices`` (unless an entry
+    for the selector is there already) and ``remove`` selectors dropped (only entries the
+    ownership annotation says are ours), the same for ``pciHostDevices`` by resourceName
+    (``add_pci``, ``remove_pci``, ``owned_pci``, their own annotation), plus a summary; None
+    when that changes nothing (pure).
 
-    Owned afterwards = (owned as read ∪ added ∪ ``owned``) ∩ selectors present, minus
-    removed: another vgpuctl's concurrent addition stays owned.
+    Owned afterwards = (owned as read ∪ added ∪ ``owned``) ∩ keys present, minus removed:
+    another vgpuctl's concurrent addition stays owned. A list that does not change is left
+    as it is (not even created empty).
     """
     body = _plain(kubevirt)
     meta = body.setdefault("metadata", {})
     annotations = meta.setdefault("annotations", {}) or {}
     meta["annotations"] = annotations
-    owned_before = {
-        s.strip()
-        for s in str(annotations.get(KUBEVIRT_OWNED_ANNOTATION, "")).split(",")
-        if s.strip()
-    }
     config = body.setdefault("spec", {}).setdefault("configuration", {})
     permitted = config.get("permittedHostDevices") or {}
     config["permittedHostDevices"] = permitted
-    entries = list(permitted.get("mediatedDevices") or [])
-    present = {str(e.get("mdevNameSelector")) for e in entries if isinstance(e, Mapping)}
-
-    added = []
-    for entry in add:
-        selector = str(entry["mdevNameSelector"])
-        if selector not in present:
-            entries.append(_plain(entry))
-            present.add(selector)
-            added.append(selector)
-    removed = [s for s in dict.fromkeys(remove) if s in present and s in owned_before]
-    if removed:
-        gone = set(removed)
-        entries = [
-            e for e in entries if not (isinstance(e, Mapping) and e.get("mdevNameSelector") in gone)
-        ]
-        present -= gone
-    owned_after = ((owned_before | set(added) | set(owned)) & present) - set(removed)
-    if not added and not removed and owned_after == owned_before:
+    parts: list[str] = []
+    changed = False
+    for allow, adds, removes, owns in (
+        (_MEDIATED, add, remove, owned),
+        (_PCI, add_pci, remove_pci, owned_pci),
+    ):
+        side = _side_change(permitted, annotations, allow, add=adds, remove=removes, owned=owns)
+        if side is not None:
+            changed = True
+            parts.extend(side)
+    if not changed:
         return None
-    permitted["mediatedDevices"] = entries
-    if owned_after:
-        annotations[KUBEVIRT_OWNED_ANNOTATION] = ",".join(sorted(owned_after))
-    else:
-        annotations.pop(KUBEVIRT_OWNED_ANNOTATION, None)
-    parts = []
-    if added:
-        parts.append("allowed " + ", ".join(added))
-    if removed:
-        parts.append("removed " + ", ".join(removed))
     if not parts:
         parts.append("ownership annotation updated")
     return body, "; ".join(parts)
 
 
-#: Where the allow-list lives in the KubeVirt CR, as JSON pointer tokens.
-MEDIATED_DEVICES_PATH = ("spec", "configuration", "permittedHostDevices", "mediatedDevices")
+def _side_change(
+    permitted: dict[str, Any],
+    annotations: dict[str, Any],
+    allow: _AllowList,
+    *,
+    add: Sequence[Mapping[str, Any]],
+    remove: Sequence[str],
+    owned: Sequence[str],
+) -> list[str] | None:
+    """:func:`allow_list_change` on one allow-list, in place: the summary's parts, None when
+    nothing changes."""
+    owned_before = {
+        s.strip() for s in str(annotations.get(allow.annotation, "")).split(",") if s.strip()
+    }
+    name = allow.path[-1]
+    entries = list(permitted.get(name) or [])
+    present = {str(e.get(allow.key)) for e in entries if isinstance(e, Mapping)}
+
+    added = []
+    for entry in add:
+        key = str(entry[allow.key])
+        if key not in present:
+            entries.append(_plain(entry))
+            present.add(key)
+            added.append(key)
+    removed = [s for s in dict.fromkeys(remove) if s in present and s in owned_before]
+    if removed:
+        gone = set(removed)
+        entries = [e for e in entries if not (isinstance(e, Mapping) and e.get(allow.key) in gone)]
+        present -= gone
+    owned_after = ((owned_before | set(added) | set(owned)) & present) - set(removed)
+    if not added and not removed and owned_after == owned_before:
+        return None
+    permitted[name] = entries
+    if owned_after:
+        annotations[allow.annotation] = ",".join(sorted(owned_after))
+    else:
+        annotations.pop(allow.annotation, None)
+    parts = []
+    if added:
+        parts.append(f"allowed {allow.label}" + ", ".join(added))
+    if removed:
+        parts.append(f"removed {allow.label}" + ", ".join(removed))
+    return parts
 
 
 def allow_list_patch(
@@ -501,69 +555,96 @@ def allow_list_patch(
     add: Sequence[Mapping[str, Any]],
     remove: Sequence[str],
     owned: Sequence[str] = (),
+    add_pci: Sequence[Mapping[str, Any]] = (),
+    remove_pci: Sequence[str] = (),
+    owned_pci: Sequence[str] = (),
 ) -> tuple[list[dict[str, Any]], str] | None:
     """The JSON patch (RFC 6902 operations) that makes :func:`allow_list_change`'s change to
     ``kubevirt`` as read, plus its summary; None when nothing changes (pure).
 
-    The patch names only ``mediatedDevices`` entries and the ownership annotation. Every
-    entry removed and the annotation's old value is tested first (a missing parent or
-    key as ``null``: the API server's JSON patch, evanphx/json-patch v4, passes a ``null``
-    test of a missing key), so the patch fails, and writes nothing, if any of them changed
-    since ``kubevirt`` was read. Entries are appended; removals go from the highest index
-    down so each index still means the entry tested.
+    The patch names only ``mediatedDevices`` and ``pciHostDevices`` entries and the ownership
+    annotations. Every entry removed and each annotation's old value is tested first (a
+    missing parent or key as ``null``: the API server's JSON patch, evanphx/json-patch v4,
+    passes a ``null`` test of a missing key), so the patch fails, and writes nothing, if any
+    of them changed since ``kubevirt`` was read. Entries are appended; removals go from the
+    highest index down so each index still means the entry tested. A branch missing from the
+    CR is added once, with every list that goes in it.
     """
-    change = allow_list_change(kubevirt, add=add, remove=remove, owned=owned)
+    change = allow_list_change(
+        kubevirt,
+        add=add,
+        remove=remove,
+        owned=owned,
+        add_pci=add_pci,
+        remove_pci=remove_pci,
+        owned_pci=owned_pci,
+    )
     if change is None:
         return None
     after, summary = change
     tests: list[dict[str, Any]] = []
     writes: list[dict[str, Any]] = []
+    #: Branches to add (their pointer tokens → value), each for one or both lists.
+    branches: dict[tuple[str, ...], Any] = {}
 
-    before_entries = _at(kubevirt, MEDIATED_DEVICES_PATH)
-    after_entries = list(_at(after, MEDIATED_DEVICES_PATH) or [])
-    if not isinstance(before_entries, list):
-        # No list yet (or null): create it at the first level that is missing.
-        depth = _first_missing(kubevirt, MEDIATED_DEVICES_PATH)
-        value: Any = after_entries
-        for key in reversed(MEDIATED_DEVICES_PATH[depth + 1 :]):
-            value = {key: value}
-        path = _pointer(*MEDIATED_DEVICES_PATH[: depth + 1])
-        tests.append({"op": "test", "path": path, "value": None})
-        writes.append({"op": "add", "path": path, "value": _thaw(value)})
-    else:
-        kept_selectors = {_selector(e) for e in after_entries}
-        gone = [i for i, e in enumerate(before_entries) if _selector(e) not in kept_selectors]
+    for allow in _ALLOW_LISTS:
+        path = allow.path
+        before_entries = _at(kubevirt, path)
+        after_entries = list(_at(after, path) or [])
+        if _at(after, path) is None or (
+            isinstance(before_entries, list) and after_entries == before_entries
+        ):
+            continue  # this list does not change
+        if not isinstance(before_entries, list):
+            # No list yet (or null): create it at the first level that is missing.
+            depth = _first_missing(kubevirt, path)
+            value: Any = _thaw(after_entries)
+            for key in reversed(path[depth + 1 :]):
+                value = {key: value}
+            branch = path[: depth + 1]
+            branches[branch] = _merged(branches.get(branch), value)
+            continue
+        kept_keys = {_key_of(e, allow.key) for e in after_entries}
+        gone = [i for i, e in enumerate(before_entries) if _key_of(e, allow.key) not in kept_keys]
         kept = [e for i, e in enumerate(before_entries) if i not in gone]
         appended = after_entries[len(kept) :]
         if after_entries[: len(kept)] != kept:  # allow_list_change only drops and appends
             raise ApplyError(f"the allow-list change is not removals and appends: {summary}")
-        base = _pointer(*MEDIATED_DEVICES_PATH)
+        base = _pointer(*path)
         for i in gone:
             tests.append({"op": "test", "path": f"{base}/{i}", "value": _thaw(before_entries[i])})
         writes.extend({"op": "remove", "path": f"{base}/{i}"} for i in reversed(gone))
         writes.extend({"op": "add", "path": f"{base}/-", "value": _thaw(e)} for e in appended)
+    for branch, value in branches.items():
+        pointer = _pointer(*branch)
+        tests.append({"op": "test", "path": pointer, "value": None})
+        writes.append({"op": "add", "path": pointer, "value": value})
 
     annotations_before = _at(kubevirt, ("metadata", "annotations"))
-    owned_before = (
-        annotations_before.get(KUBEVIRT_OWNED_ANNOTATION)
-        if isinstance(annotations_before, Mapping)
-        else None
-    )
-    owned_after = (_at(after, ("metadata", "annotations")) or {}).get(KUBEVIRT_OWNED_ANNOTATION)
-    if owned_after != owned_before:
+    annotations_after = _at(after, ("metadata", "annotations")) or {}
+    new_annotations: dict[str, Any] = {}
+    for allow in _ALLOW_LISTS:
+        owned_before = (
+            annotations_before.get(allow.annotation)
+            if isinstance(annotations_before, Mapping)
+            else None
+        )
+        owned_after = annotations_after.get(allow.annotation)
+        if owned_after == owned_before:
+            continue
         if not isinstance(annotations_before, Mapping):
-            path = _pointer("metadata", "annotations")
-            tests.append({"op": "test", "path": path, "value": None})
-            writes.append(
-                {"op": "add", "path": path, "value": {KUBEVIRT_OWNED_ANNOTATION: owned_after}}
-            )
+            new_annotations[allow.annotation] = owned_after
+            continue
+        pointer = _pointer("metadata", "annotations", allow.annotation)
+        tests.append({"op": "test", "path": pointer, "value": owned_before})
+        if owned_after is None:
+            writes.append({"op": "remove", "path": pointer})
         else:
-            path = _pointer("metadata", "annotations", KUBEVIRT_OWNED_ANNOTATION)
-            tests.append({"op": "test", "path": path, "value": owned_before})
-            if owned_after is None:
-                writes.append({"op": "remove", "path": path})
-            else:
-                writes.append({"op": "add", "path": path, "value": owned_after})
+            writes.append({"op": "add", "path": pointer, "value": owned_after})
+    if new_annotations:
+        pointer = _pointer("metadata", "annotations")
+        tests.append({"op": "test", "path": pointer, "value": None})
+        writes.append({"op": "add", "path": pointer, "value": new_annotations})
     return [*tests, *writes], summary
 
 
@@ -590,8 +671,17 @@ def _pointer(*tokens: str) -> str:
     return "".join("/" + t.replace("~", "~0").replace("/", "~1") for t in tokens)
 
 
-def _selector(entry: Any) -> str | None:
-    return str(entry.get("mdevNameSelector")) if isinstance(entry, Mapping) else None
+def _merged(into: Any, value: Any) -> Any:
+    """``value`` deep-merged into ``into`` (None: nothing yet): two lists' branches as one."""
+    if isinstance(into, dict) and isinstance(value, dict):
+        for k, v in value.items():
+            into[k] = _merged(into.get(k), v)
+        return into
+    return value
+
+
+def _key_of(entry: Any, key: str) -> str | None:
+    return str(entry.get(key)) if isinstance(entry, Mapping) else None
 
 
 # -- events -------------------------------------------------------------------------------------

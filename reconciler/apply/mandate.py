@@ -2,8 +2,9 @@
 
 The planner never plans an action on a GPU the desired state does not name, on a device that
 is not an NVIDIA vGPU GPU, on a vGPU in use, on a cluster object that is not vgpuctl's own on
-this node, or on a KubeVirt allow-list entry vgpuctl did not add. The executors do not take
-that on trust: a plan may come from a file someone edited (``plan --out``), or from a bug.
+this node, or on a KubeVirt allow-list entry (mediated or PCI host device) vgpuctl did not
+add. The executors do not take that on trust: a plan may come from a file someone edited
+(``plan --out``), or from a bug.
 So the host executor (``executor.py``) and the cluster executor (``cluster.py``) check every
 action against a mandate built from the desired state and the observation the plan was made
 from (under the node lock) before anything runs, and the host executor asks again right before
@@ -14,6 +15,7 @@ stops there and nothing after it runs.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,6 +27,7 @@ from reconciler.model.cluster import (
     MANAGED_BY_LABEL,
     NODE_LABEL,
     NODE_STATE_KIND,
+    NVIDIA_PCI_VENDOR,
     SRIOV_GPU_KIND,
     ClusterState,
     KubeObject,
@@ -34,6 +37,10 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.errors import excerpt
 
+#: The pciVendorSelector vgpuctl writes: NVIDIA's vendor id and a VF device id, upper case.
+_PCI_SELECTOR = re.compile(rf"{NVIDIA_PCI_VENDOR}:[0-9A-F]{{4}}")
+#: The resource name a profile's allow-list entries carry: ``nvidia.com/`` and its name.
+_RESOURCE = re.compile(r"nvidia\.com/(.+)")
 #: ``in_use(vf, uuid, type_name)``: who uses that vGPU at this moment; None: nobody.
 InUse = Callable[[PciAddress, str, str], str | None]
 
@@ -257,6 +264,51 @@ class ClusterMandate:
                 raise refused(
                     action,
                     f"it claims {excerpt(str(selector))} as vgpuctl's, an entry it did not add",
+                    "vgpuctl owns only the entries it added",
+                )
+        self._check_pci(action, kv)
+
+    def _check_pci(self, action: KubevirtUpdate, kv: KubeVirtConfig) -> None:
+        """The pciHostDevices side, by resourceName: only entries vgpuctl writes are added
+        ({pciVendorSelector: 10DE:<device id>, resourceName: nvidia.com/<profile>,
+        externalResourceProvider: true}), only its own removed or claimed."""
+        present = {str(e.get("resourceName")) for e in kv.pci_host_devices}
+        added: set[str] = set()
+        for entry in action.add_pci:
+            profile = _RESOURCE.fullmatch(entry.resource_name)
+            if (
+                profile is None
+                or resource_name(profile[1]) != entry.resource_name
+                or _PCI_SELECTOR.fullmatch(entry.selector) is None
+            ):
+                raise refused(
+                    action,
+                    f"it adds {excerpt(_json(entry.to_json()))}",
+                    "vgpuctl adds only {pciVendorSelector: 10DE:<VF device id>, resourceName: "
+                    "nvidia.com/<profile>, externalResourceProvider: true}",
+                )
+            if entry.resource_name in present or entry.resource_name in added:
+                raise refused(
+                    action,
+                    f"the allow-list already has a PCI host device entry for "
+                    f"{excerpt(entry.resource_name)}",
+                    "entries vgpuctl did not add are never touched",
+                )
+            added.add(entry.resource_name)
+        for gone in action.remove_pci:
+            if gone not in kv.owned_pci:
+                raise refused(
+                    action,
+                    f"it removes PCI host device {excerpt(str(gone))}, an entry vgpuctl did "
+                    "not add",
+                    "only the entries vgpuctl added are removed",
+                )
+        for claimed in action.owned_pci:
+            if claimed not in kv.owned_pci and claimed not in added:
+                raise refused(
+                    action,
+                    f"it claims PCI host device {excerpt(str(claimed))} as vgpuctl's, an entry "
+                    "it did not add",
                     "vgpuctl owns only the entries it added",
                 )
 

@@ -174,6 +174,15 @@ def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
                     out.append(style.green(f"        + mediatedDevices: {safe(entry.selector)}"))
                 for selector in a.remove:
                     out.append(style.red(f"        - mediatedDevices: {safe(selector)}"))
+                for pci in a.add_pci:
+                    out.append(
+                        style.green(
+                            f"        + pciHostDevices: {safe(pci.resource_name)} "
+                            f"({safe(pci.selector)})"
+                        )
+                    )
+                for name in a.remove_pci:
+                    out.append(style.red(f"        - pciHostDevices: {safe(name)}"))
             case CrUpdate():
                 reset = " (reset: changed outside vgpuctl)" if a.drift else ""
                 out.append(f"    {style.yellow('~')} {safe(a.object.kind)} {target}{reset}")

@@ -35,23 +35,28 @@ def register(sub: Any) -> argparse.ArgumentParser:
         help="build DIR/sys and DIR/bin/sriov-manage",
         description="Build a simulated host. MODEL is a catalogue name (A2, A16, A10, A40, L4, "
         "L40, L40S, A100-40GB, A100-80GB, H100-80GB); @ADDRESS places its PF (an A16 board "
-        "is four GPUs on consecutive buses). SR-IOV starts disabled.",
+        "is four GPUs on consecutive buses); a :mdev or :vfio suffix picks that GPU's vGPU "
+        "interface, so one host can have GPUs of both kinds (--gpu A2@0000:08:00.0 --gpu "
+        "A2@0000:09:00.0:vfio); the mdev bus exists while a GPU uses mdev. SR-IOV starts "
+        "disabled.",
     )
     p.add_argument("dir", metavar="DIR", type=Path)
     p.add_argument(
         "--gpu",
         dest="gpus",
-        metavar="MODEL[@ADDRESS]",
+        metavar="MODEL[@ADDRESS][:mdev|:vfio]",
         action="append",
         required=True,
-        help="a GPU to install (repeat for more)",
+        help="a GPU to install (repeat for more); :mdev or :vfio sets its interface, else "
+        "--interface does (A2@0000:08:00.0:vfio, A2:vfio)",
     )
     p.add_argument(
         "--interface",
         choices=("mdev", "vfio"),
         default="mdev",
-        help="mdev (vGPU 16 and older, kernels before 6.8), or NVIDIA's vendor-specific VFIO "
-        "interface (vGPU 17+ on kernel 6.8+: a VF's profile is its nvidia/current_vgpu_type)",
+        help="the interface of every GPU given without a :mdev or :vfio suffix: mdev (vGPU 16 "
+        "and older, kernels before 6.8), or NVIDIA's vendor-specific VFIO interface (vGPU 17+ "
+        "on kernel 6.8+: a VF's profile is its nvidia/current_vgpu_type); default mdev",
     )
     p.add_argument(
         "--passthrough",

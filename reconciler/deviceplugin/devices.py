@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from reconciler.model import Interface, Inventory, PciAddress, ReconcilerError
+from reconciler.model import (
+    Interface,
+    Inventory,
+    PciAddress,
+    ReconcilerError,
+    unresolved_type_id,
+)
 from reconciler.model.cluster import resource_name
 
 HEALTHY = "Healthy"
@@ -55,13 +61,17 @@ def device_sets(inventory: Inventory) -> DeviceSets:
     """Resource name → the vGPUs of that type on the host, every one Healthy, in PCI order.
 
     A vGPU in the inventory exists and sits on a present VF: that is what Healthy means. A
-    profile with no vGPU has no entry (so no plugin).
+    profile with no vGPU has no entry (so no plugin). A vfio vGPU whose type id nothing names
+    (``type 1147``) is not advertised: its resource is unknown, and a name made up from the id
+    would be a resource no VM asks for.
     """
     sets: dict[str, list[PluginDevice]] = {}
     for gpu in inventory.gpus:
         for vf in gpu.vfs:
             if vf.vgpu is None or vf.vgpu.removing:
                 continue  # a vGPU being removed is no device to hand out any more
+            if unresolved_type_id(vf.vgpu.type_name) is not None:
+                continue
             sets.setdefault(resource_name(vf.vgpu.type_name), []).append(
                 PluginDevice(
                     id=vf.vgpu.uuid,

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +40,7 @@ from reconciler.deviceplugin.server import (
     check_plugin_dir,
     remove_stale_staging,
 )
-from reconciler.model import ActionKind, ApplyError, Inventory, ObserveError
+from reconciler.model import ActionKind, ApplyError, Inventory, ObserveError, TypeNames
 from reconciler.observe import HoldProbe, observe_host
 
 log = logging.getLogger("vgpuctl.deviceplugin")
@@ -491,8 +491,12 @@ def run_standalone(
     stop_event: threading.Event,
     kubelet_socket: Path | None = None,
     backoff: Backoff = Backoff(),
+    known_types: Callable[[], TypeNames] | None = None,
 ) -> None:
     """Run the node's device plugins until ``stop_event`` is set.
+
+    ``known_types`` reads the record of the vfio types vgpuctl configured (asked at every
+    rescan: an apply may add to it), which names a type in use that no VF lists any more.
 
     Every ``rescan_interval`` seconds: read the apply journal's records appended since (their
     structured removals: removed on purpose), observe the host, update the plugins. Raises
@@ -518,7 +522,11 @@ def run_standalone(
             removed = tail.new_removals()
             try:
                 inventory = observe_host(
-                    sysfs_root, node=node, catalog=catalog, hold_probe=hold_probe
+                    sysfs_root,
+                    node=node,
+                    catalog=catalog,
+                    hold_probe=hold_probe,
+                    known_types=known_types() if known_types is not None else None,
                 )
             except ObserveError as exc:
                 if not scanned:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from reconciler.model.inventory import Interface
+
 #: The Harvester CRDs (docs/domain.md §5): group, version, kinds, plurals.
 GROUP = "devices.harvesterhci.io"
 VERSION = "v1beta1"
@@ -76,6 +78,12 @@ KUBEVIRT_PLURAL = "kubevirts"
 #: Annotation on the KubeVirt CR listing the mediatedDevices entries vgpuctl added (by
 #: mdevNameSelector), so entries someone else added are never removed.
 KUBEVIRT_OWNED_ANNOTATION = "vgpu.reconciler.dev/mediated-devices"
+#: The same for the pciHostDevices entries vgpuctl added (vGPUs on NVIDIA's vendor-specific
+#: VFIO interface, docs/domain.md §3b), by resourceName: their pciVendorSelector is shared by
+#: every profile of a GPU model, so it cannot say which entry is whose. Comma-separated too.
+KUBEVIRT_OWNED_PCI_ANNOTATION = "vgpu.reconciler.dev/pci-host-devices"
+#: NVIDIA's PCI vendor id as KubeVirt's pciVendorSelector writes it (``10DE:2236``).
+NVIDIA_PCI_VENDOR = "10DE"
 #: Metadata other controllers may put on an object that a PUT without them would drop: every
 #: update carries them over as stored.
 RETAINED_METADATA = ("finalizers", "ownerReferences")
@@ -248,7 +256,8 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class KubeVirtConfig:
-    """The KubeVirt CR's allow-list of mediated devices, wherever the CR lives."""
+    """The KubeVirt CR's allow-lists (mediated devices, PCI host devices), wherever the CR
+    lives."""
 
     namespace: str
     name: str
@@ -257,6 +266,11 @@ class KubeVirtConfig:
     mediated_devices: tuple[Mapping[str, Any], ...] = ()
     #: mdevNameSelectors vgpuctl added (from :data:`KUBEVIRT_OWNED_ANNOTATION`).
     owned: frozenset[str] = frozenset()
+    #: ``spec.configuration.permittedHostDevices.pciHostDevices`` entries, as stored.
+    pci_host_devices: tuple[Mapping[str, Any], ...] = ()
+    #: resourceNames of the pciHostDevices entries vgpuctl added
+    #: (from :data:`KUBEVIRT_OWNED_PCI_ANNOTATION`).
+    owned_pci: frozenset[str] = frozenset()
 
     @property
     def target(self) -> str:
@@ -264,13 +278,19 @@ class KubeVirtConfig:
         return f"kubevirt/{self.namespace}/{self.name}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The PCI fields only when not empty (a document of an older vgpuctl has none)."""
+        out: dict[str, Any] = {
             "namespace": self.namespace,
             "name": self.name,
             "resourceVersion": self.resource_version,
             "mediatedDevices": [_plain(e) for e in self.mediated_devices],
             "owned": sorted(self.owned),
         }
+        if self.pci_host_devices:
+            out["pciHostDevices"] = [_plain(e) for e in self.pci_host_devices]
+        if self.owned_pci:
+            out["ownedPci"] = sorted(self.owned_pci)
+        return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> KubeVirtConfig:
@@ -280,7 +300,66 @@ class KubeVirtConfig:
             resource_version=str(raw.get("resourceVersion", "")),
             mediated_devices=tuple(dict(e) for e in raw.get("mediatedDevices", [])),
             owned=frozenset(str(s) for s in raw.get("owned", [])),
+            pci_host_devices=tuple(dict(e) for e in raw.get("pciHostDevices", [])),
+            owned_pci=frozenset(str(s) for s in raw.get("ownedPci", [])),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ConfiguredProfile:
+    """A profile configured on a node, and on which kind of GPU: it decides the KubeVirt
+    allow-list entry (docs/domain.md §8). On an mdev GPU (or one whose interface is not
+    known: a summary of an older vgpuctl) a ``mediatedDevices`` entry by name; on NVIDIA's
+    vendor-specific VFIO interface a ``pciHostDevices`` entry selecting the VFs' PCI device id
+    ``vf_device`` (``sriov_vf_device``, ``26b9``; "" when not known).
+
+    Any interface but vfio is mdev, with no device id: one profile on mdev GPUs of different
+    device ids is one entry.
+    """
+
+    name: str
+    interface: Interface = Interface.MDEV
+    vf_device: str = ""
+
+    def __post_init__(self) -> None:
+        if self.interface is not Interface.VFIO:
+            object.__setattr__(self, "interface", Interface.MDEV)
+            object.__setattr__(self, "vf_device", "")
+        else:
+            object.__setattr__(self, "vf_device", self.vf_device.strip().lower())
+
+    @property
+    def vfio(self) -> bool:
+        return self.interface is Interface.VFIO
+
+    @property
+    def resource_name(self) -> str:
+        return resource_name(self.name)
+
+    @property
+    def pci_vendor_selector(self) -> str:
+        """``10DE:26B9`` (upper case, as KubeVirt's docs write it; KubeVirt compares without
+        case); "" when the device id is not known or not a vfio profile."""
+        if not self.vfio or not self.vf_device:
+            return ""
+        return f"{NVIDIA_PCI_VENDOR}:{self.vf_device.upper()}"
+
+    def sort_key(self) -> tuple[str, str, str]:
+        return (self.name, self.interface.value, self.vf_device)
+
+    def to_json(self) -> str | dict[str, str]:
+        """An mdev profile is its name (as documents of older vgpuctl versions have it); a
+        vfio one ``{name, interface: vfio, vfDevice}``."""
+        if not self.vfio:
+            return self.name
+        return {"name": self.name, "interface": self.interface.value, "vfDevice": self.vf_device}
+
+    @classmethod
+    def from_json(cls, raw: object) -> ConfiguredProfile:
+        if isinstance(raw, Mapping):
+            interface = Interface.VFIO if raw.get("interface") == "vfio" else Interface.MDEV
+            return cls(str(raw["name"]), interface, str(raw.get("vfDevice") or ""))
+        return cls(str(raw))
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,9 +399,10 @@ class ClusterState:
     vgpu_devices: Mapping[str, KubeObject] = field(default_factory=lambda: MappingProxyType({}))
     #: This node's VGPUNodeState, None when there is none yet.
     node_state: KubeObject | None = None
-    #: Profiles the OTHER nodes' VGPUNodeStates show configured (wanted or existing vGPUs): an
-    #: allow-list entry stays while any node still has its profile.
-    profiles_elsewhere: frozenset[str] = frozenset()
+    #: Profiles the OTHER nodes' VGPUNodeStates show configured (wanted or existing vGPUs), and
+    #: on which kind of GPU: an allow-list entry stays while any node still has its profile on
+    #: that kind. (A bare name given here is an mdev profile, as older documents have it.)
+    profiles_elsewhere: frozenset[ConfiguredProfile] = frozenset()
     kubevirt: KubeVirtConfig | None = None
     #: Allocated vGPUs (kubelet checkpoint, joined with running VMIs), by device ID.
     device_uses: Mapping[str, DeviceUse] = field(default_factory=lambda: MappingProxyType({}))
@@ -337,12 +417,23 @@ class ClusterState:
     def __post_init__(self) -> None:
         for name in ("sriov_gpu_devices", "vgpu_devices", "device_uses", "vmi_resources"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+        elsewhere: Any = self.profiles_elsewhere
+        if not all(type(p) is ConfiguredProfile for p in elsewhere):
+            object.__setattr__(
+                self,
+                "profiles_elsewhere",
+                frozenset(
+                    p if isinstance(p, ConfiguredProfile) else ConfiguredProfile.from_json(p)
+                    for p in elsewhere
+                ),
+            )
 
     def to_json(self) -> dict[str, Any]:
         """A JSON document of everything above (golden test cases keep it as ``cluster.json``).
 
         Objects are full API bodies, sorted by name; ``vmiResources`` maps a VMI
-        (``namespace/name``) to the resource names it requests.
+        (``namespace/name``) to the resource names it requests; ``profilesElsewhere`` holds
+        each profile as :meth:`ConfiguredProfile.to_json` writes it (an mdev one: its name).
         """
         return {
             "node": self.node,
@@ -351,7 +442,9 @@ class ClusterState:
             ],
             "vgpuDevices": [self.vgpu_devices[n].to_json() for n in sorted(self.vgpu_devices)],
             "nodeState": None if self.node_state is None else self.node_state.to_json(),
-            "profilesElsewhere": sorted(self.profiles_elsewhere),
+            "profilesElsewhere": [
+                p.to_json() for p in sorted(self.profiles_elsewhere, key=ConfiguredProfile.sort_key)
+            ],
             "kubevirt": None if self.kubevirt is None else self.kubevirt.to_json(),
             "deviceUses": [self.device_uses[d].to_json() for d in sorted(self.device_uses)],
             "vmiResources": {k: list(self.vmi_resources[k]) for k in sorted(self.vmi_resources)},
@@ -370,7 +463,9 @@ class ClusterState:
             sriov_gpu_devices={o.name: o for o in sriov},
             vgpu_devices={o.name: o for o in vgpus},
             node_state=None if node_state is None else KubeObject.from_json(node_state),
-            profiles_elsewhere=frozenset(str(p) for p in raw.get("profilesElsewhere", [])),
+            profiles_elsewhere=frozenset(
+                ConfiguredProfile.from_json(p) for p in raw.get("profilesElsewhere", [])
+            ),
             kubevirt=None if kubevirt is None else KubeVirtConfig.from_json(kubevirt),
             device_uses={u.device_id: u for u in uses},
             vmi_resources={

@@ -214,10 +214,29 @@ class MediatedDevice:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class PciHostDevice:
+    """A KubeVirt ``permittedHostDevices.pciHostDevices`` entry vgpuctl adds for a profile
+    configured on NVIDIA's vendor-specific VFIO interface, where the VF is the vGPU (always
+    with ``externalResourceProvider: true``)."""
+
+    selector: str  # pciVendorSelector: 10DE:<the VFs' device id>, e.g. 10DE:26B9
+    resource_name: str  # nvidia.com/<type name>
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pciVendorSelector": self.selector,
+            "resourceName": self.resource_name,
+            "externalResourceProvider": True,
+        }
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KubevirtUpdate(_Step):
-    """Add ``add`` to the allow-list of KubeVirt CR ``namespace``/``name``, remove the entries
-    of the ``remove`` selectors; ``owned`` are the selectors vgpuctl owns afterwards."""
+    """Add ``add`` to the mediated-devices allow-list of KubeVirt CR ``namespace``/``name``,
+    remove the entries of the ``remove`` selectors; ``owned`` are the selectors vgpuctl owns
+    afterwards. The same for the PCI host devices allow-list, by resourceName: ``add_pci``,
+    ``remove_pci``, ``owned_pci``."""
 
     kind: ClassVar[ActionKind] = ActionKind.KUBEVIRT_UPDATE
     namespace: str
@@ -226,6 +245,9 @@ class KubevirtUpdate(_Step):
     add: tuple[MediatedDevice, ...] = ()
     remove: tuple[str, ...] = ()
     owned: tuple[str, ...] = ()
+    add_pci: tuple[PciHostDevice, ...] = ()
+    remove_pci: tuple[str, ...] = ()
+    owned_pci: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,6 +33,7 @@ from reconciler.model.plan import (
     KubevirtUpdate,
     MediatedDevice,
     Noop,
+    PciHostDevice,
     Plan,
     SriovDisable,
     SriovEnable,
@@ -124,6 +125,13 @@ def _encode(action: Action, *, with_seq: bool) -> dict[str, Any]:
             out["add"] = [e.to_json() for e in action.add]
             out["remove"] = list(action.remove)
             out["owned"] = list(action.owned)
+            # The PCI side only when there is one: a plan without it reads as before.
+            if action.add_pci:
+                out["addPci"] = [e.to_json() for e in action.add_pci]
+            if action.remove_pci:
+                out["removePci"] = list(action.remove_pci)
+            if action.owned_pci:
+                out["ownedPci"] = list(action.owned_pci)
         case DevicePluginRefresh():
             out["resource"] = action.resource
             out["type"] = action.type_name
@@ -271,11 +279,11 @@ class _Read:
                 f"{self.where}.gpu: {_kind(text)} is not a PCI address such as 0000:08:00.0"
             ) from None
 
-    def strings(self, key: str) -> tuple[str, ...]:
+    def strings(self, key: str, *, optional: bool = False) -> tuple[str, ...]:
+        """The list of non-empty texts ``key``; with ``optional``, an absent one is empty."""
         where = f"{self.where}.{key}"
-        return tuple(
-            _text(v, f"{where}[{i}]") for i, v in enumerate(_list(self.doc, key, self.where))
-        )
+        values = _list(self.doc, key, self.where, missing=[] if optional else None)
+        return tuple(_text(v, f"{where}[{i}]") for i, v in enumerate(values))
 
     def object(self, target: str) -> KubeObject:
         return _kube_object(self.doc["object"], f"{self.where}.object", target)
@@ -302,6 +310,27 @@ class _Read:
             out.append(
                 MediatedDevice(
                     selector=_str(entry, "mdevNameSelector", where),
+                    resource_name=_str(entry, "resourceName", where),
+                )
+            )
+        return tuple(out)
+
+    def pci_host_devices(self) -> tuple[PciHostDevice, ...]:
+        """``addPci``; absent (a plan with no PCI side) is empty."""
+        out = []
+        for i, raw in enumerate(_list(self.doc, "addPci", self.where, missing=[])):
+            where = f"{self.where}.addPci[{i}]"
+            entry = _mapping(raw, where)
+            _keys(
+                entry,
+                where,
+                required=("pciVendorSelector", "resourceName", "externalResourceProvider"),
+            )
+            if entry["externalResourceProvider"] is not True:
+                raise PlanFormatError(f"{where}.externalResourceProvider: expected true")
+            out.append(
+                PciHostDevice(
+                    selector=_str(entry, "pciVendorSelector", where),
                     resource_name=_str(entry, "resourceName", where),
                 )
             )
@@ -410,6 +439,9 @@ def _kubevirt_update(r: _Read, seq: int, target: str, reason: str) -> Action:
         add=r.mediated_devices(),
         remove=r.strings("remove"),
         owned=r.strings("owned"),
+        add_pci=r.pci_host_devices(),
+        remove_pci=r.strings("removePci", optional=True),
+        owned_pci=r.strings("ownedPci", optional=True),
     )
 
 
@@ -440,7 +472,7 @@ _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] 
     ActionKind.CR_DELETE: (("objectKind", "resourceVersion"), (), _cr_delete),
     ActionKind.KUBEVIRT_UPDATE: (
         ("namespace", "name", "resourceVersion", "add", "remove", "owned"),
-        (),
+        ("addPci", "removePci", "ownedPci"),
         _kubevirt_update,
     ),
     ActionKind.DEVICE_PLUGIN_REFRESH: (("resource", "type", "devices"), (), _device_plugin_refresh),

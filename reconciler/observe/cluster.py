@@ -7,8 +7,8 @@ Each reader is a list call plus a pure interpretation of its items:
 - The node's own SRIOVGPUDevices and VGPUDevices (label ``nodename``: a selected list, so a
   node reads only its own however large the fleet).
 - Every VGPUNodeState (one object per node): this node's, and from the other nodes' the
-  profiles configured elsewhere (a KubeVirt allow-list entry stays while any node has its
-  profile).
+  profiles configured elsewhere and on which kind of GPU (a KubeVirt allow-list entry stays
+  while any node has its profile on that kind).
 - The KubeVirt CR, wherever it lives (``harvester-system`` on Harvester, ``kubevirt``
   upstream), unless a namespace is pinned.
 - VMIs on the node and the kubelet's device-plugin checkpoint, joined by pod UID (a VMI's
@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from reconciler.model import (
+    Interface,
     Inventory,
     ObserveError,
     PciAddress,
@@ -39,6 +40,7 @@ from reconciler.model.cluster import (
     GROUP_VERSIONS,
     KUBEVIRT_GROUP,
     KUBEVIRT_OWNED_ANNOTATION,
+    KUBEVIRT_OWNED_PCI_ANNOTATION,
     KUBEVIRT_PLURAL,
     KUBEVIRT_VERSION,
     NODE_LABEL,
@@ -47,6 +49,7 @@ from reconciler.model.cluster import (
     SRIOV_GPU_KIND,
     VGPU_KIND,
     ClusterState,
+    ConfiguredProfile,
     DeviceUse,
     KubeObject,
     KubeVirtConfig,
@@ -137,10 +140,10 @@ def observe_nodes_from_cluster(
         if where in wanted:
             vmis_by_node.setdefault(where, []).append(vmi)
     notes.append("kubelet checkpoints not read (cluster-only): VMs' vGPU resources count as in use")
-    everywhere: dict[str, int] = {}  # profile → how many nodes have it configured
+    everywhere: dict[ConfiguredProfile, int] = {}  # profile → how many nodes have it configured
     for profiles in configured.values():
-        for name in profiles:
-            everywhere[name] = everywhere.get(name, 0) + 1
+        for profile in profiles:
+            everywhere[profile] = everywhere.get(profile, 0) + 1
     out: dict[str, tuple[Inventory, ClusterState] | ObserveError] = {}
     for node in nodes:
         mine = configured.get(node, frozenset())
@@ -197,17 +200,72 @@ def _node_of(obj: KubeObject) -> str:
     return obj.labels.get(NODE_LABEL, "")
 
 
-def profiles_elsewhere(node_states: Iterable[KubeObject], *, node: str) -> frozenset[str]:
-    """Profiles the VGPUNodeStates of the other nodes (vgpuctl's) show configured."""
-    out: set[str] = set()
+def profiles_elsewhere(
+    node_states: Iterable[KubeObject], *, node: str
+) -> frozenset[ConfiguredProfile]:
+    """Profiles the VGPUNodeStates of the other nodes (vgpuctl's) show configured, each on the
+    kind of GPU it is configured on."""
+    out: set[ConfiguredProfile] = set()
     for o in node_states:
         if o.managed_by_us and o.name != node:
             out |= _configured(o)
     return frozenset(out)
 
 
-def _configured(state: KubeObject) -> frozenset[str]:
-    return configured_profiles(state.status)
+def _configured(state: KubeObject) -> frozenset[ConfiguredProfile]:
+    """The profiles a node's VGPUNodeState shows configured, on the kind of GPU of its status
+    ``gpus`` entry (``interface``, ``sriov.vfDevice``): the GPUs whose VFs hold its vGPUs
+    (``vgpus[].vf`` in their ``vfAddresses``), else (wanted, none made yet) the managed GPUs
+    whose types offer it. A GPU entry of an older vgpuctl (no ``interface``), one not found,
+    or a malformed one counts as mdev; so does a profile no GPU can be found for."""
+    names = configured_profiles(state.status)
+    if not names:
+        return frozenset()
+    status = state.status
+    gpus = [g for g in _listed(status.get("gpus")) if isinstance(g, Mapping)]
+    type_sets = _listed(status.get("typeSets"))
+    kinds: dict[str, tuple[Interface, str]] = {}  # GPU address → its interface, VF device id
+    gpu_of_vf: dict[str, str] = {}
+    offered: dict[str, set[str]] = {}  # profile → managed GPUs offering it
+    for g in gpus:
+        address = str(g.get("address", ""))
+        kinds[address] = _kind_of(g)
+        for vf in _listed(g.get("vfAddresses")):
+            gpu_of_vf[str(vf)] = address
+        index = g.get("typeSet")
+        if g.get("managed") is True and type(index) is int and 0 <= index < len(type_sets):
+            for t in _listed(type_sets[index]):
+                if isinstance(t, Mapping) and isinstance(t.get("name"), str):
+                    offered.setdefault(t["name"], set()).add(address)
+    held: dict[str, set[str]] = {}  # profile → GPUs holding its vGPUs
+    for v in _listed(status.get("vgpus")):
+        if not isinstance(v, Mapping) or not isinstance(v.get("profile"), str):
+            continue
+        gpu = gpu_of_vf.get(str(v.get("vf", "")), str(v.get("gpu", "")))
+        held.setdefault(v["profile"], set()).add(gpu)
+    out: set[ConfiguredProfile] = set()
+    for name in names:
+        where = held.get(name) or offered.get(name)
+        if not where:
+            out.add(ConfiguredProfile(name))
+            continue
+        for address in where:
+            interface, vf_device = kinds.get(address, (Interface.MDEV, ""))
+            out.add(ConfiguredProfile(name, interface, vf_device))
+    return frozenset(out)
+
+
+def _kind_of(gpu: Mapping[str, Any]) -> tuple[Interface, str]:
+    """A summary's GPU entry's interface (vfio, or else mdev) and VFs' device id."""
+    if gpu.get("interface") != Interface.VFIO.value:
+        return Interface.MDEV, ""
+    sriov = gpu.get("sriov")
+    device = sriov.get("vfDevice") if isinstance(sriov, Mapping) else None
+    return Interface.VFIO, device if isinstance(device, str) else ""
+
+
+def _listed(value: object) -> Sequence[Any]:
+    return value if isinstance(value, list | tuple) else ()
 
 
 def _own_state(states: Iterable[KubeObject], node: str) -> KubeObject | None:
@@ -255,22 +313,35 @@ def kubevirt_config(raw: Mapping[str, Any]) -> KubeVirtConfig:
     name = _ns_name(raw)
     spec = raw.get("spec") or {}
     permitted = ((spec.get("configuration") or {}).get("permittedHostDevices")) or {}
-    entries = permitted.get("mediatedDevices") if isinstance(permitted, dict) else None
-    if entries is None:
-        entries = []
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ObserveError(
-            f"KubeVirt CR {name}: spec.configuration.permittedHostDevices.mediatedDevices "
-            "is not a list of objects"
-        )
-    owned = str((meta.get("annotations") or {}).get(KUBEVIRT_OWNED_ANNOTATION) or "")
+    annotations = meta.get("annotations") or {}
     return KubeVirtConfig(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
-        mediated_devices=tuple(dict(e) for e in entries),
-        owned=frozenset(s.strip() for s in owned.split(",") if s.strip()),
+        mediated_devices=_entries(permitted, "mediatedDevices", name),
+        owned=_owned(annotations, KUBEVIRT_OWNED_ANNOTATION),
+        pci_host_devices=_entries(permitted, "pciHostDevices", name),
+        owned_pci=_owned(annotations, KUBEVIRT_OWNED_PCI_ANNOTATION),
     )
+
+
+def _entries(permitted: object, key: str, name: str) -> tuple[dict[str, Any], ...]:
+    """The allow-list ``key`` of ``permittedHostDevices``, its entries as stored."""
+    entries = permitted.get(key) if isinstance(permitted, dict) else None
+    if entries is None:
+        entries = []
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ObserveError(
+            f"KubeVirt CR {name}: spec.configuration.permittedHostDevices.{key} "
+            "is not a list of objects"
+        )
+    return tuple(dict(e) for e in entries)
+
+
+def _owned(annotations: Mapping[str, Any], key: str) -> frozenset[str]:
+    """The comma-separated ownership annotation ``key``."""
+    owned = str(annotations.get(key) or "")
+    return frozenset(s.strip() for s in owned.split(",") if s.strip())
 
 
 def _ns_name(raw: Mapping[str, Any]) -> str:

@@ -13,9 +13,13 @@ them), so a field the server prunes or a status field left out when empty is no 
 Every write carries the resourceVersion it was planned from; on a conflict the executor re-reads
 the object and calls :func:`replan_object`, never overwriting blindly.
 
-The KubeVirt CR's ``mediatedDevices`` allow-list gets an entry for every profile configured on
-this node or (per the other nodes' CRs) elsewhere, and loses the entries vgpuctl added for
-profiles no node offers any more; entries someone else added are never touched.
+The KubeVirt CR's allow-list gets an entry for every profile configured on this node or (per the
+other nodes' VGPUNodeStates) elsewhere, and loses the entries vgpuctl added for profiles no node
+configures on that kind of GPU any more; entries someone else added are never touched. A
+profile on an mdev GPU is a ``mediatedDevices`` entry (by mdevNameSelector, the profile's name);
+one on NVIDIA's vendor-specific VFIO interface, where the VF itself is the vGPU, a
+``pciHostDevices`` entry selecting the VFs' PCI device id (owned by resourceName: the selector
+is every profile's of that GPU model).
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from reconciler.model import (
     CrDelete,
     CrUpdate,
     DesiredGpu,
+    Interface,
     Inventory,
     KubevirtUpdate,
     MediatedDevice,
     Noop,
     PciAddress,
+    PciHostDevice,
 )
 from reconciler.model.cluster import (
     MANAGED_BY_LABEL,
@@ -45,6 +51,7 @@ from reconciler.model.cluster import (
     SRIOV_GPU_KIND,
     VGPU_KIND,
     ClusterState,
+    ConfiguredProfile,
     KubeObject,
     KubeVirtConfig,
     harvester_view,
@@ -52,6 +59,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.plan import Drift, FieldChange
 from reconciler.plan.changes import section_changes
+from reconciler.plan.predict import likely_interface
 from reconciler.plan.render import LAST_APPLIED_ANNOTATION
 
 #: The labels and annotations vgpuctl sets; any other key on a stored object is kept as is.
@@ -82,8 +90,9 @@ def plan_cluster(
     adopt: bool = False,
 ) -> ClusterPlan:
     """Steps that take ``cluster`` to ``rendered`` (the node's CRs as they should be, from the
-    predicted ``inventory``), and the allow-list to the ``configured`` profiles of this node.
-    ``desired`` (the managed GPUs) only words the reasons of deletes."""
+    predicted ``inventory``), and the allow-list to the ``configured`` profiles of this node
+    (on the kind of GPU ``desired``, the managed GPUs, puts each on) and of the others.
+    ``desired`` also words the reasons of deletes."""
     plan = ClusterPlan()
     stored = {
         name: harvester_view(o)
@@ -125,10 +134,11 @@ def plan_cluster(
             )
         )
 
-    profiles = frozenset(configured) | cluster.profiles_elsewhere
+    profiles = configured_here(configured, desired, inventory) | cluster.profiles_elsewhere
     if cluster.kubevirt is None:
         plan.notes.append(KUBEVIRT_MISSING)
     else:
+        plan.notes.extend(_unselectable_notes(cluster.kubevirt, profiles))
         step_or_noop = _kubevirt_step(cluster.kubevirt, profiles)
         if isinstance(step_or_noop, Noop):
             plan.noops.append(step_or_noop)
@@ -341,31 +351,133 @@ def _gone_reason(
     return f"VF {vf} is not a VF of GPU {address}"
 
 
-def _kubevirt_step(kubevirt: KubeVirtConfig, configured: frozenset[str]) -> KubevirtUpdate | Noop:
+def configured_here(
+    configured: Iterable[str], desired: Mapping[PciAddress, DesiredGpu], inventory: Inventory
+) -> frozenset[ConfiguredProfile]:
+    """The ``configured`` profiles of this node, each on the kind of GPU the desired state puts
+    it on: the interface of each managed GPU (of the predicted ``inventory``) whose desired
+    entry names it, or the one its VFs will show once SR-IOV is on (as the host planner has
+    it), with its VFs' device id. A profile no managed GPU names counts as mdev."""
+    names = frozenset(configured)
+    out: set[ConfiguredProfile] = set()
+    placed: set[str] = set()
+    fallback: Interface | None = None
+    for address, entry in desired.items():
+        gpu = inventory.gpu(address)
+        if gpu is None or not entry.sriov:
+            continue
+        if entry.profiles:
+            wanted = {name for name, count in entry.profiles.items() if count > 0}
+        else:
+            wanted = set((entry.vgpus or {}).values())
+        wanted &= names
+        if not wanted:
+            continue
+        interface = gpu.interface
+        if interface is Interface.NONE:
+            if fallback is None:
+                fallback = likely_interface(inventory)
+            interface = fallback
+        for name in wanted:
+            out.add(ConfiguredProfile(name, interface, gpu.vf_device))
+        placed |= wanted
+    out.update(ConfiguredProfile(name) for name in names - placed)
+    return frozenset(out)
+
+
+def _pci_wanted(configured: frozenset[ConfiguredProfile]) -> dict[str, str]:
+    """resourceName → pciVendorSelector of the vfio profiles ("" when no VF device id is
+    known); of two selectors for one resource, the first in order (one entry per resource)."""
+    out: dict[str, str] = {}
+    for p in sorted(configured, key=ConfiguredProfile.sort_key):
+        if not p.vfio:
+            continue
+        selector = p.pci_vendor_selector
+        if not out.get(p.resource_name):
+            out[p.resource_name] = selector
+    return out
+
+
+def _unselectable_notes(
+    kubevirt: KubeVirtConfig, configured: frozenset[ConfiguredProfile]
+) -> list[str]:
+    """A note per vfio profile whose missing pciHostDevices entry cannot be written: the
+    device id of its VFs is not known."""
+    present = {str(e.get("resourceName", "")) for e in kubevirt.pci_host_devices}
+    wanted = _pci_wanted(configured)
+    names = sorted(
+        {
+            p.name
+            for p in configured
+            if p.vfio and not wanted[p.resource_name] and p.resource_name not in present
+        }
+    )
+    return [
+        f"profile {name} is configured on NVIDIA's vfio interface but its VFs' PCI device id "
+        "is not known: no pciHostDevices entry added"
+        for name in names
+    ]
+
+
+def _kubevirt_step(
+    kubevirt: KubeVirtConfig, configured: frozenset[ConfiguredProfile]
+) -> KubevirtUpdate | Noop:
+    """The allow-list change for the profiles ``configured`` on some node: mediatedDevices
+    entries for those on mdev GPUs, pciHostDevices entries for those on vfio GPUs. Each side
+    adds what is missing, removes only what vgpuctl owns and no node configures on that kind
+    any more, and forgets owned entries someone removed."""
+    mdev = frozenset(p.name for p in configured if not p.vfio)
     present = {str(e.get("mdevNameSelector", "")) for e in kubevirt.mediated_devices}
-    added = sorted(configured - present)
+    added = sorted(mdev - present)
     add = tuple(MediatedDevice(selector=p, resource_name=resource_name(p)) for p in added)
-    remove = sorted((kubevirt.owned - configured) & present)
-    owned = sorted((kubevirt.owned & configured) | (configured - present))
-    if not add and not remove and owned == sorted(kubevirt.owned):
-        listed = ", ".join(sorted(configured)) or "none"
+    remove = sorted((kubevirt.owned - mdev) & present)
+    owned = sorted((kubevirt.owned & mdev) | (mdev - present))
+
+    pci = _pci_wanted(configured)
+    wanted_pci = frozenset(pci)
+    present_pci = {str(e.get("resourceName", "")) for e in kubevirt.pci_host_devices}
+    added_pci = sorted(r for r in wanted_pci - present_pci if pci[r])
+    add_pci = tuple(PciHostDevice(selector=pci[r], resource_name=r) for r in added_pci)
+    remove_pci = sorted((kubevirt.owned_pci - wanted_pci) & present_pci)
+    owned_pci = sorted((kubevirt.owned_pci & wanted_pci & present_pci) | set(added_pci))
+
+    mdev_same = not add and not remove and owned == sorted(kubevirt.owned)
+    pci_same = not add_pci and not remove_pci and owned_pci == sorted(kubevirt.owned_pci)
+    if mdev_same and pci_same:
+        listed = ", ".join(sorted({p.name for p in configured})) or "none"
         return Noop(kubevirt.target, f"allow-list has every configured profile ({listed})")
-    why: list[str] = []
-    if add:
-        why.append("add " + ", ".join(added) + " (configured)")
-    if remove:
-        why.append("remove " + ", ".join(remove) + " (configured on no node)")
-    if not why:
-        why.append(
-            "forget entries removed by hand: " + ", ".join(sorted(kubevirt.owned - set(owned)))
+    parts: list[str] = []
+    if not mdev_same:
+        why = _why(added, remove, sorted(kubevirt.owned - set(owned)))
+        parts.append("mediated devices allow-list: " + "; ".join(why))
+    if not pci_same:
+        why = _why(
+            [f"{r} ({pci[r]})" for r in added_pci],
+            remove_pci,
+            sorted(kubevirt.owned_pci - set(owned_pci)),
         )
+        parts.append("PCI host devices allow-list: " + "; ".join(why))
     return KubevirtUpdate(
         target=kubevirt.target,
-        reason="mediated devices allow-list: " + "; ".join(why),
+        reason="; ".join(parts),
         namespace=kubevirt.namespace,
         name=kubevirt.name,
         resource_version=kubevirt.resource_version,
         add=add,
         remove=tuple(remove),
         owned=tuple(owned),
+        add_pci=add_pci,
+        remove_pci=tuple(remove_pci),
+        owned_pci=tuple(owned_pci),
     )
+
+
+def _why(added: Sequence[str], removed: Sequence[str], forgotten: Sequence[str]) -> list[str]:
+    why: list[str] = []
+    if added:
+        why.append("add " + ", ".join(added) + " (configured)")
+    if removed:
+        why.append("remove " + ", ".join(removed) + " (configured on no node)")
+    if not why:
+        why.append("forget entries removed by hand: " + ", ".join(forgotten))
+    return why

@@ -34,7 +34,7 @@ def enable_vfs(state: SimState, tree: SysfsTree, gpu: GpuRecord) -> bool:
         root_port=gpu.root_port,
         model=model,
         vfs=[(v.address, v.iommu_group) for v in gpu.vfs],
-        interface=state.interface,
+        interface=gpu.interface,
         creatable=creatable(model, state.hosted(gpu)),
     )
     return True
@@ -86,7 +86,7 @@ def create_vgpu(state: SimState, tree: SysfsTree, *, vf: str, type_name: str, vg
     if vgpu_type is None:  # create_refusal has said so already; this keeps the types exact
         raise refusal(errno.EINVAL, f"no vGPU type {type_name!r}")
     before = creatable(model, hosted)
-    if state.interface == "mdev":
+    if gpu.interface == "mdev":
         group = state.allocate_group(vgpu_id)
         cdev = state.allocate_cdev(vgpu_id)
         state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, group, cdev)
@@ -113,7 +113,7 @@ def begin_removal(state: SimState, tree: SysfsTree, vgpu_id: str) -> None:
     if rec is None or gpu is None:
         raise refusal(errno.ENODEV, f"no vGPU {vgpu_id}")
     state.removing.add(vgpu_id)
-    if state.interface == "mdev":
+    if gpu.interface == "mdev":
         tree.detach_mdev(
             vf=rec.vf,
             root_port=gpu.root_port,
@@ -145,7 +145,7 @@ def remove_vgpu(
     state.held.pop(vgpu_id, None)
     state.hidden.discard(vgpu_id)
     state.removing.discard(vgpu_id)
-    if state.interface == "mdev":
+    if gpu.interface == "mdev":
         tree.drop_mdev(
             vf=rec.vf,
             root_port=gpu.root_port,
@@ -172,7 +172,7 @@ def _refresh(
     tree.update_creatable(
         root_port=gpu.root_port,
         model=model,
-        interface=state.interface,
+        interface=gpu.interface,
         before=before,
         after=creatable(model, state.hosted(gpu)),
     )

@@ -71,6 +71,7 @@ class SimGpu:
     address: PciAddress
     model: str  # "NVIDIA A2"
     sriov_enabled: bool
+    interface: str = "mdev"  # the vGPU host interface its VFs show: mdev | vfio
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +96,19 @@ class SimHost:
 
     @property
     def interface(self) -> str:
-        return load_state(self.sysfs_root).interface
+        """The interface every GPU shows (``mdev`` for a host without GPUs); ``mixed`` when
+        GPUs differ (each one's is in :meth:`gpus`)."""
+        kinds = {g.interface for g in load_state(self.sysfs_root).gpus}
+        if len(kinds) > 1:
+            return "mixed"
+        return kinds.pop() if kinds else "mdev"
 
     def gpus(self) -> tuple[SimGpu, ...]:
         state = load_state(self.sysfs_root)
-        return tuple(SimGpu(PciAddress.parse(g.address), g.model, bool(g.vfs)) for g in state.gpus)
+        return tuple(
+            SimGpu(PciAddress.parse(g.address), g.model, bool(g.vfs), g.interface)
+            for g in state.gpus
+        )
 
     def writer(self) -> SimSysfsWriter:
         """The kernel emulation behind the sysfs-writer port."""
@@ -129,16 +138,19 @@ def init_host(
     passthrough: Sequence[str] = (),
     catalog: Catalog | None = None,
 ) -> SimHost:
-    """Build ``DIR/sys`` and ``DIR/bin/sriov-manage`` for GPUs given as ``MODEL[@ADDRESS]``.
+    """Build ``DIR/sys`` and ``DIR/bin/sriov-manage`` for GPUs given as
+    ``MODEL[@ADDRESS][:mdev|:vfio]``.
 
-    SR-IOV starts disabled. A multi-GPU board (A16) is several GPUs on consecutive buses,
-    starting at the address given. The GPUs at the ``passthrough`` addresses (each given with
-    ``@ADDRESS``) are bound to ``vfio-pci``, as for a VM that has one whole. Raises ValueError
-    for an unknown model, a bad or duplicate address, an unknown interface; FileExistsError if
-    ``DIR/sys`` exists.
+    ``interface`` is the vGPU host interface of every GPU given without a ``:mdev``/``:vfio``
+    suffix (``A2@0000:08:00.0:vfio``; ``A2:vfio``). SR-IOV starts disabled. A multi-GPU board
+    (A16) is several GPUs on consecutive buses, starting at the address given. The GPUs at the
+    ``passthrough`` addresses (each given with ``@ADDRESS``) are bound to ``vfio-pci``, as for
+    a VM that has one whole. Raises ValueError for an unknown model, a bad or duplicate
+    address, an unknown interface; FileExistsError if ``DIR/sys`` exists.
     """
     cat = catalog or default_catalog()
-    requests = [_parse_gpu_arg(g, cat) for g in gpus]
+    _check_interface(interface)
+    requests = [_parse_gpu_arg(g, cat, interface=interface) for g in gpus]
     whole = set()
     for text in passthrough:
         try:
@@ -162,8 +174,11 @@ def build_host(
 
     ``spec``: ``{gpus: [{model, address?, sriov?: enabled|disabled, vgpus?: {VF index or
     address: "NVIDIA A2-4Q" | {type, uuid?, held?, holder?, hidden?}}, driver?: vfio-pci,
-    vgpuVfs?: false}], interface?, extraDevices?}``. ``driver`` binds the PF to another driver
-    than nvidia (passed through whole); ``vgpuVfs: false`` makes its ``sriov_vf_device`` 0.
+    vgpuVfs?: false, interface?: mdev|vfio}], interface?, extraDevices?}``. ``driver`` binds the
+    PF to another driver than nvidia (passed through whole); ``vgpuVfs: false`` makes its
+    ``sriov_vf_device`` 0. A GPU's ``interface`` is the vGPU host interface its VFs show; the
+    top-level one is the default for entries without one (default mdev), so one host may have
+    GPUs of both kinds (on a vfio GPU the VF is the vGPU: no UUIDs).
     ``sriov`` defaults to enabled when ``vgpus`` is given. A multi-GPU board entry covers the
     whole board: ``sriov`` applies to each GPU, an index key means a VF of its first GPU, an
     address key any VF of the board. vGPU UUIDs default to ``uuid5(NAMESPACE_URL, "sim/<VF>")``.
@@ -175,14 +190,16 @@ def build_host(
     unknown = set(spec) - {"gpus", "interface", "extraDevices", "node", "description"}
     if unknown:
         raise ValueError(f"simulator spec: unknown keys {sorted(unknown)}")
-    interface = str(spec.get("interface", "mdev"))
+    interface = spec.get("interface", "mdev")
+    if interface not in INTERFACES:
+        raise ValueError(f"simulator spec interface: {_expected_interface(interface)}")
     extra = spec.get("extraDevices", True)
     if not isinstance(extra, bool):
         raise ValueError("simulator spec: extraDevices must be true or false")
     entries = spec.get("gpus") or []
     if not isinstance(entries, list):
         raise ValueError("simulator spec: 'gpus' must be a list")
-    parsed = [_parse_gpu_entry(i, e, cat) for i, e in enumerate(entries)]
+    parsed = [_parse_gpu_entry(i, e, cat, interface=interface) for i, e in enumerate(entries)]
 
     directory = Path(directory)
     state, placed = _create_host(
@@ -222,11 +239,11 @@ class _GpuEntry:
     vgpus: tuple[tuple[int | PciAddress, _VgpuSpec], ...]
 
 
-def _parse_gpu_entry(i: int, raw: Any, cat: Catalog) -> _GpuEntry:
+def _parse_gpu_entry(i: int, raw: Any, cat: Catalog, *, interface: str) -> _GpuEntry:
     where = f"simulator spec gpus[{i}]"
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: expected a mapping with 'model'")
-    unknown = set(raw) - {"model", "address", "sriov", "vgpus", "driver", "vgpuVfs"}
+    unknown = set(raw) - {"model", "address", "sriov", "vgpus", "driver", "vgpuVfs", "interface"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
     if "model" not in raw:
@@ -261,7 +278,23 @@ def _parse_gpu_entry(i: int, raw: Any, cat: Catalog) -> _GpuEntry:
         raise ValueError(f"{where}.vgpuVfs: expected true or false")
     if (vgpus or sriov) and (driver != "nvidia" or not vgpu_vfs):
         raise ValueError(f"{where}: only a GPU bound to nvidia with vGPU VFs can have them on")
-    return _GpuEntry(GpuRequest(model, address, driver, vgpu_vfs), sriov, tuple(vgpus))
+    own = raw.get("interface", interface)
+    if own not in INTERFACES:
+        raise ValueError(f"{where}.interface: {_expected_interface(own)}")
+    return _GpuEntry(
+        GpuRequest(model, address, driver, vgpu_vfs, interface=own), sriov, tuple(vgpus)
+    )
+
+
+def _expected_interface(value: Any) -> str:
+    return f"expected one of {', '.join(INTERFACES)}, got {value!r}"
+
+
+def _check_interface(interface: str) -> None:
+    if interface not in INTERFACES:
+        raise ValueError(
+            f"unknown interface {interface!r}: expected one of {', '.join(INTERFACES)}"
+        )
 
 
 def _vf_key(where: str, key: Any) -> int | PciAddress:
@@ -330,7 +363,7 @@ def _build_vgpu(
         vf = str(key)
         if not any(v.address == vf for g in gpus for v in g.vfs):
             raise ValueError(f"{where}: {vf} is not a VF of this GPU")
-    if state.interface == "vfio":
+    if state.interface_of_vf(vf) == "vfio":
         if spec.uuid is not None:
             raise ValueError(f"{where}: the vfio interface has no UUIDs (the VF is the vGPU)")
         vgpu_id = vf
@@ -359,24 +392,34 @@ def _model(name: str, cat: Catalog) -> SimModel:
     return SimModel.from_catalog(model)
 
 
-def _parse_gpu_arg(text: str, cat: Catalog) -> GpuRequest:
-    """``A2`` or ``L40S@0000:41:00.0``."""
+def _parse_gpu_arg(text: str, cat: Catalog, *, interface: str) -> GpuRequest:
+    """``A2``, ``L40S@0000:41:00.0``, either with ``:mdev`` or ``:vfio`` after it (else the
+    GPU shows ``interface``). An address has colons of its own: only a last ``:``-separated
+    part that is exactly ``mdev`` or ``vfio`` is an interface."""
+    head, sep, last = text.rpartition(":")
+    if sep and last in INTERFACES:
+        text, interface = head, last
     name, sep, addr = text.partition("@")
     model = _model(name.strip(), cat)
     if not sep:
-        return GpuRequest(model)
-    return GpuRequest(model, PciAddress.parse(addr.strip()))
+        return GpuRequest(model, interface=interface)
+    try:
+        address = PciAddress.parse(addr.strip())
+    except ValueError as exc:
+        raise ValueError(f"{exc} (a GPU is MODEL[@ADDRESS][:mdev|:vfio])") from None
+    return GpuRequest(model, address, interface=interface)
 
 
 def _create_host(
     directory: Path, requests: Sequence[GpuRequest], *, interface: str, extra_devices: bool
 ) -> tuple[SimState, list[PlacedGpu]]:
-    if interface not in INTERFACES:
-        raise ValueError(
-            f"unknown interface {interface!r}: expected one of {', '.join(INTERFACES)}"
-        )
+    """``interface``: the host's default; it decides only whether a host without GPUs has the
+    mdev bus (each GPU's own is in its request)."""
+    _check_interface(interface)
+    for r in requests:
+        _check_interface(r.interface)
     placed = place_gpus(requests)
-    state = _layout(placed, interface=interface, extra_devices=extra_devices)
+    state = _layout(placed, extra_devices=extra_devices)
     root = directory / "sys"
     if root.exists():
         raise FileExistsError(f"{root} already exists: remove it to build a new simulated host")
@@ -384,7 +427,7 @@ def _create_host(
     try:
         root.mkdir()
         (root / STATE_DIR).mkdir()
-        _render(SysfsTree(root), state)
+        _render(SysfsTree(root), state, mdev=_mdev_core(state, default=interface))
         save_state(root, state)
         install_script(directory)
     except BaseException:
@@ -398,7 +441,7 @@ def _remove_host(directory: Path) -> None:
     (directory / "bin" / "sriov-manage").unlink(missing_ok=True)
 
 
-def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool) -> SimState:
+def _layout(placed: Sequence[PlacedGpu], *, extra_devices: bool) -> SimState:
     """Decide every function's place, root port and IOMMU group (deterministically)."""
     taken = occupied(placed)
     nic: PciAddress | None = None
@@ -424,7 +467,6 @@ def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool)
         root_ports[a] = root_port_address(a.domain, k)
 
     state = SimState(
-        interface=interface,
         models={g.model.name: g.model for g in placed},
         gpus=[],
         devices=[],
@@ -462,6 +504,7 @@ def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool)
                     group,
                     driver=g.driver,
                     vgpu_vfs=g.vgpu_vfs,
+                    interface=g.interface,
                 )
             )
         else:
@@ -469,8 +512,16 @@ def _layout(placed: Sequence[PlacedGpu], *, interface: str, extra_devices: bool)
     return state
 
 
-def _render(tree: SysfsTree, state: SimState) -> None:
-    tree.skeleton(_DRIVERS, mdev=state.interface == "mdev")
+def _mdev_core(state: SimState, *, default: str) -> bool:
+    """Whether the kernel's mdev core is loaded, so its bus and class exist: when a GPU shows
+    the mdev interface (a host without GPUs: when its default interface is mdev)."""
+    if state.gpus:
+        return any(g.interface == "mdev" for g in state.gpus)
+    return default == "mdev"
+
+
+def _render(tree: SysfsTree, state: SimState, *, mdev: bool) -> None:
+    tree.skeleton(_DRIVERS, mdev=mdev)
     for d in state.devices:
         if d.role == "root-port":
             tree.function(_root_port(d))

@@ -143,11 +143,13 @@ def _dispatch(
     parent = parts[-2] if len(parts) >= 2 else ""
     grandparent = parts[-3] if len(parts) >= 3 else ""
 
+    # Each GPU shows one interface: an mdev type's ``create`` acts on a VF of an mdev GPU only,
+    # ``current_vgpu_type`` on a VF of a vfio GPU only (no VF at all: ENOENT from the handler).
     if (
         name == "create"
         and grandparent == "mdev_supported_types"
         and len(parts) >= 4
-        and state.interface == "mdev"
+        and state.interface_of_vf(parts[-4]) != "vfio"
     ):
         return _create(state, tree, vf=parts[-4], type_dir=parent, value=value, shown=shown)
     if name == "remove" and parent in state.vgpus and state.vgpus[parent].vf == grandparent:
@@ -167,7 +169,11 @@ def _dispatch(
             raise refusal(errno.EBUSY, f"{shown}: vGPU is open in a VM")
         tree.replace("/".join(parts), value if value.endswith("\n") else value + "\n", 0o644)
         return True
-    if name == "current_vgpu_type" and parent == "nvidia" and state.interface == "vfio":
+    if (
+        name == "current_vgpu_type"
+        and parent == "nvidia"
+        and state.interface_of_vf(grandparent) != "mdev"
+    ):
         return _set_vfio_type(state, tree, vf=grandparent, value=value, shown=shown)
     if name == "sriov_numvfs":
         # The NVIDIA driver refuses raw writes: VFs are made by sriov-manage (docs/domain.md §2).

@@ -271,6 +271,8 @@ class GpuRequest:
     driver: str = "nvidia"
     #: False: its ``sriov_vf_device`` reads 0 (SR-IOV, but it makes no vGPU VFs).
     vgpu_vfs: bool = True
+    #: The vGPU host interface its VFs show: ``mdev`` or ``vfio`` (NVIDIA's vendor-specific).
+    interface: str = "mdev"
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +282,7 @@ class PlacedGpu:
     board: int  # index of the request that produced it
     driver: str = "nvidia"
     vgpu_vfs: bool = True
+    interface: str = "mdev"
 
 
 def _board_addresses(first: PciAddress, count: int) -> list[PciAddress]:
@@ -330,7 +333,7 @@ def place_gpus(requests: Sequence[GpuRequest]) -> list[PlacedGpu]:
     for i, req in enumerate(requests):
         if req.address is not None:
             gpus = [
-                PlacedGpu(req.model, a, i, req.driver, req.vgpu_vfs)
+                PlacedGpu(req.model, a, i, req.driver, req.vgpu_vfs, req.interface)
                 for a in _board_addresses(req.address, req.model.gpus_per_board)
             ]
             claim(gpus)
@@ -345,7 +348,7 @@ def place_gpus(requests: Sequence[GpuRequest]) -> list[PlacedGpu]:
                 continue
             if all((domain, bus + k) not in buses for k in range(n)):
                 gpus = [
-                    PlacedGpu(req.model, a, i, req.driver, req.vgpu_vfs)
+                    PlacedGpu(req.model, a, i, req.driver, req.vgpu_vfs, req.interface)
                     for a in _board_addresses(PciAddress(domain, bus, 0, 0), n)
                 ]
                 claim(gpus)

@@ -1,12 +1,12 @@
 """The simulator's hidden state file and the lock that serialises every change to a host.
 
 ``<sysfs root>/.vgpuctl-sim/state.json`` holds what the sysfs files do not say by themselves:
-which catalogue model each GPU is (with its types, copied), the VFs and vGPUs with their IOMMU
-groups, which vGPUs a simulated VM holds, pending faults, counters, and the IOMMU group
-allocator. The tree is rendered from it, and both change together under one ``fcntl`` lock
-(``.vgpuctl-sim/lock``): the apply process (through the writer) and ``sriov-manage``
-subprocesses act on one host concurrently. The file is replaced atomically, so readers (the hold
-probe, ``stats``) need no lock.
+which catalogue model each GPU is (with its types, copied) and which vGPU interface it shows
+(mdev or vfio, per GPU), the VFs and vGPUs with their IOMMU groups, which vGPUs a simulated VM
+holds, pending faults, counters, and the IOMMU group allocator. The tree is rendered from it,
+and both change together under one ``fcntl`` lock (``.vgpuctl-sim/lock``): the apply process
+(through the writer) and ``sriov-manage`` subprocesses act on one host concurrently. The file
+is replaced atomically, so readers (the hold probe, ``stats``) need no lock.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ class GpuRecord:
     driver: str = "nvidia"
     #: False: ``sriov_vf_device`` reads 0, the GPU makes no vGPU VFs (a T4's SR-IOV).
     vgpu_vfs: bool = True
+    #: The vGPU host interface its VFs show: ``mdev`` (``mdev_supported_types/``, a vGPU is an
+    #: mdev UUID) or ``vfio`` (NVIDIA's vendor-specific ``nvidia/current_vgpu_type``, the VF is
+    #: the vGPU). Per GPU: one host may have GPUs of both kinds.
+    interface: str = "mdev"
 
 
 @dataclass(slots=True)
@@ -109,7 +113,6 @@ class Faults:
 
 @dataclass(slots=True)
 class SimState:
-    interface: str  # mdev | vfio
     models: dict[str, SimModel]
     gpus: list[GpuRecord]
     devices: list[DeviceRecord]
@@ -149,6 +152,11 @@ class SimState:
 
     def model_of(self, gpu: GpuRecord) -> SimModel:
         return self.models[gpu.model]
+
+    def interface_of_vf(self, vf: str) -> str | None:
+        """The interface of the GPU ``vf`` is an enabled VF of, or None."""
+        gpu = self.vf_owner(vf)
+        return gpu.interface if gpu is not None else None
 
     def hosted(self, gpu: GpuRecord) -> dict[str, str | None]:
         """Every VF of the GPU → the type name of its vGPU, or None."""
@@ -190,7 +198,6 @@ class SimState:
     def to_json(self) -> dict[str, Any]:
         return {
             "formatVersion": FORMAT_VERSION,
-            "interface": self.interface,
             "models": {k: m.to_json() for k, m in self.models.items()},
             "gpus": [
                 {
@@ -201,6 +208,7 @@ class SimState:
                     "vfs": [{"address": v.address, "iommuGroup": v.iommu_group} for v in g.vfs],
                     "driver": g.driver,
                     "vgpuVfs": g.vgpu_vfs,
+                    "interface": g.interface,
                 }
                 for g in self.gpus
             ],
@@ -233,11 +241,12 @@ class SimState:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SimState:
-        """From the state file's JSON (its format version checked by the reader)."""
+        """From the state file's JSON (its format version checked by the reader). A file from
+        before GPUs had an interface each has a host-level ``interface``: every GPU takes it."""
         faults = raw.get("faults", {})
         holds = Holds.from_json(raw)
+        host_interface = str(raw.get("interface", "mdev"))
         return cls(
-            interface=str(raw["interface"]),
             models={k: SimModel.from_json(m) for k, m in raw["models"].items()},
             gpus=[
                 GpuRecord(
@@ -248,6 +257,7 @@ class SimState:
                     vfs=[VfRecord(v["address"], int(v["iommuGroup"])) for v in g["vfs"]],
                     driver=str(g.get("driver", "nvidia")),
                     vgpu_vfs=bool(g.get("vgpuVfs", True)),
+                    interface=str(g.get("interface", host_interface)),
                 )
                 for g in raw["gpus"]
             ],

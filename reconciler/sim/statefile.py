@@ -16,6 +16,8 @@ from reconciler.observe.holds import INIT_PID_NAMESPACE
 
 STATE_DIR = ".vgpuctl-sim"
 STATE_FILE = "state.json"
+#: Version 1 grew compatibly: each GPU's ``interface`` (mdev | vfio) was once one host-level
+#: ``interface``; a file that has only that one still loads, every GPU taking it.
 FORMAT_VERSION = 1
 
 

@@ -133,7 +133,8 @@ class SysfsTree:
 
     def skeleton(self, drivers: Sequence[str], *, mdev: bool = True) -> None:
         """The host's fixed directories. ``mdev``: the kernel's mdev core is loaded (its bus
-        and class); a host on NVIDIA's vendor-specific VFIO interface does without it."""
+        and class), as when a GPU shows the mdev interface; a host whose GPUs all show NVIDIA's
+        vendor-specific VFIO interface does without it."""
         for rel in (
             "bus/pci/devices",
             *(("bus/mdev/devices", MDEV_DRIVER, "class/mdev_bus") if mdev else ()),

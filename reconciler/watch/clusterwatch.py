@@ -110,8 +110,23 @@ def _node_state_projection(obj: Mapping[str, Any], node: str) -> str | None:
     if not isinstance(labels, Mapping) or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
         return None
     status = obj.get("status")
-    profiles = configured_profiles(status) if isinstance(status, Mapping) else frozenset()
-    return "profiles=" + ",".join(sorted(profiles))
+    if not isinstance(status, Mapping):
+        return "profiles="
+    profiles = configured_profiles(status)
+    # The kind of each GPU too: a profile moving between mdev and vfio GPUs changes which
+    # KubeVirt allow-list it belongs in (mediatedDevices or pciHostDevices).
+    gpus = status.get("gpus")
+    kinds = sorted(
+        f"{g.get('address')}:{g.get('interface')}:{_vf_device(g)}"
+        for g in (gpus if isinstance(gpus, list | tuple) else ())
+        if isinstance(g, Mapping)
+    )
+    return "profiles=" + ",".join(sorted(profiles)) + ";kinds=" + ",".join(kinds)
+
+
+def _vf_device(gpu: Mapping[str, Any]) -> object:
+    sriov = gpu.get("sriov")
+    return sriov.get("vfDevice") if isinstance(sriov, Mapping) else None
 
 
 class _Follower:

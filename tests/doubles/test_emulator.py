@@ -16,6 +16,7 @@ import urllib3
 from kubernetes import client, config, watch
 
 from tests.doubles.emulator import ApiError, ApiServerEmulator, Request
+from tests.doubles.kubevirt_crd import kubevirt_crd
 
 GROUP, VERSION, PLURAL, KIND = "devices.harvesterhci.io", "v1beta1", "vgpudevices", "VGPUDevice"
 CR = (GROUP, VERSION, PLURAL)
@@ -794,6 +795,47 @@ def test_register_crd_serves_the_manifest(api_client: Any, emulator: ApiServerEm
         GROUP, VERSION, "sriovgpudevices", body
     )
     assert "status" not in created  # the manifest declared the status subresource
+
+
+def test_the_kubevirt_crd_takes_pci_host_devices_as_kubevirts_own_does(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    """KubeVirt's CRD declares ``permittedHostDevices.pciHostDevices[]`` ``{pciVendorSelector,
+    resourceName, externalResourceProvider}`` (the first two required): what vgpuctl writes
+    for a vGPU on NVIDIA's vfio interface is kept as written, a field KubeVirt does not know
+    is pruned, an entry without its selector refused; the rest of the CR is kept."""
+    emulator.register_crd(kubevirt_crd())
+    emulator.seed(
+        {
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"imageTag": "v1.5.0", "configuration": {"permittedHostDevices": {}}},
+        }
+    )
+    entry = {
+        "pciVendorSelector": "10DE:26B9",
+        "resourceName": "nvidia.com/NVIDIA_L40S-8Q",
+        "externalResourceProvider": True,
+    }
+    path = "/spec/configuration/permittedHostDevices/pciHostDevices"
+    where = ("kubevirt.io", "v1", "kubevirt", "kubevirts", "kubevirt")
+    patched = custom.patch_namespaced_custom_object(
+        *where,
+        [{"op": "add", "path": path, "value": [{**entry, "pciDeviceId": "x"}]}],
+        _content_type=JSON_PATCH,
+    )
+    assert patched["spec"]["configuration"]["permittedHostDevices"] == {"pciHostDevices": [entry]}
+    assert patched["spec"]["imageTag"] == "v1.5.0"
+    no_selector = {k: v for k, v in entry.items() if k != "pciVendorSelector"}
+    error = api_error(
+        custom.patch_namespaced_custom_object,
+        *where,
+        [{"op": "add", "path": f"{path}/-", "value": no_selector}],
+        _content_type=JSON_PATCH,
+    )
+    assert error.status == 422
+    assert "pciVendorSelector" in status_of(error)["message"]
 
 
 def test_seed_keeps_status_and_replaces_existing(emulator: ApiServerEmulator) -> None:

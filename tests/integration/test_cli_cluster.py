@@ -25,11 +25,13 @@ from tests.cluster_node import (
     SRIOV,
     VGPUS,
     VMIS,
+    ClusterNode,
     cluster_node,
     register_crds,
     stored,
 )
 from tests.doubles.emulator import ApiServerEmulator, Request
+from tests.doubles.kubevirt_crd import kubevirt_crd
 from tests.simnode import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
 
 #: Every scenario runs with our CRDs and with Harvester's own (what pcidevices-controller
@@ -37,6 +39,12 @@ from tests.simnode import NODE, REPO, SEED, SimNode, make_sim, run_vgpuctl
 CRD_SETS = ("ours", "harvester")
 
 SEED_FIXTURES = REPO / "tests" / "fixtures" / "crds"
+
+
+def _kubevirt(emu: ApiServerEmulator) -> dict[str, Any]:
+    kv = emu.get_object(*KUBEVIRTS, "kubevirt", "harvester-system")
+    assert kv is not None
+    return kv
 
 
 def _mediated(emu: ApiServerEmulator) -> list[dict[str, Any]]:
@@ -118,6 +126,78 @@ def test_seed_node_end_to_end(tmp_path: Path, emu: ApiServerEmulator) -> None:
     again = node.run("apply", SEED, "--yes")
     assert again.returncode == 0 and "No changes." in again.stdout
     assert {r.verb for r in emu.requests} <= {"get", "list"}, emu.requests
+
+
+def _vfio_node(tmp_path: Path, emu: ApiServerEmulator) -> ClusterNode:
+    """An L40S on NVIDIA's vendor-specific VFIO interface (no mdev bus: docs/domain.md §3b)."""
+    res = run_vgpuctl(
+        "sim", "init", tmp_path / "host", "--gpu", "L40S@0000:08:00.0", "--interface", "vfio"
+    )
+    assert res.returncode == 0, res.stderr
+    node = ClusterNode(tmp_path / "host", NODE)
+    node.kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
+    node.kubelet_dir = tmp_path / "kubelet"
+    (node.kubelet_dir / "device-plugins").mkdir(parents=True)
+    return node
+
+
+def _vfio_desired(tmp_path: Path, profiles: dict[str, int], name: str) -> Path:
+    gpu: dict[str, Any] = {"address": "0000:08:00.0", "sriov": "enabled", "profiles": profiles}
+    doc = {
+        "apiVersion": "vgpu.reconciler.dev/v1alpha1",
+        "kind": "VGPUDesiredState",
+        "metadata": {"name": "vfio"},
+        "spec": {"nodes": {NODE: {"gpus": [gpu]}}},
+    }
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_vfio_node_allow_lists_its_profiles_as_pci_host_devices(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """On the vfio interface the VF itself is the vGPU, handed to a VM as a PCI device: KubeVirt
+    allow-lists it under pciHostDevices (10DE:<the VFs' device id>), not mediatedDevices; the
+    entries someone else added (an A10's, a T4's mdev) stay, and the CR is served with the
+    schema KubeVirt's CRD gives permittedHostDevices."""
+    emu.register_crd(kubevirt_crd())
+    node = _vfio_node(tmp_path, emu)
+    two = _vfio_desired(tmp_path, {"NVIDIA L40S-8Q": 2}, "two.yaml")
+    plan = node.ok("plan", two)
+    assert "+ pciHostDevices: nvidia.com/NVIDIA_L40S-8Q (10DE:26B9)" in plan.stdout
+    assert "mediatedDevices:" not in plan.stdout
+    node.ok("apply", two, "--yes")
+
+    kv = _kubevirt(emu)
+    permitted = kv["spec"]["configuration"]["permittedHostDevices"]
+    assert permitted["pciHostDevices"] == [
+        {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/A10"},
+        {
+            "pciVendorSelector": "10DE:26B9",
+            "resourceName": "nvidia.com/NVIDIA_L40S-8Q",
+            "externalResourceProvider": True,
+        },
+    ]
+    assert [e["mdevNameSelector"] for e in permitted["mediatedDevices"]] == ["GRID T4-2Q"]
+    annotations = kv["metadata"]["annotations"]
+    assert annotations["vgpu.reconciler.dev/pci-host-devices"] == "nvidia.com/NVIDIA_L40S-8Q"
+    assert "vgpu.reconciler.dev/mediated-devices" not in annotations
+    # The node's summary tells the other nodes which kind each GPU is.
+    (gpu,) = stored(emu, NODE_STATES, NODE)["status"]["gpus"]
+    assert (gpu["interface"], gpu["sriov"]["vfDevice"]) == ("vfio", "26b9")
+    assert node.run("plan", two, "--detailed-exitcode").returncode == 0
+
+    # Another profile instead: the new entry comes, vgpuctl's old one goes, the A10's stays.
+    other = _vfio_desired(tmp_path, {"NVIDIA L40S-4Q": 2}, "other.yaml")
+    node.ok("apply", other, "--yes")
+    kv = _kubevirt(emu)
+    pci = kv["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    assert [e["resourceName"] for e in pci] == ["nvidia.com/A10", "nvidia.com/NVIDIA_L40S-4Q"]
+    assert (
+        kv["metadata"]["annotations"]["vgpu.reconciler.dev/pci-host-devices"]
+        == "nvidia.com/NVIDIA_L40S-4Q"
+    )
 
 
 def test_hand_edit_is_reported_then_reset(tmp_path: Path, emu: ApiServerEmulator) -> None:

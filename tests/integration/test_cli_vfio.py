@@ -10,6 +10,8 @@ other VF. There is no mdev and no UUID: the VF is the vGPU.
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from pathlib import Path
 
 import yaml
@@ -160,3 +162,60 @@ def test_a_vf_a_vm_holds_is_never_cleared(tmp_path: Path) -> None:
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"VF {VF0} hosts NVIDIA L40S-8Q, in use by simulated VM" in res.stdout
     assert set(currents(node)) == {VF0}
+
+
+def test_one_host_with_a_gpu_on_each_interface(tmp_path: Path) -> None:
+    """An A2 on mdev beside an A2 on vfio: each VF is driven through the interface it shows."""
+    res = run_vgpuctl(
+        "sim",
+        "init",
+        tmp_path / "host",
+        "--gpu",
+        "A2@0000:08:00.0",
+        "--gpu",
+        "A2@0000:09:00.0:vfio",
+    )
+    assert res.returncode == 0, res.stderr
+    node = SimNode(tmp_path / "host")
+    doc = {
+        "apiVersion": "vgpu.reconciler.dev/v1alpha1",
+        "kind": "VGPUDesiredState",
+        "metadata": {"name": "mixed"},
+        "spec": {
+            "nodes": {
+                "harvester-kgd9c": {
+                    "gpus": [
+                        {"address": a, "sriov": "enabled", "vgpus": {0: "NVIDIA A2-4Q"}}
+                        for a in ("0000:08:00.0", "0000:09:00.0")
+                    ]
+                }
+            }
+        },
+    }
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    # Both start with SR-IOV off and the host has the mdev bus (for the first A2), so the plan
+    # takes both for mdev. The vfio A2's first create stops the run before it writes: a vGPU
+    # named by a UUID cannot be made on a VF that is its own vGPU. Run again: planned from
+    # what the VFs show now, it converges.
+    res = node.run("apply", path, "--yes")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert (
+        "0000:09:00.4 shows NVIDIA's vfio interface, but the plan was made for mdev" in res.stderr
+    )
+    assert currents(node) == {}
+    node.ok("apply", path, "--yes")
+    # mdev: vgpuctl's UUID, uuid5(uuid5(DNS, "vgpu.reconciler.dev"), "<node>/<VF>"), on the bus.
+    expected_uuid = str(
+        uuid.uuid5(
+            uuid.uuid5(uuid.NAMESPACE_DNS, "vgpu.reconciler.dev"), "harvester-kgd9c/0000:08:00.4"
+        )
+    )
+    mdev = node.dir / "sys" / "bus" / "mdev" / "devices" / expected_uuid
+    assert mdev.is_symlink()
+    assert os.readlink(mdev).endswith(f"0000:08:00.4/{expected_uuid}")
+    # vfio: the VF's own current_vgpu_type, nothing under the mdev bus for it.
+    assert set(currents(node)) == {"0000:09:00.4"}
+    assert len(os.listdir(node.dir / "sys" / "bus" / "mdev" / "devices")) == 1
+    res = node.run("plan", path, "--detailed-exitcode")
+    assert res.returncode == 0, res.stdout + res.stderr

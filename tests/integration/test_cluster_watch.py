@@ -32,7 +32,13 @@ def vgpu(name: str, node: str = NODE, enabled: bool = False) -> dict[str, Any]:
     }
 
 
-def summary(node: str, profiles: dict[str, int], *, in_use: int = 0) -> dict[str, Any]:
+def summary(
+    node: str, profiles: dict[str, int], *, in_use: int = 0, interface: str = ""
+) -> dict[str, Any]:
+    """A node's VGPUNodeState; ``interface``: its one GPU's (none: a summary without GPUs)."""
+    gpus = [] if not interface else [
+        {"address": "0000:08:00.0", "interface": interface, "sriov": {"vfDevice": "25b6"}}
+    ]  # fmt: skip
     return {
         "apiVersion": "vgpu.reconciler.dev/v1alpha1",
         "kind": "VGPUNodeState",
@@ -44,6 +50,7 @@ def summary(node: str, profiles: dict[str, int], *, in_use: int = 0) -> dict[str
         "status": {
             "counts": {"inUse": in_use},
             "profiles": [{"name": p, "wanted": n, "vgpus": n} for p, n in profiles.items()],
+            **({"gpus": gpus} if gpus else {}),
         },
     }
 
@@ -134,6 +141,11 @@ def test_one_list_per_collection_then_watches_and_no_request_per_rescan(
         (lambda emu: emu.seed(vgpu("n1-000008005")), "this node's object created"),
         (lambda emu: emu.delete_object(*VGPUS, "n1-000008004"), "this node's object deleted"),
         (lambda emu: emu.seed(summary("n2", {"NVIDIA A2-8Q": 1})), "another node's profiles"),
+        (
+            # The same profile, now on a vfio GPU: it moves to pciHostDevices in the allow-list.
+            lambda emu: emu.seed(summary("n2", {"NVIDIA A2-4Q": 1}, interface="vfio")),
+            "another node's profile changes kind",
+        ),
         (lambda emu: emu.seed(summary(NODE, {})), "this node's summary written"),
         (
             lambda emu: emu.seed(
@@ -142,7 +154,15 @@ def test_one_list_per_collection_then_watches_and_no_request_per_rescan(
             "the KubeVirt CR edited",
         ),
     ],
-    ids=["edited", "created", "deleted", "profiles-elsewhere", "own-summary", "kubevirt"],
+    ids=[
+        "edited",
+        "created",
+        "deleted",
+        "profiles-elsewhere",
+        "kind-elsewhere",
+        "own-summary",
+        "kubevirt",
+    ],
 )
 def test_what_a_reconcile_depends_on_changes_the_signature(
     emu: ApiServerEmulator,
@@ -256,7 +276,7 @@ def test_the_objects_read_are_the_ones_of_this_node_and_the_summaries(
     )
     assert by_plural["vgpunodestates"].state() == (
         "vgpunodestates",
-        "/n2@profiles=NVIDIA A2-4Q",
+        "/n2@profiles=NVIDIA A2-4Q;kinds=",
     )
     assert SRIOV and NODE_STATES  # the tuples the tests share
 

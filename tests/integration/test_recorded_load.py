@@ -28,7 +28,7 @@ from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
 from reconciler.kube import KubernetesApi, connect
 from reconciler.model import CrCreate, Inventory
-from reconciler.model.cluster import ClusterState
+from reconciler.model.cluster import ClusterState, ConfiguredProfile
 from reconciler.model.nodestate import stamped
 from reconciler.observe.cluster import observe_cluster
 from reconciler.plan import plan_node
@@ -121,7 +121,10 @@ def test_fifty_idle_agents_make_no_request_in_a_minute(
             state = observe_cluster(api, node=node)  # the reconcile that converged it
             assert len(state.vgpu_devices) == 16 and state.node_state is not None
             # Every other node shows A2-4A and A2-4Q configured.
-            assert state.profiles_elsewhere == {"NVIDIA A2-4A", "NVIDIA A2-4Q"}
+            assert state.profiles_elsewhere == {
+                ConfiguredProfile("NVIDIA A2-4A"),
+                ConfiguredProfile("NVIDIA A2-4Q"),
+            }
             agent = ClusterWatch(api, node=node)
             agent.start(wait=30.0)
             agents.append(agent)

@@ -58,7 +58,7 @@ def host_and_desired(
 
     As in the property test: about one GPU in ten is left unmanaged, one managed GPU in five is
     desired with SR-IOV off, and the rest use either form (per-VF with index or address keys,
-    short or long profile names; or counts).
+    short or long profile names; or counts). Each GPU uses mdev or the vfio interface.
     """
     n = draw(st.integers(1, max_gpus))
     host_gpus: list[dict[str, Any]] = []
@@ -78,6 +78,10 @@ def host_and_desired(
         entry = desired_gpu(draw, address, model)
         if entry is not None:
             desired_gpus.append(entry)
+    # Each GPU's host interface: mdev, or NVIDIA's vendor-specific VFIO (docs/domain.md §3).
+    # Drawn last, so that a seed's hosts and desired states are otherwise what they were.
+    for gpu in host_gpus:
+        gpu["interface"] = draw(st.sampled_from(("mdev", "vfio")))
     return {"gpus": host_gpus, "extraDevices": False}, document(node, desired_gpus)
 
 

@@ -377,6 +377,9 @@ class TreeVgpu:
     vf: str
     index: int  # the VF's index: N of the PF's ``virtfn<N>`` link
     type_name: str
+    #: On NVIDIA's vendor-specific VFIO the VF is the vGPU (``uuid`` is its address): no mdev,
+    #: so no mdev bus link either.
+    whole_vf: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,8 +434,17 @@ def read_truth(sysfs_root: Path, gpus: Iterable[str]) -> Truth:
             if name.startswith("virtfn")
         }
         vfs[gpu] = dict(sorted(links.items()))
+        names = oracle.vfio_type_names(sysfs_root, gpu, (devices / vf for vf in vfs[gpu].values()))
         for index, vf in vfs[gpu].items():
             vf_dir = devices / vf
+            current = vf_dir / "nvidia" / "current_vgpu_type"
+            if current.is_file():
+                # NVIDIA's vendor-specific VFIO: the VF is the vGPU, named by its address.
+                type_id = current.read_text().strip()
+                if type_id != "0":
+                    name = names.get(type_id, f"type {type_id}")
+                    vgpus.append(TreeVgpu(vf, gpu, vf, index, name, whole_vf=True))
+                continue
             for entry in sorted(os.listdir(vf_dir)):
                 if not UUID.match(entry) or not (vf_dir / entry).is_dir():
                     continue
@@ -472,7 +484,7 @@ def safety(truth: Truth, held: Mapping[str, Held]) -> Safety:
     duplicates = tuple(f"vGPU {u} exists {n} times" for u, n in counts.items() if n > 1)
     per_vf = Counter(v.vf for v in truth.vgpus)
     crowded = tuple(f"VF {vf} carries {n} vGPUs" for vf, n in per_vf.items() if n > 1)
-    on_tree = {v.uuid: v.vf for v in truth.vgpus}
+    on_tree = {v.uuid: v.vf for v in truth.vgpus if not v.whole_vf}
     dangling = tuple(
         [f"bus/mdev/devices/{u} points at {vf}, no such vGPU there"
          for u, vf in truth.bus.items() if on_tree.get(u) != vf]

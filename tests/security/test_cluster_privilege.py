@@ -355,7 +355,7 @@ def test_a_change_to_an_entry_the_agent_removes_fails_its_patch_cleanly(
                           "patch": '{"spec":{"template":{"spec":{"hostPID":true}}}}',
                           "type": "strategic"}]},
         ),
-        (("spec", "configuration", "permittedHostDevices", "pciHostDevices"), []),
+        (("spec", "configuration", "permittedHostDevices", "usb"), [{"vendor": "46d"}]),
         (("spec", "configuration", "developerConfiguration", "featureGates"), ["Root"]),
         (("metadata", "annotations", "kubevirt.io/latest-observed-api-version"), "v9"),
     ],
@@ -386,6 +386,36 @@ def test_the_agents_token_cannot_change_the_kubevirt_cr_beyond_its_allow_list(
     assert "ValidatingAdmissionPolicy 'vgpuctl-agent'" in patch.value.message
     assert "the vgpuctl agent may change only" in patch.value.message
     assert stored_kubevirt(emu) == before
+
+
+def test_the_agents_token_may_allow_list_a_vfio_profile_as_a_pci_host_device(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """What the vfio interface needs (docs/domain.md §8): a pciHostDevices entry and vgpuctl's
+    annotation naming it. The policy admits exactly that write from the agent's token."""
+    entry = {
+        "pciVendorSelector": "10DE:26B9",
+        "resourceName": "nvidia.com/NVIDIA_L40S-24Q",
+        "externalResourceProvider": True,
+    }
+    with as_user(emu, tmp_path, agent(), "agent") as api:
+        api.patch_object(
+            group="kubevirt.io", version="v1", plural="kubevirts", name="kubevirt",
+            namespace=KV_NS,
+            patch=[
+                {"op": "add", "path": "/spec/configuration/permittedHostDevices/pciHostDevices/-",
+                 "value": entry},
+                {"op": "add",
+                 "path": "/metadata/annotations/vgpu.reconciler.dev~1pci-host-devices",
+                 "value": "nvidia.com/NVIDIA_L40S-24Q"},
+            ],
+        )  # fmt: skip
+    stored = stored_kubevirt(emu)
+    assert entry in stored["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    assert (
+        stored["metadata"]["annotations"]["vgpu.reconciler.dev/pci-host-devices"]
+        == "nvidia.com/NVIDIA_L40S-24Q"
+    )
 
 
 def test_the_agents_token_cannot_create_or_delete_a_kubevirt_cr(

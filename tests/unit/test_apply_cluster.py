@@ -30,12 +30,14 @@ from reconciler.model import (
     KubevirtUpdate,
     MediatedDevice,
     PciAddress,
+    PciHostDevice,
     SriovEnable,
     VgpuCreate,
     VgpuRemove,
 )
 from reconciler.model.cluster import (
     KUBEVIRT_OWNED_ANNOTATION,
+    KUBEVIRT_OWNED_PCI_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NODE_LABEL,
@@ -784,6 +786,127 @@ def test_allow_list_forgets_owned_entries_removed_by_hand() -> None:
     body, summary = change
     assert KUBEVIRT_OWNED_ANNOTATION not in body["metadata"]["annotations"]
     assert summary == "ownership annotation updated"
+
+
+# -- the PCI host devices allow-list (NVIDIA's vfio interface) --------------------------------
+
+L40S_8Q = "nvidia.com/NVIDIA_L40S-8Q"
+L40S_4Q = "nvidia.com/NVIDIA_L40S-4Q"
+A10 = {"pciVendorSelector": "10DE:2236", "resourceName": "a10"}  # kubevirt_cr's: someone else's
+
+
+def pci_entry(resource: str) -> dict[str, Any]:
+    return {
+        "pciVendorSelector": "10DE:26B9",
+        "resourceName": resource,
+        "externalResourceProvider": True,
+    }
+
+
+def test_kubevirt_update_adds_and_removes_only_its_own_pci_entries() -> None:
+    fake = FakeCluster()
+    cr = kubevirt_cr([A2_4Q], "NVIDIA A2-4Q")
+    cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"].append(pci_entry(L40S_4Q))
+    cr["metadata"]["annotations"][KUBEVIRT_OWNED_PCI_ANNOTATION] = L40S_4Q
+    rv = fake.put("kubevirts", cr, "harvester-system")
+    action = replace(
+        kubevirt_update(rv, add=[], remove=[], owned=["NVIDIA A2-4Q"]),
+        add_pci=(PciHostDevice("10DE:26B9", L40S_8Q),),
+        remove_pci=(L40S_4Q,),
+        owned_pci=(L40S_8Q,),
+    )
+    result = execute_cluster([action], api=fake)
+    assert result.outcomes[0].message == (
+        f"kubevirt/harvester-system/kubevirt: allowed PCI {L40S_8Q}; removed PCI {L40S_4Q}"
+    )
+    entries = "/spec/configuration/permittedHostDevices/pciHostDevices"
+    annotation = "/metadata/annotations/vgpu.reconciler.dev~1pci-host-devices"
+    assert fake.patches == [
+        [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "test", "path": f"{entries}/1", "value": pci_entry(L40S_4Q)},
+            {"op": "test", "path": annotation, "value": L40S_4Q},
+            {"op": "remove", "path": f"{entries}/1"},
+            {"op": "add", "path": f"{entries}/-", "value": pci_entry(L40S_8Q)},
+            {"op": "add", "path": annotation, "value": L40S_8Q},
+        ]
+    ]
+    after = stored_kubevirt(fake)
+    permitted = after["spec"]["configuration"]["permittedHostDevices"]
+    assert permitted["pciHostDevices"] == [A10, pci_entry(L40S_8Q)]
+    assert permitted["mediatedDevices"] == [A2_4Q]  # the other list as it was
+    assert after["metadata"]["annotations"] == {
+        KUBEVIRT_OWNED_ANNOTATION: "NVIDIA A2-4Q",
+        KUBEVIRT_OWNED_PCI_ANNOTATION: L40S_8Q,
+        "keep": "me",
+    }
+
+
+def test_allow_list_patch_adds_a_missing_branch_once_with_both_lists() -> None:
+    cr = kubevirt_cr([], "")
+    del cr["spec"]["configuration"]["permittedHostDevices"]
+    del cr["metadata"]["annotations"]
+    change = allow_list_patch(
+        cr, add=[A2_4Q], remove=[], add_pci=[pci_entry(L40S_8Q)], remove_pci=[]
+    )
+    assert change is not None
+    ops, summary = change
+    assert summary == f"allowed NVIDIA A2-4Q; allowed PCI {L40S_8Q}"
+    assert ops == [
+        {"op": "test", "path": "/spec/configuration/permittedHostDevices", "value": None},
+        {"op": "test", "path": "/metadata/annotations", "value": None},
+        {
+            "op": "add",
+            "path": "/spec/configuration/permittedHostDevices",
+            "value": {"mediatedDevices": [A2_4Q], "pciHostDevices": [pci_entry(L40S_8Q)]},
+        },
+        {
+            "op": "add",
+            "path": "/metadata/annotations",
+            "value": {
+                KUBEVIRT_OWNED_ANNOTATION: "NVIDIA A2-4Q",
+                KUBEVIRT_OWNED_PCI_ANNOTATION: L40S_8Q,
+            },
+        },
+    ]
+    patched = jsonpatch.apply(cr, ops)
+    assert patched["spec"]["configuration"]["permittedHostDevices"] == {
+        "mediatedDevices": [A2_4Q],
+        "pciHostDevices": [pci_entry(L40S_8Q)],
+    }
+
+
+def test_allow_list_patch_adds_a_missing_pci_list_beside_the_mediated_one() -> None:
+    cr = kubevirt_cr([A2_4Q], "NVIDIA A2-4Q")
+    del cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"]
+    change = allow_list_patch(cr, add=[], remove=[], add_pci=[pci_entry(L40S_8Q)])
+    assert change is not None
+    ops, _ = change
+    annotation = "/metadata/annotations/vgpu.reconciler.dev~1pci-host-devices"
+    pci = "/spec/configuration/permittedHostDevices/pciHostDevices"
+    assert ops == [
+        {"op": "test", "path": pci, "value": None},
+        {"op": "test", "path": annotation, "value": None},
+        {"op": "add", "path": pci, "value": [pci_entry(L40S_8Q)]},
+        {"op": "add", "path": annotation, "value": L40S_8Q},
+    ]
+    patched = jsonpatch.apply(cr, ops)
+    assert patched["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [A2_4Q]
+
+
+def test_allow_list_never_removes_a_pci_entry_that_is_not_ours() -> None:
+    cr = kubevirt_cr([], "")
+    permitted = cr["spec"]["configuration"]["permittedHostDevices"]
+    permitted["pciHostDevices"].append(pci_entry(L40S_8Q))
+    assert allow_list_change(cr, add=[], remove=[], remove_pci=[L40S_8Q, "a10"]) is None
+    # Named in the mediated devices' annotation: not the PCI one, so still not ours.
+    cr["metadata"]["annotations"][KUBEVIRT_OWNED_ANNOTATION] = L40S_8Q
+    change = allow_list_change(cr, add=[], remove=[L40S_8Q], remove_pci=[L40S_8Q])
+    assert change is not None
+    body, summary = change
+    assert summary == "ownership annotation updated"  # the mdev side forgets a stray name
+    after = body["spec"]["configuration"]["permittedHostDevices"]
+    assert after["pciHostDevices"] == [A10, pci_entry(L40S_8Q)]
 
 
 def test_allow_list_change_does_not_touch_its_input() -> None:

@@ -43,13 +43,14 @@ from reconciler.model import (
     KubevirtUpdate,
     MediatedDevice,
     PciAddress,
+    PciHostDevice,
     Plan,
     SriovDisable,
     SriovEnable,
     VgpuCreate,
     VgpuRemove,
 )
-from reconciler.model.cluster import ClusterState, KubeObject
+from reconciler.model.cluster import ClusterState, KubeObject, KubeVirtConfig
 from reconciler.plan import plan_node
 from tests.doubles.cluster import FakeCluster
 
@@ -407,6 +408,81 @@ def test_kubevirt_entries_vgpuctl_did_not_add_are_never_claimed_or_removed() -> 
         replace(update, namespace="kube-system", target="kubevirt/kube-system/kubevirt"),
         "the KubeVirt CR observed is",
     )
+
+
+L40S_8Q = "nvidia.com/NVIDIA_L40S-8Q"
+L40S_4Q = "nvidia.com/NVIDIA_L40S-4Q"
+
+
+def _pci_case() -> tuple[KubevirtUpdate, ClusterMandate]:
+    """An allow-list with someone else's PCI entry (an A10 passed through whole) and one
+    vgpuctl added (L40S-4Q), and the update vgpuctl plans: L40S-8Q in, L40S-4Q out."""
+    kubevirt = KubeVirtConfig(
+        "harvester-system",
+        "kubevirt",
+        "7",
+        pci_host_devices=(
+            {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/A10"},
+            {"pciVendorSelector": "10DE:26B9", "resourceName": L40S_4Q},
+        ),
+        owned_pci=frozenset({L40S_4Q}),
+    )
+    mandate = ClusterMandate(node=NODE, managed=frozenset(), kubevirt=kubevirt)
+    update = KubevirtUpdate(
+        seq=1, target=kubevirt.target, reason="r", namespace="harvester-system",
+        name="kubevirt", resource_version="7",
+        add_pci=(PciHostDevice("10DE:26B9", L40S_8Q),), remove_pci=(L40S_4Q,),
+        owned_pci=(L40S_8Q,),
+    )  # fmt: skip
+    mandate.check([update])
+    return update, mandate
+
+
+@pytest.mark.parametrize(
+    ("selector", "resource"),
+    [
+        ("10DE:26b9", L40S_8Q),  # not as vgpuctl writes it
+        ("1AF4:1041", L40S_8Q),  # not NVIDIA's: a virtio NIC
+        ("10DE:26B9,1AF4:1041", L40S_8Q),
+        ("10DE", L40S_8Q),
+        ("10DE:26B9", "example.com/NVIDIA_L40S-8Q"),  # not a vGPU resource
+        ("10DE:26B9", "nvidia.com/NVIDIA L40S-8Q"),  # not a resource name vgpuctl makes
+        ("10DE:26B9", "nvidia.com/../x"),
+        ("10DE:26B9", "nvidia.com/"),
+    ],
+)
+def test_a_pci_entry_vgpuctl_would_never_write_is_refused(selector: str, resource: str) -> None:
+    update, mandate = _pci_case()
+    _refused(
+        mandate,
+        replace(update, add_pci=(PciHostDevice(selector, resource),), owned_pci=()),
+        "(rule: vgpuctl adds only {pciVendorSelector: 10DE:<VF device id>",
+    )
+
+
+def test_pci_entries_vgpuctl_did_not_add_are_never_claimed_replaced_or_removed() -> None:
+    update, mandate = _pci_case()
+    a10 = "nvidia.com/A10"
+    _refused(
+        mandate,
+        replace(update, remove_pci=(a10,)),
+        "it removes PCI host device nvidia.com/A10, an entry vgpuctl did not add",
+    )
+    _refused(
+        mandate,
+        replace(update, owned_pci=(L40S_8Q, a10)),
+        "it claims PCI host device nvidia.com/A10 as vgpuctl's",
+    )
+    _refused(
+        mandate,
+        replace(update, add_pci=(PciHostDevice("10DE:2236", a10),)),
+        "the allow-list already has a PCI host device entry for nvidia.com/A10",
+    )
+    # Ownership of the mediated-devices kind is not ownership of a PCI entry.
+    kv = mandate.kubevirt
+    assert kv is not None
+    mdev_owner = replace(mandate, kubevirt=replace(kv, owned=frozenset({a10})))
+    _refused(mdev_owner, replace(update, remove_pci=(a10,)), "it removes PCI host device")
 
 
 def test_the_cluster_executor_checks_before_writing_anything() -> None:

@@ -234,6 +234,24 @@ def test_on_vfio_the_vfs_are_the_devices_and_are_allocated_as_pci_devices() -> N
         allocation(Q4, ["0000:08:00.4", uuid(1)], [*devices, mdev])
 
 
+def test_a_vfio_vgpu_whose_type_nothing_names_is_not_advertised() -> None:
+    """``type 1147``: a type id no list and no record names. Its resource is unknown, so no
+    plugin offers it (a resource made from the id would be one no VM asks for)."""
+    inventory = make_inventory(
+        {
+            A2_1: {
+                0: ("NVIDIA A2-4Q", str(vf_address(A2_1, 0)), "200"),
+                1: ("type 1147", str(vf_address(A2_1, 1)), "201"),
+            }
+        }
+    )
+    (gpu,) = inventory.gpus
+    vfio = Inventory("node-1", (replace(gpu, interface=Interface.VFIO),))
+    sets = device_sets(vfio)
+    assert list(sets) == [Q4]
+    assert [d.id for d in sets[Q4]] == ["0000:08:00.4"]
+
+
 # -- preferred allocation ------------------------------------------------------------------------
 
 #: GPU 1 has 2 free devices, GPU 2 has 3, GPU 3 has 3 (ties with GPU 2, higher address).

@@ -216,3 +216,57 @@ def test_standalone_fails_clearly_without_a_plugin_dir(seed_host: SimHost, tmp_p
             catalog=default_catalog(),
             stop_event=threading.Event(),
         )
+
+
+def test_on_vfio_a_type_no_list_names_is_advertised_by_the_record(
+    plugin_dir: Path, tmp_path: Path
+) -> None:
+    """An A2-16Q on a vfio A2: one per GPU, so every list is a header only. The plugins name it
+    through the record of configured types (asked at every rescan), and advertise the VF."""
+    spec = {
+        "gpus": [{"model": "A2", "address": "0000:08:00.0", "vgpus": {0: "NVIDIA A2-16Q"}}],
+        "interface": "vfio",
+        "extraDevices": False,
+    }
+    host = build_host(tmp_path / "host", spec)
+    vf = host.sysfs_root / "bus" / "pci" / "devices" / "0000:08:00.4" / "nvidia"
+    type_id = (vf / "current_vgpu_type").read_text().strip()
+    assert (vf / "creatable_vgpu_types").read_text().splitlines()[1:] == []
+    record: dict[tuple[PciAddress, str], str] = {}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_standalone(
+                sysfs_root=host.sysfs_root,
+                plugin_dir=plugin_dir,
+                node=NODE,
+                state_dir=tmp_path / "state",
+                catalog=default_catalog(),
+                rescan_interval=0.05,
+                stop_event=stop,
+                backoff=Backoff(initial=0.05, cap=0.1),
+                known_types=lambda: dict(record),
+            )
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    sock = plugin_dir / "vgpuctl-nvidia.com_NVIDIA_A2-16Q.sock"
+    try:
+        time.sleep(0.3)  # several rescans: nothing nameable, so no plugin at all
+        assert list(plugin_dir.glob("vgpuctl-*")) == []
+        record[(PciAddress.parse("0000:08:00.0"), type_id)] = "NVIDIA A2-16Q"
+        assert wait_until(sock.is_socket, timeout=2)
+        with grpc.insecure_channel(f"unix://{sock}") as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)
+            stream = stub.ListAndWatch(api_pb2.Empty(), timeout=5)
+            first = next(iter(stream))
+            assert [(d.ID, d.health) for d in first.devices] == [("0000:08:00.4", "Healthy")]
+            stream.cancel()
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+    assert errors == []

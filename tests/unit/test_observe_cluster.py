@@ -11,6 +11,7 @@ import pytest
 
 from reconciler.model import (
     ForbiddenError,
+    Interface,
     Inventory,
     ObserveError,
     ResourceMissingError,
@@ -18,12 +19,15 @@ from reconciler.model import (
 from reconciler.model.cluster import (
     GROUP,
     KUBEVIRT_OWNED_ANNOTATION,
+    KUBEVIRT_OWNED_PCI_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NODE_LABEL,
     PARENT_LABEL,
     SRIOV_GPU_KIND,
     VGPU_KIND,
+    ClusterState,
+    ConfiguredProfile,
     DeviceUse,
     KubeObject,
     object_name,
@@ -31,8 +35,10 @@ from reconciler.model.cluster import (
 from reconciler.observe.checkpoint import checkpoint_file
 from reconciler.observe.cluster import (
     inventory_from_cluster,
+    kubevirt_config,
     observe_cluster,
     observe_nodes_from_cluster,
+    profiles_elsewhere,
 )
 from tests.doubles.cluster import FakeCluster, ListCall
 
@@ -242,7 +248,10 @@ def test_a_node_without_vms_costs_five_list_calls_its_own_objects_selected() -> 
 def test_profiles_elsewhere_come_from_the_other_nodes_summaries() -> None:
     state = observe_cluster(cluster(), node=NODE)
     # Not this node's A2-4Q, not another controller's A2-2B, not the merely creatable A2-16Q.
-    assert state.profiles_elsewhere == frozenset({"NVIDIA A2-8Q", "NVIDIA A2-1Q"})
+    # Their summaries say nothing of GPUs (as an older vgpuctl's): mdev.
+    assert state.profiles_elsewhere == frozenset(
+        {ConfiguredProfile("NVIDIA A2-8Q"), ConfiguredProfile("NVIDIA A2-1Q")}
+    )
     assert state.node_state is not None and state.node_state.name == NODE
 
 
@@ -252,6 +261,143 @@ def test_kubevirt_allow_list_and_owned_annotation() -> None:
     assert (kv.namespace, kv.name, kv.resource_version) == ("harvester-system", "kubevirt", "42")
     assert [e["mdevNameSelector"] for e in kv.mediated_devices] == ["NVIDIA A2-4Q"]
     assert kv.owned == frozenset({"NVIDIA A2-4Q", "NVIDIA A2-8Q"})
+
+
+# -- which kind of GPU a profile is configured on, per the other nodes' summaries --------------
+
+L40S, L40S_VF0, L40S_VF1 = "0000:08:00.0", "0000:08:00.4", "0000:08:00.5"
+A2, A2_VF0 = "0000:09:00.0", "0000:09:00.4"
+
+
+def summary_gpu(
+    address: str, vfs: list[str], *, interface: str | None, vf_device: str, type_set: int = 0
+) -> dict[str, Any]:
+    """A GPU entry of a VGPUNodeState's status as vgpuctl renders it (the fields read here);
+    ``interface`` None: written by an older vgpuctl, which had no such field."""
+    entry: dict[str, Any] = {
+        "address": address,
+        "sriov": {"totalVFs": 32, "numVFs": len(vfs), "vfDevice": vf_device},
+        "managed": True,
+        "vfAddresses": vfs,
+        "typeSet": type_set,
+    }
+    if interface is not None:
+        entry["interface"] = interface
+    return entry
+
+
+def summary(
+    node: str,
+    gpus: list[dict[str, Any]],
+    vgpus: list[tuple[str, str]],
+    profiles: Mapping[str, tuple[int, int]],
+    type_sets: list[list[str]],
+) -> KubeObject:
+    """A VGPUNodeState with ``gpus``, ``vgpus`` (VF, profile), ``profiles`` (wanted, vgpus) and
+    ``typeSets`` (type names)."""
+    raw = node_state(node, profiles)
+    raw["status"]["gpus"] = gpus
+    raw["status"]["vgpus"] = [{"vf": vf, "profile": p, "uuid": vf} for vf, p in vgpus]
+    raw["status"]["typeSets"] = [[{"name": n} for n in names] for names in type_sets]
+    return KubeObject.from_json(raw)
+
+
+def test_a_profile_on_a_vfio_gpu_elsewhere_carries_the_vfs_device_id() -> None:
+    other = summary(
+        OTHER,
+        [
+            summary_gpu(L40S, [L40S_VF0, L40S_VF1], interface="vfio", vf_device="26b9"),
+            summary_gpu(A2, [A2_VF0], interface="mdev", vf_device="25b6", type_set=1),
+        ],
+        [(L40S_VF0, "NVIDIA L40S-8Q"), (A2_VF0, "NVIDIA A2-4Q")],
+        {"NVIDIA L40S-8Q": (1, 1), "NVIDIA A2-4Q": (1, 1)},
+        [["NVIDIA L40S-8Q"], ["NVIDIA A2-4Q"]],
+    )
+    assert profiles_elsewhere([other], node=NODE) == {
+        ConfiguredProfile("NVIDIA L40S-8Q", Interface.VFIO, "26b9"),
+        ConfiguredProfile("NVIDIA A2-4Q"),
+    }
+    assert profiles_elsewhere([other], node=OTHER) == frozenset()  # a node's own: not elsewhere
+
+
+def test_a_wanted_profile_with_no_vgpu_yet_is_on_the_kind_of_the_gpus_offering_it() -> None:
+    other = summary(
+        OTHER,
+        [summary_gpu(L40S, [L40S_VF0], interface="vfio", vf_device="26B9")],
+        [],
+        {"NVIDIA L40S-8Q": (1, 0), "NVIDIA L40S-4Q": (1, 0)},
+        [["NVIDIA L40S-8Q"]],
+    )
+    assert profiles_elsewhere([other], node=NODE) == {
+        ConfiguredProfile("NVIDIA L40S-8Q", Interface.VFIO, "26b9"),
+        # No GPU of the summary offers it: mdev, as before vgpuctl knew kinds.
+        ConfiguredProfile("NVIDIA L40S-4Q"),
+    }
+
+
+def test_a_summary_of_an_older_vgpuctl_counts_as_mdev() -> None:
+    old = summary(
+        OTHER,
+        [summary_gpu(L40S, [L40S_VF0], interface=None, vf_device="26b9")],
+        [(L40S_VF0, "NVIDIA L40S-8Q")],
+        {"NVIDIA L40S-8Q": (1, 1)},
+        [["NVIDIA L40S-8Q"]],
+    )
+    assert profiles_elsewhere([old], node=NODE) == {ConfiguredProfile("NVIDIA L40S-8Q")}
+
+
+def test_one_profile_on_mdev_on_one_node_and_vfio_on_another_is_one_of_each() -> None:
+    mdev = summary(
+        OTHER,
+        [summary_gpu(L40S, [L40S_VF0], interface="mdev", vf_device="26b9")],
+        [(L40S_VF0, "NVIDIA L40S-8Q")],
+        {"NVIDIA L40S-8Q": (1, 1)},
+        [["NVIDIA L40S-8Q"]],
+    )
+    vfio = summary(
+        "harvester-x3",
+        [summary_gpu(L40S, [L40S_VF0], interface="vfio", vf_device="26b9")],
+        [(L40S_VF0, "NVIDIA L40S-8Q")],
+        {"NVIDIA L40S-8Q": (1, 1)},
+        [["NVIDIA L40S-8Q"]],
+    )
+    assert profiles_elsewhere([mdev, vfio], node=NODE) == {
+        ConfiguredProfile("NVIDIA L40S-8Q"),
+        ConfiguredProfile("NVIDIA L40S-8Q", Interface.VFIO, "26b9"),
+    }
+
+
+def test_profiles_elsewhere_keep_their_kind_through_json_and_mdev_ones_stay_names() -> None:
+    state = ClusterState(
+        NODE,
+        profiles_elsewhere=frozenset(
+            {
+                ConfiguredProfile("NVIDIA L40S-8Q", Interface.VFIO, "26b9"),
+                ConfiguredProfile("NVIDIA A2-4Q"),
+            }
+        ),
+    )
+    doc = state.to_json()
+    assert doc["profilesElsewhere"] == [
+        "NVIDIA A2-4Q",
+        {"name": "NVIDIA L40S-8Q", "interface": "vfio", "vfDevice": "26b9"},
+    ]
+    assert ClusterState.from_json(doc) == state
+    # A bare name (an older document, a caller's shorthand) is an mdev profile.
+    assert ClusterState(NODE, profiles_elsewhere=frozenset({"NVIDIA A2-4Q"})) == ClusterState(  # type: ignore[arg-type]
+        NODE, profiles_elsewhere=frozenset({ConfiguredProfile("NVIDIA A2-4Q")})
+    )
+
+
+def test_the_pci_host_devices_allow_list_and_its_owned_annotation() -> None:
+    raw = kubevirt(**{KUBEVIRT_OWNED_PCI_ANNOTATION: "nvidia.com/NVIDIA_L40S-8Q,"})
+    kv = kubevirt_config(raw)
+    assert kv.pci_host_devices == ({"pciVendorSelector": "10DE:2236", "resourceName": "x"},)
+    assert kv.owned_pci == frozenset({"nvidia.com/NVIDIA_L40S-8Q"})
+    assert kv.owned == frozenset()  # the mediated devices' annotation is another one
+    raw["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] = {"x": 1}
+    with pytest.raises(ObserveError, match=r"permittedHostDevices\.pciHostDevices is not a list"):
+        kubevirt_config(raw)
 
 
 def test_no_kubevirt_cr_is_a_note() -> None:
@@ -681,12 +827,12 @@ def test_many_nodes_cost_one_list_per_kind() -> None:
         object_name(NODE, "0000:08:00.4"),
         object_name(NODE, "0000:08:00.5"),
     ]
-    assert state.profiles_elsewhere == frozenset({"NVIDIA A2-8Q"})
+    assert state.profiles_elsewhere == frozenset({ConfiguredProfile("NVIDIA A2-8Q")})
     assert state.vmi_resources == {"default/a": ("nvidia.com/NVIDIA_A2-4Q",)}
     other = result[OTHER]
     assert not isinstance(other, ObserveError)
     other_inv, other_state = other
-    assert other_state.profiles_elsewhere == frozenset({"NVIDIA A2-4Q"})
+    assert other_state.profiles_elsewhere == frozenset({ConfiguredProfile("NVIDIA A2-4Q")})
     assert other_state.vmi_resources == {}
     assert len(other_inv.gpus) == 1
     # A node vgpuctl never reconciled: no summary, so nothing to plan from.

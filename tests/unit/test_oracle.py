@@ -12,7 +12,16 @@ import pytest
 
 from reconciler.catalog import default_catalog
 from reconciler.sim import build_host
-from tests.oracle import Snapshot, body, gpu_addresses, judge, size_gb, snapshot, vgpu_uuid
+from tests.oracle import (
+    Snapshot,
+    body,
+    gpu_addresses,
+    judge,
+    read_gpu,
+    size_gb,
+    snapshot,
+    vgpu_uuid,
+)
 
 NODE = "harvester-kgd9c"
 GPU = "0000:08:00.0"
@@ -322,3 +331,24 @@ def test_the_oracle_imports_nothing_of_the_code_it_judges() -> None:
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not {m for m in modules if m.split(".")[0] in ("reconciler", "tests")}, modules
+
+
+def test_a_vfio_type_no_list_names_is_named_by_the_simulated_driver(tmp_path: Path) -> None:
+    """At a profile's maximum every list is a header only (docs/domain.md §3b): the oracle asks
+    the simulated driver (its state file) what the id is, per GPU model. An A40 and an L4 share
+    the simulator's id range, so an id means a different type on each."""
+    spec = {
+        "gpus": [
+            {"model": "A40", "address": "0000:08:00.0", "vgpus": {0: "NVIDIA A40-48Q"}},
+            {"model": "L4", "address": "0000:41:00.0", "vgpus": {0: "NVIDIA L4-24Q"}},
+        ],
+        "interface": "vfio",
+        "extraDevices": False,
+    }
+    build_host(tmp_path / "h", spec)
+    root = tmp_path / "h" / "sys"
+    for address, name in (("0000:08:00.0", "NVIDIA A40-48Q"), ("0000:41:00.0", "NVIDIA L4-24Q")):
+        listings = sorted(root.glob(f"devices/**/{address[:-1]}*/nvidia/creatable_vgpu_types"))
+        assert listings and all(p.read_text().splitlines()[1:] == [] for p in listings)
+        (vgpu,) = read_gpu(root, address).vgpus
+        assert vgpu.profile == name

@@ -31,7 +31,13 @@ from reconciler.model import (
     VfKey,
     VGPUType,
 )
-from reconciler.model.cluster import ClusterState, DeviceUse, KubeObject, KubeVirtConfig
+from reconciler.model.cluster import (
+    ClusterState,
+    ConfiguredProfile,
+    DeviceUse,
+    KubeObject,
+    KubeVirtConfig,
+)
 from reconciler.model.nodestate import stamped
 from reconciler.model.plan_json import action_to_json, plan_from_json, plan_to_json
 from reconciler.plan import plan_node
@@ -210,7 +216,9 @@ def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones
         _desired(SEED),
         inventory,
         kubevirt=kubevirt,
-        profiles_elsewhere=frozenset({"NVIDIA L4-6Q", "NVIDIA A2-8Q"}),
+        profiles_elsewhere=frozenset(
+            {ConfiguredProfile("NVIDIA L4-6Q"), ConfiguredProfile("NVIDIA A2-8Q")}
+        ),
     )
     fields = _kubevirt_update(
         plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
@@ -251,6 +259,196 @@ def test_a_complete_allow_list_is_a_noop_and_a_missing_kubevirt_cr_a_note() -> N
         ),
     )
     assert missing.notes == (KUBEVIRT_MISSING, "x")  # the observer's note is not repeated
+
+
+# -- the PCI host devices allow-list: profiles on NVIDIA's vendor-specific VFIO interface ------
+
+L40S = PciAddress.parse("0000:18:00.0")
+L40S_8Q, L40S_4Q = "NVIDIA L40S-8Q", "NVIDIA L40S-4Q"
+VFIO_SEED = {0: L40S_8Q, 1: L40S_8Q}
+
+
+def _l40s_vfio(vgpus: Mapping[int, str]) -> Gpu:
+    """An L40S with SR-IOV on and its VFs on the vfio interface (docs/domain.md §3b): a vGPU is
+    named by its VF; the VFs' device id (sriov_vf_device) is 26b9."""
+    model = CATALOG.model("L40S")
+    assert model is not None
+    types = tuple(
+        VGPUType(p.name, str(1145 + i), p.framebuffer_mib, p.max_instances)
+        for i, p in enumerate(model.time_sliced_profiles)
+    )
+    base = Gpu(
+        L40S, "10de", "26b9", model="NVIDIA L40S", total_vfs=32, num_vfs=32, vf_offset=4,
+        driver="nvidia", vf_device="26b9",
+    )  # fmt: skip
+    vfs = []
+    for i in range(32):
+        address = base.predicted_vf_address(i)
+        vfs.append(Vf(address, i, VGPU(str(address), vgpus[i]) if i in vgpus else None))
+    return replace(base, interface=Interface.VFIO, vfs=tuple(vfs), types=types)
+
+
+def _vfio_desired(vgpus: Mapping[int, str]) -> DesiredNode:
+    keyed: dict[VfKey, str] = dict(vgpus.items())
+    return DesiredNode(NODE, (DesiredGpu(L40S, True, vgpus=keyed),))
+
+
+def _pci_entry(profile: str) -> dict[str, Any]:
+    return {
+        "pciVendorSelector": "10DE:26B9",
+        "resourceName": "nvidia.com/" + profile.replace(" ", "_"),
+        "externalResourceProvider": True,
+    }
+
+
+def _allow_lists(
+    mdev: list[str], owned: list[str], pci: list[str], owned_pci: list[str]
+) -> KubeVirtConfig:
+    return KubeVirtConfig(
+        "kubevirt",
+        "kubevirt",
+        "5",
+        tuple(_entry(s) for s in mdev),
+        frozenset(owned),
+        tuple(_pci_entry(p) for p in pci),
+        frozenset("nvidia.com/" + p.replace(" ", "_") for p in owned_pci),
+    )
+
+
+def _vfio_plan(kubevirt: KubeVirtConfig, elsewhere: frozenset[ConfiguredProfile]) -> Plan:
+    inventory = Inventory(NODE, (_l40s_vfio(VFIO_SEED),))
+    cluster = _synced(
+        _vfio_desired(VFIO_SEED), inventory, kubevirt=kubevirt, profiles_elsewhere=elsewhere
+    )
+    return plan_node(_vfio_desired(VFIO_SEED), inventory, catalog=CATALOG, cluster=cluster)
+
+
+def test_a_profile_on_a_vfio_gpu_is_allowed_as_a_pci_host_device() -> None:
+    fields = _kubevirt_update(_vfio_plan(_allow_lists([], [], [], []), frozenset()))
+    assert fields["add"] == [] and fields["remove"] == [] and fields["owned"] == []
+    assert fields["addPci"] == [
+        {
+            "pciVendorSelector": "10DE:26B9",
+            "resourceName": "nvidia.com/NVIDIA_L40S-8Q",
+            "externalResourceProvider": True,
+        }
+    ]
+    assert fields["ownedPci"] == ["nvidia.com/NVIDIA_L40S-8Q"]
+    assert "removePci" not in fields
+    assert fields["reason"] == (
+        "PCI host devices allow-list: add nvidia.com/NVIDIA_L40S-8Q (10DE:26B9) (configured)"
+    )
+
+
+def test_a_vfio_entry_stays_while_another_node_has_the_profile_on_vfio_and_goes_after() -> None:
+    inventory = Inventory(NODE, (_a2(SEED),))
+    kubevirt = _allow_lists(
+        ["NVIDIA A2-4A", "NVIDIA A2-4Q"], ["NVIDIA A2-4Q"], [L40S_8Q], [L40S_8Q]
+    )
+    on_vfio = ConfiguredProfile(L40S_8Q, Interface.VFIO, "26b9")
+    kept = plan_node(
+        _desired(SEED),
+        inventory,
+        catalog=CATALOG,
+        cluster=_synced(
+            _desired(SEED), inventory, kubevirt=kubevirt, profiles_elsewhere=frozenset({on_vfio})
+        ),
+    )
+    assert kept.actions == ()
+    assert kept.noops[-2].reason == (
+        "allow-list has every configured profile (NVIDIA A2-4A, NVIDIA A2-4Q, NVIDIA L40S-8Q)"
+    )
+    # No node has it any more: the entry vgpuctl added goes, and the mdev side is untouched.
+    gone = _kubevirt_update(
+        plan_node(
+            _desired(SEED),
+            inventory,
+            catalog=CATALOG,
+            cluster=_synced(_desired(SEED), inventory, kubevirt=kubevirt),
+        )
+    )
+    assert gone["removePci"] == ["nvidia.com/NVIDIA_L40S-8Q"]
+    assert "addPci" not in gone and "ownedPci" not in gone
+    assert (gone["add"], gone["remove"], gone["owned"]) == ([], [], ["NVIDIA A2-4Q"])
+    assert gone["reason"] == (
+        "PCI host devices allow-list: remove nvidia.com/NVIDIA_L40S-8Q (configured on no node)"
+    )
+    # Only on mdev elsewhere now: on vfio no node has it, so its PCI entry goes, and the
+    # mdev entry comes.
+    moved = _kubevirt_update(
+        plan_node(
+            _desired(SEED),
+            inventory,
+            catalog=CATALOG,
+            cluster=_synced(
+                _desired(SEED),
+                inventory,
+                kubevirt=kubevirt,
+                profiles_elsewhere=frozenset({ConfiguredProfile(L40S_8Q)}),
+            ),
+        )
+    )
+    assert moved["add"] == [_entry(L40S_8Q)] and moved["removePci"] == ["nvidia.com/NVIDIA_L40S-8Q"]
+
+
+def test_pci_entries_someone_else_added_are_never_touched() -> None:
+    # An entry for a profile configured here, and one for a profile configured nowhere: both
+    # someone else's (no ownership recorded).
+    theirs = _allow_lists([], [], [L40S_8Q, L40S_4Q], [])
+    plan = _vfio_plan(theirs, frozenset())
+    assert [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_UPDATE] == []
+    assert any(
+        n.reason == "allow-list has every configured profile (NVIDIA L40S-8Q)" for n in plan.noops
+    )
+
+
+def test_one_profile_on_mdev_here_and_on_vfio_elsewhere_gets_an_entry_of_each_kind() -> None:
+    mdev_l40s = replace(
+        _l40s_vfio({}),
+        interface=Interface.MDEV,
+        vfs=tuple(
+            replace(v, vgpu=VGPU(f"uuid-{v.index}", L40S_8Q)) if v.index < 2 else v
+            for v in _l40s_vfio({}).vfs
+        ),
+    )
+    inventory = Inventory(NODE, (mdev_l40s,))
+    cluster = _synced(
+        _vfio_desired(VFIO_SEED),
+        inventory,
+        kubevirt=_allow_lists([], [], [], []),
+        profiles_elsewhere=frozenset({ConfiguredProfile(L40S_8Q, Interface.VFIO, "26B9")}),
+    )
+    fields = _kubevirt_update(
+        plan_node(_vfio_desired(VFIO_SEED), inventory, catalog=CATALOG, cluster=cluster)
+    )
+    assert fields["add"] == [_entry(L40S_8Q)]
+    assert fields["addPci"] == [_pci_entry(L40S_8Q)]
+    assert (fields["owned"], fields["ownedPci"]) == ([L40S_8Q], ["nvidia.com/NVIDIA_L40S-8Q"])
+    assert fields["reason"] == (
+        "mediated devices allow-list: add NVIDIA L40S-8Q (configured); PCI host devices "
+        "allow-list: add nvidia.com/NVIDIA_L40S-8Q (10DE:26B9) (configured)"
+    )
+
+
+def test_a_gpu_whose_vfs_are_not_up_on_a_host_without_mdev_is_planned_as_vfio() -> None:
+    off = replace(_l40s_vfio({}), interface=Interface.NONE, num_vfs=0, vfs=(), types=())
+    inventory = Inventory(NODE, (off,), mdev_bus=False)
+    node = DesiredNode(NODE, (DesiredGpu(L40S, True, profiles={L40S_8Q: 2}),))
+    cluster = ClusterState(NODE, kubevirt=_allow_lists([], [], [], []))
+    fields = _kubevirt_update(plan_node(node, inventory, catalog=CATALOG, cluster=cluster))
+    assert fields["add"] == [] and fields["addPci"] == [_pci_entry(L40S_8Q)]
+
+
+def test_a_vfio_profile_whose_vf_device_id_is_unknown_gets_a_note_not_an_entry() -> None:
+    unknown = replace(_l40s_vfio(VFIO_SEED), vf_device="")
+    inventory = Inventory(NODE, (unknown,))
+    cluster = _synced(_vfio_desired(VFIO_SEED), inventory, kubevirt=_allow_lists([], [], [], []))
+    plan = plan_node(_vfio_desired(VFIO_SEED), inventory, catalog=CATALOG, cluster=cluster)
+    assert [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_UPDATE] == []
+    assert (
+        "profile NVIDIA L40S-8Q is configured on NVIDIA's vfio interface but its VFs' "
+        "PCI device id is not known: no pciHostDevices entry added"
+    ) in plan.notes
 
 
 def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_deleted() -> None:

@@ -32,6 +32,7 @@ from reconciler.model import (
     MediatedDevice,
     Noop,
     PciAddress,
+    PciHostDevice,
     Phase,
     Plan,
     SriovDisable,
@@ -94,6 +95,8 @@ FULL = {
         namespace="harvester-system", name="kubevirt", resource_version="7",
         add=(MediatedDevice("NVIDIA A2-4Q", "nvidia.com/NVIDIA_A2-4Q"),),
         remove=("NVIDIA A2-4A",), owned=("NVIDIA A2-4Q",),
+        add_pci=(PciHostDevice("10DE:26B9", "nvidia.com/NVIDIA_L40S-8Q"),),
+        remove_pci=("nvidia.com/NVIDIA_L40S-4Q",), owned_pci=("nvidia.com/NVIDIA_L40S-8Q",),
     ),
     ActionKind.DEVICE_PLUGIN_REFRESH: DevicePluginRefresh(
         seq=1, target="nvidia.com/NVIDIA_A2-4Q", reason="r", resource="nvidia.com/NVIDIA_A2-4Q",
@@ -105,6 +108,7 @@ OPTIONAL: dict[ActionKind, dict[str, Any]] = {
     ActionKind.VGPU_REMOVE: {"replaced_by": None},
     ActionKind.VGPU_CREATE: {"replaces": None},
     ActionKind.CR_UPDATE: {"adopt": False},
+    ActionKind.KUBEVIRT_UPDATE: {"add_pci": (), "remove_pci": (), "owned_pci": ()},
 }
 
 
@@ -172,6 +176,54 @@ def test_a_blocked_host_action_is_the_action_without_seq(kind: ActionKind) -> No
     assert plan_from_json(plan_to_json(plan)) == plan
 
 
+def test_a_kubevirt_update_of_an_older_vgpuctl_has_no_pci_side() -> None:
+    """A plan written before the PCI host devices allow-list (no addPci, removePci, ownedPci)
+    reads as changing mediatedDevices only; one with nothing on the PCI side is written so."""
+    mdev_only = replace(FULL[ActionKind.KUBEVIRT_UPDATE], add_pci=(), remove_pci=(), owned_pci=())
+    old = {
+        "seq": 1, "kind": "kubevirt-update", "phase": "cluster",
+        "target": "kubevirt/harvester-system/kubevirt", "namespace": "harvester-system",
+        "name": "kubevirt", "resourceVersion": "7",
+        "add": [{"mdevNameSelector": "NVIDIA A2-4Q", "resourceName": "nvidia.com/NVIDIA_A2-4Q",
+                 "externalResourceProvider": True}],
+        "remove": ["NVIDIA A2-4A"], "owned": ["NVIDIA A2-4Q"], "reason": "r",
+    }  # fmt: skip
+    plan = plan_from_json({**_doc(), "actions": [old], "blocked": []})
+    (action,) = plan.actions
+    assert action == mdev_only
+    assert isinstance(action, KubevirtUpdate) and action.add_pci == action.remove_pci == ()
+    assert action_to_json(action) == old
+
+
+def test_the_pci_side_of_a_kubevirt_update_round_trips() -> None:
+    action = FULL[ActionKind.KUBEVIRT_UPDATE]
+    doc = action_to_json(action)
+    assert doc["addPci"] == [
+        {
+            "pciVendorSelector": "10DE:26B9",
+            "resourceName": "nvidia.com/NVIDIA_L40S-8Q",
+            "externalResourceProvider": True,
+        }
+    ]
+    assert (doc["removePci"], doc["ownedPci"]) == (
+        ["nvidia.com/NVIDIA_L40S-4Q"],
+        ["nvidia.com/NVIDIA_L40S-8Q"],
+    )
+    plan = Plan("n", "vfio", "sha256:" + "0" * 64, actions=(action,))
+    VALIDATOR.validate(plan_to_json(plan))
+    assert plan_from_json(json.loads(json.dumps(plan_to_json(plan)))) == plan
+
+
+@pytest.mark.parametrize("selector", ["10de:26b9", "10DE:26B", "1AF4:1041", "10DE:26B9:0"], ids=str)
+def test_the_schema_takes_only_an_nvidia_selector_in_upper_case(selector: str) -> None:
+    plan = plan_to_json(
+        Plan("n", "vfio", "sha256:" + "0" * 64, actions=(FULL[ActionKind.KUBEVIRT_UPDATE],))
+    )
+    VALIDATOR.validate(plan)
+    plan["actions"][0]["addPci"][0]["pciVendorSelector"] = selector
+    assert not VALIDATOR.is_valid(plan)
+
+
 # --- plans drawn by hypothesis ---------------------------------------------------------------
 
 _names = st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789- ", min_size=1, max_size=12).map(
@@ -196,6 +248,7 @@ _json_values = st.recursive(
 _changes = st.builds(FieldChange, _words, _json_values, _json_values)
 _object_names = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?\Z")
 _versions = st.text("0123456789", min_size=1, max_size=6)
+_vf_devices = st.text("0123456789ABCDEF", min_size=4, max_size=4)
 
 
 @st.composite
@@ -273,6 +326,8 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
             )
         case ActionKind.KUBEVIRT_UPDATE:
             added = draw(st.lists(_names, max_size=3, unique=True))
+            resources = _names.map(lambda n: "nvidia.com/" + n.replace(" ", "_"))
+            pci = draw(st.lists(st.tuples(_vf_devices, resources), max_size=2))
             return KubevirtUpdate(
                 **common,
                 target="kubevirt/harvester-system/kubevirt",
@@ -282,6 +337,9 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
                 add=tuple(MediatedDevice(n, "nvidia.com/" + n.replace(" ", "_")) for n in added),
                 remove=tuple(draw(st.lists(_names, max_size=2))),
                 owned=tuple(draw(st.lists(_names, max_size=3, unique=True))),
+                add_pci=tuple(PciHostDevice("10DE:" + d, r) for d, r in pci),
+                remove_pci=tuple(draw(st.lists(resources, max_size=2))),
+                owned_pci=tuple(draw(st.lists(resources, max_size=2, unique=True))),
             )
         case ActionKind.DEVICE_PLUGIN_REFRESH:
             name = draw(_names)
@@ -397,6 +455,20 @@ DAMAGED: dict[str, tuple[tuple[Any, ...], Any, str]] = {
     "entry allocated by KubeVirt": (
         ("actions", _index(ActionKind.KUBEVIRT_UPDATE), "add", 0, "externalResourceProvider"),
         False, ".add[0].externalResourceProvider: expected true",
+    ),
+    "PCI entry allocated by KubeVirt": (
+        ("actions", _index(ActionKind.KUBEVIRT_UPDATE), "addPci", 0, "externalResourceProvider"),
+        False, ".addPci[0].externalResourceProvider: expected true",
+    ),
+    "PCI entry without a selector": (
+        ("actions", _index(ActionKind.KUBEVIRT_UPDATE), "addPci", 0), {
+            "resourceName": "nvidia.com/NVIDIA_L40S-8Q", "externalResourceProvider": True,
+        },
+        ".addPci[0]: missing required field pciVendorSelector",
+    ),
+    "PCI removal not a list": (
+        ("actions", _index(ActionKind.KUBEVIRT_UPDATE), "removePci"), "x",
+        ".removePci: expected a list, got text 'x'",
     ),
     "devices not a list": (
         ("actions", _index(ActionKind.DEVICE_PLUGIN_REFRESH), "devices"), "x",

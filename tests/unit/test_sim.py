@@ -349,6 +349,71 @@ def test_vfio_interface_lists_creatable_types_per_vf(tmp_path: Path) -> None:
     assert (vf / "nvidia/current_vgpu_type").read_text() == "0\n"
 
 
+# --- an interface per GPU ----------------------------------------------------------------------
+
+A2_VFS_BUS9 = [vf.replace("0000:08:", "0000:09:") for vf in A2_VFS]
+
+
+def test_a_gpu_suffix_picks_its_interface_beside_the_default(tmp_path: Path) -> None:
+    host = init_host(tmp_path, ["A2@0000:08:00.0", "A2@0000:09:00.0:vfio"])
+    assert [(str(g.address), g.interface) for g in host.gpus()] == [
+        ("0000:08:00.0", "mdev"),
+        ("0000:09:00.0", "vfio"),
+    ]
+    assert host.interface == "mixed"
+    assert (host.sysfs_root / "bus/mdev/devices").is_dir()  # before SR-IOV too
+    enable(host)
+    for vf in A2_VFS:
+        assert (pci(host, vf) / "mdev_supported_types/nvidia-746/create").exists()
+        assert not (pci(host, vf) / "nvidia").exists()
+    for vf in A2_VFS_BUS9:
+        assert read(pci(host, vf) / "nvidia/current_vgpu_type") == "0"
+        assert len(read(pci(host, vf) / "nvidia/creatable_vgpu_types").splitlines()) == 1 + 15
+        assert not (pci(host, vf) / "mdev_supported_types").exists()
+    assert sorted(os.listdir(host.sysfs_root / "class/mdev_bus")) == A2_VFS
+    assert virtfns(pci(host, "0000:09:00.0"))[0].endswith("/0000:09:00.4")
+
+
+@pytest.mark.parametrize(
+    ("gpus", "interface", "expected"),
+    [
+        (["A2:vfio", "L4"], "mdev", ["vfio", "mdev"]),
+        (["A2:mdev", "L4"], "vfio", ["mdev", "vfio"]),
+        (["A2@0000:08:00.0:mdev", "L4@0000:41:00.0:vfio"], "mdev", ["mdev", "vfio"]),
+        (["A16@0000:41:00.0:vfio"], "mdev", ["vfio"] * 4),  # the whole board
+    ],
+)
+def test_the_interface_suffix_with_and_without_an_address(
+    tmp_path: Path, gpus: list[str], interface: str, expected: list[str]
+) -> None:
+    host = init_host(tmp_path, gpus, interface=interface)
+    assert [g.interface for g in host.gpus()] == expected
+
+
+@pytest.mark.parametrize(
+    ("gpu", "message"),
+    [
+        ("A2@0000:08:00.0:sriov", "invalid PCI address '0000:08:00.0:sriov'"),
+        ("A2@0000:08:00.0:VFIO", "invalid PCI address '0000:08:00.0:VFIO'"),
+        ("A2:VFIO", "unknown GPU model 'A2:VFIO'"),
+        ("A2@0000:08:00.0:vfio:mdev", "invalid PCI address '0000:08:00.0:vfio'"),
+    ],
+)
+def test_only_an_exact_suffix_is_an_interface(tmp_path: Path, gpu: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        init_host(tmp_path, [gpu])
+    assert not (tmp_path / "sys").exists()
+
+
+def test_a_host_of_vfio_gpus_only_has_no_mdev_core(tmp_path: Path) -> None:
+    for i, (gpus, interface) in enumerate([(["A2:vfio", "L4:vfio"], "mdev"), (["A2"], "vfio")]):
+        host = init_host(tmp_path / str(i), gpus, interface=interface)
+        enable(host)
+        for gone in ("bus/mdev", "class/mdev_bus"):
+            assert not (host.sysfs_root / gone).exists()
+        assert (pci(host, "0000:08:00.4") / "nvidia/creatable_vgpu_types").is_file()
+
+
 def test_the_nic_moves_off_buses_the_gpus_take(tmp_path: Path) -> None:
     host = init_host(tmp_path, ["A2@0000:03:00.0"])
     nic = [

@@ -161,6 +161,12 @@ def test_vfio_spec_uses_the_vf_as_the_vgpu(tmp_path: Path) -> None:
         ({"model": "A2", "vfs": 3}, "unknown keys"),
         ({"model": "Z9"}, "unknown GPU model"),
         ({"address": PF}, "'model' is required"),
+        ({"model": "A2", "interface": "sriov"}, r"gpus\[0\]\.interface: expected one of mdev"),
+        ({"model": "A2", "interface": None}, r"gpus\[0\]\.interface: expected one of mdev"),
+        (
+            {"model": "A2", "interface": "vfio", "vgpus": {0: {"type": "A2-1Q", "uuid": HELD}}},
+            "the vfio interface has no UUIDs",
+        ),
     ],
 )
 def test_impossible_specs_are_refused(tmp_path: Path, gpu: dict[str, Any], message: str) -> None:
@@ -168,6 +174,12 @@ def test_impossible_specs_are_refused(tmp_path: Path, gpu: dict[str, Any], messa
         build_host(tmp_path, {"gpus": [gpu]})
     assert not (tmp_path / "sys").exists()  # nothing half-built is left behind
     assert not (tmp_path / "bin" / "sriov-manage").exists()
+
+
+def test_an_unknown_top_level_interface_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="simulator spec interface: expected one of mdev, vfio"):
+        build_host(tmp_path, {"interface": "pci", "gpus": [{"model": "A2"}]})
+    assert not (tmp_path / "sys").exists()
 
 
 def test_duplicate_uuids_in_a_spec_are_refused(tmp_path: Path) -> None:
@@ -185,8 +197,9 @@ def test_state_file_holds_what_sysfs_cannot(tmp_path: Path) -> None:
     host = build_host(tmp_path, SEED_SPEC)
     state = json.loads((host.sysfs_root / ".vgpuctl-sim/state.json").read_text())
     assert state["formatVersion"] == 1
-    assert state["interface"] == "mdev"
+    assert "interface" not in state  # per GPU now
     assert [g["model"] for g in state["gpus"]] == ["NVIDIA A2"]
+    assert [g["interface"] for g in state["gpus"]] == ["mdev"]
     assert len(state["gpus"][0]["vfs"]) == 16
     assert state["vgpus"][HELD]["type"] == "NVIDIA A2-4A"
     assert state["held"] == {HELD: "simulated VM"}
@@ -203,3 +216,108 @@ def test_eight_l40s_with_sriov_on(tmp_path: Path) -> None:
     spec = {"gpus": [{"model": "L40S", "sriov": "enabled"} for _ in range(8)]}
     host = build_host(tmp_path, spec)
     assert sum(1 for g in host.gpus() if g.sriov_enabled) == 8
+
+
+# --- an interface per GPU ------------------------------------------------------------------------
+
+PF2 = "0000:09:00.0"
+MIXED_SPEC: dict[str, Any] = {
+    "interface": "vfio",  # the default: the second GPU takes it
+    "extraDevices": False,
+    "gpus": [
+        {"model": "A2", "address": PF, "interface": "mdev", "vgpus": {0: "A2-4Q"}},
+        {"model": "A2", "address": PF2, "vgpus": {1: {"type": "A2-2Q", "held": True}}},
+    ],
+}
+
+
+def test_each_gpu_entry_may_have_its_own_interface(tmp_path: Path) -> None:
+    host = build_host(tmp_path, MIXED_SPEC)
+    devices = host.sysfs_root / "bus/pci/devices"
+    assert [(str(g.address), g.interface) for g in host.gpus()] == [(PF, "mdev"), (PF2, "vfio")]
+    assert host.interface == "mixed"
+    # The mdev GPU: its vGPU is an mdev with the default UUID, on the mdev bus.
+    default = str(uuid.uuid5(uuid.NAMESPACE_URL, "sim/0000:08:00.4"))
+    assert mdev_of(host, "0000:08:00.4") == (default, "NVIDIA A2-4Q")
+    assert os.listdir(host.sysfs_root / "bus/mdev/devices") == [default]
+    assert not (devices / "0000:08:00.4/nvidia").exists()
+    # The vfio GPU: the VF is the vGPU (A2-2Q is id 745), no mdev directories.
+    assert (devices / "0000:09:00.5/nvidia/current_vgpu_type").read_text() == "745\n"
+    assert (devices / "0000:09:00.4/nvidia/current_vgpu_type").read_text() == "0\n"
+    assert not (devices / "0000:09:00.5/mdev_supported_types").exists()
+    assert mdev_of(host, "0000:09:00.5") is None
+    # class/mdev_bus lists the mdev GPU's 16 VFs only.
+    parents = sorted(os.listdir(host.sysfs_root / "class/mdev_bus"))
+    assert len(parents) == 16
+    assert all(p.startswith("0000:08:") for p in parents)
+    # Holds name the mdev by its UUID, the vfio vGPU by its VF.
+    probe = host.hold_probe()
+    assert probe.scan(asked(default, "0000:09:00.5")).held == {"0000:09:00.5": "simulated VM"}
+
+
+def test_the_state_file_keeps_each_gpus_interface(tmp_path: Path) -> None:
+    host = build_host(tmp_path, MIXED_SPEC)
+    state = json.loads((host.sysfs_root / ".vgpuctl-sim/state.json").read_text())
+    assert [(g["address"], g["interface"]) for g in state["gpus"]] == [(PF, "mdev"), (PF2, "vfio")]
+    assert set(state["vgpus"]) == {
+        str(uuid.uuid5(uuid.NAMESPACE_URL, "sim/0000:08:00.4")),
+        "0000:09:00.5",
+    }
+
+
+def test_a_host_whose_gpus_all_use_vfio_has_no_mdev_bus(tmp_path: Path) -> None:
+    spec = {
+        "gpus": [
+            {"model": "A2", "address": PF, "interface": "vfio", "sriov": "enabled"},
+            {"model": "L4", "interface": "vfio", "sriov": "enabled"},
+        ]
+    }
+    host = build_host(tmp_path, spec)
+    assert host.interface == "vfio"
+    for gone in ("bus/mdev", "class/mdev_bus"):
+        assert not (host.sysfs_root / gone).exists()
+
+
+def test_one_mdev_gpu_among_vfio_ones_brings_the_mdev_bus(tmp_path: Path) -> None:
+    spec = {
+        "interface": "vfio",
+        "gpus": [{"model": "A2", "address": PF}, {"model": "L4", "interface": "mdev"}],
+    }
+    host = build_host(tmp_path, spec)
+    for there in ("bus/mdev/devices", "bus/mdev/drivers/nvidia-vgpu-vfio", "class/mdev_bus"):
+        assert (host.sysfs_root / there).is_dir()
+
+
+def _as_written_before_gpus_had_an_interface(root: Path, interface: str) -> None:
+    """Rewrite the state file as the simulator wrote it with one host-level interface."""
+    path = root / ".vgpuctl-sim/state.json"
+    state = json.loads(path.read_text())
+    for g in state["gpus"]:
+        del g["interface"]
+    state["interface"] = interface
+    path.write_text(json.dumps(state))
+
+
+def test_a_state_file_with_one_host_level_interface_still_loads(tmp_path: Path) -> None:
+    vfio = build_host(
+        tmp_path / "vfio",
+        {"interface": "vfio", "gpus": [{"model": "A2", "address": PF, "sriov": "enabled"}]},
+    )
+    _as_written_before_gpus_had_an_interface(vfio.sysfs_root, "vfio")
+    assert [g.interface for g in vfio.gpus()] == ["vfio"]
+    current = "bus/pci/devices/0000:08:00.4/nvidia/current_vgpu_type"
+    vfio.writer().write(current, "746")  # NVIDIA A2-4Q
+    assert (vfio.sysfs_root / current).read_text() == "746\n"
+    state = json.loads((vfio.sysfs_root / ".vgpuctl-sim/state.json").read_text())
+    assert [g["interface"] for g in state["gpus"]] == ["vfio"]  # written back per GPU
+
+    mdev = build_host(tmp_path / "mdev", {"gpus": [{"model": "A2", "address": PF}]})
+    _as_written_before_gpus_had_an_interface(mdev.sysfs_root, "mdev")
+    assert [g.interface for g in mdev.gpus()] == ["mdev"]
+    r = subprocess.run(
+        [str(mdev.sriov_manage), "-e", PF], check=False, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    vf = mdev.sysfs_root / "bus/pci/devices/0000:08:00.4"
+    assert (vf / "mdev_supported_types").is_dir()
+    assert not (vf / "nvidia").exists()

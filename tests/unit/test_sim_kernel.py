@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.sim import SimHoldProbe, SimHost, hold, init_host, release
+from reconciler.sim import SimHoldProbe, SimHost, fail, hold, init_host, reboot, release
 from tests.holds import asked
 
 PF = "0000:08:00.0"
@@ -387,3 +387,100 @@ def test_concurrent_writers_lose_no_update(a2: SimHost) -> None:
     assert len(os.listdir(a2.sysfs_root / "bus/mdev/devices")) == 16
     assert a2.stats()["writes"] == 16
     assert all(available(a2, vf) == set() for vf in vfs)  # 16 × 1 GB: the A2 is full
+
+
+# --- one host, both interfaces (a GPU each) -------------------------------------------------------
+
+PF2 = "0000:09:00.0"
+#: The vfio GPU's first VFs (the A2's sriov_offset 4, stride 1, on bus 09).
+W0, W1 = "0000:09:00.4", "0000:09:00.5"
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> SimHost:
+    host = init_host(tmp_path, [f"A2@{PF}", f"A2@{PF2}:vfio"], extra_devices=False)
+    subprocess.run([str(host.sriov_manage), "-e", "ALL"], check=True, capture_output=True)
+    return host
+
+
+def creatable_names(host: SimHost, vf: str) -> set[str]:
+    text = (vf_dir(host, vf) / "nvidia/creatable_vgpu_types").read_text()
+    return {line.split(":", 1)[1].strip() for line in text.splitlines()[1:]}
+
+
+def current(vf: str) -> str:
+    return f"bus/pci/devices/{vf}/nvidia/current_vgpu_type"
+
+
+def test_each_gpu_takes_its_vgpus_through_its_own_interface(mixed: SimHost) -> None:
+    create(mixed, VF0, "NVIDIA A2-4Q", U0)
+    assert os.listdir(mixed.sysfs_root / "bus/mdev/devices") == [U0]
+    assert available(mixed, VF1) == FOUR_GB
+    # The other GPU has its own framebuffer: every type is still creatable there.
+    assert len(creatable_ids(mixed, W1)) == 15
+    mixed.writer().write(current(W0), "745\n")  # NVIDIA A2-2Q beside the mdev's 4 GB
+    assert (mixed.sysfs_root / current(W0)).read_text() == "745\n"
+    assert creatable_names(mixed, W1) == {"NVIDIA A2-2B", "NVIDIA A2-2Q", "NVIDIA A2-2A"}
+    assert available(mixed, VF1) == FOUR_GB  # the mdev GPU is untouched
+    assert os.listdir(mixed.sysfs_root / "bus/mdev/devices") == [U0]  # no mdev for a VF
+    mixed.writer().write(f"bus/mdev/devices/{U0}/remove", "1")
+    mixed.writer().write(current(W0), "0")
+    assert len(available(mixed, VF1)) == 15
+    assert len(creatable_ids(mixed, W1)) == 15
+
+
+def test_a_vf_refuses_the_other_interfaces_files(mixed: SimHost) -> None:
+    root = mixed.sysfs_root
+    # Neither GPU shows the other interface's files …
+    assert errno_of(mixed, current(VF0), "746") == errno.ENOENT
+    mdev_create = f"bus/pci/devices/{W0}/mdev_supported_types/nvidia-746/create"
+    assert errno_of(mixed, mdev_create, U0) == errno.ENOENT
+    # … and a file of that name made by hand does not make one answer to it.
+    (vf_dir(mixed, VF0) / "nvidia").mkdir()
+    (vf_dir(mixed, VF0) / "nvidia/current_vgpu_type").write_text("0\n")
+    assert errno_of(mixed, current(VF0), "746") == errno.EACCES
+    (vf_dir(mixed, W0) / "mdev_supported_types/nvidia-746").mkdir(parents=True)
+    (vf_dir(mixed, W0) / "mdev_supported_types/nvidia-746/create").write_text("")
+    assert errno_of(mixed, mdev_create, U0) == errno.EACCES
+    assert os.listdir(root / "bus/mdev/devices") == []
+    assert (root / current(W0)).read_text() == "0\n"
+    assert len(available(mixed, VF0)) == 15  # nothing was created on either GPU
+    assert len(creatable_ids(mixed, W0)) == 15
+
+
+def test_holds_name_an_mdev_by_uuid_and_a_vfio_vgpu_by_its_vf(mixed: SimHost) -> None:
+    create(mixed, VF0, "NVIDIA A2-4Q", U0)
+    mixed.writer().write(current(W0), "746")
+    hold(mixed.directory, U0)
+    hold(mixed.directory, W0)
+    assert mixed.hold_probe().scan(asked(U0, W0)).held == {U0: "simulated VM", W0: "simulated VM"}
+    assert errno_of(mixed, current(W0), "0") == errno.EBUSY
+    disable = [str(mixed.sriov_manage), "-d", PF2]
+    assert subprocess.run(disable, check=False, capture_output=True).returncode == 1
+    release(mixed.directory, W0)
+    assert mixed.hold_probe().scan(asked(U0, W0)).held == {U0: "simulated VM"}
+    mixed.writer().write(current(W0), "0")
+    assert subprocess.run(disable, check=False, capture_output=True).returncode == 0
+    assert not vf_dir(mixed, W0).exists()
+    assert (vf_dir(mixed, VF0) / U0).is_dir()  # the mdev GPU keeps its held vGPU
+
+
+def test_faults_and_reboot_on_a_host_of_both_interfaces(mixed: SimHost) -> None:
+    fail(mixed.directory, writes=1)
+    assert errno_of(mixed, current(W0), "746") == errno.EIO
+    mixed.writer().write(current(W0), "746")
+    create(mixed, VF0, "NVIDIA A2-4Q", U0)
+    hold(mixed.directory, U0)
+    reboot(mixed.directory)
+    root = mixed.sysfs_root
+    assert not vf_dir(mixed, VF0).exists()
+    assert not vf_dir(mixed, W0).exists()
+    assert os.listdir(root / "bus/mdev/devices") == []  # the bus stays, empty
+    assert os.listdir(root / "class/mdev_bus") == []
+    assert mixed.hold_probe().scan(asked(U0)).held == {}
+    subprocess.run([str(mixed.sriov_manage), "-e", "ALL"], check=True, capture_output=True)
+    # Each GPU comes back with its own interface.
+    assert len(available(mixed, VF0)) == 15
+    assert not (vf_dir(mixed, VF0) / "nvidia").exists()
+    assert (root / current(W0)).read_text() == "0\n"
+    assert not (vf_dir(mixed, W0) / "mdev_supported_types").exists()

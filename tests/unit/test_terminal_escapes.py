@@ -26,6 +26,7 @@ from reconciler.model import (
     KubevirtUpdate,
     MediatedDevice,
     PciAddress,
+    PciHostDevice,
     Plan,
     SriovEnable,
     Vf,
@@ -77,7 +78,9 @@ def test_every_line_of_a_plan_escapes_what_came_from_outside(bad: str, shown: st
                      changes=(FieldChange(f"p{bad}", f"a{bad}", 1),)),
             KubevirtUpdate(seq=5, target=f"kubevirt/ns/kv{bad}", reason=f"k{bad}",
                            namespace="ns", name="kv", resource_version="1",
-                           add=(MediatedDevice(f"s{bad}", "nvidia.com/s"),), remove=(f"t{bad}",)),
+                           add=(MediatedDevice(f"s{bad}", "nvidia.com/s"),), remove=(f"t{bad}",),
+                           add_pci=(PciHostDevice(f"10DE:{bad}", f"nvidia.com/p{bad}"),),
+                           remove_pci=(f"nvidia.com/q{bad}",)),
             DevicePluginRefresh(seq=6, target=f"nvidia.com/x{bad}", reason=f"d{bad}",
                                 resource="nvidia.com/x", type_name="x", devices=("u",)),
         ),
@@ -101,6 +104,13 @@ def test_every_line_of_a_plan_escapes_what_came_from_outside(bad: str, shown: st
     # The note keeps its own line break, and only that.
     plain = plan_text(plan, inventory=inventory, style=Style(False), verbose=True)
     assert f"Note: first{shown}\n  second{shown}\n" in plain
+    # The KubeVirt CR's lines, both allow-lists.
+    assert (
+        f"        + mediatedDevices: s{shown}\n"
+        f"        - mediatedDevices: t{shown}\n"
+        f"        + pciHostDevices: nvidia.com/p{shown} (10DE:{shown})\n"
+        f"        - pciHostDevices: nvidia.com/q{shown}\n"
+    ) in plain
 
 
 @pytest.mark.parametrize(("bad", "shown"), list(zip(HOSTILE, ESCAPED, strict=True)))
