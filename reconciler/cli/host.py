@@ -21,7 +21,7 @@ from reconciler.cli.options import (
     DEFAULT_STATE_DIR,
     GlobalOptions,
 )
-from reconciler.model import Inventory, PciAddress, UsageError
+from reconciler.model import Inventory, PciAddress, UsageError, unresolved_type_id
 from reconciler.model.cluster import ClusterState, DeviceUse
 
 if TYPE_CHECKING:
@@ -117,6 +117,21 @@ class Host:
             assume_no_hidden_holders=self.options.assume_no_hidden_holders,
             known_types=record.names,
         )
+        api = self.cluster_api if _unnamed_types(inventory) else None
+        if api is not None:
+            # Rare (a lost state directory): the node's summary may still name them. One read,
+            # only then: an idle node's rescans make no API call for it.
+            from reconciler.observe.cluster import summary_type_names
+
+            known = {**summary_type_names(api, self.options.node), **record.names}
+            inventory = observe_host(
+                self.options.sysfs_root,
+                node=self.options.node,
+                catalog=self.catalog,
+                hold_probe=self.hold_probe(),
+                assume_no_hidden_holders=self.options.assume_no_hidden_holders,
+                known_types=known,
+            )
         if record.note is not None:
             inventory = replace(inventory, notes=(*inventory.notes, record.note))
         return inventory
@@ -270,3 +285,12 @@ class Host:
             cluster_api=api,
             events=events,
         )
+
+
+def _unnamed_types(inventory: Inventory) -> bool:
+    """Whether a vGPU's type is shown by its id only (vfio: no list and no record names it)."""
+    return any(
+        vf.vgpu is not None and unresolved_type_id(vf.vgpu.type_name) is not None
+        for gpu in inventory.gpus
+        for vf in gpu.vfs
+    )

@@ -30,11 +30,13 @@ from types import MappingProxyType
 from typing import Any
 
 from reconciler.model import (
+    ClusterError,
     Interface,
     Inventory,
     ObserveError,
     PciAddress,
     ResourceMissingError,
+    TypeNames,
 )
 from reconciler.model.cluster import (
     GROUP_VERSIONS,
@@ -57,6 +59,7 @@ from reconciler.model.cluster import (
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.nodestate import configured_profiles
 from reconciler.observe.checkpoint import CheckpointEntry, checkpoint_file, read_checkpoint
+from reconciler.observe.parse import parse_type_name
 
 VMI_PLURAL = "virtualmachineinstances"
 #: Label KubeVirt puts on a VMI once it is scheduled.
@@ -266,6 +269,52 @@ def _kind_of(gpu: Mapping[str, Any]) -> tuple[Interface, str]:
 
 def _listed(value: object) -> Sequence[Any]:
     return value if isinstance(value, list | tuple) else ()
+
+
+def summary_type_names(api: ClusterApi, node: str) -> TypeNames:
+    """(GPU, type id) → name of the vfio types ``node``'s VGPUNodeState shows: each vfio GPU
+    entry of its status with its ``typeSets`` list (``{id, name}``). What the node's vgpuctl
+    could name when it wrote the summary, for a node whose record of configured types is lost
+    (docs/domain.md §3b). The object is untrusted input: an entry that is not a PCI address,
+    a decimal id and a driver's type name is skipped. Empty when there is no summary or the
+    cluster cannot be read (the types then stay unnamed, and their GPUs' changes blocked)."""
+    group, version = GROUP_VERSIONS[NODE_STATE_KIND]
+    try:
+        raw = api.get_object(
+            group=group, version=version, plural=PLURALS[NODE_STATE_KIND], name=node
+        )
+    except ClusterError:
+        return {}
+    if raw is None:
+        return {}
+    status = raw.get("status")
+    if not isinstance(status, Mapping):
+        return {}
+    type_sets = _listed(status.get("typeSets"))
+    out: dict[tuple[PciAddress, str], str] = {}
+    for g in _listed(status.get("gpus")):
+        if not isinstance(g, Mapping) or g.get("interface") != Interface.VFIO.value:
+            continue
+        index = g.get("typeSet")
+        if type(index) is not int or not 0 <= index < len(type_sets):
+            continue
+        try:
+            gpu = PciAddress.parse(str(g.get("address")))
+        except ValueError:
+            continue
+        for t in _listed(type_sets[index]):
+            if not isinstance(t, Mapping):
+                continue
+            type_id, name = t.get("id"), t.get("name")
+            if not (isinstance(type_id, str) and type_id.isdigit() and len(type_id) <= 9):
+                continue
+            if not isinstance(name, str):
+                continue
+            try:
+                out[(gpu, str(int(type_id)))] = parse_type_name(name)
+            except ObserveError:
+                continue
+    return out
 
 
 def _own_state(states: Iterable[KubeObject], node: str) -> KubeObject | None:

@@ -68,7 +68,11 @@ class VendorVfioReader:
         for vf, offered, current in zip(pf.vfs, lists, currents, strict=True):
             vgpu = None
             if current != "0":
-                name = names.get(current) or self._known.get((pf.address, current))
+                name = names.get(current)
+                if name is None and (known := self._known.get((pf.address, current))):
+                    # Named by what vgpuctl recorded: one of the GPU's types, under its id (the
+                    # node's summary then carries it, for a node whose record is lost).
+                    name = names[current] = known
                 if name is None:
                     name = type_shown_by_id(current)
                     notes.append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -560,3 +561,28 @@ def test_cluster_flags_are_documented() -> None:
     res = subprocess.run(["vgpuctl", "plan", "--help"], capture_output=True, text=True, check=True)
     for flag in ("--kubeconfig", "--observed", "--adopt", "--kubelet-dir", "--kubevirt-namespace"):
         assert flag in res.stdout
+
+
+def test_a_lost_record_of_vfio_types_is_made_good_from_the_nodes_summary(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """One L40S-48Q: every list is a header only, so only vgpuctl's record names its type id.
+    With the state directory lost, the node's VGPUNodeState (which lists the GPU's types with
+    their ids) names it: nothing is blocked, and the plan has no change."""
+    node = _vfio_node(tmp_path, emu)
+    whole = _vfio_desired(tmp_path, {"NVIDIA L40S-48Q": 1}, "whole.yaml")
+    node.ok("apply", whole, "--yes")
+    assert node.run("plan", whole, "--detailed-exitcode").returncode == 0
+    (gpu,) = stored(emu, NODE_STATES, NODE)["status"]["gpus"]
+    assert gpu["interface"] == "vfio"
+    shutil.rmtree(node.dir / "state")  # the record with it
+    status = json.loads(node.ok("status", "-o", "json").stdout)
+    hosted = [v["vgpu"]["type"] for v in status["gpus"][0]["vfs"] if v["vgpu"]]
+    assert hosted == ["NVIDIA L40S-48Q"]
+    res = node.run("plan", whole, "--detailed-exitcode")
+    assert res.returncode == 0, res.stdout + res.stderr
+    # Without the cluster there is nothing left to name it by: shown by its id, and blocked.
+    local = [a for a in node.flags if a not in (str(node.kubeconfig), "--kubeconfig")]
+    res = run_vgpuctl("plan", whole, "-o", "json", *local)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["applyable"] is False

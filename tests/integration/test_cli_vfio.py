@@ -219,3 +219,37 @@ def test_one_host_with_a_gpu_on_each_interface(tmp_path: Path) -> None:
     assert len(os.listdir(node.dir / "sys" / "bus" / "mdev" / "devices")) == 1
     res = node.run("plan", path, "--detailed-exitcode")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_saved_vfio_plan_runs_as_reviewed_and_export_round_trips(tmp_path: Path) -> None:
+    """A saved plan carries the vfio form (the VF names its vGPU): apply runs it, ``assert``
+    then holds, and what ``export`` writes plans no change."""
+    node = vfio_sim(tmp_path)
+    layout = desired(tmp_path, {"sriov": "enabled", "vgpus": {0: "NVIDIA L40S-8Q"}})
+    planfile = tmp_path / "plan.json"
+    node.ok("plan", layout, "--out", planfile)
+    saved = json.loads(planfile.read_text())
+    (create,) = [a for a in saved["actions"] if a["kind"] == "vgpu-create"]
+    assert (create["target"], create["uuid"]) == (VF0, VF0)
+    node.ok("apply", planfile, "--yes")
+    assert node.run("assert", layout).returncode == 0
+    exported = tmp_path / "exported.yaml"
+    exported.write_text(node.ok("export").stdout)
+    res = node.run("plan", exported, "--detailed-exitcode")
+    assert res.returncode == 0, res.stdout + res.stderr
+    # A saved plan whose vfio name was edited to another VF is refused before anything runs.
+    node.ok(
+        "plan",
+        desired(tmp_path, {"sriov": "enabled", "vgpus": {1: "NVIDIA L40S-8Q"}}, "b.yaml"),
+        "--out",
+        planfile,
+    )
+    doc = json.loads(planfile.read_text())
+    for action in doc["actions"]:
+        if action["kind"] == "vgpu-create":
+            action["uuid"] = "0000:08:00.7"
+    planfile.write_text(json.dumps(doc))
+    res = node.run("apply", planfile, "--yes")
+    assert res.returncode != 0
+    assert "a VF address names the vGPU on that VF only" in res.stderr
+    assert set(currents(node)) == {VF0}

@@ -14,6 +14,7 @@ from reconciler.model import (
     Interface,
     Inventory,
     ObserveError,
+    PciAddress,
     ResourceMissingError,
 )
 from reconciler.model.cluster import (
@@ -39,6 +40,7 @@ from reconciler.observe.cluster import (
     observe_cluster,
     observe_nodes_from_cluster,
     profiles_elsewhere,
+    summary_type_names,
 )
 from tests.doubles.cluster import FakeCluster, ListCall
 
@@ -838,3 +840,36 @@ def test_many_nodes_cost_one_list_per_kind() -> None:
     # A node vgpuctl never reconciled: no summary, so nothing to plan from.
     empty = result["harvester-empty"]
     assert isinstance(empty, ObserveError) and "has no VGPUNodeState" in empty.message
+
+
+def test_a_summary_names_the_type_ids_of_its_vfio_gpus_and_nothing_else() -> None:
+    """What a node's VGPUNodeState tells of its vfio GPUs' types (a lost record's stand-in):
+    each vfio GPU's type set by id; an mdev GPU's ids mean nothing on vfio; entries that are
+    not a PCI address, a decimal id and a driver's type name are untrusted and skipped."""
+    l40s = [
+        {"id": "1156", "name": "NVIDIA L40S-48Q"},
+        {"id": "1155", "name": "NVIDIA L40S-24Q"},
+        {"id": "x1", "name": "NVIDIA L40S-1Q"},
+        {"id": "1152", "name": "NVIDIA L40S-8Q\u001b[2J"},
+        {"id": "1153", "name": 7},
+    ]
+    state = {
+        "metadata": {"name": "n1", "labels": {"nodename": "n1"}},
+        "status": {
+            "gpus": [
+                {"address": "0000:08:00.0", "interface": "vfio", "typeSet": 0},
+                {"address": "0000:41:00.0", "interface": "mdev", "typeSet": 1},
+                {"address": "not-an-address", "interface": "vfio", "typeSet": 0},
+                {"address": "0000:81:00.0", "interface": "vfio", "typeSet": 9},
+            ],
+            "typeSets": [l40s, [{"id": "nvidia-746", "name": "NVIDIA A2-4Q"}]],
+        },
+    }
+    api = FakeCluster(read_only=True)
+    api.seed("vgpunodestates", [state])
+    gpu = PciAddress.parse("0000:08:00.0")
+    assert summary_type_names(api, "n1") == {
+        (gpu, "1156"): "NVIDIA L40S-48Q",
+        (gpu, "1155"): "NVIDIA L40S-24Q",
+    }
+    assert summary_type_names(api, "n2") == {}  # no summary: nothing to name by
