@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from reconciler.model import VGPUType
+
 #: ``<NVIDIA|GRID> <GPU>-[<slices>-]<GB><series>[<suffix>]`` (docs/domain.md §4). The GPU part
 #: may be several words (``RTX Pro 6000 Blackwell DC``) and end in variant letters (``A100DX``,
 #: ``H100XM``); MIG-backed types carry a slice count and may end in a suffix (``CME``, ``CNOME``,
@@ -42,6 +44,19 @@ class Profile:
     @property
     def size_gb(self) -> int:
         return self.framebuffer_mib // 1024
+
+    def vgpu_type(self, type_id: str = "") -> VGPUType:
+        """This profile as a GPU's vGPU type, under ``type_id`` ("": the driver has not shown
+        its id; ids belong to a driver branch, never to the catalogue)."""
+        return VGPUType(
+            name=self.name,
+            type_id=type_id,
+            framebuffer_mib=self.framebuffer_mib,
+            max_instance=self.max_instances,
+            num_heads=self.num_heads,
+            max_resolution=self.max_resolution,
+            frl_config=self.frl_config,
+        )
 
 
 @dataclass(frozen=True, slots=True)

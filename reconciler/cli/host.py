@@ -21,7 +21,7 @@ from reconciler.cli.options import (
     DEFAULT_STATE_DIR,
     GlobalOptions,
 )
-from reconciler.model import Inventory, PciAddress, UsageError, unresolved_type_id
+from reconciler.model import Inventory, PciAddress, TypeNames, UsageError, unresolved_type_id
 from reconciler.model.cluster import ClusterState, DeviceUse
 
 if TYPE_CHECKING:
@@ -108,23 +108,8 @@ class Host:
     def observe(self) -> Inventory:
         from reconciler.observe import observe_host
 
-        record = self.type_record.read()
-        inventory = observe_host(
-            self.options.sysfs_root,
-            node=self.options.node,
-            catalog=self.catalog,
-            hold_probe=self.hold_probe(),
-            assume_no_hidden_holders=self.options.assume_no_hidden_holders,
-            known_types=record.names,
-        )
-        api = self.cluster_api if _unnamed_types(inventory) else None
-        if api is not None:
-            # Rare (a lost state directory): the node's summary may still name them. One read,
-            # only then: an idle node's rescans make no API call for it.
-            from reconciler.observe.cluster import summary_type_names
-
-            known = {**summary_type_names(api, self.options.node), **record.names}
-            inventory = observe_host(
+        def scan(known: TypeNames) -> Inventory:
+            return observe_host(
                 self.options.sysfs_root,
                 node=self.options.node,
                 catalog=self.catalog,
@@ -132,6 +117,16 @@ class Host:
                 assume_no_hidden_holders=self.options.assume_no_hidden_holders,
                 known_types=known,
             )
+
+        record = self.type_record.read()
+        inventory = scan(record.names)
+        api = self.cluster_api if _unnamed_types(inventory) else None
+        if api is not None:
+            # Rare (a lost state directory): the node's summary may still name them. One read,
+            # only then: an idle node's rescans make no API call for it.
+            from reconciler.observe.cluster import summary_type_names
+
+            inventory = scan({**summary_type_names(api, self.options.node), **record.names})
         if record.note is not None:
             inventory = replace(inventory, notes=(*inventory.notes, record.note))
         return inventory

@@ -15,6 +15,7 @@ or from the name.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from reconciler.catalog import Catalog, parse_profile_name
 from reconciler.model import VGPU, Interface, TypeNames, VGPUType, type_shown_by_id
@@ -107,34 +108,14 @@ class VendorVfioReader:
         if model is None:
             return ()
         seen = set(listed)
-        return tuple(
-            VGPUType(
-                name=p.name,
-                type_id="",
-                framebuffer_mib=p.framebuffer_mib,
-                max_instance=p.max_instances,
-                num_heads=p.num_heads,
-                max_resolution=p.max_resolution,
-                frl_config=p.frl_config,
-            )
-            for p in model.time_sliced_profiles
-            if p.name not in seen
-        )
+        return tuple(p.vgpu_type() for p in model.time_sliced_profiles if p.name not in seen)
 
     def _type(self, type_id: str, name: str) -> VGPUType:
         """A listed type with the sizes the catalogue (or the name) gives; 0 where unknown."""
         known = self._catalog.profile(name)
         if known is not None:
             _, profile = known
-            return VGPUType(
-                name=name,
-                type_id=type_id,
-                framebuffer_mib=profile.framebuffer_mib,
-                max_instance=profile.max_instances,
-                num_heads=profile.num_heads,
-                max_resolution=profile.max_resolution,
-                frl_config=profile.frl_config,
-            )
+            return replace(profile.vgpu_type(type_id), name=name)
         parsed = parse_profile_name(name)
         size = parsed.size_gb * 1024 if parsed is not None else 0
         return VGPUType(name=name, type_id=type_id, framebuffer_mib=size, max_instance=0)

@@ -160,18 +160,7 @@ def _catalogue_types(gpu: Gpu, catalog: Catalog) -> tuple[VGPUType, ...]:
     entry = catalog_model(gpu, catalog)
     if entry is None:
         return ()
-    return tuple(
-        VGPUType(
-            name=p.name,
-            type_id="",
-            framebuffer_mib=p.framebuffer_mib,
-            max_instance=p.max_instances,
-            num_heads=p.num_heads,
-            max_resolution=p.max_resolution,
-            frl_config=p.frl_config,
-        )
-        for p in entry.time_sliced_profiles
-    )
+    return tuple(p.vgpu_type() for p in entry.time_sliced_profiles)
 
 
 def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:

@@ -19,7 +19,7 @@ from reconciler.apply import Journal, JournalRecord, Phase, Removal
 from reconciler.catalog import default_catalog
 from reconciler.deviceplugin import Backoff, PluginDirError, removals, run_standalone
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from reconciler.model import ObserveError, PciAddress
+from reconciler.model import ObserveError, PciAddress, TypeNames
 from reconciler.sim import SimHost, build_host
 
 NODE = "node-1"
@@ -108,7 +108,10 @@ def seed_host(tmp_path: Path) -> SimHost:
 
 
 def start(
-    host: SimHost, plugin_dir: Path, state_dir: Path
+    host: SimHost,
+    plugin_dir: Path,
+    state_dir: Path,
+    known_types: Callable[[], TypeNames] | None = None,
 ) -> tuple[threading.Event, list[BaseException], threading.Thread]:
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -125,6 +128,7 @@ def start(
                 rescan_interval=0.05,
                 stop_event=stop,
                 backoff=Backoff(initial=0.05, cap=0.1),
+                known_types=known_types,
             )
         except BaseException as exc:  # handed to the test thread
             errors.append(exc)
@@ -233,27 +237,7 @@ def test_on_vfio_a_type_no_list_names_is_advertised_by_the_record(
     type_id = (vf / "current_vgpu_type").read_text().strip()
     assert (vf / "creatable_vgpu_types").read_text().splitlines()[1:] == []
     record: dict[tuple[PciAddress, str], str] = {}
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            run_standalone(
-                sysfs_root=host.sysfs_root,
-                plugin_dir=plugin_dir,
-                node=NODE,
-                state_dir=tmp_path / "state",
-                catalog=default_catalog(),
-                rescan_interval=0.05,
-                stop_event=stop,
-                backoff=Backoff(initial=0.05, cap=0.1),
-                known_types=lambda: dict(record),
-            )
-        except BaseException as exc:  # handed to the test thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    stop, errors, thread = start(host, plugin_dir, tmp_path / "state", lambda: dict(record))
     sock = plugin_dir / "vgpuctl-nvidia.com_NVIDIA_A2-16Q.sock"
     try:
         time.sleep(0.3)  # several rescans: nothing nameable, so no plugin at all
