@@ -34,12 +34,15 @@ class Profile:
     name: str  # "NVIDIA A2-4Q"
     series: str  # A, B, C or Q
     framebuffer_mib: int
-    max_instances: int  # per physical GPU
+    max_instances: int  # per physical GPU, in equal-size mode
     num_heads: int = 1
     max_resolution: str = ""
     frl_config: int = 60
     mig: bool = False
     gpu_instance_slices: int = 0
+    #: The per-GPU maximum in mixed-size mode where NVIDIA published one (``L40S-4C``: 8);
+    #: None: not known (the driver's refusal at create time decides). Never derived.
+    mixed_size_max_instances: int | None = None
 
     @property
     def size_gb(self) -> int:
@@ -195,6 +198,7 @@ def _load_models(raw: Mapping[str, object]) -> tuple[GpuModel, ...]:
                         frl_config=p.get("frlConfig", 60),
                         mig=p.get("mig", False),
                         gpu_instance_slices=p.get("gpuInstanceSlices", 0),
+                        mixed_size_max_instances=p.get("mixedSizeMaxInstances"),
                     )
                     for p in m["profiles"]
                 ),

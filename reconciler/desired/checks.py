@@ -20,7 +20,7 @@ from reconciler.desired.ascii_names import non_ascii
 from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
 from reconciler.desired.source import line_ref, problem_at, quoted
-from reconciler.model import PciAddress, Problem, SourceLocation, VfKey
+from reconciler.model import PciAddress, Problem, SourceLocation, VfKey, VgpuMode
 from reconciler.rules import (
     Offer,
     OfferedType,
@@ -143,6 +143,13 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
                     "on SR-IOV VFs; set sriov: enabled or remove the entries",
                 )
 
+    if not gpu.sriov and gpu.mode is VgpuMode.MIXED_SIZE:
+        report(
+            entry.fields.get("mode"),
+            f"GPU {gpu.address} has sriov: disabled but mode: mixed-size: the mode is set on "
+            "a GPU whose SR-IOV is on; set sriov: enabled or remove mode",
+        )
+
     named: list[_Named] = []
     unparsed: list[_Entry] = []
     for e in entries:
@@ -200,7 +207,8 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
     requests = [
         Request(e.profile, e.count, _vf_text(gpu.address, model, e.key), e.location) for e in judged
     ]
-    for v in violations(gpu.address, _catalog_offer(model, catalog), requests):
+    mixed = gpu.mode is VgpuMode.MIXED_SIZE
+    for v in violations(gpu.address, _catalog_offer(model, catalog), requests, mixed_size=mixed):
         report(v.location, str(v))
     return GpuFindings(problems, unchecked)
 
@@ -304,7 +312,9 @@ def _listed_offer(index: int, catalog: Catalog) -> Offer:
 def _offer_of(model: GpuModel, catalog: Catalog) -> Offer:
     """An offer is a frozen value (its type table is read, never changed): one is shared."""
     types = {
-        p.name: OfferedType(p.name, p.framebuffer_mib, p.max_instances, p.mig)
+        p.name: OfferedType(
+            p.name, p.framebuffer_mib, p.max_instances, p.mig, p.mixed_size_max_instances
+        )
         for p in model.profiles
     }
     return Offer(model.name, types, complete=False, vfs=model.vfs, catalog=catalog)

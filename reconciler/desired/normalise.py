@@ -19,7 +19,7 @@ from typing import Any
 
 from reconciler.catalog import Catalog, long_profile_name
 from reconciler.desired.source import Document, JsonPath, known, line_ref, problem_at, quoted
-from reconciler.model import DesiredGpu, PciAddress, Problem, SourceLocation, VfKey
+from reconciler.model import DesiredGpu, PciAddress, Problem, SourceLocation, VfKey, VgpuMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +111,8 @@ def _gpu(
         problems.append(problem_at(document.location((*path, "address"), key=True), str(exc)))
         return None
     sriov = raw["sriov"] == "enabled"
+    # The schema admits only the two modes; anything else was reported there.
+    mode = VgpuMode.MIXED_SIZE if raw.get("mode") == "mixed-size" else VgpuMode.EQUAL_SIZE
     model: str | None = None
     if "model" in raw:
         model_text = " ".join(str(raw["model"]).split())
@@ -171,6 +173,7 @@ def _gpu(
         profiles=None if profiles is None else MappingProxyType(profiles),
         location=known(document.location(path)),
         entry_locations=MappingProxyType({k: v for k, v in entry_locations.items() if v.line}),
+        mode=mode,
     )
     return GpuEntry(
         gpu,

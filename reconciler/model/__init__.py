@@ -36,6 +36,7 @@ from reconciler.model.inventory import (
     type_shown_by_id,
     unresolved_type_id,
 )
+from reconciler.model.mode import VgpuMode
 from reconciler.model.plan import (
     ACTION_TYPES,
     Action,
@@ -112,6 +113,7 @@ __all__ = [
     "Vf",
     "VfKey",
     "VgpuCreate",
+    "VgpuMode",
     "VgpuRemove",
     "type_shown_by_id",
     "unresolved_type_id",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from reconciler.model.address import PciAddress
+from reconciler.model.mode import VgpuMode
 
 #: A VF named by its PCI address or by its index (0..N-1) under the GPU.
 VfKey = PciAddress | int
@@ -47,6 +48,9 @@ class DesiredGpu:
     entry_locations: Mapping[VfKey | str, SourceLocation] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    #: ``mode:``: equal-size (the default) or mixed-size (``nvidia-smi vgpu -shm 1``); never
+    #: ``UNKNOWN``.
+    mode: VgpuMode = VgpuMode.EQUAL_SIZE
 
     def location_of(self, key: VfKey | str) -> SourceLocation | None:
         return self.entry_locations.get(key, self.location)

@@ -18,6 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from reconciler.model.address import PciAddress
+from reconciler.model.mode import VgpuMode
 
 
 class Interface(enum.StrEnum):
@@ -142,6 +143,10 @@ class Gpu:
     #: ``sriov_vf_device``: the device id its VFs will have; ``0000`` when the GPU makes no vGPU
     #: VFs (SR-IOV present but not for vGPU, a T4 say); "" when the file is absent.
     vf_device: str = ""
+    #: The vGPU framebuffer mode (``nvidia-smi vgpu -shm``), as observed: sysfs does not show
+    #: it, so the default unless a query said otherwise (``UNKNOWN``: it could not be read on a
+    #: GPU that hosts vGPUs). Written to JSON only when not equal-size.
+    vgpu_mode: VgpuMode = VgpuMode.EQUAL_SIZE
 
     @property
     def sriov_enabled(self) -> bool:
@@ -243,9 +248,14 @@ def gpu_facts_json(g: Gpu) -> dict[str, Any]:
     return {**_gpu_json_scalars(g), "vgpuTypes": [t.to_json() for t in g.types]}
 
 
+def _mode_json(g: Gpu) -> dict[str, Any]:
+    return {} if g.vgpu_mode is VgpuMode.EQUAL_SIZE else {"vgpuMode": g.vgpu_mode.value}
+
+
 def _gpu_json(g: Gpu) -> dict[str, Any]:
     return {
         **_gpu_json_scalars(g),
+        **_mode_json(g),
         "vgpuTypes": [t.to_json() for t in g.types],
         "vfs": [
             {
@@ -276,8 +286,10 @@ def _gpu_canonical(g: Gpu) -> str:
             for v in g.vfs
         ]
     )
-    # "vfs" and "vgpuTypes" sort after every other key of a GPU.
-    return f'{head[:-1]},"vfs":[{vfs}],"vgpuTypes":{_types_canonical(g.types)}}}'
+    # "vfs", "vgpuMode" (written only when not the default) and "vgpuTypes" sort after every
+    # other key of a GPU.
+    mode = "" if g.vgpu_mode is VgpuMode.EQUAL_SIZE else f'"vgpuMode":"{g.vgpu_mode.value}",'
+    return f'{head[:-1]},"vfs":[{vfs}],{mode}"vgpuTypes":{_types_canonical(g.types)}}}'
 
 
 def _gpu_json_scalars(g: Gpu) -> dict[str, Any]:
@@ -476,6 +488,7 @@ def _gpu_from_json(raw: Mapping[str, Any]) -> Gpu:
         vf_stride=int(sriov.get("vfStride", 1)),
         vfs=tuple(vfs),
         types=_types_from_json(raw.get("vgpuTypes", [])),
+        vgpu_mode=VgpuMode(raw.get("vgpuMode", VgpuMode.EQUAL_SIZE.value)),
     )
 
 

@@ -23,6 +23,7 @@ from reconciler.model import (
     SourceLocation,
     Vf,
     VfKey,
+    VgpuMode,
 )
 from reconciler.plan.offer import Offer
 from reconciler.rules import Request, index_out_of_range, named_twice, violations
@@ -224,6 +225,7 @@ def _constraints(
         requests,
         # A type a VF already hosts is offered even if the driver stopped listing it (vfio does).
         hosted=(vf.vgpu.type_name for vf in gpu.vfs if vf.vgpu is not None),
+        mixed_size=desired.mode is VgpuMode.MIXED_SIZE,
     )
     return [located(str(v), v.location) for v in found]
 

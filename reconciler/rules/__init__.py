@@ -16,8 +16,13 @@ The rules, as the driver applies them when a vGPU is created:
 - a GPU in MIG mode hosts MIG-backed vGPUs only, so the two kinds never share a GPU;
 - equal-size mode: the time-sliced vGPUs on one GPU share one framebuffer size (the series may
   differ: 4A next to 4Q);
+- mixed-size mode (``violations(..., mixed_size=True)``): sizes may differ, but the time-sliced
+  vGPUs' framebuffer together fits the GPU's (its model's, where the catalogue knows it);
 - the per-size maximum: a type's ``max_instance`` counts the GPU's vGPUs of its framebuffer size
-  (4A and 4Q share the limit); a MIG-backed type's counts its own vGPUs;
+  (4A and 4Q share the limit); a MIG-backed type's counts its own vGPUs. In mixed-size mode a
+  type's mixed-size maximum replaces it where NVIDIA published one (L40S-4C: 8, not 12); where
+  none is known the equal-size maximum still bounds it (the mixed-size one is never higher),
+  and the driver's refusal at create time has the last word;
 - one vGPU per VF: no more vGPUs than the GPU has VFs, and no VF named twice (by its index and
   by its address: :func:`named_twice`); a VF index is below the GPU's VF count
   (:func:`index_out_of_range`).
@@ -41,6 +46,7 @@ class Rule(StrEnum):
     MIG_ONLY = "mig-only"
     EQUAL_SIZE = "equal-size"
     MAXIMUM = "maximum"
+    FRAMEBUFFER = "framebuffer"
     ONE_PER_VF = "one-per-vf"
     VF_INDEX = "vf-index"
 
@@ -55,6 +61,9 @@ class OfferedType:
     #: MIG-backed: counted per type, never next to a time-sliced vGPU. None: not said (sysfs
     #: does not), and :attr:`is_mig` reads it from the type's name (``A100-1-5C``).
     mig: bool | None = None
+    #: The maximum in mixed-size mode, where NVIDIA published it; None: see the catalogue
+    #: (:func:`mixed_limit`), else not known.
+    mixed_max_instance: int | None = None
 
     @property
     def is_mig(self) -> bool:
@@ -73,7 +82,9 @@ def type_facts(name: str, catalog: Catalog) -> OfferedType | None:
     known = catalog.profile(name)
     if known is not None:
         _, p = known
-        return OfferedType(name, p.framebuffer_mib, p.max_instances, p.mig)
+        return OfferedType(
+            name, p.framebuffer_mib, p.max_instances, p.mig, p.mixed_size_max_instances
+        )
     parsed = parse_profile_name(name)
     if parsed is None:
         return None
@@ -133,11 +144,17 @@ class Violation:
 
 
 def violations(
-    gpu: PciAddress, offer: Offer, requests: Sequence[Request], *, hosted: Iterable[str] = ()
+    gpu: PciAddress,
+    offer: Offer,
+    requests: Sequence[Request],
+    *,
+    hosted: Iterable[str] = (),
+    mixed_size: bool = False,
 ) -> list[Violation]:
     """Every rule ``requests`` break on the GPU at ``gpu``; ``hosted`` names the types its VFs
     host now (offered even when the driver stopped listing them, as vfio's list does: read only
-    for a name the offer does not list)."""
+    for a name the offer does not list). ``mixed_size``: the GPU is (or will be) in mixed-size
+    mode, so sizes may differ up to its total framebuffer, under the mixed-size maxima."""
     found: list[Violation] = []
     kept: set[str] | None = None
     typed: list[tuple[Request, OfferedType]] = []
@@ -157,10 +174,15 @@ def violations(
     if len(time_sliced) < len(typed) and time_sliced:
         first_mig = next(r for r, t in typed if t.is_mig)
         found.append(_mig_mixed(gpu, time_sliced[0][0], first_mig))
-    size_clash = _size_clash(gpu, time_sliced)
-    if size_clash is not None:
-        found.append(size_clash)
-    over = _over_maximum(gpu, offer, typed)
+    if mixed_size:
+        too_big = _over_framebuffer(gpu, offer, time_sliced)
+        if too_big is not None:
+            found.append(too_big)
+    else:
+        size_clash = _size_clash(gpu, time_sliced)
+        if size_clash is not None:
+            found.append(size_clash)
+    over = _over_maximum(gpu, offer, typed, mixed_size=mixed_size)
     found.extend(over)
     if not over:  # a maximum is never above the VF count: that sentence says it all
         too_many = _over_vfs(gpu, offer, requests)
@@ -248,11 +270,57 @@ def _size_clash(gpu: PciAddress, typed: list[tuple[Request, OfferedType]]) -> Vi
     return None
 
 
-def _over_maximum(
+def mixed_limit(t: OfferedType, catalog: Catalog) -> int | None:
+    """``t``'s maximum in mixed-size mode: its own, else the catalogue's, else None (not
+    published: the equal-size maximum bounds it, the driver decides the rest)."""
+    if t.mixed_max_instance is not None:
+        return t.mixed_max_instance
+    known = catalog.profile(t.name)
+    return known[1].mixed_size_max_instances if known is not None else None
+
+
+def gpu_framebuffer(offer: Offer) -> int | None:
+    """The GPU's total framebuffer in MiB, from the catalogue's entry for its model (None: a
+    model it does not know; the driver's refusal at create time decides then)."""
+    model = offer.catalog.model(offer.model) if offer.model is not None else None
+    return model.framebuffer_mib if model is not None else None
+
+
+def _over_framebuffer(
     gpu: PciAddress, offer: Offer, typed: list[tuple[Request, OfferedType]]
+) -> Violation | None:
+    """Mixed-size mode: the time-sliced vGPUs' framebuffer together must fit the GPU's."""
+    total_mib = gpu_framebuffer(offer)
+    if total_mib is None:
+        return None
+    running = 0
+    for r, t in typed:
+        running += r.count * t.framebuffer_mib
+        if running > total_mib:
+            asked = sum(x.count * u.framebuffer_mib for x, u in typed)
+            where = f"; first over it: VF {r.vf}" if r.vf is not None else ""
+            return Violation(
+                Rule.FRAMEBUFFER,
+                f"{_size(asked)} of vGPUs on GPU {gpu}, but {offer.model or 'it'} has "
+                f"{_size(total_mib)} of framebuffer (mixed-size mode: the sizes together must "
+                f"fit){where}",
+                r.location,
+            )
+    return None
+
+
+def _over_maximum(
+    gpu: PciAddress,
+    offer: Offer,
+    typed: list[tuple[Request, OfferedType]],
+    *,
+    mixed_size: bool = False,
 ) -> list[Violation]:
     """A time-sliced type's ``max_instance`` counts every vGPU of its size on the GPU; a
-    MIG-backed type's, its own. The lowest limit of a group is the one that stops a create."""
+    MIG-backed type's, its own. The lowest limit of a group is the one that stops a create.
+    In mixed-size mode a type's published mixed-size maximum replaces its ``max_instance``."""
+    if mixed_size:
+        typed = [(r, t if t.is_mig else _mixed_facts(t, offer.catalog)) for r, t in typed]
     groups: dict[tuple[bool, str | int], list[tuple[Request, OfferedType]]] = {}
     for r, t in typed:
         key: tuple[bool, str | int] = (True, t.name) if t.is_mig else (False, t.framebuffer_mib)
@@ -275,21 +343,32 @@ def _over_maximum(
         else:
             what, who = _size(limiter.framebuffer_mib), f"{_quoted(limiter.name)} allows"
         where = f"; first over the limit: VF {culprit.vf}" if culprit.vf is not None else ""
+        offered: Iterable[OfferedType] = offer.types.values()
+        if mixed_size:
+            offered = [_mixed_facts(t, offer.catalog) for t in offered]
         fitting = [
             t.name.removeprefix("NVIDIA ")
-            for t in offer.types.values()
+            for t in offered
             if not t.is_mig and t.max_instance is not None and t.max_instance >= total
         ]
+        mode = " in mixed-size mode" if mixed_size and limiter.mixed_max_instance == limit else ""
         found.append(
             Violation(
                 Rule.MAXIMUM,
                 f"{total} vGPUs of {what} on GPU {gpu}, but {who} at most {limit} "
-                f"per {offer.model or 'GPU'}{where}",
+                f"per {offer.model or 'GPU'}{mode}{where}",
                 culprit.location,
                 f"profiles that allow {total}: {' '.join(fitting)}" if fitting else "",
             )
         )
     return found
+
+
+def _mixed_facts(t: OfferedType, catalog: Catalog) -> OfferedType:
+    limit = mixed_limit(t, catalog)
+    if limit is None or (t.max_instance is not None and t.max_instance <= limit):
+        return t
+    return OfferedType(t.name, t.framebuffer_mib, limit, t.mig, limit)
 
 
 def _over_vfs(gpu: PciAddress, offer: Offer, requests: Sequence[Request]) -> Violation | None:

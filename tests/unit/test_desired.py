@@ -33,6 +33,7 @@ from reconciler.model import (
     ReconcilerError,
     SourceLocation,
     ValidationError,
+    VgpuMode,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -346,6 +347,21 @@ def test_the_l40s_example_in_count_form(catalog: Catalog) -> None:
         ("0000:41:00.0", "NVIDIA L40S", None, {"NVIDIA L40S-8Q": 4, "NVIDIA L40S-8C": 2}),
         ("0000:c1:00.0", "NVIDIA L40S", None, {"NVIDIA L40S-24C": 2}),
     ]
+
+
+def test_the_l40s_mixed_size_example(catalog: Catalog) -> None:
+    path = REPO / "desired-state" / "examples" / "l40s-mixed-size.yaml"
+    [gpu] = load_desired([path], catalog=catalog).nodes["gpu-worker-02"].gpus
+    assert (str(gpu.address), gpu.mode, gpu.profiles) == (
+        "0000:41:00.0",
+        VgpuMode.MIXED_SIZE,
+        {"NVIDIA L40S-8Q": 1, "NVIDIA L40S-16Q": 1},
+    )
+    # Without ``mode:``, equal-size (the driver's default).
+    other = load_desired(
+        [REPO / "desired-state" / "examples" / "l40s-count-form.yaml"], catalog=catalog
+    )
+    assert {g.mode for g in other.nodes["gpu-worker-01"].gpus} == {VgpuMode.EQUAL_SIZE}
 
 
 def test_the_a16_example_with_short_names_and_index_keys(catalog: Catalog) -> None:

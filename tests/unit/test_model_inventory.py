@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.model import VGPU, Gpu, Interface, Inventory, PciAddress, Vf, VGPUType
+from reconciler.model import VGPU, Gpu, Interface, Inventory, PciAddress, Vf, VgpuMode, VGPUType
 
 CASES = Path(__file__).resolve().parents[1] / "cases"
 
@@ -197,3 +197,19 @@ def test_a_document_changed_after_reading_is_read_as_it_now_is() -> None:
     (gpu,) = Inventory.from_json(raw).gpus
     assert gpu.types[0].framebuffer_mib == 2048
     assert gpu.vfs[0].creatable == frozenset({"NVIDIA A2-4Q", "NVIDIA A2-2Q"})
+
+
+def test_vgpu_mode_is_written_only_when_not_equal_size() -> None:
+    gpu = Gpu(PciAddress.parse("0000:08:00.0"), "10de", "26b9", model="NVIDIA L40S")
+    plain = Inventory(node="n", sysfs_root="/sys", gpus=(gpu,))
+    assert "vgpuMode" not in plain.to_json()["gpus"][0]
+    for mode, text in ((VgpuMode.MIXED_SIZE, "mixed-size"), (VgpuMode.UNKNOWN, "unknown")):
+        inv = replace(plain, gpus=(replace(gpu, vgpu_mode=mode),))
+        doc = inv.to_json()
+        assert doc["gpus"][0]["vgpuMode"] == text
+        assert Inventory.from_json(doc) == inv
+        # The hand-written canonical encoding still is the fingerprint's definition.
+        del doc["sysfsRoot"]
+        canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        assert inv.fingerprint() == "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+        assert inv.fingerprint() != plain.fingerprint()

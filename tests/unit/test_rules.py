@@ -327,3 +327,100 @@ def test_type_facts_fall_back_to_the_name() -> None:
         "GRID X1-2-12CME", 12288, None, mig=True
     )
     assert type_facts("something else", NO_CATALOG) is None
+
+
+# ---------------------------------------------------------------- mixed-size mode
+# docs/domain.md §4: an L40S has 48 GB; sizes may differ up to that total in mixed-size mode;
+# L40S-4C allows 8 there (12 in equal-size mode). The catalogue below is written here.
+
+L40S_PROFILES = (
+    Profile("NVIDIA L40S-4C", "C", 4096, 12, mixed_size_max_instances=8),
+    Profile("NVIDIA L40S-8Q", "Q", 8192, 6),
+    Profile("NVIDIA L40S-16Q", "Q", 16384, 3),
+    Profile("NVIDIA L40S-24Q", "Q", 24576, 2),
+)
+L40S_CATALOG = Catalog(
+    (
+        GpuModel(
+            "NVIDIA L40S", "L40S", ("L40S",), "Ada", (PciId("10de", "26b9"),), 49152, 32, 4,
+            1, 1, None, L40S_PROFILES,
+        ),
+    )
+)  # fmt: skip
+L40S_TYPES = {
+    "NVIDIA L40S-4C": OfferedType("NVIDIA L40S-4C", 4096, 12),
+    "NVIDIA L40S-8Q": OfferedType("NVIDIA L40S-8Q", 8192, 6),
+    "NVIDIA L40S-16Q": OfferedType("NVIDIA L40S-16Q", 16384, 3),
+    "NVIDIA L40S-24Q": OfferedType("NVIDIA L40S-24Q", 24576, 2),
+}
+
+
+def l40s() -> Offer:
+    # The driver's offer (no mixed-size maxima in sysfs): the catalogue supplies the known one.
+    return Offer("NVIDIA L40S", L40S_TYPES, complete=True, vfs=32, catalog=L40S_CATALOG)
+
+
+def mixed(*requests: Request) -> list[Violation]:
+    return violations(GPU, l40s(), requests, mixed_size=True)
+
+
+def test_mixed_size_mode_lets_sizes_differ_within_the_framebuffer() -> None:
+    # 8 + 16 = 24 GB of 48.
+    assert mixed(count("NVIDIA L40S-8Q", 1, 10), count("NVIDIA L40S-16Q", 1, 11)) == []
+    # 24 + 16 + 8 = 48 GB: exactly full.
+    assert (
+        mixed(
+            count("NVIDIA L40S-24Q", 1, 10),
+            count("NVIDIA L40S-16Q", 1, 11),
+            count("NVIDIA L40S-8Q", 1, 12),
+        )
+        == []
+    )
+
+
+def test_the_same_pair_breaks_equal_size_mode() -> None:
+    [v] = violations(GPU, l40s(), [count("NVIDIA L40S-8Q", 1, 10), count("NVIDIA L40S-16Q", 1, 11)])
+    assert v.rule is Rule.EQUAL_SIZE
+
+
+def test_mixed_size_mode_refuses_more_than_the_gpus_framebuffer() -> None:
+    # 24 + 16 + 16 = 56 GB > 48 GB; the first entry past 48 GB is the second 16Q (line 11).
+    [v] = mixed(count("NVIDIA L40S-24Q", 1, 10), count("NVIDIA L40S-16Q", 2, 11))
+    assert v.rule is Rule.FRAMEBUFFER
+    assert v.location == at(11)
+    assert str(v) == (
+        "56 GB of vGPUs on GPU 0000:08:00.0, but NVIDIA L40S has 48 GB of framebuffer "
+        "(mixed-size mode: the sizes together must fit)"
+    )
+
+
+def test_mixed_size_mode_uses_the_published_mixed_maximum() -> None:
+    # L40S-4C: 8 in mixed-size mode (36 GB of 48 fits: the maximum is what refuses 9).
+    [v] = mixed(count("NVIDIA L40S-4C", 9, 10))
+    assert v.rule is Rule.MAXIMUM
+    assert str(v) == (
+        "9 vGPUs of 4 GB on GPU 0000:08:00.0, but 'NVIDIA L40S-4C' allows at most 8 per "
+        "NVIDIA L40S in mixed-size mode"
+    )
+    assert mixed(count("NVIDIA L40S-4C", 8, 10)) == []
+    # Equal-size mode keeps 12.
+    assert violations(GPU, l40s(), [count("NVIDIA L40S-4C", 12, 10)]) == []
+
+
+def test_mixed_size_mode_keeps_the_equal_size_maximum_where_none_is_published() -> None:
+    # No mixed-size maximum is known for 16Q: its equal-size 3 still bounds it (never higher);
+    # four are 64 GB, past the 48 GB as well.
+    found = mixed(count("NVIDIA L40S-16Q", 4, 10))
+    assert [v.rule for v in found] == [Rule.FRAMEBUFFER, Rule.MAXIMUM]
+    assert "allows at most 3 per NVIDIA L40S" in str(found[1])
+
+
+def test_mixed_size_mode_of_an_unknown_model_leaves_the_total_to_the_driver() -> None:
+    offer = Offer("NVIDIA X9", L40S_TYPES, complete=True, vfs=32, catalog=NO_CATALOG)
+    found = violations(
+        GPU,
+        offer,
+        [count("NVIDIA L40S-24Q", 1, 10), count("NVIDIA L40S-16Q", 2, 11)],
+        mixed_size=True,
+    )
+    assert found == []
