@@ -24,6 +24,7 @@ from reconciler.model import (
     PlanError,
     Vf,
     VgpuCreate,
+    VgpuMode,
 )
 from reconciler.model.plan_json import plan_to_json
 from reconciler.plan import VGPU_UUID_NAMESPACE, plan_node, vgpu_uuid
@@ -349,3 +350,20 @@ def test_a_256_vf_node_plans_in_full() -> None:
     node = DesiredNode(NODE, tuple(want(a, profiles={"L40S-1Q": 24}) for a in addresses))
     p = plan_node(node, inventory, catalog=CATALOG)
     assert len([a for a in p.actions if a.kind.is_host]) == 8 * 8
+
+
+# ---------------------------------------------------------------- mixed-size mode (not driven yet)
+
+
+def test_mixed_size_mode_is_refused_at_plan_time_until_it_is_driven() -> None:
+    # Issue 13 item 7 is not applied yet: planning it is refused, naming the GPU and the
+    # command it would take, rather than left for the driver to refuse the second size.
+    desired = replace(want(profiles={"A2-4Q": 1}, line=7), mode=VgpuMode.MIXED_SIZE)
+    assert problems(desired, host=(a2(enabled=False),)) == [
+        "d.yaml:7:11: GPU 0000:08:00.0 (NVIDIA A2): mode: mixed-size is not applied by this "
+        "version of vgpuctl yet (it takes 'nvidia-smi vgpu -i 0000:08:00.0 -shm 1' after SR-IOV "
+        "is enabled and before the first vGPU); use equal-size for now"
+    ]
+    # Equal-size, written or by default, plans as before.
+    equal = replace(want(profiles={"A2-4Q": 1}), mode=VgpuMode.EQUAL_SIZE)
+    assert plan(equal, host=(a2(enabled=False),)).actions
