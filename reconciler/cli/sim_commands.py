@@ -1,8 +1,8 @@
 """``vgpuctl sim …``: build and drive the built-in NVIDIA host simulator.
 
-``sim init DIR`` makes ``DIR/sys`` and ``DIR/bin/sriov-manage``; every other command then drives
-it with ``--sysfs-root DIR/sys --sriov-manage DIR/bin/sriov-manage``, through the same code that
-drives a real host.
+``sim init DIR`` makes ``DIR/sys``, ``DIR/bin/sriov-manage`` and ``DIR/bin/nvidia-smi``; every
+other command then drives it with ``--sysfs-root DIR/sys --sriov-manage DIR/bin/sriov-manage``,
+through the same code that drives a real host.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
     p = ssub.add_parser(
         "init",
-        help="build DIR/sys and DIR/bin/sriov-manage",
+        help="build DIR/sys, DIR/bin/sriov-manage and DIR/bin/nvidia-smi",
         description="Build a simulated host. MODEL is a catalogue name (A2, A16, A10, A40, L4, "
         "L40, L40S, A100-40GB, A100-80GB, H100-80GB); @ADDRESS places its PF (an A16 board "
         "is four GPUs on consecutive buses); a :mdev or :vfio suffix picks that GPU's vGPU "

@@ -1,9 +1,10 @@
 """The NVIDIA host simulator: realistic sysfs trees, the driver's reaction to writes, sriov-manage.
 
-``init_host``/``build_host`` make ``DIR/sys`` and ``DIR/bin/sriov-manage``; ``SimHost.open``
-recognises such a tree and supplies the kernel writer (plugged into apply's sysfs-writer port),
-a hold probe for the observer, and counters. ``hold``/``release``/``fail``/``reboot`` act on the
-host as a VM, a flaky driver or a power cycle would. Nothing here is used on a real host.
+``init_host``/``build_host`` make ``DIR/sys``, ``DIR/bin/sriov-manage`` and ``DIR/bin/nvidia-smi``;
+``SimHost.open`` recognises such a tree and supplies the kernel writer (plugged into apply's
+sysfs-writer port), a hold probe for the observer, and counters. ``hold``/``release``/``fail``/
+``reboot`` act on the host as a VM, a flaky driver or a power cycle would. Nothing here is used
+on a real host.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The emulated NVIDIA host driver: each operation changes the state and renders the tree delta.
 
 Called with the host lock held, by the kernel writer (create/remove a vGPU), by the
-``sriov-manage`` emulation (enable/disable VFs), and by host set-up (``build_host``, ``reboot``).
+``sriov-manage`` emulation (enable/disable VFs), by the ``nvidia-smi`` emulation (a GPU's
+vGPU mode), and by host set-up (``build_host``, ``reboot``).
 Refusals are ``OSError`` with the errno the real driver returns; the rules themselves are in
 ``rules.py``.
 """
@@ -12,6 +13,7 @@ import errno
 import os
 
 from reconciler.model import PciAddress
+from reconciler.model.mode import VgpuMode
 from reconciler.sim.rules import SimModel, creatable, create_refusal, model_vf_addresses
 from reconciler.sim.state import GpuRecord, SimState, VfRecord, VgpuRecord
 from reconciler.sim.tree import SysfsTree
@@ -35,13 +37,14 @@ def enable_vfs(state: SimState, tree: SysfsTree, gpu: GpuRecord) -> bool:
         model=model,
         vfs=[(v.address, v.iommu_group) for v in gpu.vfs],
         interface=gpu.interface,
-        creatable=creatable(model, state.hosted(gpu)),
+        creatable=creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode),
     )
     return True
 
 
 def disable_vfs(state: SimState, tree: SysfsTree, gpu: GpuRecord, *, force: bool = False) -> bool:
     """Remove every VF; the GPU's vGPUs go first. EBUSY if a VM holds one (unless ``force``).
+    The GPU's vGPU mode is equal-size again (the driver's default).
 
     Returns False if the GPU had no VFs.
     """
@@ -63,6 +66,35 @@ def disable_vfs(state: SimState, tree: SysfsTree, gpu: GpuRecord, *, force: bool
     for v in gpu.vfs:
         state.free_group(v.iommu_group)
     gpu.vfs = []
+    gpu.vgpu_mode = VgpuMode.EQUAL_SIZE
+    return True
+
+
+def set_vgpu_mode(state: SimState, tree: SysfsTree, gpu: GpuRecord, mode: VgpuMode) -> bool:
+    """``nvidia-smi vgpu -i <GPU> -shm 0|1``: the GPU's vGPU mode. EPERM (with the reason)
+    while its SR-IOV is off or while it hosts a vGPU, in either direction; False if it is in
+    ``mode`` already (and hosts none)."""
+    if mode not in (VgpuMode.EQUAL_SIZE, VgpuMode.MIXED_SIZE):
+        raise refusal(errno.EINVAL, f"{mode} is not a mode a GPU can be set to")
+    if not gpu.vfs:
+        raise refusal(
+            errno.EPERM,
+            f"GPU {gpu.address} has SR-IOV off: its vGPU mode is set after 'sriov-manage -e'",
+        )
+    on_gpu = state.vgpus_on(gpu)
+    if on_gpu:
+        first = state.vgpus[on_gpu[0]].vf
+        raise refusal(
+            errno.EPERM,
+            f"GPU {gpu.address} hosts {len(on_gpu)} vGPU{'s' if len(on_gpu) != 1 else ''} "
+            f"(the first on {first}): its vGPU mode changes only while it hosts none",
+        )
+    if gpu.vgpu_mode is mode:
+        return False
+    model = state.model_of(gpu)
+    before = creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode)
+    gpu.vgpu_mode = mode
+    _refresh(state, tree, gpu, model, before)
     return True
 
 
@@ -79,13 +111,13 @@ def create_vgpu(state: SimState, tree: SysfsTree, *, vf: str, type_name: str, vg
         raise refusal(errno.EEXIST, f"a vGPU with UUID {vgpu_id} already exists")
     model = state.model_of(gpu)
     hosted = state.hosted(gpu)
-    reason = create_refusal(model, hosted, vf, type_name)
+    reason = create_refusal(model, hosted, vf, type_name, mode=gpu.vgpu_mode)
     if reason is not None:
         raise refusal(errno.EINVAL, reason)
     vgpu_type = model.type_named(type_name)
     if vgpu_type is None:  # create_refusal has said so already; this keeps the types exact
         raise refusal(errno.EINVAL, f"no vGPU type {type_name!r}")
-    before = creatable(model, hosted)
+    before = creatable(model, hosted, mode=gpu.vgpu_mode)
     if gpu.interface == "mdev":
         group = state.allocate_group(vgpu_id)
         cdev = state.allocate_cdev(vgpu_id)
@@ -140,7 +172,7 @@ def remove_vgpu(
     if gpu is None:  # a vGPU always sits on an enabled VF; a state file edited by hand may not
         raise refusal(errno.ENODEV, f"vGPU {vgpu_id} sits on {rec.vf}, which is no enabled VF")
     model = state.model_of(gpu)
-    before = creatable(model, state.hosted(gpu))
+    before = creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode)
     del state.vgpus[vgpu_id]
     state.held.pop(vgpu_id, None)
     state.hidden.discard(vgpu_id)
@@ -174,7 +206,7 @@ def _refresh(
         model=model,
         interface=gpu.interface,
         before=before,
-        after=creatable(model, state.hosted(gpu)),
+        after=creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode),
     )
 
 
@@ -186,9 +218,11 @@ def _vf_group(gpu: GpuRecord, vf: str) -> int:
 
 
 def power_cycle(state: SimState, tree: SysfsTree) -> None:
-    """A reboot: every VF and vGPU gone, holds and faults cleared; PFs and the rest unchanged."""
+    """A reboot: every VF and vGPU gone, every GPU equal-size, holds and faults cleared; PFs and
+    the rest unchanged."""
     for gpu in state.gpus:
         disable_vfs(state, tree, gpu, force=True)
+        gpu.vgpu_mode = VgpuMode.EQUAL_SIZE
     state.vgpus.clear()
     state.held.clear()
     state.hidden.clear()

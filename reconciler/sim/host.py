@@ -1,9 +1,10 @@
 """Simulated hosts: create one (``init_host``, ``build_host``), find one, and act as its operator.
 
 A simulated host is a directory ``DIR`` with ``DIR/sys`` (the sysfs tree, with the hidden state
-in ``DIR/sys/.vgpuctl-sim/``) and ``DIR/bin/sriov-manage``. :class:`SimHost` is the handle the
-CLI gets from ``SimHost.open(sysfs_root)``: it supplies the kernel writer, the hold probe and
-counters. ``hold``/``release`` play a VM, ``fail`` injects faults, ``reboot`` power-cycles.
+in ``DIR/sys/.vgpuctl-sim/``), ``DIR/bin/sriov-manage`` and ``DIR/bin/nvidia-smi``.
+:class:`SimHost` is the handle the CLI gets from ``SimHost.open(sysfs_root)``: it supplies the
+kernel writer, the hold probe and counters. ``hold``/``release`` play a VM, ``fail`` injects
+faults, ``reboot`` power-cycles.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 
 from reconciler.catalog import Catalog, default_catalog, long_profile_name
 from reconciler.model import PciAddress
+from reconciler.model.mode import VgpuMode
 from reconciler.observe.holds import INIT_PID_NAMESPACE, current_pid_namespace
 from reconciler.sim import driver
 from reconciler.sim.holds import SimHoldProbe, is_simulated
 from reconciler.sim.kernel import SimSysfsWriter
+from reconciler.sim.nvidia_smi import install_script as install_nvidia_smi
 from reconciler.sim.rules import (
     NIC_BUSES,
     GpuRequest,
@@ -31,7 +34,7 @@ from reconciler.sim.rules import (
     root_port_address,
     vf_addresses,
 )
-from reconciler.sim.sriov_manage import install_script
+from reconciler.sim.sriov_manage import install_script as install_sriov_manage
 from reconciler.sim.state import (
     SRIOV_MANAGE_FAULTS,
     DeviceRecord,
@@ -72,6 +75,7 @@ class SimGpu:
     model: str  # "NVIDIA A2"
     sriov_enabled: bool
     interface: str = "mdev"  # the vGPU host interface its VFs show: mdev | vfio
+    vgpu_mode: VgpuMode = VgpuMode.EQUAL_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,11 @@ class SimHost:
         return self.directory / "bin" / "sriov-manage"
 
     @property
+    def nvidia_smi(self) -> Path:
+        """The simulated ``nvidia-smi`` (only ``vgpu -i <GPU> -shm 0|1``)."""
+        return self.directory / "bin" / "nvidia-smi"
+
+    @property
     def interface(self) -> str:
         """The interface every GPU shows (``mdev`` for a host without GPUs); ``mixed`` when
         GPUs differ (each one's is in :meth:`gpus`)."""
@@ -106,7 +115,7 @@ class SimHost:
     def gpus(self) -> tuple[SimGpu, ...]:
         state = load_state(self.sysfs_root)
         return tuple(
-            SimGpu(PciAddress.parse(g.address), g.model, bool(g.vfs), g.interface)
+            SimGpu(PciAddress.parse(g.address), g.model, bool(g.vfs), g.interface, g.vgpu_mode)
             for g in state.gpus
         )
 
@@ -118,11 +127,13 @@ class SimHost:
         return SimHoldProbe(self.sysfs_root)
 
     def stats(self) -> dict[str, int]:
-        """Counters: ``writes`` (sysfs write calls, refused ones too), ``sriovManageCalls``."""
+        """Counters: ``writes`` (sysfs write calls, refused ones too), ``sriovManageCalls``,
+        ``nvidiaSmiCalls``."""
         counters = load_state(self.sysfs_root).counters
         return {
             "writes": counters.get("writes", 0),
             "sriovManageCalls": counters.get("sriovManageCalls", 0),
+            "nvidiaSmiCalls": counters.get("nvidiaSmiCalls", 0),
         }
 
 
@@ -138,7 +149,7 @@ def init_host(
     passthrough: Sequence[str] = (),
     catalog: Catalog | None = None,
 ) -> SimHost:
-    """Build ``DIR/sys`` and ``DIR/bin/sriov-manage`` for GPUs given as
+    """Build ``DIR/sys``, ``DIR/bin/sriov-manage`` and ``DIR/bin/nvidia-smi`` for GPUs given as
     ``MODEL[@ADDRESS][:mdev|:vfio]``.
 
     ``interface`` is the vGPU host interface of every GPU given without a ``:mdev``/``:vfio``
@@ -174,7 +185,9 @@ def build_host(
 
     ``spec``: ``{gpus: [{model, address?, sriov?: enabled|disabled, vgpus?: {VF index or
     address: "NVIDIA A2-4Q" | {type, uuid?, held?, holder?, hidden?}}, driver?: vfio-pci,
-    vgpuVfs?: false, interface?: mdev|vfio}], interface?, extraDevices?}``. ``driver`` binds the
+    vgpuVfs?: false, interface?: mdev|vfio, vgpuMode?: equal-size|mixed-size}], interface?,
+    extraDevices?}``. ``vgpuMode: mixed-size`` is set as ``nvidia-smi -shm 1`` would, after
+    SR-IOV and before the vGPUs (so it needs SR-IOV enabled). ``driver`` binds the
     PF to another driver than nvidia (passed through whole); ``vgpuVfs: false`` makes its
     ``sriov_vf_device`` 0. A GPU's ``interface`` is the vGPU host interface its VFs show; the
     top-level one is the default for entries without one (default mdev), so one host may have
@@ -215,6 +228,8 @@ def build_host(
                 if entry.sriov:
                     for gpu in gpus:
                         driver.enable_vfs(state, tree, gpu)
+                        if entry.vgpu_mode is not VgpuMode.EQUAL_SIZE:
+                            driver.set_vgpu_mode(state, tree, gpu, entry.vgpu_mode)
                 for key, vgpu in entry.vgpus:
                     _build_vgpu(state, tree, i=i, gpus=gpus, key=key, spec=vgpu)
             save_state(root, state)
@@ -237,13 +252,23 @@ class _GpuEntry:
     request: GpuRequest
     sriov: bool
     vgpus: tuple[tuple[int | PciAddress, _VgpuSpec], ...]
+    vgpu_mode: VgpuMode = VgpuMode.EQUAL_SIZE
 
 
 def _parse_gpu_entry(i: int, raw: Any, cat: Catalog, *, interface: str) -> _GpuEntry:
     where = f"simulator spec gpus[{i}]"
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: expected a mapping with 'model'")
-    unknown = set(raw) - {"model", "address", "sriov", "vgpus", "driver", "vgpuVfs", "interface"}
+    unknown = set(raw) - {
+        "model",
+        "address",
+        "sriov",
+        "vgpus",
+        "driver",
+        "vgpuVfs",
+        "interface",
+        "vgpuMode",
+    }
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
     if "model" not in raw:
@@ -281,8 +306,16 @@ def _parse_gpu_entry(i: int, raw: Any, cat: Catalog, *, interface: str) -> _GpuE
     own = raw.get("interface", interface)
     if own not in INTERFACES:
         raise ValueError(f"{where}.interface: {_expected_interface(own)}")
+    mode = raw.get("vgpuMode", VgpuMode.EQUAL_SIZE)
+    if mode not in (VgpuMode.EQUAL_SIZE, VgpuMode.MIXED_SIZE):
+        raise ValueError(f"{where}.vgpuMode: expected equal-size or mixed-size, got {mode!r}")
+    if mode == VgpuMode.MIXED_SIZE and not sriov:
+        raise ValueError(f"{where}: vgpuMode mixed-size needs SR-IOV enabled (it is set after it)")
     return _GpuEntry(
-        GpuRequest(model, address, driver, vgpu_vfs, interface=own), sriov, tuple(vgpus)
+        GpuRequest(model, address, driver, vgpu_vfs, interface=own),
+        sriov,
+        tuple(vgpus),
+        VgpuMode(mode),
     )
 
 
@@ -429,7 +462,8 @@ def _create_host(
         (root / STATE_DIR).mkdir()
         _render(SysfsTree(root), state, mdev=_mdev_core(state, default=interface))
         save_state(root, state)
-        install_script(directory)
+        install_sriov_manage(directory)
+        install_nvidia_smi(directory)
     except BaseException:
         _remove_host(directory)
         raise
@@ -438,7 +472,8 @@ def _create_host(
 
 def _remove_host(directory: Path) -> None:
     shutil.rmtree(directory / "sys", ignore_errors=True)
-    (directory / "bin" / "sriov-manage").unlink(missing_ok=True)
+    for program in ("sriov-manage", "nvidia-smi"):
+        (directory / "bin" / program).unlink(missing_ok=True)
 
 
 def _layout(placed: Sequence[PlacedGpu], *, extra_devices: bool) -> SimState:
@@ -704,7 +739,8 @@ def fail(
 
 
 def reboot(directory: Path) -> None:
-    """Power-cycle: every VF and vGPU gone, holds and faults cleared; PFs and the rest stay."""
+    """Power-cycle: every VF and vGPU gone, every GPU equal-size, holds and faults cleared; PFs
+    and the rest stay."""
     root = _root_of(directory)
     with locked(root):
         state = load_state(root)

@@ -1,7 +1,8 @@
 """The simulated NVIDIA driver's rules, as pure functions: no files, no state.
 
 Which vGPU types a GPU offers and under which ids, where its VFs appear (the kernel's routing-id
-arithmetic), which types a VF can create now (the equal-size rule and the per-size maximum), and
+arithmetic), which types a VF can create now (equal-size mode: one framebuffer size and the
+per-size maximum; mixed-size mode: the GPU's total framebuffer and the mixed-size maxima), and
 where simulated GPUs sit on the PCI buses. The writer, ``sriov-manage`` and ``build_host`` all ask
 these same functions, so a spec that ``build_host`` accepts is one the writer would also accept.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 from reconciler.catalog import GpuModel
 from reconciler.model import PciAddress
+from reconciler.model.mode import VgpuMode
 
 #: Where the simulator starts numbering a model's vGPU types. Type ids belong to a driver branch,
 #: not to a GPU model (docs/domain.md §4), so the catalogue has none and the simulator invents them;
@@ -45,6 +47,15 @@ class SimType:
     num_heads: int
     frl_config: int
     max_resolution: str
+    #: The per-GPU maximum in mixed-size mode where the catalogue has NVIDIA's (L40S-4C: 8);
+    #: None: ``max_instance`` bounds it there too.
+    mixed_max_instance: int | None = None
+
+    def limit(self, mode: VgpuMode) -> int:
+        """How many vGPUs of this type's framebuffer size the GPU may host in ``mode``."""
+        if mode is VgpuMode.MIXED_SIZE and self.mixed_max_instance is not None:
+            return self.mixed_max_instance
+        return self.max_instance
 
     @property
     def mdev_type(self) -> str:
@@ -60,7 +71,7 @@ class SimType:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "id": self.type_id,
             "name": self.name,
             "framebufferMiB": self.framebuffer_mib,
@@ -69,9 +80,13 @@ class SimType:
             "frlConfig": self.frl_config,
             "maxResolution": self.max_resolution,
         }
+        if self.mixed_max_instance is not None:  # only where known: other types' JSON unchanged
+            out["mixedSizeMaxInstance"] = self.mixed_max_instance
+        return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> SimType:
+        mixed = raw.get("mixedSizeMaxInstance")
         return cls(
             type_id=int(raw["id"]),
             name=str(raw["name"]),
@@ -80,6 +95,7 @@ class SimType:
             num_heads=int(raw["numHeads"]),
             frl_config=int(raw["frlConfig"]),
             max_resolution=str(raw["maxResolution"]),
+            mixed_max_instance=None if mixed is None else int(mixed),
         )
 
 
@@ -102,6 +118,8 @@ class SimModel:
     vf_stride: int
     gpus_per_board: int
     types: tuple[SimType, ...]
+    #: The GPU's framebuffer (MiB): what mixed-size mode's vGPUs share.
+    framebuffer_mib: int
 
     @classmethod
     def from_catalog(cls, model: GpuModel) -> SimModel:
@@ -119,6 +137,7 @@ class SimModel:
                 num_heads=p.num_heads,
                 frl_config=p.frl_config,
                 max_resolution=p.max_resolution,
+                mixed_max_instance=p.mixed_size_max_instances,
             )
             for i, p in enumerate(model.profiles)
             if not p.mig
@@ -135,6 +154,7 @@ class SimModel:
             vf_stride=model.vf_stride,
             gpus_per_board=model.gpus_per_board,
             types=types,
+            framebuffer_mib=model.framebuffer_mib,
         )
 
     def type_named(self, name: str) -> SimType | None:
@@ -162,10 +182,15 @@ class SimModel:
             "vfStride": self.vf_stride,
             "gpusPerBoard": self.gpus_per_board,
             "types": [t.to_json() for t in self.types],
+            "framebufferMiB": self.framebuffer_mib,
         }
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> SimModel:
+        """A state file from before mixed-size mode has no ``framebufferMiB``: the largest
+        type's is the GPU's (its full-size profile: 48Q on an L40S)."""
+        types = tuple(SimType.from_json(t) for t in raw["types"])
+        total = raw.get("framebufferMiB")
         return cls(
             name=str(raw["name"]),
             vendor=int(raw["vendor"]),
@@ -177,7 +202,12 @@ class SimModel:
             vf_offset=int(raw["vfOffset"]),
             vf_stride=int(raw["vfStride"]),
             gpus_per_board=int(raw["gpusPerBoard"]),
-            types=tuple(SimType.from_json(t) for t in raw["types"]),
+            types=types,
+            framebuffer_mib=(
+                int(total)
+                if total is not None
+                else max((t.framebuffer_mib for t in types), default=0)
+            ),
         )
 
 
@@ -193,13 +223,19 @@ def model_vf_addresses(pf: PciAddress, model: SimModel) -> tuple[PciAddress, ...
     return vf_addresses(pf, total=model.vfs, offset=model.vf_offset, stride=model.vf_stride)
 
 
-def creatable(model: SimModel, hosted: Mapping[str, str | None]) -> dict[str, frozenset[str]]:
+def creatable(
+    model: SimModel,
+    hosted: Mapping[str, str | None],
+    *,
+    mode: VgpuMode = VgpuMode.EQUAL_SIZE,
+) -> dict[str, frozenset[str]]:
     """Per VF of one GPU, the names of the types whose ``available_instances`` is 1 now.
 
     ``hosted`` maps every VF address of the GPU to the type name of its vGPU (or None). A type
-    is creatable on a VF iff the VF hosts nothing, the GPU hosts nothing or only vGPUs of the
-    type's framebuffer size (equal-size mode), and fewer vGPUs of that size exist on the GPU than
-    the type's ``max_instance``.
+    is creatable on a VF iff the VF hosts nothing and fewer vGPUs of the type's framebuffer size
+    exist on the GPU than its limit (:meth:`SimType.limit`: in mixed-size mode its mixed-size
+    maximum where known), and: in equal-size mode, the GPU hosts nothing or only vGPUs of that
+    size; in mixed-size mode, the hosted vGPUs' framebuffer and the type's fit the GPU's.
     """
     by_name = {t.name: t for t in model.types}
     sizes: dict[int, int] = {}
@@ -207,15 +243,25 @@ def creatable(model: SimModel, hosted: Mapping[str, str | None]) -> dict[str, fr
         if type_name is not None:
             size = by_name[type_name].framebuffer_mib if type_name in by_name else -1
             sizes[size] = sizes.get(size, 0) + 1
-    if len(sizes) > 1:
-        open_types: frozenset[str] = frozenset()  # mixed sizes: only a mixed-size host does this
+    if -1 in sizes:
+        open_types: frozenset[str] = frozenset()  # a type it does not know: nothing is judged
+    elif mode is VgpuMode.MIXED_SIZE:
+        used = sum(size * n for size, n in sizes.items())
+        open_types = frozenset(
+            t.name
+            for t in model.types
+            if used + t.framebuffer_mib <= model.framebuffer_mib
+            and sizes.get(t.framebuffer_mib, 0) < t.limit(mode)
+        )
+    elif len(sizes) > 1:
+        open_types = frozenset()  # mixed sizes: only a mixed-size host does this
     else:
         hosted_size = next(iter(sizes), None)
         open_types = frozenset(
             t.name
             for t in model.types
             if (hosted_size is None or t.framebuffer_mib == hosted_size)
-            and sizes.get(t.framebuffer_mib, 0) < t.max_instance
+            and sizes.get(t.framebuffer_mib, 0) < t.limit(mode)
         )
     return {
         vf: (open_types if type_name is None else frozenset()) for vf, type_name in hosted.items()
@@ -223,7 +269,12 @@ def creatable(model: SimModel, hosted: Mapping[str, str | None]) -> dict[str, fr
 
 
 def create_refusal(
-    model: SimModel, hosted: Mapping[str, str | None], vf: str, type_name: str
+    model: SimModel,
+    hosted: Mapping[str, str | None],
+    vf: str,
+    type_name: str,
+    *,
+    mode: VgpuMode = VgpuMode.EQUAL_SIZE,
 ) -> str | None:
     """Why the driver would refuse to create ``type_name`` on ``vf`` now; None if it would not."""
     t = model.type_named(type_name)
@@ -237,17 +288,27 @@ def create_refusal(
     by_name = {x.name: x for x in model.types}
     others = [by_name[n] for n in hosted.values() if n is not None and n in by_name]
     sizes = {o.framebuffer_mib for o in others}
-    if sizes and sizes != {t.framebuffer_mib}:
+    if mode is VgpuMode.MIXED_SIZE:
+        used = sum(o.framebuffer_mib for o in others)
+        if used + t.framebuffer_mib > model.framebuffer_mib:
+            return (
+                f"{type_name} has {t.framebuffer_mib} MiB of framebuffer but only "
+                f"{model.framebuffer_mib - used} of the GPU's {model.framebuffer_mib} MiB are "
+                "free (mixed-size mode)"
+            )
+    elif sizes and sizes != {t.framebuffer_mib}:
         size = min(sizes)
         return (
             f"{type_name} has {t.framebuffer_mib} MiB of framebuffer but the GPU already hosts "
             f"{size} MiB vGPUs (equal-size mode)"
         )
     same = sum(1 for o in others if o.framebuffer_mib == t.framebuffer_mib)
-    if same >= t.max_instance:
+    limit = t.limit(mode)
+    if same >= limit:
+        which = "mixed-size maximum" if limit != t.max_instance else "max_instance"
         return (
             f"{type_name}: the GPU already hosts {same} vGPUs of {t.framebuffer_mib} MiB "
-            f"(max_instance={t.max_instance})"
+            f"({which}={limit})"
         )
     return None
 

@@ -22,6 +22,7 @@ from typing import TextIO
 
 from reconciler.model import PciAddress
 from reconciler.sim import driver
+from reconciler.sim.scripts import install_program
 from reconciler.sim.state import GpuRecord, load_state, locked, save_state
 from reconciler.sim.tree import SysfsTree
 
@@ -184,22 +185,9 @@ def _targets(gpus: Sequence[GpuRecord], target: str) -> list[GpuRecord] | str:
 
 def install_script(directory: Path) -> Path:
     """Write ``DIR/bin/sriov-manage``: runs :func:`main` on ``DIR/sys`` with this interpreter."""
-    package_parent = Path(__file__).resolve().parents[2]
-    script = directory / "bin" / "sriov-manage"
-    script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(
-        f"#!{Path(sys.executable).absolute()}\n"
-        '"""Simulated NVIDIA sriov-manage (vgpuctl sim): acts on the sysfs tree beside it."""\n'
-        "import sys\n"
-        "from pathlib import Path\n"
-        "\n"
-        "# Fallback when the package is not installed for this interpreter.\n"
-        f"sys.path.append({str(package_parent)!r})\n"
-        "from reconciler.sim.sriov_manage import main\n"
-        "\n"
-        'root = Path(__file__).resolve().parent.parent / "sys"\n'
-        "sys.exit(main(sys.argv[1:], sysfs_root=root))\n",
-        encoding="utf-8",
+    return install_program(
+        directory,
+        "sriov-manage",
+        module=__name__,
+        summary="Simulated NVIDIA sriov-manage (vgpuctl sim): acts on the sysfs tree beside it.",
     )
-    script.chmod(0o755)
-    return script

@@ -1,12 +1,13 @@
 """The simulator's hidden state file and the lock that serialises every change to a host.
 
 ``<sysfs root>/.vgpuctl-sim/state.json`` holds what the sysfs files do not say by themselves:
-which catalogue model each GPU is (with its types, copied) and which vGPU interface it shows
-(mdev or vfio, per GPU), the VFs and vGPUs with their IOMMU groups, which vGPUs a simulated VM
-holds, pending faults, counters, and the IOMMU group allocator. The tree is rendered from it,
-and both change together under one ``fcntl`` lock (``.vgpuctl-sim/lock``): the apply process
-(through the writer) and ``sriov-manage`` subprocesses act on one host concurrently. The file
-is replaced atomically, so readers (the hold probe, ``stats``) need no lock.
+which catalogue model each GPU is (with its types, copied), which vGPU interface it shows
+(mdev or vfio, per GPU) and its vGPU mode (equal-size or mixed-size: no sysfs file shows it),
+the VFs and vGPUs with their IOMMU groups, which vGPUs a simulated VM holds, pending faults,
+counters, and the IOMMU group allocator. The tree is rendered from it, and both change together
+under one ``fcntl`` lock (``.vgpuctl-sim/lock``): the apply process (through the writer),
+``sriov-manage`` and ``nvidia-smi`` subprocesses act on one host concurrently. The file is
+replaced atomically, so readers (the hold probe, ``stats``) need no lock.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reconciler.model.mode import VgpuMode
 from reconciler.observe.holds import INIT_PID_NAMESPACE
 from reconciler.sim.rules import SimModel
 from reconciler.sim.statefile import (
@@ -62,6 +64,9 @@ class GpuRecord:
     #: mdev UUID) or ``vfio`` (NVIDIA's vendor-specific ``nvidia/current_vgpu_type``, the VF is
     #: the vGPU). Per GPU: one host may have GPUs of both kinds.
     interface: str = "mdev"
+    #: Its vGPU mode: mixed-size after ``nvidia-smi vgpu -i <GPU> -shm 1`` (only while its VFs
+    #: are on and it hosts no vGPU); ``sriov-manage -d`` and a reboot make it equal-size again.
+    vgpu_mode: VgpuMode = VgpuMode.EQUAL_SIZE
 
 
 @dataclass(slots=True)
@@ -209,6 +214,7 @@ class SimState:
                     "driver": g.driver,
                     "vgpuVfs": g.vgpu_vfs,
                     "interface": g.interface,
+                    "vgpuMode": str(g.vgpu_mode),
                 }
                 for g in self.gpus
             ],
@@ -242,7 +248,8 @@ class SimState:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SimState:
         """From the state file's JSON (its format version checked by the reader). A file from
-        before GPUs had an interface each has a host-level ``interface``: every GPU takes it."""
+        before GPUs had an interface each has a host-level ``interface``: every GPU takes it;
+        one from before mixed-size mode has no ``vgpuMode``: every GPU is equal-size."""
         faults = raw.get("faults", {})
         holds = Holds.from_json(raw)
         host_interface = str(raw.get("interface", "mdev"))
@@ -258,6 +265,7 @@ class SimState:
                     driver=str(g.get("driver", "nvidia")),
                     vgpu_vfs=bool(g.get("vgpuVfs", True)),
                     interface=str(g.get("interface", host_interface)),
+                    vgpu_mode=_vgpu_mode(g.get("vgpuMode")),
                 )
                 for g in raw["gpus"]
             ],
@@ -287,6 +295,15 @@ class SimState:
             iommu_groups={int(k): str(v) for k, v in raw["iommuGroups"].items()},
             cdevs={int(k): str(v) for k, v in raw.get("cdevs", {}).items()},
         )
+
+
+def _vgpu_mode(raw: Any) -> VgpuMode:
+    """A GPU's ``vgpuMode`` in the state file (absent: equal-size, the driver's default)."""
+    if raw is None:
+        return VgpuMode.EQUAL_SIZE
+    if raw not in (VgpuMode.EQUAL_SIZE, VgpuMode.MIXED_SIZE):
+        raise ValueError(f"simulator state: vgpuMode {raw!r} is neither equal-size nor mixed-size")
+    return VgpuMode(raw)
 
 
 def _allocate(taken: dict[int, str], owner: str) -> int:

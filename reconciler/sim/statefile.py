@@ -17,7 +17,10 @@ from reconciler.observe.holds import INIT_PID_NAMESPACE
 STATE_DIR = ".vgpuctl-sim"
 STATE_FILE = "state.json"
 #: Version 1 grew compatibly: each GPU's ``interface`` (mdev | vfio) was once one host-level
-#: ``interface``; a file that has only that one still loads, every GPU taking it.
+#: ``interface``; a file that has only that one still loads, every GPU taking it. Each GPU's
+#: ``vgpuMode`` (equal-size | mixed-size), each model's ``framebufferMiB`` and a type's
+#: ``mixedSizeMaxInstance`` came later: a file without them loads equal-size, the model's
+#: framebuffer its largest type's, and no mixed-size maximum.
 FORMAT_VERSION = 1
 
 

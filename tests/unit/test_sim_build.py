@@ -70,7 +70,7 @@ def test_the_seed_node_is_built_as_specified(tmp_path: Path) -> None:
         if (d / "available_instances").read_text() == "1\n"
     }
     assert open_types == {"NVIDIA A2-4Q", "NVIDIA A2-4A", "NVIDIA A2-4C"}
-    assert host.stats() == {"writes": 0, "sriovManageCalls": 0}
+    assert host.stats() == {"writes": 0, "sriovManageCalls": 0, "nvidiaSmiCalls": 0}
 
 
 def test_build_is_deterministic(tmp_path: Path) -> None:

@@ -305,11 +305,11 @@ def test_a_symlink_escaping_the_tree_is_refused(a2: SimHost, tmp_path: Path) -> 
 
 def test_every_write_is_counted_refused_ones_too(a2: SimHost) -> None:
     before = a2.stats()
-    assert before == {"writes": 0, "sriovManageCalls": 1}
+    assert before == {"writes": 0, "sriovManageCalls": 1, "nvidiaSmiCalls": 0}
     create(a2, VF0, "NVIDIA A2-4Q", U0)
     with pytest.raises(OSError):
         a2.writer().write(f"bus/pci/devices/{PF}/sriov_numvfs", "0")
-    assert a2.stats() == {"writes": 2, "sriovManageCalls": 1}
+    assert a2.stats() == {"writes": 2, "sriovManageCalls": 1, "nvidiaSmiCalls": 0}
 
 
 # --- the vfio interface ---------------------------------------------------------------------------

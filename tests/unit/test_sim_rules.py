@@ -6,6 +6,7 @@ import pytest
 
 from reconciler.catalog import default_catalog
 from reconciler.model import PciAddress
+from reconciler.model.mode import VgpuMode
 from reconciler.sim.rules import (
     GpuRequest,
     SimModel,
@@ -126,3 +127,70 @@ def test_overlapping_functions_are_refused() -> None:
                 GpuRequest(A2, PciAddress.parse("0000:08:00.0")),
             ]
         )
+
+
+# --- mixed-size mode ------------------------------------------------------------------------------
+
+L40S = model("L40S")
+L40S_VFS = [str(a) for a in model_vf_addresses(PciAddress.parse("0000:08:00.0"), L40S)]
+MIXED = VgpuMode.MIXED_SIZE
+
+
+def l40s_hosted(*types: str) -> dict[str, str | None]:
+    """The L40S's VFs, the first ones hosting ``types`` in order."""
+    out: dict[str, str | None] = dict.fromkeys(L40S_VFS)
+    for vf, t in zip(L40S_VFS, types, strict=False):
+        out[vf] = t
+    return out
+
+
+def test_the_l40s_copy_knows_its_framebuffer_and_the_one_mixed_size_maximum() -> None:
+    assert L40S.framebuffer_mib == 49152
+    c4 = L40S.type_named("NVIDIA L40S-4C")
+    q4 = L40S.type_named("NVIDIA L40S-4Q")
+    assert c4 is not None and q4 is not None
+    assert (c4.limit(VgpuMode.EQUAL_SIZE), c4.limit(MIXED)) == (12, 8)
+    assert (q4.limit(VgpuMode.EQUAL_SIZE), q4.limit(MIXED)) == (12, 12)
+    assert SimModel.from_json(L40S.to_json()) == L40S
+
+
+def test_in_mixed_size_mode_sizes_may_differ_up_to_the_framebuffer() -> None:
+    h = l40s_hosted("NVIDIA L40S-8Q")
+    assert create_refusal(L40S, h, L40S_VFS[1], "NVIDIA L40S-16Q", mode=MIXED) is None
+    c = creatable(L40S, l40s_hosted("NVIDIA L40S-8Q", "NVIDIA L40S-16Q"), mode=MIXED)
+    assert c[L40S_VFS[0]] == c[L40S_VFS[1]] == frozenset()
+    # 24 GB of 48 used: every type of 24 GB or less, none of 48 GB.
+    assert "NVIDIA L40S-24Q" in c[L40S_VFS[2]]
+    assert "NVIDIA L40S-48Q" not in c[L40S_VFS[2]]
+    assert len(c[L40S_VFS[2]]) == 30 - 3  # 30 types (10 Q, 10 A, 7 C, 3 B); not the 48 GB ones
+
+
+def test_a_full_framebuffer_in_mixed_size_mode_refuses_with_the_free_space() -> None:
+    full = l40s_hosted("NVIDIA L40S-24Q", "NVIDIA L40S-16Q", "NVIDIA L40S-8Q")
+    assert set(creatable(L40S, full, mode=MIXED).values()) == {frozenset()}
+    assert create_refusal(L40S, full, L40S_VFS[3], "NVIDIA L40S-1Q", mode=MIXED) == (
+        "NVIDIA L40S-1Q has 1024 MiB of framebuffer but only 0 of the GPU's 49152 MiB are "
+        "free (mixed-size mode)"
+    )
+
+
+def test_the_mixed_size_maximum_replaces_max_instance_for_its_type_only() -> None:
+    eight = l40s_hosted(*["NVIDIA L40S-4C"] * 8)
+    c = creatable(L40S, eight, mode=MIXED)[L40S_VFS[8]]
+    assert "NVIDIA L40S-4C" not in c
+    assert "NVIDIA L40S-4Q" in c  # 8 of 4 GB: under 4Q's 12
+    assert create_refusal(L40S, eight, L40S_VFS[8], "NVIDIA L40S-4C", mode=MIXED) == (
+        "NVIDIA L40S-4C: the GPU already hosts 8 vGPUs of 4096 MiB (mixed-size maximum=8)"
+    )
+    # Equal-size mode: 12 4C vGPUs.
+    assert create_refusal(L40S, eight, L40S_VFS[8], "NVIDIA L40S-4C") is None
+
+
+def test_equal_size_mode_is_the_default_and_unchanged() -> None:
+    h = l40s_hosted("NVIDIA L40S-8Q")
+    assert "equal-size" in (create_refusal(L40S, h, L40S_VFS[1], "NVIDIA L40S-16Q") or "")
+    assert creatable(L40S, h)[L40S_VFS[1]] == {
+        "NVIDIA L40S-8Q",
+        "NVIDIA L40S-8A",
+        "NVIDIA L40S-8C",
+    }

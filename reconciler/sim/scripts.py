@@ -1,0 +1,31 @@
+"""The simulated host's programs in ``DIR/bin``: small scripts that run a module's ``main`` on
+``DIR/sys`` with the interpreter that built the host (``sriov-manage``, ``nvidia-smi``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def install_program(directory: Path, name: str, *, module: str, summary: str) -> Path:
+    """Write ``DIR/bin/<name>``: runs ``<module>.main(argv, sysfs_root=DIR/sys)`` and exits
+    with what it returns. ``summary`` is the script's docstring (one line)."""
+    package_parent = Path(__file__).resolve().parents[2]
+    script = directory / "bin" / name
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(
+        f"#!{Path(sys.executable).absolute()}\n"
+        f'"""{summary}"""\n'
+        "import sys\n"
+        "from pathlib import Path\n"
+        "\n"
+        "# Fallback when the package is not installed for this interpreter.\n"
+        f"sys.path.append({str(package_parent)!r})\n"
+        f"from {module} import main\n"
+        "\n"
+        'root = Path(__file__).resolve().parent.parent / "sys"\n'
+        "sys.exit(main(sys.argv[1:], sysfs_root=root))\n",
+        encoding="utf-8",
+    )
+    script.chmod(0o755)
+    return script
