@@ -224,20 +224,19 @@ class VfioDriver(SriovHost):
         return dict(entries)
 
     def _name(self, vf: PciAddress, type_id: str) -> str:
-        """The name of type ``type_id`` on ``vf``'s GPU: a list of any of its VFs, what this
-        driver wrote, the record of earlier runs; else ``type <id>``."""
-        own = self._listed(vf) or {}
-        if type_id in own:
-            return own[type_id]
+        """The name of type ``type_id`` on ``vf``'s GPU: what this driver wrote or the record of
+        earlier runs holds (the same driver's ids: no read), else a list of any of its VFs
+        (a configured VF's own list never names its type), else ``type <id>``."""
         gpu = self._gpu_of(vf)
-        if gpu is not None:
-            for other in self.vf_addresses(gpu):
-                listed = self._listed(other) or {}
-                if type_id in listed:
-                    return listed[type_id]
-            known = self._names.get((gpu, type_id))
-            if known is not None:
-                return known
+        if gpu is None:
+            return type_shown_by_id(type_id)
+        known = self._names.get((gpu, type_id))
+        if known is not None:
+            return known
+        for other in self.vf_addresses(gpu):
+            listed = self._listed(other) or {}
+            if type_id in listed:
+                return listed[type_id]
         return type_shown_by_id(type_id)
 
     def _gpu_of(self, vf: PciAddress) -> PciAddress | None:
