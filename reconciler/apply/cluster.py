@@ -692,6 +692,7 @@ _HOST_EVENTS: Mapping[ActionKind, tuple[str, str, str]] = {
     ActionKind.VGPU_REMOVE: (VGPU_KIND, "VGPURemoved", "VGPURemoveFailed"),
     ActionKind.SRIOV_ENABLE: (SRIOV_GPU_KIND, "SRIOVEnabled", "SRIOVEnableFailed"),
     ActionKind.SRIOV_DISABLE: (SRIOV_GPU_KIND, "SRIOVDisabled", "SRIOVDisableFailed"),
+    ActionKind.VGPU_MODE: (SRIOV_GPU_KIND, "VGPUModeSet", "VGPUModeSetFailed"),
 }
 
 

@@ -18,7 +18,8 @@ from reconciler.apply.mdev import MdevDriver
 from reconciler.apply.ports import HostDriver, HostedVGPU
 from reconciler.apply.sysfs import SysfsReader
 from reconciler.apply.vfio import CREATABLE, CURRENT, VfioDriver
-from reconciler.model import PciAddress
+from reconciler.model import PciAddress, VgpuMode
+from reconciler.observe.vgpumode import ModeReading
 
 
 class PerVfDriver:
@@ -72,10 +73,16 @@ class PerVfDriver:
         driver: HostDriver = self._vfio if self._named_by_address(uuid) else self._mdev
         driver.remove_vgpu(gpu=gpu, vf=vf, uuid=uuid)
 
+    def set_vgpu_mode(self, gpu: PciAddress, mode: VgpuMode) -> None:
+        self._mdev.set_vgpu_mode(gpu, mode)  # one command for both interfaces
+
     # -- reads ------------------------------------------------------------------------------
 
     def num_vfs(self, gpu: PciAddress) -> int:
         return self._mdev.num_vfs(gpu)
+
+    def vgpu_modes(self) -> ModeReading:
+        return self._mdev.vgpu_modes()
 
     def pf_driver(self, gpu: PciAddress) -> str:
         return self._mdev.pf_driver(gpu)

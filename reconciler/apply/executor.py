@@ -38,6 +38,8 @@ from reconciler.model import (
     SriovDisable,
     SriovEnable,
     VgpuCreate,
+    VgpuMode,
+    VgpuModeSet,
     VgpuRemove,
 )
 from reconciler.model.plan_json import action_to_json
@@ -304,6 +306,73 @@ class _DisableStep:
         return "disabled SR-IOV"
 
 
+class _ModeStep:
+    """``nvidia-smi vgpu -i <gpu> -shm 0|1``: taken by the driver only while SR-IOV is on and
+    the GPU hosts no vGPU, which the precheck re-reads (a vGPU found means the host changed:
+    the switch is never forced under it)."""
+
+    def __init__(self, action: VgpuModeSet) -> None:
+        self.gpu = action.gpu
+        if _address(action.target, "target") != self.gpu:
+            raise _BadParams(f"target {action.target} is not gpu {self.gpu}")
+        if action.mode is VgpuMode.UNKNOWN:
+            raise _BadParams("mode must be equal-size or mixed-size")
+        self.mode = action.mode
+        self._shown = True
+
+    def _now(self, ctx: _Context) -> VgpuMode | None:
+        return ctx.driver.vgpu_modes().modes.get(self.gpu)
+
+    def precheck(self, ctx: _Context) -> str | None:
+        _check_nvidia_bound(ctx, self.gpu)
+        vfs = ctx.driver.vf_addresses(self.gpu)
+        if not vfs or ctx.driver.num_vfs(self.gpu) == 0:
+            raise HostChangedError(
+                f"{self.gpu} has SR-IOV off: its vGPU mode is set after sriov-manage -e; "
+                "run plan again"
+            )
+        for vf in vfs:
+            hosted = ctx.driver.vgpu_on(vf)
+            if hosted is not None:
+                raise HostChangedError(
+                    f"{self.gpu} hosts vGPU {hosted.uuid} ({hosted.type_name}) on {vf}: the "
+                    f"driver sets the vGPU mode only while a GPU hosts none; {self.mode} not set; "
+                    "run plan again"
+                )
+            pending = ctx.driver.removal_pending(vf)
+            if pending is not None:
+                raise DeviceBusyError(
+                    f"{self.gpu}: vGPU {pending} on {vf} is still being removed: "
+                    f"{self.mode} not set"
+                )
+        if self._now(ctx) is self.mode:
+            return f"already in {self.mode} mode"
+        return None
+
+    def act(self, ctx: _Context) -> None:
+        ctx.driver.set_vgpu_mode(self.gpu, self.mode)
+
+    def visible(self, ctx: _Context) -> bool:
+        now = self._now(ctx)
+        # Where nvidia-smi -q does not show the mode, the command's success is all there is.
+        self._shown = now is not None
+        return now is None or now is self.mode
+
+    def unverified(self, ctx: _Context) -> str:
+        now = self._now(ctx)
+        return (
+            f"nvidia-smi reported success, but {self.gpu} still shows "
+            f"{now or 'no'} vGPU mode after {ctx.verify_timeout:g} s (wanted {self.mode})"
+        )
+
+    def done(self) -> str:
+        if self._shown:
+            return f"set vGPU mode {self.mode}"
+        return (
+            f"set vGPU mode {self.mode} (nvidia-smi -q does not show it: its exit status says so)"
+        )
+
+
 class _CreateStep:
     def __init__(self, action: VgpuCreate) -> None:
         self.vf = _address(action.target, "target")
@@ -454,6 +523,8 @@ def _host_step(action: Action) -> _Step | None:
             return _DisableStep(action)
         case SriovEnable():
             return _EnableStep(action)
+        case VgpuModeSet():
+            return _ModeStep(action)
         case VgpuCreate():
             return _CreateStep(action)
     return None

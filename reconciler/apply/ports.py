@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from reconciler.model import PciAddress
+from reconciler.model import PciAddress, VgpuMode
+from reconciler.observe.vgpumode import ModeReading
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +128,19 @@ class HostDriver(Protocol):
 
     def remove_vgpu(self, *, gpu: PciAddress, vf: PciAddress, uuid: str) -> None: ...
 
+    def set_vgpu_mode(self, gpu: PciAddress, mode: VgpuMode) -> None:
+        """Put ``gpu`` in vGPU ``mode`` (``nvidia-smi vgpu -i <gpu> -shm 0|1``)."""
+        ...
+
     # -- reads ------------------------------------------------------------------------------
 
     def num_vfs(self, gpu: PciAddress) -> int:
         """``sriov_numvfs`` of the GPU (0 when SR-IOV is off)."""
+        ...
+
+    def vgpu_modes(self) -> ModeReading:
+        """Every GPU's vGPU mode where the host tells it (``nvidia-smi -q``); never raises:
+        a reading that failed says why."""
         ...
 
     def pf_driver(self, gpu: PciAddress) -> str:

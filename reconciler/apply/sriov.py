@@ -1,5 +1,6 @@
 """What every NVIDIA host driver shares, whichever interface makes its vGPUs: SR-IOV through
-``sriov-manage`` (docs/domain.md §2) and the reads of a GPU's PF and VFs (§1).
+``sriov-manage`` (docs/domain.md §2), a GPU's vGPU mode through ``nvidia-smi`` (§4), and the
+reads of a GPU's PF and VFs (§1).
 
 :class:`~reconciler.apply.mdev.MdevDriver` and :class:`~reconciler.apply.vfio.VfioDriver` add
 the vGPU half. Writes go through a :class:`~reconciler.apply.ports.SysfsWriter` (the confined
@@ -15,6 +16,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 from reconciler.apply.errors import (
     CommandFailedError,
@@ -24,9 +26,16 @@ from reconciler.apply.errors import (
 )
 from reconciler.apply.ports import CommandRunner, SysfsWriter
 from reconciler.apply.sysfs import SysfsReader
-from reconciler.model import ApplyError, PciAddress
+from reconciler.model import ApplyError, PciAddress, VgpuMode
 from reconciler.model.errors import excerpt
+from reconciler.observe.vgpumode import ModeReading, parse_vgpu_modes
 
+#: ``--nvidia-smi``'s default: where NVIDIA's host driver package installs it.
+DEFAULT_NVIDIA_SMI = "/usr/bin/nvidia-smi"
+#: How long ``nvidia-smi -q`` may take (it reads every GPU; seconds on a large host).
+DEFAULT_QUERY_TIMEOUT = 60.0
+#: ``-shm``'s value for each mode a GPU is put in.
+_SHM = {VgpuMode.EQUAL_SIZE: "0", VgpuMode.MIXED_SIZE: "1"}
 _VIRTFN = re.compile(r"^virtfn(\d+)$")
 #: How many trailing lines of a failed command's output go into the message.
 _OUTPUT_LINES = 5
@@ -43,14 +52,19 @@ class SriovHost:
         runner: CommandRunner,
         sriov_manage: Sequence[str],
         command_timeout: float = 300.0,
+        nvidia_smi: Sequence[str] = (DEFAULT_NVIDIA_SMI,),
+        query_timeout: float = DEFAULT_QUERY_TIMEOUT,
     ) -> None:
-        if isinstance(sriov_manage, str) or not sriov_manage:
-            raise ValueError("sriov_manage must be a non-empty argv prefix (a list), not a string")
+        for name, argv in (("sriov_manage", sriov_manage), ("nvidia_smi", nvidia_smi)):
+            if isinstance(argv, str) or not argv:
+                raise ValueError(f"{name} must be a non-empty argv prefix (a list), not a string")
         self._read = SysfsReader(sysfs_root)
         self._writer = writer
         self._runner = runner
         self._sriov_manage = tuple(str(a) for a in sriov_manage)
         self._command_timeout = command_timeout
+        self._nvidia_smi = tuple(str(a) for a in nvidia_smi)
+        self._query_timeout = query_timeout
 
     # -- SR-IOV -----------------------------------------------------------------------------
 
@@ -72,6 +86,28 @@ class SriovHost:
                 f"{what} failed (exit {result.returncode}): "
                 f"{tail(result.stderr) or tail(result.stdout) or 'no output'}"
             )
+
+    # -- the vGPU mode (nvidia-smi) ----------------------------------------------------------
+
+    def set_vgpu_mode(self, gpu: PciAddress, mode: VgpuMode) -> None:
+        """``nvidia-smi vgpu -i <gpu> -shm 1`` (mixed-size) or ``-shm 0`` (equal-size)."""
+        flag = _SHM.get(mode)
+        if flag is None:
+            raise ValueError(f"{mode} is not a mode a GPU is put in")
+        argv = [*self._nvidia_smi, "vgpu", "-i", str(gpu), "-shm", flag]
+        what = f"{os.path.basename(self._nvidia_smi[-1])} vgpu -i {gpu} -shm {flag}"
+        try:
+            result = self._runner.run(argv, timeout=self._command_timeout)
+        except (CommandNotFoundError, CommandNotExecutableError) as e:
+            raise type(e)(f"{e.message}: set --nvidia-smi") from e
+        if result.returncode != 0:
+            raise CommandFailedError(
+                f"{what} failed (exit {result.returncode}): "
+                f"{tail(result.stderr) or tail(result.stdout) or 'no output'}"
+            )
+
+    def vgpu_modes(self) -> ModeReading:
+        return read_vgpu_modes(self._runner, self._nvidia_smi, timeout=self._query_timeout)
 
     def _write_failed(self, e: OSError, what: str) -> ApplyError:
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -124,6 +160,22 @@ class SriovHost:
                     f"{gpu}/{name} points to '{excerpt(target)}', not a PCI address"
                 ) from None
         return out
+
+
+def read_vgpu_modes(
+    runner: CommandRunner, nvidia_smi: Sequence[str], *, timeout: float = DEFAULT_QUERY_TIMEOUT
+) -> ModeReading:
+    """Every GPU's vGPU mode as ``nvidia-smi -q`` tells it (one call, bounded in time); a call
+    that cannot run or fails tells nothing, and says why."""
+    argv = [*nvidia_smi, "-q"]
+    try:
+        result = runner.run(argv, timeout=timeout)
+    except ApplyError as e:
+        return ModeReading(problem=e.message)
+    if result.returncode != 0:
+        output = tail(result.stderr) or tail(result.stdout) or "no output"
+        return ModeReading(problem=f"exit {result.returncode}: {output}")
+    return ModeReading(MappingProxyType(parse_vgpu_modes(result.stdout)))
 
 
 def errno_text(e: OSError) -> str:

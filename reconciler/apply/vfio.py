@@ -31,7 +31,7 @@ from reconciler.apply.errors import (
     WriteTimeoutError,
 )
 from reconciler.apply.ports import CommandRunner, HostedVGPU, SysfsDevice, SysfsWriter
-from reconciler.apply.sriov import SriovHost, errno_text
+from reconciler.apply.sriov import DEFAULT_NVIDIA_SMI, SriovHost, errno_text
 from reconciler.model import ApplyError, PciAddress, TypeNames, type_shown_by_id
 from reconciler.model.errors import excerpt
 from reconciler.observe.parse import parse_creatable_types
@@ -59,6 +59,7 @@ class VfioDriver(SriovHost):
         runner: CommandRunner,
         sriov_manage: Sequence[str],
         command_timeout: float = 300.0,
+        nvidia_smi: Sequence[str] = (DEFAULT_NVIDIA_SMI,),
         known_types: TypeNames | None = None,
         on_configured: Callable[[PciAddress, str, str], None] | None = None,
     ) -> None:
@@ -68,6 +69,7 @@ class VfioDriver(SriovHost):
             runner=runner,
             sriov_manage=sriov_manage,
             command_timeout=command_timeout,
+            nvidia_smi=nvidia_smi,
         )
         #: (GPU, type id) → name: the record of earlier runs, then what this driver wrote.
         self._names: dict[tuple[PciAddress, str], str] = dict(known_types or {})

@@ -509,7 +509,7 @@ def _add_status(sub: Subparsers) -> argparse.ArgumentParser:
 
 def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
-    inventory = host.observe()
+    inventory = host.observe_all()
     if ns.output == "crds":
         import yaml
 
@@ -551,7 +551,7 @@ def cmd_export(ns: argparse.Namespace, options: GlobalOptions) -> int:
 
     from reconciler.cli.documents import export_document, unexportable
 
-    inventory = Host(options).observe()
+    inventory = Host(options).observe_all()
     doc = export_document(inventory, name=ns.name or inventory.node)
     for gpu in inventory.gpus:
         reason = unexportable(gpu)

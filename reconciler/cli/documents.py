@@ -17,6 +17,7 @@ from reconciler.model import (
     Inventory,
     PciAddress,
     ValidationError,
+    VgpuMode,
 )
 
 API_VERSION = "vgpu.reconciler.dev/v1alpha1"
@@ -61,6 +62,8 @@ def export_document(inventory: Inventory, *, name: str) -> dict[str, Any]:
         if g.model:
             entry["model"] = g.model
         entry["sriov"] = "enabled" if g.sriov_enabled else "disabled"
+        if g.sriov_enabled and g.vgpu_mode is VgpuMode.MIXED_SIZE:
+            entry["mode"] = VgpuMode.MIXED_SIZE.value
         if g.sriov_enabled:
             entry["vgpus"] = {str(v.address): v.vgpu.type_name for v in g.vfs if v.vgpu}
         gpus.append(entry)

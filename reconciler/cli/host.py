@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from reconciler.engine import NodePorts
     from reconciler.kube import KubernetesApi
     from reconciler.observe.holds import HoldProbe
+    from reconciler.observe.vgpumode import ModeReading
     from reconciler.sim import SimHost
 
 #: How long one sysfs write may take before it is left to finish on its own (``--write-timeout``).
@@ -96,6 +97,29 @@ class Host:
             raise UsageError("--sriov-manage is empty")
         return argv
 
+    @property
+    def nvidia_smi_argv(self) -> list[str]:
+        from reconciler.apply.sriov import DEFAULT_NVIDIA_SMI
+
+        cmd = self.options.nvidia_smi
+        if cmd is None:
+            sim_dir = self.sim_dir
+            cmd = str(sim_dir / "bin" / "nvidia-smi") if sim_dir else DEFAULT_NVIDIA_SMI
+        try:
+            argv = shlex.split(cmd)
+        except ValueError as exc:
+            raise UsageError(f"--nvidia-smi {cmd!r}: {exc}") from None
+        if not argv:
+            raise UsageError("--nvidia-smi is empty")
+        return argv
+
+    def vgpu_modes(self) -> ModeReading:
+        """Every GPU's vGPU mode as ``nvidia-smi -q`` tells it (``observe/vgpumode.py``)."""
+        from reconciler.apply.runner import SubprocessRunner
+        from reconciler.apply.sriov import read_vgpu_modes
+
+        return read_vgpu_modes(SubprocessRunner(), self.nvidia_smi_argv)
+
     @cached_property
     def type_record(self) -> TypeRecord:
         """The vfio types vgpuctl configured on this node (``apply.typerecord``)."""
@@ -130,6 +154,18 @@ class Host:
         if record.note is not None:
             inventory = replace(inventory, notes=(*inventory.notes, record.note))
         return inventory
+
+    def observe_all(self) -> Inventory:
+        """:meth:`observe`, with the vGPU mode of every GPU whose SR-IOV is on (one
+        ``nvidia-smi -q``): what ``status`` and ``export`` show. A plan reads it only where it
+        makes vGPUs (``engine/observe.py``)."""
+        from reconciler.observe.vgpumode import with_vgpu_modes
+
+        inventory = self.observe()
+        enabled = [g.address for g in inventory.gpus if g.sriov_enabled]
+        if not enabled:
+            return inventory
+        return with_vgpu_modes(inventory, enabled, self.vgpu_modes())
 
     def hold_probe(self) -> HoldProbe:
         """Who holds a vGPU: the simulator's VMs on a simulated host, ``/proc`` on a real one."""
@@ -232,7 +268,7 @@ class Host:
                 command += ["--simulated", "--owner", str(os.getpid())]
             writer = BoundedWriter(command, timeout=write_timeout, root=root)
             self._writers[write_timeout] = writer
-        runner, argv = SubprocessRunner(), self.sriov_manage_argv
+        runner, argv, smi = SubprocessRunner(), self.sriov_manage_argv, self.nvidia_smi_argv
         return PerVfDriver(
             mdev=MdevDriver(
                 sysfs_root=root,
@@ -240,6 +276,7 @@ class Host:
                 runner=runner,
                 sriov_manage=argv,
                 command_timeout=command_timeout,
+                nvidia_smi=smi,
             ),
             vfio=VfioDriver(
                 sysfs_root=root,
@@ -247,6 +284,7 @@ class Host:
                 runner=runner,
                 sriov_manage=argv,
                 command_timeout=command_timeout,
+                nvidia_smi=smi,
                 known_types=self.type_record.read().names,
                 on_configured=self.type_record.add,
             ),
@@ -279,6 +317,7 @@ class Host:
             allocations=self.allocations,
             cluster_api=api,
             events=events,
+            vgpu_modes=self.vgpu_modes,
         )
 
 

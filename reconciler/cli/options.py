@@ -52,6 +52,14 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
         f"env VGPUCTL_SRIOV_MANAGE; default {DEFAULT_SRIOV_MANAGE}, or the simulator's own)",
     )
     group.add_argument(
+        "--nvidia-smi",
+        metavar="CMD",
+        default=dflt(None),
+        help="NVIDIA nvidia-smi command, for a GPU's vGPU mode (mode: mixed-size): a path or a "
+        "wrapper, as --sriov-manage (env VGPUCTL_NVIDIA_SMI; default /usr/bin/nvidia-smi, or "
+        "the simulator's own)",
+    )
+    group.add_argument(
         "--node",
         metavar="NAME",
         default=dflt(None),
@@ -117,6 +125,7 @@ class GlobalOptions:
     kubelet_dir: Path | None = None  # None: the default (or the simulator's)
     #: ``--unsafe-assume-no-hidden-holders`` (a flag only: no environment variable sets it).
     assume_no_hidden_holders: bool = False
+    nvidia_smi: str | None = None  # None: the default (or the simulator's)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GlobalOptions:
@@ -134,4 +143,5 @@ class GlobalOptions:
             kubevirt_namespace=ns.kubevirt_namespace or _env("KUBEVIRT_NAMESPACE"),
             kubelet_dir=Path(kubelet_dir) if kubelet_dir else None,
             assume_no_hidden_holders=bool(ns.unsafe_assume_no_hidden_holders),
+            nvidia_smi=ns.nvidia_smi or _env("NVIDIA_SMI"),
         )

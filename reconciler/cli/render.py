@@ -33,6 +33,8 @@ from reconciler.model import (
     SriovDisable,
     SriovEnable,
     VgpuCreate,
+    VgpuMode,
+    VgpuModeSet,
     VgpuRemove,
 )
 from reconciler.model.cluster import object_name
@@ -139,6 +141,8 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Li
                 line = _Line(style.green("+"), f"sriov {target}  enable {a.num_vfs} VFs", reason, 0)
             case SriovDisable():
                 line = _Line(style.red("-"), f"sriov {target}  disable", reason, 0)
+            case VgpuModeSet():
+                line = _Line(style.yellow("~"), f"mode {target}  {a.mode.value}", reason, 0)
             case _:
                 continue
         per_gpu[_gpu_of(a)].append(line)
@@ -215,7 +219,13 @@ def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[_
     per_gpu: dict[str, list[_Line]] = defaultdict(list)
     for b in blocked:
         a = b.action
-        detail = f"  {safe(a.type_name)}" if isinstance(a, VgpuRemove | VgpuCreate) else ""
+        detail = (
+            f"  {safe(a.type_name)}"
+            if isinstance(a, VgpuRemove | VgpuCreate)
+            else f"  {a.mode.value}"
+            if isinstance(a, VgpuModeSet)
+            else ""
+        )
         per_gpu[_gpu_of(a)].append(
             _Line(style.red("!"), f"{b.kind.value} {safe(b.target)}{detail}", safe(b.reason), 3)
         )
@@ -369,4 +379,16 @@ def gpu_line(g: Gpu) -> str:
         Interface.NONE: "no vGPU interface on its VFs",
     }[g.interface]
     in_use = f", {held} in use" if held else ""
-    return f"GPU {g.address} {name}: SR-IOV on, {g.num_vfs} VFs, {interface}, {used} vGPUs{in_use}"
+    mode = _MODE_WORDS[g.vgpu_mode]
+    return (
+        f"GPU {g.address} {name}: SR-IOV on, {g.num_vfs} VFs, {interface}, {used} vGPUs"
+        f"{in_use}{mode}"
+    )
+
+
+#: What the status line adds for a GPU's vGPU mode (nothing for the default).
+_MODE_WORDS = {
+    VgpuMode.EQUAL_SIZE: "",
+    VgpuMode.MIXED_SIZE: ", mixed-size mode",
+    VgpuMode.UNKNOWN: ", vGPU mode unknown",
+}

@@ -18,8 +18,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from reconciler.engine.ports import NodePorts
-from reconciler.model import DesiredNode, Inventory, Plan
+from reconciler.model import DesiredNode, Inventory, PciAddress, Plan, VgpuCreate, VgpuModeSet
 from reconciler.model.cluster import ClusterState
+from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
 
 if TYPE_CHECKING:
     from reconciler.observe.harvester import ControllerPresence
@@ -58,9 +59,33 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
         if uses is not None:
             planned_from = mark_cluster_uses(inventory, uses)
     plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
+    asked = _mode_matters(plan, inventory)
+    if asked:
+        # The mode decides only what vGPUs may be made: read (one nvidia-smi call) only when
+        # the plan makes some on a GPU whose SR-IOV is on, and plan again with it.
+        reading = (
+            ports.vgpu_modes()
+            if ports.vgpu_modes is not None
+            else ModeReading(problem="no way to read it here")
+        )
+        inventory = with_vgpu_modes(inventory, asked, reading)
+        planned_from = with_vgpu_modes(planned_from, asked, reading)
+        plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
     if controller is not None:
         plan = with_refusal_note(plan, controller)
     return Planned(inventory, cluster, plan, MappingProxyType(dict(allocations)), controller)
+
+
+def _mode_matters(plan: Plan, inventory: Inventory) -> frozenset[PciAddress]:
+    """The GPUs whose SR-IOV is on and on which ``plan`` makes (or would make) vGPUs."""
+    making = {
+        a.gpu
+        for a in (*plan.actions, *(b.action for b in plan.blocked))
+        if isinstance(a, VgpuCreate | VgpuModeSet)
+    }
+    if not making:
+        return frozenset()
+    return frozenset(g.address for g in inventory.gpus if g.address in making and g.sriov_enabled)
 
 
 def with_refusal_note(plan: Plan, controller: ControllerPresence) -> Plan:

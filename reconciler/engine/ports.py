@@ -22,6 +22,7 @@ from reconciler.model.clusterapi import ClusterApi
 if TYPE_CHECKING:
     from reconciler.apply.cluster import EventSink
     from reconciler.apply.ports import HostDriver
+    from reconciler.observe.vgpumode import ModeReading
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,10 @@ class NodePorts:
     allocations: Callable[[], Mapping[str, frozenset[str]]]
     cluster_api: ClusterApi | None = None
     events: EventSink | None = None
+    #: Every GPU's vGPU mode as the host tells it (``nvidia-smi -q``); None: it cannot be read,
+    #: and the driver's default decides (``observe/vgpumode.py``). Asked only when a plan
+    #: creates vGPUs on a GPU whose SR-IOV is on.
+    vgpu_modes: Callable[[], ModeReading] | None = None
 
 
 class DevicePlugins(Protocol):

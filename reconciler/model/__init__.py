@@ -58,6 +58,7 @@ from reconciler.model.plan import (
     SriovEnable,
     Summary,
     VgpuCreate,
+    VgpuModeSet,
     VgpuRemove,
 )
 
@@ -114,6 +115,7 @@ __all__ = [
     "VfKey",
     "VgpuCreate",
     "VgpuMode",
+    "VgpuModeSet",
     "VgpuRemove",
     "type_shown_by_id",
     "unresolved_type_id",

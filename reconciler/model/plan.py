@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Self
 
 from reconciler.model.address import PciAddress
 from reconciler.model.cluster import KubeObject
+from reconciler.model.mode import VgpuMode
 
 FORMAT_VERSION = 2
 
@@ -33,6 +34,7 @@ class ActionKind(enum.StrEnum):
     VGPU_REMOVE = "vgpu-remove"
     SRIOV_DISABLE = "sriov-disable"
     SRIOV_ENABLE = "sriov-enable"
+    VGPU_MODE = "vgpu-mode"
     VGPU_CREATE = "vgpu-create"
     CR_CREATE = "cr-create"
     CR_UPDATE = "cr-update"
@@ -58,6 +60,7 @@ _PHASE = {
     ActionKind.VGPU_REMOVE: Phase.HOST,
     ActionKind.SRIOV_DISABLE: Phase.HOST,
     ActionKind.SRIOV_ENABLE: Phase.HOST,
+    ActionKind.VGPU_MODE: Phase.HOST,
     ActionKind.VGPU_CREATE: Phase.HOST,
     ActionKind.CR_CREATE: Phase.CLUSTER,
     ActionKind.CR_UPDATE: Phase.CLUSTER,
@@ -145,6 +148,18 @@ class SriovEnable(_Step):
     kind: ClassVar[ActionKind] = ActionKind.SRIOV_ENABLE
     gpu: PciAddress
     num_vfs: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VgpuModeSet(_Step):
+    """Put GPU ``gpu`` (= ``target``) in vGPU ``mode``: ``nvidia-smi vgpu -i <gpu> -shm 1``
+    (mixed-size) or ``-shm 0`` (equal-size). The driver takes it only while SR-IOV is on and
+    the GPU hosts no vGPU, so it runs after the removals and SR-IOV enables, before the first
+    create (docs/domain.md §4). ``mode`` is never :attr:`VgpuMode.UNKNOWN`."""
+
+    kind: ClassVar[ActionKind] = ActionKind.VGPU_MODE
+    gpu: PciAddress
+    mode: VgpuMode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,6 +281,7 @@ Action = (
     VgpuRemove
     | SriovDisable
     | SriovEnable
+    | VgpuModeSet
     | VgpuCreate
     | CrCreate
     | CrUpdate
@@ -273,7 +289,7 @@ Action = (
     | KubevirtUpdate
     | DevicePluginRefresh
 )
-HostAction = VgpuRemove | SriovDisable | SriovEnable | VgpuCreate
+HostAction = VgpuRemove | SriovDisable | SriovEnable | VgpuModeSet | VgpuCreate
 ClusterAction = CrCreate | CrUpdate | CrDelete | KubevirtUpdate
 #: The action type of each kind.
 ACTION_TYPES: Mapping[ActionKind, type[Action]] = MappingProxyType(
@@ -283,6 +299,7 @@ ACTION_TYPES: Mapping[ActionKind, type[Action]] = MappingProxyType(
             VgpuRemove,
             SriovDisable,
             SriovEnable,
+            VgpuModeSet,
             VgpuCreate,
             CrCreate,
             CrUpdate,
@@ -374,6 +391,10 @@ class Summary:
         }
 
 
+#: The kinds counted as changes (besides a replacement).
+_CHANGES = frozenset({ActionKind.CR_UPDATE, ActionKind.KUBEVIRT_UPDATE, ActionKind.VGPU_MODE})
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     node: str
@@ -393,9 +414,10 @@ class Plan:
     def summary(self) -> Summary:
         """Terraform's counts: a replacement (remove + create on one VF) is one change.
 
-        SR-IOV enable counts as a create and disable as a remove; CR and KubeVirt writes count as
-        creates, changes or removes by their kind. A device-plugin refresh is not counted: it
-        follows from the vGPU changes already counted, and changes nothing by itself.
+        SR-IOV enable counts as a create and disable as a remove, a vGPU mode switch as a change;
+        CR and KubeVirt writes count as creates, changes or removes by their kind. A
+        device-plugin refresh is not counted: it follows from the vGPU changes already counted,
+        and changes nothing by itself.
         """
         create = change = remove = 0
         for a in self.actions:
@@ -403,7 +425,7 @@ class Plan:
                 continue  # counted once, on its create
             if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
                 continue
-            if a.is_replacement or a.kind in (ActionKind.CR_UPDATE, ActionKind.KUBEVIRT_UPDATE):
+            if a.is_replacement or a.kind in _CHANGES:
                 change += 1
             elif a.kind in (ActionKind.VGPU_CREATE, ActionKind.SRIOV_ENABLE, ActionKind.CR_CREATE):
                 create += 1

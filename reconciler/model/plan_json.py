@@ -18,6 +18,7 @@ from typing import Any
 from reconciler.model.address import PciAddress
 from reconciler.model.cluster import GROUP_VERSIONS, PLURALS, RETAINED_METADATA, KubeObject
 from reconciler.model.errors import ValidationError, excerpt
+from reconciler.model.mode import VgpuMode
 from reconciler.model.plan import (
     FORMAT_VERSION,
     Action,
@@ -38,6 +39,7 @@ from reconciler.model.plan import (
     SriovDisable,
     SriovEnable,
     VgpuCreate,
+    VgpuModeSet,
     VgpuRemove,
 )
 
@@ -97,6 +99,9 @@ def _encode(action: Action, *, with_seq: bool) -> dict[str, Any]:
         case SriovEnable():
             out["gpu"] = str(action.gpu)
             out["numVFs"] = action.num_vfs
+        case VgpuModeSet():
+            out["gpu"] = str(action.gpu)
+            out["mode"] = action.mode.value
         case VgpuCreate():
             out["gpu"] = str(action.gpu)
             out["vfIndex"] = action.vf_index
@@ -217,7 +222,7 @@ def blocked_from_json(raw: object, where: str = "blocked") -> Blocked:
     if "seq" in doc:
         raise PlanFormatError(f"{where}: unknown field seq (a blocked action has no place)")
     action = _decode(doc, where, 0)
-    if not isinstance(action, VgpuRemove | SriovDisable | SriovEnable | VgpuCreate):
+    if not isinstance(action, VgpuRemove | SriovDisable | SriovEnable | VgpuModeSet | VgpuCreate):
         raise PlanFormatError(f"{where}.kind: only host actions are blocked, not {action.kind}")
     host: HostAction = action
     return Blocked(host)
@@ -363,6 +368,23 @@ def _sriov_enable(r: _Read, seq: int, target: str, reason: str) -> Action:
     )
 
 
+def _vgpu_mode(r: _Read, seq: int, target: str, reason: str) -> Action:
+    gpu = r.gpu()
+    if target != str(gpu):
+        # The command runs on gpu; a target naming another device would misreport what ran.
+        raise PlanFormatError(f"{r.where}.target: {_kind(target)} is not the action's gpu {gpu}")
+    text = r.text("mode")
+    if text not in _SETTABLE_MODES:
+        raise PlanFormatError(
+            f"{r.where}.mode: {_kind(text)} is not a mode vgpuctl sets (equal-size or mixed-size)"
+        )
+    return VgpuModeSet(seq=seq, target=target, reason=reason, gpu=gpu, mode=VgpuMode(text))
+
+
+#: The modes a vgpu-mode action may set (never "unknown": that is an observation).
+_SETTABLE_MODES = frozenset({VgpuMode.EQUAL_SIZE.value, VgpuMode.MIXED_SIZE.value})
+
+
 def _vgpu_create(r: _Read, seq: int, target: str, reason: str) -> Action:
     return VgpuCreate(
         seq=seq,
@@ -462,6 +484,7 @@ _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] 
     ActionKind.VGPU_REMOVE: (_VGPU_FIELDS, ("replacedBy",), _vgpu_remove),
     ActionKind.SRIOV_DISABLE: (("gpu",), (), _sriov_disable),
     ActionKind.SRIOV_ENABLE: (("gpu", "numVFs"), (), _sriov_enable),
+    ActionKind.VGPU_MODE: (("gpu", "mode"), (), _vgpu_mode),
     ActionKind.VGPU_CREATE: (_VGPU_FIELDS, ("replaces",), _vgpu_create),
     ActionKind.CR_CREATE: (("object",), (), _cr_create),
     ActionKind.CR_UPDATE: (

@@ -103,17 +103,6 @@ def check_gpu(
                 located(f"{label}: vGPUs are desired but sriov is disabled", desired.location)
             )
         return GpuCheck((), tuple(problems), tuple(notes))
-    if desired.mode is VgpuMode.MIXED_SIZE and gpu.vgpu_mode is not VgpuMode.MIXED_SIZE:
-        # Not driven yet (issue 13 item 7): refused before anything runs, never half-done (the
-        # driver would refuse the second size at create time).
-        problems.append(
-            located(
-                f"{label}: mode: mixed-size is not applied by this version of vgpuctl yet (it "
-                f"takes 'nvidia-smi vgpu -i {gpu.address} -shm 1' after SR-IOV is enabled and "
-                "before the first vGPU); use equal-size for now",
-                desired.location,
-            )
-        )
     if gpu.total_vfs == 0 and constraints:
         problems.append(
             located(

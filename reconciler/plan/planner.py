@@ -39,6 +39,7 @@ from reconciler.plan.check import Want, check_gpu, located, vf_slots
 from reconciler.plan.cluster import plan_cluster, plan_node_state
 from reconciler.plan.diff import diff_gpu
 from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
+from reconciler.plan.mode import with_mode_step
 from reconciler.plan.nodestate import render_node_state
 from reconciler.plan.offer import Offer, gpu_label, host_spelling, offer_for
 from reconciler.plan.predict import likely_interface, predict_inventory
@@ -227,6 +228,8 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
                 else likely_interface(inventory)
             ),
         )
+        if desired.sriov:
+            diff = with_mode_step(gpu, diff, wanted=desired.mode, offer=offer)
         if (reason := hands_off(gpu)) is not None:
             diff = left_alone(gpu, diff, reason)
             plan.degraded.append(reason)

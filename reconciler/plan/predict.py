@@ -4,7 +4,9 @@ Pure. SR-IOV enabled → the GPU's VFs at the addresses the kernel will give the
 types the driver listed (or, while SR-IOV was off, the catalogue's for the model); vGPUs created
 and removed; and each touched GPU's ``creatable`` recomputed by the driver's rules: a VF with no
 vGPU can take a type whose framebuffer size equals what the GPU hosts (any size while it hosts
-none), while that size is below the type's ``max_instance``. GPUs no action touches keep exactly
+none), while that size is below the type's ``max_instance``; in mixed-size mode (after a
+vgpu-mode), while the sizes together fit the GPU's framebuffer, under the mixed-size maxima.
+GPUs no action touches keep exactly
 what was observed. After a real apply the host is observed again, so a wrong guess here lasts
 one plan.
 """
@@ -28,6 +30,8 @@ from reconciler.model import (
     SriovEnable,
     Vf,
     VgpuCreate,
+    VgpuMode,
+    VgpuModeSet,
     VgpuRemove,
     VGPUType,
 )
@@ -53,20 +57,36 @@ def predict_inventory(
     # GPU's next SR-IOV change, and at the end), not one rebuild of every VF per action.
     pending: dict[PciAddress, dict[int, VGPU | None]] = {}
     for action in actions:
-        if not isinstance(action, VgpuRemove | SriovDisable | SriovEnable | VgpuCreate):
+        if not isinstance(
+            action, VgpuRemove | SriovDisable | SriovEnable | VgpuModeSet | VgpuCreate
+        ):
             continue
         address = action.gpu
         gpu = gpus.get(address)
         if gpu is None:
             continue  # a plan for another host: nothing to predict
         touched.add(address)
+        if isinstance(action, VgpuModeSet):
+            # Taken only while the GPU hosts no vGPU: its VFs' lists are recounted at the end.
+            gpus[address] = replace(
+                _with_vgpus(gpu, pending.pop(address, {})), vgpu_mode=action.mode
+            )
+            continue
         if isinstance(action, SriovEnable | SriovDisable):
             gpu = _with_vgpus(gpu, pending.pop(address, {}))
             if isinstance(action, SriovEnable):
                 gpus[address] = _enabled(gpu, inventory, catalog)
             else:
                 # The driver lists types on VFs only: none while SR-IOV is off.
-                gpus[address] = replace(gpu, num_vfs=0, vfs=(), types=(), interface=Interface.NONE)
+                # sriov-manage -d clears the vGPU mode too (docs/domain.md §4).
+                gpus[address] = replace(
+                    gpu,
+                    num_vfs=0,
+                    vfs=(),
+                    types=(),
+                    interface=Interface.NONE,
+                    vgpu_mode=VgpuMode.EQUAL_SIZE,
+                )
             continue
         index = action.vf_index
         vgpu = None
@@ -126,7 +146,14 @@ def _enabled(gpu: Gpu, inventory: Inventory, catalog: Catalog) -> Gpu:
     interface = likely_interface(inventory)
     types = gpu.types or _sibling_types(gpu, inventory) or _catalogue_types(gpu, catalog)
     vfs = tuple(Vf(gpu.predicted_vf_address(i), i) for i in range(gpu.total_vfs))
-    return replace(gpu, num_vfs=gpu.total_vfs, vfs=vfs, types=types, interface=interface)
+    return replace(
+        gpu,
+        num_vfs=gpu.total_vfs,
+        vfs=vfs,
+        types=types,
+        interface=interface,
+        vgpu_mode=VgpuMode.EQUAL_SIZE,  # the driver's default after sriov-manage -e
+    )
 
 
 def likely_interface(inventory: Inventory) -> Interface:
@@ -168,6 +195,8 @@ def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
     ``creatable`` per VF by the driver's equal-size rules (docs/domain.md §3a, §4)."""
     if not gpu.vfs:
         return gpu
+    if gpu.vgpu_mode is VgpuMode.MIXED_SIZE:
+        return _recount_mixed(gpu, vgpus, catalog)
     hosts = [vgpus.get(vf.index, vf.vgpu) for vf in gpu.vfs]
     sizes: Counter[int] = Counter()
     offered, opened = _sizes_of(gpu.types)
@@ -213,6 +242,43 @@ def _recount(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
         else:
             vfs.append(_freed(vf, open_types))
     return _with_vfs(gpu, tuple(vfs))
+
+
+def _recount_mixed(gpu: Gpu, vgpus: dict[int, VGPU | None], catalog: Catalog) -> Gpu:
+    """:func:`_recount` in mixed-size mode: a type is creatable on a free VF while the hosted
+    vGPUs' framebuffer and its own fit the GPU's, and fewer vGPUs of its size exist than its
+    mixed-size maximum (the catalogue's, else its own). Rare (only GPUs put in that mode), so
+    nothing is shared between GPUs here."""
+    hosts = [vgpus.get(vf.index, vf.vgpu) for vf in gpu.vfs]
+    entry = catalog_model(gpu, catalog)
+    sizes: Counter[int] = Counter()
+    for vgpu in hosts:
+        if vgpu is not None:
+            size = _size(gpu, vgpu.type_name, catalog)
+            sizes[size if size is not None else -1] += 1
+    open_types: frozenset[str] = frozenset()
+    if entry is not None and -1 not in sizes:  # else nothing can be judged: none predicted
+        used = sum(size * n for size, n in sizes.items())
+        open_types = frozenset(
+            t.name
+            for t in gpu.types
+            if used + t.framebuffer_mib <= entry.framebuffer_mib
+            and sizes[t.framebuffer_mib] < _mixed_maximum(t, catalog)
+        )
+    none: frozenset[str] = frozenset()
+    return _with_vfs(
+        gpu,
+        tuple(
+            Vf(vf.address, vf.index, vgpu, none if vgpu is not None else open_types)
+            for vf, vgpu in zip(gpu.vfs, hosts, strict=True)
+        ),
+    )
+
+
+def _mixed_maximum(t: VGPUType, catalog: Catalog) -> int:
+    known = catalog.profile(t.name)
+    mixed = known[1].mixed_size_max_instances if known is not None else None
+    return mixed if mixed is not None else t.max_instance
 
 
 _SHARED_LIMIT = 1 << 14

@@ -100,7 +100,7 @@ class SimHost:
 
     @property
     def nvidia_smi(self) -> Path:
-        """The simulated ``nvidia-smi`` (only ``vgpu -i <GPU> -shm 0|1``)."""
+        """The simulated ``nvidia-smi`` (``vgpu -i <GPU> -shm 0|1`` and ``-q [-i <GPU>]``)."""
         return self.directory / "bin" / "nvidia-smi"
 
     @property

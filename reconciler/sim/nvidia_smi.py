@@ -1,23 +1,40 @@
-"""The simulator's ``nvidia-smi``: only what vgpuctl needs of it, a GPU's vGPU mode.
+"""The simulator's ``nvidia-smi``: only what vgpuctl needs of it, a GPU's vGPU mode (set, read).
 
 ``DIR/bin/nvidia-smi`` (written by :func:`install_script`, as ``sriov-manage`` is) runs
-:func:`main` on ``DIR/sys``. It implements one command, ``nvidia-smi vgpu -i <GPU> -shm 0|1``
+:func:`main` on ``DIR/sys``. It implements two commands. ``nvidia-smi vgpu -i <GPU> -shm 0|1``
 (docs/domain.md §4): ``-shm 1`` puts the GPU in mixed-size mode, ``-shm 0`` back in equal-size
 mode. ``<GPU>`` is its PCI address, as ``0000:08:00.0`` or as nvidia-smi prints bus ids
 (``00000000:08:00.0``); a GPU index or UUID is not simulated. The driver's rules: the mode is
 set after ``sriov-manage -e`` and before the first vGPU; a call while the GPU's SR-IOV is off or
 while it hosts a vGPU is refused, the mode unchanged. ``sriov-manage -d`` and a reboot clear it.
 
-Not NVIDIA's: the wording of the messages (stdout on success, stderr on a refusal) is the
-simulator's own, and so are the exit codes' meanings beyond "non-zero is a failure" (2: a bad
-argument, 3: the operation is not available now, after nvidia-smi's documented return values;
-which one the real driver returns for each refusal is not documented to us). Nothing may parse
-these messages. No query of the mode is simulated: how a host reports it is not documented to us.
+``nvidia-smi -q [-i <GPU>]`` reads the mode: a report in the layout of real ``nvidia-smi -q``
+captures (R550: a key indented 4 spaces a level, padded to column 42, then ``: value``; a blank
+line before the ``NVSMI LOG`` banner and after each GPU), with a few of its keys only. The
+header: the time of the call, the driver version ``module/nvidia/version`` shows (the
+simulator's own if that file is gone), ``CUDA Version: Not Found`` (as on a vGPU host) and
+``Attached GPUs``: every GPU of the host (with ``-i`` too). Then, in address order (with
+``-i``: that GPU only), ``GPU 00000000:08:00.0`` (nvidia-smi's bus id: a 32-bit domain,
+upper-case hex), its ``Product Name`` and its ``GPU Virtualization Mode`` block:
+``Virtualization Mode: Host VGPU``, ``Host VGPU Mode: SR-IOV``, ``vGPU Heterogeneous Mode``:
+``Enabled`` in mixed-size mode, ``Disabled`` in equal-size mode. The captures we have are of
+hosts without vGPU, which show ``N/A`` there: that a vGPU host shows ``Enabled``/``Disabled``
+(nvidia-smi's usual words for a boolean mode) is our assumption. Every GPU of the host is
+listed with these lines, whatever its state (SR-IOV off; bound to ``vfio-pci``, which a real
+nvidia-smi would not list at all). A query changes nothing but the state's
+``nvidiaSmiQueries`` counter.
+
+Not NVIDIA's: the wording of the messages (stdout on a successful ``-shm``, stderr on a refusal
+or an error) is the simulator's own, and so are the exit codes' meanings beyond "non-zero is a
+failure" (2: a bad argument, 3: the operation is not available now, after nvidia-smi's
+documented return values; which one the real driver returns for each refusal is not documented
+to us). Nothing may parse these messages; the ``-q`` report is what is meant to be parsed.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +44,15 @@ from reconciler.model import PciAddress
 from reconciler.model.mode import VgpuMode
 from reconciler.sim import driver
 from reconciler.sim.scripts import install_program
-from reconciler.sim.state import load_state, locked, save_state
-from reconciler.sim.tree import SysfsTree
+from reconciler.sim.state import GpuRecord, SimState, load_state, locked, save_state
+from reconciler.sim.tree import DRIVER_VERSION, SysfsTree
 
-USAGE = "usage: nvidia-smi vgpu -i <GPU PCI address> -shm <0|1>"
+USAGE = (
+    "usage: nvidia-smi vgpu -i <GPU PCI address> -shm <0|1>\n"
+    "       nvidia-smi -q [-i <GPU PCI address>]"
+)
+#: What is simulated, for the message that refuses anything else.
+_SIMULATED = "'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]'"
 
 EXIT_OK = 0
 #: A supplied argument or flag is invalid.
@@ -41,6 +63,14 @@ EXIT_NOT_AVAILABLE = 3
 #: ``-shm`` values → the mode they set.
 _MODES = {"0": VgpuMode.EQUAL_SIZE, "1": VgpuMode.MIXED_SIZE}
 
+#: The state counter a query increments (``-shm`` calls count in ``nvidiaSmiCalls``).
+QUERY_COUNTER = "nvidiaSmiQueries"
+#: Where the kernel module tells its version (relative to the sysfs root).
+_MODULE_VERSION = "module/nvidia/version"
+#: In ``-q``'s report a key (with its indent) is padded to this width, then ``: value``.
+_KEY_WIDTH = 42
+_INDENT = "    "
+
 
 @dataclass(frozen=True, slots=True)
 class SetMode:
@@ -48,6 +78,13 @@ class SetMode:
 
     gpu: PciAddress
     mode: VgpuMode
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """``nvidia-smi -q [-i <gpu>]``, parsed: ``gpu`` None for every GPU."""
+
+    gpu: PciAddress | None
 
 
 def main(
@@ -69,6 +106,8 @@ def main(
         print(USAGE, file=err)
         return EXIT_INVALID_ARGUMENT
     try:
+        if isinstance(parsed, Query):
+            return _query(parsed, sysfs_root=sysfs_root, out=out, err=err)
         return _set_mode(parsed, sysfs_root=sysfs_root, out=out, err=err)
     except OSError as exc:
         where = exc.filename or sysfs_root
@@ -100,39 +139,93 @@ def _set_mode(call: SetMode, *, sysfs_root: Path, out: TextIO, err: TextIO) -> i
     return EXIT_OK
 
 
+def _query(call: Query, *, sysfs_root: Path, out: TextIO, err: TextIO) -> int:
+    """Report the GPUs' vGPU mode; nothing changes but the query counter."""
+    with locked(sysfs_root):
+        state = load_state(sysfs_root)
+        state.counters[QUERY_COUNTER] = state.counters.get(QUERY_COUNTER, 0) + 1
+        save_state(sysfs_root, state)
+        gpus = sorted(state.gpus, key=lambda g: PciAddress.parse(g.address))
+        if call.gpu is not None:
+            address = str(call.gpu)
+            gpus = [g for g in gpus if g.address == address]
+            if not gpus:
+                print(f"No GPU with the PCI bus id {address} is found.", file=err)
+                return EXIT_INVALID_ARGUMENT
+        report = _report(state, gpus, driver_version=_driver_version(sysfs_root))
+    out.write(report)
+    return EXIT_OK
+
+
+def _driver_version(sysfs_root: Path) -> str:
+    """What the loaded module says, as nvidia-smi reports; the simulator's if it says nothing."""
+    try:
+        text = (sysfs_root / _MODULE_VERSION).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return DRIVER_VERSION
+    return text or DRIVER_VERSION
+
+
+def _report(state: SimState, gpus: Sequence[GpuRecord], *, driver_version: str) -> str:
+    """``nvidia-smi -q``'s layout, with the keys that say a GPU's vGPU mode."""
+    lines = [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        _field(0, "Timestamp", time.ctime()),
+        _field(0, "Driver Version", driver_version),
+        _field(0, "CUDA Version", "Not Found"),
+        "",
+        _field(0, "Attached GPUs", str(len(state.gpus))),
+    ]
+    for gpu in gpus:
+        model = state.models.get(gpu.model)
+        mixed = gpu.vgpu_mode is VgpuMode.MIXED_SIZE
+        lines += [
+            f"GPU {_smi_bus_id(PciAddress.parse(gpu.address))}",
+            _field(1, "Product Name", model.name if model is not None else "NVIDIA GPU"),
+            _field(1, "GPU Virtualization Mode"),
+            _field(2, "Virtualization Mode", "Host VGPU"),
+            _field(2, "Host VGPU Mode", "SR-IOV"),
+            _field(2, "vGPU Heterogeneous Mode", "Enabled" if mixed else "Disabled"),
+            "",
+        ]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _field(level: int, key: str, value: str | None = None) -> str:
+    """A report line: ``key`` at ``level``; with a value, padded to the value column."""
+    head = f"{_INDENT * level}{key}"
+    return head if value is None else f"{head.ljust(_KEY_WIDTH)}: {value}"
+
+
+def _smi_bus_id(address: PciAddress) -> str:
+    """How nvidia-smi prints a bus id: ``00000000:AF:00.0`` (a 32-bit domain, upper-case)."""
+    return f"{address.domain:08X}:{address.bus:02X}:{address.slot:02X}.{address.function:X}"
+
+
 def _reason(exc: OSError) -> str:
     text = str(exc.strerror or exc)
     return text.split(": ", 1)[1] if ": " in text else text
 
 
-def parse(argv: Sequence[str]) -> SetMode | str:
+def parse(argv: Sequence[str]) -> SetMode | Query | str:
     """The call, or an error message ("help" for -h)."""
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
         return "help"
+    if "-q" in args:
+        if "vgpu" in args or "-shm" in args:
+            return "-q does not combine with 'vgpu' or -shm: a query sets nothing"
+        return _parse_query(args)
     if not args or args[0] != "vgpu":
         first = args[0] if args else "nothing"
-        return f"only 'vgpu -i <GPU> -shm 0|1' is simulated, not {first!r}"
-    gpu: str | None = None
-    shm: str | None = None
-    i = 1
-    while i < len(args):
-        a = args[i]
-        if a in ("-i", "-shm"):
-            if i + 1 >= len(args):
-                return f"{a} needs a value"
-            value = args[i + 1]
-            if a == "-i":
-                if gpu is not None:
-                    return "give -i once"
-                gpu = value
-            else:
-                if shm is not None:
-                    return "give -shm once"
-                shm = value
-            i += 2
-            continue
-        return f"unknown option {a}" if a.startswith("-") else f"unexpected argument {a}"
+        return f"only {_SIMULATED} are simulated, not {first!r}"
+    options = _options(args[1:], flags=(), valued=("-i", "-shm"))
+    if isinstance(options, str):
+        return options
+    gpu = options.get("-i")
+    shm = options.get("-shm")
     if gpu is None:
         return "-i <GPU PCI address> is required"
     if shm is None:
@@ -142,8 +235,49 @@ def parse(argv: Sequence[str]) -> SetMode | str:
         return f"-shm takes 0 or 1, not {shm!r}"
     address = _bus_id(gpu)
     if address is None:
-        return f"invalid GPU {gpu!r}: expected a PCI address such as 0000:08:00.0"
+        return _invalid_gpu(gpu)
     return SetMode(address, mode)
+
+
+def _parse_query(args: Sequence[str]) -> Query | str:
+    options = _options(args, flags=("-q",), valued=("-i",))
+    if isinstance(options, str):
+        return options
+    gpu = options.get("-i")
+    if gpu is None:
+        return Query(None)
+    address = _bus_id(gpu)
+    return Query(address) if address is not None else _invalid_gpu(gpu)
+
+
+def _options(
+    args: Sequence[str], *, flags: Sequence[str], valued: Sequence[str]
+) -> dict[str, str] | str:
+    """Each option given → its value ("" for a flag), or an error message. Each at most once."""
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in flags:
+            if a in found:
+                return f"give {a} once"
+            found[a] = ""
+            i += 1
+            continue
+        if a in valued:
+            if i + 1 >= len(args):
+                return f"{a} needs a value"
+            if a in found:
+                return f"give {a} once"
+            found[a] = args[i + 1]
+            i += 2
+            continue
+        return f"unknown option {a}" if a.startswith("-") else f"unexpected argument {a}"
+    return found
+
+
+def _invalid_gpu(text: str) -> str:
+    return f"invalid GPU {text!r}: expected a PCI address such as 0000:08:00.0"
 
 
 def _bus_id(text: str) -> PciAddress | None:
@@ -163,5 +297,7 @@ def install_script(directory: Path) -> Path:
         directory,
         "nvidia-smi",
         module=__name__,
-        summary="Simulated nvidia-smi (vgpuctl sim): only 'vgpu -i <GPU> -shm 0|1'.",
+        summary=(
+            "Simulated nvidia-smi (vgpuctl sim): only 'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]'."
+        ),
     )

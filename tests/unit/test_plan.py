@@ -25,6 +25,8 @@ from reconciler.model import (
     Vf,
     VgpuCreate,
     VgpuMode,
+    VgpuModeSet,
+    VgpuRemove,
 )
 from reconciler.model.plan_json import plan_to_json
 from reconciler.plan import VGPU_UUID_NAMESPACE, plan_node, vgpu_uuid
@@ -352,18 +354,135 @@ def test_a_256_vf_node_plans_in_full() -> None:
     assert len([a for a in p.actions if a.kind.is_host]) == 8 * 8
 
 
-# ---------------------------------------------------------------- mixed-size mode (not driven yet)
+# ---------------------------------------------------------------- mixed-size mode
 
 
-def test_mixed_size_mode_is_refused_at_plan_time_until_it_is_driven() -> None:
-    # Issue 13 item 7 is not applied yet: planning it is refused, naming the GPU and the
-    # command it would take, rather than left for the driver to refuse the second size.
-    desired = replace(want(profiles={"A2-4Q": 1}, line=7), mode=VgpuMode.MIXED_SIZE)
-    assert problems(desired, host=(a2(enabled=False),)) == [
-        "d.yaml:7:11: GPU 0000:08:00.0 (NVIDIA A2): mode: mixed-size is not applied by this "
-        "version of vgpuctl yet (it takes 'nvidia-smi vgpu -i 0000:08:00.0 -shm 1' after SR-IOV "
-        "is enabled and before the first vGPU); use equal-size for now"
+def _mixed(gpu: DesiredGpu) -> DesiredGpu:
+    return replace(gpu, mode=VgpuMode.MIXED_SIZE)
+
+
+def _host_steps(p: Plan) -> list[tuple[str, str, str]]:
+    """(kind, target, type or mode) of each host action, in run order."""
+    out = []
+    for a in p.actions:
+        if isinstance(a, VgpuModeSet):
+            out.append((a.kind.value, a.target, a.mode.value))
+        elif isinstance(a, VgpuCreate | VgpuRemove):
+            out.append((a.kind.value, a.target, a.type_name.removeprefix("NVIDIA ")))
+        elif a.kind.is_host:
+            out.append((a.kind.value, a.target, ""))
+    return out
+
+
+def _blocked_steps(p: Plan) -> list[tuple[str, str]]:
+    return [(b.action.kind.value, b.action.target) for b in p.blocked]
+
+
+def test_mixed_size_is_set_after_the_enable_and_before_the_first_create() -> None:
+    # An A2 (16 GB) with an 8Q beside a 4Q: only mixed-size mode allows it.
+    desired = _mixed(want(vgpus={0: "A2-8Q", 1: "A2-4Q"}))
+    p = plan(desired, host=(a2(enabled=False),))
+    assert _host_steps(p) == [
+        ("sriov-enable", "0000:08:00.0", ""),
+        ("vgpu-mode", "0000:08:00.0", "mixed-size"),
+        ("vgpu-create", "0000:08:00.4", "A2-8Q"),
+        ("vgpu-create", "0000:08:00.5", "A2-4Q"),
     ]
-    # Equal-size, written or by default, plans as before.
-    equal = replace(want(profiles={"A2-4Q": 1}), mode=VgpuMode.EQUAL_SIZE)
-    assert plan(equal, host=(a2(enabled=False),)).actions
+    mode = next(a for a in p.actions if isinstance(a, VgpuModeSet))
+    assert "nvidia-smi vgpu -i 0000:08:00.0 -shm 1" in mode.reason
+    # The switch is a change; the enable and the two vGPUs are creates.
+    assert (p.summary.create, p.summary.change, p.summary.remove) == (3, 1, 0)
+
+
+def test_a_gpu_already_in_mixed_size_mode_is_not_switched_again() -> None:
+    desired = _mixed(want(vgpus={0: "A2-8Q", 1: "A2-4Q"}))
+    host = replace(a2(), vgpu_mode=VgpuMode.MIXED_SIZE)
+    assert [k for k, _, _ in _host_steps(plan(desired, host=(host,)))] == [
+        "vgpu-create",
+        "vgpu-create",
+    ]
+    # In equal-size mode with SR-IOV on and no vGPU, the switch comes first.
+    assert _host_steps(plan(desired, host=(a2(),)))[0] == (
+        "vgpu-mode",
+        "0000:08:00.0",
+        "mixed-size",
+    )
+
+
+def test_nothing_to_create_needs_no_switch() -> None:
+    # The layout is there already: the mode matters only to vGPUs about to be made.
+    desired = _mixed(want(vgpus={0: "A2-4Q", 1: "A2-4Q"}))
+    p = plan(desired, host=(a2(vgpus={0: "A2-4Q", 1: "A2-4Q"}),))
+    assert p.actions == () and p.blocked == ()
+
+
+def test_the_switch_runs_after_the_removals_that_empty_the_gpu() -> None:
+    desired = _mixed(want(vgpus={1: "A2-8Q", 2: "A2-4Q"}))
+    p = plan(desired, host=(a2(vgpus={0: "A2-4Q", 3: "A2-4Q"}),))
+    assert _host_steps(p) == [
+        ("vgpu-remove", "0000:08:00.4", "A2-4Q"),
+        ("vgpu-remove", "0000:08:00.7", "A2-4Q"),
+        ("vgpu-mode", "0000:08:00.0", "mixed-size"),
+        ("vgpu-create", "0000:08:00.5", "A2-8Q"),
+        ("vgpu-create", "0000:08:00.6", "A2-4Q"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("observed", "words"),
+    [(VgpuMode.EQUAL_SIZE, "it is equal-size"), (VgpuMode.UNKNOWN, "its mode could not be read")],
+)
+def test_a_gpu_whose_vgpus_stay_is_never_switched(observed: VgpuMode, words: str) -> None:
+    # VF 0's 4Q stays: the driver refuses the switch while it exists. A second 4Q fits beside
+    # it in either mode and runs; the 8Q needs the switch and waits, saying why.
+    desired = _mixed(want(vgpus={0: "A2-4Q", 1: "A2-8Q", 2: "A2-4Q"}))
+    host = replace(a2(vgpus={0: "A2-4Q"}), vgpu_mode=observed)
+    p = plan(desired, host=(host,))
+    assert _host_steps(p) == [("vgpu-create", "0000:08:00.6", "A2-4Q")]
+    assert _blocked_steps(p) == [
+        ("vgpu-mode", "0000:08:00.0"),
+        ("vgpu-create", "0000:08:00.5"),
+    ]
+    switch, create = (b.action for b in p.blocked)
+    assert switch.reason == (
+        f"desired mixed-size, {words}; GPU 0000:08:00.0 hosts vGPUs that stay (NVIDIA A2-4Q on "
+        "0000:08:00.4): the driver sets the vGPU mode only while a GPU hosts none"
+    )
+    assert create.reason.startswith("needs mixed-size mode on GPU 0000:08:00.0; GPU ")
+
+
+def test_an_in_use_vgpu_keeps_the_switch_and_the_other_size_waiting() -> None:
+    desired = _mixed(want(vgpus={1: "A2-8Q"}))
+    host = a2(vgpus={0: "A2-4Q"}, in_use={0: "vm-a"})
+    p = plan(desired, host=(host,))
+    assert p.actions == ()
+    assert _blocked_steps(p) == [
+        ("vgpu-remove", "0000:08:00.4"),
+        ("vgpu-mode", "0000:08:00.0"),
+        ("vgpu-create", "0000:08:00.5"),
+    ]
+
+
+def test_a_gpu_known_to_be_mixed_goes_back_to_equal_size_only_when_empty() -> None:
+    desired = want(vgpus={0: "A2-4Q", 1: "A2-4Q"})  # equal-size: the default
+    empty = replace(a2(), vgpu_mode=VgpuMode.MIXED_SIZE)
+    assert _host_steps(plan(desired, host=(empty,)))[0] == (
+        "vgpu-mode",
+        "0000:08:00.0",
+        "equal-size",
+    )
+    # With a vGPU that stays the GPU stays mixed-size: equal sizes fit it, nothing waits.
+    hosting = replace(a2(vgpus={0: "A2-4Q"}), vgpu_mode=VgpuMode.MIXED_SIZE)
+    assert _host_steps(plan(desired, host=(hosting,))) == [("vgpu-create", "0000:08:00.5", "A2-4Q")]
+    # A mode that could not be read is left alone when equal-size is desired.
+    unknown = replace(a2(vgpus={0: "A2-4Q"}), vgpu_mode=VgpuMode.UNKNOWN)
+    assert [k for k, _, _ in _host_steps(plan(desired, host=(unknown,)))] == ["vgpu-create"]
+
+
+def test_equal_size_plans_no_mode_step() -> None:
+    for desired in (
+        want(profiles={"A2-4Q": 1}),
+        replace(want(profiles={"A2-4Q": 1}), mode=VgpuMode.EQUAL_SIZE),
+    ):
+        kinds = [k for k, _, _ in _host_steps(plan(desired, host=(a2(enabled=False),)))]
+        assert kinds == ["sriov-enable", "vgpu-create"]

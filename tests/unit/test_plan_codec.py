@@ -38,12 +38,15 @@ from reconciler.model import (
     SriovDisable,
     SriovEnable,
     VgpuCreate,
+    VgpuMode,
+    VgpuModeSet,
     VgpuRemove,
 )
 from reconciler.model.cluster import KubeObject
 from reconciler.model.plan import Drift, FieldChange
 from reconciler.model.plan_json import (
     PlanFormatError,
+    action_from_json,
     action_to_json,
     blocked_to_json,
     plan_from_json,
@@ -78,6 +81,9 @@ FULL = {
     ),
     ActionKind.SRIOV_DISABLE: SriovDisable(seq=1, target=str(GPU), reason="r", gpu=GPU),
     ActionKind.SRIOV_ENABLE: SriovEnable(seq=1, target=str(GPU), reason="r", gpu=GPU, num_vfs=16),
+    ActionKind.VGPU_MODE: VgpuModeSet(
+        seq=1, target=str(GPU), reason="r", gpu=GPU, mode=VgpuMode.MIXED_SIZE
+    ),
     ActionKind.VGPU_CREATE: VgpuCreate(
         seq=1, target="0000:08:00.4", reason="r", gpu=GPU, vf_index=0,
         type_name="NVIDIA A2-4Q", uuid=UUID, replaces="NVIDIA A2-4A",
@@ -159,6 +165,7 @@ def test_the_phases_are_host_then_cluster_then_device_plugins() -> None:
         ActionKind.VGPU_REMOVE,
         ActionKind.SRIOV_DISABLE,
         ActionKind.SRIOV_ENABLE,
+        ActionKind.VGPU_MODE,
         ActionKind.VGPU_CREATE,
     }
     assert [k for k in ActionKind if k.phase is Phase.DEVICE_PLUGINS] == [
@@ -298,6 +305,9 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
             return SriovDisable(**common, target=str(gpu), gpu=gpu)
         case ActionKind.SRIOV_ENABLE:
             return SriovEnable(**common, target=str(gpu), gpu=gpu, num_vfs=draw(st.integers(1, 64)))
+        case ActionKind.VGPU_MODE:
+            mode = draw(st.sampled_from([VgpuMode.EQUAL_SIZE, VgpuMode.MIXED_SIZE]))
+            return VgpuModeSet(**common, target=str(gpu), gpu=gpu, mode=mode)
         case ActionKind.CR_CREATE:
             name = draw(_object_names)
             return CrCreate(**common, target=name, object=draw(_objects(name)))
@@ -493,6 +503,26 @@ def test_a_damaged_plan_is_one_line_naming_the_field(case: str) -> None:
         plan_from_json(doc)
     assert message in info.value.message
     assert "\n" not in info.value.message and "\x1b" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("mode", "unknown", "mode: text 'unknown' is not a mode vgpuctl sets"),
+        ("mode", "MIXED", "mode: text 'MIXED' is not a mode vgpuctl sets"),
+        ("target", "0000:09:00.0", "target: text '0000:09:00.0' is not the action's gpu"),
+    ],
+)
+def test_a_vgpu_mode_action_sets_a_known_mode_on_its_own_gpu(
+    field: str, value: str, message: str
+) -> None:
+    # "unknown" is what an observation says, never what a GPU is put in; and the command
+    # runs on gpu, so a target naming another device (an edited plan) is refused.
+    doc = action_to_json(FULL[ActionKind.VGPU_MODE])
+    doc[field] = value
+    with pytest.raises(PlanFormatError) as info:
+        action_from_json(doc)
+    assert message in info.value.message
 
 
 def test_a_blocked_cluster_action_is_refused() -> None:

@@ -1,10 +1,13 @@
-"""The simulator's ``nvidia-smi vgpu -i <GPU> -shm 0|1``, run as the real one is: a subprocess
-with an exit code; and what mixed-size mode lets the simulated driver create."""
+"""The simulator's ``nvidia-smi vgpu -i <GPU> -shm 0|1`` and ``nvidia-smi -q [-i <GPU>]``, run
+as the real one is: a subprocess with an exit code; and what mixed-size mode lets the simulated
+driver create."""
 
 from __future__ import annotations
 
 import errno
 import json
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import pytest
 
 from reconciler.model.mode import VgpuMode
 from reconciler.sim import SimHost, build_host, hold, init_host, reboot
+from reconciler.sim.state import load_state
 
 PF = "0000:08:00.0"
 VF0, VF1, VF2 = "0000:08:00.4", "0000:08:00.5", "0000:08:00.6"
@@ -63,6 +67,7 @@ def test_the_script_sits_beside_sriov_manage(l40s: SimHost) -> None:
     assert l40s.nvidia_smi == l40s.directory / "bin" / "nvidia-smi"
     assert l40s.nvidia_smi.parent == l40s.sriov_manage.parent
     assert l40s.nvidia_smi.stat().st_mode & 0o111
+    assert "only 'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]'" in l40s.nvidia_smi.read_text()
 
 
 def test_mixed_size_mode_lets_an_8q_and_a_16q_share_an_l40s(l40s: SimHost) -> None:
@@ -217,14 +222,24 @@ def test_build_host_refuses_a_bad_mode(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((), "only 'vgpu -i <GPU> -shm 0|1' is simulated"),
-        (("-q",), "only 'vgpu -i <GPU> -shm 0|1' is simulated"),
+        ((), "only 'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]' are simulated, not 'nothing'"),
+        (("-i", PF), "only 'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]' are simulated, not '-i'"),
         (("vgpu", "-shm", "1"), "-i <GPU PCI address> is required"),
         (("vgpu", "-i", PF), "-shm 0|1 is required"),
         (("vgpu", "-i", PF, "-shm", "2"), "-shm takes 0 or 1, not '2'"),
         (("vgpu", "-i", "0", "-shm", "1"), "invalid GPU '0'"),
         (("vgpu", "-i", PF, "-shm"), "-shm needs a value"),
         (("vgpu", "-i", PF, "-shm", "1", "-x"), "unknown option -x"),
+        (("-q", "-shm", "1"), "-q does not combine with 'vgpu' or -shm"),
+        (("-q", "-i", PF, "-shm", "1"), "-q does not combine with 'vgpu' or -shm"),
+        (("-q", "vgpu", "-i", PF, "-shm", "1"), "-q does not combine with 'vgpu' or -shm"),
+        (("vgpu", "-i", PF, "-shm", "1", "-q"), "-q does not combine with 'vgpu' or -shm"),
+        (("-q", "-i", "0"), "invalid GPU '0'"),
+        (("-q", "-i"), "-i needs a value"),
+        (("-q", "-i", PF, "-i", PF), "give -i once"),
+        (("-q", "-q"), "give -q once"),
+        (("-q", "-x"), "unknown option -x"),
+        (("-q", PF), f"unexpected argument {PF}"),
     ],
 )
 def test_usage_errors_exit_2_and_change_nothing(
@@ -232,9 +247,13 @@ def test_usage_errors_exit_2_and_change_nothing(
 ) -> None:
     r = smi(l40s, *args)
     assert r.returncode == 2
+    assert r.stdout == ""
     assert message in r.stderr
-    assert "usage: nvidia-smi vgpu" in r.stderr
-    assert mode(l40s) is VgpuMode.EQUAL_SIZE
+    assert "usage: nvidia-smi vgpu -i <GPU PCI address> -shm <0|1>\n" in r.stderr
+    assert "       nvidia-smi -q [-i <GPU PCI address>]\n" in r.stderr
+    assert mode(l40s) is VgpuMode.EQUAL_SIZE  # SR-IOV is on: a -shm 1 run would have set it
+    assert l40s.stats()["nvidiaSmiCalls"] == 0
+    assert load_state(l40s.sysfs_root).counters.get("nvidiaSmiQueries", 0) == 0
 
 
 def test_a_gpu_that_is_not_there_exits_2(l40s: SimHost) -> None:
@@ -264,3 +283,198 @@ def test_four_c_stops_at_its_mixed_size_maximum(tmp_path: Path) -> None:
     assert "NVIDIA L40S-4C" not in names
     assert {"NVIDIA L40S-4Q", "NVIDIA L40S-16Q"} <= names  # no mixed-size maximum known there
     assert errno_of(host, current(ninth), L40S_4C) == errno.EINVAL
+
+
+# --- nvidia-smi -q: the query of the mode -------------------------------------------------------
+
+PF_AF = "0000:af:00.0"  # a bus with hex letters: nvidia-smi prints them upper-case
+
+#: The header of ``nvidia-smi -q`` (real captures: a blank line before the banner; keys padded to
+#: column 42), the timestamp replaced by ``<time>``.
+HEADER_1_GPU = (
+    "\n"
+    "==============NVSMI LOG==============\n"
+    "\n"
+    "Timestamp                                 : <time>\n"
+    "Driver Version                            : 550.127.06\n"
+    "CUDA Version                              : Not Found\n"
+    "\n"
+    "Attached GPUs                             : 1\n"
+)
+HEADER_2_GPUS = HEADER_1_GPU.replace(
+    "Attached GPUs                             : 1\n",
+    "Attached GPUs                             : 2\n",
+)
+L40S_08_EQUAL = (
+    "GPU 00000000:08:00.0\n"
+    "    Product Name                          : NVIDIA L40S\n"
+    "    GPU Virtualization Mode\n"
+    "        Virtualization Mode               : Host VGPU\n"
+    "        Host VGPU Mode                    : SR-IOV\n"
+    "        vGPU Heterogeneous Mode           : Disabled\n"
+    "\n"
+)
+L40S_08_MIXED = (
+    "GPU 00000000:08:00.0\n"
+    "    Product Name                          : NVIDIA L40S\n"
+    "    GPU Virtualization Mode\n"
+    "        Virtualization Mode               : Host VGPU\n"
+    "        Host VGPU Mode                    : SR-IOV\n"
+    "        vGPU Heterogeneous Mode           : Enabled\n"
+    "\n"
+)
+A2_AF_EQUAL = (
+    "GPU 00000000:AF:00.0\n"
+    "    Product Name                          : NVIDIA A2\n"
+    "    GPU Virtualization Mode\n"
+    "        Virtualization Mode               : Host VGPU\n"
+    "        Host VGPU Mode                    : SR-IOV\n"
+    "        vGPU Heterogeneous Mode           : Disabled\n"
+    "\n"
+)
+
+#: ``Timestamp: Wed Dec  2 12:26:04 2026``, as ctime(3) writes it.
+TIMESTAMP = re.compile(
+    r"^Timestamp {33}: [A-Z][a-z]{2} [A-Z][a-z]{2} [ 123]\d \d\d:\d\d:\d\d \d{4}$", re.MULTILINE
+)
+
+
+def query(host: SimHost, *args: str) -> str:
+    """``nvidia-smi -q ARGS``'s stdout (a success, nothing on stderr), the time as ``<time>``."""
+    r = smi(host, "-q", *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    text, found = TIMESTAMP.subn("Timestamp                                 : <time>", r.stdout)
+    assert found == 1, r.stdout
+    return text
+
+
+def queries(host: SimHost) -> int:
+    return load_state(host.sysfs_root).counters.get("nvidiaSmiQueries", 0)
+
+
+@pytest.fixture
+def two_gpus(tmp_path: Path) -> SimHost:
+    """An A2 at af:00.0 (given first) and an L40S at 08:00.0, SR-IOV on both, no vGPU; the
+    L40S in mixed-size mode."""
+    host = init_host(tmp_path, [f"A2@{PF_AF}", f"L40S@{PF}"], interface="vfio", extra_devices=False)
+    sriov_manage(host, "-e", PF_AF)
+    sriov_manage(host, "-e", PF)
+    assert smi(host, "vgpu", "-i", PF, "-shm", "1").returncode == 0
+    return host
+
+
+def test_query_shows_every_gpu_in_address_order(two_gpus: SimHost) -> None:
+    out = query(two_gpus)
+    assert out == HEADER_2_GPUS + L40S_08_MIXED + A2_AF_EQUAL
+    # The layout of real captures: a value at column 42 on every line that has one.
+    for line in out.splitlines():
+        if ": " in line:
+            assert line.index(": ") == 42, line
+
+
+def test_query_sorts_the_gpus_whatever_the_state_files_order(two_gpus: SimHost) -> None:
+    state_file = two_gpus.sysfs_root / ".vgpuctl-sim/state.json"
+    raw = json.loads(state_file.read_text())
+    raw["gpus"].reverse()
+    assert [g["address"] for g in raw["gpus"]] == [PF_AF, PF]
+    state_file.write_text(json.dumps(raw))
+    assert query(two_gpus) == HEADER_2_GPUS + L40S_08_MIXED + A2_AF_EQUAL
+
+
+def test_query_with_i_shows_only_that_gpu(two_gpus: SimHost) -> None:
+    assert query(two_gpus, "-i", PF_AF) == HEADER_2_GPUS + A2_AF_EQUAL
+    assert query(two_gpus, "-i", PF) == HEADER_2_GPUS + L40S_08_MIXED
+    r = smi(two_gpus, "-i", PF, "-q")  # -i before -q
+    assert r.returncode == 0, r.stderr
+    assert TIMESTAMP.sub("Timestamp                                 : <time>", r.stdout) == (
+        HEADER_2_GPUS + L40S_08_MIXED
+    )
+
+
+@pytest.mark.parametrize("gpu", ["00000000:AF:00.0", "00000000:af:00.0", "0000:AF:00.0"])
+def test_query_takes_nvidia_smis_bus_id_form(two_gpus: SimHost, gpu: str) -> None:
+    assert query(two_gpus, "-i", gpu) == HEADER_2_GPUS + A2_AF_EQUAL
+
+
+def test_query_of_a_gpu_that_is_not_there_exits_2(two_gpus: SimHost) -> None:
+    r = smi(two_gpus, "-q", "-i", "00000000:09:00.0")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr == "No GPU with the PCI bus id 0000:09:00.0 is found.\n"
+
+
+def test_query_with_shm_exits_2_and_sets_nothing(l40s: SimHost) -> None:
+    r = smi(l40s, "-q", "-i", PF, "-shm", "1")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert "nvidia-smi: -q does not combine with 'vgpu' or -shm" in r.stderr
+    assert mode(l40s) is VgpuMode.EQUAL_SIZE
+    assert l40s.stats()["nvidiaSmiCalls"] == 0
+
+
+def tree_snapshot(host: SimHost) -> dict[str, tuple[int, int, str]]:
+    """Every path of the sysfs tree but the simulator's own directory: (mode, mtime, link)."""
+    snapshot: dict[str, tuple[int, int, str]] = {}
+    for directory, dirs, files in os.walk(host.sysfs_root):
+        dirs[:] = [d for d in dirs if d != ".vgpuctl-sim"]
+        for name in [*dirs, *files]:
+            path = Path(directory, name)
+            st = path.lstat()
+            link = os.readlink(path) if path.is_symlink() else ""
+            snapshot[str(path.relative_to(host.sysfs_root))] = (st.st_mode, st.st_mtime_ns, link)
+    return snapshot
+
+
+def test_query_changes_nothing_but_its_counter(two_gpus: SimHost) -> None:
+    state_file = two_gpus.sysfs_root / ".vgpuctl-sim/state.json"
+    before = json.loads(state_file.read_text())
+    tree_before = tree_snapshot(two_gpus)
+    stats_before = two_gpus.stats()
+    assert "nvidiaSmiQueries" not in before["counters"]
+    query(two_gpus)
+    query(two_gpus, "-i", PF)
+    assert smi(two_gpus, "-q", "-i", "0000:09:00.0").returncode == 2  # counted too
+    after = json.loads(state_file.read_text())
+    assert after["counters"].pop("nvidiaSmiQueries") == 3
+    assert after == before
+    assert tree_snapshot(two_gpus) == tree_before
+    assert (
+        two_gpus.stats()
+        == stats_before
+        == {
+            "writes": 0,
+            "sriovManageCalls": 2,
+            "nvidiaSmiCalls": 1,
+        }
+    )
+    assert [g.vgpu_mode for g in two_gpus.gpus()] == [VgpuMode.MIXED_SIZE, VgpuMode.EQUAL_SIZE]
+
+
+def test_query_after_sriov_manage_disable_shows_disabled(l40s: SimHost) -> None:
+    assert query(l40s) == HEADER_1_GPU + L40S_08_EQUAL
+    assert smi(l40s, "vgpu", "-i", PF, "-shm", "1").returncode == 0
+    assert query(l40s, "-i", PF) == HEADER_1_GPU + L40S_08_MIXED
+    sriov_manage(l40s, "-d", PF)
+    assert query(l40s) == HEADER_1_GPU + L40S_08_EQUAL
+    assert queries(l40s) == 3
+
+
+def test_query_reports_the_driver_version_the_module_shows(l40s: SimHost) -> None:
+    version = l40s.sysfs_root / "module/nvidia/version"
+    assert version.read_text() == "550.127.06\n"
+    version.unlink()
+    version.write_text("550.90.05\n")
+    out = query(l40s)
+    assert "Driver Version                            : 550.90.05\n" in out
+    version.unlink()  # no version file: the simulator's own
+    assert query(l40s) == HEADER_1_GPU + L40S_08_EQUAL
+
+
+def test_help_names_the_query(l40s: SimHost) -> None:
+    r = smi(l40s, "-h")
+    assert r.returncode == 0
+    assert r.stdout == (
+        "usage: nvidia-smi vgpu -i <GPU PCI address> -shm <0|1>\n"
+        "       nvidia-smi -q [-i <GPU PCI address>]\n"
+    )
