@@ -134,7 +134,11 @@ def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
     )
     root = ns.dir / "sys"
     print(f"Simulated host ready in {ns.dir}. Drive it with:", file=sys.stderr)
-    print(f"  --sysfs-root {root} --sriov-manage {ns.dir / 'bin' / 'sriov-manage'}")
+    bin_dir = ns.dir / "bin"
+    print(
+        f"  --sysfs-root {root} --sriov-manage {bin_dir / 'sriov-manage'} "
+        f"--nvidia-smi {bin_dir / 'nvidia-smi'}"
+    )
     return EXIT_OK
 
 

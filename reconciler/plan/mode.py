@@ -62,14 +62,23 @@ def with_mode_step(gpu: Gpu, diff: GpuDiff, *, wanted: VgpuMode, offer: Offer) -
     if not waiting and creates:
         return diff  # every create fits beside what stays
     held = {id(a) for a in waiting}
+    # A replacement whose create waits is a plain remove now and a plain create later (as
+    # diff.py splits one whose create waits for an in-use vGPU).
+    split = {a.vf_index for a in waiting if a.replaces is not None}
     blocked_creates = [
-        replace(a, reason=f"needs {wanted} mode on GPU {address}; {why}") for a in waiting
+        replace(a, reason=f"needs {wanted} mode on GPU {address}; {why}", replaces=None)
+        for a in waiting
+    ]
+    actions = [
+        replace(a, replaced_by=None) if isinstance(a, VgpuRemove) and a.vf_index in split else a
+        for a in diff.actions
+        if id(a) not in held
     ]
     blocked = sorted(
         [*diff.blocked, replace(step, reason=f"{_now(current, wanted)}; {why}"), *blocked_creates],
         key=lambda s: (s.kind.order, vf_order(s)),
     )
-    return replace(diff, actions=[a for a in diff.actions if id(a) not in held], blocked=blocked)
+    return replace(diff, actions=actions, blocked=blocked)
 
 
 def _reason(gpu: Gpu, current: VgpuMode, wanted: VgpuMode) -> str:

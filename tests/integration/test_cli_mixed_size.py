@@ -1,0 +1,142 @@
+"""Mixed-size mode (docs/domain.md §4), run as a user runs it: ``sim init``, then ``plan``,
+``apply``, ``status``, ``export`` as subprocesses, with the simulator's ``nvidia-smi`` found
+beside its ``sriov-manage``.
+
+The facts the expectations are written from: ``nvidia-smi vgpu -i <GPU> -shm 1`` puts a GPU in
+mixed-size mode; the driver takes it only after ``sriov-manage -e`` and while the GPU hosts no
+vGPU, and ``sriov-manage -d`` or a reboot clears it; in that mode an L40S (48 GB) may host an
+8Q beside a 16Q. The host is judged from the simulator's own state and its call counters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from tests.simnode import SimNode, run_vgpuctl
+
+GPU = "0000:41:00.0"
+VF0, VF1, VF2 = "0000:41:00.4", "0000:41:00.5", "0000:41:00.6"
+
+
+def sim(tmp_path: Path, interface: str) -> SimNode:
+    res = run_vgpuctl(
+        "sim", "init", tmp_path / "host", "--gpu", f"L40S@{GPU}", "--interface", interface
+    )
+    assert res.returncode == 0, res.stderr
+    assert "--nvidia-smi" in res.stdout  # sim init says how to drive it
+    return SimNode(tmp_path / "host")
+
+
+def desired(tmp_path: Path, gpu: dict[str, object], name: str = "desired.yaml") -> Path:
+    doc = {
+        "apiVersion": "vgpu.reconciler.dev/v1alpha1",
+        "kind": "VGPUDesiredState",
+        "metadata": {"name": "mixed"},
+        "spec": {"nodes": {"harvester-kgd9c": {"gpus": [{"address": GPU, **gpu}]}}},
+    }
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def state(node: SimNode) -> dict[str, object]:
+    """The simulator's record of the GPU: its mode, and the type of each VF's vGPU."""
+    raw = json.loads((node.dir / "sys" / ".vgpuctl-sim" / "state.json").read_text())
+    (gpu,) = [g for g in raw["gpus"] if g["address"] == GPU]
+    return gpu  # type: ignore[no-any-return]
+
+
+def counters(node: SimNode) -> dict[str, int]:
+    raw = json.loads((node.dir / "sys" / ".vgpuctl-sim" / "state.json").read_text())
+    return raw["counters"]  # type: ignore[no-any-return]
+
+
+MIXED = {
+    "sriov": "enabled",
+    "mode": "mixed-size",
+    "vgpus": {VF0: "NVIDIA L40S-16Q", VF1: "NVIDIA L40S-8Q"},
+}
+
+
+def test_an_l40s_gets_two_sizes_in_mixed_size_mode(tmp_path: Path) -> None:
+    for interface in ("vfio", "mdev"):
+        node = sim(tmp_path / interface, interface)
+        path = desired(tmp_path / interface, MIXED)
+        plan = json.loads(node.ok("plan", path, "-o", "json").stdout)
+        assert [(a["kind"], a["target"]) for a in plan["actions"] if a["phase"] == "host"] == [
+            ("sriov-enable", GPU),
+            ("vgpu-mode", GPU),
+            ("vgpu-create", VF0),
+            ("vgpu-create", VF1),
+        ]
+        node.ok("apply", path, "--yes")
+        gpu = state(node)
+        assert gpu["vgpuMode"] == "mixed-size", interface
+        assert counters(node)["nvidiaSmiCalls"] == 1  # one switch, nothing else
+        # Converged: planning again reads the mode only where it would make vGPUs (nowhere).
+        queries = counters(node).get("nvidiaSmiQueries", 0)
+        assert "No changes" in node.ok("plan", path).stdout
+        assert node.run("assert", path).returncode == 0
+        assert counters(node).get("nvidiaSmiQueries", 0) == queries
+        # status reads it and says so; export writes it, and the export plans to no changes.
+        shown = node.ok("status")
+        assert "2 vGPUs, mixed-size mode" in shown.stderr
+        exported = tmp_path / interface / "export.yaml"
+        exported.write_text(node.ok("export").stdout)
+        doc = yaml.safe_load(exported.read_text())
+        (entry,) = doc["spec"]["nodes"]["harvester-kgd9c"]["gpus"]
+        assert entry["mode"] == "mixed-size"
+        assert "No changes" in node.ok("plan", exported).stdout
+
+
+def test_after_a_reboot_the_mode_is_set_again_before_the_vgpus(tmp_path: Path) -> None:
+    node = sim(tmp_path, "vfio")
+    path = desired(tmp_path, MIXED)
+    node.ok("apply", path, "--yes")
+    assert run_vgpuctl("sim", "reboot", node.dir).returncode == 0
+    assert state(node)["vgpuMode"] == "equal-size"  # a reboot clears it, with the vGPUs
+    plan = json.loads(node.ok("plan", path, "-o", "json").stdout)
+    assert [a["kind"] for a in plan["actions"] if a["phase"] == "host"][:3] == [
+        "sriov-enable",
+        "vgpu-mode",
+        "vgpu-create",
+    ]
+    node.ok("apply", path, "--yes")
+    assert state(node)["vgpuMode"] == "mixed-size"
+    assert "No changes" in node.ok("plan", path).stdout
+
+
+def test_a_gpu_whose_vgpus_stay_is_not_switched_and_says_why(tmp_path: Path) -> None:
+    # Equal-size first: one 8Q. Then mixed-size with a 16Q added beside it: the 8Q stays, so
+    # the switch (refused by the driver under a vGPU) and the 16Q wait, blocked, named.
+
+    node = sim(tmp_path, "vfio")
+    equal = desired(tmp_path, {"sriov": "enabled", "vgpus": {VF0: "NVIDIA L40S-8Q"}}, "eq.yaml")
+    node.ok("apply", equal, "--yes")
+    more = desired(
+        tmp_path,
+        {
+            "sriov": "enabled",
+            "mode": "mixed-size",
+            "vgpus": {VF0: "NVIDIA L40S-8Q", VF2: "NVIDIA L40S-16Q"},
+        },
+    )
+    plan = json.loads(node.ok("plan", more, "-o", "json").stdout)
+    assert [a["kind"] for a in plan["actions"] if a["phase"] == "host"] == []
+    assert [(b["kind"], b["target"]) for b in plan["blocked"]] == [
+        ("vgpu-mode", GPU),
+        ("vgpu-create", VF2),
+    ]
+    assert "it is equal-size" in plan["blocked"][0]["reason"]  # read through nvidia-smi -q
+    assert node.run("apply", more, "--yes").returncode == 2  # blocked: nothing it can do
+    assert counters(node).get("nvidiaSmiCalls", 0) == 0  # no switch was tried
+    assert counters(node)["nvidiaSmiQueries"] >= 1  # the mode was read
+    assert state(node)["vgpuMode"] == "equal-size"
+    # Where nvidia-smi cannot tell, the mode of a GPU with vGPUs is unknown: still blocked,
+    # with a note saying why, never switched on a guess.
+    unknown = json.loads(node.ok("plan", more, "-o", "json", "--nvidia-smi", "/bin/false").stdout)
+    assert "its mode could not be read" in unknown["blocked"][0]["reason"]
+    assert any("vGPU mode of GPU 0000:41:00.0 not known" in n for n in unknown["notes"])
