@@ -41,6 +41,8 @@ def node_document(node: DesiredNode) -> dict[str, Any]:
         if g.model:
             entry["model"] = g.model
         entry["sriov"] = "enabled" if g.sriov else "disabled"
+        if g.mode is not VgpuMode.EQUAL_SIZE:
+            entry["mode"] = g.mode.value
         if g.vgpus is not None:
             entry["vgpus"] = {
                 (str(k) if isinstance(k, PciAddress) else k): v for k, v in g.vgpus.items()

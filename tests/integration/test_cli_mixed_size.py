@@ -92,6 +92,21 @@ def test_an_l40s_gets_two_sizes_in_mixed_size_mode(tmp_path: Path) -> None:
         assert "No changes" in node.ok("plan", exported).stdout
 
 
+def test_a_saved_plan_carries_the_mode(tmp_path: Path) -> None:
+    # The plan file embeds its desired state; the mode must survive it, or the fresh plan made
+    # under the lock would judge the two sizes by equal-size rules and refuse.
+    node = sim(tmp_path, "vfio")
+    path = desired(tmp_path, MIXED)
+    saved = tmp_path / "mixed.plan"
+    node.ok("plan", path, "--out", saved)
+    doc = json.loads(saved.read_text())
+    (entry,) = doc["desiredState"]["spec"]["nodes"]["harvester-kgd9c"]["gpus"]
+    assert entry["mode"] == "mixed-size"
+    node.ok("apply", saved, "--yes")
+    assert state(node)["vgpuMode"] == "mixed-size"
+    assert "No changes" in node.ok("plan", path).stdout
+
+
 def test_after_a_reboot_the_mode_is_set_again_before_the_vgpus(tmp_path: Path) -> None:
     node = sim(tmp_path, "vfio")
     path = desired(tmp_path, MIXED)
