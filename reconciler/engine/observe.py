@@ -18,7 +18,15 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from reconciler.engine.ports import NodePorts
-from reconciler.model import DesiredNode, Inventory, PciAddress, Plan, VgpuCreate, VgpuModeSet
+from reconciler.model import (
+    DesiredNode,
+    Inventory,
+    PciAddress,
+    Plan,
+    VgpuCreate,
+    VgpuMode,
+    VgpuModeSet,
+)
 from reconciler.model.cluster import ClusterState
 from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
 
@@ -59,10 +67,11 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
         if uses is not None:
             planned_from = mark_cluster_uses(inventory, uses)
     plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
-    asked = _mode_matters(plan, inventory)
+    asked = _mode_matters(plan, inventory, desired)
     if asked:
         # The mode decides only what vGPUs may be made: read (one nvidia-smi call) only when
-        # the plan makes some on a GPU whose SR-IOV is on, and plan again with it.
+        # the plan makes some on a GPU whose SR-IOV is on and that is wanted in mixed-size
+        # mode, and plan again with it. An equal-size node never needs nvidia-smi.
         reading = (
             ports.vgpu_modes()
             if ports.vgpu_modes is not None
@@ -76,8 +85,9 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
     return Planned(inventory, cluster, plan, MappingProxyType(dict(allocations)), controller)
 
 
-def _mode_matters(plan: Plan, inventory: Inventory) -> frozenset[PciAddress]:
-    """The GPUs whose SR-IOV is on and on which ``plan`` makes (or would make) vGPUs."""
+def _mode_matters(plan: Plan, inventory: Inventory, desired: DesiredNode) -> frozenset[PciAddress]:
+    """The GPUs wanted in mixed-size mode whose SR-IOV is on and on which ``plan`` makes (or
+    would make) vGPUs."""
     making = {
         a.gpu
         for a in (*plan.actions, *(b.action for b in plan.blocked))
@@ -85,7 +95,12 @@ def _mode_matters(plan: Plan, inventory: Inventory) -> frozenset[PciAddress]:
     }
     if not making:
         return frozenset()
-    return frozenset(g.address for g in inventory.gpus if g.address in making and g.sriov_enabled)
+    mixed = {g.address for g in desired.gpus if g.mode is VgpuMode.MIXED_SIZE}
+    return frozenset(
+        g.address
+        for g in inventory.gpus
+        if g.address in making and g.address in mixed and g.sriov_enabled
+    )
 
 
 def with_refusal_note(plan: Plan, controller: ControllerPresence) -> Plan:

@@ -46,7 +46,7 @@ class NodePorts:
     events: EventSink | None = None
     #: Every GPU's vGPU mode as the host tells it (``nvidia-smi -q``); None: it cannot be read,
     #: and the driver's default decides (``observe/vgpumode.py``). Asked only when a plan
-    #: creates vGPUs on a GPU whose SR-IOV is on.
+    #: creates vGPUs on a GPU wanted in mixed-size mode whose SR-IOV is on.
     vgpu_modes: Callable[[], ModeReading] | None = None
 
 

@@ -12,8 +12,9 @@ default decides what can be decided: a GPU whose SR-IOV is off, or that hosts no
 equal-size (``sriov-manage`` leaves it so); one that hosts vGPUs is ``unknown``, and the planner
 blocks what would need its mode rather than guess (``plan/mode.py``).
 
-Pure: the command is run by the host driver (``apply/sriov.py``); this module only reads its
-output, bounded, as untrusted text.
+Pure: the command is run by the host driver (``apply/sriov.py``), and only for GPUs wanted in
+mixed-size mode (``engine/observe.py``) or shown by ``status``/``export``; this module only
+reads its output, bounded, as untrusted text.
 """
 
 from __future__ import annotations

@@ -92,6 +92,21 @@ def test_an_l40s_gets_two_sizes_in_mixed_size_mode(tmp_path: Path) -> None:
         assert "No changes" in node.ok("plan", exported).stdout
 
 
+def test_an_equal_size_node_never_runs_nvidia_smi(tmp_path: Path) -> None:
+    # The mode is read only for GPUs wanted in mixed-size mode: a node that never asks for it
+    # needs no nvidia-smi at all, and a missing one changes nothing.
+    node = sim(tmp_path, "vfio")
+    two = desired(tmp_path, {"sriov": "enabled", "profiles": {"NVIDIA L40S-8Q": 2}}, "2.yaml")
+    node.ok("apply", two, "--yes")  # sriov-enable, then creates
+    four = desired(tmp_path, {"sriov": "enabled", "profiles": {"NVIDIA L40S-8Q": 4}}, "4.yaml")
+    node.ok("apply", four, "--yes")  # creates on a GPU whose SR-IOV is on
+    seen = counters(node)
+    assert seen.get("nvidiaSmiCalls", 0) == 0 and seen.get("nvidiaSmiQueries", 0) == 0
+    six = desired(tmp_path, {"sriov": "enabled", "profiles": {"NVIDIA L40S-8Q": 6}}, "6.yaml")
+    node.ok("apply", six, "--yes", "--nvidia-smi", "/nonexistent/nvidia-smi")
+    assert "No changes" in node.ok("plan", six).stdout
+
+
 def test_a_saved_plan_carries_the_mode(tmp_path: Path) -> None:
     # The plan file embeds its desired state; the mode must survive it, or the fresh plan made
     # under the lock would judge the two sizes by equal-size rules and refuse.
