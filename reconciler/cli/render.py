@@ -22,6 +22,7 @@ from reconciler.model import (
     CrCreate,
     CrDelete,
     CrUpdate,
+    DelegateAction,
     DevicePluginRefresh,
     Gpu,
     HostAction,
@@ -32,7 +33,11 @@ from reconciler.model import (
     Plan,
     SriovDisable,
     SriovEnable,
+    SriovGpuDeviceDisable,
+    SriovGpuDeviceEnable,
     VgpuCreate,
+    VgpuDeviceDisable,
+    VgpuDeviceEnable,
     VgpuMode,
     VgpuModeSet,
     VgpuRemove,
@@ -80,7 +85,7 @@ def safe_lines(text: str) -> str:
     return "\n".join(safe(line) for line in text.split("\n"))
 
 
-def _gpu_of(action: HostAction) -> str:
+def _gpu_of(action: HostAction | DelegateAction) -> str:
     return safe(action.gpu)
 
 
@@ -109,10 +114,28 @@ def _named(uuid: str, target: str) -> str:
 def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Line]]:
     """Group host actions per GPU; merge a replacement's remove and create into one ``-/+``."""
     per_gpu: dict[str, list[_Line]] = defaultdict(list)
-    creates = {a.target for a in actions if isinstance(a, VgpuCreate)}
+    creates = {a.target for a in actions if isinstance(a, VgpuCreate | VgpuDeviceEnable)}
     for a in actions:
         target, reason = safe(a.target), safe(a.reason)
         match a:
+            case VgpuDeviceDisable() if a.is_replacement and a.target in creates:
+                continue  # shown with its enable
+            case VgpuDeviceEnable() | VgpuDeviceDisable():
+                line = _delegate_vf_line(a, style)
+            case SriovGpuDeviceEnable():
+                line = _Line(
+                    style.green("+"),
+                    f"sriov {safe(a.gpu)}  enable  (SRIOVGPUDevice {target})",
+                    reason,
+                    0,
+                )
+            case SriovGpuDeviceDisable():
+                line = _Line(
+                    style.red("-"),
+                    f"sriov {safe(a.gpu)}  disable  (SRIOVGPUDevice {target})",
+                    reason,
+                    0,
+                )
             case VgpuRemove() if a.is_replacement and a.target in creates:
                 continue  # shown with its create
             case VgpuCreate() if a.replaces is not None:
@@ -147,6 +170,20 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Li
                 continue
         per_gpu[_gpu_of(a)].append(line)
     return per_gpu
+
+
+def _delegate_vf_line(a: VgpuDeviceEnable | VgpuDeviceDisable, style: Style) -> _Line:
+    """A VGPUDevice spec write, as its host counterpart is shown: ``+``/``-``/``-/+`` and the
+    VF, then the object written."""
+    where = f"(VGPUDevice {safe(a.target)})"
+    if isinstance(a, VgpuDeviceEnable) and a.replaces is not None:
+        symbol, what = style.yellow("-/+"), f"{safe(a.replaces)} → {safe(a.type_name)}"
+    elif isinstance(a, VgpuDeviceEnable):
+        symbol, what = style.green("+"), safe(a.type_name)
+    else:
+        symbol, what = style.red("-"), safe(a.type_name)
+    order = 1 if isinstance(a, VgpuDeviceEnable) else 0
+    return _Line(symbol, f"vgpu {safe(a.vf)}  {what}  {where}", safe(a.reason), order)
 
 
 def _value(v: object) -> str:
@@ -221,7 +258,7 @@ def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[_
         a = b.action
         detail = (
             f"  {safe(a.type_name)}"
-            if isinstance(a, VgpuRemove | VgpuCreate)
+            if isinstance(a, VgpuRemove | VgpuCreate | VgpuDeviceEnable | VgpuDeviceDisable)
             else f"  {a.mode.value}"
             if isinstance(a, VgpuModeSet)
             else ""

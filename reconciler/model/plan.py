@@ -40,6 +40,12 @@ class ActionKind(enum.StrEnum):
     CR_UPDATE = "cr-update"
     CR_DELETE = "cr-delete"
     KUBEVIRT_UPDATE = "kubevirt-update"
+    # Delegate mode (docs/delegate.md): specs of Harvester's objects, in the order
+    # pcidevices-controller needs them.
+    VGPUDEVICE_DISABLE = "vgpudevice-disable"
+    SRIOVGPUDEVICE_DISABLE = "sriovgpudevice-disable"
+    SRIOVGPUDEVICE_ENABLE = "sriovgpudevice-enable"
+    VGPUDEVICE_ENABLE = "vgpudevice-enable"
     DEVICE_PLUGIN_REFRESH = "device-plugin-refresh"
 
     @property
@@ -66,6 +72,10 @@ _PHASE = {
     ActionKind.CR_UPDATE: Phase.CLUSTER,
     ActionKind.CR_DELETE: Phase.CLUSTER,
     ActionKind.KUBEVIRT_UPDATE: Phase.CLUSTER,
+    ActionKind.VGPUDEVICE_DISABLE: Phase.CLUSTER,
+    ActionKind.SRIOVGPUDEVICE_DISABLE: Phase.CLUSTER,
+    ActionKind.SRIOVGPUDEVICE_ENABLE: Phase.CLUSTER,
+    ActionKind.VGPUDEVICE_ENABLE: Phase.CLUSTER,
     ActionKind.DEVICE_PLUGIN_REFRESH: Phase.DEVICE_PLUGINS,
 }
 
@@ -266,6 +276,74 @@ class KubevirtUpdate(_Step):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class _HarvesterGpuStep(_Step):
+    """Set ``spec.enabled`` of the ``SRIOVGPUDevice`` named ``target`` (GPU ``gpu`` of node
+    ``node``), written over ``resource_version`` (delegate mode: pcidevices-controller runs
+    ``sriov-manage`` for it)."""
+
+    node: str
+    gpu: PciAddress
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SriovGpuDeviceEnable(_HarvesterGpuStep):
+    """``spec.enabled: true``: done once the GPU's ``VGPUDevice`` objects exist."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SRIOVGPUDEVICE_ENABLE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SriovGpuDeviceDisable(_HarvesterGpuStep):
+    """``spec.enabled: false``, once none of its VFs hosts a vGPU."""
+
+    kind: ClassVar[ActionKind] = ActionKind.SRIOVGPUDEVICE_DISABLE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _HarvesterVfStep(_Step):
+    """Set the spec of the ``VGPUDevice`` named ``target`` (VF ``vf``, index ``vf_index`` of GPU
+    ``gpu`` on node ``node``), written over ``resource_version``: ``vGPUTypeName``
+    ``type_name`` and ``enabled`` (delegate mode: pcidevices-controller makes or removes the
+    vGPU)."""
+
+    node: str
+    gpu: PciAddress
+    vf: PciAddress
+    vf_index: int
+    resource_version: str
+    type_name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VgpuDeviceEnable(_HarvesterVfStep):
+    """``vGPUTypeName: type_name, enabled: true``; written once the VF's
+    ``status.availableTypes`` lists the profile (what the webhook admits), done once its
+    ``vGPUStatus`` says configured with that type. ``replaces``: half of a profile change (the
+    profile the disable before it took off)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.VGPUDEVICE_ENABLE
+    replaces: str | None = None
+
+    @property
+    def is_replacement(self) -> bool:
+        return self.replaces is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VgpuDeviceDisable(_HarvesterVfStep):
+    """``enabled: false`` (``type_name``: the profile it has, kept); done once its
+    ``vGPUStatus`` is empty. ``replaced_by``: half of a profile change."""
+
+    kind: ClassVar[ActionKind] = ActionKind.VGPUDEVICE_DISABLE
+    replaced_by: str | None = None
+
+    @property
+    def is_replacement(self) -> bool:
+        return self.replaced_by is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DevicePluginRefresh(_Step):
     """Profile ``type_name`` (resource ``resource``) is advertised as ``devices`` (UUIDs) once
     the host actions ran."""
@@ -287,10 +365,16 @@ Action = (
     | CrUpdate
     | CrDelete
     | KubevirtUpdate
+    | VgpuDeviceDisable
+    | SriovGpuDeviceDisable
+    | SriovGpuDeviceEnable
+    | VgpuDeviceEnable
     | DevicePluginRefresh
 )
 HostAction = VgpuRemove | SriovDisable | SriovEnable | VgpuModeSet | VgpuCreate
 ClusterAction = CrCreate | CrUpdate | CrDelete | KubevirtUpdate
+#: A delegate-mode step: a spec written for pcidevices-controller to act on.
+DelegateAction = VgpuDeviceDisable | SriovGpuDeviceDisable | SriovGpuDeviceEnable | VgpuDeviceEnable
 #: The action type of each kind.
 ACTION_TYPES: Mapping[ActionKind, type[Action]] = MappingProxyType(
     {
@@ -305,6 +389,10 @@ ACTION_TYPES: Mapping[ActionKind, type[Action]] = MappingProxyType(
             CrUpdate,
             CrDelete,
             KubevirtUpdate,
+            VgpuDeviceDisable,
+            SriovGpuDeviceDisable,
+            SriovGpuDeviceEnable,
+            VgpuDeviceEnable,
             DevicePluginRefresh,
         )
     }
@@ -315,9 +403,10 @@ ACTION_TYPES: Mapping[ActionKind, type[Action]] = MappingProxyType(
 class Blocked:
     """An action that must not run now (a VM holds the vGPU), or one that depends on it: the
     host action as it would run (``seq`` 0), its reason saying why it waits. A GPU left alone
-    as a whole (hands off) is one blocked entry: its first change."""
+    as a whole (hands off) is one blocked entry: its first change. In delegate mode, the
+    Harvester spec write that waits."""
 
-    action: HostAction
+    action: HostAction | DelegateAction
 
     @property
     def kind(self) -> ActionKind:
@@ -391,6 +480,18 @@ class Summary:
         }
 
 
+#: The kinds counted as creates.
+_CREATES = frozenset(
+    {
+        ActionKind.VGPU_CREATE,
+        ActionKind.SRIOV_ENABLE,
+        ActionKind.CR_CREATE,
+        ActionKind.SRIOVGPUDEVICE_ENABLE,
+        ActionKind.VGPUDEVICE_ENABLE,
+    }
+)
+#: The removing halves of a change (counted on their create).
+_REMOVES_OF_A_CHANGE = frozenset({ActionKind.VGPU_REMOVE, ActionKind.VGPUDEVICE_DISABLE})
 #: The kinds counted as changes (besides a replacement).
 _CHANGES = frozenset({ActionKind.CR_UPDATE, ActionKind.KUBEVIRT_UPDATE, ActionKind.VGPU_MODE})
 
@@ -414,20 +515,21 @@ class Plan:
     def summary(self) -> Summary:
         """Terraform's counts: a replacement (remove + create on one VF) is one change.
 
-        SR-IOV enable counts as a create and disable as a remove, a vGPU mode switch as a change;
+        SR-IOV enable counts as a create and disable as a remove, a vGPU mode switch as a change
+        (delegate mode: an enable of a Harvester object as a create, a disable as a remove);
         CR and KubeVirt writes count as creates, changes or removes by their kind. A
         device-plugin refresh is not counted: it follows from the vGPU changes already counted,
         and changes nothing by itself.
         """
         create = change = remove = 0
         for a in self.actions:
-            if a.kind is ActionKind.VGPU_REMOVE and a.is_replacement:
+            if a.kind in _REMOVES_OF_A_CHANGE and a.is_replacement:
                 continue  # counted once, on its create
             if a.kind is ActionKind.DEVICE_PLUGIN_REFRESH:
                 continue
             if a.is_replacement or a.kind in _CHANGES:
                 change += 1
-            elif a.kind in (ActionKind.VGPU_CREATE, ActionKind.SRIOV_ENABLE, ActionKind.CR_CREATE):
+            elif a.kind in _CREATES:
                 create += 1
             else:
                 remove += 1

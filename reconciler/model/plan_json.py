@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.model.address import PciAddress
-from reconciler.model.cluster import GROUP_VERSIONS, PLURALS, RETAINED_METADATA, KubeObject
+from reconciler.model.cluster import (
+    GROUP_VERSIONS,
+    PLURALS,
+    RETAINED_METADATA,
+    KubeObject,
+    object_name,
+)
 from reconciler.model.errors import ValidationError, excerpt
 from reconciler.model.mode import VgpuMode
 from reconciler.model.plan import (
@@ -38,13 +44,19 @@ from reconciler.model.plan import (
     Plan,
     SriovDisable,
     SriovEnable,
+    SriovGpuDeviceDisable,
+    SriovGpuDeviceEnable,
     VgpuCreate,
+    VgpuDeviceDisable,
+    VgpuDeviceEnable,
     VgpuModeSet,
     VgpuRemove,
 )
 
 #: The interfaces a plan may name.
-INTERFACES = ("mdev", "vfio", "none")
+#: A plan's ``interface``: how its node makes vGPUs; ``harvester`` in delegate mode
+#: (pcidevices-controller makes them, docs/delegate.md).
+INTERFACES = ("mdev", "vfio", "none", "harvester")
 
 
 class PlanFormatError(ValidationError):
@@ -137,6 +149,21 @@ def _encode(action: Action, *, with_seq: bool) -> dict[str, Any]:
                 out["removePci"] = list(action.remove_pci)
             if action.owned_pci:
                 out["ownedPci"] = list(action.owned_pci)
+        case SriovGpuDeviceEnable() | SriovGpuDeviceDisable():
+            out["node"] = action.node
+            out["gpu"] = str(action.gpu)
+            out["resourceVersion"] = action.resource_version
+        case VgpuDeviceEnable() | VgpuDeviceDisable():
+            out["node"] = action.node
+            out["gpu"] = str(action.gpu)
+            out["vf"] = str(action.vf)
+            out["vfIndex"] = action.vf_index
+            out["resourceVersion"] = action.resource_version
+            out["type"] = action.type_name
+            if isinstance(action, VgpuDeviceEnable) and action.replaces is not None:
+                out["replaces"] = action.replaces
+            if isinstance(action, VgpuDeviceDisable) and action.replaced_by is not None:
+                out["replacedBy"] = action.replaced_by
         case DevicePluginRefresh():
             out["resource"] = action.resource
             out["type"] = action.type_name
@@ -222,10 +249,16 @@ def blocked_from_json(raw: object, where: str = "blocked") -> Blocked:
     if "seq" in doc:
         raise PlanFormatError(f"{where}: unknown field seq (a blocked action has no place)")
     action = _decode(doc, where, 0)
-    if not isinstance(action, VgpuRemove | SriovDisable | SriovEnable | VgpuModeSet | VgpuCreate):
-        raise PlanFormatError(f"{where}.kind: only host actions are blocked, not {action.kind}")
-    host: HostAction = action
-    return Blocked(host)
+    if isinstance(action, VgpuRemove | SriovDisable | SriovEnable | VgpuModeSet | VgpuCreate):
+        host: HostAction = action
+        return Blocked(host)
+    if isinstance(
+        action, VgpuDeviceDisable | SriovGpuDeviceDisable | SriovGpuDeviceEnable | VgpuDeviceEnable
+    ):
+        return Blocked(action)
+    raise PlanFormatError(
+        f"{where}.kind: only host actions (and delegate steps) are blocked, not {action.kind}"
+    )
 
 
 def _decode(doc: Mapping[str, Any], where: str, seq: int) -> Action:
@@ -276,12 +309,15 @@ class _Read:
         return _bool(self.doc, key, self.where)
 
     def gpu(self) -> PciAddress:
-        text = _str(self.doc, "gpu", self.where)
+        return self.address("gpu")
+
+    def address(self, key: str) -> PciAddress:
+        text = _str(self.doc, key, self.where)
         try:
             return PciAddress.parse(text)
         except ValueError:
             raise PlanFormatError(
-                f"{self.where}.gpu: {_kind(text)} is not a PCI address such as 0000:08:00.0"
+                f"{self.where}.{key}: {_kind(text)} is not a PCI address such as 0000:08:00.0"
             ) from None
 
     def strings(self, key: str, *, optional: bool = False) -> tuple[str, ...]:
@@ -478,7 +514,69 @@ def _device_plugin_refresh(r: _Read, seq: int, target: str, reason: str) -> Acti
     )
 
 
+def _harvester_gpu(kind: type[SriovGpuDeviceEnable | SriovGpuDeviceDisable]) -> _Build:
+    def build(r: _Read, seq: int, target: str, reason: str) -> Action:
+        node, gpu = r.text("node"), r.gpu()
+        _own_object(r, target, node, gpu)
+        return kind(
+            seq=seq,
+            target=target,
+            reason=reason,
+            node=node,
+            gpu=gpu,
+            resource_version=r.text("resourceVersion"),
+        )
+
+    return build
+
+
+def _vgpudevice_enable(r: _Read, seq: int, target: str, reason: str) -> Action:
+    node, vf = r.text("node"), r.address("vf")
+    _own_object(r, target, node, vf)
+    return VgpuDeviceEnable(
+        seq=seq,
+        target=target,
+        reason=reason,
+        node=node,
+        gpu=r.gpu(),
+        vf=vf,
+        vf_index=r.integer("vfIndex", 0),
+        resource_version=r.text("resourceVersion"),
+        type_name=r.text("type"),
+        replaces=r.opt_text("replaces"),
+    )
+
+
+def _vgpudevice_disable(r: _Read, seq: int, target: str, reason: str) -> Action:
+    node, vf = r.text("node"), r.address("vf")
+    _own_object(r, target, node, vf)
+    return VgpuDeviceDisable(
+        seq=seq,
+        target=target,
+        reason=reason,
+        node=node,
+        gpu=r.gpu(),
+        vf=vf,
+        vf_index=r.integer("vfIndex", 0),
+        resource_version=r.text("resourceVersion"),
+        type_name=r.text("type"),
+        replaced_by=r.opt_text("replacedBy"),
+    )
+
+
+def _own_object(r: _Read, target: str, node: str, address: PciAddress) -> None:
+    """A delegate step writes the object Harvester names after its node and device: a target
+    naming another object (an edited plan) is refused."""
+    expected = object_name(node, str(address))
+    if target != expected:
+        raise PlanFormatError(
+            f"{r.where}.target: {_kind(target)} is not {expected}, the object of {address} "
+            f"on node {node}"
+        )
+
+
 _VGPU_FIELDS = ("gpu", "vfIndex", "type", "uuid")
+_HARVESTER_VF_FIELDS = ("node", "gpu", "vf", "vfIndex", "resourceVersion", "type")
 #: Per kind: its required fields, its optional ones, and how to build it.
 _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] = {
     ActionKind.VGPU_REMOVE: (_VGPU_FIELDS, ("replacedBy",), _vgpu_remove),
@@ -498,6 +596,18 @@ _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] 
         ("addPci", "removePci", "ownedPci"),
         _kubevirt_update,
     ),
+    ActionKind.VGPUDEVICE_DISABLE: (_HARVESTER_VF_FIELDS, ("replacedBy",), _vgpudevice_disable),
+    ActionKind.SRIOVGPUDEVICE_DISABLE: (
+        ("node", "gpu", "resourceVersion"),
+        (),
+        _harvester_gpu(SriovGpuDeviceDisable),
+    ),
+    ActionKind.SRIOVGPUDEVICE_ENABLE: (
+        ("node", "gpu", "resourceVersion"),
+        (),
+        _harvester_gpu(SriovGpuDeviceEnable),
+    ),
+    ActionKind.VGPUDEVICE_ENABLE: (_HARVESTER_VF_FIELDS, ("replaces",), _vgpudevice_enable),
     ActionKind.DEVICE_PLUGIN_REFRESH: (("resource", "type", "devices"), (), _device_plugin_refresh),
 }
 

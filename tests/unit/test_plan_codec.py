@@ -37,12 +37,16 @@ from reconciler.model import (
     Plan,
     SriovDisable,
     SriovEnable,
+    SriovGpuDeviceDisable,
+    SriovGpuDeviceEnable,
     VgpuCreate,
+    VgpuDeviceDisable,
+    VgpuDeviceEnable,
     VgpuMode,
     VgpuModeSet,
     VgpuRemove,
 )
-from reconciler.model.cluster import KubeObject
+from reconciler.model.cluster import KubeObject, object_name
 from reconciler.model.plan import Drift, FieldChange
 from reconciler.model.plan_json import (
     PlanFormatError,
@@ -104,6 +108,22 @@ FULL = {
         add_pci=(PciHostDevice("10DE:26B9", "nvidia.com/NVIDIA_L40S-8Q"),),
         remove_pci=("nvidia.com/NVIDIA_L40S-4Q",), owned_pci=("nvidia.com/NVIDIA_L40S-8Q",),
     ),
+    ActionKind.VGPUDEVICE_DISABLE: VgpuDeviceDisable(
+        seq=1, target="n1-000008004", reason="r", node="n1", gpu=GPU,
+        vf=PciAddress.parse("0000:08:00.4"), vf_index=0, resource_version="12",
+        type_name="NVIDIA A2-4A", replaced_by="NVIDIA A2-4Q",
+    ),
+    ActionKind.SRIOVGPUDEVICE_DISABLE: SriovGpuDeviceDisable(
+        seq=1, target="n1-000008000", reason="r", node="n1", gpu=GPU, resource_version="9",
+    ),
+    ActionKind.SRIOVGPUDEVICE_ENABLE: SriovGpuDeviceEnable(
+        seq=1, target="n1-000008000", reason="r", node="n1", gpu=GPU, resource_version="9",
+    ),
+    ActionKind.VGPUDEVICE_ENABLE: VgpuDeviceEnable(
+        seq=1, target="n1-000008004", reason="r", node="n1", gpu=GPU,
+        vf=PciAddress.parse("0000:08:00.4"), vf_index=0, resource_version="12",
+        type_name="NVIDIA A2-4Q", replaces="NVIDIA A2-4A",
+    ),
     ActionKind.DEVICE_PLUGIN_REFRESH: DevicePluginRefresh(
         seq=1, target="nvidia.com/NVIDIA_A2-4Q", reason="r", resource="nvidia.com/NVIDIA_A2-4Q",
         type_name="NVIDIA A2-4Q", devices=(UUID,),
@@ -115,6 +135,8 @@ OPTIONAL: dict[ActionKind, dict[str, Any]] = {
     ActionKind.VGPU_CREATE: {"replaces": None},
     ActionKind.CR_UPDATE: {"adopt": False},
     ActionKind.KUBEVIRT_UPDATE: {"add_pci": (), "remove_pci": (), "owned_pci": ()},
+    ActionKind.VGPUDEVICE_DISABLE: {"replaced_by": None},
+    ActionKind.VGPUDEVICE_ENABLE: {"replaces": None},
 }
 
 
@@ -255,6 +277,7 @@ _json_values = st.recursive(
 _changes = st.builds(FieldChange, _words, _json_values, _json_values)
 _object_names = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?\Z")
 _versions = st.text("0123456789", min_size=1, max_size=6)
+_node_names = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?\Z")
 _vf_devices = st.text("0123456789ABCDEF", min_size=4, max_size=4)
 
 
@@ -308,6 +331,34 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
         case ActionKind.VGPU_MODE:
             mode = draw(st.sampled_from([VgpuMode.EQUAL_SIZE, VgpuMode.MIXED_SIZE]))
             return VgpuModeSet(**common, target=str(gpu), gpu=gpu, mode=mode)
+        case ActionKind.SRIOVGPUDEVICE_ENABLE | ActionKind.SRIOVGPUDEVICE_DISABLE:
+            node = draw(_node_names)
+            return ACTION_TYPES[kind](  # type: ignore[call-arg]
+                **common,
+                target=object_name(node, str(gpu)),
+                node=node,
+                gpu=gpu,
+                resource_version=draw(_versions),
+            )
+        case ActionKind.VGPUDEVICE_ENABLE | ActionKind.VGPUDEVICE_DISABLE:
+            node, vf = draw(_node_names), draw(_addresses)
+            other = draw(st.none() | _names)
+            half = (
+                {"replaces": other}
+                if kind is ActionKind.VGPUDEVICE_ENABLE
+                else {"replaced_by": other}
+            )
+            return ACTION_TYPES[kind](  # type: ignore[call-arg]
+                **common,
+                target=object_name(node, str(vf)),
+                node=node,
+                gpu=gpu,
+                vf=vf,
+                vf_index=draw(st.integers(0, 255)),
+                resource_version=draw(_versions),
+                type_name=draw(_names),
+                **half,
+            )
         case ActionKind.CR_CREATE:
             name = draw(_object_names)
             return CrCreate(**common, target=name, object=draw(_objects(name)))
@@ -525,11 +576,23 @@ def test_a_vgpu_mode_action_sets_a_known_mode_on_its_own_gpu(
     assert message in info.value.message
 
 
+@pytest.mark.parametrize("kind", [ActionKind.VGPUDEVICE_ENABLE, ActionKind.SRIOVGPUDEVICE_DISABLE])
+def test_a_delegate_step_writes_only_the_object_named_after_its_device(kind: ActionKind) -> None:
+    # Harvester names the object <node>-<address>: an edited plan that points the write at
+    # another object (another node's, or another VF's) is refused before anything runs.
+    doc = action_to_json(FULL[kind])
+    doc["target"] = "n1-000009004"
+    with pytest.raises(PlanFormatError, match="target: text 'n1-000009004' is not n1-0000080"):
+        action_from_json(doc)
+
+
 def test_a_blocked_cluster_action_is_refused() -> None:
     doc = _doc()
     delete = action_to_json(FULL[ActionKind.CR_DELETE])
     doc["blocked"][0] = {k: v for k, v in delete.items() if k != "seq"}
-    with pytest.raises(PlanFormatError, match=r"blocked\[0\]\.kind: only host actions are blocked"):
+    with pytest.raises(
+        PlanFormatError, match=r"blocked\[0\]\.kind: only host actions \(and delegate steps\)"
+    ):
         plan_from_json(doc)
 
 

@@ -1,0 +1,84 @@
+"""A node as Harvester's own objects show it: what delegate mode plans from (docs/delegate.md).
+
+In delegate mode vgpuctl does not read the host: Harvester's pcidevices-controller does, and
+publishes it as one ``SRIOVGPUDevice`` per GPU and one ``VGPUDevice`` per VF (docs/domain.md
+§5–6). These values are those objects' fields as pcidevices' Go types declare them
+(``pkg/apis/devices.harvesterhci.io/v1beta1/sriovgpudevice.go``), checked when read
+(``observe/harvester_devices.py``), plus who uses each VF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from reconciler.model.address import PciAddress
+
+#: ``status.vGPUStatus`` of a VF that hosts a vGPU (pcidevices ``VGPUEnabled``); empty otherwise.
+VGPU_CONFIGURED = "vGPUConfigured"
+
+
+@dataclass(frozen=True, slots=True)
+class HarvesterGpu:
+    """One ``SRIOVGPUDevice``: a GPU, and whether pcidevices-controller is to keep its SR-IOV
+    on (``spec.enabled``)."""
+
+    name: str
+    resource_version: str
+    address: PciAddress
+    enabled: bool
+    #: ``status.vfAddresses``: its VFs, once SR-IOV is on.
+    vf_addresses: tuple[PciAddress, ...] = ()
+    #: ``status.vGPUDevices``: the names of its VFs' ``VGPUDevice`` objects.
+    vgpu_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HarvesterVf:
+    """One ``VGPUDevice``: a VF, the profile asked of it (``spec``) and what the controller
+    reports (``status``)."""
+
+    name: str
+    resource_version: str
+    address: PciAddress
+    parent: PciAddress
+    enabled: bool
+    #: ``spec.vGPUTypeName``; empty when absent (Harvester's UI leaves it out).
+    type_name: str = ""
+    #: ``status.vGPUStatus`` is ``vGPUConfigured``: the VF hosts a vGPU now.
+    configured: bool = False
+    #: ``status.configureVGPUTypeName``: the profile of that vGPU.
+    configured_type: str = ""
+    #: ``status.uuid``: the mdev UUID, or on the vfio interface the type id (pcidevices writes it
+    #: so; docs/domain.md §3b).
+    uuid: str = ""
+    #: ``status.availableTypes``: the profiles the VF can take now, name → type key.
+    available: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "available", MappingProxyType(dict(self.available)))
+
+
+@dataclass(frozen=True, slots=True)
+class HarvesterNode:
+    """One node's GPUs and VFs as pcidevices-controller publishes them, and who uses which."""
+
+    node: str
+    gpus: tuple[HarvesterGpu, ...] = ()
+    vfs: tuple[HarvesterVf, ...] = ()
+    #: ``VGPUDevice`` name → who uses it (``VM <ns>/<name>``): a VM whose device-allocation
+    #: annotation lists it, or a running VMI that may hold it.
+    used_by: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Objects that could not be read, and why (each names the object and the field).
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "used_by", MappingProxyType(dict(self.used_by)))
+
+    def gpu(self, address: PciAddress) -> HarvesterGpu | None:
+        return next((g for g in self.gpus if g.address == address), None)
+
+    def vfs_of(self, gpu: PciAddress) -> tuple[HarvesterVf, ...]:
+        """The VFs of ``gpu``, in address order."""
+        return tuple(sorted((v for v in self.vfs if v.parent == gpu), key=lambda v: v.address))

@@ -1,0 +1,263 @@
+"""Harvester's ``SRIOVGPUDevice``/``VGPUDevice`` objects and KubeVirt's VMs → one node as
+delegate mode plans it (``model/harvester.py``; docs/delegate.md). Pure.
+
+Every object is untrusted input: each field is checked for its type and form (PCI addresses
+parsed, names bounded), and an object that fails is left out with a note naming it and the
+field; its GPU is then listed in :attr:`HarvesterNode.notes` so the planner can leave that GPU
+alone rather than act on half a picture.
+
+Who uses a VF: a ``VirtualMachine`` whose ``harvesterhci.io/deviceAllocationDetails`` annotation
+lists the VF's ``VGPUDevice`` name under ``gpus`` or ``hostdevices`` (pcidevices'
+``AllocationDetails``; its own webhook reads only ``hostdevices``, vgpuctl both: fail closed),
+and a running ``VirtualMachineInstance`` on the node that requests the profile's resource (which
+of the profile's VFs it holds is not said there, so every configured VF of that profile counts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from reconciler.model import PciAddress
+from reconciler.model.cluster import resource_name
+from reconciler.model.errors import excerpt
+from reconciler.model.harvester import VGPU_CONFIGURED, HarvesterGpu, HarvesterNode, HarvesterVf
+
+#: The annotation KubeVirt VMs carry on Harvester with the devices allocated to them.
+ALLOCATION_ANNOTATION = "harvesterhci.io/deviceAllocationDetails"
+#: At most this many characters of the annotation are read (the API server bounds all of a
+#: object's annotations to 256 KiB).
+MAX_ANNOTATION = 256 << 10
+#: At most this many entries in a list or map field of one object (a GPU has at most a few
+#: hundred VFs and a VF a few dozen profiles).
+MAX_ENTRIES = 4096
+_MAX_NAME = 253
+
+
+class ObjectError(ValueError):
+    """One object's field is not what Harvester's type says."""
+
+
+def parse_gpu(raw: Mapping[str, Any]) -> HarvesterGpu:
+    """An ``SRIOVGPUDevice`` as the API server returns it."""
+    r = _Reader(raw)
+    return HarvesterGpu(
+        name=r.name,
+        resource_version=r.resource_version,
+        address=r.address("spec", "address"),
+        enabled=r.flag("spec", "enabled"),
+        vf_addresses=tuple(
+            _address(text, f"{r.name}: status.vfAddresses")
+            for text in r.strings("status", "vfAddresses")
+        ),
+        vgpu_devices=r.strings("status", "vGPUDevices"),
+    )
+
+
+def parse_vf(raw: Mapping[str, Any]) -> HarvesterVf:
+    """A ``VGPUDevice`` as the API server returns it."""
+    r = _Reader(raw)
+    available = r.mapping("status", "availableTypes")
+    status = r.text("status", "vGPUStatus")
+    if status not in ("", VGPU_CONFIGURED):
+        raise ObjectError(
+            f"{r.name}: status.vGPUStatus is {excerpt(status)!r}, not {VGPU_CONFIGURED} or empty"
+        )
+    return HarvesterVf(
+        name=r.name,
+        resource_version=r.resource_version,
+        address=r.address("spec", "address"),
+        parent=r.address("spec", "parentGPUDeviceAddress"),
+        enabled=r.flag("spec", "enabled"),
+        type_name=r.text("spec", "vGPUTypeName"),
+        configured=status == VGPU_CONFIGURED,
+        configured_type=r.text("status", "configureVGPUTypeName"),
+        uuid=r.text("status", "uuid"),
+        available=available,
+    )
+
+
+def allocated_devices(vm: Mapping[str, Any]) -> frozenset[str]:
+    """The device names a VM's allocation annotation lists, under ``gpus`` or ``hostdevices``;
+    raises :class:`ObjectError` when the annotation cannot be read (it then says nothing the
+    caller could trust)."""
+    metadata = vm.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    text = annotations.get(ALLOCATION_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if text is None:
+        return frozenset()
+    where = f"VM {_vm_name(vm)}: annotation {ALLOCATION_ANNOTATION}"
+    if not isinstance(text, str) or len(text) > MAX_ANNOTATION:
+        raise ObjectError(f"{where} is not text of at most {MAX_ANNOTATION} characters")
+    try:
+        details = json.loads(text)
+    except ValueError:
+        raise ObjectError(f"{where} is not JSON") from None
+    if not isinstance(details, Mapping):
+        raise ObjectError(f"{where} is not a JSON object")
+    names: set[str] = set()
+    for key in ("gpus", "hostdevices"):
+        by_resource = details.get(key)
+        if by_resource is None:
+            continue
+        if not isinstance(by_resource, Mapping):
+            raise ObjectError(f"{where}: {key} is not a map of resource → device names")
+        for devices in by_resource.values():
+            if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+                raise ObjectError(f"{where}: {key} lists something other than device names")
+            names.update(devices)
+    return frozenset(names)
+
+
+def harvester_node(
+    node: str,
+    gpu_objects: Iterable[Mapping[str, Any]],
+    vf_objects: Iterable[Mapping[str, Any]],
+    *,
+    vms: Iterable[Mapping[str, Any]] = (),
+    vmis: Iterable[Mapping[str, Any]] = (),
+) -> HarvesterNode:
+    """Node ``node`` from its objects (already selected by the ``nodename`` label), the
+    cluster's VMs and this node's VMIs."""
+    notes: list[str] = []
+    gpus: list[HarvesterGpu] = []
+    for raw in gpu_objects:
+        try:
+            gpus.append(parse_gpu(raw))
+        except ObjectError as e:
+            notes.append(f"SRIOVGPUDevice {e}")
+    vfs: list[HarvesterVf] = []
+    for raw in vf_objects:
+        try:
+            vfs.append(parse_vf(raw))
+        except ObjectError as e:
+            notes.append(f"VGPUDevice {e}")
+    names = {v.name for v in vfs}
+    used: dict[str, str] = {}
+    for vm in vms:
+        try:
+            listed = allocated_devices(vm)
+        except ObjectError as e:
+            # Which VFs it holds is unknown: every configured VF of this node may be one.
+            notes.append(str(e))
+            listed = frozenset(v.name for v in vfs if v.configured)
+        for name in sorted(listed & names):
+            used.setdefault(name, f"VM {_vm_name(vm)}")
+    for vmi in vmis:
+        if not _running_here(vmi, node):
+            continue
+        wanted = _resources(vmi)
+        for vf in vfs:
+            if vf.configured and resource_name(vf.configured_type) in wanted:
+                used.setdefault(vf.name, f"VM {_vm_name(vmi)} (running; allocation unknown)")
+    return HarvesterNode(
+        node=node,
+        gpus=tuple(sorted(gpus, key=lambda g: g.address)),
+        vfs=tuple(sorted(vfs, key=lambda v: v.address)),
+        used_by=used,
+        notes=tuple(notes),
+    )
+
+
+def _running_here(vmi: Mapping[str, Any], node: str) -> bool:
+    status = vmi.get("status")
+    if not isinstance(status, Mapping):
+        return False
+    return status.get("nodeName") == node and status.get("phase") not in ("Succeeded", "Failed")
+
+
+def _resources(vmi: Mapping[str, Any]) -> frozenset[str]:
+    try:
+        gpus = vmi["spec"]["domain"]["devices"].get("gpus") or []
+        host = vmi["spec"]["domain"]["devices"].get("hostDevices") or []
+    except (KeyError, TypeError, AttributeError):
+        return frozenset()
+    out = set()
+    for entry in [*gpus, *host][:MAX_ENTRIES]:
+        if isinstance(entry, Mapping) and isinstance(entry.get("deviceName"), str):
+            out.add(entry["deviceName"])
+    return frozenset(out)
+
+
+def _vm_name(vm: Mapping[str, Any]) -> str:
+    metadata = vm.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return "?"
+    namespace = excerpt(str(metadata.get("namespace", "")), 63)
+    return f"{namespace}/{excerpt(str(metadata.get('name', '')), 63)}"
+
+
+def _address(text: object, where: str) -> PciAddress:
+    if not isinstance(text, str):
+        raise ObjectError(f"{where} is not a PCI address")
+    try:
+        return PciAddress.parse(text)
+    except ValueError:
+        raise ObjectError(f"{where} is {excerpt(text)!r}, not a PCI address") from None
+
+
+class _Reader:
+    """Typed reads of one object's fields, each failure naming the object and the field."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        if not isinstance(raw, Mapping):
+            raise ObjectError("?: not an object")
+        metadata = raw.get("metadata")
+        if not isinstance(metadata, Mapping):
+            raise ObjectError("?: no metadata")
+        name = metadata.get("name")
+        if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME:
+            raise ObjectError("?: metadata.name is not a name")
+        self.name = name
+        version = metadata.get("resourceVersion")
+        if not isinstance(version, str) or not version:
+            raise ObjectError(f"{name}: metadata.resourceVersion is missing")
+        self.resource_version = version
+        self._raw = raw
+
+    def _part(self, part: str) -> Mapping[str, Any]:
+        value = self._raw.get(part)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ObjectError(f"{self.name}: {part} is not an object")
+        return value
+
+    def address(self, part: str, key: str) -> PciAddress:
+        return _address(self._part(part).get(key), f"{self.name}: {part}.{key}")
+
+    def flag(self, part: str, key: str) -> bool:
+        value = self._part(part).get(key, False)  # Go's zero value when left out
+        if not isinstance(value, bool):
+            raise ObjectError(f"{self.name}: {part}.{key} is not true or false")
+        return value
+
+    def text(self, part: str, key: str) -> str:
+        value = self._part(part).get(key, "")
+        if not isinstance(value, str) or len(value) > _MAX_NAME:
+            raise ObjectError(f"{self.name}: {part}.{key} is not a name")
+        return value
+
+    def strings(self, part: str, key: str) -> tuple[str, ...]:
+        value = self._part(part).get(key) or []
+        if (
+            not isinstance(value, list)
+            or len(value) > MAX_ENTRIES
+            or not all(isinstance(v, str) and len(v) <= _MAX_NAME for v in value)
+        ):
+            raise ObjectError(f"{self.name}: {part}.{key} is not a list of names")
+        return tuple(value)
+
+    def mapping(self, part: str, key: str) -> dict[str, str]:
+        value = self._part(part).get(key) or {}
+        if (
+            not isinstance(value, Mapping)
+            or len(value) > MAX_ENTRIES
+            or not all(
+                isinstance(k, str) and isinstance(v, str) and len(k) <= _MAX_NAME
+                for k, v in value.items()
+            )
+        ):
+            raise ObjectError(f"{self.name}: {part}.{key} is not a map of names")
+        return dict(value)

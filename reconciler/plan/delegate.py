@@ -1,0 +1,279 @@
+"""Delegate mode's planner: one node's desired state → the spec writes Harvester's
+pcidevices-controller acts on (docs/delegate.md). Pure.
+
+The node is seen through Harvester's objects (``model/harvester.py``): each ``VGPUDevice`` is a
+VF, enabled with a profile or not. That picture is given to the node-local planner as an
+inventory, so delegate mode decides exactly as node-local mode does — which VF gets which
+profile (the count form keeps what exists, then fills free VFs in index order), the equal-size
+and per-size rules, what an in-use vGPU blocks — and its steps become spec writes:
+
+- a vgpu-remove → ``vgpudevice-disable``; a vgpu-create → ``vgpudevice-enable``;
+- an sriov-disable → ``sriovgpudevice-disable``; a GPU desired on whose ``SRIOVGPUDevice`` is
+  disabled → ``sriovgpudevice-enable``, its VFs planned once their ``VGPUDevice`` objects exist
+  (their addresses are not known before: the plan says so in a note).
+
+What a VF hosts is what its spec asks (``enabled`` with ``vGPUTypeName``): that is what the
+controller converges to, and what a write changes. What it can take is its
+``status.availableTypes``, and its GPU's types are the catalogue's, found from the desired
+``model`` or from the profile names the objects carry. A VF a VM uses (its allocation
+annotation, or a running VMI of the profile) counts as in use: never disabled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import replace
+
+from reconciler.catalog import Catalog, GpuModel
+from reconciler.model import (
+    VGPU,
+    Blocked,
+    DelegateAction,
+    DesiredGpu,
+    DesiredNode,
+    Gpu,
+    Interface,
+    Inventory,
+    Noop,
+    PciAddress,
+    Plan,
+    PlanError,
+    Problem,
+    SriovDisable,
+    SriovGpuDeviceDisable,
+    SriovGpuDeviceEnable,
+    Vf,
+    VgpuCreate,
+    VgpuDeviceDisable,
+    VgpuDeviceEnable,
+    VgpuMode,
+    VgpuRemove,
+)
+from reconciler.model.harvester import HarvesterGpu, HarvesterNode, HarvesterVf
+from reconciler.plan.check import located
+from reconciler.plan.planner import NO_CLUSTER, plan_node
+
+#: A plan's ``interface`` in delegate mode.
+DELEGATE_INTERFACE = "harvester"
+
+
+def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Catalog) -> Plan:
+    """The spec writes that take ``observed`` to ``desired`` (raises :class:`PlanError` when the
+    desired state cannot be reached there, each problem located in the desired-state file)."""
+    node = observed.node
+    problems: list[Problem] = []
+    notes: list[str] = list(observed.notes)
+    first: list[DelegateAction] = []
+    noops: list[Noop] = []
+    planned: list[DesiredGpu] = []
+    gpus: list[Gpu] = []
+    for want in desired.gpus:
+        hg = observed.gpu(want.address)
+        if hg is None:
+            problems.append(
+                located(
+                    f"GPU {want.address} has no SRIOVGPUDevice on node {node}: pcidevices-"
+                    "controller makes one for each SR-IOV GPU it finds there",
+                    want.location,
+                )
+            )
+            continue
+        if want.mode is VgpuMode.MIXED_SIZE:
+            problems.append(
+                located(
+                    f"GPU {want.address}: mode: mixed-size is not made through pcidevices-"
+                    "controller (it has no such setting); use node-local mode for it",
+                    want.location,
+                )
+            )
+            continue
+        vfs = observed.vfs_of(want.address)
+        if not want.sriov and not hg.enabled and not any(v.enabled for v in vfs):
+            noops.append(Noop(hg.name, "SR-IOV disabled as desired"))
+            continue
+        if not want.sriov and not vfs:
+            first.append(_gpu_step(SriovGpuDeviceDisable, hg, node, "desired disabled"))
+            continue
+        if want.sriov and not hg.enabled:
+            first.append(_gpu_step(SriovGpuDeviceEnable, hg, node, "SR-IOV is off; desired on"))
+            if want.vgpus or want.profiles:
+                notes.append(
+                    f"GPU {want.address}: its VFs are planned once pcidevices-controller has made "
+                    "their VGPUDevice objects (after the enable, within a node resync: about 30 s)"
+                )
+            continue
+        if want.sriov and not vfs:
+            if want.vgpus or want.profiles:
+                notes.append(
+                    f"GPU {want.address}: SR-IOV is on but pcidevices-controller has not made its "
+                    "VGPUDevice objects yet (within a node resync: about 30 s); its VFs are "
+                    "planned then"
+                )
+            continue
+        model = _model(want, vfs, catalog)
+        gpus.append(_as_gpu(hg, vfs, observed, model))
+        planned.append(want)
+    if problems:
+        raise PlanError(
+            f"the desired state of node {node} cannot be reached through pcidevices-controller "
+            f"({len(problems)} problem{'s' * (len(problems) != 1)})",
+            problems,
+        )
+    local = plan_node(
+        DesiredNode(desired.name, tuple(planned)),
+        Inventory(node, tuple(gpus)),
+        catalog=catalog,
+    )
+    objects = {(vf.parent, vf.address): vf for vf in observed.vfs}
+    by_gpu = {g.address: g for g in observed.gpus}
+    actions: list[DelegateAction] = list(first)
+    blocked: list[Blocked] = []
+    for action in local.actions:
+        if isinstance(action, VgpuRemove | VgpuCreate | SriovDisable):
+            step = _translate(action, node, objects, by_gpu)
+            if step is not None:
+                actions.append(step)
+    for item in local.blocked:
+        held = item.action
+        if isinstance(held, VgpuRemove | VgpuCreate | SriovDisable):
+            step = _translate(held, node, objects, by_gpu)
+            if step is not None:
+                blocked.append(Blocked(step))
+    if observed.notes and actions:
+        # Some object could not be read: nothing is written on half a picture.
+        unread = "some of the node's objects could not be read (see the notes)"
+        blocked = [*(Blocked(replace(a, reason=unread)) for a in actions), *blocked]
+        actions = []
+    actions.sort(key=lambda a: a.kind.order)
+    blocked.sort(key=lambda b: b.kind.order)
+    return Plan(
+        node=node,
+        interface=DELEGATE_INTERFACE,
+        observed_fingerprint=fingerprint(observed),
+        actions=tuple(a.numbered(i) for i, a in enumerate(actions, start=1)),
+        blocked=tuple(blocked),
+        noops=(*noops, *local.noops),
+        notes=(*notes, *(n for n in local.notes if n != NO_CLUSTER)),
+    )
+
+
+def fingerprint(observed: HarvesterNode) -> str:
+    """What the plan was made from: every object's name and resourceVersion, and who uses
+    what (a fresh plan under the same fingerprint sees the same objects)."""
+    digest = hashlib.sha256(observed.node.encode())
+    for g in observed.gpus:
+        digest.update(f"\0g{g.name}\0{g.resource_version}".encode())
+    for v in observed.vfs:
+        digest.update(f"\0v{v.name}\0{v.resource_version}".encode())
+    for name in sorted(observed.used_by):
+        digest.update(f"\0u{name}\0{observed.used_by[name]}".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def _gpu_step(
+    kind: type[SriovGpuDeviceEnable | SriovGpuDeviceDisable], hg: HarvesterGpu, node: str, why: str
+) -> SriovGpuDeviceEnable | SriovGpuDeviceDisable:
+    return kind(
+        target=hg.name,
+        reason=why,
+        node=node,
+        gpu=hg.address,
+        resource_version=hg.resource_version,
+    )
+
+
+def _model(want: DesiredGpu, vfs: Sequence[HarvesterVf], catalog: Catalog) -> GpuModel | None:
+    """The GPU's catalogue model: the desired ``model``, else the one the profile names on its
+    objects (or in the desired state) belong to."""
+    if want.model is not None:
+        found = catalog.model(want.model)
+        if found is not None:
+            return found
+    names = [
+        *(want.profiles or {}),
+        *(want.vgpus or {}).values(),
+        *(n for v in vfs for n in (v.type_name, v.configured_type, *v.available) if n),
+    ]
+    for name in names:
+        known = catalog.profile(name)
+        if known is not None:
+            return known[0]
+    return None
+
+
+def _as_gpu(
+    hg: HarvesterGpu, vfs: Sequence[HarvesterVf], observed: HarvesterNode, model: GpuModel | None
+) -> Gpu:
+    """The GPU as the node-local planner reads one: its VFs in address order (the index order),
+    each hosting what its spec asks."""
+    ids = model.pci_ids[0] if model is not None and model.pci_ids else None
+    keys = [key for v in vfs for key in v.available.values()]
+    interface = Interface.MDEV if any(k.startswith("nvidia-") for k in keys) else Interface.VFIO
+    return Gpu(
+        address=hg.address,
+        vendor_id=ids.vendor if ids is not None else "10de",
+        device_id=ids.device if ids is not None else "",
+        subsystem_vendor_id=ids.subsystem_vendor if ids is not None else "",
+        subsystem_device_id=ids.subsystem_device if ids is not None else "",
+        model=model.name if model is not None else None,
+        interface=interface,
+        total_vfs=len(vfs),
+        num_vfs=len(vfs),
+        vfs=tuple(_as_vf(v, i, observed) for i, v in enumerate(vfs)),
+        types=tuple(p.vgpu_type() for p in model.time_sliced_profiles) if model else (),
+        driver="nvidia",
+    )
+
+
+def _as_vf(vf: HarvesterVf, index: int, observed: HarvesterNode) -> Vf:
+    if not vf.enabled:
+        return Vf(vf.address, index, None, frozenset(vf.available))
+    holder = observed.used_by.get(vf.name, "")
+    hosted = VGPU(
+        uuid=vf.uuid or vf.name,
+        type_name=vf.type_name or vf.configured_type,
+        in_use=bool(holder),
+        holder=holder,
+    )
+    return Vf(vf.address, index, hosted)
+
+
+def _translate(
+    action: VgpuRemove | VgpuCreate | SriovDisable,
+    node: str,
+    objects: dict[tuple[PciAddress, PciAddress], HarvesterVf],
+    by_gpu: dict[PciAddress, HarvesterGpu],
+) -> DelegateAction | None:
+    match action:
+        case VgpuRemove() | VgpuCreate():
+            vf = objects.get((action.gpu, PciAddress.parse(action.target)))
+            if vf is None:  # the planner named a VF that has no object: nothing to write
+                return None
+            if isinstance(action, VgpuRemove):
+                return VgpuDeviceDisable(
+                    target=vf.name,
+                    reason=action.reason,
+                    node=node,
+                    gpu=action.gpu,
+                    vf=vf.address,
+                    vf_index=action.vf_index,
+                    resource_version=vf.resource_version,
+                    type_name=vf.type_name or action.type_name,
+                    replaced_by=action.replaced_by,
+                )
+            return VgpuDeviceEnable(
+                target=vf.name,
+                reason=action.reason,
+                node=node,
+                gpu=action.gpu,
+                vf=vf.address,
+                vf_index=action.vf_index,
+                resource_version=vf.resource_version,
+                type_name=action.type_name,
+                replaces=action.replaces,
+            )
+        case SriovDisable():
+            hg = by_gpu.get(action.gpu)
+            return None if hg is None else _gpu_step(SriovGpuDeviceDisable, hg, node, action.reason)
+    return None

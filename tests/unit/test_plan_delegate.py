@@ -1,0 +1,194 @@
+"""Delegate mode's planner (``plan/delegate.py``; docs/delegate.md): a node seen through
+Harvester's objects → the spec writes pcidevices-controller acts on. Expected steps written by
+hand from docs/domain.md §4–6: object names are ``<node>-<address without ':' and '.'>``, an A2's
+VF 0 is function 4, a profile change is a disable then an enable of the same object."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+
+from reconciler.model import (
+    DesiredGpu,
+    DesiredNode,
+    PciAddress,
+    Plan,
+    PlanError,
+    VgpuDeviceDisable,
+    VgpuDeviceEnable,
+    VgpuMode,
+)
+from reconciler.model.harvester import HarvesterGpu, HarvesterNode, HarvesterVf
+from reconciler.model.plan_json import plan_from_json, plan_to_json
+from reconciler.plan.delegate import plan_delegate
+from tests.gpus import A2, CATALOG, want
+
+NODE = "harvester-kgd9c"
+#: What pcidevices lists on a free A2 VF (names → mdev type keys), a few of them.
+A2_TYPES = {
+    "NVIDIA A2-1Q": "nvidia-742",
+    "NVIDIA A2-2Q": "nvidia-743",
+    "NVIDIA A2-4Q": "nvidia-744",
+    "NVIDIA A2-8Q": "nvidia-745",
+    "NVIDIA A2-16Q": "nvidia-746",
+}
+
+
+def vf_address(index: int) -> PciAddress:
+    return PciAddress.parse(f"0000:08:{(4 + index) // 8:02x}.{(4 + index) % 8}")
+
+
+def name(address: PciAddress) -> str:
+    return f"{NODE}-{str(address).replace(':', '').replace('.', '')}"
+
+
+def harvester(
+    *,
+    enabled: bool = True,
+    vgpus: Mapping[int, str] | None = None,
+    used: Mapping[int, str] | None = None,
+    vfs: int = 16,
+) -> HarvesterNode:
+    """An A2 as pcidevices shows it: ``vgpus`` VF index → the profile it hosts."""
+    vgpus = vgpus or {}
+    hosts = set(vgpus.values())
+    size = {n: int(n.split("-")[-1][:-1]) for n in A2_TYPES}
+    left = {n: k for n, k in A2_TYPES.items() if not hosts or size[n] in {size[h] for h in hosts}}
+    objects = []
+    for i in range(vfs if enabled else 0):
+        profile = vgpus.get(i)
+        objects.append(
+            HarvesterVf(
+                name=name(vf_address(i)),
+                resource_version=str(100 + i),
+                address=vf_address(i),
+                parent=A2,
+                enabled=profile is not None,
+                type_name=profile or "",
+                configured=profile is not None,
+                configured_type=profile or "",
+                available={} if profile else left,
+            )
+        )
+    gpu = HarvesterGpu(
+        name=name(A2),
+        resource_version="7",
+        address=A2,
+        enabled=enabled,
+        vf_addresses=tuple(v.address for v in objects),
+        vgpu_devices=tuple(v.name for v in objects),
+    )
+    return HarvesterNode(
+        NODE,
+        (gpu,),
+        tuple(objects),
+        used_by={name(vf_address(i)): who for i, who in (used or {}).items()},
+    )
+
+
+def plan(*gpus: DesiredGpu, observed: HarvesterNode) -> Plan:
+    return plan_delegate(DesiredNode(NODE, gpus), observed, catalog=CATALOG)
+
+
+def steps(p: Plan) -> list[tuple[str, str, str]]:
+    out = []
+    for a in p.actions:
+        detail = a.type_name if isinstance(a, VgpuDeviceEnable | VgpuDeviceDisable) else ""
+        out.append((a.kind.value, a.target, detail))
+    return out
+
+
+def test_a_disabled_gpu_is_enabled_first_and_its_vfs_wait_for_their_objects() -> None:
+    p = plan(want(profiles={"A2-4Q": 2}), observed=harvester(enabled=False))
+    assert steps(p) == [("sriovgpudevice-enable", f"{NODE}-000008000", "")]
+    assert p.interface == "harvester"
+    assert any("planned once pcidevices-controller has made" in n for n in p.notes)
+
+
+def test_profiles_are_enabled_on_the_first_free_vfs() -> None:
+    p = plan(want(profiles={"A2-4Q": 2}), observed=harvester())
+    assert steps(p) == [
+        ("vgpudevice-enable", f"{NODE}-000008004", "NVIDIA A2-4Q"),
+        ("vgpudevice-enable", f"{NODE}-000008005", "NVIDIA A2-4Q"),
+    ]
+    first = p.actions[0]
+    assert isinstance(first, VgpuDeviceEnable)
+    assert (first.resource_version, first.vf_index, str(first.vf)) == ("100", 0, "0000:08:00.4")
+    # The JSON form is the contract: it reads back to the same plan.
+    assert plan_from_json(plan_to_json(p)) == p
+
+
+def test_a_profile_change_is_a_disable_then_an_enable_of_the_same_object() -> None:
+    p = plan(want(vgpus={0: "A2-2Q"}), observed=harvester(vgpus={0: "NVIDIA A2-4Q"}))
+    assert steps(p) == [
+        ("vgpudevice-disable", f"{NODE}-000008004", "NVIDIA A2-4Q"),
+        ("vgpudevice-enable", f"{NODE}-000008004", "NVIDIA A2-2Q"),
+    ]
+    disable, enable = p.actions
+    assert isinstance(disable, VgpuDeviceDisable) and disable.replaced_by == "NVIDIA A2-2Q"
+    assert isinstance(enable, VgpuDeviceEnable) and enable.replaces == "NVIDIA A2-4Q"
+    assert (p.summary.create, p.summary.change, p.summary.remove) == (0, 1, 0)
+
+
+def test_a_vf_a_vm_uses_is_never_disabled() -> None:
+    observed = harvester(vgpus={0: "NVIDIA A2-4Q"}, used={0: "VM default/win11"})
+    p = plan(want(vgpus={0: "A2-2Q"}), observed=observed)
+    assert p.actions == ()
+    assert [(b.kind.value, b.target) for b in p.blocked] == [
+        ("vgpudevice-disable", f"{NODE}-000008004"),
+        ("vgpudevice-enable", f"{NODE}-000008004"),
+    ]
+    assert "in use by VM default/win11" in p.blocked[0].reason
+
+
+def test_sriov_off_disables_the_vfs_then_the_gpu() -> None:
+    p = plan(want(sriov=False), observed=harvester(vgpus={1: "NVIDIA A2-4Q"}))
+    assert steps(p) == [
+        ("vgpudevice-disable", f"{NODE}-000008005", "NVIDIA A2-4Q"),
+        ("sriovgpudevice-disable", f"{NODE}-000008000", ""),
+    ]
+    assert plan(want(sriov=False), observed=harvester(enabled=False)).actions == ()
+
+
+def test_a_converged_node_needs_nothing() -> None:
+    observed = harvester(vgpus={0: "NVIDIA A2-4Q", 1: "NVIDIA A2-4Q"})
+    p = plan(want(profiles={"A2-4Q": 2}), observed=observed)
+    assert p.actions == () and p.blocked == () and not p.has_changes
+
+
+@pytest.mark.parametrize(
+    ("gpu", "observed", "message"),
+    [
+        (
+            want(vgpus={0: "A2-4Q", 1: "A2-2Q"}, line=9),
+            harvester(),
+            "d.yaml:9:11: mixed framebuffer sizes on GPU 0000:08:00.0",  # as node-local says
+        ),
+        (
+            want(PciAddress.parse("0000:09:00.0"), profiles={"A2-4Q": 1}, line=3),
+            harvester(),
+            "has no SRIOVGPUDevice on node harvester-kgd9c",
+        ),
+        (
+            replace(want(profiles={"A2-4Q": 1}, line=5), mode=VgpuMode.MIXED_SIZE),
+            harvester(),
+            "mode: mixed-size is not made through pcidevices-controller",
+        ),
+    ],
+)
+def test_what_cannot_be_reached_is_refused_before_anything_is_written(
+    gpu: DesiredGpu, observed: HarvesterNode, message: str
+) -> None:
+    with pytest.raises(PlanError) as caught:
+        plan(gpu, observed=observed)
+    assert any(message in line for line in caught.value.lines()), caught.value.lines()
+
+
+def test_an_unreadable_object_blocks_every_write_of_the_node() -> None:
+    observed = replace(harvester(), notes=("VGPUDevice x: spec.address is not a PCI address",))
+    p = plan(want(profiles={"A2-4Q": 1}), observed=observed)
+    assert p.actions == ()
+    assert [b.kind.value for b in p.blocked] == ["vgpudevice-enable"]
+    assert "could not be read" in p.blocked[0].reason
