@@ -186,3 +186,34 @@ def test_a_damaged_object_is_left_out_with_a_note() -> None:
     assert node.notes == (
         f"VGPUDevice {NODE}-000008006: spec.parentGPUDeviceAddress is not a PCI address",
     )
+
+
+def test_every_node_is_read_from_four_lists_whatever_their_number() -> None:
+    from reconciler.observe.delegate import observe_harvester_nodes
+    from tests.doubles.cluster import FakeCluster
+
+    api = FakeCluster(read_only=True)  # delegate observation only reads
+    other = "harvester-other"
+    theirs = gpu_object()
+    theirs["metadata"] = {**theirs["metadata"], "name": f"{other}-000008000",
+                          "labels": {"nodename": other}}  # fmt: skip
+    api.seed("sriovgpudevices", [gpu_object(), theirs])
+    api.seed("vgpudevices", [vf_object(4, enabled=True, type_name="NVIDIA A2-4Q",
+                                       vGPUStatus="vGPUConfigured",
+                                       configureVGPUTypeName="NVIDIA A2-4Q")])  # fmt: skip
+    details = {"gpus": {"nvidia.com/NVIDIA_A2-4Q": [f"{NODE}-000008004"]}}
+    api.seed("virtualmachines", [vm("win11", details)])
+    api.seed("virtualmachineinstances", [])
+    nodes = observe_harvester_nodes(api, [NODE, other, "empty-node"])
+    assert sorted(nodes) == ["empty-node", NODE, other]
+    assert [g.name for g in nodes[NODE].gpus] == [f"{NODE}-000008000"]
+    assert [g.name for g in nodes[other].gpus] == [f"{other}-000008000"]
+    assert nodes["empty-node"].gpus == () and nodes["empty-node"].vfs == ()
+    assert dict(nodes[NODE].used_by) == {f"{NODE}-000008004": "VM default/win11"}
+    assert sorted(c.plural for c in api.lists) == [
+        "sriovgpudevices",
+        "vgpudevices",
+        "virtualmachineinstances",
+        "virtualmachines",
+    ]
+    assert {verb for verb, _, _ in api.calls} == {"list"}

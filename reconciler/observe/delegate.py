@@ -1,0 +1,55 @@
+"""Delegate mode's observation: every node of the desired state, as Harvester's objects show it
+(docs/delegate.md). Four lists for the whole cluster, whatever the number of nodes — the
+``SRIOVGPUDevice``s, the ``VGPUDevice``s, KubeVirt's ``VirtualMachine``s and
+``VirtualMachineInstance``s — grouped by node here; the values are read by
+``harvester_devices`` (pure). Raises the port's ``ClusterError`` subclasses (unreachable,
+forbidden, Harvester's CRDs missing), so nothing is planned on what could not be read.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from reconciler.model.cluster import (
+    GROUP,
+    KUBEVIRT_GROUP,
+    KUBEVIRT_VERSION,
+    NODE_LABEL,
+    SRIOV_GPU_PLURAL,
+    VERSION,
+    VGPU_PLURAL,
+)
+from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.harvester import HarvesterNode
+from reconciler.observe.harvester_devices import harvester_node
+
+VM_PLURAL = "virtualmachines"
+VMI_PLURAL = "virtualmachineinstances"
+
+
+def observe_harvester_nodes(api: ClusterApi, nodes: Iterable[str]) -> dict[str, HarvesterNode]:
+    """Each of ``nodes`` as Harvester's objects show it (a node without objects is empty)."""
+    wanted = sorted(set(nodes))
+    gpus = _by_node(api.list_objects(group=GROUP, version=VERSION, plural=SRIOV_GPU_PLURAL))
+    vfs = _by_node(api.list_objects(group=GROUP, version=VERSION, plural=VGPU_PLURAL))
+    vms = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VM_PLURAL)
+    vmis = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VMI_PLURAL)
+    return {
+        node: harvester_node(node, gpus.get(node, ()), vfs.get(node, ()), vms=vms, vmis=vmis)
+        for node in wanted
+    }
+
+
+def _by_node(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Objects by their ``nodename`` label (how pcidevices labels them); unlabelled ones are
+    no node's."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for obj in objects:
+        metadata = obj.get("metadata")
+        labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+        node = labels.get(NODE_LABEL) if isinstance(labels, Mapping) else None
+        if isinstance(node, str) and node:
+            out[node].append(obj)
+    return out
