@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.model import (
+    AdmissionDeniedError,
     ClusterError,
     ClusterUnavailableError,
     ConflictError,
@@ -122,6 +123,11 @@ def server_message(body: str | None, reason: str | None) -> str:
     return text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 1] + "…"
 
 
+#: How the API server words a validating webhook's denial (k8s.io/apiserver
+#: ``webhook/errors.ToStatusErr``: ``admission webhook "<name>" denied the request: <why>``).
+_WEBHOOK_DENIAL = "denied the request"
+
+
 def from_api_exception(
     status: int, reason: str | None, body: str | None, *, request: Request, server: str
 ) -> ReconcilerError:
@@ -137,6 +143,10 @@ def from_api_exception(
                 f"{' '.join(first.split())}"
             )
         return ClusterError(f"cannot send {request.verb} {request.object} to {server}: {said}")
+    if status >= 400 and _WEBHOOK_DENIAL in said:
+        # An admission webhook said no (its own code: 400 by default, 403 or 422 as it
+        # chooses): its words, not RBAC's or a schema's.
+        return AdmissionDeniedError(f"{request.verb} {request.object} was refused: {said}")
     if status == 401:
         return ClusterError(
             f"the Kubernetes API server at {server} rejected our credentials "

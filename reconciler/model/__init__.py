@@ -6,6 +6,7 @@ No I/O and no third-party imports (an import-linter contract holds this).
 from reconciler.model.address import PciAddress
 from reconciler.model.desired import Desired, DesiredGpu, DesiredNode, SourceLocation, VfKey
 from reconciler.model.errors import (
+    AdmissionDeniedError,
     ApplyError,
     ClusterError,
     ClusterUnavailableError,
@@ -74,6 +75,7 @@ __all__ = [
     "VGPU",
     "Action",
     "ActionKind",
+    "AdmissionDeniedError",
     "ApplyError",
     "Blocked",
     "ClusterAction",

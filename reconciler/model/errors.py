@@ -126,6 +126,11 @@ class ClusterError(ReconcilerError):
     """The cluster could not be read or written as needed."""
 
 
+class AdmissionDeniedError(ClusterError):
+    """A validating admission webhook refused a write (e.g. pcidevices': "device … is in use
+    with VM …"); its message is quoted as the server gave it."""
+
+
 class ClusterUnavailableError(ClusterError):
     """The API server did not answer (connection refused, timeout, 5xx)."""
 

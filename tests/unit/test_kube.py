@@ -19,6 +19,7 @@ from reconciler.kube.errors import (
     is_object_not_found,
 )
 from reconciler.model import (
+    AdmissionDeniedError,
     ClusterError,
     ClusterUnavailableError,
     ConflictError,
@@ -58,6 +59,20 @@ def test_forbidden_names_verb_and_resource_with_the_server_message() -> None:
     assert err.message == (
         f"RBAC denies update on vgpudevices.devices.harvesterhci.io/status ({said})"
     )
+
+
+@pytest.mark.parametrize("code", [400, 403, 422])
+def test_a_webhook_denial_is_quoted_whatever_its_code(code: int) -> None:
+    # k8s.io/apiserver's ToStatusErr: the webhook's own code (400 when it gives none) and
+    # 'admission webhook "<name>" denied the request: <why>'. Not RBAC's fault, nor a schema's.
+    req = Request("patch", "devices.harvesterhci.io", "v1beta1", "vgpudevices", None, "n-1")
+    said = (
+        'admission webhook "validator.harvesterhci.io" denied the request: device n-1 is in '
+        "use with VM win11 in namespace default"
+    )
+    err = from_api_exception(code, "Bad Request", status(code, said), request=req, server=SERVER)
+    assert isinstance(err, AdmissionDeniedError)
+    assert err.message.endswith(f"was refused: {said}")
 
 
 def test_forbidden_in_a_namespace_says_so() -> None:

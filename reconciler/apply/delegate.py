@@ -1,0 +1,280 @@
+"""Delegate mode's executor: each spec write of a plan, in order, with the waits
+pcidevices-controller needs between them (docs/delegate.md).
+
+For each step, bounded by ``timeout`` (long enough for a node resync, about 30 s, by default):
+
+1. **Before**, the state the webhook and the controller will check: a ``vgpudevice-enable``
+   waits until the VF hosts nothing (``status.vGPUStatus`` empty) and its
+   ``status.availableTypes`` lists the profile; a ``vgpudevice-disable`` or
+   ``sriovgpudevice-disable`` first asks who uses the device *now* (VMs and VMIs read again) and
+   never writes while anything does.
+2. **The write**: a JSON patch that tests the spec field it changes still holds the planned
+   value (so a concurrent edit is a conflict, "plan again", while the controller's own status
+   writes, which bump ``resourceVersion``, are not), then sets it.
+3. **After**, until the controller reports the step: ``vGPUStatus: vGPUConfigured`` with
+   ``configureVGPUTypeName`` the profile; ``vGPUStatus`` empty; the GPU's ``VGPUDevice``
+   objects listed in its status; its ``vfAddresses`` gone.
+
+A step already in effect is a no-op. A webhook's denial is reported with its words, and stops
+the run, as any failure does: the steps after it are not run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from reconciler.apply.executor import ApplyResult, Outcome, OutcomeStatus
+from reconciler.model import (
+    Action,
+    Plan,
+    ReconcilerError,
+    SriovGpuDeviceDisable,
+    SriovGpuDeviceEnable,
+    VgpuDeviceDisable,
+    VgpuDeviceEnable,
+)
+from reconciler.model.cluster import GROUP, SRIOV_GPU_PLURAL, VERSION, VGPU_PLURAL
+from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.harvester import HarvesterGpu, HarvesterVf
+from reconciler.observe.harvester_devices import ObjectError, parse_gpu, parse_vf
+
+_T = TypeVar("_T")
+
+#: How long one wait may take by default (a node resync is about 30 s; a vGPU create or
+#: ``sriov-manage`` run on top of it).
+DEFAULT_TIMEOUT = 180.0
+#: How often the objects are read while waiting.
+DEFAULT_POLL = 1.0
+
+
+class StepFailed(Exception):
+    """A step that did not happen, and why (for the outcome)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.transient = transient
+
+
+@dataclass
+class DelegateExecutor:
+    """Runs a delegate plan's steps against the cluster."""
+
+    api: ClusterApi
+    #: Who uses the ``VGPUDevice`` named so now (``VM <ns>/<name>``), None: nobody; asked right
+    #: before every disable.
+    used_by: Callable[[str], str | None]
+    timeout: float = DEFAULT_TIMEOUT
+    poll: float = DEFAULT_POLL
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    on_outcome: Callable[[Outcome], None] | None = None
+
+    def run(self, plan: Plan, *, run_id: str = "") -> ApplyResult:
+        outcomes: list[Outcome] = []
+        actions = list(plan.actions)
+        for i, action in enumerate(actions):
+            started = self.clock()
+            try:
+                status, message = self._step(action)
+                outcome = Outcome(action, status, message, seconds=self.clock() - started)
+            except StepFailed as e:
+                outcome = Outcome(
+                    action,
+                    OutcomeStatus.FAILED,
+                    e.message,
+                    transient=e.transient,
+                    seconds=self.clock() - started,
+                )
+            except ReconcilerError as e:
+                outcome = Outcome(
+                    action,
+                    OutcomeStatus.FAILED,
+                    e.message,
+                    transient=getattr(e, "transient", False),
+                    seconds=self.clock() - started,
+                )
+            outcomes.append(outcome)
+            if self.on_outcome is not None:
+                self.on_outcome(outcome)
+            if outcome.status is OutcomeStatus.FAILED:
+                return ApplyResult(plan.node, run_id, tuple(outcomes), tuple(actions[i + 1 :]))
+        return ApplyResult(plan.node, run_id, tuple(outcomes))
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _step(self, action: Action) -> tuple[OutcomeStatus, str]:
+        match action:
+            case VgpuDeviceEnable():
+                return self._enable_vf(action)
+            case VgpuDeviceDisable():
+                return self._disable_vf(action)
+            case SriovGpuDeviceEnable():
+                return self._enable_gpu(action)
+            case SriovGpuDeviceDisable():
+                return self._disable_gpu(action)
+        return OutcomeStatus.SKIPPED, "skipped: not a delegate step"
+
+    def _enable_vf(self, a: VgpuDeviceEnable) -> tuple[OutcomeStatus, str]:
+        vf = self._vf(a.target)
+        if vf.enabled and vf.type_name == a.type_name:
+            if vf.configured and vf.configured_type == a.type_name:
+                return OutcomeStatus.NOOP, f"already hosts {a.type_name}"
+        elif vf.enabled:
+            raise StepFailed(
+                f"{a.target} is enabled with {vf.type_name or 'no profile'}, but the plan expects "
+                "it disabled: the object changed since the plan was made; run plan again"
+            )
+        else:
+            vf = self._wait(
+                lambda: self._vf(a.target),
+                lambda v: not v.configured and a.type_name in v.available,
+                lambda v: (
+                    f"{a.target} never offered {a.type_name} within {self.timeout:g} s "
+                    f"(status.availableTypes: {', '.join(sorted(v.available)) or 'none'}"
+                    f"{'; it still hosts a vGPU' if v.configured else ''})"
+                ),
+            )
+            self._patch(
+                VGPU_PLURAL,
+                a.target,
+                [
+                    {"op": "test", "path": "/spec/enabled", "value": False},
+                    {"op": "add", "path": "/spec/vGPUTypeName", "value": a.type_name},
+                    {"op": "replace", "path": "/spec/enabled", "value": True},
+                ],
+            )
+        self._wait(
+            lambda: self._vf(a.target),
+            lambda v: v.configured and v.configured_type == a.type_name,
+            lambda v: (
+                f"pcidevices-controller did not configure {a.type_name} on {a.target} within "
+                f"{self.timeout:g} s (status.vGPUStatus: {_status(v)}, "
+                f"configureVGPUTypeName: {v.configured_type or 'empty'})"
+            ),
+        )
+        return OutcomeStatus.DONE, f"enabled {a.type_name}"
+
+    def _disable_vf(self, a: VgpuDeviceDisable) -> tuple[OutcomeStatus, str]:
+        vf = self._vf(a.target)
+        if vf.enabled:
+            self._refuse_if_used(a.target)
+            self._patch(
+                VGPU_PLURAL,
+                a.target,
+                [
+                    {"op": "test", "path": "/spec/enabled", "value": True},
+                    {"op": "replace", "path": "/spec/enabled", "value": False},
+                ],
+            )
+        elif not vf.configured:
+            return OutcomeStatus.NOOP, "already disabled"
+        self._wait(
+            lambda: self._vf(a.target),
+            lambda v: not v.configured,
+            lambda v: (
+                f"pcidevices-controller did not remove the vGPU of {a.target} within "
+                f"{self.timeout:g} s (status.vGPUStatus is still vGPUConfigured)"
+            ),
+        )
+        return OutcomeStatus.DONE, f"disabled ({a.type_name} removed)"
+
+    def _enable_gpu(self, a: SriovGpuDeviceEnable) -> tuple[OutcomeStatus, str]:
+        gpu = self._gpu(a.target)
+        if gpu.enabled and gpu.vgpu_devices:
+            return OutcomeStatus.NOOP, "already enabled"
+        if not gpu.enabled:
+            self._patch(
+                SRIOV_GPU_PLURAL,
+                a.target,
+                [
+                    {"op": "test", "path": "/spec/enabled", "value": False},
+                    {"op": "replace", "path": "/spec/enabled", "value": True},
+                ],
+            )
+        done = self._wait(
+            lambda: self._gpu(a.target),
+            lambda g: bool(g.vgpu_devices),
+            lambda g: (
+                f"pcidevices-controller listed no VGPUDevices for {a.target} within "
+                f"{self.timeout:g} s (VFs: {len(g.vf_addresses)}; it makes them at a node resync)"
+            ),
+        )
+        return OutcomeStatus.DONE, f"enabled ({len(done.vgpu_devices)} VGPUDevices)"
+
+    def _disable_gpu(self, a: SriovGpuDeviceDisable) -> tuple[OutcomeStatus, str]:
+        gpu = self._gpu(a.target)
+        if not gpu.enabled and not gpu.vf_addresses:
+            return OutcomeStatus.NOOP, "already disabled"
+        if gpu.enabled:
+            for name in gpu.vgpu_devices:
+                self._refuse_if_used(name)
+            self._patch(
+                SRIOV_GPU_PLURAL,
+                a.target,
+                [
+                    {"op": "test", "path": "/spec/enabled", "value": True},
+                    {"op": "replace", "path": "/spec/enabled", "value": False},
+                ],
+            )
+        self._wait(
+            lambda: self._gpu(a.target),
+            lambda g: not g.vf_addresses,
+            lambda g: (
+                f"pcidevices-controller did not disable SR-IOV on {a.target} within "
+                f"{self.timeout:g} s ({len(g.vf_addresses)} VFs still listed)"
+            ),
+        )
+        return OutcomeStatus.DONE, "disabled"
+
+    # -- reads, writes, waits --------------------------------------------------------------
+
+    def _vf(self, name: str) -> HarvesterVf:
+        raw = self._get(VGPU_PLURAL, name)
+        try:
+            return parse_vf(raw)
+        except ObjectError as e:
+            raise StepFailed(f"VGPUDevice {e}") from None
+
+    def _gpu(self, name: str) -> HarvesterGpu:
+        raw = self._get(SRIOV_GPU_PLURAL, name)
+        try:
+            return parse_gpu(raw)
+        except ObjectError as e:
+            raise StepFailed(f"SRIOVGPUDevice {e}") from None
+
+    def _get(self, plural: str, name: str) -> dict[str, Any]:
+        raw = self.api.get_object(group=GROUP, version=VERSION, plural=plural, name=name)
+        if raw is None:
+            raise StepFailed(f"{plural}/{name} is gone: run plan again")
+        return raw
+
+    def _patch(self, plural: str, name: str, ops: Sequence[dict[str, Any]]) -> None:
+        self.api.patch_object(group=GROUP, version=VERSION, plural=plural, name=name, patch=ops)
+
+    def _refuse_if_used(self, name: str) -> None:
+        holder = self.used_by(name)
+        if holder is not None:
+            raise StepFailed(f"{name} is in use by {holder} now: not disabled", transient=True)
+
+    def _wait(
+        self,
+        read: Callable[[], _T],
+        ready: Callable[[_T], bool],
+        why: Callable[[_T], str],
+    ) -> _T:
+        deadline = self.clock() + self.timeout
+        while True:
+            value = read()
+            if ready(value):
+                return value
+            if self.clock() >= deadline:
+                raise StepFailed(why(value), transient=True)
+            self.sleep(self.poll)
+
+
+def _status(vf: HarvesterVf) -> str:
+    return "vGPUConfigured" if vf.configured else "empty"

@@ -1,0 +1,210 @@
+"""Delegate mode's executor (``apply/delegate.py``) against the in-memory ClusterApi, with a
+scripted stand-in for pcidevices-controller that acts between polls the way docs/domain.md §6
+says the real one does: it configures an enabled VGPUDevice's vGPU, clears ``vGPUStatus`` of a
+disabled one in one status write and refreshes ``availableTypes`` in a later one, and lists a
+GPU's VFs and VGPUDevices once it is enabled. (The faithful double of the controller, with its
+webhook, drives the end-to-end tests.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reconciler.apply.delegate import DelegateExecutor
+from reconciler.apply.executor import OutcomeStatus
+from reconciler.model import (
+    Action,
+    PciAddress,
+    Plan,
+    SriovGpuDeviceEnable,
+    VgpuDeviceDisable,
+    VgpuDeviceEnable,
+)
+from tests.doubles.cluster import FakeCluster
+
+NODE = "n1"
+GPU = PciAddress.parse("0000:08:00.0")
+VF0 = PciAddress.parse("0000:08:00.4")
+TYPES = {"NVIDIA A2-2Q": "nvidia-743", "NVIDIA A2-4Q": "nvidia-744"}
+
+
+def vf_object(enabled: bool, type_name: str, configured: bool) -> dict[str, Any]:
+    status: dict[str, Any] = (
+        {"vGPUStatus": "vGPUConfigured", "configureVGPUTypeName": type_name}
+        if configured
+        else {"availableTypes": dict(TYPES)}
+    )
+    return {
+        "metadata": {"name": f"{NODE}-000008004", "labels": {"nodename": NODE}},
+        "spec": {"address": str(VF0), "enabled": enabled, "nodeName": NODE,
+                 "parentGPUDeviceAddress": str(GPU), "vGPUTypeName": type_name},
+        "status": status,
+    }  # fmt: skip
+
+
+class Controller:
+    """What pcidevices-controller does between two of our polls (one change per tick)."""
+
+    def __init__(self, api: FakeCluster, *, stalls: bool = False) -> None:
+        self.api = api
+        self.ticks = 0
+        self.stalls = stalls
+
+    def tick(self, _seconds: float) -> None:
+        self.ticks += 1
+        if self.stalls:
+            return
+        for (plural, ns, _), obj in list(self.api.store.items()):
+            status = obj.setdefault("status", {})
+            if plural == "vgpudevices":
+                spec = obj["spec"]
+                if spec["enabled"] and status.get("vGPUStatus") != "vGPUConfigured":
+                    status.clear()
+                    status.update(vGPUStatus="vGPUConfigured",
+                                  configureVGPUTypeName=spec["vGPUTypeName"])  # fmt: skip
+                elif not spec["enabled"] and status.get("vGPUStatus"):
+                    status.clear()  # first status write: vGPUStatus cleared
+                elif not spec["enabled"] and not status.get("availableTypes"):
+                    status["availableTypes"] = dict(TYPES)  # a later one: the types
+                else:
+                    continue
+                self.api.put(plural, obj, ns)
+                return
+            if plural == "sriovgpudevices" and obj["spec"]["enabled"] and not status:
+                status.update(vfAddresses=[str(VF0)], vGPUDevices=[f"{NODE}-000008004"])
+                self.api.put(plural, obj, ns)
+                return
+
+
+def run(api: FakeCluster, *actions: Action, stalls: bool = False, used: str | None = None) -> Any:
+    controller = Controller(api, stalls=stalls)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        controller.tick(seconds)
+
+    executor = DelegateExecutor(
+        api, used_by=lambda _name: used, timeout=30, poll=1, clock=lambda: now[0], sleep=sleep
+    )
+    numbered = tuple(a.numbered(i) for i, a in enumerate(actions, start=1))
+    return executor.run(Plan(NODE, "harvester", "sha256:x", actions=numbered)), api
+
+
+def enable(type_name: str, replaces: str | None = None) -> VgpuDeviceEnable:
+    return VgpuDeviceEnable(
+        target=f"{NODE}-000008004", reason="r", node=NODE, gpu=GPU, vf=VF0, vf_index=0,
+        resource_version="1", type_name=type_name, replaces=replaces,
+    )  # fmt: skip
+
+
+def disable(type_name: str, replaced_by: str | None = None) -> VgpuDeviceDisable:
+    return VgpuDeviceDisable(
+        target=f"{NODE}-000008004", reason="r", node=NODE, gpu=GPU, vf=VF0, vf_index=0,
+        resource_version="1", type_name=type_name, replaced_by=replaced_by,
+    )  # fmt: skip
+
+
+def stored(api: FakeCluster, plural: str, name: str) -> dict[str, Any]:
+    return api.store[(plural, None, name)]
+
+
+def test_an_enable_is_one_patch_then_waits_for_the_controller() -> None:
+    api = FakeCluster()
+    api.seed("vgpudevices", [vf_object(False, "", configured=False)])
+    result, _ = run(api, enable("NVIDIA A2-4Q"))
+    assert [o.status for o in result.outcomes] == [OutcomeStatus.DONE]
+    assert api.patches == [
+        [
+            {"op": "test", "path": "/spec/enabled", "value": False},
+            {"op": "add", "path": "/spec/vGPUTypeName", "value": "NVIDIA A2-4Q"},
+            {"op": "replace", "path": "/spec/enabled", "value": True},
+        ]
+    ]
+    status = stored(api, "vgpudevices", f"{NODE}-000008004")["status"]
+    assert status == {"vGPUStatus": "vGPUConfigured", "configureVGPUTypeName": "NVIDIA A2-4Q"}
+
+
+def test_a_profile_change_waits_for_the_types_before_enabling_again() -> None:
+    # Disable, then the controller clears vGPUStatus and only a tick later lists the types:
+    # the enable is written only then (the webhook checks the old object's availableTypes).
+    api = FakeCluster()
+    api.seed("vgpudevices", [vf_object(True, "NVIDIA A2-4Q", configured=True)])
+    result, _ = run(
+        api, disable("NVIDIA A2-4Q", "NVIDIA A2-2Q"), enable("NVIDIA A2-2Q", "NVIDIA A2-4Q")
+    )
+    assert [o.status for o in result.outcomes] == [OutcomeStatus.DONE, OutcomeStatus.DONE]
+    assert [op[-1]["value"] for op in api.patches] == [False, True]
+    assert stored(api, "vgpudevices", f"{NODE}-000008004")["status"] == {
+        "vGPUStatus": "vGPUConfigured",
+        "configureVGPUTypeName": "NVIDIA A2-2Q",
+    }
+
+
+def test_a_step_already_in_effect_is_a_noop_and_writes_nothing() -> None:
+    api = FakeCluster()
+    api.seed("vgpudevices", [vf_object(True, "NVIDIA A2-4Q", configured=True)])
+    result, _ = run(api, enable("NVIDIA A2-4Q"))
+    assert [o.status for o in result.outcomes] == [OutcomeStatus.NOOP]
+    assert api.patches == []
+
+
+def test_a_vf_in_use_now_is_not_disabled_and_the_run_stops() -> None:
+    api = FakeCluster()
+    api.seed("vgpudevices", [vf_object(True, "NVIDIA A2-4Q", configured=True)])
+    result, _ = run(
+        api,
+        disable("NVIDIA A2-4Q", "NVIDIA A2-2Q"),
+        enable("NVIDIA A2-2Q", "NVIDIA A2-4Q"),
+        used="VM default/win11",
+    )
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.FAILED
+    assert outcome.message == f"{NODE}-000008004 is in use by VM default/win11 now: not disabled"
+    assert len(result.not_run) == 1 and api.patches == []
+
+
+def test_a_controller_that_never_acts_fails_the_step_when_the_wait_runs_out() -> None:
+    api = FakeCluster()
+    api.seed("vgpudevices", [vf_object(False, "", configured=False)])
+    result, _ = run(api, enable("NVIDIA A2-4Q"), stalls=True)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.FAILED and outcome.transient
+    assert outcome.message == (
+        f"pcidevices-controller did not configure NVIDIA A2-4Q on {NODE}-000008004 within 30 s "
+        "(status.vGPUStatus: empty, configureVGPUTypeName: empty)"
+    )
+
+
+def test_a_profile_the_vf_does_not_offer_is_never_written() -> None:
+    api = FakeCluster()
+    api.seed("vgpudevices", [vf_object(False, "", configured=False)])
+    result, _ = run(api, enable("NVIDIA A2-16Q"))
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.FAILED
+    assert "never offered NVIDIA A2-16Q within 30 s" in outcome.message
+    assert api.patches == []
+
+
+def test_an_object_edited_since_the_plan_is_a_conflict() -> None:
+    api = FakeCluster()
+    api.seed("vgpudevices", [vf_object(True, "NVIDIA A2-2Q", configured=False)])
+    result, _ = run(api, enable("NVIDIA A2-4Q"))
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.FAILED
+    assert "run plan again" in outcome.message and api.patches == []
+
+
+def test_a_gpu_enable_waits_until_its_vgpudevices_are_listed() -> None:
+    api = FakeCluster()
+    api.seed(
+        "sriovgpudevices",
+        [{"metadata": {"name": f"{NODE}-000008000", "labels": {"nodename": NODE}},
+          "spec": {"address": str(GPU), "nodeName": NODE, "enabled": False}}],
+    )  # fmt: skip
+    step = SriovGpuDeviceEnable(
+        target=f"{NODE}-000008000", reason="r", node=NODE, gpu=GPU, resource_version="1"
+    )
+    result, _ = run(api, step)
+    assert [(o.status, o.message) for o in result.outcomes] == [
+        (OutcomeStatus.DONE, "enabled (1 VGPUDevices)")
+    ]
