@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.cli.delegation import add_delegate_option, delegating
 from reconciler.cli.host import DEFAULT_WRITE_TIMEOUT, Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import (
@@ -158,6 +159,7 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
         "cluster's CR statuses — plans every node in the file, touching no host (for CI)",
     )
     add_adopt_option(p)
+    add_delegate_option(p)
     p.set_defaults(handler=cmd_plan)
     return p
 
@@ -166,6 +168,10 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
     if ns.observed == "cluster":
         return _plan_from_cluster(ns, host)
+    if delegating(ns, host):
+        from reconciler.cli.delegate import cmd_plan_delegate
+
+        return cmd_plan_delegate(ns, host)
     node, planned = plan_files(ns.file, host, adopt=ns.adopt)
     plan, inventory = planned.plan, planned.inventory
     doc = saved_plan_document(plan, node)
@@ -187,7 +193,8 @@ def add_apply_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="how long one sriov-manage call may take before it is killed (default 300)",
+        help="how long one sriov-manage call may take before it is killed (default 300); in "
+        "delegate mode, how long to wait for pcidevices-controller at each step",
     )
     p.add_argument(
         "--verify-timeout",
@@ -337,6 +344,7 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     add_adopt_option(p)
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
     add_apply_options(p)
+    add_delegate_option(p)
     p.set_defaults(handler=cmd_apply)
     return p
 
@@ -345,6 +353,10 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.apply import NodeLock
 
     host = Host(options)
+    if delegating(ns, host):
+        from reconciler.cli.delegate import cmd_apply_delegate
+
+        return cmd_apply_delegate(ns, host)
     # The lock comes first: a second apply fails at once naming the holder, never plans from
     # a host the first one is still changing, and the plan shown (and confirmed) is the one
     # the engine runs, planned under the lock.
@@ -572,12 +584,18 @@ def _add_assert(sub: Subparsers) -> argparse.ArgumentParser:
         description="Plan silently; print a one-line verdict. Exit 0 matches, 2 drift, 1 error.",
     )
     p.add_argument("file", metavar="FILE", nargs="+")
+    add_delegate_option(p)
     p.set_defaults(handler=cmd_assert)
     return p
 
 
 def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
-    _, planned = plan_files(ns.file, Host(options))
+    host = Host(options)
+    if delegating(ns, host):
+        from reconciler.cli.delegate import cmd_assert_delegate
+
+        return cmd_assert_delegate(ns, host)
+    _, planned = plan_files(ns.file, host)
     plan = planned.plan
     if not plan.has_changes:
         _out(f"node {safe(plan.node)} matches the desired state\n")
