@@ -70,6 +70,8 @@ from tests.doubles.admission import Attributes
 from tests.doubles.emulator import ApiServerEmulator, WebhookDenial
 
 JsonObject = dict[str, Any]
+# The client is only partly typed: its entry points are used as Any.
+_new_client_from_config: Any = config.new_client_from_config
 
 GROUP, VERSION = "devices.harvesterhci.io", "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -282,8 +284,8 @@ class PciDevicesWebhook:
             if device in names:
                 users.append((vm_namespace, vm_name))
         if users:
-            namespace, vm = sorted(users)[0]
-            raise _GoError(f"device {device} is in use with VM {vm} in namespace {namespace}")
+            namespace, user = sorted(users)[0]
+            raise _GoError(f"device {device} is in use with VM {user} in namespace {namespace}")
 
     def _node_deleted(self, node: str) -> bool:
         """indexer.go ``isNodeDeleted``: no such Node, or one being deleted."""
@@ -321,9 +323,9 @@ class PciDevicesController:
         self.node = node
         self.host = host
         self._emu = emu
-        self._api = config.new_client_from_config(config_file=str(kubeconfig))
-        self._custom = client.CustomObjectsApi(self._api)
-        self._core = client.CoreV1Api(self._api)
+        self._api = _new_client_from_config(config_file=str(kubeconfig))
+        self._custom: Any = client.CustomObjectsApi(self._api)
+        self._core: Any = client.CoreV1Api(self._api)
         self._queue = _Queue()
         #: The resourceVersion of every object the informers have delivered, by key.
         self._seen: dict[str, str] = {}
@@ -494,11 +496,11 @@ class PciDevicesController:
             raise _GoError(
                 f"error reading sriov_numvfs for device {SYS_DEV_ROOT}{pf}: {_os_error(error)}"
             ) from None
-        vfs = sorted(
+        vfs = [
             os.path.basename(os.path.realpath(link))
-            for link in path.glob("virtfn*")
+            for link in sorted(path.glob("virtfn*"), key=lambda p: p.name)  # Go's Glob sorts
             if link.is_symlink()
-        )
+        ]
         names = [device_name(vf, self.node) for vf in vfs] or None
         return count > 0, {"vfAddresses": vfs, "vGPUDevices": names}
 

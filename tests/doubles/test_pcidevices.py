@@ -37,6 +37,8 @@ from tests.doubles.pcidevices import (
     vm,
 )
 
+# The client is only partly typed: its entry points are used as Any.
+new_client_from_config: Any = config.new_client_from_config
 CRD_SETS = ("harvester",)  # tests/conftest.py: the ``emu`` fixture serves Harvester's CRDs
 
 NODE = "harvester-kgd9c"
@@ -52,6 +54,9 @@ VGPU_NAMES = [
     *(f"{NODE}-00000802{f}" for f in range(4)),
 ]
 VF4, VF5 = VGPU_NAMES[0], VGPU_NAMES[1]
+#: The same VFs in the order of their ``virtfn<N>`` links as text (common.go ``GetVFList``
+#: globs them: virtfn0, virtfn1, virtfn10, …, virtfn15, virtfn2, …; DOMAIN.md §1).
+GLOB_ORDER = [0, 1, *range(10, 16), *range(2, 10)]
 #: Every A2 type a VF lists while its GPU hosts no vGPU (name → id).
 ALL_TYPES = {
     "NVIDIA A2-1B": "742",
@@ -98,7 +103,7 @@ class Harvester:
         """(status code, reason, message) of a request the API server refuses."""
         with pytest.raises(client.ApiException) as caught:
             call(*args)
-        body = json.loads(caught.value.body)
+        body = json.loads(caught.value.body or "{}")
         return caught.value.status, body.get("reason", ""), body["message"]
 
 
@@ -114,7 +119,7 @@ def harvester(emu: ApiServerEmulator, tmp_path: Path) -> Iterator[Harvester]:
     emu.seed(node_object(NODE))
     host = a2_host(tmp_path / "host")
     kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
-    api = config.new_client_from_config(config_file=str(kubeconfig))
+    api = new_client_from_config(config_file=str(kubeconfig))
     with PciDevicesController(emu, host, NODE, kubeconfig) as ctl:
         ctl.resync()
         ctl.run_until_idle()
@@ -190,8 +195,8 @@ def test_enabling_a_gpu_runs_sriov_manage_and_its_vgpu_devices_come_with_the_res
     assert (pf / "sriov_numvfs").read_text().strip() == "16"
     assert all((harvester.host.sysfs_root / "bus/pci/devices" / a).is_dir() for a in VF_ADDRESSES)
     assert harvester.stored(SRIOVGPUS, GPU)["status"] == {
-        "vfAddresses": VF_ADDRESSES,
-        "vGPUDevices": VGPU_NAMES,
+        "vfAddresses": [VF_ADDRESSES[i] for i in GLOB_ORDER],
+        "vGPUDevices": [VGPU_NAMES[i] for i in GLOB_ORDER],
     }
     # VGPUDevices are made by the node's periodic reconcile, not by the GPU's handler.
     assert harvester.emu.objects(*VGPUS) == []
@@ -321,7 +326,7 @@ def test_disabling_clears_the_status_then_a_second_write_refreshes_the_types(
     # siblings reconcileDisabledVGPUStatus queued): the types from sysfs.
     start = len(h.emu.requests)
     handled = step_until(h.ctl, f"vgpudevices/{VF4}")
-    assert handled == [f"vgpudevices/{name}" for name in VGPU_NAMES[1:] + [VF4]]
+    assert handled == [f"vgpudevices/{name}" for name in [*VGPU_NAMES[1:], VF4]]
     assert [r for r in writes_since(h.emu, start) if r.name == VF4] == [
         Request("update", "devices.harvesterhci.io", "vgpudevices", "status", None, VF4)
     ]
@@ -349,6 +354,42 @@ def test_enabling_a_type_that_vanished_since_the_status_fails_in_the_handler(
         "/sys/bus/pci/devices/0000:08:00.5/nvidia/current_vgpu_type: "
     )
     assert "vGPUStatus" not in h.stored(VGPUS, VF5).get("status", {})
+
+
+def test_a_vgpu_device_made_for_a_vf_that_hosts_a_vgpu_is_disabled_and_removes_it(
+    emu: ApiServerEmulator, tmp_path: Path
+) -> None:
+    """gpuhelper.go ``generateVGPUDevice`` enables the new object only when the status names a
+    configured type, which ``FetchVGPUStatus`` never does: an object (re)created for a VF with
+    a vGPU says disabled, and ``OnVGPUChange`` then disables the VF (writes 0)."""
+    install(emu)
+    emu.seed(node_object(NODE))
+    host = build_host(
+        tmp_path / "host",
+        {
+            "gpus": [
+                {
+                    "model": "A2",
+                    "address": "0000:08:00.0",
+                    "interface": "vfio",
+                    "vgpus": {"0000:08:00.4": "NVIDIA A2-4Q"},
+                }
+            ]
+        },
+    )
+    with PciDevicesController(emu, host, NODE, emu.kubeconfig(tmp_path / "kc")) as ctl:
+        ctl.resync()
+        gpu = emu.get_object(*SRIOVGPUS, GPU)
+        assert gpu is not None and gpu["spec"]["enabled"] is True  # VFs exist
+        created = emu.get_object(*VGPUS, VF4)
+        assert created is not None and created["spec"]["enabled"] is False
+        ctl.run_until_idle()
+        assert ctl.errors == []
+    current = host.sysfs_root / "bus/pci/devices/0000:08:00.4/nvidia/current_vgpu_type"
+    assert current.read_text().strip() == "0"
+    assert ctl.sriov_manage_calls == []
+    after = emu.get_object(*VGPUS, VF4)
+    assert after is not None and after["status"] == {"availableTypes": ALL_TYPES}
 
 
 # --- the webhook ------------------------------------------------------------------------------
