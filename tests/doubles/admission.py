@@ -190,6 +190,14 @@ def _matches(match: Mapping[str, Any], a: Attributes) -> bool:
     return not any(_rule_matches(r, a) for r in match.get("excludeResourceRules") or ())
 
 
+def rule_matches(rule: Mapping[str, Any], a: Attributes) -> bool:
+    """Whether a rule (``RuleWithOperations``: apiGroups, apiVersions, operations, resources
+    with ``resource/subresource`` and ``*``, scope) matches a request, as the API server's
+    ``rules.Matcher`` (k8s.io/apiserver pkg/admission/plugin/webhook/predicates/rules) judges
+    it for policies and webhooks alike."""
+    return _rule_matches(rule, a)
+
+
 def _rule_matches(rule: Mapping[str, Any], a: Attributes) -> bool:
     def listed(values: Any, value: str) -> bool:
         return "*" in (values or ()) or value in (values or ())

@@ -15,7 +15,14 @@ import pytest
 import urllib3
 from kubernetes import client, config, watch
 
-from tests.doubles.emulator import ApiError, ApiServerEmulator, Request
+from tests.doubles.admission import Attributes
+from tests.doubles.emulator import (
+    ApiError,
+    ApiServerEmulator,
+    Request,
+    WebhookDenial,
+    WebhookUnavailable,
+)
 from tests.doubles.kubevirt_crd import kubevirt_crd
 
 GROUP, VERSION, PLURAL, KIND = "devices.harvesterhci.io", "v1beta1", "vgpudevices", "VGPUDevice"
@@ -902,3 +909,95 @@ def test_a_list_without_a_limit_or_with_a_large_one_is_one_page(custom: Any) -> 
     for kwargs in ({}, {"limit": 3}, {"limit": 500}):
         page = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
         assert len(page["items"]) == 3 and "continue" not in page["metadata"]
+
+
+# --- validating webhooks -----------------------------------------------------------------------
+
+VGPU_RULE = {
+    "operations": ["UPDATE", "DELETE"],
+    "apiGroups": [GROUP],
+    "apiVersions": [VERSION],
+    "resources": [PLURAL],
+    "scope": "Cluster",
+}
+
+
+def test_a_webhook_denial_is_its_status_prefixed_and_nothing_is_written(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    seen: list[Attributes] = []
+
+    def judge(a: Attributes) -> WebhookDenial | None:
+        seen.append(a)
+        if a.operation == "DELETE" or (a.object or {})["spec"].get("enabled"):
+            return WebhookDenial("no, not that", code=500, reason="InternalError")
+        return None
+
+    emulator.register_webhook("check.example.io", judge, rules=[VGPU_RULE])
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    assert seen == []  # CREATE is not among the rule's operations
+    stored = custom.get_cluster_custom_object(*CR, "a")
+    before = emulator.resource_version
+
+    error = api_error(custom.patch_cluster_custom_object, *CR, "a", {"spec": {"enabled": True}})
+    assert error.status == 500
+    assert status_of(error) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'admission webhook "check.example.io" denied the request: no, not that',
+        "reason": "InternalError",
+        "code": 500,
+    }
+    assert emulator.resource_version == before
+    assert emulator.get_object(*CR, "a") == stored
+    update = seen[-1]
+    assert (update.operation, update.name, update.subresource) == ("UPDATE", "a", "")
+    assert update.old_object is not None and update.old_object["spec"].get("enabled") is None
+    assert update.object is not None and update.object["spec"]["enabled"] is True
+
+    error = api_error(custom.delete_cluster_custom_object, *CR, "a")
+    assert error.status == 500
+    assert seen[-1].object is None and seen[-1].old_object == stored
+    assert emulator.get_object(*CR, "a") == stored
+
+    # The rule names the main resource: a status write is not the webhook's to judge.
+    custom.patch_cluster_custom_object_status(*CR, "a", {"status": {"uuid": "1"}})
+    assert seen[-1].operation == "DELETE"
+    assert emulator.get_object(*CR, "a")["status"] == {"uuid": "1"}
+
+
+def test_a_webhook_denial_below_400_is_400_and_without_a_message_says_so(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    emulator.register_webhook("a.example.io", lambda a: WebhookDenial(), rules=[VGPU_RULE])
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    error = api_error(custom.patch_cluster_custom_object, *CR, "a", {"spec": {"enabled": True}})
+    assert error.status == 400
+    body = status_of(error)
+    assert (
+        body["message"] == 'admission webhook "a.example.io" denied the request without explanation'
+    )
+    assert "reason" not in body
+    emulator.remove_webhook("a.example.io")
+    custom.patch_cluster_custom_object(*CR, "a", {"spec": {"enabled": True}})
+    assert emulator.get_object(*CR, "a")["spec"]["enabled"] is True
+
+
+def test_an_unreachable_webhook_follows_its_failure_policy(
+    emulator: ApiServerEmulator, custom: Any
+) -> None:
+    def down(a: Attributes) -> WebhookDenial | None:
+        raise WebhookUnavailable("connection refused")
+
+    custom.create_cluster_custom_object(*CR, vgpu("a"))
+    emulator.register_webhook("down.example.io", down, rules=[VGPU_RULE])
+    error = api_error(custom.patch_cluster_custom_object, *CR, "a", {"spec": {"enabled": True}})
+    assert error.status == 500
+    assert status_of(error)["message"] == (
+        'Internal error occurred: failed calling webhook "down.example.io": connection refused'
+    )
+    emulator.register_webhook("down.example.io", down, rules=[VGPU_RULE], failure_policy="Ignore")
+    custom.patch_cluster_custom_object(*CR, "a", {"spec": {"enabled": True}})
+    assert emulator.get_object(*CR, "a")["spec"]["enabled"] is True

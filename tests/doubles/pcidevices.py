@@ -1,0 +1,1146 @@
+"""A test double of Harvester's pcidevices-controller (its GPU part) and its admission webhook,
+for one simulated node, against the API-server emulator: what vgpuctl's delegate mode (issue 14)
+leaves the host work to.
+
+Modelled on harvester/pcidevices at bdd8025 (v1.8: the NVIDIA vendor-specific VFIO interface
+only, DOMAIN.md §3b), function by function; every method below names the Go it follows.
+
+The controller (:class:`PciDevicesController`)
+    acts on a simulated host (``reconciler.sim``) as the Go code acts on ``/sys``: it reads the
+    sysfs tree under the host's root, runs the simulator's own ``DIR/bin/sriov-manage`` as a
+    subprocess (the driver pod's ``/usr/lib/nvidia/sriov-manage``), and writes a VF's
+    ``nvidia/current_vgpu_type`` through the simulator's kernel emulation. It writes the cluster
+    through the unmodified ``kubernetes`` client over HTTP, one request per Go client call
+    (``Create``, ``Update``, ``UpdateStatus``, ``Delete``), with the objects shaped as Go's JSON
+    encoding of its types shapes them (spec fields always present, status fields ``omitempty``).
+    Its informer caches are the emulator's store read directly (``get_object``/``objects``): a
+    cache that is never stale, and reads the API server never sees, as with a real informer.
+
+    It is driven step by step: :meth:`~PciDevicesController.resync` is the node controller's
+    periodic reconcile (``reconcileNodeDevices``, every 30 s in the real one: PCIDevices, then
+    SRIOVGPUDevices, then VGPUDevices, then the node label); :meth:`reconcile_once` is one pass
+    of a wrangler worker (the informers' changes are queued, then one key is handled by
+    ``OnGPUChange`` or ``OnVGPUChange``); :meth:`run_until_idle` repeats it. A handler's error
+    is kept in ``errors`` and its key waits for :meth:`retry` (wrangler's rate-limited requeue;
+    :meth:`resync` retries too). :meth:`start`/:meth:`stop` run the same in a thread.
+
+The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
+    is the validating webhook ``pcidevices.harvesterhci.io`` of the configuration
+    ``pcidevices-validator`` (pkg/webhook/server.go, failurePolicy Ignore), for the two
+    validators of vGPUs: ``vgpuValidator`` (pkg/webhook/vgpu.go) and ``sriovGPUValidator``
+    (pkg/webhook/sriovgpudevices.go). Their errors are plain Go errors, which Harvester's
+    ``AdmissionHandler.admit`` (harvester/harvester pkg/webhook/types/admission.go) turns into
+    ``werror.NewInternalError``: the client sees 500, reason InternalError, and
+    ``admission webhook "pcidevices.harvesterhci.io" denied the request: <error>``. A VM "uses"
+    a device when its ``harvesterhci.io/deviceAllocationDetails`` annotation (JSON
+    ``{"gpus": {resource: [names]}, "hostdevices": {resource: [names]}}``,
+    pkg/apis/devices.harvesterhci.io/v1beta1/common.go ``AllocationDetails``) lists the device's
+    name under ``hostdevices`` (pkg/util/common/common.go ``VMByHostDeviceName``: ``gpus`` is not
+    looked at), on a KubeVirt ``VirtualMachine`` in any namespace.
+
+Not modelled (see also tests/doubles/__init__.py): the mdev interface (Harvester before v1.8;
+at bdd8025 a VF without ``nvidia/current_vgpu_type`` makes the vGPU setup fail, and so it does
+here), MIG (``reconcileMIGConfiguration``, MigConfiguration objects), the driver pod and its
+readiness check (the executor runs sriov-manage directly), the PCIDeviceClaim controller (claims
+are created and deleted, never acted on), device plugins, USB and SR-IOV NIC devices, the
+management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object, pci.ids names (a
+PCIDevice's description and resource name take ghw's unknown-product forms), the other
+validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and informer lag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+from reconciler.sim import SimHost
+from tests.doubles.admission import Attributes
+from tests.doubles.emulator import ApiServerEmulator, WebhookDenial
+
+JsonObject = dict[str, Any]
+# The client is only partly typed: its entry points are used as Any.
+_new_client_from_config: Any = config.new_client_from_config
+
+GROUP, VERSION = "devices.harvesterhci.io", "v1beta1"
+API_VERSION = f"{GROUP}/{VERSION}"
+SRIOVGPUS = (GROUP, VERSION, "sriovgpudevices")
+VGPUS = (GROUP, VERSION, "vgpudevices")
+PCIDEVICES = (GROUP, VERSION, "pcidevices")
+PCIDEVICECLAIMS = (GROUP, VERSION, "pcideviceclaims")
+VMS = ("kubevirt.io", "v1", "virtualmachines")
+NODES = ("", "v1", "nodes")
+
+#: pkg/apis/devices.harvesterhci.io/v1beta1: node.go ``NodeKeyName``, sriovgpudevice.go
+#: ``ParentSRIOVGPUDeviceLabel``, ``VGPUEnabled``, ``NvidiaDriverNeededKey``, ``SysDevRoot``,
+#: common.go ``DeviceAllocationKey``, pcideviceclaim.go and pcidevice.go annotations.
+NODE_LABEL = "nodename"
+PARENT_LABEL = "harvesterhci.io/parentSRIOVGPUDevice"
+VGPU_CONFIGURED = "vGPUConfigured"
+DRIVER_NEEDED_LABEL = "sriovgpu.harvesterhci.io/driver-needed"
+ALLOCATION_ANNOTATION = "harvesterhci.io/deviceAllocationDetails"
+SKIP_VFIO_BINDING = "pcidevices.harvesterhci.io/skip-vfio-binding"
+OVERRIDE_RESOURCE_NAME = "pcidevice.harvesterhci.io/override-resource-name"
+PCI_DEVICE_DRIVER = "harvesterhci.io/pcideviceDriver"
+SYS_DEV_ROOT = "/sys/bus/pci/devices/"
+#: pkg/controller/gpudevice/gpu_controller.go ``sriovManageCommand`` (in the driver pod).
+SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
+#: pkg/controller/gpudevice/vgpu_controller.go ``defaultUser``.
+CLAIM_USER = "admin"
+
+#: pkg/webhook/server.go: the configuration and its one webhook.
+WEBHOOK_CONFIGURATION = "pcidevices-validator"
+WEBHOOK = "pcidevices.harvesterhci.io"
+NAMESPACE = "harvester-system"
+
+_REPO = Path(__file__).resolve().parents[2]
+#: Harvester's CRDs the double needs beyond the two ``register_crds(harvester=True)`` installs.
+_CRDS = (
+    _REPO / "tests" / "fixtures" / "harvester-addon" / "pcidevices.devices.harvesterhci.io.yaml",
+    _REPO
+    / "tests"
+    / "fixtures"
+    / "harvester-pcidevices"
+    / "pcideviceclaims.devices.harvesterhci.io.yaml",
+)
+#: ghw's vendor names (pci.ids) for the vendors the simulator's hosts have.
+_VENDORS = {"10de": "NVIDIA Corporation", "8086": "Intel Corporation"}
+
+
+def device_name(address: str, node: str) -> str:
+    """pcidevice.go ``PCIDeviceNameForHostname``: ``<node>-<address without ':' and '.'>``."""
+    return f"{node}-{address.replace(':', '').replace('.', '')}"
+
+
+def resource_name_of_type(type_name: str) -> str:
+    """pkg/util/common/common.go ``GeneratevGPUDeviceName`` (its second regexp, written
+    ``^a-zA-Z0-9_-.]+``, only matches that literal text: it removes nothing)."""
+    name = " ".join(type_name.split()).replace("/", "_").replace(".", "_")
+    return "nvidia.com/" + name.replace(" ", "_")
+
+
+# --- installing -----------------------------------------------------------------------------
+
+
+def install(emu: ApiServerEmulator) -> PciDevicesWebhook:
+    """Serve what the double writes beyond Harvester's two vGPU CRDs (PCIDevice, PCIDeviceClaim,
+    KubeVirt's VirtualMachine), store the ``pcidevices-validator`` configuration as the
+    controller applies it (rules of the two modelled validators only) and register the webhook
+    behind it. Call after ``register_crds(emu, harvester=True)``."""
+    for path in _CRDS:
+        crd = yaml.safe_load(path.read_text())
+        if not emu.serves(GROUP, VERSION, crd["spec"]["names"]["plural"]):
+            emu.register_crd(crd)
+    if not emu.serves(*VMS):
+        emu.register(*VMS, "VirtualMachine", True, True)
+    webhook = PciDevicesWebhook(emu)
+    rules = [
+        {
+            "operations": ["UPDATE", "DELETE"],
+            "apiGroups": [GROUP],
+            "apiVersions": [VERSION],
+            "resources": [plural],
+            "scope": "Cluster",
+        }
+        for plural in ("vgpudevices", "sriovgpudevices")
+    ]
+    emu.seed(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": WEBHOOK_CONFIGURATION},
+            "webhooks": [
+                {
+                    "name": WEBHOOK,
+                    "clientConfig": {
+                        "service": {
+                            "namespace": NAMESPACE,
+                            "name": "pcidevices-webhook",
+                            "path": "/v1/webhook/validation",
+                            "port": 8443,
+                        }
+                    },
+                    "rules": rules,
+                    "failurePolicy": "Ignore",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1", "v1beta1"],
+                }
+            ],
+        }
+    )
+    emu.register_webhook(WEBHOOK, webhook, rules=rules, failure_policy="Ignore")
+    return webhook
+
+
+# --- the webhook ----------------------------------------------------------------------------
+
+
+class PciDevicesWebhook:
+    """``vgpuValidator`` and ``sriovGPUValidator`` (pkg/webhook/vgpu.go, sriovgpudevices.go)
+    over the emulator's store (their informer caches: VMs, core Nodes)."""
+
+    def __init__(self, emu: ApiServerEmulator) -> None:
+        self._emu = emu
+
+    def __call__(self, a: Attributes) -> WebhookDenial | None:
+        try:
+            self._validate(a)
+        except _GoError as error:
+            # admission.go: a plain error becomes werror.NewInternalError (500, InternalError).
+            return WebhookDenial(str(error), code=500, reason="InternalError")
+        return None
+
+    def _validate(self, a: Attributes) -> None:
+        if a.resource == "vgpudevices" and a.operation == "UPDATE":
+            self._vgpu_update(_need(a.old_object), _need(a.object))
+        elif a.resource == "vgpudevices" and a.operation == "DELETE":
+            self._vgpu_delete(_need(a.old_object))
+        elif a.resource == "sriovgpudevices" and a.operation == "UPDATE":
+            self._gpu_update(_need(a.old_object), _need(a.object))
+        elif a.resource == "sriovgpudevices" and a.operation == "DELETE":
+            self._gpu_delete(_need(a.old_object))
+
+    def _vgpu_update(self, old: JsonObject, new: JsonObject) -> None:
+        """vgpu.go ``vgpuValidator.Update``: nothing when the specs are equal (as Go structs);
+        a disable (true → false) is ``checkVGPUUsage``; an enable (false → true) is
+        ``validateVGPUProfiles`` against the OLD object's ``status.availableTypes``."""
+        old_spec, new_spec = _vgpu_spec(old), _vgpu_spec(new)
+        if old_spec == new_spec:
+            return
+        name = _name(new)
+        if old_spec["enabled"] and not new_spec["enabled"]:
+            self.check_vgpu_usage(name)
+            return
+        if not old_spec["enabled"] and new_spec["enabled"]:
+            type_name = new_spec["vGPUTypeName"]
+            if type_name == "":
+                raise _GoError(f"VGPUTypeName cannot be empty for vGPU device {name}")
+            available = _string_map(_status(old).get("availableTypes"))
+            if type_name not in (available or {}):
+                raise _GoError(
+                    f"VGPUTypeName {type_name} is not a valid profile for vGPU device {name}"
+                )
+
+    def _vgpu_delete(self, old: JsonObject) -> None:
+        """vgpu.go ``vgpuValidator.Delete``: allowed once the node is gone, else
+        ``checkVGPUUsage``."""
+        if self._node_deleted(_str(_spec(old).get("nodeName"))):
+            return
+        self.check_vgpu_usage(_name(old))
+
+    def _gpu_update(self, old: JsonObject, new: JsonObject) -> None:
+        """sriovgpudevices.go ``sriovGPUValidator.Update``: a disable (true → false) is
+        ``checkGPUUsage``: ``checkVGPUUsage`` of each name in the NEW object's
+        ``status.vGPUDevices`` (the stored status: a main-resource update carries it over)."""
+        old_spec, new_spec = _gpu_spec(old), _gpu_spec(new)
+        if old_spec == new_spec:
+            return
+        if old_spec["enabled"] and not new_spec["enabled"]:
+            for vgpu in _string_list(_status(new).get("vGPUDevices")) or []:
+                self.check_vgpu_usage(vgpu)
+
+    def _gpu_delete(self, old: JsonObject) -> None:
+        """sriovgpudevices.go ``sriovGPUValidator.Delete``: allowed once the node is gone;
+        refused while ``spec.enabled``."""
+        if self._node_deleted(_str(_spec(old).get("nodeName"))):
+            return
+        if _gpu_spec(old)["enabled"]:
+            raise _GoError(f"please disable gpuDevice {_name(old)} before deletion")
+
+    def check_vgpu_usage(self, device: str) -> None:
+        """vgpu.go ``checkVGPUUsage``: the VMs the ``VMByPCIDeviceClaim`` index
+        (common.go ``VMByHostDeviceName``) finds under ``device``; the first one is named.
+
+        The index's order is a set's: the double names the first by namespace and name. An
+        annotation that is not JSON makes the Go indexer fail (client-go panics on an indexer
+        error; with failurePolicy Ignore the webhook's absence admits everything): the double
+        refuses instead (fail closed) with the indexer's error text."""
+        users: list[tuple[str, str]] = []
+        for vm in self._emu.objects(*VMS):
+            meta = vm.get("metadata") or {}
+            details = (meta.get("annotations") or {}).get(ALLOCATION_ANNOTATION)
+            if details is None:
+                continue
+            vm_name, vm_namespace = str(meta.get("name")), str(meta.get("namespace"))
+            try:
+                allocation = json.loads(details)
+                hostdevices = allocation.get("hostdevices") or {}
+                names = [n for group in hostdevices.values() for n in (group or [])]
+            except (ValueError, AttributeError, TypeError) as error:
+                raise _GoError(
+                    f"error generating device allocation details {vm_name}/{vm_namespace}: {error}"
+                ) from None
+            if device in names:
+                users.append((vm_namespace, vm_name))
+        if users:
+            namespace, user = sorted(users)[0]
+            raise _GoError(f"device {device} is in use with VM {user} in namespace {namespace}")
+
+    def _node_deleted(self, node: str) -> bool:
+        """indexer.go ``isNodeDeleted``: no such Node, or one being deleted."""
+        found = self._emu.get_object(*NODES, node)
+        return found is None or bool((found.get("metadata") or {}).get("deletionTimestamp"))
+
+
+# --- the controller ---------------------------------------------------------------------------
+
+
+@dataclass
+class HandlerError:
+    """A handler's error, as wrangler logs it before requeueing the key."""
+
+    key: str
+    message: str
+
+
+@dataclass
+class _Queue:
+    """A wrangler work queue: keys in order, each once; failed keys wait for a retry."""
+
+    keys: deque[str] = field(default_factory=deque)
+    waiting: list[str] = field(default_factory=list)
+
+    def add(self, key: str) -> None:
+        if key not in self.keys:
+            self.keys.append(key)
+
+
+class PciDevicesController:
+    """pcidevices-controller's GPU handlers for one node on a simulated host."""
+
+    def __init__(self, emu: ApiServerEmulator, host: SimHost, node: str, kubeconfig: Path):
+        self.node = node
+        self.host = host
+        self._emu = emu
+        self._api = _new_client_from_config(config_file=str(kubeconfig))
+        self._custom: Any = client.CustomObjectsApi(self._api)
+        self._core: Any = client.CoreV1Api(self._api)
+        self._queue = _Queue()
+        #: The resourceVersion of every object the informers have delivered, by key.
+        self._seen: dict[str, str] = {}
+        self.errors: list[HandlerError] = []
+        #: Every sriov-manage command line run, as the executor would run it.
+        self.sriov_manage_calls: list[list[str]] = []
+        self._lock = threading.RLock()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def close(self) -> None:
+        self.stop()
+        self._api.close()
+
+    def __enter__(self) -> PciDevicesController:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the step API --
+
+    def resync(self) -> None:
+        """The node controller's reconcile (pkg/controller/nodes/node_controller.go
+        ``reconcileNodeDevices``): ``ReconcilePCIDevices``, ``SetupSRIOVGPUDevices``,
+        ``SetupVGPUDevices``, ``checkAndUpdateNodeLabels``, stopping at the first error (kept
+        in ``errors`` under ``node/<node>``). Keys waiting after an error are retried."""
+        with self._lock:
+            self.retry()
+            for step, what in (
+                (self._reconcile_pci_devices, "error reconciling pcidevices for node"),
+                (self._setup_sriov_gpu_devices, "error setting up SRIOV GPU devices for node"),
+                (self._setup_vgpu_devices, "error setting VGPU devices for node"),
+                (self._check_and_update_node_labels, "error updating node labels for node"),
+            ):
+                try:
+                    step()
+                except _GoError as error:
+                    message = f"{what} {self.node}: {error}"
+                    self.errors.append(HandlerError(f"node/{self.node}", message))
+                    return
+
+    def reconcile_once(self) -> str | None:
+        """Queue what the informers saw change, then handle one key (``sriovgpudevices/<name>``
+        or ``vgpudevices/<name>``); the key handled, or None when there was nothing to do."""
+        with self._lock:
+            self._observe()
+            if not self._queue.keys:
+                return None
+            key = self._queue.keys.popleft()
+            kind, _, name = key.partition("/")
+            try:
+                if kind == "sriovgpudevices":
+                    self.on_gpu_change(self._emu.get_object(*SRIOVGPUS, name))
+                else:
+                    self.on_vgpu_change(self._emu.get_object(*VGPUS, name))
+            except _GoError as error:
+                self.errors.append(HandlerError(key, str(error)))
+                self._queue.waiting.append(key)
+            return key
+
+    def run_until_idle(self, max_steps: int = 200) -> list[str]:
+        """:meth:`reconcile_once` until nothing is queued; the keys handled, in order.
+        RuntimeError if still busy after ``max_steps``."""
+        handled: list[str] = []
+        for _ in range(max_steps):
+            key = self.reconcile_once()
+            if key is None:
+                return handled
+            handled.append(key)
+        raise RuntimeError(f"not idle after {max_steps} steps: {handled[-10:]}")
+
+    def retry(self) -> None:
+        """Requeue the keys whose handler failed (wrangler's rate limiter, its delay elapsed)."""
+        with self._lock:
+            for key in self._queue.waiting:
+                self._queue.add(key)
+            self._queue.waiting.clear()
+
+    # -- the thread mode --
+
+    def start(self, *, resync_seconds: float = 30.0, poll_seconds: float = 0.05) -> None:
+        """Run in a thread: :meth:`resync` now and every ``resync_seconds`` (retrying failed
+        keys), :meth:`reconcile_once` whenever there is work."""
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+
+        def loop() -> None:
+            next_resync = 0.0
+            clock = 0.0
+            while not self._stopping.is_set():
+                if clock >= next_resync:
+                    self.resync()
+                    next_resync = clock + resync_seconds
+                if self.reconcile_once() is None:
+                    self._stopping.wait(poll_seconds)
+                    clock += poll_seconds
+
+        self._thread = threading.Thread(target=loop, name=f"pcidevices-{self.node}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stopping.set()
+            thread.join(timeout=10)
+
+    # -- informers --
+
+    def _observe(self) -> None:
+        """The informers' events: every SRIOVGPUDevice and VGPUDevice (any node: the handlers
+        filter) whose resourceVersion changed, or that vanished, is queued."""
+        current: dict[str, str] = {}
+        for plural, res in (("sriovgpudevices", SRIOVGPUS), ("vgpudevices", VGPUS)):
+            for obj in self._emu.objects(*res):
+                current[f"{plural}/{_name(obj)}"] = str(obj["metadata"].get("resourceVersion"))
+        for key, rv in current.items():
+            if self._seen.get(key) != rv:
+                self._queue.add(key)
+        for key in self._seen.keys() - current.keys():
+            self._queue.add(key)
+        self._seen = current
+
+    # -- OnGPUChange: pkg/controller/gpudevice/gpu_controller.go --
+
+    def on_gpu_change(self, gpu: JsonObject | None) -> None:
+        """``OnGPUChange``: for this node's GPU, ``manageGPU`` when ``spec.enabled`` differs
+        from sysfs (VFs present), else one status write when the status differs."""
+        if gpu is None or _deleting(gpu) or _str(_spec(gpu).get("nodeName")) != self.node:
+            return
+        spec = _gpu_spec(gpu)
+        pf = spec["address"]
+        try:
+            enabled, status = self._gpu_status(pf)
+        except _GoError as error:
+            raise _GoError(
+                f"error generating status for SRIOVGPUDevice {_name(gpu)}: {error}"
+            ) from None
+        if spec["enabled"] != enabled:
+            self._manage_gpu(gpu, spec)
+            return
+        if _gpu_status(gpu) != status:
+            self._update_status(SRIOVGPUS, gpu, _gpu_status_json(status))
+
+    def _manage_gpu(self, gpu: JsonObject, spec: JsonObject) -> None:
+        """``manageGPU``: ``sriov-manage -e|-d <PF>``, then the status from sysfs in one write."""
+        args = ["-e" if spec["enabled"] else "-d", spec["address"]]
+        argv = [str(self.host.sriov_manage), *args]
+        self.sriov_manage_calls.append([SRIOV_MANAGE, *args])
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+        if done.returncode != 0:
+            raise _GoError(f"error performing sriovmanage operation: exit status {done.returncode}")
+        _, status = self._gpu_status(spec["address"])
+        self._update_status(SRIOVGPUS, gpu, _gpu_status_json(status))
+
+    def _gpu_status(self, pf: str) -> tuple[bool, JsonObject]:
+        """pkg/util/gpuhelper/gpuhelper.go ``GenerateGPUStatus``: enabled when ``sriov_numvfs``
+        > 0; the VFs from the ``virtfn*`` links in glob (text) order (common.go
+        ``GetVFList``), and their object names. ``vfAddresses`` is an empty (not nil) list
+        when there are none, ``vGPUDevices`` nil: Go's DeepEqual tells them from a stored
+        status without the fields, so a GPU without VFs gets a status write on every change
+        (the API server finds it a no-op)."""
+        path = self._sys(pf)
+        try:
+            count = int((path / "sriov_numvfs").read_text().strip("\n"))
+        except (OSError, ValueError) as error:
+            raise _GoError(
+                f"error reading sriov_numvfs for device {SYS_DEV_ROOT}{pf}: {_os_error(error)}"
+            ) from None
+        vfs = [
+            os.path.basename(os.path.realpath(link))
+            for link in sorted(path.glob("virtfn*"), key=lambda p: p.name)  # Go's Glob sorts
+            if link.is_symlink()
+        ]
+        names = [device_name(vf, self.node) for vf in vfs] or None
+        return count > 0, {"vfAddresses": vfs, "vGPUDevices": names}
+
+    # -- OnVGPUChange: pkg/controller/gpudevice/vgpu_controller.go --
+
+    def on_vgpu_change(self, vgpu: JsonObject | None) -> None:
+        """``OnVGPUChange``: ``enableVGPU`` when enabled and sysfs shows no type, ``disableVGPU``
+        when disabled and sysfs shows one; otherwise ``uuid``, ``vGPUStatus`` and
+        ``availableTypes`` from sysfs in one status write if they differ. A type change on an
+        enabled device is therefore ignored."""
+        if vgpu is None or _deleting(vgpu) or _str(_spec(vgpu).get("nodeName")) != self.node:
+            return
+        spec = _vgpu_spec(vgpu)
+        try:
+            discovered = self.fetch_vgpu_status(spec["address"])
+        except _GoError as error:
+            raise _GoError(f"error generating vgpu {_name(vgpu)} status: {error}") from None
+        if spec["enabled"] and discovered["vGPUStatus"] == "":
+            self._enable_vgpu(vgpu, spec)
+            return
+        if not spec["enabled"] and discovered["vGPUStatus"] == VGPU_CONFIGURED:
+            self._disable_vgpu(vgpu, spec)
+            return
+        status = _vgpu_status(vgpu)
+        wanted = {**status, **{k: discovered[k] for k in ("uuid", "vGPUStatus", "availableTypes")}}
+        if wanted != status:
+            self._update_status(VGPUS, vgpu, _vgpu_status_json(wanted))
+
+    def _enable_vgpu(self, vgpu: JsonObject, spec: JsonObject) -> None:
+        """``enableVGPU``: the type id from the object's (cached) ``status.availableTypes``,
+        ``submitPCIDeviceClaim``, the id written to ``current_vgpu_type``, then ONE status write
+        (``vGPUStatus: vGPUConfigured``, ``uuid`` = the type id, ``configureVGPUTypeName``;
+        ``availableTypes`` left as it was), then ``reconcileDisabledVGPUStatus``."""
+        status = _vgpu_status(vgpu)
+        type_id = (status["availableTypes"] or {}).get(spec["vGPUTypeName"])
+        if type_id is None:
+            raise _GoError(
+                f"VGPUType specified {spec['vGPUTypeName']} is not available for vGPU "
+                f"{spec['address']}"
+            )
+        self._submit_pci_device_claim(vgpu, spec)
+        self._write_current_type(vgpu, spec["address"], type_id)
+        status.update(
+            vGPUStatus=VGPU_CONFIGURED, uuid=type_id, configureVGPUTypeName=spec["vGPUTypeName"]
+        )
+        written = self._update_status(VGPUS, vgpu, _vgpu_status_json(status))
+        self._reconcile_disabled_vgpu_status(written)
+
+    def _disable_vgpu(self, vgpu: JsonObject, spec: JsonObject) -> None:
+        """``disableVGPU``: ``cleanupRelatedPCIDeviceObjects`` (the claim deleted, the PCIDevice's
+        override annotation and parent label removed), ``0`` written to ``current_vgpu_type``,
+        then ONE status write clearing ``vGPUStatus``, ``uuid`` and ``configureVGPUTypeName``
+        (``availableTypes`` left as it was: the next ``OnVGPUChange``, on this very write,
+        refreshes it from sysfs in a second write), then ``reconcileDisabledVGPUStatus``."""
+        name = _name(vgpu)
+        try:
+            self._custom.delete_cluster_custom_object(*PCIDEVICECLAIMS, name)
+        except client.ApiException as error:
+            if error.status != 404:
+                raise _GoError(_api_message(error)) from None
+        pd = self._emu.get_object(*PCIDEVICES, name)
+        if pd is None:
+            raise _GoError(
+                f"error looking up pcidevice {name} in cleanupPCIDeviceSpec: "
+                f'pcidevice.devices.harvesterhci.io "{name}" not found'
+            )
+        changed = copy.deepcopy(pd)
+        meta = changed["metadata"]
+        (meta.get("annotations") or {}).pop(OVERRIDE_RESOURCE_NAME, None)
+        (meta.get("labels") or {}).pop(PARENT_LABEL, None)
+        if changed != pd:
+            self._replace(PCIDEVICES, changed)
+        self._write_current_type(vgpu, spec["address"], "0")
+        status = _vgpu_status(vgpu)
+        status.update(vGPUStatus="", uuid="", configureVGPUTypeName="")
+        written = self._update_status(VGPUS, vgpu, _vgpu_status_json(status))
+        self._reconcile_disabled_vgpu_status(written)
+
+    def _write_current_type(self, vgpu: JsonObject, address: str, value: str) -> None:
+        """``os.WriteFile(<SysDevRoot>/<VF>/nvidia/current_vgpu_type)`` through the simulator's
+        kernel emulation."""
+        try:
+            self.host.writer().write(f"bus/pci/devices/{address}/nvidia/current_vgpu_type", value)
+        except OSError as error:
+            raise _GoError(
+                f"error writing to create file for vgpu {_name(vgpu)}: write "
+                f"{SYS_DEV_ROOT}{address}/nvidia/current_vgpu_type: {_os_error(error)}"
+            ) from None
+
+    def _reconcile_disabled_vgpu_status(self, vgpu: JsonObject) -> None:
+        """``reconcileDisabledVGPUStatus``: every other disabled VGPUDevice of the same parent
+        GPU (by the parent label) is queued, so their ``availableTypes`` narrow or widen."""
+        parent = device_name(_vgpu_spec(vgpu)["parentGPUDeviceAddress"], self.node)
+        for other in self._emu.objects(*VGPUS):
+            labels = other["metadata"].get("labels") or {}
+            if labels.get(PARENT_LABEL) != parent:
+                continue
+            if _vgpu_spec(other)["enabled"] or _name(other) == _name(vgpu):
+                continue
+            self._queue.add(f"vgpudevices/{_name(other)}")
+
+    def _submit_pci_device_claim(self, vgpu: JsonObject, spec: JsonObject) -> None:
+        """``submitPCIDeviceClaim``: the VF's PCIDevice gets ``status.resourceName`` (one status
+        write, ``patchPCIDeviceStatus``) and the override annotation and parent label (one
+        update, ``patchPCIDeviceSpec``), then the PCIDeviceClaim named after the VGPUDevice is
+        created (AlreadyExists is fine)."""
+        name = _name(vgpu)
+        resource = resource_name_of_type(spec["vGPUTypeName"])
+        pd = self._emu.get_object(*PCIDEVICES, name)
+        if pd is None:
+            raise _GoError(
+                "error creating pcideviceclaim for associated vgpu device: error looking up "
+                "pcidevice when trying to setup vgpu passthrough: "
+                f'pcidevice.devices.harvesterhci.io "{name}" not found'
+            )
+        if (pd.get("status") or {}).get("resourceName") != resource:
+            body = copy.deepcopy(pd)
+            body.setdefault("status", {})["resourceName"] = resource
+            pd = self._update_status(PCIDEVICES, pd, body["status"])
+        parent = device_name(spec["parentGPUDeviceAddress"], self.node)
+        changed = copy.deepcopy(pd)
+        changed["metadata"].setdefault("annotations", {})[OVERRIDE_RESOURCE_NAME] = resource
+        changed["metadata"].setdefault("labels", {})[PARENT_LABEL] = parent
+        if changed != pd:
+            pd = self._replace(PCIDEVICES, changed)
+        claim = {
+            "apiVersion": API_VERSION,
+            "kind": "PCIDeviceClaim",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    PARENT_LABEL: device_name(spec["parentGPUDeviceAddress"], spec["nodeName"])
+                },
+                "annotations": {SKIP_VFIO_BINDING: "true", OVERRIDE_RESOURCE_NAME: resource},
+                "ownerReferences": [
+                    _owner(pd, "PCIDevice"),
+                    _owner(vgpu, "VGPUDevice"),
+                ],
+            },
+            "spec": {
+                "address": spec["address"],
+                "userName": CLAIM_USER,
+                "nodeName": spec["nodeName"],
+            },
+        }
+        try:
+            self._custom.create_cluster_custom_object(*PCIDEVICECLAIMS, claim)
+        except client.ApiException as error:
+            if error.status != 409:
+                raise _GoError(
+                    "error creating pcideviceclaim for associated vgpu device: "
+                    + _api_message(error)
+                ) from None
+
+    # -- the node's reconcile --
+
+    def _reconcile_pci_devices(self) -> None:
+        """pkg/controller/pcidevice/pcidevice_controller.go ``ReconcilePCIDevices``: a PCIDevice
+        for every device but PCI bridges (class 0604), created when missing and its status
+        written on every pass; PCIDevices of this node whose address is gone are deleted."""
+        groups = self._iommu_groups()
+        present: set[str] = set()
+        for address in sorted(os.listdir(self._devices())):
+            dev = self._pci_device(address)
+            if dev["classId"] == "0604":
+                continue
+            present.add(address)
+            name = device_name(address, self.node)
+            pd = self._emu.get_object(*PCIDEVICES, name)
+            if pd is None:
+                pd = self._create(
+                    PCIDEVICES,
+                    {
+                        "apiVersion": API_VERSION,
+                        "kind": "PCIDevice",
+                        "metadata": {
+                            "name": name,
+                            "labels": {NODE_LABEL: self.node},
+                            "annotations": {PCI_DEVICE_DRIVER: dev["driver"]},
+                        },
+                        "spec": {},
+                        "status": _pci_status(dev, self.node, None, ""),
+                    },
+                )
+            override = (pd["metadata"].get("annotations") or {}).get(OVERRIDE_RESOURCE_NAME, "")
+            status = _pci_status(dev, self.node, groups.get(address), override)
+            self._update_status(PCIDEVICES, pd, {**(pd.get("status") or {}), **status})
+        for pd in self._emu.objects(*PCIDEVICES):
+            if (pd["metadata"].get("labels") or {}).get(NODE_LABEL) != self.node:
+                continue
+            if (pd.get("status") or {}).get("address") not in present:
+                self._delete(PCIDEVICES, _name(pd))
+
+    def _setup_sriov_gpu_devices(self) -> None:
+        """gpu_controller.go ``SetupSRIOVGPUDevices``/``reconcileSRIOVGPUSetup``: a
+        SRIOVGPUDevice created for each SR-IOV GPU without one (none for a GPU a PCIDeviceClaim
+        of the same name passes through whole; ``spec.enabled`` from ``sriov_numvfs``, the
+        status dropped by the API server), this node's others deleted."""
+        found = self._identify_sriov_gpus()
+        for gpu in found:
+            name = _name(gpu)
+            if self._emu.get_object(*PCIDEVICECLAIMS, name) is not None:
+                continue
+            if self._emu.get_object(*SRIOVGPUS, name) is None:
+                self._create(SRIOVGPUS, gpu)
+        names = {_name(g) for g in found}
+        for gpu in self._emu.objects(*SRIOVGPUS):
+            labels = gpu["metadata"].get("labels") or {}
+            if labels.get(NODE_LABEL) == self.node and _name(gpu) not in names:
+                try:
+                    self._delete(SRIOVGPUS, _name(gpu))
+                except _GoError as error:
+                    raise _GoError(
+                        f"error deleting non existent GPU device {_name(gpu)}: {error}"
+                    ) from None
+
+    def _identify_sriov_gpus(self) -> list[JsonObject]:
+        """gpuhelper.go ``IdentifySRIOVGPU``: NVIDIA GPUs (PFs) whose ``sriov_vf_device`` exists
+        and is not 0 (common.go ``IsDeviceSRIOVCapable``), by address."""
+        gpus = []
+        for address in self._nvidia_devices():
+            path = self._sys(address)
+            if (path / "physfn").exists() or not self._is_gpu(address):
+                continue
+            try:
+                vf_device = (path / "sriov_vf_device").read_text()
+            except FileNotFoundError:
+                continue
+            if vf_device.removesuffix("\n") == "0":
+                continue
+            enabled, status = self._gpu_status(address)
+            gpus.append(
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "SRIOVGPUDevice",
+                    "metadata": {
+                        "name": device_name(address, self.node),
+                        "labels": {NODE_LABEL: self.node},
+                    },
+                    "spec": {"address": address, "nodeName": self.node, "enabled": enabled},
+                    "status": _gpu_status_json(status),
+                }
+            )
+        return gpus
+
+    def _setup_vgpu_devices(self) -> None:
+        """vgpu_controller.go ``SetupVGPUDevices``/``reconcileVGPUSetup``: every VF of an NVIDIA
+        GPU gets a VGPUDevice (created with ``spec.enabled`` false: ``FetchVGPUStatus`` never
+        sets the configured type name ``generateVGPUDevice`` looks at), an existing one a status
+        write when ``availableTypes``, ``vGPUStatus`` or ``uuid`` differ from sysfs; this
+        node's VGPUDevices whose VF is gone are deleted unless their parent SRIOVGPUDevice is
+        enabled; each VF's PCIDevice gets the parent label."""
+        try:
+            found = self._identify_vgpus()
+        except _GoError as error:
+            raise _GoError(f"error identifying vgpu devices: {error}") from None
+        for vgpu in found:
+            existing = self._emu.get_object(*VGPUS, _name(vgpu))
+            if existing is None:
+                self._create(VGPUS, vgpu)
+                continue
+            status = _vgpu_status(existing)
+            wanted = {
+                **status,
+                **{k: _vgpu_status(vgpu)[k] for k in ("availableTypes", "vGPUStatus", "uuid")},
+            }
+            if wanted != status:
+                self._update_status(VGPUS, existing, _vgpu_status_json(wanted))
+        names = {_name(v) for v in found}
+        for vgpu in self._emu.objects(*VGPUS):
+            if (vgpu["metadata"].get("labels") or {}).get(NODE_LABEL) != self.node:
+                continue
+            parent = self._emu.get_object(
+                *SRIOVGPUS, device_name(_vgpu_spec(vgpu)["parentGPUDeviceAddress"], self.node)
+            )
+            parent_enabled = parent is not None and _gpu_spec(parent)["enabled"]
+            if not parent_enabled and _name(vgpu) not in names:
+                self._delete(VGPUS, _name(vgpu))
+        for vgpu in found:
+            pd = self._emu.get_object(*PCIDEVICES, _name(vgpu))
+            if pd is None:
+                continue
+            changed = copy.deepcopy(pd)
+            changed["metadata"].setdefault("labels", {})[PARENT_LABEL] = vgpu["metadata"]["labels"][
+                PARENT_LABEL
+            ]
+            if changed != pd:
+                self._replace(PCIDEVICES, changed)
+
+    def _identify_vgpus(self) -> list[JsonObject]:
+        """gpuhelper.go ``IdentifyVGPU``/``generateVGPUDevice``: each NVIDIA GPU-class VF
+        (``physfn`` link), by address (go-nvlib sorts them)."""
+        vgpus = []
+        for address in self._nvidia_devices():
+            path = self._sys(address)
+            if not (path / "physfn").exists() or not self._is_gpu(address):
+                continue
+            physfn = os.path.basename(os.path.realpath(path / "physfn"))
+            status = self.fetch_vgpu_status(address)
+            vgpus.append(
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "VGPUDevice",
+                    "metadata": {
+                        "name": device_name(address, self.node),
+                        "labels": {
+                            NODE_LABEL: self.node,
+                            PARENT_LABEL: device_name(physfn, self.node),
+                        },
+                    },
+                    "spec": {
+                        "vGPUTypeName": "",
+                        "address": address,
+                        "enabled": False,
+                        "nodeName": self.node,
+                        "parentGPUDeviceAddress": physfn,
+                    },
+                    "status": _vgpu_status_json({**status, "configureVGPUTypeName": ""}),
+                }
+            )
+        return vgpus
+
+    def fetch_vgpu_status(self, address: str) -> JsonObject:
+        """gpuhelper.go ``FetchVGPUStatus``: ``current_vgpu_type`` (not 0: ``uuid`` is that id,
+        ``vGPUStatus`` vGPUConfigured) and ``availableTypes`` parsed from
+        ``creatable_vgpu_types`` (``parseCurrentVGPUTypes``: name → id, the header dropped; an
+        empty, non-nil map when nothing is creatable)."""
+        nvidia = self._sys(address) / "nvidia"
+        shown = f"{SYS_DEV_ROOT}{address}/nvidia"
+        try:
+            current = (nvidia / "current_vgpu_type").read_text().strip()
+        except OSError as error:
+            raise _GoError(
+                "error during fetchVGPUstatus: error reading current_vgpu_type for device "
+                f"{address}: open {shown}/current_vgpu_type: {_os_error(error)}"
+            ) from None
+        try:
+            contents = (nvidia / "creatable_vgpu_types").read_text()
+        except OSError as error:
+            raise _GoError(
+                "error during fetchAvailableTypes: could not get file creatable_vgpu_types for "
+                f"vgpu device {address}: stat {shown}/creatable_vgpu_types: {_os_error(error)}"
+            ) from None
+        available: dict[str, str] = {}
+        for line in contents.split("\n"):
+            elements = line.split(":")
+            if len(elements) != 2:
+                continue
+            available[elements[1].strip()] = elements[0].strip()
+            available.pop("vGPU Name", None)
+        configured = current not in ("0", "")
+        return {
+            "availableTypes": available,
+            "vGPUStatus": VGPU_CONFIGURED if configured else "",
+            "uuid": current if configured else "",
+        }
+
+    def _check_and_update_node_labels(self) -> None:
+        """node_controller.go ``checkAndUpdateNodeLabels``: the core Node gets
+        ``sriovgpu.harvesterhci.io/driver-needed: "true"`` while this node has SRIOVGPUDevices,
+        loses it when it has none (an update of the Node)."""
+        has_gpus = any(
+            (g["metadata"].get("labels") or {}).get(NODE_LABEL) == self.node
+            for g in self._emu.objects(*SRIOVGPUS)
+        )
+        node = self._emu.get_object(*NODES, self.node)
+        if node is None:
+            raise _GoError(f'nodes "{self.node}" not found')
+        labels = dict(node["metadata"].get("labels") or {})
+        if DRIVER_NEEDED_LABEL in labels and not has_gpus:
+            del labels[DRIVER_NEEDED_LABEL]
+        elif DRIVER_NEEDED_LABEL not in labels and has_gpus:
+            labels[DRIVER_NEEDED_LABEL] = "true"
+        if labels != (node["metadata"].get("labels") or {}):
+            body = copy.deepcopy(node)
+            body["metadata"]["labels"] = labels
+            try:
+                self._core.replace_node(self.node, body)
+            except client.ApiException as error:
+                raise _GoError(_api_message(error)) from None
+
+    # -- sysfs reads --
+
+    def _devices(self) -> Path:
+        return self.host.sysfs_root / "bus" / "pci" / "devices"
+
+    def _sys(self, address: str) -> Path:
+        return self._devices() / address
+
+    def _nvidia_devices(self) -> list[str]:
+        """go-nvlib ``GetAllDevices``: vendor 0x10de, sorted by address as a number."""
+        found = []
+        for address in os.listdir(self._devices()):
+            with contextlib.suppress(OSError):
+                if (self._sys(address) / "vendor").read_text().strip() == "0x10de":
+                    found.append(address)
+        return sorted(found, key=lambda a: int(a.replace(":", "").replace(".", ""), 16))
+
+    def _is_gpu(self, address: str) -> bool:
+        """go-nvlib ``IsGPU``: class 0x0300xx (VGA) or 0x0302xx (3D)."""
+        text = (self._sys(address) / "class").read_text().strip()
+        return int(text, 16) >> 8 in (0x0300, 0x0302)
+
+    def _pci_device(self, address: str) -> dict[str, str]:
+        """What ghw's ``pci.Device`` gives the PCIDevice code: ids without 0x, the driver."""
+        path = self._sys(address)
+
+        def read(name: str) -> str:
+            return (path / name).read_text().strip().removeprefix("0x")
+
+        klass = read("class")
+        driver = (
+            os.path.basename(os.path.realpath(path / "driver"))
+            if (path / "driver").exists()
+            else ""
+        )
+        return {
+            "address": address,
+            "vendorId": read("vendor"),
+            "deviceId": read("device"),
+            "classId": klass[:4],
+            "driver": driver,
+        }
+
+    def _iommu_groups(self) -> dict[str, str]:
+        """pkg/iommu ``GroupPaths``/``GroupMapForPCIDevices``: each device's group number."""
+        groups: dict[str, str] = {}
+        root = self.host.sysfs_root / "kernel" / "iommu_groups"
+        with contextlib.suppress(OSError):
+            for group in os.listdir(root):
+                with contextlib.suppress(OSError):
+                    for address in os.listdir(root / group / "devices"):
+                        groups[address] = group
+        return groups
+
+    # -- API writes (the real client over HTTP) --
+
+    def _create(self, res: tuple[str, str, str], body: JsonObject) -> JsonObject:
+        try:
+            created: JsonObject = self._custom.create_cluster_custom_object(*res, body)
+        except client.ApiException as error:
+            raise _GoError(_api_message(error)) from None
+        return created
+
+    def _replace(self, res: tuple[str, str, str], body: JsonObject) -> JsonObject:
+        try:
+            replaced: JsonObject = self._custom.replace_cluster_custom_object(
+                *res, _name(body), body
+            )
+        except client.ApiException as error:
+            raise _GoError(_api_message(error)) from None
+        return replaced
+
+    def _update_status(
+        self, res: tuple[str, str, str], obj: JsonObject, status: JsonObject
+    ) -> JsonObject:
+        """``UpdateStatus``: PUT ``/status`` of the cached object (its resourceVersion) with
+        ``status``."""
+        body = copy.deepcopy(obj)
+        body["status"] = status
+        try:
+            written: JsonObject = self._custom.replace_cluster_custom_object_status(
+                *res, _name(obj), body
+            )
+        except client.ApiException as error:
+            raise _GoError(_api_message(error)) from None
+        return written
+
+    def _delete(self, res: tuple[str, str, str], name: str) -> None:
+        try:
+            self._custom.delete_cluster_custom_object(*res, name)
+        except client.ApiException as error:
+            raise _GoError(_api_message(error)) from None
+
+
+# --- Go's view of the objects -----------------------------------------------------------------
+
+
+class _GoError(Exception):
+    """An error a Go function returns (its text as Go formats it)."""
+
+
+def _need(obj: JsonObject | None) -> JsonObject:
+    if obj is None:
+        raise _GoError("no object in the admission request")
+    return obj
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
+
+
+def _deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    status = obj.get("status")
+    return status if isinstance(status, Mapping) else {}
+
+
+def _str(value: Any) -> str:
+    """A Go string field decoded from JSON: null or absent is ""."""
+    return value if isinstance(value, str) else ""
+
+
+def _string_list(value: Any) -> list[str] | None:
+    """A Go ``[]string`` decoded from JSON: nil when absent or null."""
+    return [str(v) for v in value] if isinstance(value, list) else None
+
+
+def _string_map(value: Any) -> dict[str, str] | None:
+    """A Go ``map[string]string`` decoded from JSON: nil when absent or null."""
+    return {str(k): _str(v) for k, v in value.items()} if isinstance(value, Mapping) else None
+
+
+def _vgpu_spec(obj: Mapping[str, Any]) -> JsonObject:
+    """``VGPUDeviceSpec`` as Go decodes it (sriovgpudevice.go)."""
+    spec = _spec(obj)
+    return {
+        "vGPUTypeName": _str(spec.get("vGPUTypeName")),
+        "address": _str(spec.get("address")),
+        "enabled": spec.get("enabled") is True,
+        "nodeName": _str(spec.get("nodeName")),
+        "parentGPUDeviceAddress": _str(spec.get("parentGPUDeviceAddress")),
+    }
+
+
+def _gpu_spec(obj: Mapping[str, Any]) -> JsonObject:
+    """``SRIOVGPUDeviceSpec`` as Go decodes it."""
+    spec = _spec(obj)
+    return {
+        "address": _str(spec.get("address")),
+        "nodeName": _str(spec.get("nodeName")),
+        "enabled": spec.get("enabled") is True,
+    }
+
+
+def _vgpu_status(obj: Mapping[str, Any]) -> JsonObject:
+    """``VGPUDeviceStatus`` as Go decodes it (``availableTypes`` None for a nil map)."""
+    status = _status(obj)
+    return {
+        "vGPUStatus": _str(status.get("vGPUStatus")),
+        "uuid": _str(status.get("uuid")),
+        "configureVGPUTypeName": _str(status.get("configureVGPUTypeName")),
+        "availableTypes": _string_map(status.get("availableTypes")),
+    }
+
+
+def _vgpu_status_json(status: Mapping[str, Any]) -> JsonObject:
+    """Go's JSON of a ``VGPUDeviceStatus``: every field ``omitempty``."""
+    return {k: v for k, v in status.items() if v not in ("", None) and v != {}}
+
+
+def _gpu_status(obj: Mapping[str, Any]) -> JsonObject:
+    status = _status(obj)
+    return {
+        "vfAddresses": _string_list(status.get("vfAddresses")),
+        "vGPUDevices": _string_list(status.get("vGPUDevices")),
+    }
+
+
+def _gpu_status_json(status: Mapping[str, Any]) -> JsonObject:
+    """Go's JSON of a ``SRIOVGPUDeviceStatus``: both lists ``omitempty``."""
+    return {k: v for k, v in status.items() if v}
+
+
+def _pci_status(
+    dev: Mapping[str, str], node: str, group: str | None, override: str
+) -> dict[str, str]:
+    """pcidevice.go ``PCIDeviceStatus.Update`` with ghw's unknown-product forms: the resource
+    name ``<vendor>.com/<device id>``, the description ``Class <id>: <vendor> Device <id>``."""
+    vendor = _VENDORS.get(dev["vendorId"], "unknown")
+    vendor_base = "".join(c for c in vendor.split(" ")[0] if c.isalnum()).lower()
+    status = {
+        "address": dev["address"],
+        "vendorId": dev["vendorId"],
+        "deviceId": dev["deviceId"],
+        "classId": dev["classId"],
+        "resourceName": override or f"{vendor_base}.com/{dev['deviceId']}",
+        "description": f"Class {dev['classId']}: {vendor} Device {dev['deviceId']}",
+        "kernelDriverInUse": dev["driver"],
+        "nodeName": node,
+    }
+    if group is not None:
+        status["iommuGroup"] = group
+    return status
+
+
+def _owner(obj: Mapping[str, Any], kind: str) -> JsonObject:
+    meta = obj["metadata"]
+    return {"apiVersion": API_VERSION, "kind": kind, "name": meta["name"], "uid": meta.get("uid")}
+
+
+def _api_message(error: client.ApiException) -> str:
+    """The message of an API error, as client-go's StatusError prints it."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.reason)
+
+
+def _os_error(error: BaseException) -> str:
+    """Go's text for an errno (``no such file or directory``, ``operation not permitted``)."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return os.strerror(error.errno).lower()
+    return str(error)
+
+
+def vm(name: str, namespace: str, *, hostdevices: Mapping[str, list[str]]) -> JsonObject:
+    """A KubeVirt VirtualMachine whose allocation annotation lists ``hostdevices`` (resource name
+    → device names), as Harvester's VM webhook writes it (pkg/webhook/vm.go)."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {ALLOCATION_ANNOTATION: json.dumps({"hostdevices": dict(hostdevices)})},
+        },
+        "spec": {"running": True},
+    }
+
+
+def node_object(name: str) -> JsonObject:
+    """A core Node: the webhook admits deletes once it is gone; the controller labels it."""
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}}}
+
+
+__all__ = [
+    "PciDevicesController",
+    "PciDevicesWebhook",
+    "device_name",
+    "install",
+    "node_object",
+    "resource_name_of_type",
+    "vm",
+]
