@@ -1,8 +1,9 @@
 """Never fight Harvester's pcidevices-controller: ``vgpuctl apply`` and ``watch`` against the
 API-server emulator, the controller shown by one signal at a time (docs/domain.md §6a).
 
-While it runs, or while a read that would tell is denied, apply exits 1 with one line and
-changes nothing (the simulated host byte for byte, no cluster write); watch refuses each
+These are node-local runs (``--delegate none``; without it, a run where the controller runs is
+in delegate mode: ``test_cli_delegate.py``). While it runs, or while a read that would tell is
+denied, apply exits 1 with one line and changes nothing (the simulated host byte for byte, no cluster write); watch refuses each
 reconcile, says so in its log, /readyz and metrics, and goes on when the controller is gone.
 What is not the controller (a disabled Addon, a DaemonSet without a ready pod, Harvester's CRDs
 left behind) and a cluster without Harvester change nothing, and say nothing about it.
@@ -110,7 +111,7 @@ def test_apply_refuses_with_one_line_and_changes_nothing(
     run_controller(emu, signal)
     before = host_files(node)
     emu.requests.clear()
-    res = node.run("apply", SEED, "--yes")
+    res = node.run("apply", SEED, "--yes", "--delegate", "none")
     assert res.returncode == 1
     assert res.stdout == ""
     leftover = LEFTOVER if signal == "webhook" else ""
@@ -122,9 +123,9 @@ def test_apply_refuses_with_one_line_and_changes_nothing(
 
 def test_apply_refuses_even_with_nothing_to_do(tmp_path: Path, emu: ApiServerEmulator) -> None:
     node = cluster_node(tmp_path, emu)
-    node.ok("apply", SEED, "--yes")
+    node.ok("apply", SEED, "--yes", "--delegate", "none")
     emu.seed(daemonset(ready=1))
-    res = node.run("apply", SEED, "--yes")
+    res = node.run("apply", SEED, "--yes", "--delegate", "none")
     assert res.returncode == 1
     one_pod = "DaemonSet harvester-system/harvester-pcidevices-controller has 1 ready pod"
     assert res.stderr == f"error: {RUNNING} ({one_pod}): {ADVICE}\n"
@@ -135,10 +136,10 @@ def test_a_saved_plan_is_refused_once_the_controller_runs(
 ) -> None:
     node = cluster_node(tmp_path, emu)
     saved = tmp_path / "plan.json"
-    node.ok("plan", SEED, "--out", saved)
+    node.ok("plan", SEED, "--out", saved, "--delegate", "none")
     emu.seed(webhook())
     before = host_files(node)
-    res = node.run("apply", saved, "--yes")
+    res = node.run("apply", saved, "--yes", "--delegate", "none")
     assert res.returncode == 1
     assert res.stderr == f"error: {RUNNING} ({SIGNALS['webhook']}): {ADVICE}{LEFTOVER}\n"
     assert host_files(node) == before
@@ -164,7 +165,7 @@ def test_a_denied_read_refuses_naming_the_permission(
     install_harvester_crds(emu)
     emu.deny("get", group, plural)
     before = host_files(node)
-    res = node.run("apply", SEED, "--yes")
+    res = node.run("apply", SEED, "--yes", "--delegate", "none")
     assert res.returncode == 1
     assert res.stdout == ""
     (line,) = res.stderr.splitlines()
@@ -188,7 +189,7 @@ def test_what_is_not_the_controller_changes_nothing(
     else:
         emu.seed(pcidevice(NODE))
     emu.requests.clear()
-    res = node.ok("apply", SEED, "--yes")
+    res = node.ok("apply", SEED, "--yes", "--delegate", "none")
     assert "Converged" in res.stdout
     assert "pcidevices" not in res.stdout + res.stderr
     assert vgpus(node) == SEED_VGPUS
@@ -200,8 +201,8 @@ def test_a_cluster_without_harvester_hears_nothing_of_it(
 ) -> None:
     node = cluster_node(tmp_path, emu)
     emu.requests.clear()
-    plan = node.ok("plan", SEED)
-    applied = node.ok("apply", SEED, "--yes")
+    plan = node.ok("plan", SEED, "--delegate", "none")
+    applied = node.ok("apply", SEED, "--yes", "--delegate", "none")
     for res in (plan, applied):
         assert "pcidevices" not in res.stdout + res.stderr
         assert "harvesterhci.io/" not in res.stdout + res.stderr
@@ -223,9 +224,9 @@ def test_on_harvester_the_shipped_role_is_enough_and_no_more(
     emu.seed(pcidevice(NODE))
     node = cluster_node(tmp_path, emu)
     emu.requests.clear()
-    node.ok("apply", SEED, "--yes")
+    node.ok("apply", SEED, "--yes", "--delegate", "none")
     emu.seed(addon(enabled=True))  # enabled again: refused for that reason, not for RBAC
-    res = node.run("apply", SEED, "--yes")
+    res = node.run("apply", SEED, "--yes", "--delegate", "none")
     assert res.stderr == f"error: {RUNNING} ({SIGNALS['addon']}): {ADVICE}\n"
     assert not [r for r in emu.requests if not rbac.allows(granted, r)]
     harvesters = {r.resource for r in emu.requests if r.group == "harvesterhci.io"}
@@ -249,14 +250,14 @@ def test_plan_still_plans_and_says_apply_would_refuse(
 ) -> None:
     node = cluster_node(tmp_path, emu)
     emu.seed(webhook())
-    res = node.ok("plan", SEED)
+    res = node.ok("plan", SEED, "--delegate", "none")
     note = (
         "vgpuctl apply and watch refuse to act on this node: Harvester's pcidevices-controller "
         f"is running ({SIGNALS['webhook']}): {ADVICE}{LEFTOVER}"
     )
     assert f"Note: {note}\n" in res.stdout
     assert "+ sriov 0000:08:00.0  enable 16 VFs" in res.stdout
-    doc = json.loads(node.ok("plan", SEED, "-o", "json").stdout)
+    doc = json.loads(node.ok("plan", SEED, "-o", "json", "--delegate", "none").stdout)
     assert doc["notes"][0] == note
     assert doc["actions"]
 
@@ -265,7 +266,7 @@ def test_a_fleet_plan_says_on_each_node_that_apply_would_refuse(
     tmp_path: Path, emu: ApiServerEmulator
 ) -> None:
     node = cluster_node(tmp_path, emu)
-    node.ok("apply", SEED, "--yes")  # its VGPUNodeState: what a cluster-only plan reads
+    node.ok("apply", SEED, "--yes", "--delegate", "none")  # its VGPUNodeState: what a cluster-only plan reads
     kubeconfig = emu.kubeconfig(tmp_path / "ci.kubeconfig")
     argv = ("plan", SEED, "--observed", "cluster", "--kubeconfig", kubeconfig)
     quiet = run_vgpuctl(*argv)
