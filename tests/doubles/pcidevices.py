@@ -3,7 +3,7 @@ for one simulated node, against the API-server emulator: what vgpuctl's delegate
 leaves the host work to.
 
 Modelled on harvester/pcidevices at bdd8025 (v1.8: the NVIDIA vendor-specific VFIO interface
-only, DOMAIN.md §3b), function by function; every method below names the Go it follows.
+only, docs/domain.md §3b), function by function; every method below names the Go it follows.
 
 The controller (:class:`PciDevicesController`)
     acts on a simulated host (``reconciler.sim``) as the Go code acts on ``/sys``: it reads the

@@ -1,9 +1,9 @@
 """The pcidevices-controller double (``pcidevices.py``) does what harvester/pcidevices (bdd8025)
 does, on a simulated A2 with the vendor-specific VFIO interface, through the real client.
 
-Expected values are written out from the Go code and DOMAIN.md: object names
+Expected values are written out from the Go code and docs/domain.md: object names
 ``<node>-<address without ':' and '.'>`` (pcidevice.go ``PCIDeviceNameForHostname``), the A2's
-VFs at function 4 onwards (DOMAIN.md §1: ``sriov_offset`` 4, 16 VFs) and its type ids 742–756
+VFs at function 4 onwards (docs/domain.md §1: ``sriov_offset`` 4, 16 VFs) and its type ids 742–756
 (§4), ``status.uuid`` = the type id (vgpu_controller.go ``enableVGPU``), the webhook's messages
 (pkg/webhook/vgpu.go, sriovgpudevices.go) behind the API server's ``admission webhook "…"
 denied the request: `` as a 500 (harvester's AdmissionHandler: a plain error is an internal
@@ -55,7 +55,7 @@ VGPU_NAMES = [
 ]
 VF4, VF5 = VGPU_NAMES[0], VGPU_NAMES[1]
 #: The same VFs in the order of their ``virtfn<N>`` links as text (common.go ``GetVFList``
-#: globs them: virtfn0, virtfn1, virtfn10, …, virtfn15, virtfn2, …; DOMAIN.md §1).
+#: globs them: virtfn0, virtfn1, virtfn10, …, virtfn15, virtfn2, …; docs/domain.md §1).
 GLOB_ORDER = [0, 1, *range(10, 16), *range(2, 10)]
 #: Every A2 type a VF lists while its GPU hosts no vGPU (name → id).
 ALL_TYPES = {
@@ -75,7 +75,7 @@ ALL_TYPES = {
     "NVIDIA A2-8C": "755",
     "NVIDIA A2-16C": "756",
 }
-#: What a free VF lists once one 4 GB vGPU exists (equal-size mode, DOMAIN.md §4).
+#: What a free VF lists once one 4 GB vGPU exists (equal-size mode, docs/domain.md §4).
 FOUR_GB_TYPES = {"NVIDIA A2-4Q": "746", "NVIDIA A2-4A": "751", "NVIDIA A2-4C": "754"}
 DENIED = 'admission webhook "pcidevices.harvesterhci.io" denied the request: '
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
@@ -304,7 +304,7 @@ def test_disabling_clears_the_status_then_a_second_write_refreshes_the_types(
     configured: Harvester,
 ) -> None:
     h = configured
-    # The UI's "Disable" saves the object without its type (DOMAIN.md §5).
+    # The UI's "Disable" saves the object without its type (docs/domain.md §5).
     body = h.stored(VGPUS, VF4)
     del body["spec"]["vGPUTypeName"]
     body["spec"]["enabled"] = False
