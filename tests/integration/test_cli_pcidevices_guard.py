@@ -3,10 +3,11 @@ API-server emulator, the controller shown by one signal at a time (docs/domain.m
 
 These are node-local runs (``--delegate none``; without it, a run where the controller runs is
 in delegate mode: ``test_cli_delegate.py``). While it runs, or while a read that would tell is
-denied, apply exits 1 with one line and changes nothing (the simulated host byte for byte, no cluster write); watch refuses each
-reconcile, says so in its log, /readyz and metrics, and goes on when the controller is gone.
-What is not the controller (a disabled Addon, a DaemonSet without a ready pod, Harvester's CRDs
-left behind) and a cluster without Harvester change nothing, and say nothing about it.
+denied, apply exits 1 with one line and changes nothing (the simulated host byte for byte, no
+cluster write); watch refuses each reconcile, says so in its log, /readyz and metrics, and goes
+on when the controller is gone. What is not the controller (a disabled Addon, a DaemonSet
+without a ready pod, Harvester's CRDs left behind) and a cluster without Harvester change
+nothing, and say nothing about it.
 """
 
 from __future__ import annotations
@@ -266,7 +267,8 @@ def test_a_fleet_plan_says_on_each_node_that_apply_would_refuse(
     tmp_path: Path, emu: ApiServerEmulator
 ) -> None:
     node = cluster_node(tmp_path, emu)
-    node.ok("apply", SEED, "--yes", "--delegate", "none")  # its VGPUNodeState: what a cluster-only plan reads
+    # Its VGPUNodeState: what a cluster-only plan reads.
+    node.ok("apply", SEED, "--yes", "--delegate", "none")
     kubeconfig = emu.kubeconfig(tmp_path / "ci.kubeconfig")
     argv = ("plan", SEED, "--observed", "cluster", "--kubeconfig", kubeconfig)
     quiet = run_vgpuctl(*argv)
