@@ -72,9 +72,15 @@ class HarvesterNode:
     used_by: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     #: Objects that could not be read, and why (each names the object and the field).
     notes: tuple[str, ...] = ()
+    #: A device's PCI ids (vendor, device; lower-case hex) by address, from Harvester's
+    #: ``PCIDevice`` objects, where they exist (they carry no subsystem ids).
+    pci_ids: Mapping[PciAddress, tuple[str, str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "used_by", MappingProxyType(dict(self.used_by)))
+        object.__setattr__(self, "pci_ids", MappingProxyType(dict(self.pci_ids)))
 
     def gpu(self, address: PciAddress) -> HarvesterGpu | None:
         return next((g for g in self.gpus if g.address == address), None)

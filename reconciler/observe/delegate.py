@@ -1,7 +1,8 @@
 """Delegate mode's observation: every node of the desired state, as Harvester's objects show it
-(docs/delegate.md). Four lists for the whole cluster, whatever the number of nodes — the
+(docs/delegate.md). Five lists for the whole cluster, whatever the number of nodes — the
 ``SRIOVGPUDevice``s, the ``VGPUDevice``s, KubeVirt's ``VirtualMachine``s and
-``VirtualMachineInstance``s — grouped by node here; the values are read by
+``VirtualMachineInstance``s, and Harvester's ``PCIDevice``s (to check a desired ``model``) —
+grouped by node here; the values are read by
 ``harvester_devices`` (pure). Raises the port's ``ClusterError`` subclasses (unreachable,
 forbidden, Harvester's CRDs missing), so nothing is planned on what could not be read.
 """
@@ -12,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from reconciler.model import ResourceMissingError
 from reconciler.model.cluster import (
     GROUP,
     KUBEVIRT_GROUP,
@@ -25,6 +27,7 @@ from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.harvester import HarvesterNode
 from reconciler.observe.harvester_devices import harvester_node
 
+PCI_DEVICE_PLURAL = "pcidevices"
 VM_PLURAL = "virtualmachines"
 VMI_PLURAL = "virtualmachineinstances"
 
@@ -36,10 +39,34 @@ def observe_harvester_nodes(api: ClusterApi, nodes: Iterable[str]) -> dict[str, 
     vfs = _by_node(api.list_objects(group=GROUP, version=VERSION, plural=VGPU_PLURAL))
     vms = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VM_PLURAL)
     vmis = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VMI_PLURAL)
+    devices = _pci_devices(api)
     return {
-        node: harvester_node(node, gpus.get(node, ()), vfs.get(node, ()), vms=vms, vmis=vmis)
+        node: harvester_node(
+            node,
+            gpus.get(node, ()),
+            vfs.get(node, ()),
+            vms=vms,
+            vmis=vmis,
+            pci_devices=devices.get(node, ()),
+        )
         for node in wanted
     }
+
+
+def _pci_devices(api: ClusterApi) -> dict[str, list[dict[str, Any]]]:
+    """Harvester's ``PCIDevice`` objects by node (``status.nodeName``), read only to check a
+    desired ``model``: where the resource is not served, none."""
+    try:
+        objects = api.list_objects(group=GROUP, version=VERSION, plural=PCI_DEVICE_PLURAL)
+    except ResourceMissingError:
+        return {}
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for obj in objects:
+        status = obj.get("status")
+        node = status.get("nodeName") if isinstance(status, Mapping) else None
+        if isinstance(node, str) and node:
+            out[node].append(obj)
+    return out
 
 
 def _by_node(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

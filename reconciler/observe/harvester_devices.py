@@ -16,6 +16,7 @@ of the profile's VFs it holds is not said there, so every configured VF of that 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ MAX_ANNOTATION = 256 << 10
 #: hundred VFs and a VF a few dozen profiles).
 MAX_ENTRIES = 4096
 _MAX_NAME = 253
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 
 
 class ObjectError(ValueError):
@@ -110,6 +112,22 @@ def allocated_devices(vm: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(names)
 
 
+def pci_ids(raw: Mapping[str, Any]) -> tuple[PciAddress, tuple[str, str]] | None:
+    """A ``PCIDevice``'s address and ids (``status.address``, ``vendorId``, ``deviceId``:
+    pcidevice.go ``PCIDeviceStatus``); None when they are not four-digit hex ids."""
+    status = raw.get("status")
+    if not isinstance(status, Mapping):
+        return None
+    vendor, device = status.get("vendorId"), status.get("deviceId")
+    if not all(isinstance(v, str) and _HEX4.fullmatch(v) for v in (vendor, device)):
+        return None
+    try:
+        address = PciAddress.parse(str(status.get("address", "")))
+    except ValueError:
+        return None
+    return address, (str(vendor).lower(), str(device).lower())
+
+
 def harvester_node(
     node: str,
     gpu_objects: Iterable[Mapping[str, Any]],
@@ -117,9 +135,10 @@ def harvester_node(
     *,
     vms: Iterable[Mapping[str, Any]] = (),
     vmis: Iterable[Mapping[str, Any]] = (),
+    pci_devices: Iterable[Mapping[str, Any]] = (),
 ) -> HarvesterNode:
     """Node ``node`` from its objects (already selected by the ``nodename`` label), the
-    cluster's VMs and this node's VMIs."""
+    cluster's VMs, this node's VMIs and its ``PCIDevice`` objects."""
     notes: list[str] = []
     gpus: list[HarvesterGpu] = []
     for raw in gpu_objects:
@@ -151,12 +170,14 @@ def harvester_node(
         for vf in vfs:
             if vf.configured and resource_name(vf.configured_type) in wanted:
                 used.setdefault(vf.name, f"VM {_vm_name(vmi)} (running; allocation unknown)")
+    ids = dict(found for raw in pci_devices if (found := pci_ids(raw)) is not None)
     return HarvesterNode(
         node=node,
         gpus=tuple(sorted(gpus, key=lambda g: g.address)),
         vfs=tuple(sorted(vfs, key=lambda v: v.address)),
         used_by=used,
         notes=tuple(notes),
+        pci_ids=ids,
     )
 
 

@@ -111,6 +111,12 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
                     "planned then"
                 )
             continue
+        checked = _check_model(want, observed, catalog)
+        if isinstance(checked, Problem):
+            problems.append(checked)
+            continue
+        if checked:
+            notes.append(checked)
         model = _model(want, vfs, catalog)
         gpus.append(_as_gpu(hg, vfs, observed, model))
         planned.append(want)
@@ -180,6 +186,36 @@ def _gpu_step(
         node=node,
         gpu=hg.address,
         resource_version=hg.resource_version,
+    )
+
+
+def _check_model(want: DesiredGpu, observed: HarvesterNode, catalog: Catalog) -> Problem | str:
+    """The desired ``model`` against the GPU's ``PCIDevice`` ids: a problem when they name
+    another model, a note when nothing can tell ("" when it matches or none is desired). The
+    ids carry no subsystem ids, so models that share them (A2 and A16) are both accepted."""
+    if want.model is None:
+        return ""
+    ids = observed.pci_ids.get(want.address)
+    if ids is None:
+        return (
+            f"GPU {want.address}: desired model {want.model} not checked: no PCIDevice object "
+            f"of it on node {observed.node}"
+        )
+    named = sorted(
+        {m.name for m in catalog.models for i in m.pci_ids if (i.vendor, i.device) == ids}
+    )
+    if not named:
+        return (
+            f"GPU {want.address}: desired model {want.model} not checked: the catalogue does "
+            f"not know PCI ids {ids[0]}:{ids[1]}"
+        )
+    wanted = catalog.model(want.model)
+    if wanted is not None and wanted.name in named:
+        return ""
+    return located(
+        f"GPU {want.address} is {' or '.join(named)} (PCIDevice {ids[0]}:{ids[1]}), not the "
+        f"desired {want.model}",
+        want.location,
     )
 
 

@@ -86,6 +86,8 @@ def test_the_seeds_node_converges_through_pcidevices_controller(harvester: Clust
     assert "delegate mode" in plan.stderr
     assert "+ sriov 0000:08:00.0  enable  (SRIOVGPUDevice harvester-kgd9c-000008000)" in plan.stdout
     assert "its VFs are planned once pcidevices-controller has made" in plan.stdout
+    # The double made the A2's PCIDevice (10de:25b6): the seed's "model: NVIDIA A2" is checked.
+    assert "not checked" not in plan.stdout
 
     harvester.ok("apply", SEED, "--yes")
     # The A2's type ids (docs/domain.md §4: 742-756 on this branch; the double lists them in

@@ -188,7 +188,7 @@ def test_a_damaged_object_is_left_out_with_a_note() -> None:
     )
 
 
-def test_every_node_is_read_from_four_lists_whatever_their_number() -> None:
+def test_every_node_is_read_from_five_lists_whatever_their_number() -> None:
     from reconciler.observe.delegate import observe_harvester_nodes
     from tests.doubles.cluster import FakeCluster
 
@@ -204,13 +204,22 @@ def test_every_node_is_read_from_four_lists_whatever_their_number() -> None:
     details = {"gpus": {"nvidia.com/NVIDIA_A2-4Q": [f"{NODE}-000008004"]}}
     api.seed("virtualmachines", [vm("win11", details)])
     api.seed("virtualmachineinstances", [])
+    api.seed(
+        "pcidevices",
+        [{"metadata": {"name": f"{NODE}-000008000"},
+          "status": {"address": "0000:08:00.0", "vendorId": "10de", "deviceId": "25B6",
+                     "nodeName": NODE}}],
+    )  # fmt: skip
     nodes = observe_harvester_nodes(api, [NODE, other, "empty-node"])
     assert sorted(nodes) == ["empty-node", NODE, other]
     assert [g.name for g in nodes[NODE].gpus] == [f"{NODE}-000008000"]
     assert [g.name for g in nodes[other].gpus] == [f"{other}-000008000"]
     assert nodes["empty-node"].gpus == () and nodes["empty-node"].vfs == ()
     assert dict(nodes[NODE].used_by) == {f"{NODE}-000008004": "VM default/win11"}
+    assert dict(nodes[NODE].pci_ids) == {GPU: ("10de", "25b6")}
+    assert dict(nodes[other].pci_ids) == {}
     assert sorted(c.plural for c in api.lists) == [
+        "pcidevices",
         "sriovgpudevices",
         "vgpudevices",
         "virtualmachineinstances",

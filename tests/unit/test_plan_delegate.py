@@ -186,6 +186,34 @@ def test_what_cannot_be_reached_is_refused_before_anything_is_written(
     assert any(message in line for line in caught.value.lines()), caught.value.lines()
 
 
+@pytest.mark.parametrize(
+    ("model", "ids", "outcome"),
+    [
+        ("NVIDIA A2", ("10de", "25b6"), ""),
+        ("NVIDIA A16", ("10de", "25b6"), ""),  # A2 and A16 share 25b6; no subsystem id here
+        ("NVIDIA A10", ("10de", "25b6"), "is NVIDIA A16 or NVIDIA A2 (PCIDevice 10de:25b6)"),
+        ("NVIDIA A2", None, "desired model NVIDIA A2 not checked: no PCIDevice object"),
+    ],
+)
+def test_a_desired_model_is_checked_against_the_pcidevice(
+    model: str, ids: tuple[str, str] | None, outcome: str
+) -> None:
+    short = model.removeprefix("NVIDIA ")
+    gpu = replace(want(profiles={f"{short}-4Q": 1}, line=4), model=model)
+    observed = replace(harvester(), pci_ids={A2: ids} if ids else {})
+    if outcome.startswith("is "):
+        with pytest.raises(PlanError) as caught:
+            plan(gpu, observed=observed)
+        assert caught.value.lines() == [
+            f"d.yaml:4:11: GPU 0000:08:00.0 {outcome}, not the desired {model}"
+        ]
+        return
+    p = plan(gpu, observed=observed)
+    assert [n for n in p.notes if "model" in n] == (
+        [f"GPU 0000:08:00.0: {outcome} of it on node {NODE}"] if outcome else []
+    )
+
+
 def test_an_unreadable_object_blocks_every_write_of_the_node() -> None:
     observed = replace(harvester(), notes=("VGPUDevice x: spec.address is not a PCI address",))
     p = plan(want(profiles={"A2-4Q": 1}), observed=observed)
