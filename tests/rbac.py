@@ -19,6 +19,13 @@ from tests.doubles.emulator import Request
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac.yaml"
 SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "vgpuctl", "namespace": "vgpuctl-system"}
+#: Delegate mode's role (docs/delegate.md), and the account it is bound to.
+DELEGATE_RBAC = RBAC.parent / "harvester" / "rbac.yaml"
+DELEGATE_ACCOUNT = {
+    "kind": "ServiceAccount",
+    "name": "vgpuctl-delegate",
+    "namespace": "vgpuctl-delegate",
+}
 
 
 class Grant(NamedTuple):
@@ -29,15 +36,15 @@ class Grant(NamedTuple):
     name: str | None = None  # None: any object (no resourceNames); else that object only
 
 
-def grants(path: Path = RBAC) -> set[Grant]:
-    """Everything the bindings in ``path`` give the agent's service account."""
+def grants(path: Path = RBAC, account: dict[str, str] = SERVICE_ACCOUNT) -> set[Grant]:
+    """Everything the bindings in ``path`` give ``account`` (the agent's by default)."""
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs}
     out: set[Grant] = set()
     for binding in docs:
         if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
             continue
-        if SERVICE_ACCOUNT not in binding["subjects"]:
+        if account not in binding["subjects"]:
             continue
         ref = binding["roleRef"]
         where = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None

@@ -197,10 +197,11 @@ class DelegateExecutor:
             )
         done = self._wait(
             lambda: self._gpu(a.target),
-            lambda g: bool(g.vgpu_devices),
+            lambda g: bool(g.vgpu_devices) and all(self._exists(n) for n in g.vgpu_devices),
             lambda g: (
-                f"pcidevices-controller listed no VGPUDevices for {a.target} within "
-                f"{self.timeout:g} s (VFs: {len(g.vf_addresses)}; it makes them at a node resync)"
+                f"pcidevices-controller made no VGPUDevices for {a.target} within "
+                f"{self.timeout:g} s (VFs: {len(g.vf_addresses)}, VGPUDevices listed: "
+                f"{len(g.vgpu_devices)}; it makes them at a node resync)"
             ),
         )
         return OutcomeStatus.DONE, f"enabled ({len(done.vgpu_devices)} VGPUDevices)"
@@ -245,6 +246,10 @@ class DelegateExecutor:
             return parse_gpu(raw)
         except ObjectError as e:
             raise StepFailed(f"SRIOVGPUDevice {e}") from None
+
+    def _exists(self, name: str) -> bool:
+        found = self.api.get_object(group=GROUP, version=VERSION, plural=VGPU_PLURAL, name=name)
+        return found is not None
 
     def _get(self, plural: str, name: str) -> dict[str, Any]:
         raw = self.api.get_object(group=GROUP, version=VERSION, plural=plural, name=name)

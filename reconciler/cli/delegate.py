@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,7 +32,10 @@ from reconciler.model import Plan, ReconcilerError, UsageError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.plan import FORMAT_VERSION
 from reconciler.model.plan_json import plan_to_json
+from reconciler.plan.delegate import waits_for_controller
 
+#: How often the objects are read while waiting for pcidevices-controller.
+POLL_SECONDS = 1.0
 #: At most this many rounds of apply (a GPU enable, then its VFs, then what a profile change
 #: of another size needs): a run that still has work after them reports it.
 MAX_ROUNDS = 6
@@ -146,10 +150,20 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
             _show(plans, host, verbose=False)
             return EXIT_ERROR
         left = sum(len(p.actions) for p in plans.plans)
+        if left == 0 and any(map(waits_for_controller, plans.plans)):
+            plans = _await_controller(ns.file, host, api, timeout)
+            if plans.failures:
+                _show(plans, host, verbose=False)
+                return EXIT_ERROR
+            left = sum(len(p.actions) for p in plans.plans)
         if left == 0 or ran == 0:
             break
     blocked = sum(len(p.blocked) for p in plans.plans)
     left = sum(len(p.actions) for p in plans.plans)
+    if any(map(waits_for_controller, plans.plans)):
+        _err(f"Not converged: pcidevices-controller made no VGPUDevices within {timeout:g} s.")
+        _show(plans, host, verbose=False)
+        return EXIT_ERROR
     if left:
         _err(f"Not converged: {left} step{'s' * (left != 1)} left after {MAX_ROUNDS} rounds.")
         _show(plans, host, verbose=False)
@@ -159,6 +173,18 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
         return EXIT_CHANGES
     _err("Converged: every node matches the desired state.")
     return EXIT_OK
+
+
+def _await_controller(files: list[str], host: Host, api: ClusterApi, timeout: float) -> _Planned:
+    """Plans again until no GPU waits for pcidevices-controller's objects, or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        plans = _plan_all(files, host, api)
+        if plans.failures or not any(map(waits_for_controller, plans.plans)):
+            return plans
+        if time.monotonic() >= deadline:
+            return plans
+        time.sleep(POLL_SECONDS)
 
 
 def _holder(api: ClusterApi, node: str) -> Callable[[str], str | None]:

@@ -56,6 +56,20 @@ from reconciler.plan.planner import NO_CLUSTER, plan_node
 
 #: A plan's ``interface`` in delegate mode.
 DELEGATE_INTERFACE = "harvester"
+#: Why a GPU whose SR-IOV is on is not there yet: its VFs have no objects to write. Shown as
+#: its blocked ``sriovgpudevice-enable`` (the step it waits on); apply waits for it.
+WAITING = (
+    "SR-IOV is on; waiting for pcidevices-controller to make its VGPUDevice objects (within a "
+    "node resync: about 30 s): its VFs are planned then"
+)
+
+
+def waits_for_controller(plan: Plan) -> bool:
+    """Whether ``plan`` has a GPU whose VFs wait for pcidevices-controller's objects."""
+    return any(
+        isinstance(b.action, SriovGpuDeviceEnable) and b.action.reason == WAITING
+        for b in plan.blocked
+    )
 
 
 def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Catalog) -> Plan:
@@ -66,6 +80,7 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
     notes: list[str] = list(observed.notes)
     first: list[DelegateAction] = []
     noops: list[Noop] = []
+    waiting: list[Blocked] = []
     planned: list[DesiredGpu] = []
     gpus: list[Gpu] = []
     for want in desired.gpus:
@@ -105,11 +120,8 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
             continue
         if want.sriov and not vfs:
             if want.vgpus or want.profiles:
-                notes.append(
-                    f"GPU {want.address}: SR-IOV is on but pcidevices-controller has not made its "
-                    "VGPUDevice objects yet (within a node resync: about 30 s); its VFs are "
-                    "planned then"
-                )
+                # Nothing to write, but not there either: a wait (apply waits for it).
+                waiting.append(Blocked(_gpu_step(SriovGpuDeviceEnable, hg, node, WAITING)))
             continue
         checked = _check_model(want, observed, catalog)
         if isinstance(checked, Problem):
@@ -134,7 +146,7 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
     objects = {(vf.parent, vf.address): vf for vf in observed.vfs}
     by_gpu = {g.address: g for g in observed.gpus}
     actions: list[DelegateAction] = list(first)
-    blocked: list[Blocked] = []
+    blocked: list[Blocked] = list(waiting)
     for action in local.actions:
         if isinstance(action, VgpuRemove | VgpuCreate | SriovDisable):
             step = _translate(action, node, objects, by_gpu)

@@ -20,7 +20,9 @@ import pytest
 import yaml
 
 from reconciler.sim import SimHost, build_host
-from tests.doubles.emulator import ApiServerEmulator
+from tests import rbac
+from tests.doubles.admission import UserInfo
+from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.doubles.pcidevices import PciDevicesController, install, node_object, vm
 from tests.simnode import REPO, run_vgpuctl
 
@@ -130,6 +132,31 @@ def test_a_vgpu_a_vm_uses_is_never_disabled(harvester: Cluster, tmp_path: Path) 
     res = harvester.run("apply", changed, "--yes")
     assert res.returncode == 2, res.stdout + res.stderr
     assert harvester.types()[VFS[1]] == "746"  # still its 4Q
+
+
+def test_the_delegate_role_is_enough_and_no_more(harvester: Cluster, tmp_path: Path) -> None:
+    """deploy/harvester/rbac.yaml enforced on vgpuctl's own requests (the double acts as
+    itself): a plan, an apply that converges the seed's node and an assert are all allowed,
+    and every rule of the role is used."""
+    granted = rbac.grants(rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
+    account = rbac.DELEGATE_ACCOUNT
+    user = UserInfo(f"system:serviceaccount:{account['namespace']}:{account['name']}")
+    ours: list[Request] = []
+
+    def authorize(request: Request, who: UserInfo) -> bool:
+        if who != user:
+            return True  # the double, and the test itself
+        ours.append(request)
+        return rbac.allows(granted, request)
+
+    harvester.emu.authorize_with(authorize)
+    kubeconfig = harvester.emu.kubeconfig(tmp_path / "delegate.kubeconfig", user=user)
+    for args in (("plan", SEED), ("apply", SEED, "--yes"), ("assert", SEED)):
+        res = run_vgpuctl(*args, "--kubeconfig", kubeconfig, timeout=300)
+        assert res.returncode == 0, f"{args}: {res.stdout}{res.stderr}"
+    assert [r for r in ours if not rbac.allows(granted, r)] == []
+    assert rbac.unused(granted, ours) == set()
+    assert harvester.types() == {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
 
 
 def test_delegate_none_keeps_the_node_local_guard(harvester: Cluster) -> None:

@@ -147,10 +147,19 @@ def test_the_kustomization_lists_every_manifest_and_nothing_else() -> None:
     on_disk = sorted(
         str(p.relative_to(DEPLOY))
         for p in _manifests()
-        if p.name != "kustomization.yaml" and p.parent.name not in COMPONENTS
+        if p.name != "kustomization.yaml" and p.parent.name not in (*COMPONENTS, "harvester")
     )
     assert sorted(listed) == on_disk
     assert len(listed) == len(set(listed))
+
+
+def test_the_delegate_kustomization_lists_every_manifest_of_its_directory() -> None:
+    # deploy/harvester/ is its own install (kubectl apply -k deploy/harvester/), not part of
+    # the node agent's.
+    directory = DEPLOY / "harvester"
+    listed = _kustomization(directory)["resources"]
+    on_disk = sorted(p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk
 
 
 def test_the_git_sync_component_lists_its_patches() -> None:

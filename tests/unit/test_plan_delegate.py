@@ -22,7 +22,7 @@ from reconciler.model import (
 )
 from reconciler.model.harvester import HarvesterGpu, HarvesterNode, HarvesterVf
 from reconciler.model.plan_json import plan_from_json, plan_to_json
-from reconciler.plan.delegate import plan_delegate
+from reconciler.plan.delegate import plan_delegate, waits_for_controller
 from tests.gpus import A2, CATALOG, want
 
 NODE = "harvester-kgd9c"
@@ -105,6 +105,20 @@ def test_a_disabled_gpu_is_enabled_first_and_its_vfs_wait_for_their_objects() ->
     assert steps(p) == [("sriovgpudevice-enable", f"{NODE}-000008000", "")]
     assert p.interface == "harvester"
     assert any("planned once pcidevices-controller has made" in n for n in p.notes)
+
+
+def test_a_gpu_whose_objects_are_not_made_yet_waits_and_is_not_converged() -> None:
+    # SR-IOV on, but pcidevices-controller makes the VGPUDevices at its next node resync:
+    # nothing to write, yet not there: a blocked wait (assert says drifted; apply waits).
+    observed = replace(harvester(), vfs=())
+    p = plan(want(profiles={"A2-4Q": 2}), observed=observed)
+    assert p.actions == ()
+    assert [(b.kind.value, b.target) for b in p.blocked] == [
+        ("sriovgpudevice-enable", f"{NODE}-000008000")
+    ]
+    assert waits_for_controller(p) and p.has_changes
+    # Nothing desired on its VFs: nothing to wait for.
+    assert not plan(want(), observed=observed).has_changes
 
 
 def test_profiles_are_enabled_on_the_first_free_vfs() -> None:
