@@ -73,6 +73,14 @@ class Controller:
                 status.update(vfAddresses=[str(VF0)], vGPUDevices=[f"{NODE}-000008004"])
                 self.api.put(plural, obj, ns)
                 return
+            if (
+                plural == "sriovgpudevices"
+                and status
+                and ("vgpudevices", None, f"{NODE}-000008004") not in self.api.store
+            ):
+                # The object itself comes at a later node resync than the status list.
+                self.api.put("vgpudevices", vf_object(False, "", configured=False))
+                return
 
 
 def run(api: FakeCluster, *actions: Action, stalls: bool = False, used: str | None = None) -> Any:
@@ -194,7 +202,7 @@ def test_an_object_edited_since_the_plan_is_a_conflict() -> None:
     assert "run plan again" in outcome.message and api.patches == []
 
 
-def test_a_gpu_enable_waits_until_its_vgpudevices_are_listed() -> None:
+def test_a_gpu_enable_waits_until_its_vgpudevices_exist() -> None:
     api = FakeCluster()
     api.seed(
         "sriovgpudevices",
@@ -208,3 +216,10 @@ def test_a_gpu_enable_waits_until_its_vgpudevices_are_listed() -> None:
     assert [(o.status, o.message) for o in result.outcomes] == [
         (OutcomeStatus.DONE, "enabled (1 VGPUDevices)")
     ]
+    assert ("vgpudevices", None, f"{NODE}-000008004") in api.store
+    # A controller that lists them but never makes them: the step fails when the wait ends.
+    stalled = FakeCluster()
+    stalled.seed("sriovgpudevices", [api.store[("sriovgpudevices", None, f"{NODE}-000008000")]])
+    stalled.store[("sriovgpudevices", None, f"{NODE}-000008000")]["spec"]["enabled"] = False
+    result, _ = run(stalled, step, stalls=True)
+    assert [o.status for o in result.outcomes] == [OutcomeStatus.FAILED]
