@@ -28,7 +28,7 @@ from reconciler.cli.commands import (
 )
 from reconciler.cli.host import Host
 from reconciler.cli.render import plan_text, safe
-from reconciler.model import Plan, ReconcilerError, UsageError
+from reconciler.model import Desired, Plan, ReconcilerError, UsageError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.plan import FORMAT_VERSION
 from reconciler.model.plan_json import plan_to_json
@@ -47,11 +47,13 @@ class _Planned:
     failures: dict[str, ReconcilerError]
 
 
-def _plan_all(files: list[str], host: Host, api: ClusterApi) -> _Planned:
+def _plan_all(desired: Desired, host: Host, api: ClusterApi) -> _Planned:
+    """Every node of ``desired``, observed now and planned. The desired state is read once per
+    command: a later round of apply plans from the state the user confirmed, not from a file
+    edited since."""
     from reconciler.observe.delegate import observe_harvester_nodes
     from reconciler.plan.delegate import plan_delegate
 
-    desired = load(files, host)
     observed = observe_harvester_nodes(api, desired.nodes)
     plans: list[Plan] = []
     failures: dict[str, ReconcilerError] = {}
@@ -73,7 +75,7 @@ def _api(host: Host) -> ClusterApi:
 def cmd_plan_delegate(ns: argparse.Namespace, host: Host) -> int:
     if getattr(ns, "out", None):
         raise UsageError("--out saves a plan for one node's apply; not in delegate mode")
-    planned = _plan_all(ns.file, host, _api(host))
+    planned = _plan_all(load(ns.file, host), host, _api(host))
     changed = [p for p in planned.plans if p.has_changes]
     if ns.output == "json":
         doc = {
@@ -91,7 +93,7 @@ def cmd_plan_delegate(ns: argparse.Namespace, host: Host) -> int:
 
 
 def cmd_assert_delegate(ns: argparse.Namespace, host: Host) -> int:
-    planned = _plan_all(ns.file, host, _api(host))
+    planned = _plan_all(load(ns.file, host), host, _api(host))
     for name, error in planned.failures.items():
         _out(f"node {safe(name)}: {safe(error.message)}\n")
     drifted = [p for p in planned.plans if p.has_changes]
@@ -114,7 +116,8 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
 
     api = _api(host)
     style = _style(host.options)
-    planned = _plan_all(ns.file, host, api)
+    desired = load(ns.file, host)
+    planned = _plan_all(desired, host, api)
     _show(planned, host, verbose=ns.verbose)
     if planned.failures:
         return EXIT_ERROR
@@ -145,13 +148,13 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
                 _err(f"error: {safe(failed.action.kind.value)} {safe(failed.action.target)}: "
                      f"{safe(failed.message)}")  # fmt: skip
                 return EXIT_ERROR
-        plans = _plan_all(ns.file, host, api)
+        plans = _plan_all(desired, host, api)
         if plans.failures:
             _show(plans, host, verbose=False)
             return EXIT_ERROR
         left = sum(len(p.actions) for p in plans.plans)
         if left == 0 and any(map(waits_for_controller, plans.plans)):
-            plans = _await_controller(ns.file, host, api, timeout)
+            plans = _await_controller(desired, host, api, timeout)
             if plans.failures:
                 _show(plans, host, verbose=False)
                 return EXIT_ERROR
@@ -175,11 +178,11 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
     return EXIT_OK
 
 
-def _await_controller(files: list[str], host: Host, api: ClusterApi, timeout: float) -> _Planned:
+def _await_controller(desired: Desired, host: Host, api: ClusterApi, timeout: float) -> _Planned:
     """Plans again until no GPU waits for pcidevices-controller's objects, or ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        plans = _plan_all(files, host, api)
+        plans = _plan_all(desired, host, api)
         if plans.failures or not any(map(waits_for_controller, plans.plans)):
             return plans
         if time.monotonic() >= deadline:

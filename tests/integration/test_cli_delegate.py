@@ -112,6 +112,33 @@ def test_a_profile_change_and_a_shrink(harvester: Cluster, tmp_path: Path) -> No
     assert "No changes" in harvester.ok("plan", changed).stdout
 
 
+def test_later_rounds_apply_the_desired_state_that_was_confirmed(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    # The GPU enable is round 1; its VFs' steps come in round 2. The file is edited the moment
+    # the enable is written: round 2 still plans from the state the user confirmed.
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(SEED.read_text())
+    edited: list[bool] = []
+
+    def edit_on_enable(_attributes: object) -> None:
+        if not edited:
+            edited.append(True)
+            desired.write_text(layout(tmp_path, {VFS[0]: "NVIDIA A2-2Q"}).read_text())
+
+    rule = {
+        "operations": ["UPDATE"],
+        "apiGroups": ["devices.harvesterhci.io"],
+        "apiVersions": ["v1beta1"],
+        "resources": ["sriovgpudevices"],
+        "scope": "Cluster",
+    }
+    harvester.emu.register_webhook("edit.test", edit_on_enable, rules=[rule])  # type: ignore[arg-type]
+    harvester.ok("apply", desired, "--yes")
+    assert edited  # the edit happened during the run
+    assert harvester.types() == {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
+
+
 def test_a_gpu_shrunk_to_sriov_off(harvester: Cluster, tmp_path: Path) -> None:
     # Every vGPU disabled first (the controller removes each), then the GPU (sriov-manage -d
     # through the controller): the host ends with SR-IOV off.
