@@ -78,11 +78,20 @@ def cmd_plan_delegate(ns: argparse.Namespace, host: Host) -> int:
     planned = _plan_all(load(ns.file, host), host, _api(host))
     changed = [p for p in planned.plans if p.has_changes]
     if ns.output == "json":
+        totals = {"create": 0, "change": 0, "remove": 0, "blocked": 0}
+        for p in planned.plans:
+            for key, value in p.summary.to_json().items():
+                totals[key] += value
         doc = {
             "formatVersion": FORMAT_VERSION,
             "observed": "harvester",
             "plans": [plan_to_json(p) for p in planned.plans],
             "errors": {n: e.lines() for n, e in planned.failures.items()},
+            "summary": {
+                "nodes": len(planned.plans) + len(planned.failures),
+                "nodesWithChanges": len(changed),
+                **totals,
+            },
         }
         _out(json.dumps(doc, indent=2) + "\n")
     else:

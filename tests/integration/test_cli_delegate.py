@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes import client, config
 
 from reconciler.sim import SimHost, build_host
 from tests import rbac
@@ -98,6 +99,27 @@ def test_the_seeds_node_converges_through_pcidevices_controller(harvester: Clust
     assert "No changes" in harvester.ok("plan", SEED).stdout
     assert harvester.run("assert", SEED).returncode == 0
     assert harvester.ctl.errors == []
+
+
+def test_a_hand_edit_is_drift_that_assert_reports_and_apply_resets(harvester: Cluster) -> None:
+    harvester.ok("apply", SEED, "--yes")
+    # Someone disables VF 1's vGPU by hand (Harvester's UI does this write).
+    name = f"{NODE}-000008005"
+    api = config.new_client_from_config(config_file=str(harvester.kubeconfig))
+    client.CustomObjectsApi(api).patch_cluster_custom_object(
+        "devices.harvesterhci.io", "v1beta1", "vgpudevices", name, {"spec": {"enabled": False}}
+    )
+    api.close()
+    harvester.ctl.run_until_idle()
+    res = harvester.run("assert", SEED)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"node {NODE} has drifted: 1 to create" in res.stdout
+    doc = json.loads(harvester.ok("plan", SEED, "-o", "json").stdout)
+    assert doc["summary"] == {"nodes": 1, "nodesWithChanges": 1, "create": 1, "change": 0,
+                              "remove": 0, "blocked": 0}  # fmt: skip
+    harvester.ok("apply", SEED, "--yes")
+    assert harvester.run("assert", SEED).returncode == 0
+    assert harvester.types()[VFS[1]] == "746"
 
 
 def test_a_profile_change_and_a_shrink(harvester: Cluster, tmp_path: Path) -> None:
