@@ -22,7 +22,7 @@ the run, as any failure does: the steps after it are not run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,9 +64,9 @@ class DelegateExecutor:
     """Runs a delegate plan's steps against the cluster."""
 
     api: ClusterApi
-    #: Who uses the ``VGPUDevice`` named so now (``VM <ns>/<name>``), None: nobody; asked right
-    #: before every disable.
-    used_by: Callable[[str], str | None]
+    #: Who uses each of the node's ``VGPUDevice``s now (name → ``VM <ns>/<name>``), read again
+    #: right before every disable.
+    used_by: Callable[[], Mapping[str, str]]
     timeout: float = DEFAULT_TIMEOUT
     poll: float = DEFAULT_POLL
     clock: Callable[[], float] = time.monotonic
@@ -161,7 +161,7 @@ class DelegateExecutor:
     def _disable_vf(self, a: VgpuDeviceDisable) -> tuple[OutcomeStatus, str]:
         vf = self._vf(a.target)
         if vf.enabled:
-            self._refuse_if_used(a.target)
+            self._refuse_if_used((a.target,))
             self._patch(
                 VGPU_PLURAL,
                 a.target,
@@ -211,8 +211,7 @@ class DelegateExecutor:
         if not gpu.enabled and not gpu.vf_addresses:
             return OutcomeStatus.NOOP, "already disabled"
         if gpu.enabled:
-            for name in gpu.vgpu_devices:
-                self._refuse_if_used(name)
+            self._refuse_if_used(gpu.vgpu_devices)
             self._patch(
                 SRIOV_GPU_PLURAL,
                 a.target,
@@ -260,10 +259,13 @@ class DelegateExecutor:
     def _patch(self, plural: str, name: str, ops: Sequence[dict[str, Any]]) -> None:
         self.api.patch_object(group=GROUP, version=VERSION, plural=plural, name=name, patch=ops)
 
-    def _refuse_if_used(self, name: str) -> None:
-        holder = self.used_by(name)
-        if holder is not None:
-            raise StepFailed(f"{name} is in use by {holder} now: not disabled", transient=True)
+    def _refuse_if_used(self, names: Sequence[str]) -> None:
+        used = self.used_by()
+        for name in names:
+            if name in used:
+                raise StepFailed(
+                    f"{name} is in use by {used[name]} now: not disabled", transient=True
+                )
 
     def _wait(
         self,

@@ -75,12 +75,16 @@ class SriovHost:
         self._run_sriov_manage("-d", gpu)
 
     def _run_sriov_manage(self, flag: str, gpu: PciAddress) -> None:
-        argv = [*self._sriov_manage, flag, str(gpu)]
-        what = f"{os.path.basename(self._sriov_manage[-1])} {flag} {gpu}"
+        self._run(self._sriov_manage, (flag, str(gpu)), option="--sriov-manage")
+
+    def _run(self, program: tuple[str, ...], args: tuple[str, ...], *, option: str) -> None:
+        """Run ``program`` (an argv prefix) with ``args``, bounded in time; a program that
+        cannot be run names ``option``, a non-zero exit the command and its last output."""
+        what = " ".join((os.path.basename(program[-1]), *args))
         try:
-            result = self._runner.run(argv, timeout=self._command_timeout)
+            result = self._runner.run([*program, *args], timeout=self._command_timeout)
         except (CommandNotFoundError, CommandNotExecutableError) as e:
-            raise type(e)(f"{e.message}: set --sriov-manage") from e
+            raise type(e)(f"{e.message}: set {option}") from e
         if result.returncode != 0:
             raise CommandFailedError(
                 f"{what} failed (exit {result.returncode}): "
@@ -94,17 +98,7 @@ class SriovHost:
         flag = _SHM.get(mode)
         if flag is None:
             raise ValueError(f"{mode} is not a mode a GPU is put in")
-        argv = [*self._nvidia_smi, "vgpu", "-i", str(gpu), "-shm", flag]
-        what = f"{os.path.basename(self._nvidia_smi[-1])} vgpu -i {gpu} -shm {flag}"
-        try:
-            result = self._runner.run(argv, timeout=self._command_timeout)
-        except (CommandNotFoundError, CommandNotExecutableError) as e:
-            raise type(e)(f"{e.message}: set --nvidia-smi") from e
-        if result.returncode != 0:
-            raise CommandFailedError(
-                f"{what} failed (exit {result.returncode}): "
-                f"{tail(result.stderr) or tail(result.stdout) or 'no output'}"
-            )
+        self._run(self._nvidia_smi, ("vgpu", "-i", str(gpu), "-shm", flag), option="--nvidia-smi")
 
     def vgpu_modes(self) -> ModeReading:
         return read_vgpu_modes(self._runner, self._nvidia_smi, timeout=self._query_timeout)

@@ -13,8 +13,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from reconciler.cli.commands import (
     EXIT_CHANGES,
@@ -32,6 +32,7 @@ from reconciler.model import Desired, Plan, ReconcilerError, UsageError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.plan import FORMAT_VERSION
 from reconciler.model.plan_json import plan_to_json
+from reconciler.observe.delegate import devices_in_use
 from reconciler.plan.delegate import waits_for_controller
 
 #: How often the objects are read while waiting for pcidevices-controller.
@@ -146,7 +147,7 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
             _err(style.bold(f"node {safe(plan.node)}, round {round_number}:"))
             executor = DelegateExecutor(
                 api,
-                used_by=_holder(api, plan.node),
+                used_by=partial(devices_in_use, api, plan.node),
                 timeout=timeout,
                 on_outcome=_progress(style),
             )
@@ -197,16 +198,6 @@ def _await_controller(desired: Desired, host: Host, api: ClusterApi, timeout: fl
         if time.monotonic() >= deadline:
             return plans
         time.sleep(POLL_SECONDS)
-
-
-def _holder(api: ClusterApi, node: str) -> Callable[[str], str | None]:
-    """Who uses a device of ``node`` now (its VMs and VMIs read again), for the executor."""
-    from reconciler.observe.delegate import observe_harvester_nodes
-
-    def holder(name: str) -> str | None:
-        return observe_harvester_nodes(api, [node])[node].used_by.get(name)
-
-    return holder
 
 
 def _confirm_all(actions: int, nodes: int) -> None:

@@ -85,32 +85,27 @@ class Host:
 
     @property
     def sriov_manage_argv(self) -> list[str]:
-        cmd = self.options.sriov_manage
-        if cmd is None:
-            sim_dir = self.sim_dir
-            cmd = str(sim_dir / "bin" / "sriov-manage") if sim_dir else DEFAULT_SRIOV_MANAGE
-        try:
-            argv = shlex.split(cmd)
-        except ValueError as exc:
-            raise UsageError(f"--sriov-manage {cmd!r}: {exc}") from None
-        if not argv:
-            raise UsageError("--sriov-manage is empty")
-        return argv
+        return self._command("--sriov-manage", self.options.sriov_manage, DEFAULT_SRIOV_MANAGE)
 
     @property
     def nvidia_smi_argv(self) -> list[str]:
         from reconciler.apply.sriov import DEFAULT_NVIDIA_SMI
 
-        cmd = self.options.nvidia_smi
+        return self._command("--nvidia-smi", self.options.nvidia_smi, DEFAULT_NVIDIA_SMI)
+
+    def _command(self, option: str, given: str | None, default: str) -> list[str]:
+        """``option``'s argv: as given (split, never run by a shell), else a simulated host's
+        own program (``DIR/bin/<name>``), else ``default``."""
+        cmd = given
         if cmd is None:
             sim_dir = self.sim_dir
-            cmd = str(sim_dir / "bin" / "nvidia-smi") if sim_dir else DEFAULT_NVIDIA_SMI
+            cmd = str(sim_dir / "bin" / option.removeprefix("--")) if sim_dir else default
         try:
             argv = shlex.split(cmd)
         except ValueError as exc:
-            raise UsageError(f"--nvidia-smi {cmd!r}: {exc}") from None
+            raise UsageError(f"{option} {cmd!r}: {exc}") from None
         if not argv:
-            raise UsageError("--nvidia-smi is empty")
+            raise UsageError(f"{option} is empty")
         return argv
 
     def vgpu_modes(self) -> ModeReading:

@@ -53,6 +53,17 @@ def observe_harvester_nodes(api: ClusterApi, nodes: Iterable[str]) -> dict[str, 
     }
 
 
+def devices_in_use(api: ClusterApi, node: str) -> Mapping[str, str]:
+    """Who uses each ``VGPUDevice`` of ``node`` now: three lists (its VGPUDevices by label, the
+    VMs, the VMIs), read right before a disable, not the whole observation."""
+    vfs = api.list_objects(
+        group=GROUP, version=VERSION, plural=VGPU_PLURAL, label_selector=f"{NODE_LABEL}={node}"
+    )
+    vms = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VM_PLURAL)
+    vmis = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VMI_PLURAL)
+    return harvester_node(node, (), vfs, vms=vms, vmis=vmis).used_by
+
+
 def _pci_devices(api: ClusterApi) -> dict[str, list[dict[str, Any]]]:
     """Harvester's ``PCIDevice`` objects by node (``status.nodeName``), read only to check a
     desired ``model``: where the resource is not served, none."""

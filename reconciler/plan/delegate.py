@@ -256,8 +256,6 @@ def _as_gpu(
     """The GPU as the node-local planner reads one: its VFs in address order (the index order),
     each hosting what its spec asks."""
     ids = model.pci_ids[0] if model is not None and model.pci_ids else None
-    keys = [key for v in vfs for key in v.available.values()]
-    interface = Interface.MDEV if any(k.startswith("nvidia-") for k in keys) else Interface.VFIO
     return Gpu(
         address=hg.address,
         vendor_id=ids.vendor if ids is not None else "10de",
@@ -265,7 +263,9 @@ def _as_gpu(
         subsystem_vendor_id=ids.subsystem_vendor if ids is not None else "",
         subsystem_device_id=ids.subsystem_device if ids is not None else "",
         model=model.name if model is not None else None,
-        interface=interface,
+        # How a vGPU is named on the host is the controller's business: the identities the
+        # node-local plan gives its creates are not part of the spec writes.
+        interface=Interface.VFIO,
         total_vfs=len(vfs),
         num_vfs=len(vfs),
         vfs=tuple(_as_vf(v, i, observed) for i, v in enumerate(vfs)),

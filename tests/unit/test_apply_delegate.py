@@ -92,7 +92,12 @@ def run(api: FakeCluster, *actions: Action, stalls: bool = False, used: str | No
         controller.tick(seconds)
 
     executor = DelegateExecutor(
-        api, used_by=lambda _name: used, timeout=30, poll=1, clock=lambda: now[0], sleep=sleep
+        api,
+        used_by=lambda: {} if used is None else {f"{NODE}-000008004": used},
+        timeout=30,
+        poll=1,
+        clock=lambda: now[0],
+        sleep=sleep,
     )
     numbered = tuple(a.numbered(i) for i, a in enumerate(actions, start=1))
     return executor.run(Plan(NODE, "harvester", "sha256:x", actions=numbered)), api

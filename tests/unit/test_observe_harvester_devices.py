@@ -226,3 +226,25 @@ def test_every_node_is_read_from_five_lists_whatever_their_number() -> None:
         "virtualmachines",
     ]
     assert {verb for verb, _, _ in api.calls} == {"list"}
+
+
+def test_who_uses_a_device_now_is_three_lists_not_the_whole_observation() -> None:
+    # Asked right before every disable: the node's VGPUDevices (by label), the VMs, the VMIs.
+    from reconciler.observe.delegate import devices_in_use
+    from tests.doubles.cluster import FakeCluster
+
+    api = FakeCluster(read_only=True)
+    api.seed("vgpudevices", [vf_object(4, enabled=True, type_name="NVIDIA A2-4Q",
+                                       vGPUStatus="vGPUConfigured",
+                                       configureVGPUTypeName="NVIDIA A2-4Q")])  # fmt: skip
+    api.seed("virtualmachines", [vm("win11", {"hostdevices": {"r": [f"{NODE}-000008004"]}})])
+    api.seed("virtualmachineinstances", [])
+    assert dict(devices_in_use(api, NODE)) == {f"{NODE}-000008004": "VM default/win11"}
+    assert sorted(c.plural for c in api.lists) == [
+        "vgpudevices",
+        "virtualmachineinstances",
+        "virtualmachines",
+    ]
+    assert [c.label_selector for c in api.lists if c.plural == "vgpudevices"] == [
+        f"nodename={NODE}"
+    ]
