@@ -112,6 +112,27 @@ def test_a_profile_change_and_a_shrink(harvester: Cluster, tmp_path: Path) -> No
     assert "No changes" in harvester.ok("plan", changed).stdout
 
 
+def test_a_gpu_shrunk_to_sriov_off(harvester: Cluster, tmp_path: Path) -> None:
+    # Every vGPU disabled first (the controller removes each), then the GPU (sriov-manage -d
+    # through the controller): the host ends with SR-IOV off.
+    harvester.ok("apply", SEED, "--yes")
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["nodes"][NODE]["gpus"][0] = {"address": "0000:08:00.0", "sriov": "disabled"}
+    off = tmp_path / "off.yaml"
+    off.write_text(yaml.safe_dump(doc))
+    plan = json.loads(harvester.ok("plan", off, "-o", "json").stdout)
+    (node_plan,) = plan["plans"]
+    assert [a["kind"] for a in node_plan["actions"]] == [
+        *(["vgpudevice-disable"] * 4),
+        "sriovgpudevice-disable",
+    ]
+    harvester.ok("apply", off, "--yes")
+    numvfs = harvester.host.sysfs_root / "bus/pci/devices/0000:08:00.0/sriov_numvfs"
+    assert numvfs.read_text().strip() == "0"
+    assert harvester.types() == {}
+    assert "No changes" in harvester.ok("plan", off).stdout
+
+
 def test_a_vgpu_a_vm_uses_is_never_disabled(harvester: Cluster, tmp_path: Path) -> None:
     harvester.ok("apply", SEED, "--yes")
     name = f"{NODE}-000008005"
