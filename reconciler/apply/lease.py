@@ -1,0 +1,127 @@
+"""Leader election through a ``coordination.k8s.io/v1`` Lease, as client-go's ``leaderelection``
+does it: for delegate mode's watch, which must act from one replica at a time
+(docs/delegate.md).
+
+One candidate holds the Lease (``spec.holderIdentity``) and renews it (``spec.renewTime``) well
+within ``spec.leaseDurationSeconds``. Another takes it over only once it has seen the record
+unchanged for a whole lease duration **on its own clock** (client-go's ``observedTime``): the
+times written in the Lease are other machines' and are never compared with ours, so clock skew
+cannot make two leaders. Every write carries the ``resourceVersion`` it was planned from: a
+candidate that loses a race gets a conflict and is not leader. Lease contents are untrusted: a
+record that cannot be read counts as held by someone, until it has been seen unchanged for a
+lease duration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from reconciler.model import ConflictError
+from reconciler.model.clusterapi import ClusterApi
+
+GROUP = "coordination.k8s.io"
+VERSION = "v1"
+PLURAL = "leases"
+#: client-go's defaults: a lease of 15 s, renewed every 2 s, given up after 10 s of failures.
+DEFAULT_DURATION = 15.0
+DEFAULT_RENEW_DEADLINE = 10.0
+DEFAULT_RETRY_PERIOD = 2.0
+
+
+@dataclass
+class LeaderLease:
+    """One candidate for the Lease ``namespace``/``name``."""
+
+    api: ClusterApi
+    namespace: str
+    name: str
+    identity: str
+    duration: float = DEFAULT_DURATION
+    #: Our own clock, for how long a record has been seen unchanged (monotonic).
+    clock: Callable[[], float] = time.monotonic
+    #: The wall clock written into the Lease (for people and for client-go tools).
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    _observed: tuple[str, str, str] | None = None  # holder, renewTime, resourceVersion
+    _observed_at: float = 0.0
+    _renewed_at: float | None = None
+
+    def try_acquire_or_renew(self) -> bool:
+        """One round: create the Lease, renew ours, or take over an expired one. True when we
+        hold it afterwards."""
+        current = self.api.get_object(
+            group=GROUP, version=VERSION, plural=PLURAL, name=self.name, namespace=self.namespace
+        )
+        stamp = _micro(self.now())
+        if current is None:
+            body = self._body(stamp, acquired=stamp, transitions=0)
+            try:
+                self.api.create_object(
+                    group=GROUP, version=VERSION, plural=PLURAL, body=body,
+                    namespace=self.namespace,
+                )  # fmt: skip
+            except ConflictError:
+                return False  # another candidate created it first
+            return self._won()
+        spec = _mapping(current.get("spec"))
+        metadata = _mapping(current.get("metadata"))
+        raw_holder = spec.get("holderIdentity")
+        holder = raw_holder if isinstance(raw_holder, str) else ""
+        record = (holder, str(spec.get("renewTime", "")), str(metadata.get("resourceVersion", "")))
+        if record != self._observed:
+            self._observed, self._observed_at = record, self.clock()
+        mine = holder == self.identity
+        if not mine and holder and self.clock() - self._observed_at < self.duration:
+            return False  # held, and renewed within a lease duration as far as we have seen
+        transitions = spec.get("leaseTransitions")
+        count = transitions if isinstance(transitions, int) and transitions >= 0 else 0
+        acquired = spec.get("acquireTime") if mine else stamp
+        body = self._body(
+            stamp,
+            acquired=acquired if isinstance(acquired, str) else stamp,
+            transitions=count if mine else count + 1,
+        )
+        body["metadata"]["resourceVersion"] = record[2]
+        try:
+            self.api.replace_object(
+                group=GROUP, version=VERSION, plural=PLURAL, name=self.name, body=body,
+                namespace=self.namespace,
+            )  # fmt: skip
+        except ConflictError:
+            return False  # it changed under us: someone else renewed or took it
+        return self._won()
+
+    def holds(self) -> bool:
+        """Whether we renewed within the lease duration (else we must stop acting)."""
+        return self._renewed_at is not None and self.clock() - self._renewed_at < self.duration
+
+    def _won(self) -> bool:
+        self._renewed_at = self.clock()
+        self._observed = None
+        return True
+
+    def _body(self, stamp: str, *, acquired: str, transitions: int) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": max(1, round(self.duration)),
+                "acquireTime": acquired,
+                "renewTime": stamp,
+                "leaseTransitions": transitions,
+            },
+        }
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _micro(moment: datetime) -> str:
+    """A Kubernetes MicroTime: RFC 3339 in UTC with microseconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
