@@ -72,6 +72,9 @@ class DelegateExecutor:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     on_outcome: Callable[[Outcome], None] | None = None
+    #: Asked right before every write; raises (a :class:`ReconcilerError`) to stop the run
+    #: there (the watch's leadership: a replica that lost its Lease writes nothing more).
+    guard: Callable[[], None] | None = None
 
     def run(self, plan: Plan, *, run_id: str = "") -> ApplyResult:
         outcomes: list[Outcome] = []
@@ -257,6 +260,8 @@ class DelegateExecutor:
         return raw
 
     def _patch(self, plural: str, name: str, ops: Sequence[dict[str, Any]]) -> None:
+        if self.guard is not None:
+            self.guard()
         self.api.patch_object(group=GROUP, version=VERSION, plural=plural, name=name, patch=ops)
 
     def _refuse_if_used(self, names: Sequence[str]) -> None:
