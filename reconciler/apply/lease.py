@@ -45,6 +45,8 @@ class LeaderLease:
     clock: Callable[[], float] = time.monotonic
     #: The wall clock written into the Lease (for people and for client-go tools).
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    #: The holder the last round read ("" when none), for logs and the readiness probe.
+    seen_holder: str = ""
     _observed: tuple[str, str, str] | None = None  # holder, renewTime, resourceVersion
     _observed_at: float = 0.0
     _renewed_at: float | None = None
@@ -70,6 +72,7 @@ class LeaderLease:
         metadata = _mapping(current.get("metadata"))
         raw_holder = spec.get("holderIdentity")
         holder = raw_holder if isinstance(raw_holder, str) else ""
+        self.seen_holder = holder
         record = (holder, str(spec.get("renewTime", "")), str(metadata.get("resourceVersion", "")))
         if record != self._observed:
             self._observed, self._observed_at = record, self.clock()
@@ -94,11 +97,50 @@ class LeaderLease:
             return False  # it changed under us: someone else renewed or took it
         return self._won()
 
-    def holds(self) -> bool:
-        """Whether we renewed within the lease duration (else we must stop acting)."""
-        return self._renewed_at is not None and self.clock() - self._renewed_at < self.duration
+    def holds(self, within: float | None = None) -> bool:
+        """Whether we renewed within ``within`` seconds (the lease duration by default): else
+        we must stop acting. The watch passes client-go's renew deadline, shorter than the
+        duration, so a leader stops before any other candidate may take over."""
+        limit = self.duration if within is None else min(within, self.duration)
+        return self._renewed_at is not None and self.clock() - self._renewed_at < limit
+
+    def release(self) -> bool:
+        """Give the Lease up (client-go's ``ReleaseOnCancel``): an empty holder that any
+        candidate takes at once, so a replica stopping hands over without a lease duration's
+        wait. Only a Lease we hold, from the version we read: never another's. True when
+        released."""
+        self._renewed_at = None
+        current = self.api.get_object(
+            group=GROUP, version=VERSION, plural=PLURAL, name=self.name, namespace=self.namespace
+        )
+        if current is None:
+            return False
+        spec = _mapping(current.get("spec"))
+        if spec.get("holderIdentity") != self.identity:
+            return False
+        metadata = _mapping(current.get("metadata"))
+        stamp = _micro(self.now())
+        transitions = spec.get("leaseTransitions")
+        body = self._body(stamp, acquired=stamp, transitions=0)
+        # client-go's release(): no holder, a 1 s duration, the transitions kept.
+        body["spec"] = {
+            "leaseDurationSeconds": 1,
+            "acquireTime": stamp,
+            "renewTime": stamp,
+            "leaseTransitions": transitions if isinstance(transitions, int) else 0,
+        }
+        body["metadata"]["resourceVersion"] = str(metadata.get("resourceVersion", ""))
+        try:
+            self.api.replace_object(
+                group=GROUP, version=VERSION, plural=PLURAL, name=self.name, body=body,
+                namespace=self.namespace,
+            )  # fmt: skip
+        except ConflictError:
+            return False
+        return True
 
     def _won(self) -> bool:
+        self.seen_holder = self.identity
         self._renewed_at = self.clock()
         self._observed = None
         return True

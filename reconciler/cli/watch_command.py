@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
+import socket
 import threading
+import uuid
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from reconciler.cli.commands import add_adopt_option, add_apply_options
+from reconciler.cli.delegation import add_delegate_option, delegating
 from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.model import UsageError
@@ -30,10 +34,20 @@ if TYPE_CHECKING:
     import logging
 
     from reconciler.deviceplugin import PluginManager
-    from reconciler.watch.loop import WatchLoop
+    from reconciler.watch.endpoint import OperationsEndpoint, Verdict
+    from reconciler.watch.metrics import WatchMetrics
 
 EXIT_OK, EXIT_ERROR = 0, 1
 DEFAULT_LISTEN = "127.0.0.1:9477"
+DEFAULT_LEASE = "vgpuctl-delegate"
+DEFAULT_LEASE_NAMESPACE = "vgpuctl-delegate"
+#: Where a pod's service account says its namespace.
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: A namespace (DNS-1123 label) and a Lease name (DNS-1123 subdomain).
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SUBDOMAIN = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -97,6 +111,39 @@ def register(sub: Any) -> argparse.ArgumentParser:
     )
     add_adopt_option(p)
     add_apply_options(p)
+    add_delegate_option(p)
+    lease = p.add_argument_group(
+        "delegate mode (--delegate harvester)",
+        "One replica acts at a time, elected through a coordination.k8s.io Lease; the others "
+        "stand by and take over when it stops renewing (docs/delegate.md).",
+    )
+    lease.add_argument(
+        "--lease-name",
+        default=DEFAULT_LEASE,
+        metavar="NAME",
+        help=f"the Lease's name (default {DEFAULT_LEASE})",
+    )
+    lease.add_argument(
+        "--lease-namespace",
+        metavar="NAMESPACE",
+        help="the Lease's namespace (default: env POD_NAMESPACE, else the pod's service "
+        f"account namespace, else {DEFAULT_LEASE_NAMESPACE})",
+    )
+    lease.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how long a standby waits, having seen the Lease unrenewed, before it takes over "
+        "(default 15, client-go's; the leader renews every duration/7.5 s and stops acting "
+        "when it could not renew for 2/3 of it)",
+    )
+    lease.add_argument(
+        "--identity",
+        metavar="ID",
+        help="this replica's name in the Lease (default: env POD_NAME, else the host name "
+        "with a random suffix)",
+    )
     p.set_defaults(handler=cmd_watch)
     return p
 
@@ -133,14 +180,15 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
 
     from reconciler.observe.checkpoint import checkpoint_file
     from reconciler.watch.clusterwatch import ClusterWatch
-    from reconciler.watch.endpoint import OperationsEndpoint
     from reconciler.watch.follow import DesiredStateWatch
     from reconciler.watch.loop import WatchLoop, WatchSettings
-    from reconciler.watch.metrics import CONTENT_TYPE, WatchMetrics
+    from reconciler.watch.metrics import WatchMetrics
     from reconciler.watch.signature import HostSignature
     from reconciler.watch.source import DesiredSource
 
     host = Host(options)
+    if delegating(ns, host):
+        return _watch_delegate(ns, host, listen)
     source = DesiredSource.at(Path(ns.path))
     follower: ClusterWatch | None = None
     api = host.cluster_api  # connects (a bad kubeconfig is an error at start, not a retry)
@@ -191,22 +239,7 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
             settings=settings,
             refresh_watches=files.refresh,
         )
-        try:
-            endpoint = OperationsEndpoint(
-                host=listen[0],
-                port=listen[1],
-                health=loop.health,
-                readiness=loop.readiness,
-                metrics=metrics.exposition,
-                metrics_content_type=CONTENT_TYPE,
-            )
-        except OSError as exc:
-            raise UsageError(f"--listen {ns.listen}: {exc.strerror or exc}") from None
-        _log().info(
-            "serving /healthz, /readyz and /metrics on %s",
-            endpoint.url,
-            extra={"listen": endpoint.url},
-        )
+        endpoint = _endpoint(ns, listen, loop, metrics)
         if plugins is not None:
             _log().info("device plugins: sockets in %s", plugins.plugin_dir)
         return _run_until_signalled(loop)
@@ -219,6 +252,139 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
         if plugins is not None:
             plugins.close()
         _log().info("stopped")
+
+
+def _watch_delegate(ns: argparse.Namespace, host: Host, listen: tuple[str, int]) -> int:
+    """``watch --delegate harvester``: every node of the desired state through Harvester's
+    objects, while this replica holds the Lease (reconciler/watch/delegate.py)."""
+    from prometheus_client import disable_created_metrics
+
+    from reconciler.apply.lease import LeaderLease
+    from reconciler.kube.events import EventRecorder
+    from reconciler.watch.clusterwatch import ClusterWatch, delegate_collections
+    from reconciler.watch.delegate import DelegateSettings, DelegateWatchLoop
+    from reconciler.watch.follow import DesiredStateWatch
+    from reconciler.watch.leader import Leadership
+    from reconciler.watch.metrics import WatchMetrics
+    from reconciler.watch.scheduler import Scheduler, Trigger
+    from reconciler.watch.source import DesiredSource
+
+    if not ns.lease_duration >= 3:
+        raise UsageError("--lease-duration must be at least 3 seconds")
+    namespace = ns.lease_namespace or _pod_namespace()
+    if not _LABEL.fullmatch(namespace):
+        raise UsageError(f"--lease-namespace {namespace!r} is not a namespace name")
+    if not _SUBDOMAIN.fullmatch(ns.lease_name):
+        raise UsageError(f"--lease-name {ns.lease_name!r} is not an object name")
+    identity = (
+        ns.identity
+        or os.environ.get("POD_NAME")
+        or (f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
+    )
+    if not 0 < len(identity) <= 253 or not identity.isprintable():
+        raise UsageError("--identity must be 1 to 253 printable characters")
+    api = host.cluster_api
+    if api is None:  # delegating() checked
+        raise UsageError("delegate mode needs a cluster: pass --kubeconfig")
+    source = DesiredSource.at(Path(ns.path))
+    follower = ClusterWatch(api, specs=delegate_collections())
+    follower.start(wait=api_timeout(api))
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    metrics = WatchMetrics(delegate=True)
+    lease = LeaderLease(api, namespace, ns.lease_name, identity, duration=ns.lease_duration)
+
+    def leadership(scheduler: Scheduler) -> Leadership:
+        def changed(leading: bool) -> None:
+            if metrics.leader is not None:
+                metrics.leader.set(1 if leading else 0)
+            if leading:
+                scheduler.want_soon(Trigger.LEADER)
+
+        return Leadership(
+            lease,
+            retry_period=ns.lease_duration / 7.5,
+            renew_deadline=ns.lease_duration * 2 / 3,
+            on_change=changed,
+            on_error=lambda: metrics.errors.labels(kind="lease").inc(),
+        )
+
+    loop: DelegateWatchLoop | None = None
+
+    def desired_changed() -> None:
+        if loop is not None:
+            loop.desired_changed()
+
+    files = DesiredStateWatch(source, on_change=desired_changed)
+    endpoint: OperationsEndpoint | None = None
+    try:
+        loop = DelegateWatchLoop(
+            source=source,
+            catalog=host.catalog,
+            api=api,
+            leadership=leadership,
+            cluster_signature=follower.signature,
+            metrics=metrics,
+            settings=DelegateSettings(
+                rescan_interval=ns.rescan_interval,
+                debounce=ns.debounce,
+                step_timeout=ns.timeout,
+            ),
+            events=EventRecorder(api, component="vgpuctl-delegate", node=identity),
+            refresh_watches=files.refresh,
+        )
+        endpoint = _endpoint(ns, listen, loop, metrics)
+        _log().info(
+            "delegate mode: candidate %s for the Lease %s/%s",
+            identity,
+            namespace,
+            ns.lease_name,
+            extra={"identity": identity},
+        )
+        loop.leadership.start()
+        return _run_until_signalled(loop)
+    finally:
+        if loop is not None:
+            loop.leadership.stop(release=True)
+        files.close()
+        follower.stop()
+        if endpoint is not None:
+            endpoint.close()
+        _log().info("stopped")
+
+
+def _pod_namespace() -> str:
+    from_env = os.environ.get("POD_NAMESPACE")
+    if from_env:
+        return from_env
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="ascii").strip()[:63] or (
+            DEFAULT_LEASE_NAMESPACE
+        )
+    except (OSError, UnicodeDecodeError):
+        return DEFAULT_LEASE_NAMESPACE
+
+
+def _endpoint(
+    ns: argparse.Namespace, listen: tuple[str, int], loop: _Probed, metrics: WatchMetrics
+) -> OperationsEndpoint:
+    from reconciler.watch.endpoint import OperationsEndpoint
+    from reconciler.watch.metrics import CONTENT_TYPE
+
+    try:
+        endpoint = OperationsEndpoint(
+            host=listen[0],
+            port=listen[1],
+            health=loop.health,
+            readiness=loop.readiness,
+            metrics=metrics.exposition,
+            metrics_content_type=CONTENT_TYPE,
+        )
+    except OSError as exc:
+        raise UsageError(f"--listen {ns.listen}: {exc.strerror or exc}") from None
+    _log().info(
+        "serving /healthz, /readyz and /metrics on %s", endpoint.url, extra={"listen": endpoint.url}
+    )
+    return endpoint
 
 
 def api_timeout(api: object) -> float:
@@ -243,7 +409,26 @@ def _device_plugins(
         ) from None
 
 
-def _run_until_signalled(loop: WatchLoop) -> int:
+class _Probed(Protocol):
+    """What the endpoint asks a loop."""
+
+    def health(self) -> Verdict: ...
+
+    def readiness(self) -> Verdict: ...
+
+
+class _Runnable(Protocol):
+    """A loop the main thread runs until signalled (the node agent's or delegate mode's)."""
+
+    def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+def _run_until_signalled(loop: _Runnable) -> int:
     """Run the loop on a worker thread; the main thread waits for SIGTERM/SIGINT."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 from reconciler.apply import EventSink
 from reconciler.catalog import Catalog
@@ -31,6 +32,8 @@ from reconciler.watch.metrics import WatchMetrics
 from reconciler.watch.source import DesiredSource
 
 log = logging.getLogger("vgpuctl.watch")
+
+T = TypeVar("T")
 
 #: Kubernetes truncates longer Event messages.
 _EVENT_MESSAGE_MAX = 1024
@@ -50,11 +53,34 @@ class DesiredChange(enum.Enum):
     UNSETTLED = "unsettled"
 
 
-class DesiredFiles:
-    """The desired state in force for one node, from a :class:`DesiredSource`."""
+class DesiredFiles(Generic[T]):
+    """The desired state in force, from a :class:`DesiredSource`: one node's
+    (:meth:`for_node`, the node agent) or every node's (delegate mode's watch)."""
 
     def __init__(
         self,
+        source: DesiredSource,
+        *,
+        load: Callable[[DesiredSource], T],
+        metrics: WatchMetrics,
+        events: Callable[[], EventSink | None] = lambda: None,
+        event_targets: Callable[[T], Sequence[tuple[str, str]]] = lambda _: (),
+        refresh_watches: Callable[[], None] | None = None,
+    ) -> None:
+        self.source = source
+        self._load = load
+        self._metrics = metrics
+        self._events = events
+        self._event_targets = event_targets
+        self._refresh_watches = refresh_watches
+        #: The desired state in force (None: no valid one yet).
+        self.current: T | None = None
+        #: The problems of the files as they are now, when invalid (one line each).
+        self.invalid: tuple[str, ...] = ()
+        self._fingerprint: str | None = None
+
+    @staticmethod
+    def for_node(
         source: DesiredSource,
         *,
         node: str,
@@ -62,18 +88,32 @@ class DesiredFiles:
         metrics: WatchMetrics,
         events: Callable[[], EventSink | None],
         refresh_watches: Callable[[], None] | None = None,
-    ) -> None:
-        self.source = source
-        self._node = node
-        self._catalog = catalog
-        self._metrics = metrics
-        self._events = events
-        self._refresh_watches = refresh_watches
-        #: The desired state in force (None: no valid one yet).
-        self.current: DesiredNode | None = None
-        #: The problems of the files as they are now, when invalid (one line each).
-        self.invalid: tuple[str, ...] = ()
-        self._fingerprint: str | None = None
+    ) -> DesiredFiles[DesiredNode]:
+        """One node's desired state; an invalid one is also a Warning Event on each of the
+        node's SRIOVGPUDevice objects (``kubectl describe`` shows it)."""
+
+        def load(src: DesiredSource) -> DesiredNode:
+            found = src.load(catalog=catalog, node=node)
+            if found is None:
+                log.warning(
+                    "node %s is not in the desired state in %s: no GPU of this node is managed",
+                    node,
+                    src.path,
+                )
+                return DesiredNode(node)
+            return found
+
+        def targets(current: DesiredNode) -> Sequence[tuple[str, str]]:
+            return [(SRIOV_GPU_KIND, object_name(node, str(g.address))) for g in current.gpus]
+
+        return DesiredFiles(
+            source,
+            load=load,
+            metrics=metrics,
+            events=events,
+            event_targets=targets,
+            refresh_watches=refresh_watches,
+        )
 
     def watch_again(self) -> None:
         """Work out again which directories to watch for file events."""
@@ -97,7 +137,7 @@ class DesiredFiles:
             return DesiredChange.NONE
         self._fingerprint = fingerprint
         try:
-            node = self.source.load(catalog=self._catalog, node=self._node)
+            loaded = self._load(self.source)
         except ValidationError as exc:
             if self.source.fingerprint() != fingerprint:
                 # Changed while we read it: a writer is not done (not every writer renames a
@@ -115,17 +155,10 @@ class DesiredFiles:
             log.info("the desired state in %s is valid again", self.source.path)
         self.invalid = ()
         self._metrics.desired_valid.set(1)
-        if node is None:
-            log.warning(
-                "node %s is not in the desired state in %s: no GPU of this node is managed",
-                self._node,
-                self.source.path,
-            )
-            node = DesiredNode(self._node)
         if not first:
             self._metrics.drift.labels(source="desired").inc()
             log.info("the desired state changed", extra={"path": str(self.source.path)})
-        self.current = node
+        self.current = loaded
         return DesiredChange.FIRST if first else DesiredChange.CHANGED
 
     def _report_invalid(self, problems: tuple[Problem, ...]) -> None:
@@ -145,9 +178,10 @@ class DesiredFiles:
         self._record_invalid_event(problems)
 
     def _record_invalid_event(self, problems: tuple[Problem, ...]) -> None:
-        """A Warning Event on each SRIOVGPUDevice of the node (``kubectl describe`` shows it)."""
-        if self.current is None or not self.current.gpus:
-            return  # no object of ours is known to carry it
+        """A Warning Event on each object the desired state in force names as a target."""
+        targets = () if self.current is None else self._event_targets(self.current)
+        if not targets:
+            return  # no object is known to carry it
         try:
             events = self._events()
         except ReconcilerError as exc:
@@ -163,10 +197,10 @@ class DesiredFiles:
             f"desired state invalid: {problems[0]}{more}; the last valid desired state stays "
             "in force"
         )[:_EVENT_MESSAGE_MAX]
-        for gpu in self.current.gpus:
+        for kind, name in targets:
             events.event(
-                SRIOV_GPU_KIND,
-                object_name(self._node, str(gpu.address)),
+                kind,
+                name,
                 reason="InvalidDesiredState",
                 message=message,
                 type="Warning",

@@ -100,6 +100,15 @@ def collections(node: str, *, kubevirt_namespace: str | None = None) -> tuple[Co
     )
 
 
+def delegate_collections() -> tuple[Collection, ...]:
+    """What delegate mode's reconcile depends on: Harvester's two vGPU kinds, every node's
+    (the desired state names the nodes; pcidevices-controller writes their status)."""
+    return (
+        Collection("the SRIOVGPUDevices", GROUP, VERSION, SRIOV_GPU_PLURAL),
+        Collection("the VGPUDevices", GROUP, VERSION, VGPU_PLURAL),
+    )
+
+
 def _node_state_projection(obj: Mapping[str, Any], node: str) -> str | None:
     """This node's summary by version (a hand edit is a change); another node's by the
     profiles it shows configured, and only when it is vgpuctl's."""
@@ -325,11 +334,15 @@ class ClusterWatch:
         self,
         api: ClusterApi,
         *,
-        node: str,
+        node: str = "",
         kubevirt_namespace: str | None = None,
+        specs: tuple[Collection, ...] | None = None,
         on_change: Callable[[], None] | None = None,
         rng: Callable[[], float] = random.random,
     ) -> None:
+        """The collections of ``node``'s reconcile, or ``specs`` when given."""
+        if specs is None:
+            specs = collections(node, kubevirt_namespace=kubevirt_namespace)
         self._stopping = threading.Event()
         self.followers = [
             _Follower(
@@ -339,7 +352,7 @@ class ClusterWatch:
                 stopping=self._stopping,
                 rng=rng,
             )
-            for spec in collections(node, kubevirt_namespace=kubevirt_namespace)
+            for spec in specs
         ]
 
     def start(self, *, wait: float = 0.0) -> None:

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from reconciler.model import DesiredNode
 from reconciler.watch.endpoint import Verdict
 
 
@@ -26,7 +25,7 @@ class DesiredStatus(Protocol):
     """The desired state as readiness reports it (``changes.DesiredFiles``)."""
 
     @property
-    def current(self) -> DesiredNode | None: ...
+    def current(self) -> object | None: ...
 
     @property
     def invalid(self) -> tuple[str, ...]: ...

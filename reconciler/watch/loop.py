@@ -125,7 +125,7 @@ class WatchLoop:
             clock=clock,
             rng=rng,
         )
-        self.desired = DesiredFiles(
+        self.desired = DesiredFiles.for_node(
             source,
             node=node,
             catalog=catalog,

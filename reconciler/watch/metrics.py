@@ -26,6 +26,7 @@ ERROR_KINDS = (
     "not_converged",
     "deviceplugin",
     "refused",
+    "lease",
     "internal",
 )
 #: ``vgpuctl_drift_detected_total{source}``.
@@ -37,7 +38,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class WatchMetrics:
     """Every metric ``vgpuctl watch`` exports. Thread-safe (prometheus_client's metrics are)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, delegate: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.reconciles = Counter(
@@ -67,7 +68,8 @@ class WatchMetrics:
             "vgpuctl_errors_total",
             "Errors by kind: validation (desired state invalid), observe, plan, apply, lock "
             "(another apply held the node lock), cluster, not_converged, deviceplugin, refused "
-            "(Harvester's pcidevices-controller runs, or may: nothing was changed), internal.",
+            "(Harvester's pcidevices-controller runs, or may: nothing was changed), lease "
+            "(delegate mode: the Lease could not be read or renewed), internal.",
             ["kind"],
             registry=r,
         )
@@ -101,6 +103,15 @@ class WatchMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
             registry=r,
         )
+        #: Delegate mode's watch only (``watch --delegate harvester``): its leadership.
+        self.leader: Gauge | None = None
+        if delegate:
+            self.leader = Gauge(
+                "vgpuctl_leader",
+                "1 while this replica holds the Lease and acts, 0 while it stands by.",
+                registry=r,
+            )
+            self.leader.set(0)
         for result in RESULTS:
             self.reconciles.labels(result=result)
         for kind in ERROR_KINDS:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from reconciler.apply import Outcome, OutcomeStatus
@@ -93,7 +93,14 @@ class ReconcileRunner:
         self._advertising = advertising
         self._metrics = metrics
         self._clock = clock
-        self._wall_clock = wall_clock
+        self.report = Reporting(
+            scheduler=scheduler,
+            probes=probes,
+            metrics=metrics,
+            adopt_last=lambda: self._adopt_baselines((host.last, cluster.last)),
+            clock=clock,
+            wall_clock=wall_clock,
+        )
 
     def run(self, desired: DesiredNode, triggers: str) -> None:
         """Converge the node on ``desired`` (``triggers``: why, for the logs). Never raises:
@@ -103,29 +110,32 @@ class ReconcileRunner:
         try:
             final, applied = self._converge(desired)
         except LockHeldError as exc:
-            self._failed("lock", exc.message, exc, started, triggers, level=logging.WARNING)
+            self.report.failed("lock", exc.message, exc, started, triggers, level=logging.WARNING)
         except _Failed as exc:
-            self._failed(exc.kind, exc.message, exc, started, triggers)
+            self.report.failed(exc.kind, exc.message, exc, started, triggers)
         except ForeignControllerError as exc:
             # Harvester's pcidevices-controller runs (or may): nothing was changed. Permanent:
             # tried again when an input changes or at the resync (an Addon disabled).
-            self._failed("refused", exc.message, exc, started, triggers)
+            self.report.failed("refused", exc.message, exc, started, triggers)
         except PlanError as exc:
-            self._failed("plan", "; ".join(exc.lines()), exc, started, triggers)
+            self.report.failed("plan", "; ".join(exc.lines()), exc, started, triggers)
         except ObserveError as exc:
-            self._failed("observe", exc.message, exc, started, triggers)
+            self.report.failed("observe", exc.message, exc, started, triggers)
         except ClusterError as exc:
-            self._failed("cluster", exc.message, exc, started, triggers)
+            self.report.failed("cluster", exc.message, exc, started, triggers)
         except ApplyError as exc:
-            self._failed("apply", exc.message, exc, started, triggers)
+            self.report.failed("apply", exc.message, exc, started, triggers)
         except ReconcilerError as exc:
-            self._failed("internal", exc.message, exc, started, triggers)
+            self.report.failed("internal", exc.message, exc, started, triggers)
         except Exception as exc:
             log.exception("reconcile failed on an internal error")
             message = f"{type(exc).__name__}: {exc}"
-            self._failed("internal", message, exc, started, triggers)
+            self.report.failed("internal", message, exc, started, triggers)
         else:
-            self._succeeded(final, applied, started, triggers)
+            self.report.succeeded(
+                blocked_lines(final), converged=not final.has_changes, applied=applied,
+                started=started, triggers=triggers,
+            )  # fmt: skip
         finally:
             self._probes.busy_since = None
             self._metrics.reconcile_duration.observe(self._clock() - started)
@@ -151,8 +161,8 @@ class ReconcileRunner:
             replace(ports, observe_host=observe),
             desired,
             settings=self._settings,
-            review=self._log_plan,
-            on_outcome=self._outcome,
+            review=self._review,
+            on_outcome=self.report.outcome,
             plugins=self._advertising.plugins,
         )
         self._advertising.engine_told(result)
@@ -188,29 +198,61 @@ class ReconcileRunner:
         self._host.adopt(baselines[0])
         self._cluster.adopt(baselines[1])
 
-    # -- reporting ---------------------------------------------------------------------------
-
-    def _log_plan(self, planned: Planned) -> bool:
+    def _review(self, planned: Planned) -> bool:
         """The engine's review of the plan it is about to run: logged, never refused."""
-        plan = planned.plan
-        if not plan.actions:
-            return True
-        log.info(
-            "applying %d action(s)",
-            len(plan.actions),
-            extra={"summary": plan.summary.to_json()},
-        )
-        for action in plan.actions:
-            log.info(
-                "plan: %s %s: %s",
-                action.kind.value,
-                action.target,
-                action.reason,
-                extra={"kind": action.kind.value, "target": action.target},
-            )
+        self.report.plan((planned.plan,))
         return True
 
-    def _outcome(self, outcome: Outcome) -> None:
+
+def blocked_lines(plan: Plan) -> tuple[str, ...]:
+    """A plan's blocked changes, one line each (the log, the readiness probe)."""
+    return tuple(f"{b.kind.value} {b.target}: {b.reason}" for b in plan.blocked)
+
+
+class Reporting:
+    """What the loop reports of a reconcile, whoever ran it (the node engine, or delegate
+    mode's rounds): log lines, metrics, the probes, and the scheduler told of a success or a
+    failure (with its retry)."""
+
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        probes: Health,
+        metrics: WatchMetrics,
+        adopt_last: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        subject: str = "the node matches",
+    ) -> None:
+        self._scheduler = scheduler
+        self._probes = probes
+        self._metrics = metrics
+        self._adopt_last = adopt_last
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._subject = subject
+
+    def plan(self, plans: Sequence[Plan]) -> None:
+        """The plans about to run, logged (a plan without actions says nothing)."""
+        for plan in plans:
+            if not plan.actions:
+                continue
+            log.info(
+                "applying %d action(s)",
+                len(plan.actions),
+                extra={"node": plan.node, "summary": plan.summary.to_json()},
+            )
+            for action in plan.actions:
+                log.info(
+                    "plan: %s %s: %s",
+                    action.kind.value,
+                    action.target,
+                    action.reason,
+                    extra={"kind": action.kind.value, "target": action.target},
+                )
+
+    def outcome(self, outcome: Outcome) -> None:
         self._probes.beat()
         action = outcome.action
         if outcome.status is OutcomeStatus.DONE:
@@ -231,10 +273,17 @@ class ReconcileRunner:
             },
         )
 
-    def _succeeded(self, plan: Plan, applied: int, started: float, triggers: str) -> None:
+    def succeeded(
+        self,
+        blocked: tuple[str, ...],
+        *,
+        converged: bool,
+        applied: int,
+        started: float,
+        triggers: str,
+    ) -> None:
+        """A reconcile ended without failing, leaving ``blocked`` changes."""
         seconds = self._clock() - started
-        blocked = tuple(f"{b.kind.value} {b.target}: {b.reason}" for b in plan.blocked)
-        converged = not plan.has_changes
         result = "converged" if converged else "blocked"
         self._metrics.reconciles.labels(result=result).inc()
         self._metrics.blocked_actions.set(len(blocked))
@@ -252,7 +301,7 @@ class ReconcileRunner:
             log.debug("reconciled: nothing changed", extra=fields)
             return
         if converged:
-            log.info("converged: the node matches the desired state", extra=fields)
+            log.info("converged: %s the desired state", self._subject, extra=fields)
             return
         log.warning(
             "%d change(s) blocked; the rest is applied (planned again at every rescan)",
@@ -262,7 +311,7 @@ class ReconcileRunner:
         for line in blocked:
             log.warning("blocked: %s", line)
 
-    def _failed(
+    def failed(
         self,
         kind: str,
         message: str,
@@ -278,7 +327,7 @@ class ReconcileRunner:
         if not transient:
             # What the failed reconcile saw last is what must change for another try to
             # succeed: a rescan that finds the host or the cluster otherwise tries again.
-            self._adopt_baselines((self._host.last, self._cluster.last))
+            self._adopt_last()
         retry = self._scheduler.failed(transient=transient)
         self._probes.failed(message)
         self._metrics.reconciles.labels(result="failed").inc()

@@ -3,7 +3,8 @@ retries after a failure, and stopping.
 
 The worker thread alone drives a :class:`Scheduler`: it asks what is due, does it, and sleeps in
 :meth:`Scheduler.wait` until the next thing is. Other threads only call
-:meth:`Scheduler.desired_changed` (a file event) and :meth:`Scheduler.stop`. Every decision is
+:meth:`Scheduler.desired_changed` (a file event), :meth:`Scheduler.want_soon` (delegate mode's
+leadership won) and :meth:`Scheduler.stop`. Every decision is
 a function of the clock the scheduler is given, so its pacing is tested with a fake clock.
 
 What is due, in the order the worker looks:
@@ -65,6 +66,8 @@ class Trigger(enum.StrEnum):
     CLUSTER = "cluster"
     BLOCKED = "blocked"
     RETRY = "retry"
+    #: Delegate mode's watch: this replica became the leader.
+    LEADER = "leader"
 
 
 def is_transient(error: BaseException | None) -> bool:
@@ -99,6 +102,7 @@ class Retry:
 
 _DESIRED_EVENT = "desired"
 _WAKE = "wake"
+_WANT = "want:"
 
 
 class Scheduler:
@@ -135,6 +139,10 @@ class Scheduler:
     def desired_changed(self) -> None:
         """A file event where the desired state lives."""
         self._inbox.put(_DESIRED_EVENT)
+
+    def want_soon(self, trigger: Trigger) -> None:
+        """Ask for a reconcile now, from another thread (the worker takes it when it wakes)."""
+        self._inbox.put(_WANT + trigger.value)
 
     def stop(self) -> None:
         """Make :attr:`stopping` true and wake the worker."""
@@ -234,6 +242,8 @@ class Scheduler:
         while True:
             if item == _DESIRED_EVENT:
                 self._debounce.poke(self._clock())
+            elif item.startswith(_WANT):
+                self.want(Trigger(item.removeprefix(_WANT)))
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:

@@ -19,7 +19,7 @@ from reconciler.catalog import Catalog
 from reconciler.desired import directory_files, load_desired
 from reconciler.desired.loader import MAX_FILES
 from reconciler.desired.source import MAX_BYTES, read_file, read_within
-from reconciler.model import DesiredNode
+from reconciler.model import Desired, DesiredNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +77,11 @@ class DesiredSource:
 
         Raises :class:`~reconciler.model.ValidationError` with every located problem.
         """
-        desired = load_desired([self.path], catalog=catalog, directories=True)
-        return desired.node(node)
+        return self.load_all(catalog=catalog).node(node)
+
+    def load_all(self, *, catalog: Catalog) -> Desired:
+        """Every node's desired state (delegate mode's watch). Raises as :meth:`load`."""
+        return load_desired([self.path], catalog=catalog, directories=True)
 
     def watch_points(self) -> frozenset[str]:
         """Directories (real paths) whose entries changing may change what :meth:`files` reads.

@@ -452,6 +452,11 @@ def _core_resources() -> list[Resource]:
         core("pods", "Pod", True, True, _POD_FIELDS),
         core("events", "Event", True, False, _EVENT_FIELDS),
         core("configmaps", "ConfigMap", True, False),
+        # Leader election (delegate mode's watch): built in since Kubernetes 1.14, no status.
+        Resource(
+            "coordination.k8s.io", "v1", "leases", "Lease", True, False,
+            frozenset(_COMMON_FIELDS),
+        ),  # fmt: skip
         # Built in everywhere (no CRD): what vgpuctl reads to tell whether Harvester's
         # pcidevices-controller runs (reconciler/observe/harvester.py).
         Resource("apps", "v1", "daemonsets", "DaemonSet", True, True, frozenset(_COMMON_FIELDS)),

@@ -137,11 +137,11 @@ def test_a_released_lease_is_free_and_an_odd_one_waits_a_duration() -> None:
 
 
 def test_two_candidates_over_http_make_one_leader(emu: Any, tmp_path: Any) -> None:
-    # The real client against the emulator: the Lease is a namespaced built-in resource, its
+    # The real client against the emulator: the Lease is a namespaced built-in resource (served
+    # with no CRD, as by every API server since 1.14), its
     # create and resourceVersion-checked replace go through the kube adapter as any other.
     from reconciler.kube import connect
 
-    emu.register("coordination.k8s.io", "v1", "leases", "Lease", True, False)
     emu.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     api = connect(emu.kubeconfig(tmp_path / "kubeconfig"), timeout=5)
     clock = Clock()
@@ -152,3 +152,34 @@ def test_two_candidates_over_http_make_one_leader(emu: Any, tmp_path: Any) -> No
     lease = emu.get_object("coordination.k8s.io", "v1", "leases", NAME, NS)
     assert lease["spec"]["holderIdentity"] == "pod-b"
     assert lease["spec"]["leaseTransitions"] == 1
+
+
+def test_a_leader_stops_acting_at_the_renew_deadline_before_anyone_may_take_over() -> None:
+    api, clock = FakeCluster(), Clock()
+    a, b = candidate(api, "pod-a", clock), candidate(api, "pod-b", clock)
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    clock.t += 10.5  # renewals failed for 10.5 s: past client-go's renew deadline of 10 s
+    assert not a.holds(within=10.0)
+    assert a.holds()  # within the duration: but the leader must already have stopped
+    assert not b.try_acquire_or_renew()  # and nobody else acts for 4.5 s more
+    clock.t += 5  # 15.5 s: a longer "within" is capped at the lease duration
+    assert not a.holds(within=60.0)
+
+
+def test_release_hands_the_lease_over_at_once_and_never_releases_anothers() -> None:
+    api, clock = FakeCluster(), Clock()
+    a, b = candidate(api, "pod-a", clock), candidate(api, "pod-b", clock)
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    assert a.release()
+    assert not a.holds()
+    spec = stored(api)["spec"]
+    assert "holderIdentity" not in spec
+    assert spec["leaseDurationSeconds"] == 1
+    assert spec["leaseTransitions"] == 0
+    assert b.try_acquire_or_renew()  # no wait: the record has no holder
+    assert stored(api)["spec"]["holderIdentity"] == "pod-b"
+    assert stored(api)["spec"]["leaseTransitions"] == 1
+    assert not a.release()  # pod-b holds it now: A writes nothing
+    assert stored(api)["spec"]["holderIdentity"] == "pod-b"

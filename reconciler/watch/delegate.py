@@ -1,0 +1,327 @@
+"""Delegate mode's watch: keep every node of the desired state converged through Harvester's
+objects, from one replica at a time (``vgpuctl watch --delegate harvester``; docs/delegate.md).
+
+:class:`DelegateWatchLoop` is the node agent's loop (``loop.py``) with three parts swapped:
+
+- the desired state is every node's (``DesiredFiles`` over the whole file or directory);
+- a reconcile is delegate mode's engine (``reconciler.engine.delegate``: plan every node, write
+  specs round after round, wait for pcidevices-controller), the pipeline ``apply --delegate
+  harvester`` runs; no host, no device plugin, no KubeVirt CR;
+- only the leader acts (``leader.py``: a ``coordination.k8s.io`` Lease): a standby reads the
+  desired state and follows the cluster, so that it can take over at once, but plans and
+  writes nothing; every write is preceded by a check that this replica still leads.
+
+The scheduler, the retry policy, the probes and the metrics are the node agent's. What starts a
+reconcile: the desired state changing (file events, debounced; the rescan as a safety net);
+Harvester's SRIOVGPUDevices and VGPUDevices changing (list then watch, ``clusterwatch.py``:
+compared at each rescan with no request); steps a VM blocks (planned again at every rescan);
+winning the Lease; a failure's retry.
+
+Events: a step that failed is a Warning Event on its object (a webhook's denial in its words),
+and a step newly blocked by a VM is one too, so ``kubectl describe vgpudevice …`` tells why.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from reconciler.apply import EventSink, Outcome
+from reconciler.catalog import Catalog
+from reconciler.engine.delegate import Converged, Result, converge, plan_all
+from reconciler.model import ActionKind, Desired, Plan, ReconcilerError
+from reconciler.model.cluster import SRIOV_GPU_KIND, VGPU_KIND
+from reconciler.model.clusterapi import ClusterApi
+from reconciler.plan.delegate import WAITING
+from reconciler.watch.changes import ClusterDrift, DesiredChange, DesiredFiles
+from reconciler.watch.endpoint import Verdict
+from reconciler.watch.health import Health
+from reconciler.watch.leader import Leadership
+from reconciler.watch.metrics import WatchMetrics
+from reconciler.watch.reconcile import Reporting, blocked_lines
+from reconciler.watch.scheduler import Scheduler, Trigger
+from reconciler.watch.source import DesiredSource
+from reconciler.watch.timing import Backoff
+
+log = logging.getLogger("vgpuctl.watch")
+
+#: Kubernetes truncates longer Event messages.
+_EVENT_MESSAGE_MAX = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class DelegateSettings:
+    rescan_interval: float = 10.0
+    debounce: float = 0.2
+    #: How long one wait for pcidevices-controller may take (``--timeout``).
+    step_timeout: float = 180.0
+    poll: float = 1.0
+    backoff: Backoff = field(default_factory=Backoff)
+    resync_interval: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.rescan_interval > 0:
+            raise ValueError(f"the rescan interval must be positive: {self.rescan_interval}")
+        if self.debounce < 0:
+            raise ValueError(f"the debounce must not be negative: {self.debounce}")
+
+    @property
+    def stale_after(self) -> float:
+        return max(3 * self.rescan_interval, 30.0)
+
+
+class DelegateWatchLoop:
+    """Runs delegate reconciles while this replica leads, until stopped. See the module
+    docstring."""
+
+    def __init__(
+        self,
+        *,
+        source: DesiredSource,
+        catalog: Catalog,
+        api: ClusterApi,
+        leadership: Callable[[Scheduler], Leadership],
+        cluster_signature: Callable[[], str] | None,
+        metrics: WatchMetrics,
+        settings: DelegateSettings | None = None,
+        events: EventSink | None = None,
+        refresh_watches: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.source = source
+        self.catalog = catalog
+        self.api = api
+        self.metrics = metrics
+        self.settings = settings or DelegateSettings()
+        self.events = events
+        self._clock = clock
+        self.scheduler = Scheduler(
+            rescan_interval=self.settings.rescan_interval,
+            debounce=self.settings.debounce,
+            backoff=self.settings.backoff,
+            resync_interval=self.settings.resync_interval,
+            clock=clock,
+            rng=rng,
+        )
+        self.leadership = leadership(self.scheduler)
+        self.desired: DesiredFiles[Desired] = DesiredFiles(
+            source,
+            load=lambda src: src.load_all(catalog=catalog),
+            metrics=metrics,
+            refresh_watches=refresh_watches,
+        )
+        self.cluster = ClusterDrift(cluster_signature, metrics=metrics)
+        self.probes = Health(
+            desired=self.desired,
+            stale_after=self.settings.stale_after,
+            action_budget=self.settings.step_timeout + 60.0,
+            clock=clock,
+        )
+        self.report = Reporting(
+            scheduler=self.scheduler,
+            probes=self.probes,
+            metrics=metrics,
+            adopt_last=lambda: self.cluster.adopt(self.cluster.last),
+            clock=clock,
+            wall_clock=wall_clock,
+            subject="every node matches",
+        )
+
+    # -- from other threads --------------------------------------------------------------------
+
+    def desired_changed(self) -> None:
+        self.scheduler.desired_changed()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+    @property
+    def stopping(self) -> bool:
+        return self.scheduler.stopping
+
+    def health(self) -> Verdict:
+        return self.probes.alive()
+
+    def readiness(self) -> Verdict:
+        """A standby is ready (it serves its purpose: taking over); the leader once a reconcile
+        settled the nodes, as the node agent."""
+        if not self.leadership.leading():
+            holder = self.leadership.holder
+            return Verdict(True, f"standby: {holder or 'no replica'} holds the Lease")
+        return self.probes.readiness()
+
+    # -- the worker ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        with self.probes.running():
+            self._run()
+
+    def _run(self) -> None:
+        log.info(
+            "watching %s for every node it names, through pcidevices-controller",
+            self.source.path,
+            extra={"rescan_interval": self.settings.rescan_interval},
+        )
+        self.desired.watch_again()
+        self._guarded(self._check_desired)
+        self.scheduler.rescanned()
+        while not self.scheduler.stopping:
+            self.probes.beat()
+            if self.scheduler.desired_due():
+                self.desired.watch_again()
+                self._guarded(self._check_desired)
+            if self.scheduler.rescan_due():
+                self._guarded(self._rescan)
+                self.scheduler.rescanned()
+            if self.scheduler.reconcile_due():
+                self._reconcile()
+                continue
+            self.scheduler.wait()
+        log.info("stopping: no reconcile is running")
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception:
+            self.metrics.errors.labels(kind="internal").inc()
+            log.exception("internal error in the watch loop (it goes on)")
+
+    def _check_desired(self) -> None:
+        change = self.desired.check()
+        if change is DesiredChange.UNSETTLED:
+            self.scheduler.read_desired_soon()
+        elif change is DesiredChange.FIRST:
+            self.scheduler.want(Trigger.START)
+        elif change is DesiredChange.CHANGED:
+            self.scheduler.want(Trigger.DESIRED)
+
+    def _rescan(self) -> None:
+        started = self._clock()
+        try:
+            self.desired.watch_again()
+            if not self.scheduler.desired_pending and self.desired.changed_unread():
+                log.info("the desired state changed without a file event (noticed by the rescan)")
+                self.scheduler.read_desired_soon()
+            if (
+                self.desired.current is not None
+                and self.scheduler.looks_for_drift
+                and self.leadership.leading()
+            ):
+                if self.cluster.drifted():
+                    self.scheduler.want(Trigger.CLUSTER)
+                if self.probes.blocked and not self.scheduler.failing:
+                    self.scheduler.want(Trigger.BLOCKED)
+        finally:
+            self.metrics.rescan_duration.observe(self._clock() - started)
+
+    # -- one reconcile -------------------------------------------------------------------------
+
+    def _reconcile(self) -> None:
+        triggers = self.scheduler.take()
+        desired = self.desired.current
+        if desired is None:
+            return
+        if not self.leadership.leading():
+            log.debug("standing by: not reconciling (%s)", triggers)
+            return
+        started = self._clock()
+        self.probes.busy_since = started
+        try:
+            self._converge(desired, started, triggers)
+        except ReconcilerError as exc:
+            kind = "lease" if not self.leadership.leading() else "cluster"
+            self.report.failed(kind, exc.message, exc, started, triggers)
+        except Exception as exc:
+            log.exception("reconcile failed on an internal error")
+            message = f"{type(exc).__name__}: {exc}"
+            self.report.failed("internal", message, exc, started, triggers)
+        finally:
+            self.probes.busy_since = None
+            self.metrics.reconcile_duration.observe(self._clock() - started)
+
+    def _converge(self, desired: Desired, started: float, triggers: str) -> None:
+        # Taken before the first observation: our own writes and the controller's status
+        # updates show at the next rescan, and cost one more (no-op) plan; no change is missed.
+        self.cluster.take()
+        planned = plan_all(desired, self.api, self.catalog)
+        if planned.failures or planned.steps:
+            self.report.plan(planned.plans)
+            done = converge(
+                desired,
+                self.api,
+                self.catalog,
+                first=planned,
+                timeout=self.settings.step_timeout,
+                poll=self.settings.poll,
+                guard=self.leadership.guard,
+                on_outcome=self._outcome,
+            )
+        else:
+            done = Converged(Result.BLOCKED if planned.blocked else Result.CONVERGED, planned, ())
+        self._report(done, started, triggers)
+
+    def _report(self, done: Converged, started: float, triggers: str) -> None:
+        match done.result:
+            case Result.CONVERGED | Result.BLOCKED:
+                blocked = tuple(line for p in done.plans.plans for line in blocked_lines(p))
+                self._blocked_events(done.plans.plans, blocked)
+                self.cluster.adopt(self.cluster.last)
+                self.report.succeeded(
+                    blocked,
+                    converged=done.result is Result.CONVERGED,
+                    applied=done.applied,
+                    started=started,
+                    triggers=triggers,
+                )
+            case Result.FAILED if not self.leadership.leading():
+                log.warning(
+                    "lost the Lease during the reconcile: stopped before the next write; the "
+                    "new leader carries on",
+                    extra={"reason": triggers},
+                )
+                self.scheduler.succeeded()
+            case Result.FAILED:
+                failed = done.failed
+                if failed is not None:
+                    self._event(failed.action.kind, failed.action.target, "StepFailed",
+                                failed.message)  # fmt: skip
+                error = _Failed(done.message, transient=failed is not None and failed.transient)
+                self.report.failed("apply", done.message, error, started, triggers)
+            case Result.UNPLANNABLE:
+                self.report.failed("plan", done.message, _Failed(done.message), started, triggers)
+            case Result.CONTROLLER_SILENT | Result.NOT_CONVERGED:
+                error = _Failed(done.message, transient=True)
+                self.report.failed("not_converged", done.message, error, started, triggers)
+
+    def _outcome(self, outcome: Outcome) -> None:
+        self.report.outcome(outcome)
+
+    def _blocked_events(self, plans: tuple[Plan, ...], lines: tuple[str, ...]) -> None:
+        """A Warning Event per step a VM blocks, when the blocked set is news."""
+        if lines == self.probes.blocked:
+            return
+        for plan in plans:
+            for b in plan.blocked:
+                if b.reason == WAITING:
+                    continue  # pcidevices-controller's objects are on their way: no warning
+                self._event(b.kind, b.target, "Blocked", b.reason)
+
+    def _event(self, kind: ActionKind, target: str, reason: str, message: str) -> None:
+        if self.events is None:
+            return
+        object_kind = SRIOV_GPU_KIND if kind.value.startswith("sriovgpudevice") else VGPU_KIND
+        self.events.event(
+            object_kind, target, reason=reason, message=message[:_EVENT_MESSAGE_MAX],
+            type="Warning",
+        )  # fmt: skip
+
+
+class _Failed(ReconcilerError):
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
