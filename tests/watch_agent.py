@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -57,10 +57,20 @@ def vgpus(node: SimNode) -> dict[str, str]:
     return {vf.vgpu.uuid: vf.vgpu.type_name for gpu in inventory.gpus for vf in gpu.vfs if vf.vgpu}
 
 
+class Agent(Protocol):
+    """Where a watch runs: its global flags, and a directory of its own."""
+
+    @property
+    def flags(self) -> list[str]: ...
+
+    @property
+    def dir(self) -> Path: ...
+
+
 class Watch:
     """A running ``vgpuctl watch`` and what it logged."""
 
-    def __init__(self, node: SimNode, target: Path, *extra: str) -> None:
+    def __init__(self, node: Agent, target: Path, *extra: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUCTL_")}
         env.pop("NODE_NAME", None)
         argv = [

@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 import uuid
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -168,14 +169,21 @@ def cmd_watch(ns: argparse.Namespace, options: GlobalOptions) -> int:
         listen = parse_listen(ns.listen)
     except ValueError as exc:
         raise UsageError(f"--listen {exc}") from None
+    # A bad lease option is an error at once, not once delegate mode is found.
+    election = None if ns.delegate == "none" else Election.from_args(ns)
     handler = configure(log_format=ns.log_format)
     try:
-        return _watch(ns, options, listen)
+        return _watch(ns, options, listen, election)
     finally:
         logging.getLogger().removeHandler(handler)
 
 
-def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, int]) -> int:
+def _watch(
+    ns: argparse.Namespace,
+    options: GlobalOptions,
+    listen: tuple[str, int],
+    election: Election | None,
+) -> int:
     from prometheus_client import disable_created_metrics
 
     from reconciler.observe.checkpoint import checkpoint_file
@@ -187,8 +195,8 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
     from reconciler.watch.source import DesiredSource
 
     host = Host(options)
-    if delegating(ns, host):
-        return _watch_delegate(ns, host, listen)
+    if election is not None and delegating(ns, host):
+        return _watch_delegate(ns, host, listen, election)
     source = DesiredSource.at(Path(ns.path))
     follower: ClusterWatch | None = None
     api = host.cluster_api  # connects (a bad kubeconfig is an error at start, not a retry)
@@ -254,7 +262,37 @@ def _watch(ns: argparse.Namespace, options: GlobalOptions, listen: tuple[str, in
         _log().info("stopped")
 
 
-def _watch_delegate(ns: argparse.Namespace, host: Host, listen: tuple[str, int]) -> int:
+@dataclass(frozen=True, slots=True)
+class Election:
+    """Delegate mode's leader election, from the command line (checked before anything)."""
+
+    namespace: str
+    name: str
+    identity: str
+    duration: float
+
+    @staticmethod
+    def from_args(ns: argparse.Namespace) -> Election:
+        if not ns.lease_duration >= 3:
+            raise UsageError("--lease-duration must be at least 3 seconds")
+        namespace = ns.lease_namespace or _pod_namespace()
+        if not _LABEL.fullmatch(namespace):
+            raise UsageError(f"--lease-namespace {namespace!r} is not a namespace name")
+        if not _SUBDOMAIN.fullmatch(ns.lease_name):
+            raise UsageError(f"--lease-name {ns.lease_name!r} is not an object name")
+        identity = (
+            ns.identity
+            or os.environ.get("POD_NAME")
+            or (f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
+        )
+        if not 0 < len(identity) <= 253 or not identity.isprintable():
+            raise UsageError("--identity must be 1 to 253 printable characters")
+        return Election(namespace, ns.lease_name, identity, ns.lease_duration)
+
+
+def _watch_delegate(
+    ns: argparse.Namespace, host: Host, listen: tuple[str, int], election: Election
+) -> int:
     """``watch --delegate harvester``: every node of the desired state through Harvester's
     objects, while this replica holds the Lease (reconciler/watch/delegate.py)."""
     from prometheus_client import disable_created_metrics
@@ -269,20 +307,6 @@ def _watch_delegate(ns: argparse.Namespace, host: Host, listen: tuple[str, int])
     from reconciler.watch.scheduler import Scheduler, Trigger
     from reconciler.watch.source import DesiredSource
 
-    if not ns.lease_duration >= 3:
-        raise UsageError("--lease-duration must be at least 3 seconds")
-    namespace = ns.lease_namespace or _pod_namespace()
-    if not _LABEL.fullmatch(namespace):
-        raise UsageError(f"--lease-namespace {namespace!r} is not a namespace name")
-    if not _SUBDOMAIN.fullmatch(ns.lease_name):
-        raise UsageError(f"--lease-name {ns.lease_name!r} is not an object name")
-    identity = (
-        ns.identity
-        or os.environ.get("POD_NAME")
-        or (f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
-    )
-    if not 0 < len(identity) <= 253 or not identity.isprintable():
-        raise UsageError("--identity must be 1 to 253 printable characters")
     api = host.cluster_api
     if api is None:  # delegating() checked
         raise UsageError("delegate mode needs a cluster: pass --kubeconfig")
@@ -291,7 +315,9 @@ def _watch_delegate(ns: argparse.Namespace, host: Host, listen: tuple[str, int])
     follower.start(wait=api_timeout(api))
     disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = WatchMetrics(delegate=True)
-    lease = LeaderLease(api, namespace, ns.lease_name, identity, duration=ns.lease_duration)
+    lease = LeaderLease(
+        api, election.namespace, election.name, election.identity, duration=election.duration
+    )
 
     def leadership(scheduler: Scheduler) -> Leadership:
         def changed(leading: bool) -> None:
@@ -302,8 +328,8 @@ def _watch_delegate(ns: argparse.Namespace, host: Host, listen: tuple[str, int])
 
         return Leadership(
             lease,
-            retry_period=ns.lease_duration / 7.5,
-            renew_deadline=ns.lease_duration * 2 / 3,
+            retry_period=election.duration / 7.5,
+            renew_deadline=election.duration * 2 / 3,
             on_change=changed,
             on_error=lambda: metrics.errors.labels(kind="lease").inc(),
         )
@@ -329,16 +355,16 @@ def _watch_delegate(ns: argparse.Namespace, host: Host, listen: tuple[str, int])
                 debounce=ns.debounce,
                 step_timeout=ns.timeout,
             ),
-            events=EventRecorder(api, component="vgpuctl-delegate", node=identity),
+            events=EventRecorder(api, component="vgpuctl-delegate", node=election.identity),
             refresh_watches=files.refresh,
         )
         endpoint = _endpoint(ns, listen, loop, metrics)
         _log().info(
             "delegate mode: candidate %s for the Lease %s/%s",
-            identity,
-            namespace,
-            ns.lease_name,
-            extra={"identity": identity},
+            election.identity,
+            election.namespace,
+            election.name,
+            extra={"identity": election.identity},
         )
         loop.leadership.start()
         return _run_until_signalled(loop)

@@ -49,6 +49,10 @@ Lists in pages (``limit`` and ``continue``, as etcd-backed API servers serve the
 one list at the first page's resourceVersion, ``remainingItemCount``, 410 Expired once that
 version is compacted).
 
+Server-side printing: a get or list of a custom resource that asks for a Table (kubectl get
+does) is answered with one built from its CRD's printer columns (``tables.py``); built-in
+resources answer with the object, which kubectl prints with its own default columns.
+
 Not emulated: finalizers and graceful deletion, strategic-merge patches (415), managedFields,
 mutating admission, dry runs, schema defaults, CEL validation rules and ``oneOf``/``anyOf`` (a CRD
 using a keyword ``structural.py`` does not model is refused when installed).
@@ -77,7 +81,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
-from tests.doubles import jsonpatch, structural
+from tests.doubles import jsonpatch, structural, tables
 from tests.doubles.admission import Attributes, UserInfo, admit, rule_matches
 
 JsonObject = dict[str, Any]
@@ -454,9 +458,8 @@ def _core_resources() -> list[Resource]:
         core("configmaps", "ConfigMap", True, False),
         # Leader election (delegate mode's watch): built in since Kubernetes 1.14, no status.
         Resource(
-            "coordination.k8s.io", "v1", "leases", "Lease", True, False,
-            frozenset(_COMMON_FIELDS),
-        ),  # fmt: skip
+            "coordination.k8s.io", "v1", "leases", "Lease", True, False, frozenset(_COMMON_FIELDS)
+        ),
         # Built in everywhere (no CRD): what vgpuctl reads to tell whether Harvester's
         # pcidevices-controller runs (reconciler/observe/harvester.py).
         Resource("apps", "v1", "daemonsets", "DaemonSet", True, True, frozenset(_COMMON_FIELDS)),
@@ -547,6 +550,8 @@ class ApiServerEmulator:
         self._resources: dict[tuple[str, str, str], Resource] = {}
         #: A CRD's openAPIV3Schema, by the resource it serves: writes are pruned and validated.
         self._schemas: dict[Resource, JsonObject] = {}
+        #: Each CRD version's additionalPrinterColumns (Tables for kubectl get).
+        self._printer_columns: dict[Resource, list[JsonObject]] = {}
         self._store: dict[tuple[str, str], dict[tuple[str, str], JsonObject]] = {}
         self._rv = 0
         self._history: deque[_Change] = deque(maxlen=history)
@@ -676,6 +681,10 @@ class ApiServerEmulator:
                 spec["scope"] == "Namespaced",
                 "status" in (version.get("subresources") or {}),
             )
+            printed = version.get("additionalPrinterColumns") or []
+            tables.columns(printed)  # a column this emulator cannot evaluate: refused here
+            with self._cond:
+                self._printer_columns[resource] = copy.deepcopy(printed)
             schema = (version.get("schema") or {}).get("openAPIV3Schema")
             if schema is not None:
                 structural.check_schema(schema)
@@ -829,11 +838,15 @@ class ApiServerEmulator:
         body: bytes,
         content_type: str,
         authorization: str | None = None,
+        *,
+        accept: str | None = None,
     ) -> tuple[int, JsonObject] | Iterator[JsonObject]:
         """Answer one request: a (status code, JSON body) pair, or watch events to stream.
 
         ``authorization`` is the ``Authorization`` header: ``Bearer <token>`` of a known user
         (none at all: the default user), anything else is 401 as the authenticator answers.
+        ``accept``: a get or list of a custom resource asking for a ``meta.k8s.io/v1`` Table
+        (kubectl's ``Accept``) gets one, its columns the CRD's printer columns (``tables.py``).
         """
         user = self._authenticate(authorization)
         url = urlsplit(raw_path)
@@ -880,9 +893,24 @@ class ApiServerEmulator:
             )
             if verb == "watch":
                 return self._watch(resource, selection, query)
-            return 200, self._list(resource, selection, query)
+            listed = self._list(resource, selection, query)
+            if resource in self._printer_columns and tables.wants_table(accept):
+                return 200, tables.table(
+                    self._printer_columns[resource],
+                    listed["items"],
+                    list_metadata=listed["metadata"],
+                )
+            return 200, listed
         if verb == "get":
-            return 200, self._get(resource, target)
+            got = self._get(resource, target)
+            if resource in self._printer_columns and tables.wants_table(accept):
+                meta = got.get("metadata") or {}
+                return 200, tables.table(
+                    self._printer_columns[resource],
+                    [got],
+                    list_metadata={"resourceVersion": meta.get("resourceVersion", "")},
+                )
+            return 200, got
         patch_type = content_type.split(";", maxsplit=1)[0].strip()
         if verb == "patch" and patch_type not in (MERGE_PATCH, JSON_PATCH):
             raise ApiError(
@@ -1688,6 +1716,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body,
                 self.headers.get("Content-Type") or "application/json",
                 self.headers.get("Authorization"),
+                accept=self.headers.get("Accept"),
             )
         except ApiError as error:
             answer = (error.code, error.status())

@@ -11,75 +11,29 @@ functions 4-7) and docs/domain.md §5-6; the host is judged from its own files.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client, config
 
-from reconciler.sim import SimHost, build_host
 from tests import rbac
 from tests.doubles.admission import UserInfo
 from tests.doubles.emulator import ApiServerEmulator, Request
-from tests.doubles.pcidevices import PciDevicesController, install, node_object, vm
-from tests.simnode import REPO, run_vgpuctl
+from tests.doubles.pcidevices import vm
+from tests.harvester_node import NODE, SEED, VFS, Cluster, harvester_node, layout
+from tests.simnode import run_vgpuctl
 
 CRD_SETS = ("harvester",)  # the emu fixture serves Harvester's own CRDs (tests/conftest.py)
-NODE = "harvester-kgd9c"
-SEED = REPO / "desired-state" / "harvester-kgd9c.yaml"
-VFS = ["0000:08:00.4", "0000:08:00.5", "0000:08:00.6", "0000:08:00.7"]
-
-
-@dataclass
-class Cluster:
-    emu: ApiServerEmulator
-    host: SimHost
-    ctl: PciDevicesController
-    kubeconfig: Path
-
-    def run(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
-        return run_vgpuctl(*args, "--kubeconfig", self.kubeconfig, timeout=300)
-
-    def ok(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
-        res = self.run(*args)
-        assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
-        return res
-
-    def types(self) -> dict[str, str]:
-        """Each VF's current_vgpu_type that is not 0, as the host has it."""
-        out = {}
-        for vf in sorted((self.host.sysfs_root / "bus/pci/devices").glob("0000:08:0*")):
-            current = vf / "nvidia" / "current_vgpu_type"
-            if current.exists() and current.read_text().strip() != "0":
-                out[vf.name] = current.read_text().strip()
-        return out
-
-
-def layout(tmp_path: Path, vgpus: dict[str, str]) -> Path:
-    """The seed's desired state with another VF layout."""
-    doc = yaml.safe_load(SEED.read_text())
-    doc["spec"]["nodes"][NODE]["gpus"][0]["vgpus"] = vgpus
-    path = tmp_path / "changed.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 @pytest.fixture
 def harvester(emu: ApiServerEmulator, tmp_path: Path) -> Iterator[Cluster]:
-    install(emu)
-    emu.seed(node_object(NODE))
-    gpu = {"model": "A2", "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
-    host = build_host(tmp_path / "host", {"gpus": [gpu]})
-    kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
-    with PciDevicesController(emu, host, NODE, kubeconfig) as ctl:
-        ctl.resync()
-        ctl.run_until_idle()
-        ctl.start(resync_seconds=0.5)
-        yield Cluster(emu, host, ctl, kubeconfig)
-        ctl.stop()
+    with harvester_node(emu, tmp_path) as cluster:
+        yield cluster
 
 
 def test_the_seeds_node_converges_through_pcidevices_controller(harvester: Cluster) -> None:
@@ -99,6 +53,34 @@ def test_the_seeds_node_converges_through_pcidevices_controller(harvester: Clust
     assert "No changes" in harvester.ok("plan", SEED).stdout
     assert harvester.run("assert", SEED).returncode == 0
     assert harvester.ctl.errors == []
+
+
+def test_kubectl_get_vgpudevices_shows_the_result(harvester: Cluster) -> None:
+    """The acceptance's last step, as a user runs it: kubectl (Harvester's printer columns,
+    printed by the emulator as the API server prints them) shows each VF's vGPU type."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (.ci/run installs it)")
+    harvester.ok("apply", SEED, "--yes")
+    shown = subprocess.run(
+        [kubectl, "--kubeconfig", str(harvester.kubeconfig), "get", "vgpudevices"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert shown[0].split() == [
+        "NAME", "ADDRESS", "NODE", "NAME", "ENABLED", "UUID", "VGPUTYPE", "PARENTGPUDEVICE"
+    ]  # fmt: skip
+    rows = {line.split()[0]: line.split()[1:] for line in shown[1:]}
+    assert len(rows) == 16  # the A2's 16 VFs, each a VGPUDevice
+    expected = {VFS[0]: "NVIDIA A2-4A", VFS[1]: "NVIDIA A2-4Q", VFS[2]: "NVIDIA A2-4A",
+                VFS[3]: "NVIDIA A2-4Q"}  # fmt: skip
+    for vf, profile in expected.items():
+        name = f"{NODE}-0000{vf[5:7]}{vf[8:10]}{vf[11]}"
+        address, node, enabled, _uuid, *vgpu_type, parent = rows[name]
+        assert (address, node, enabled, " ".join(vgpu_type), parent) == (
+            vf, NODE, "true", profile, "0000:08:00.0"
+        )  # fmt: skip
+    disabled = [r for n, r in rows.items() if r[2] == "false"]
+    assert len(disabled) == 12
 
 
 def test_a_hand_edit_is_drift_that_assert_reports_and_apply_resets(harvester: Cluster) -> None:
@@ -207,7 +189,7 @@ def test_a_vgpu_a_vm_uses_is_never_disabled(harvester: Cluster, tmp_path: Path) 
 def test_the_delegate_role_is_enough_and_no_more(harvester: Cluster, tmp_path: Path) -> None:
     """deploy/harvester/rbac.yaml enforced on vgpuctl's own requests (the double acts as
     itself): a plan, an apply that converges the seed's node and an assert are all allowed,
-    and every rule of the role is used."""
+    and every rule of the role but the watch's own is used."""
     granted = rbac.grants(rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
     account = rbac.DELEGATE_ACCOUNT
     user = UserInfo(f"system:serviceaccount:{account['namespace']}:{account['name']}")
@@ -225,7 +207,15 @@ def test_the_delegate_role_is_enough_and_no_more(harvester: Cluster, tmp_path: P
         res = run_vgpuctl(*args, "--kubeconfig", kubeconfig, timeout=300)
         assert res.returncode == 0, f"{args}: {res.stdout}{res.stderr}"
     assert [r for r in ours if not rbac.allows(granted, r)] == []
-    assert rbac.unused(granted, ours) == set()
+    # What only the watch needs (its own recording test uses every rule, these included).
+    assert {(g.resource, g.verb) for g in rbac.unused(granted, ours)} == {
+        ("sriovgpudevices", "watch"),
+        ("vgpudevices", "watch"),
+        ("leases", "create"),
+        ("leases", "get"),
+        ("leases", "update"),
+        ("events", "create"),
+    }
     assert harvester.types() == {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
 
 

@@ -1,0 +1,75 @@
+"""A Harvester node for delegate-mode tests: the API-server emulator serving Harvester's CRDs,
+the double of pcidevices-controller and its webhook (``tests/doubles/pcidevices.py``) running in
+its thread on a simulated A2 (NVIDIA's vendor-specific VFIO interface), and the seed's node.
+
+Shared by ``tests/integration/test_cli_delegate.py`` and ``test_watch_delegate.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from reconciler.sim import SimHost, build_host
+from tests.doubles.emulator import ApiServerEmulator
+from tests.doubles.pcidevices import PciDevicesController, install, node_object
+from tests.simnode import REPO, run_vgpuctl
+
+NODE = "harvester-kgd9c"
+SEED = REPO / "desired-state" / "harvester-kgd9c.yaml"
+VFS = ["0000:08:00.4", "0000:08:00.5", "0000:08:00.6", "0000:08:00.7"]
+
+
+@dataclass
+class Cluster:
+    emu: ApiServerEmulator
+    host: SimHost
+    ctl: PciDevicesController
+    kubeconfig: Path
+
+    def run(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
+        return run_vgpuctl(*args, "--kubeconfig", self.kubeconfig, timeout=300)
+
+    def ok(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
+        res = self.run(*args)
+        assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+        return res
+
+    def types(self) -> dict[str, str]:
+        """Each VF's current_vgpu_type that is not 0, as the host has it."""
+        out = {}
+        for vf in sorted((self.host.sysfs_root / "bus/pci/devices").glob("0000:08:0*")):
+            current = vf / "nvidia" / "current_vgpu_type"
+            if current.exists() and current.read_text().strip() != "0":
+                out[vf.name] = current.read_text().strip()
+        return out
+
+
+def layout(tmp_path: Path, vgpus: dict[str, str]) -> Path:
+    """The seed's desired state with another VF layout."""
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["nodes"][NODE]["gpus"][0]["vgpus"] = vgpus
+    path = tmp_path / "changed.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@contextmanager
+def harvester_node(emu: ApiServerEmulator, tmp_path: Path) -> Iterator[Cluster]:
+    """The seed's node on Harvester, SR-IOV off, pcidevices-controller running."""
+    install(emu)
+    emu.seed(node_object(NODE))
+    gpu = {"model": "A2", "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
+    host = build_host(tmp_path / "host", {"gpus": [gpu]})
+    kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
+    with PciDevicesController(emu, host, NODE, kubeconfig) as ctl:
+        ctl.resync()
+        ctl.run_until_idle()
+        ctl.start(resync_seconds=0.5)
+        yield Cluster(emu, host, ctl, kubeconfig)
+        ctl.stop()

@@ -1,0 +1,253 @@
+"""``vgpuctl watch --delegate harvester`` end to end (docs/delegate.md): replicas run as the
+Deployment runs them (subprocesses, the real kubernetes client over HTTP) against the API-server
+emulator serving Harvester's CRDs, with the double of pcidevices-controller and its webhook
+acting on a simulated A2 (``tests/harvester_node.py``).
+
+Expectations from the facts, not from vgpuctl: the host's own files (the seed's four 4 GB vGPUs
+on functions 4-7; type ids 751 for A2-4A and 746 for A2-4Q, docs/domain.md §4), the Lease as
+client-go's leader election leaves it (holderIdentity, leaseTransitions; a release empties the
+holder), and who wrote what as the emulator recorded it per user.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import rbac
+from tests.doubles.admission import UserInfo
+from tests.doubles.emulator import ApiServerEmulator, Request
+from tests.doubles.pcidevices import vm
+from tests.harvester_node import NODE, SEED, VFS, Cluster, harvester_node
+from tests.watch_agent import Watch, wait_for
+
+CRD_SETS = ("harvester",)  # the emu fixture serves Harvester's own CRDs (tests/conftest.py)
+LEASE_NAMESPACE = "vgpuctl-delegate"
+LEASE = ("coordination.k8s.io", "v1", "leases", "vgpuctl-delegate", LEASE_NAMESPACE)
+SEED_TYPES = {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
+#: How long a converge through the double may take (a GPU enable, a resync, four VFs).
+CONVERGE = 120.0
+
+
+@dataclass
+class Replica:
+    """One replica's flags (its own user, so the emulator tells who wrote what) and directory."""
+
+    flags: list[str]
+    dir: Path
+
+
+@dataclass
+class Writers:
+    """Every request, by the user that sent it."""
+
+    by_user: dict[str, list[Request]] = field(default_factory=dict)
+
+    def __call__(self, request: Request, who: UserInfo) -> bool:
+        self.by_user.setdefault(who.username, []).append(request)
+        return True
+
+    def writes(self, user: str) -> list[Request]:
+        return [r for r in self.by_user.get(user, []) if r.verb in ("create", "update", "patch")]
+
+
+@pytest.fixture
+def harvester(emu: ApiServerEmulator, tmp_path: Path) -> Iterator[Cluster]:
+    with harvester_node(emu, tmp_path) as cluster:
+        emu.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NAMESPACE}})
+        emu.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
+        yield cluster
+
+
+def desired_dir(tmp_path: Path) -> Path:
+    """A directory holding the seed's desired state, as the ConfigMap mounts it."""
+    directory = tmp_path / "desired"
+    directory.mkdir()
+    (directory / "harvester-kgd9c.yaml").write_text(SEED.read_text())
+    return directory
+
+
+def start(
+    cluster: Cluster,
+    tmp_path: Path,
+    name: str,
+    desired: Path,
+    *extra: str,
+    user: UserInfo | None = None,
+) -> Watch:
+    who = user or UserInfo(f"replica-{name}")
+    kubeconfig = cluster.emu.kubeconfig(tmp_path / f"{name}.kubeconfig", user=who)
+    home = tmp_path / name
+    home.mkdir()
+    return Watch(
+        Replica(["--kubeconfig", str(kubeconfig)], home),
+        desired,
+        "--identity",
+        name,
+        "--lease-duration",
+        "3",
+        "--lease-namespace",
+        LEASE_NAMESPACE,
+        "--timeout",
+        "60",
+        *(extra or ("--delegate", "harvester")),
+    )
+
+
+def said(watch: Watch, start: str, timeout: float = CONVERGE) -> dict[str, Any]:
+    return watch.wait_log(lambda d: str(d.get("msg", "")).startswith(start), start, timeout)
+
+
+def lease(emu: ApiServerEmulator) -> dict[str, Any]:
+    found = emu.get_object(*LEASE)
+    assert found is not None
+    return dict(found["spec"])
+
+
+def test_two_replicas_one_leader_converges_the_seed_then_hands_over(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    writers = Writers()
+    harvester.emu.authorize_with(writers)
+    desired = desired_dir(tmp_path)
+    a = start(harvester, tmp_path, "a", desired)
+    b: Watch | None = None
+    try:
+        said(a, "became the leader", timeout=20)
+        b = start(harvester, tmp_path, "b", desired)
+        wait_for(lambda: harvester.types() == SEED_TYPES, "the seed's vGPUs", CONVERGE)
+        said(a, "converged: every node matches the desired state")
+        assert lease(harvester.emu)["holderIdentity"] == "a"
+        assert a.metric("vgpuctl_leader") == 1
+        assert b.metric("vgpuctl_leader") == 0
+        wait_for(a.ready, "the leader ready")
+        code, body = b.get("/readyz")
+        assert (code, body.strip()) == (200, "standby: a holds the Lease")
+        # The standby read, and wrote nothing: no spec, no Lease, no Event.
+        assert writers.writes("replica-b") == []
+        patched = {r.name for r in writers.writes("replica-a") if r.verb == "patch"}
+        assert patched == {f"{NODE}-000008000", *(f"{NODE}-00000800{i}" for i in (4, 5, 6, 7))}
+
+        # The leader stops (a rolling update): it releases the Lease, the standby takes over.
+        assert a.stop() == 0
+        assert "released the Lease vgpuctl-delegate/vgpuctl-delegate" in [
+            d.get("msg") for d in a.logs()
+        ]
+        said(b, "became the leader", timeout=10)
+        spec = lease(harvester.emu)
+        assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("b", 1)
+        # The new leader acts on the next change: VF 7 from A2-4Q to A2-4A.
+        (desired / "harvester-kgd9c.yaml").write_text(
+            SEED.read_text().replace('"0000:08:00.7": NVIDIA A2-4Q', '"0000:08:00.7": NVIDIA A2-4A')
+        )
+        wait_for(lambda: harvester.types() == {**SEED_TYPES, VFS[3]: "751"}, "VF 7 as 4A", CONVERGE)
+        assert {r.name for r in writers.writes("replica-b") if r.verb == "patch"} == {
+            f"{NODE}-000008007"
+        }
+        assert harvester.ctl.errors == []
+    finally:
+        a.kill()
+        if b is not None:
+            b.kill()
+
+
+def test_a_leader_that_dies_is_replaced_once_its_lease_runs_out(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    desired = desired_dir(tmp_path)
+    a = start(harvester, tmp_path, "a", desired)
+    b: Watch | None = None
+    try:
+        said(a, "became the leader", timeout=20)
+        b = start(harvester, tmp_path, "b", desired)
+        wait_for(lambda: harvester.types() == SEED_TYPES, "the seed's vGPUs", CONVERGE)
+        said(b, "watching", timeout=20)
+        a.stop(signal.SIGKILL)  # no release: the Lease still names a
+        assert lease(harvester.emu)["holderIdentity"] == "a"
+        said(b, "became the leader", timeout=15)
+        spec = lease(harvester.emu)
+        assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("b", 1)
+        wait_for(lambda: b.metric("vgpuctl_leader") == 1, "b's vgpuctl_leader")
+        said(b, "converged: every node matches the desired state")
+    finally:
+        a.kill()
+        if b is not None:
+            b.kill()
+
+
+def test_a_vgpu_a_vm_uses_is_blocked_reported_and_left_alone(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    desired = desired_dir(tmp_path)
+    a = start(harvester, tmp_path, "a", desired)
+    try:
+        wait_for(lambda: harvester.types() == SEED_TYPES, "the seed's vGPUs", CONVERGE)
+        said(a, "converged: every node matches the desired state")
+        used = f"{NODE}-000008005"
+        harvester.emu.seed(vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [used]}))
+        (desired / "harvester-kgd9c.yaml").write_text(
+            SEED.read_text().replace('"0000:08:00.5": NVIDIA A2-4Q', '"0000:08:00.5": NVIDIA A2-4A')
+        )
+        said(a, "2 change(s) blocked")
+        wait_for(lambda: a.metric("vgpuctl_blocked_actions") == 2, "two blocked steps")
+        code, body = a.get("/readyz")
+        assert code == 200
+        assert body.startswith("ready: 2 changes blocked: vgpudevice-disable " + used)
+        assert "in use by VM default/win11" in body
+        events = [
+            e
+            for e in harvester.emu.objects("", "v1", "events", "default")
+            if e["involvedObject"]["name"] == used
+        ]
+        assert {(e["involvedObject"]["kind"], e["reason"], e["type"]) for e in events} == {
+            ("VGPUDevice", "Blocked", "Warning")
+        }
+        assert any("in use by VM default/win11" in e["message"] for e in events)
+        assert harvester.types() == SEED_TYPES  # VF 5 keeps its 4Q
+        # The VM goes: the next rescan plans again and makes the change.
+        harvester.emu.delete_object("kubevirt.io", "v1", "virtualmachines", "win11", "default")
+        wait_for(lambda: harvester.types() == {**SEED_TYPES, VFS[1]: "751"}, "VF 5 as 4A", CONVERGE)
+    finally:
+        a.kill()
+
+
+def test_the_delegate_role_is_enough_for_the_watch_and_every_rule_is_used(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    """deploy/harvester/rbac.yaml enforced on a replica's requests (auto-detection, the Lease,
+    the watches, the spec patches, an Event for a blocked step), together with what the CLI
+    tests record: no request refused, no rule unused."""
+    granted = rbac.grants(rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
+    account = rbac.DELEGATE_ACCOUNT
+    user = UserInfo(f"system:serviceaccount:{account['namespace']}:{account['name']}")
+    ours: list[Request] = []
+
+    def authorize(request: Request, who: UserInfo) -> bool:
+        if who != user:
+            return True  # the double, and the test itself
+        ours.append(request)
+        return rbac.allows(granted, request)
+
+    harvester.emu.authorize_with(authorize)
+    desired = desired_dir(tmp_path)
+    a = start(harvester, tmp_path, "a", desired, "--delegate", "auto", user=user)
+    try:
+        wait_for(lambda: harvester.types() == SEED_TYPES, "the seed's vGPUs", CONVERGE)
+        said(a, "converged: every node matches the desired state")
+        used = f"{NODE}-000008005"
+        harvester.emu.seed(vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [used]}))
+        (desired / "harvester-kgd9c.yaml").write_text(
+            SEED.read_text().replace('"0000:08:00.5": NVIDIA A2-4Q', '"0000:08:00.5": NVIDIA A2-4A')
+        )
+        said(a, "2 change(s) blocked")
+        wait_for(lambda: any(r.resource == "events" for r in ours), "the blocked step's Event", 10)
+        assert a.stop() == 0
+    finally:
+        a.kill()
+    assert [r for r in ours if not rbac.allows(granted, r)] == []
+    assert rbac.unused(granted, ours) == set()
