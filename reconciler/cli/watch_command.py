@@ -63,7 +63,10 @@ def register(sub: Any) -> argparse.ArgumentParser:
         "300 s); an invalid desired state is reported and the last valid one "
         "stays in force. Serves /healthz, /readyz and /metrics on --listen, and the kubelet "
         "device plugins for the vGPUs. SIGTERM/SIGINT finish the reconcile under way and "
-        "exit 0.",
+        "exit 0. With --delegate harvester (or found on its own where Harvester's "
+        "pcidevices-controller runs), it keeps every node of the desired state converged "
+        "through Harvester's objects instead, acting only while it holds a Lease (run it as "
+        "deploy/harvester/'s Deployment).",
     )
     p.add_argument(
         "path",

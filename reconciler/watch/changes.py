@@ -237,9 +237,16 @@ class HostDrift:
 class ClusterDrift:
     """Our cluster objects' fingerprint against its baseline; nothing without a cluster."""
 
-    def __init__(self, signature: Callable[[], str] | None, *, metrics: WatchMetrics) -> None:
+    def __init__(
+        self,
+        signature: Callable[[], str] | None,
+        *,
+        metrics: WatchMetrics,
+        what: str = "our cluster objects",
+    ) -> None:
         self._signature = signature
         self._metrics = metrics
+        self._what = what
         self._unreachable = False
         self.baseline: str | None = None
         #: The last fingerprint :meth:`take` returned (None: no cluster, or it did not answer).
@@ -261,7 +268,7 @@ class ClusterDrift:
         if fingerprint is None or fingerprint == self.baseline:
             return False
         self._metrics.drift.labels(source="cluster").inc()
-        log.info("our cluster objects changed: reconciling", extra={"reason": "cluster"})
+        log.info("%s changed: reconciling", self._what, extra={"reason": "cluster"})
         return True
 
     def _read(self) -> str | None:
@@ -271,7 +278,7 @@ class ClusterDrift:
             fingerprint = self._signature()
         except ReconcilerError as exc:
             if not self._unreachable:
-                log.warning("cannot read our cluster objects: %s", exc.message)
+                log.warning("cannot read %s: %s", self._what, exc.message)
                 self._metrics.errors.labels(kind="cluster").inc()
             self._unreachable = True
             return None

@@ -115,7 +115,9 @@ class DelegateWatchLoop:
             metrics=metrics,
             refresh_watches=refresh_watches,
         )
-        self.cluster = ClusterDrift(cluster_signature, metrics=metrics)
+        self.cluster = ClusterDrift(
+            cluster_signature, metrics=metrics, what="Harvester's SRIOVGPUDevices or VGPUDevices"
+        )
         self.probes = Health(
             desired=self.desired,
             stale_after=self.settings.stale_after,

@@ -24,6 +24,7 @@ from tests.doubles.admission import UserInfo
 from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.doubles.pcidevices import vm
 from tests.harvester_node import NODE, SEED, VFS, Cluster, harvester_node
+from tests.simnode import run_vgpuctl
 from tests.watch_agent import Watch, wait_for
 
 CRD_SETS = ("harvester",)  # the emu fixture serves Harvester's own CRDs (tests/conftest.py)
@@ -251,3 +252,24 @@ def test_the_delegate_role_is_enough_for_the_watch_and_every_rule_is_used(
         a.kill()
     assert [r for r in ours if not rbac.allows(granted, r)] == []
     assert rbac.unused(granted, ours) == set()
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ("--lease-namespace", "Bad_NS"),
+            "error: --lease-namespace 'Bad_NS' is not a namespace name",
+        ),
+        (("--lease-name", "a/b"), "error: --lease-name 'a/b' is not an object name"),
+        (("--lease-duration", "1"), "error: --lease-duration must be at least 3 seconds"),
+        (("--identity", "a\x1bb"), "error: --identity must be 1 to 253 printable characters"),
+    ],
+)
+def test_a_bad_lease_option_is_an_error_before_anything(
+    tmp_path: Path, args: tuple[str, ...], error: str
+) -> None:
+    # Checked before the cluster is asked anything: no kubeconfig is needed to be told.
+    res = run_vgpuctl("watch", tmp_path, "--delegate", "harvester", *args)
+    assert res.returncode == 1
+    assert res.stderr.strip() == error
