@@ -17,9 +17,7 @@ import argparse
 import os
 import re
 import signal
-import socket
 import threading
-import uuid
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -283,11 +281,7 @@ class Election:
             raise UsageError(f"--lease-namespace {namespace!r} is not a namespace name")
         if not _SUBDOMAIN.fullmatch(ns.lease_name):
             raise UsageError(f"--lease-name {ns.lease_name!r} is not an object name")
-        identity = (
-            ns.identity
-            or os.environ.get("POD_NAME")
-            or (f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
-        )
+        identity = ns.identity or os.environ.get("POD_NAME") or _host_identity()
         if not 0 < len(identity) <= 253 or not identity.isprintable():
             raise UsageError("--identity must be 1 to 253 printable characters")
         return Election(namespace, ns.lease_name, identity, ns.lease_duration)
@@ -379,6 +373,14 @@ def _watch_delegate(
         if endpoint is not None:
             endpoint.close()
         _log().info("stopped")
+
+
+def _host_identity() -> str:
+    """The host name with a random suffix: two replicas on one host are two candidates."""
+    import socket  # here: importing them costs every other command's start
+    import uuid
+
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
 def _pod_namespace() -> str:

@@ -19,6 +19,10 @@ winning the Lease; a failure's retry.
 
 Events: a step that failed is a Warning Event on its object (a webhook's denial in its words),
 and a step newly blocked by a VM is one too, so ``kubectl describe vgpudevice …`` tells why.
+
+Stopping (SIGTERM): the run stops before its next write (a step under way finishes its waits,
+bounded by ``--timeout``), then the Lease is released; the next leader plans from what it
+observes, so nothing is lost between two steps.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from reconciler.apply import EventSink, Outcome
+from reconciler.apply import EventSink, Outcome, OutcomeStatus
 from reconciler.catalog import Catalog
 from reconciler.engine.delegate import Converged, Result, converge, plan_all
 from reconciler.model import ActionKind, Desired, Plan, ReconcilerError
@@ -260,12 +264,19 @@ class DelegateWatchLoop:
                 first=planned,
                 timeout=self.settings.step_timeout,
                 poll=self.settings.poll,
-                guard=self.leadership.guard,
+                guard=self._guard,
                 on_outcome=self._outcome,
             )
         else:
             done = Converged(Result.BLOCKED if planned.blocked else Result.CONVERGED, planned, ())
         self._report(done, started, triggers)
+
+    def _guard(self) -> None:
+        """Before every write: this replica still leads, and is not stopping (a SIGTERM stops
+        the run between two steps, so the pod exits in time and the next leader carries on)."""
+        self.leadership.guard()
+        if self.scheduler.stopping:
+            raise _Stopping("stopping: the next leader carries on from here")
 
     def _report(self, done: Converged, started: float, triggers: str) -> None:
         match done.result:
@@ -279,6 +290,11 @@ class DelegateWatchLoop:
                     applied=done.applied,
                     started=started,
                     triggers=triggers,
+                )
+            case Result.FAILED if self.scheduler.stopping:
+                log.info(
+                    "stopped between two steps (asked to stop); the next leader carries on",
+                    extra={"reason": triggers, "applied": done.applied},
                 )
             case Result.FAILED if not self.leadership.leading():
                 log.warning(
@@ -301,6 +317,10 @@ class DelegateWatchLoop:
                 self.report.failed("not_converged", done.message, error, started, triggers)
 
     def _outcome(self, outcome: Outcome) -> None:
+        if self.scheduler.stopping and outcome.status is OutcomeStatus.FAILED:
+            action = outcome.action
+            log.info("not run (stopping): %s %s", action.kind.value, action.target)
+            return
         self.report.outcome(outcome)
 
     def _blocked_events(self, plans: tuple[Plan, ...], lines: tuple[str, ...]) -> None:
@@ -321,6 +341,10 @@ class DelegateWatchLoop:
             object_kind, target, reason=reason, message=message[:_EVENT_MESSAGE_MAX],
             type="Warning",
         )  # fmt: skip
+
+
+class _Stopping(ReconcilerError):
+    transient = True
 
 
 class _Failed(ReconcilerError):

@@ -304,7 +304,8 @@ def test_watch_refuses_each_reconcile_reports_it_and_goes_on_once_it_is_gone(
     desired.write_text(seed_text())
     before = host_files(node)
     emu.requests.clear()
-    watch = start_watch(node, desired)
+    # The node agent, as its DaemonSet runs it: node-local, never a delegate candidate.
+    watch = start_watch(node, desired, "--delegate", "none")
     refused = watch.wait_log(lambda d: d.get("error") == "refused", "the refusal")
     message = f"{RUNNING} ({SIGNALS['webhook']}): {ADVICE}{LEFTOVER}"
     assert refused["level"] == "error"

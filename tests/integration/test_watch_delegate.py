@@ -273,3 +273,29 @@ def test_a_bad_lease_option_is_an_error_before_anything(
     res = run_vgpuctl("watch", tmp_path, "--delegate", "harvester", *args)
     assert res.returncode == 1
     assert res.stderr.strip() == error
+
+
+def test_a_leader_asked_to_stop_writes_nothing_more_and_the_next_one_finishes(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    writers = Writers()
+    harvester.emu.authorize_with(writers)
+    desired = desired_dir(tmp_path)
+    a = start(harvester, tmp_path, "a", desired)
+    b: Watch | None = None
+    try:
+        said(a, "done sriovgpudevice-enable")
+        assert a.stop(timeout=60) == 0  # mid-run: the VFs' steps come after this
+        messages = [str(d.get("msg")) for d in a.logs()]
+        assert any(m.startswith("not run (stopping): vgpudevice-enable") for m in messages)
+        assert "stopped between two steps (asked to stop); the next leader carries on" in messages
+        patched = [r.name for r in writers.writes("replica-a") if r.verb == "patch"]
+        assert len(patched) < 5  # the GPU, and at most the VF step under way
+        assert not any(m.startswith("failed ") for m in messages)
+        b = start(harvester, tmp_path, "b", desired)
+        said(b, "became the leader", timeout=10)  # released: no lease duration to wait
+        wait_for(lambda: harvester.types() == SEED_TYPES, "the seed's vGPUs", CONVERGE)
+    finally:
+        a.kill()
+        if b is not None:
+            b.kill()

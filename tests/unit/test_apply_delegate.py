@@ -13,32 +13,11 @@ from reconciler.apply.delegate import DelegateExecutor
 from reconciler.apply.executor import OutcomeStatus
 from reconciler.model import (
     Action,
-    PciAddress,
     Plan,
     SriovGpuDeviceEnable,
-    VgpuDeviceDisable,
-    VgpuDeviceEnable,
 )
 from tests.doubles.cluster import FakeCluster
-
-NODE = "n1"
-GPU = PciAddress.parse("0000:08:00.0")
-VF0 = PciAddress.parse("0000:08:00.4")
-TYPES = {"NVIDIA A2-2Q": "nvidia-743", "NVIDIA A2-4Q": "nvidia-744"}
-
-
-def vf_object(enabled: bool, type_name: str, configured: bool) -> dict[str, Any]:
-    status: dict[str, Any] = (
-        {"vGPUStatus": "vGPUConfigured", "configureVGPUTypeName": type_name}
-        if configured
-        else {"availableTypes": dict(TYPES)}
-    )
-    return {
-        "metadata": {"name": f"{NODE}-000008004", "labels": {"nodename": NODE}},
-        "spec": {"address": str(VF0), "enabled": enabled, "nodeName": NODE,
-                 "parentGPUDeviceAddress": str(GPU), "vGPUTypeName": type_name},
-        "status": status,
-    }  # fmt: skip
+from tests.harvester_objects import GPU, NODE, TYPES, VF0, disable, enable, vf_object
 
 
 class Controller:
@@ -101,20 +80,6 @@ def run(api: FakeCluster, *actions: Action, stalls: bool = False, used: str | No
     )
     numbered = tuple(a.numbered(i) for i, a in enumerate(actions, start=1))
     return executor.run(Plan(NODE, "harvester", "sha256:x", actions=numbered)), api
-
-
-def enable(type_name: str, replaces: str | None = None) -> VgpuDeviceEnable:
-    return VgpuDeviceEnable(
-        target=f"{NODE}-000008004", reason="r", node=NODE, gpu=GPU, vf=VF0, vf_index=0,
-        resource_version="1", type_name=type_name, replaces=replaces,
-    )  # fmt: skip
-
-
-def disable(type_name: str, replaced_by: str | None = None) -> VgpuDeviceDisable:
-    return VgpuDeviceDisable(
-        target=f"{NODE}-000008004", reason="r", node=NODE, gpu=GPU, vf=VF0, vf_index=0,
-        resource_version="1", type_name=type_name, replaced_by=replaced_by,
-    )  # fmt: skip
 
 
 def stored(api: FakeCluster, plural: str, name: str) -> dict[str, Any]:

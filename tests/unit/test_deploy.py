@@ -13,7 +13,6 @@ import argparse
 import os
 import shlex
 import shutil
-import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -24,12 +23,12 @@ import yaml
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
 from tests.doubles import jsonpatch
+from tests.kustomize import IMAGE, kustomize
 from tests.rbac import Grant, grants
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 NAMESPACE = "vgpuctl-system"
-IMAGE = "ghcr.io/vgpuctl/vgpuctl:0.1.0"
 DESIRED_CONFIGMAP = "vgpuctl-desired-state"
 
 # The requests vgpuctl makes, as RBAC sees them: (apiGroup, resource, verb, namespace; None for
@@ -195,27 +194,8 @@ def test_namespaced_objects_are_in_the_agents_namespace() -> None:
         assert _one(kind)["metadata"]["namespace"] == NAMESPACE, kind
 
 
-def _kustomize(directory: Path) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: kustomize builds are not checked")
-    result = subprocess.run(
-        [kubectl, "kustomize", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if result.returncode != 0 and 'unknown field "components"' in result.stderr:
-        # Debian 12's kubernetes-client is kubectl 1.20, whose kustomize (v2.0.3) predates
-        # components (kustomize 3.7, kubectl 1.21): only the base can be built with it.
-        pytest.skip(f"{kubectl}'s kustomize has no components (kubectl 1.21 or newer needed)")
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
 def test_kustomize_builds_the_base() -> None:
-    built = {(d["kind"], d["metadata"]["name"]): d for d in _kustomize(DEPLOY)}
+    built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(DEPLOY)}
     assert sorted(built) == [
         ("ClusterRole", "vgpuctl"),
         ("ClusterRoleBinding", "vgpuctl"),
@@ -251,7 +231,7 @@ def test_kustomize_builds_the_git_sync_variant(tmp_path: Path) -> None:
         "components: [../deploy/git-sync]\n",
         "utf-8",
     )
-    built = _kustomize(overlay)
+    built = kustomize(overlay)
     kinds = {(d["kind"], d["metadata"]["name"]) for d in built}
     assert ("ConfigMap", DESIRED_CONFIGMAP) not in kinds
     (ds,) = [d for d in built if d["kind"] == "DaemonSet"]
@@ -565,7 +545,7 @@ def test_kustomize_builds_the_no_node_claim_variant(tmp_path: Path) -> None:
     (overlay / "kustomization.yaml").write_text(
         "resources: [../deploy]\ncomponents: [../deploy/no-node-claim]\n", "utf-8"
     )
-    built = {(d["kind"], d["metadata"]["name"]): d for d in _kustomize(overlay)}
+    built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(overlay)}
     policy = built[("ValidatingAdmissionPolicy", "vgpuctl-agent")]
     assert policy == jsonpatch.apply(
         _one("ValidatingAdmissionPolicy", "vgpuctl-agent"), _no_node_claim_patch()

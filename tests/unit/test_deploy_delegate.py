@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from reconciler.cli.main import build_parser
+from tests.kustomize import IMAGE, kustomize
 from tests.rbac import DELEGATE_ACCOUNT, DELEGATE_RBAC, Grant, grants
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -99,9 +100,7 @@ def test_the_example_desired_state_is_the_node_agents() -> None:
 
 
 def test_kustomize_builds_the_delegate_install() -> None:
-    from tests.unit.test_deploy import IMAGE, _kustomize
-
-    built = {(d["kind"], d["metadata"]["name"]) for d in _kustomize(HARVESTER)}
+    built = {(d["kind"], d["metadata"]["name"]) for d in kustomize(HARVESTER)}
     assert built == {
         ("Namespace", "vgpuctl-delegate"),
         ("ServiceAccount", "vgpuctl-delegate"),

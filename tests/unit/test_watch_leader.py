@@ -13,7 +13,7 @@ from reconciler.apply.lease import LeaderLease
 from reconciler.model import Plan
 from reconciler.watch.leader import Leadership, NotLeaderError
 from tests.doubles.cluster import FakeCluster
-from tests.unit.test_apply_delegate import NODE, enable, vf_object
+from tests.harvester_objects import NODE, enable, vf_object
 
 NS, NAME = "vgpuctl-delegate", "vgpuctl-delegate"
 
