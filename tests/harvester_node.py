@@ -7,6 +7,7 @@ Shared by ``tests/integration/test_cli_delegate.py`` and ``test_watch_delegate.p
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ import yaml
 
 from reconciler.sim import SimHost, build_host
 from tests.doubles.emulator import ApiServerEmulator
-from tests.doubles.pcidevices import PciDevicesController, install, node_object
+from tests.doubles.pcidevices import PciDevicesController, install, node_object, vm
 from tests.simnode import REPO, run_vgpuctl
 
 NODE = "harvester-kgd9c"
@@ -73,3 +74,19 @@ def harvester_node(emu: ApiServerEmulator, tmp_path: Path) -> Iterator[Cluster]:
         ctl.start(resync_seconds=0.5)
         yield Cluster(emu, host, ctl, kubeconfig)
         ctl.stop()
+
+
+def seed_with(vf: str, profile: str) -> str:
+    """The seed's desired state with ``vf`` (one of :data:`VFS`) given ``profile`` instead."""
+    text = SEED.read_text()
+    line = re.search(rf'"{re.escape(vf)}": (NVIDIA A2-\w+)', text)
+    assert line is not None, vf
+    return text.replace(line.group(0), f'"{vf}": {profile}')
+
+
+def vm_holds(cluster: Cluster, vf: str) -> str:
+    """A running VM ``default/win11`` whose allocation annotation lists ``vf``'s VGPUDevice (a
+    4Q, as the seed has it), as Harvester's VM webhook writes it; returns the object's name."""
+    name = f"{NODE}-0000{vf[5:7]}{vf[8:10]}{vf[11]}"
+    cluster.emu.seed(vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [name]}))
+    return name

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from tests.doubles.emulator import Request
+from tests.doubles.admission import UserInfo
+from tests.doubles.emulator import ApiServerEmulator, Request
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac.yaml"
 SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "vgpuctl", "namespace": "vgpuctl-system"}
@@ -92,3 +93,33 @@ def unused(granted: set[Grant], requests: Iterable[Request]) -> set[Grant]:
             for u in used
         )
     }
+
+
+class Enforced(NamedTuple):
+    """A role enforced on one account's requests (:func:`enforce`)."""
+
+    user: UserInfo
+    granted: set[Grant]
+    #: Every request the account made, allowed or not.
+    requests: list[Request]
+
+    def refused(self) -> list[Request]:
+        return [r for r in self.requests if not allows(self.granted, r)]
+
+
+def enforce(
+    emu: ApiServerEmulator, path: Path = RBAC, account: dict[str, str] = SERVICE_ACCOUNT
+) -> Enforced:
+    """Make the emulator authorise ``account``'s requests by what ``path`` grants it (anyone
+    else, the test and its doubles, is allowed everything) and record them."""
+    user = UserInfo(f"system:serviceaccount:{account['namespace']}:{account['name']}")
+    enforced = Enforced(user, grants(path, account), [])
+
+    def authorize(request: Request, who: UserInfo) -> bool:
+        if who != user:
+            return True
+        enforced.requests.append(request)
+        return allows(enforced.granted, request)
+
+    emu.authorize_with(authorize)
+    return enforced

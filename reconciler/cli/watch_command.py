@@ -297,12 +297,13 @@ def _watch_delegate(
     from reconciler.apply.lease import LeaderLease
     from reconciler.kube.events import EventRecorder
     from reconciler.watch.clusterwatch import ClusterWatch, delegate_collections
-    from reconciler.watch.delegate import DelegateSettings, DelegateWatchLoop
+    from reconciler.watch.delegate import DelegateWatchLoop
     from reconciler.watch.follow import DesiredStateWatch
     from reconciler.watch.leader import Leadership
     from reconciler.watch.metrics import WatchMetrics
     from reconciler.watch.scheduler import Scheduler, Trigger
     from reconciler.watch.source import DesiredSource
+    from reconciler.watch.worker import WatchSettings
 
     api = host.cluster_api
     if api is None:  # delegating() checked
@@ -347,11 +348,13 @@ def _watch_delegate(
             leadership=leadership,
             cluster_signature=follower.signature,
             metrics=metrics,
-            settings=DelegateSettings(
+            settings=WatchSettings(
                 rescan_interval=ns.rescan_interval,
                 debounce=ns.debounce,
-                step_timeout=ns.timeout,
+                # One step's waits, and a margin: /healthz tolerates that long inside a step.
+                action_budget=ns.timeout + 60.0,
             ),
+            step_timeout=ns.timeout,
             events=EventRecorder(api, component="vgpuctl-delegate", node=election.identity),
             refresh_watches=files.refresh,
         )

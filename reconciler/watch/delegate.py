@@ -31,24 +31,23 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from reconciler.apply import EventSink, Outcome, OutcomeStatus
+from reconciler.apply.delegate import DEFAULT_POLL, DEFAULT_TIMEOUT
 from reconciler.catalog import Catalog
 from reconciler.engine.delegate import Converged, Result, converge, plan_all
 from reconciler.model import ActionKind, Desired, Plan, ReconcilerError
 from reconciler.model.cluster import SRIOV_GPU_KIND, VGPU_KIND
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.plan.delegate import WAITING
-from reconciler.watch.changes import ClusterDrift, DesiredChange, DesiredFiles
+from reconciler.watch.changes import ClusterDrift, DesiredFiles
 from reconciler.watch.endpoint import Verdict
-from reconciler.watch.health import Health
 from reconciler.watch.leader import Leadership
 from reconciler.watch.metrics import WatchMetrics
 from reconciler.watch.reconcile import Reporting, blocked_lines
 from reconciler.watch.scheduler import Scheduler, Trigger
 from reconciler.watch.source import DesiredSource
-from reconciler.watch.timing import Backoff
+from reconciler.watch.worker import WatchSettings, Worker
 
 log = logging.getLogger("vgpuctl.watch")
 
@@ -56,28 +55,7 @@ log = logging.getLogger("vgpuctl.watch")
 _EVENT_MESSAGE_MAX = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class DelegateSettings:
-    rescan_interval: float = 10.0
-    debounce: float = 0.2
-    #: How long one wait for pcidevices-controller may take (``--timeout``).
-    step_timeout: float = 180.0
-    poll: float = 1.0
-    backoff: Backoff = field(default_factory=Backoff)
-    resync_interval: float = 300.0
-
-    def __post_init__(self) -> None:
-        if not self.rescan_interval > 0:
-            raise ValueError(f"the rescan interval must be positive: {self.rescan_interval}")
-        if self.debounce < 0:
-            raise ValueError(f"the debounce must not be negative: {self.debounce}")
-
-    @property
-    def stale_after(self) -> float:
-        return max(3 * self.rescan_interval, 30.0)
-
-
-class DelegateWatchLoop:
+class DelegateWatchLoop(Worker):
     """Runs delegate reconciles while this replica leads, until stopped. See the module
     docstring."""
 
@@ -90,7 +68,9 @@ class DelegateWatchLoop:
         leadership: Callable[[Scheduler], Leadership],
         cluster_signature: Callable[[], str] | None,
         metrics: WatchMetrics,
-        settings: DelegateSettings | None = None,
+        settings: WatchSettings | None = None,
+        step_timeout: float = DEFAULT_TIMEOUT,
+        poll: float = DEFAULT_POLL,
         events: EventSink | None = None,
         refresh_watches: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -101,16 +81,11 @@ class DelegateWatchLoop:
         self.catalog = catalog
         self.api = api
         self.metrics = metrics
-        self.settings = settings or DelegateSettings()
+        self.step_timeout = step_timeout
+        self.poll = poll
         self.events = events
-        self._clock = clock
-        self.scheduler = Scheduler(
-            rescan_interval=self.settings.rescan_interval,
-            debounce=self.settings.debounce,
-            backoff=self.settings.backoff,
-            resync_interval=self.settings.resync_interval,
-            clock=clock,
-            rng=rng,
+        self._schedule(
+            settings or WatchSettings(action_budget=step_timeout + 60.0), clock=clock, rng=rng
         )
         self.leadership = leadership(self.scheduler)
         self.desired: DesiredFiles[Desired] = DesiredFiles(
@@ -122,12 +97,7 @@ class DelegateWatchLoop:
         self.cluster = ClusterDrift(
             cluster_signature, metrics=metrics, what="Harvester's SRIOVGPUDevices or VGPUDevices"
         )
-        self.probes = Health(
-            desired=self.desired,
-            stale_after=self.settings.stale_after,
-            action_budget=self.settings.step_timeout + 60.0,
-            clock=clock,
-        )
+        self.probes = self._health()
         self.report = Reporting(
             scheduler=self.scheduler,
             probes=self.probes,
@@ -138,21 +108,6 @@ class DelegateWatchLoop:
             subject="every node matches",
         )
 
-    # -- from other threads --------------------------------------------------------------------
-
-    def desired_changed(self) -> None:
-        self.scheduler.desired_changed()
-
-    def stop(self) -> None:
-        self.scheduler.stop()
-
-    @property
-    def stopping(self) -> bool:
-        return self.scheduler.stopping
-
-    def health(self) -> Verdict:
-        return self.probes.alive()
-
     def readiness(self) -> Verdict:
         """A standby is ready (it serves its purpose: taking over); the leader once a reconcile
         settled the nodes, as the node agent."""
@@ -161,69 +116,22 @@ class DelegateWatchLoop:
             return Verdict(True, f"standby: {holder or 'no replica'} holds the Lease")
         return self.probes.readiness()
 
-    # -- the worker ----------------------------------------------------------------------------
+    # -- the worker's hooks (worker.py) --------------------------------------------------------
 
-    def run(self) -> None:
-        with self.probes.running():
-            self._run()
-
-    def _run(self) -> None:
+    def _started(self) -> None:
         log.info(
             "watching %s for every node it names, through pcidevices-controller",
             self.source.path,
             extra={"rescan_interval": self.settings.rescan_interval},
         )
-        self.desired.watch_again()
-        self._guarded(self._check_desired)
-        self.scheduler.rescanned()
-        while not self.scheduler.stopping:
-            self.probes.beat()
-            if self.scheduler.desired_due():
-                self.desired.watch_again()
-                self._guarded(self._check_desired)
-            if self.scheduler.rescan_due():
-                self._guarded(self._rescan)
-                self.scheduler.rescanned()
-            if self.scheduler.reconcile_due():
-                self._reconcile()
-                continue
-            self.scheduler.wait()
-        log.info("stopping: no reconcile is running")
 
-    def _guarded(self, step: Callable[[], None]) -> None:
-        try:
-            step()
-        except Exception:
-            self.metrics.errors.labels(kind="internal").inc()
-            log.exception("internal error in the watch loop (it goes on)")
-
-    def _check_desired(self) -> None:
-        change = self.desired.check()
-        if change is DesiredChange.UNSETTLED:
-            self.scheduler.read_desired_soon()
-        elif change is DesiredChange.FIRST:
-            self.scheduler.want(Trigger.START)
-        elif change is DesiredChange.CHANGED:
-            self.scheduler.want(Trigger.DESIRED)
-
-    def _rescan(self) -> None:
-        started = self._clock()
-        try:
-            self.desired.watch_again()
-            if not self.scheduler.desired_pending and self.desired.changed_unread():
-                log.info("the desired state changed without a file event (noticed by the rescan)")
-                self.scheduler.read_desired_soon()
-            if (
-                self.desired.current is not None
-                and self.scheduler.looks_for_drift
-                and self.leadership.leading()
-            ):
-                if self.cluster.drifted():
-                    self.scheduler.want(Trigger.CLUSTER)
-                if self.probes.blocked and not self.scheduler.failing:
-                    self.scheduler.want(Trigger.BLOCKED)
-        finally:
-            self.metrics.rescan_duration.observe(self._clock() - started)
+    def _look_for_drift(self) -> None:
+        if not self.leadership.leading():
+            return  # a standby plans nothing: becoming leader looks at everything
+        if self.cluster.drifted():
+            self.scheduler.want(Trigger.CLUSTER)
+        if self.probes.blocked and not self.scheduler.failing:
+            self.scheduler.want(Trigger.BLOCKED)
 
     # -- one reconcile -------------------------------------------------------------------------
 
@@ -262,8 +170,8 @@ class DelegateWatchLoop:
                 self.api,
                 self.catalog,
                 first=planned,
-                timeout=self.settings.step_timeout,
-                poll=self.settings.poll,
+                timeout=self.step_timeout,
+                poll=self.poll,
                 guard=self._guard,
                 on_outcome=self._outcome,
             )

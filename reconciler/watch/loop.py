@@ -46,51 +46,23 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from reconciler.catalog import Catalog
 from reconciler.engine import DevicePlugins, NodePorts, RunSettings
 from reconciler.watch.advertising import Advertising
-from reconciler.watch.changes import ClusterDrift, DesiredChange, DesiredFiles, HostDrift
-from reconciler.watch.endpoint import Verdict
-from reconciler.watch.health import Health
+from reconciler.watch.changes import ClusterDrift, DesiredFiles, HostDrift
 from reconciler.watch.metrics import WatchMetrics
 from reconciler.watch.reconcile import ReconcileRunner
-from reconciler.watch.scheduler import Scheduler, Trigger
+from reconciler.watch.scheduler import Trigger
 from reconciler.watch.source import DesiredSource
-from reconciler.watch.timing import Backoff
+from reconciler.watch.worker import WatchSettings, Worker
 
 log = logging.getLogger("vgpuctl.watch")
 
-
-@dataclass(frozen=True, slots=True)
-class WatchSettings:
-    rescan_interval: float = 10.0
-    debounce: float = 0.2
-    adopt: bool = False
-    verify_timeout: float = 120.0
-    backoff: Backoff = field(default_factory=Backoff)
-    #: After a permanent failure, the longest wait before trying again with no input changed.
-    resync_interval: float = 300.0
-    #: The longest one action may take (sriov-manage's timeout plus its verification): while
-    #: a reconcile runs, /healthz tolerates that long without a sign of life.
-    action_budget: float = 480.0
-
-    def __post_init__(self) -> None:
-        if not self.rescan_interval > 0:
-            raise ValueError(f"the rescan interval must be positive: {self.rescan_interval}")
-        if self.debounce < 0:
-            raise ValueError(f"the debounce must not be negative: {self.debounce}")
-        if not self.resync_interval > 0:
-            raise ValueError(f"the resync interval must be positive: {self.resync_interval}")
-
-    @property
-    def stale_after(self) -> float:
-        """Longest silence of an idle loop that /healthz still calls alive."""
-        return max(3 * self.rescan_interval, 30.0)
+__all__ = ["WatchLoop", "WatchSettings"]  # the settings are the worker's, shared by both loops
 
 
-class WatchLoop:
+class WatchLoop(Worker):
     """Runs reconciles for one node until stopped. See the module docstring."""
 
     def __init__(
@@ -114,17 +86,7 @@ class WatchLoop:
         self.node = node
         self.catalog = catalog
         self.metrics = metrics or WatchMetrics()
-        self.settings = settings or WatchSettings()
-        self._clock = clock
-
-        self.scheduler = Scheduler(
-            rescan_interval=self.settings.rescan_interval,
-            debounce=self.settings.debounce,
-            backoff=self.settings.backoff,
-            resync_interval=self.settings.resync_interval,
-            clock=clock,
-            rng=rng,
-        )
+        self._schedule(settings or WatchSettings(), clock=clock, rng=rng)
         self.desired = DesiredFiles.for_node(
             source,
             node=node,
@@ -135,12 +97,7 @@ class WatchLoop:
         )
         self.host = HostDrift(host_signature, metrics=self.metrics)
         self.cluster = ClusterDrift(cluster_signature, metrics=self.metrics)
-        self.probes = Health(
-            desired=self.desired,
-            stale_after=self.settings.stale_after,
-            action_budget=self.settings.action_budget,
-            clock=clock,
-        )
+        self.probes = self._health()
         self.advertising = Advertising(plugins, ports=ports, metrics=self.metrics)
         self.reconciles = ReconcileRunner(
             ports=ports,
@@ -159,38 +116,9 @@ class WatchLoop:
             wall_clock=wall_clock,
         )
 
-    # -- inputs from other threads -----------------------------------------------------------
+    # -- the worker's hooks (worker.py) -----------------------------------------------------
 
-    def desired_changed(self) -> None:
-        """A file event where the desired state lives (any thread)."""
-        self.scheduler.desired_changed()
-
-    def stop(self) -> None:
-        """Finish the reconcile under way, if any, then make :meth:`run` return (any thread)."""
-        self.scheduler.stop()
-
-    @property
-    def stopping(self) -> bool:
-        return self.scheduler.stopping
-
-    # -- probes (any thread) -----------------------------------------------------------------
-
-    def health(self) -> Verdict:
-        """Alive while the worker keeps ticking (or works through a reconcile's actions)."""
-        return self.probes.alive()
-
-    def readiness(self) -> Verdict:
-        """Ready once a reconcile settled the node (converged, or only changes a VM blocks)."""
-        return self.probes.readiness()
-
-    # -- the worker --------------------------------------------------------------------------
-
-    def run(self) -> None:
-        """Reconcile at start, then on every change, until :meth:`stop`."""
-        with self.probes.running():
-            self._run()
-
-    def _run(self) -> None:
+    def _started(self) -> None:
         log.info(
             "watching %s for node %s",
             self.source.path,
@@ -200,62 +128,9 @@ class WatchLoop:
                 "debounce": self.settings.debounce,
             },
         )
-        self.desired.watch_again()
-        self._guarded(self._check_desired)
-        self.scheduler.rescanned()
-        while not self.scheduler.stopping:
-            self.probes.beat()
-            if self.scheduler.desired_due():
-                self.desired.watch_again()
-                self._guarded(self._check_desired)
-            if self.scheduler.rescan_due():
-                self._guarded(self._rescan)
-                # Counted from the end: a slow rescan never makes them pile up.
-                self.scheduler.rescanned()
-            if self.scheduler.reconcile_due():
-                self._reconcile()
-                continue  # look again at what fell due meanwhile, before sleeping
-            self.scheduler.wait()
+
+    def _stopped(self) -> None:
         log.info("stopping: no reconcile is running; the node lock is free")
-
-    def _guarded(self, step: Callable[[], None]) -> None:
-        """Run a step of the loop; a bug in it is logged and counted, never the loop's end."""
-        try:
-            step()
-        except Exception:
-            self.metrics.errors.labels(kind="internal").inc()
-            log.exception("internal error in the watch loop (it goes on)")
-
-    def _check_desired(self) -> None:
-        change = self.desired.check()
-        if change is DesiredChange.UNSETTLED:
-            self.scheduler.read_desired_soon()
-        elif change is DesiredChange.FIRST:
-            self.scheduler.want(Trigger.START)
-        elif change is DesiredChange.CHANGED:
-            self.scheduler.want(Trigger.DESIRED)
-
-    # -- rescans -----------------------------------------------------------------------------
-
-    def _rescan(self) -> None:
-        started = self._clock()
-        # Busy: a cluster that does not answer holds a rescan up to its request timeouts.
-        self.probes.busy_since = started
-        try:
-            self._rescan_now()
-        finally:
-            self.probes.busy_since = None
-            self.metrics.rescan_duration.observe(self._clock() - started)
-
-    def _rescan_now(self) -> None:
-        self.desired.watch_again()
-        if not self.scheduler.desired_pending and self.desired.changed_unread():
-            # No file event came (a filesystem without inotify, a watch that could not be
-            # set): read it after the same quiet period as if one had.
-            log.info("the desired state changed without a file event (noticed by the rescan)")
-            self.scheduler.read_desired_soon()
-        if self.desired.current is not None and self.scheduler.looks_for_drift:
-            self._look_for_drift()
 
     def _look_for_drift(self) -> None:
         if self.host.drifted():

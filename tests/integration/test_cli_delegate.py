@@ -21,10 +21,17 @@ import yaml
 from kubernetes import client, config
 
 from tests import rbac
-from tests.doubles.admission import UserInfo
-from tests.doubles.emulator import ApiServerEmulator, Request
-from tests.doubles.pcidevices import vm
-from tests.harvester_node import NODE, SEED, VFS, Cluster, harvester_node, layout
+from tests.doubles.emulator import ApiServerEmulator
+from tests.harvester_node import (
+    NODE,
+    SEED,
+    VFS,
+    Cluster,
+    harvester_node,
+    layout,
+    seed_with,
+    vm_holds,
+)
 from tests.simnode import run_vgpuctl
 
 CRD_SETS = ("harvester",)  # the emu fixture serves Harvester's own CRDs (tests/conftest.py)
@@ -166,12 +173,10 @@ def test_a_gpu_shrunk_to_sriov_off(harvester: Cluster, tmp_path: Path) -> None:
 
 def test_a_vgpu_a_vm_uses_is_never_disabled(harvester: Cluster, tmp_path: Path) -> None:
     harvester.ok("apply", SEED, "--yes")
-    name = f"{NODE}-000008005"
-    harvester.emu.seed(vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [name]}))
+    name = vm_holds(harvester, VFS[1])
+    assert name == f"{NODE}-000008005"
     changed = tmp_path / "changed.yaml"
-    changed.write_text(
-        SEED.read_text().replace('"0000:08:00.5": NVIDIA A2-4Q', '"0000:08:00.5": NVIDIA A2-4A')
-    )
+    changed.write_text(seed_with(VFS[1], "NVIDIA A2-4A"))
     plan = harvester.run("plan", changed, "-o", "json")
     doc = json.loads(plan.stdout)
     (node_plan,) = doc["plans"]
@@ -190,25 +195,14 @@ def test_the_delegate_role_is_enough_and_no_more(harvester: Cluster, tmp_path: P
     """deploy/harvester/rbac.yaml enforced on vgpuctl's own requests (the double acts as
     itself): a plan, an apply that converges the seed's node and an assert are all allowed,
     and every rule of the role but the watch's own is used."""
-    granted = rbac.grants(rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
-    account = rbac.DELEGATE_ACCOUNT
-    user = UserInfo(f"system:serviceaccount:{account['namespace']}:{account['name']}")
-    ours: list[Request] = []
-
-    def authorize(request: Request, who: UserInfo) -> bool:
-        if who != user:
-            return True  # the double, and the test itself
-        ours.append(request)
-        return rbac.allows(granted, request)
-
-    harvester.emu.authorize_with(authorize)
-    kubeconfig = harvester.emu.kubeconfig(tmp_path / "delegate.kubeconfig", user=user)
+    role = rbac.enforce(harvester.emu, rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
+    kubeconfig = harvester.emu.kubeconfig(tmp_path / "delegate.kubeconfig", user=role.user)
     for args in (("plan", SEED), ("apply", SEED, "--yes"), ("assert", SEED)):
         res = run_vgpuctl(*args, "--kubeconfig", kubeconfig, timeout=300)
         assert res.returncode == 0, f"{args}: {res.stdout}{res.stderr}"
-    assert [r for r in ours if not rbac.allows(granted, r)] == []
+    assert role.refused() == []
     # What only the watch needs (its own recording test uses every rule, these included).
-    assert {(g.resource, g.verb) for g in rbac.unused(granted, ours)} == {
+    assert {(g.resource, g.verb) for g in rbac.unused(role.granted, role.requests)} == {
         ("sriovgpudevices", "watch"),
         ("vgpudevices", "watch"),
         ("leases", "create"),

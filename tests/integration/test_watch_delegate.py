@@ -22,8 +22,7 @@ import pytest
 from tests import rbac
 from tests.doubles.admission import UserInfo
 from tests.doubles.emulator import ApiServerEmulator, Request
-from tests.doubles.pcidevices import vm
-from tests.harvester_node import NODE, SEED, VFS, Cluster, harvester_node
+from tests.harvester_node import NODE, SEED, VFS, Cluster, harvester_node, seed_with, vm_holds
 from tests.simnode import run_vgpuctl
 from tests.watch_agent import Watch, wait_for
 
@@ -143,9 +142,7 @@ def test_two_replicas_one_leader_converges_the_seed_then_hands_over(
         spec = lease(harvester.emu)
         assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("b", 1)
         # The new leader acts on the next change: VF 7 from A2-4Q to A2-4A.
-        (desired / "harvester-kgd9c.yaml").write_text(
-            SEED.read_text().replace('"0000:08:00.7": NVIDIA A2-4Q', '"0000:08:00.7": NVIDIA A2-4A')
-        )
+        (desired / "harvester-kgd9c.yaml").write_text(seed_with(VFS[3], "NVIDIA A2-4A"))
         wait_for(lambda: harvester.types() == {**SEED_TYPES, VFS[3]: "751"}, "VF 7 as 4A", CONVERGE)
         assert {r.name for r in writers.writes("replica-b") if r.verb == "patch"} == {
             f"{NODE}-000008007"
@@ -189,11 +186,8 @@ def test_a_vgpu_a_vm_uses_is_blocked_reported_and_left_alone(
     try:
         wait_for(lambda: harvester.types() == SEED_TYPES, "the seed's vGPUs", CONVERGE)
         said(a, "converged: every node matches the desired state")
-        used = f"{NODE}-000008005"
-        harvester.emu.seed(vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [used]}))
-        (desired / "harvester-kgd9c.yaml").write_text(
-            SEED.read_text().replace('"0000:08:00.5": NVIDIA A2-4Q', '"0000:08:00.5": NVIDIA A2-4A')
-        )
+        used = vm_holds(harvester, VFS[1])
+        (desired / "harvester-kgd9c.yaml").write_text(seed_with(VFS[1], "NVIDIA A2-4A"))
         said(a, "2 change(s) blocked")
         wait_for(lambda: a.metric("vgpuctl_blocked_actions") == 2, "two blocked steps")
         code, body = a.get("/readyz")
@@ -223,35 +217,21 @@ def test_the_delegate_role_is_enough_for_the_watch_and_every_rule_is_used(
     """deploy/harvester/rbac.yaml enforced on a replica's requests (auto-detection, the Lease,
     the watches, the spec patches, an Event for a blocked step), together with what the CLI
     tests record: no request refused, no rule unused."""
-    granted = rbac.grants(rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
-    account = rbac.DELEGATE_ACCOUNT
-    user = UserInfo(f"system:serviceaccount:{account['namespace']}:{account['name']}")
-    ours: list[Request] = []
-
-    def authorize(request: Request, who: UserInfo) -> bool:
-        if who != user:
-            return True  # the double, and the test itself
-        ours.append(request)
-        return rbac.allows(granted, request)
-
-    harvester.emu.authorize_with(authorize)
+    role = rbac.enforce(harvester.emu, rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
     desired = desired_dir(tmp_path)
-    a = start(harvester, tmp_path, "a", desired, "--delegate", "auto", user=user)
+    a = start(harvester, tmp_path, "a", desired, "--delegate", "auto", user=role.user)
     try:
         wait_for(lambda: harvester.types() == SEED_TYPES, "the seed's vGPUs", CONVERGE)
         said(a, "converged: every node matches the desired state")
-        used = f"{NODE}-000008005"
-        harvester.emu.seed(vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [used]}))
-        (desired / "harvester-kgd9c.yaml").write_text(
-            SEED.read_text().replace('"0000:08:00.5": NVIDIA A2-4Q', '"0000:08:00.5": NVIDIA A2-4A')
-        )
+        vm_holds(harvester, VFS[1])
+        (desired / "harvester-kgd9c.yaml").write_text(seed_with(VFS[1], "NVIDIA A2-4A"))
         said(a, "2 change(s) blocked")
-        wait_for(lambda: any(r.resource == "events" for r in ours), "the blocked step's Event", 10)
+        wait_for(lambda: any(r.resource == "events" for r in role.requests), "the Event", 10)
         assert a.stop() == 0
     finally:
         a.kill()
-    assert [r for r in ours if not rbac.allows(granted, r)] == []
-    assert rbac.unused(granted, ours) == set()
+    assert role.refused() == []
+    assert rbac.unused(role.granted, role.requests) == set()
 
 
 @pytest.mark.parametrize(
