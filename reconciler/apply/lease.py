@@ -87,13 +87,7 @@ class LeaderLease:
             acquired=acquired if isinstance(acquired, str) else stamp,
             transitions=count if mine else count + 1,
         )
-        body["metadata"]["resourceVersion"] = record[2]
-        try:
-            self.api.replace_object(
-                group=GROUP, version=VERSION, plural=PLURAL, name=self.name, body=body,
-                namespace=self.namespace,
-            )  # fmt: skip
-        except ConflictError:
+        if not self._replace(body, record[2]):
             return False  # it changed under us: someone else renewed or took it
         return self._won()
 
@@ -129,7 +123,11 @@ class LeaderLease:
             "renewTime": stamp,
             "leaseTransitions": transitions if isinstance(transitions, int) else 0,
         }
-        body["metadata"]["resourceVersion"] = str(metadata.get("resourceVersion", ""))
+        return self._replace(body, str(metadata.get("resourceVersion", "")))
+
+    def _replace(self, body: dict[str, Any], version: str) -> bool:
+        """Write ``body`` over the Lease as read at ``version``; False on a conflict."""
+        body["metadata"]["resourceVersion"] = version
         try:
             self.api.replace_object(
                 group=GROUP, version=VERSION, plural=PLURAL, name=self.name, body=body,

@@ -109,9 +109,12 @@ class DelegateWatchLoop(Worker):
         )
 
     def readiness(self) -> Verdict:
-        """A standby is ready (it serves its purpose: taking over); the leader once a reconcile
-        settled the nodes, as the node agent."""
+        """A standby is ready (it serves its purpose: taking over) while it can read the Lease;
+        the leader once a reconcile settled the nodes, as the node agent."""
         if not self.leadership.leading():
+            failure = self.leadership.failure
+            if failure is not None:  # a standby that cannot read the Lease cannot take over
+                return Verdict(False, f"cannot read or renew the Lease: {failure}")
             holder = self.leadership.holder
             return Verdict(True, f"standby: {holder or 'no replica'} holds the Lease")
         return self.probes.readiness()

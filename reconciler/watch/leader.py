@@ -54,6 +54,8 @@ class Leadership:
         self._stopping = threading.Event()
         self._leading = False
         self._failing = False
+        #: Why the last round could not read or renew the Lease (None: it could).
+        self.failure: str | None = None
         self._thread = threading.Thread(target=self._run, name="vgpuctl-lease", daemon=True)
 
     # -- read by the worker and the probes -----------------------------------------------------
@@ -103,10 +105,12 @@ class Leadership:
             if not self._failing:
                 log.warning("cannot read or renew the Lease: %s (retrying)", exc.message)
             self._failing = True
+            self.failure = exc.message
         else:
             if self._failing:
                 log.info("the Lease can be read again")
             self._failing = False
+            self.failure = None
         leading = self.leading()
         if leading == self._leading:
             return

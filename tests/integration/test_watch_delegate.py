@@ -279,3 +279,25 @@ def test_a_leader_asked_to_stop_writes_nothing_more_and_the_next_one_finishes(
         a.kill()
         if b is not None:
             b.kill()
+
+
+def test_a_replica_that_cannot_create_its_lease_acts_on_nothing_and_is_not_ready(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    writers = Writers()
+    harvester.emu.authorize_with(writers)
+    a = start(harvester, tmp_path, "a", desired_dir(tmp_path), "--delegate", "harvester",
+              "--lease-namespace", "nowhere")  # fmt: skip
+    try:
+        said(a, "cannot read or renew the Lease", timeout=20)
+        wait_for(lambda: a.get("/readyz")[0] == 503, "/readyz 503")
+        code, body = a.get("/readyz")
+        assert code == 503
+        assert body.startswith("cannot read or renew the Lease: ")
+        assert 'namespaces "nowhere" not found' in body
+        assert a.metric("vgpuctl_errors_total", kind="lease") >= 1
+        assert a.metric("vgpuctl_leader") == 0
+        assert [r for r in writers.writes("replica-a") if r.resource != "leases"] == []
+        assert harvester.types() == {}
+    finally:
+        a.kill()

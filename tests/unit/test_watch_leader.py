@@ -50,6 +50,7 @@ def test_a_leader_stops_at_the_renew_deadline_and_leads_again_once_it_renews() -
     clock.t += 2
     lead.round()
     assert errors == [1] and changes == [True]  # 2 s without renewal: still leading
+    assert lead.failure is not None and "cannot reach the Kubernetes API server" in lead.failure
     clock.t += 8.5  # 10.5 s since the last renewal
     assert not lead.leading()
     with pytest.raises(NotLeaderError, match="pod-a no longer holds the Lease"):
@@ -60,7 +61,7 @@ def test_a_leader_stops_at_the_renew_deadline_and_leads_again_once_it_renews() -
     api.down = False  # back: the Lease still names us, so we renew it
     clock.t += 2
     lead.round()
-    assert changes == [True, False, True] and lead.leading()
+    assert changes == [True, False, True] and lead.leading() and lead.failure is None
 
 
 def test_a_standby_never_leads_while_the_holder_renews() -> None:
