@@ -22,7 +22,7 @@ the run, as any failure does: the steps after it are not run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,8 +46,19 @@ _T = TypeVar("_T")
 #: How long one wait may take by default (a node resync is about 30 s; a vGPU create or
 #: ``sriov-manage`` run on top of it).
 DEFAULT_TIMEOUT = 180.0
-#: How often the objects are read while waiting.
+#: How often the objects are read while waiting, at most (the first reads come sooner).
 DEFAULT_POLL = 1.0
+#: The first pause of a wait: the controller often reports a step within a fraction of a
+#: second, and a wait should not cost a whole poll then.
+FIRST_POLL = 0.05
+
+
+def poll_delays(poll: float) -> Iterator[float]:
+    """The pauses between two reads of a wait: 0.05 s doubling up to ``poll``, then ``poll``."""
+    delay = min(FIRST_POLL, poll)
+    while True:
+        yield delay
+        delay = min(delay * 2, poll)
 
 
 class StepFailed(Exception):
@@ -279,13 +290,14 @@ class DelegateExecutor:
         why: Callable[[_T], str],
     ) -> _T:
         deadline = self.clock() + self.timeout
-        while True:
+        for delay in poll_delays(self.poll):
             value = read()
             if ready(value):
                 return value
             if self.clock() >= deadline:
                 raise StepFailed(why(value), transient=True)
-            self.sleep(self.poll)
+            self.sleep(delay)
+        raise AssertionError("unreachable: poll_delays never ends")  # pragma: no cover
 
 
 def _status(vf: HarvesterVf) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from reconciler.cli.host import Host
 from reconciler.model import UsageError
@@ -27,8 +28,15 @@ def add_delegate_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def delegating(ns: argparse.Namespace, host: Host) -> bool:
-    """Whether this run is in delegate mode; in auto mode says so in one line on stderr."""
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def delegating(
+    ns: argparse.Namespace, host: Host, *, announce: Callable[[str], None] = _stderr
+) -> bool:
+    """Whether this run is in delegate mode; in auto mode says so in one line (on stderr, or
+    through ``announce``: the watch logs it, in its log format)."""
     mode = getattr(ns, "delegate", "auto")
     if mode == "none":
         return False
@@ -44,9 +52,8 @@ def delegating(ns: argparse.Namespace, host: Host) -> bool:
     presence = observe_pcidevices_controller(api)
     if not presence.running:
         return False
-    print(
+    announce(
         f"Harvester's pcidevices-controller runs ({'; '.join(presence.signals)}): delegate mode, "
-        "every node of the desired state through its objects (--delegate none: this node's host)",
-        file=sys.stderr,
+        "every node of the desired state through its objects (--delegate none: this node's host)"
     )
     return True

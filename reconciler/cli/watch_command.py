@@ -196,7 +196,7 @@ def _watch(
     from reconciler.watch.source import DesiredSource
 
     host = Host(options)
-    if election is not None and delegating(ns, host):
+    if election is not None and delegating(ns, host, announce=_log().info):
         return _watch_delegate(ns, host, listen, election)
     source = DesiredSource.at(Path(ns.path))
     follower: ClusterWatch | None = None

@@ -23,7 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from reconciler.apply.delegate import DEFAULT_POLL, DEFAULT_TIMEOUT, DelegateExecutor
+from reconciler.apply.delegate import (
+    DEFAULT_POLL,
+    DEFAULT_TIMEOUT,
+    DelegateExecutor,
+    poll_delays,
+)
 from reconciler.apply.executor import Outcome
 from reconciler.catalog import Catalog
 from reconciler.model import Desired, Plan, ReconcilerError
@@ -205,8 +210,9 @@ class _Wait:
     def for_controller(self, desired: Desired, api: ClusterApi, catalog: Catalog) -> DelegatePlans:
         """Plans again until no GPU waits for pcidevices-controller's objects, or the timeout."""
         deadline = self.clock() + self.timeout
-        while True:
+        for delay in poll_delays(self.poll):
             plans = plan_all(desired, api, catalog)
             if plans.failures or not plans.waiting or self.clock() >= deadline:
                 return plans
-            self.sleep(self.poll)
+            self.sleep(delay)
+        raise AssertionError("unreachable: poll_delays never ends")  # pragma: no cover

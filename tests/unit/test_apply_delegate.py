@@ -7,9 +7,10 @@ webhook, drives the end-to-end tests.)"""
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any
 
-from reconciler.apply.delegate import DelegateExecutor
+from reconciler.apply.delegate import DelegateExecutor, poll_delays
 from reconciler.apply.executor import OutcomeStatus
 from reconciler.model import (
     Action,
@@ -193,3 +194,10 @@ def test_a_gpu_enable_waits_until_its_vgpudevices_exist() -> None:
     stalled.store[("sriovgpudevices", None, f"{NODE}-000008000")]["spec"]["enabled"] = False
     result, _ = run(stalled, step, stalls=True)
     assert [o.status for o in result.outcomes] == [OutcomeStatus.FAILED]
+
+
+def test_a_wait_reads_again_soon_then_once_a_poll() -> None:
+    # The controller often answers within a fraction of a second: the first reads come after
+    # 50 ms, doubling up to the poll, so a wait neither costs a whole second nor hammers.
+    assert list(islice(poll_delays(1.0), 7)) == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert list(islice(poll_delays(0.01), 3)) == [0.01, 0.01, 0.01]
