@@ -93,8 +93,8 @@ class ControllerPresence:
             reason = (
                 f"{CONTROLLER} is running ({'; '.join(self.signals)}): it manages the same "
                 "GPUs and objects, and two controllers would undo each other's changes. "
-                f"Disable the {ADDON_NAME} Addon to let vgpuctl manage this node's vGPUs "
-                "(vgpuctl cannot drive Harvester's controller yet)"
+                f"Disable the {ADDON_NAME} Addon to let vgpuctl manage this node's vGPUs, or "
+                "keep it and let vgpuctl drive it: --delegate harvester"
             )
             if all(signal in self.left_behind for signal in self.signals):
                 reason += (

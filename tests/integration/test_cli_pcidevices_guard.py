@@ -37,8 +37,8 @@ NODE = "harvester-kgd9c"
 RUNNING = "refusing to change node harvester-kgd9c: Harvester's pcidevices-controller is running"
 ADVICE = (
     "it manages the same GPUs and objects, and two controllers would undo each other's changes. "
-    "Disable the pcidevices-controller Addon to let vgpuctl manage this node's vGPUs (vgpuctl "
-    "cannot drive Harvester's controller yet)"
+    "Disable the pcidevices-controller Addon to let vgpuctl manage this node's vGPUs, or keep it "
+    "and let vgpuctl drive it: --delegate harvester"
 )
 #: What the reason adds when the webhook configuration is the only sign: it outlives a
 #: disabled Addon (the controller applies it itself; its chart does not hold it).
