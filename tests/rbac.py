@@ -22,6 +22,9 @@ RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac.yaml"
 SERVICE_ACCOUNT = {"kind": "ServiceAccount", "name": "vgpuctl", "namespace": "vgpuctl-system"}
 #: Delegate mode's role (docs/delegate.md), and the account it is bound to.
 DELEGATE_RBAC = RBAC.parent / "harvester" / "rbac.yaml"
+#: The read-only identity examples/gitops/ suggests for CI's `plan --observed cluster`.
+CI_RBAC = RBAC.parents[1] / "examples" / "gitops" / "ci-rbac.yaml"
+CI_ACCOUNT = {"kind": "ServiceAccount", "name": "vgpuctl-ci", "namespace": "vgpuctl-system"}
 DELEGATE_ACCOUNT = {
     "kind": "ServiceAccount",
     "name": "vgpuctl-delegate",

@@ -143,7 +143,14 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
         "actions that would converge it: + create, - remove, -/+ replace, ! blocked.",
     )
     p.add_argument("file", metavar="FILE", nargs="+", help="desired-state file(s)")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "markdown"),
+        default="text",
+        help="text (default), json (the plan contract), or markdown (for a pull request's "
+        "comment: summary first, a table per node, blocked steps highlighted)",
+    )
     p.add_argument("--out", metavar="PLANFILE", help="also save the plan (JSON) for 'apply'")
     p.add_argument(
         "--detailed-exitcode",
@@ -179,6 +186,10 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
         _write_plan_file(Path(ns.out), doc)
     if ns.output == "json":
         _out(json.dumps(plan_to_json(plan), indent=2) + "\n")
+    elif ns.output == "markdown":
+        from reconciler.cli.markdown import plans_markdown
+
+        _out(plans_markdown([plan], inventories={plan.node: inventory}, observed="host"))
     else:
         _out(plan_text(plan, inventory=inventory, style=_style(options), verbose=ns.verbose))
         if ns.out:
@@ -284,6 +295,10 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
             "summary": {"nodes": len(names), "nodesWithChanges": len(changed), **totals},
         }
         _out(json.dumps(doc, indent=2) + "\n")
+    elif ns.output == "markdown":
+        from reconciler.cli.markdown import plans_markdown
+
+        _out(plans_markdown(plans, failures=failures, observed="cluster"))
     else:
         style = _style(host.options)
         for p in plans:

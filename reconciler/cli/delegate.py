@@ -72,6 +72,10 @@ def cmd_plan_delegate(ns: argparse.Namespace, host: Host) -> int:
             },
         }
         _out(json.dumps(doc, indent=2) + "\n")
+    elif ns.output == "markdown":
+        from reconciler.cli.markdown import plans_markdown
+
+        _out(plans_markdown(planned.plans, failures=planned.failures, observed="harvester"))
     else:
         _show(planned, host, verbose=ns.verbose)
     if planned.failures:

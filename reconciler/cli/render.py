@@ -98,11 +98,58 @@ def _sort_key(target: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Line:
+class Line:
+    """One change of a GPU as a plan shows it: ``+``/``-``/``-/+``/``~``/``!``, what, why (each
+    already through :func:`safe`)."""
+
     symbol: str
     title: str
     reason: str
     order: int
+
+    @property
+    def blocked(self) -> bool:
+        return self.order == _BLOCKED
+
+
+_BLOCKED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSection:
+    """A GPU's changes, host and blocked, in the order they are shown."""
+
+    heading: str  # "0000:08:00.0 (NVIDIA A2)"
+    lines: tuple[Line, ...]
+
+
+def gpu_sections(
+    plan: Plan, *, inventory: Inventory | None = None, style: Style | None = None
+) -> list[GpuSection]:
+    """The plan's host (or delegate) changes and blocked steps, per GPU in address order."""
+    style = style or PLAIN
+    models = {str(g.address): safe(g.model) for g in inventory.gpus} if inventory else {}
+    actions = _action_lines(plan.actions, style)
+    blocked = _blocked_lines(plan.blocked, style)
+    sections = []
+    for gpu in sorted(set(actions) | set(blocked), key=_sort_key):
+        model = models.get(gpu)
+        lines = sorted(
+            actions.get(gpu, []) + blocked.get(gpu, []),
+            key=lambda ln: (ln.order, _sort_key(ln.title.split()[1])),
+        )
+        sections.append(GpuSection(gpu + (f" ({model})" if model else ""), tuple(lines)))
+    return sections
+
+
+def cluster_lines(plan: Plan) -> list[str]:
+    """The plan's cluster writes, plain (one per object, its field changes and reason)."""
+    return _cluster_lines(plan.actions, PLAIN)
+
+
+def plugin_lines(plan: Plan) -> list[str]:
+    """The plan's device-plugin refreshes, plain."""
+    return _plugin_lines(plan.actions, PLAIN)
 
 
 def _named(uuid: str, target: str) -> str:
@@ -111,9 +158,9 @@ def _named(uuid: str, target: str) -> str:
     return "(vfio: the VF itself)" if uuid == target else f"(uuid {safe(uuid)})"
 
 
-def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Line]]:
+def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[Line]]:
     """Group host actions per GPU; merge a replacement's remove and create into one ``-/+``."""
-    per_gpu: dict[str, list[_Line]] = defaultdict(list)
+    per_gpu: dict[str, list[Line]] = defaultdict(list)
     creates = {a.target for a in actions if isinstance(a, VgpuCreate | VgpuDeviceEnable)}
     for a in actions:
         target, reason = safe(a.target), safe(a.reason)
@@ -123,14 +170,14 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Li
             case VgpuDeviceEnable() | VgpuDeviceDisable():
                 line = _delegate_vf_line(a, style)
             case SriovGpuDeviceEnable():
-                line = _Line(
+                line = Line(
                     style.green("+"),
                     f"sriov {safe(a.gpu)}  enable  (SRIOVGPUDevice {target})",
                     reason,
                     0,
                 )
             case SriovGpuDeviceDisable():
-                line = _Line(
+                line = Line(
                     style.red("-"),
                     f"sriov {safe(a.gpu)}  disable  (SRIOVGPUDevice {target})",
                     reason,
@@ -139,7 +186,7 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Li
             case VgpuRemove() if a.is_replacement and a.target in creates:
                 continue  # shown with its create
             case VgpuCreate() if a.replaces is not None:
-                line = _Line(
+                line = Line(
                     style.yellow("-/+"),
                     f"vgpu {target}  {safe(a.replaces)} → {safe(a.type_name)}"
                     f"  {_named(a.uuid, a.target)}",
@@ -147,32 +194,32 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[_Li
                     1,
                 )
             case VgpuCreate():
-                line = _Line(
+                line = Line(
                     style.green("+"),
                     f"vgpu {target}  {safe(a.type_name)}  {_named(a.uuid, a.target)}",
                     reason,
                     1,
                 )
             case VgpuRemove():
-                line = _Line(
+                line = Line(
                     style.red("-"),
                     f"vgpu {target}  {safe(a.type_name)}  {_named(a.uuid, a.target)}",
                     reason,
                     1,
                 )
             case SriovEnable():
-                line = _Line(style.green("+"), f"sriov {target}  enable {a.num_vfs} VFs", reason, 0)
+                line = Line(style.green("+"), f"sriov {target}  enable {a.num_vfs} VFs", reason, 0)
             case SriovDisable():
-                line = _Line(style.red("-"), f"sriov {target}  disable", reason, 0)
+                line = Line(style.red("-"), f"sriov {target}  disable", reason, 0)
             case VgpuModeSet():
-                line = _Line(style.yellow("~"), f"mode {target}  {a.mode.value}", reason, 0)
+                line = Line(style.yellow("~"), f"mode {target}  {a.mode.value}", reason, 0)
             case _:
                 continue
         per_gpu[_gpu_of(a)].append(line)
     return per_gpu
 
 
-def _delegate_vf_line(a: VgpuDeviceEnable | VgpuDeviceDisable, style: Style) -> _Line:
+def _delegate_vf_line(a: VgpuDeviceEnable | VgpuDeviceDisable, style: Style) -> Line:
     """A VGPUDevice spec write, as its host counterpart is shown: ``+``/``-``/``-/+`` and the
     VF, then the object written."""
     where = f"(VGPUDevice {safe(a.target)})"
@@ -183,7 +230,7 @@ def _delegate_vf_line(a: VgpuDeviceEnable | VgpuDeviceDisable, style: Style) -> 
     else:
         symbol, what = style.red("-"), safe(a.type_name)
     order = 1 if isinstance(a, VgpuDeviceEnable) else 0
-    return _Line(symbol, f"vgpu {safe(a.vf)}  {what}  {where}", safe(a.reason), order)
+    return Line(symbol, f"vgpu {safe(a.vf)}  {what}  {where}", safe(a.reason), order)
 
 
 def _value(v: object) -> str:
@@ -252,8 +299,8 @@ def _drift_lines(plan: Plan, style: Style) -> list[str]:
     return out
 
 
-def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[_Line]]:
-    per_gpu: dict[str, list[_Line]] = defaultdict(list)
+def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[Line]]:
+    per_gpu: dict[str, list[Line]] = defaultdict(list)
     for b in blocked:
         a = b.action
         detail = (
@@ -264,7 +311,9 @@ def _blocked_lines(blocked: Iterable[Blocked], style: Style) -> dict[str, list[_
             else ""
         )
         per_gpu[_gpu_of(a)].append(
-            _Line(style.red("!"), f"{b.kind.value} {safe(b.target)}{detail}", safe(b.reason), 3)
+            Line(
+                style.red("!"), f"{b.kind.value} {safe(b.target)}{detail}", safe(b.reason), _BLOCKED
+            )
         )
     return per_gpu
 
@@ -278,24 +327,16 @@ def plan_text(
 ) -> str:
     """The plan as a person reads it: per GPU, one line per change with its reason."""
     out: list[str] = []
-    models = {str(g.address): safe(g.model) for g in inventory.gpus} if inventory else {}
-    actions = _action_lines(plan.actions, style)
-    blocked = _blocked_lines(plan.blocked, style)
-    gpus = sorted(set(actions) | set(blocked), key=_sort_key)
+    sections = gpu_sections(plan, inventory=inventory, style=style)
     cluster = _cluster_lines(plan.actions, style)
     plugins = _plugin_lines(plan.actions, style)
-    if gpus or cluster or plugins:
+    if sections or cluster or plugins:
         node = style.bold(safe(plan.node))
         out.append(f"vgpuctl will perform the following actions on node {node}:")
-    for gpu in gpus:
-        model = models.get(gpu)
+    for section in sections:
         out.append("")
-        out.append(style.bold(f"  # GPU {gpu}" + (f" ({model})" if model else "")))
-        lines = sorted(
-            actions.get(gpu, []) + blocked.get(gpu, []),
-            key=lambda ln: (ln.order, _sort_key(ln.title.split()[1])),
-        )
-        for ln in lines:
+        out.append(style.bold(f"  # GPU {section.heading}"))
+        for ln in section.lines:
             out.append(f"  {ln.symbol:>3} {ln.title}")
             out.append(style.dim(f"        {ln.reason}"))
     if cluster:

@@ -385,6 +385,25 @@ def test_cluster_only_planning_of_three_nodes(tmp_path: Path, emu: ApiServerEmul
     assert [a["kind"] for a in first["actions"]].count("vgpu-create") == 1
     assert all(not p["actions"] for p in doc["plans"][1:])
 
+    # The same plan for a pull request: one section for the changed node, the others folded.
+    md = run_vgpuctl(
+        "plan", changed, "--observed", "cluster", "--kubeconfig", kubeconfig, "-o", "markdown"
+    ).stdout  # fmt: skip
+    assert md.startswith("## vgpuctl plan\n\n**3 nodes, 1 with changes: ")
+    assert "(observed: cluster)" in md.splitlines()[2]
+    assert md.count("### Node ") == 1
+    assert "### Node gpu-node-1: 1 to create, " in md
+    assert "<summary>2 nodes without changes</summary>\n\ngpu-node-2, gpu-node-3\n" in md
+    assert "<summary>Cluster objects</summary>" in md
+
+    # The example CI identity (examples/gitops/ci-rbac.yaml) may make that plan, and no more.
+    role = rbac.enforce(emu, rbac.CI_RBAC, rbac.CI_ACCOUNT)
+    ci = emu.kubeconfig(tmp_path / "ci.kubeconfig", user=role.user)
+    res = run_vgpuctl("plan", changed, "--observed", "cluster", "--kubeconfig", ci)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert role.refused() == []
+    assert rbac.unused(role.granted, role.requests) == set()
+
 
 def test_rbac_role_allows_exactly_what_the_code_uses(
     tmp_path: Path, emu: ApiServerEmulator

@@ -49,6 +49,11 @@ def test_the_seeds_node_converges_through_pcidevices_controller(harvester: Clust
     # Found on its own (the controller's webhook configuration), said in one line.
     assert "delegate mode" in plan.stderr
     assert "+ sriov 0000:08:00.0  enable  (SRIOVGPUDevice harvester-kgd9c-000008000)" in plan.stdout
+    md = harvester.ok("plan", SEED, "-o", "markdown").stdout
+    assert (
+        "| `+` | 0000:08:00.0 | sriov 0000:08:00.0  enable  (SRIOVGPUDevice "
+        "harvester-kgd9c-000008000) | SR-IOV is off; desired on |"
+    ) in md.splitlines()
     assert "its VFs are planned once pcidevices-controller has made" in plan.stdout
     # The double made the A2's PCIDevice (10de:25b6): the seed's "model: NVIDIA A2" is checked.
     assert "not checked" not in plan.stdout
@@ -57,6 +62,11 @@ def test_the_seeds_node_converges_through_pcidevices_controller(harvester: Clust
     # The A2's type ids (docs/domain.md §4: 742-756 on this branch; the double lists them in
     # the simulator's order): 4A is 751, 4Q 746.
     assert harvester.types() == {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
+    md = harvester.ok("plan", SEED, "-o", "markdown").stdout
+    assert md.splitlines()[2] == (
+        "**1 node, 0 with changes: 0 to create, 0 to change, 0 to remove, 0 blocked** "
+        "(observed: harvester)"
+    )
     assert "No changes" in harvester.ok("plan", SEED).stdout
     assert harvester.run("assert", SEED).returncode == 0
     assert harvester.ctl.errors == []
