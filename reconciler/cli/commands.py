@@ -30,6 +30,7 @@ from reconciler.model import (
     ApplyError,
     Desired,
     DesiredNode,
+    Inventory,
     Plan,
     UsageError,
     ValidationError,
@@ -554,11 +555,37 @@ def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
         if not inventory.gpus:
             _err(f"No NVIDIA SR-IOV vGPU-capable GPU found under {safe(options.sysfs_root)}.")
             return EXIT_OK
+        _out(_pictures(inventory, host, style=_style(options)))
         _out(status_table(inventory))
         _err(gpu_summary(inventory))
         for note in inventory.notes:
             _err(f"note: {safe_lines(note)}")
     return EXIT_OK
+
+
+def _pictures(inventory: Inventory, host: Host, *, style: Style) -> str:
+    """One line per GPU (its framebuffer split by vGPU, and what more fits), then a blank line;
+    the bar narrows to the terminal (COLUMNS, else the terminal's width, else 100)."""
+    import shutil
+
+    from reconciler.cli.render import HELD, gpu_picture
+
+    columns = shutil.get_terminal_size((100, 24)).columns
+    lines = []
+    for gpu in inventory.gpus:
+        model = host.catalog.model(gpu.model) if gpu.model else None
+        lines.append(
+            gpu_picture(
+                gpu,
+                total_mib=model.framebuffer_mib if model else None,
+                model_short=model.short if model else "",
+                columns=columns,
+                style=style,
+            )
+        )
+    if any(vf.vgpu and vf.vgpu.in_use for g in inventory.gpus for vf in g.vfs):
+        lines.append(f"({HELD}: held by a VM, never removed)")
+    return "\n".join(lines) + "\n\n"
 
 
 def _add_export(sub: Subparsers) -> argparse.ArgumentParser:

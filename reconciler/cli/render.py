@@ -470,3 +470,97 @@ _MODE_WORDS = {
     VgpuMode.MIXED_SIZE: ", mixed-size mode",
     VgpuMode.UNKNOWN: ", vGPU mode unknown",
 }
+
+
+# ---------------------------------------------------------------- a picture of each GPU
+
+#: The bar's width bounds: narrower than the least, no bar (the counts alone); never wider
+#: than the most, however wide the terminal.
+BAR_MIN, BAR_MAX = 16, 60
+HELD = "*"
+
+
+def _size(mib: int) -> str:
+    return f"{mib // 1024} GB" if mib % 1024 == 0 else f"{mib} MiB"
+
+
+def _label(type_name: str, model_short: str) -> str:
+    """``NVIDIA A2-4Q`` → ``4Q`` (what follows the model's part), else the name's last part."""
+    tail = type_name.rsplit("-", 1)[-1] if "-" in type_name else type_name
+    head = f"{model_short}-"
+    return type_name.split(head, 1)[1] if model_short and head in type_name else tail
+
+
+def size_counts(gpu: Gpu, total_mib: int | None) -> list[tuple[int, int, int]]:
+    """(size MiB, vGPUs of that size, how many more of it the GPU can take now) for each size
+    the driver offers; "now": equal-size mode takes only the size already there, and never more
+    than the framebuffer left, the per-size maximum or the free VFs allow."""
+    by_name = {t.name: t for t in gpu.types}
+    used: dict[int, int] = {}
+    used_mib = 0
+    for vf in gpu.vfs:
+        if vf.vgpu is None:
+            continue
+        t = by_name.get(vf.vgpu.type_name)
+        if t is None:
+            continue  # a type the driver no longer lists: counted nowhere
+        used[t.framebuffer_mib] = used.get(t.framebuffer_mib, 0) + 1
+        used_mib += t.framebuffer_mib
+    free_vfs = sum(1 for vf in gpu.vfs if vf.vgpu is None)
+    out = []
+    for size in sorted({t.framebuffer_mib for t in gpu.types if t.framebuffer_mib > 0}):
+        maximum = max(t.max_instance for t in gpu.types if t.framebuffer_mib == size)
+        here = used.get(size, 0)
+        if gpu.vgpu_mode is VgpuMode.EQUAL_SIZE and any(s != size for s in used):
+            free = 0
+        else:
+            total = total_mib if total_mib else maximum * size
+            free = min((total - used_mib) // size, maximum - here, free_vfs)
+        out.append((size, here, max(free, 0)))
+    return out
+
+
+def gpu_picture(
+    gpu: Gpu, *, total_mib: int | None, model_short: str, columns: int, style: Style = PLAIN
+) -> str:
+    """One line: the GPU, its framebuffer as a bar split by vGPU (``4Q`` labels, ``*`` when a
+    VM holds it, ``.`` free), and per size the vGPUs there and how many more fit. The bar
+    narrows to the terminal's ``columns`` and is left out below :data:`BAR_MIN` characters."""
+    name = safe(gpu.model or f"{gpu.vendor_id}:{gpu.device_id}")
+    head = f"GPU {gpu.address}  {name}"
+    if not gpu.sriov_enabled:
+        return f"{head}  SR-IOV off"
+    counts = size_counts(gpu, total_mib)
+    shown = [c for c in counts if c[1] or c[2]]
+    tail = (
+        "  ".join(f"{_size(s)}: {n} used, {f} free" for s, n, f in shown)
+        if shown
+        else "no vGPU can be created"
+    )
+    total = total_mib or max((t.max_instance * t.framebuffer_mib for t in gpu.types), default=0)
+    width = min(BAR_MAX, columns - len(head) - len(tail) - 6)
+    if total <= 0 or width < BAR_MIN:
+        return f"{head}  {tail}"
+    return f"{head}  [{_bar(gpu, total, width, model_short, style)}]  {tail}"
+
+
+def _bar(gpu: Gpu, total: int, width: int, model_short: str, style: Style) -> str:
+    by_name = {t.name: t for t in gpu.types}
+    parts: list[str] = []
+    used_mib = 0
+    start = 0
+    for vf in gpu.vfs:
+        if vf.vgpu is None or (t := by_name.get(vf.vgpu.type_name)) is None:
+            continue
+        used_mib += t.framebuffer_mib
+        end = min(width, round(width * used_mib / total))
+        cells = end - start
+        start = end
+        if cells <= 0:
+            continue
+        label = safe(_label(t.name, model_short)) + (HELD if vf.vgpu.in_use else "")
+        text = (label[: cells - 1].ljust(cells - 1, "=") + "|") if cells > 1 else label[:1]
+        parts.append(style.yellow(text) if vf.vgpu.in_use else style.green(text))
+    if start < width:
+        parts.append(style.dim("." * (width - start)))
+    return "".join(parts)

@@ -35,9 +35,16 @@ def test_plan_apply_status_replan(a2_node: SimNode) -> None:
     assert "Converged" in applied.stdout
     assert "Applied 5 actions" in applied.stderr
 
-    status = a2_node.ok("status")
-    rows = [line.split() for line in status.stdout.splitlines()[1:]]
-    assert status.stdout.split()[:8] == [
+    status = a2_node.ok("status", env={"COLUMNS": "93"})
+    # First a picture of the GPU: four quarters of its 16 GB (40 cells in 93 columns), no
+    # room left for another 4 GB vGPU; then a blank line and the table.
+    picture, table = status.stdout.split("\n\n", 1)
+    assert picture == (
+        "GPU 0000:08:00.0  NVIDIA A2  [4A=======|4Q=======|4A=======|4Q=======|]  "
+        "4 GB: 4 used, 0 free"
+    )
+    rows = [line.split() for line in table.splitlines()[1:]]
+    assert table.split()[:8] == [
         "NAME", "ADDRESS", "NODE", "NAME", "ENABLED", "UUID", "VGPUTYPE", "PARENTGPUDEVICE"
     ]  # fmt: skip
     assert len(rows) == 16

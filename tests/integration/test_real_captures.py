@@ -142,7 +142,10 @@ def test_status_shows_what_the_real_host_had(a2_host: list[str]) -> None:
 def test_the_status_table_reads_as_kubectl_would(a2_host: list[str]) -> None:
     res = run_vgpuctl("status", *a2_host)
     assert res.returncode == 0, res.stderr
-    rows = [line.split() for line in res.stdout.splitlines()[1:]]
+    picture, table = res.stdout.split("\n\n", 1)
+    # The captured A2 hosts an A2-4C, an A2-4A and an A2-4Q: three quarters of its 16 GB.
+    assert picture.endswith("4 GB: 3 used, 1 free")
+    rows = [line.split() for line in table.splitlines()[1:]]
     enabled = [(r[1], r[4], r[5], r[6]) for r in rows if r[3] == "true"]
     assert enabled == [
         ("0000:08:00.4", "f715f63c-0d00-4007-9c5a-b07b0c6c05de", "NVIDIA", "A2-4C"),
