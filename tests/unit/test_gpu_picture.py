@@ -6,8 +6,10 @@ after the model (``4Q``), ``*`` when a VM holds it, ``.`` where nothing is."""
 
 from __future__ import annotations
 
+import re
+
 from reconciler.catalog import default_catalog
-from reconciler.cli.render import gpu_picture, size_counts
+from reconciler.cli.render import Style, gpu_picture, size_counts
 from reconciler.model import VGPU, Gpu, PciAddress, Vf, VgpuMode
 
 CATALOG = default_catalog()
@@ -90,3 +92,15 @@ def test_sriov_off_says_so() -> None:
     off = Gpu(address=g.address, vendor_id="10de", device_id="25b6", model="NVIDIA A2",
               total_vfs=16, types=g.types)  # fmt: skip
     assert picture(off, 100) == f"{HEAD}  SR-IOV off"
+
+
+def test_colour_only_wraps_the_same_cells() -> None:
+    # In a terminal the vGPUs are green (held ones yellow) and free space dim; without colour
+    # (--no-color, NO_COLOR, not a terminal) the same characters, nothing else.
+    g = gpu("A2", {0: "NVIDIA A2-4Q", 1: "NVIDIA A2-4Q"}, held=1)
+    m = CATALOG.model("A2")
+    assert m is not None
+    coloured = gpu_picture(g, total_mib=m.framebuffer_mib, model_short=m.short, columns=93,
+                           style=Style(True))  # fmt: skip
+    assert "\033[33m4Q*======|\033[0m" in coloured
+    assert re.sub(r"\033\[[0-9;]*m", "", coloured) == picture(g, 93)
