@@ -30,7 +30,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from reconciler.cli import commands, deviceplugin_command, sim_commands, watch_command
+    from reconciler.cli import (
+        capacity_command,
+        commands,
+        deviceplugin_command,
+        sim_commands,
+        watch_command,
+    )
 
     parser = _Parser(
         prog="vgpuctl",
@@ -46,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     for register in (
         *commands.REGISTRY,
         watch_command.register,
+        capacity_command.register,
         deviceplugin_command.register,
         sim_commands.register,
     ):
