@@ -65,6 +65,12 @@ def cluster(emu: ApiServerEmulator, tmp_path: Path) -> Path:
     emu.seed(node("node-a", {Q: "4"}))
     emu.seed(node_state("node-a", {"NVIDIA A2-4Q": 4}))
     emu.seed(pod("vm1", "node-a", "Running", containers=[container({Q: "1"})]))
+    # vm1's VirtualMachineInstance: its virt-launcher pod above carries the request, so the VMI
+    # is not counted again.
+    emu.seed({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+              "metadata": {"name": "vm1", "namespace": "vms"},
+              "spec": {"domain": {"devices": {"gpus": [{"name": "g", "deviceName": Q}]}}},
+              "status": {"phase": "Running", "nodeName": "node-a"}})  # fmt: skip
     emu.seed(pod("vm2", "node-a", "Pending", containers=[container({Q: "2"}, limits_only=True)]))
     emu.seed(pod("done", "node-a", "Succeeded", containers=[container({Q: "1"})]))
     emu.seed(pod("crashed", "node-a", "Failed", containers=[container({Q: "1"})]))
