@@ -1,0 +1,102 @@
+"""The Containerfile (issue 15 item 6): its first stage's wheel, installed as its second stage
+installs it (a fresh virtual environment, from the wheel directory alone, no index), gives the
+`vgpuctl` entry point, which runs the command the image runs by default; and that command is
+the DaemonSet's. (No image is built here: this machine has no container runtime. What the
+stages do is done directly, with the same pip commands.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import yaml
+
+from tests.simnode import REPO
+
+CONTAINERFILE = REPO / "Containerfile"
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = CONTAINERFILE.read_text().replace("\\\n", " ")
+    out = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_two_stages_the_second_from_the_first_wheels_only() -> None:
+    steps = _instructions()
+    froms = [rest for word, rest in steps if word == "FROM"]
+    assert froms == ["docker.io/library/python:${PYTHON}-slim AS build",
+                     "docker.io/library/python:${PYTHON}-slim"]  # fmt: skip
+    runs = [rest for word, rest in steps if word == "RUN"]
+    assert "pip wheel --no-cache-dir --wheel-dir /wheels ." in runs[0]
+    assert "--no-index --find-links /wheels vgpuctl" in runs[1]
+    assert "from=build,source=/wheels" in runs[1]  # bound for the install, never copied in
+
+
+def test_the_default_command_is_the_daemonsets() -> None:
+    steps = dict(_instructions())
+    daemonset = next(
+        d for d in yaml.safe_load_all((REPO / "deploy" / "daemonset.yaml").read_text()) if d
+    )
+    (agent,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert json.loads(steps["ENTRYPOINT"]) == agent["command"]
+    assert json.loads(steps["CMD"]) == agent["args"]
+
+
+def test_the_wheel_installs_alone_and_its_entry_point_runs(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    # The first stage's command, for vgpuctl's own wheel (its dependencies are on this
+    # machine already: taken from here instead of downloaded).
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
+         "--no-build-isolation", "--wheel-dir", str(wheels), str(REPO)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    (wheel,) = wheels.glob("vgpuctl-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    # vgpuctl's dependencies from this interpreter's environment (the image installs them from
+    # the first stage's wheels), after the venv's own site-packages, where the wheel goes.
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    ours = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    (Path(site) / "zz_dependencies.pth").write_text("".join(f"{p}\n" for p in sorted(ours)))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-cache-dir",
+         "--no-index", "--no-deps", "--quiet", str(wheel)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    vgpuctl = env_dir / "bin" / "vgpuctl"
+    # As in the image: nothing but the installed package (no PYTHONPATH pointing here).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("VGPUCTL")}
+    version = subprocess.run(
+        [str(vgpuctl), "--version"], capture_output=True, text=True, check=False, env=env
+    )
+    assert version.returncode == 0, version.stderr
+    assert re.fullmatch(r"vgpuctl \d+\.\d+\.\d+\n", version.stdout)
+    steps = dict(_instructions())
+    argv = json.loads(steps["CMD"])
+    helped = subprocess.run(
+        [str(vgpuctl), argv[0], "--help"], capture_output=True, text=True, check=False, env=env
+    )
+    assert helped.returncode == 0 and "--delegate" in helped.stdout
+    # It is the installed copy that runs, not this checkout.
+    where = subprocess.run(
+        [str(python), "-c", "import reconciler; print(reconciler.__file__)"],
+        capture_output=True, text=True, check=True, cwd=tmp_path, env=env,
+    ).stdout  # fmt: skip
+    assert str(env_dir) in where
