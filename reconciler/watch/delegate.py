@@ -112,6 +112,8 @@ class DelegateWatchLoop(Worker):
         """A standby is ready (it serves its purpose: taking over) while it can read the Lease;
         the leader once a reconcile settled the nodes, as the node agent."""
         if not self.leadership.leading():
+            if not self.leadership.looked:
+                return Verdict(False, "starting: the Lease has not been read yet")
             failure = self.leadership.failure
             if failure is not None:  # a standby that cannot read the Lease cannot take over
                 return Verdict(False, f"cannot read or renew the Lease: {failure}")

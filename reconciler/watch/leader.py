@@ -56,6 +56,8 @@ class Leadership:
         self._failing = False
         #: Why the last round could not read or renew the Lease (None: it could).
         self.failure: str | None = None
+        #: A round has run (until then nobody here knows who holds the Lease).
+        self.looked = False
         self._thread = threading.Thread(target=self._run, name="vgpuctl-lease", daemon=True)
 
     # -- read by the worker and the probes -----------------------------------------------------
@@ -111,6 +113,7 @@ class Leadership:
                 log.info("the Lease can be read again")
             self._failing = False
             self.failure = None
+        self.looked = True
         leading = self.leading()
         if leading == self._leading:
             return

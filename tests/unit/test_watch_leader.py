@@ -42,8 +42,9 @@ def leadership(
 def test_a_leader_stops_at_the_renew_deadline_and_leads_again_once_it_renews() -> None:
     api, clock, changes, errors = FakeCluster(), Clock(), [], []
     lead = leadership(api, clock, changes, errors)
+    assert not lead.looked
     lead.round()
-    assert changes == [True] and lead.leading() and lead.holder == "pod-a"
+    assert changes == [True] and lead.leading() and lead.holder == "pod-a" and lead.looked
     lead.guard()  # may write
 
     api.down = True  # the API server does not answer: renewals fail
