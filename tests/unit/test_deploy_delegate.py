@@ -112,5 +112,21 @@ def test_kustomize_builds_the_delegate_install() -> None:
         ("RoleBinding", "vgpuctl-delegate-events"),
         ("ConfigMap", "vgpuctl-desired-state"),
         ("Deployment", "vgpuctl-delegate"),
+        ("NetworkPolicy", "vgpuctl-delegate"),
     }
     assert CONTAINER["image"] == IMAGE
+
+
+def test_only_prometheus_reaches_the_replicas_and_the_policy_covers_them() -> None:
+    """The node agent's rule (deploy/networkpolicy.yaml) for the delegate pods: one peer, both
+    selectors (Prometheus pods in the monitoring namespace), on the port the probes use."""
+    policy = _one(HARVESTER / "networkpolicy.yaml", "NetworkPolicy")
+    agents = _one(DEPLOY / "networkpolicy.yaml", "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == DEPLOYMENT["metadata"]["namespace"]
+    labels = DEPLOYMENT["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == labels
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == agents["spec"]["ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (port,) = rule["ports"]
+    assert port["port"] in [p["name"] for p in CONTAINER["ports"]]
