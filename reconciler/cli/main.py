@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         capacity_command,
         commands,
         deviceplugin_command,
+        lint_vm,
         sim_commands,
         watch_command,
     )
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         *commands.REGISTRY,
         watch_command.register,
         capacity_command.register,
+        lint_vm.register,
         deviceplugin_command.register,
         sim_commands.register,
     ):

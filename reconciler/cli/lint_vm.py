@@ -1,0 +1,281 @@
+"""``vgpuctl lint-vm FILE…``: KubeVirt VirtualMachine / VirtualMachineInstance manifests checked
+against the vGPU rules before they meet the cluster (docs/domain.md §4, §8).
+
+Per VM (``spec.template.spec.domain.devices.gpus`` of a VirtualMachine,
+``spec.domain.devices.gpus`` of a VirtualMachineInstance):
+
+- every ``deviceName`` is a resource on offer: any node's allocatable (``--kubeconfig``), or
+  offline the profiles of a desired state (``--desired FILE``);
+- several vGPUs in one VM only with profiles whose series the catalogue says may be combined
+  (``multiVgpuSeries``; a model where it is not known is a warning, not an error);
+- at most one GPU with a display and a ramFB (``virtualGPUOptions.display`` and its ``ramFB``
+  are enabled unless set false): a second ramFB is an error. ``--fix`` writes
+  ``virtualGPUOptions.display.ramFB.enabled: false`` on every GPU but the first that has one,
+  keeping the file's comments, order and quoting (ruamel.yaml's round trip).
+
+Findings as ``file:line:col: error|warning: …``; exit 1 when there is an error (after
+``--fix``, when one is left). Files are untrusted: read with the desired state's limits, loaded
+without any tag a document could use to build an object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.catalog import Catalog, default_catalog, parse_profile_name
+from reconciler.cli.options import GlobalOptions
+from reconciler.cli.render import safe
+from reconciler.model import UsageError
+from reconciler.model.cluster import resource_name
+
+EXIT_OK, EXIT_ERRORS = 0, 1
+#: The largest manifest read (bytes); a VM manifest is a few kilobytes.
+MAX_BYTES = 4 * 1024 * 1024
+PREFIX = "nvidia.com/"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    file: str
+    line: int  # 1-based
+    column: int  # 1-based
+    severity: str  # "error" | "warning"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.severity}: {self.message}"
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "lint-vm",
+        help="check KubeVirt VM manifests' vGPUs against what is offered and NVIDIA's rules",
+        description="Check each VirtualMachine / VirtualMachineInstance: every GPU deviceName "
+        "is on offer (the cluster's nodes with --kubeconfig, or a desired state with "
+        "--desired), several vGPUs only with profiles that may be combined, at most one GPU "
+        "with a display and ramFB. Findings as file:line:col; exit 1 on an error.",
+    )
+    p.add_argument("files", metavar="FILE", nargs="+", help="VM manifests (YAML, multi-document)")
+    p.add_argument(
+        "--desired",
+        metavar="FILE",
+        action="append",
+        help="offline: the resources on offer are this desired state's profiles (repeatable)",
+    )
+    p.add_argument(
+        "--fix",
+        action="store_true",
+        help="disable ramFB on every GPU but the first that has one, in place, keeping "
+        "comments, order and quoting",
+    )
+    p.set_defaults(handler=cmd_lint_vm)
+    return p
+
+
+def cmd_lint_vm(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.cli.host import Host
+
+    catalog = default_catalog()
+    offered: frozenset[str] | None
+    if ns.desired:
+        from reconciler.desired import load_desired
+
+        desired = load_desired([Path(p) for p in ns.desired], catalog=catalog)
+        offered = frozenset(
+            resource_name(profile)
+            for node in desired.nodes.values()
+            for gpu in node.gpus
+            for profile in (*(gpu.vgpus or {}).values(), *(gpu.profiles or {}))
+        )
+    else:
+        api = Host(options).cluster_api
+        offered = None if api is None else _offered_by_cluster(api)
+        if offered is None:
+            raise UsageError(
+                "lint-vm needs what is on offer: --kubeconfig (the cluster's nodes) or "
+                "--desired FILE"
+            )
+    errors = 0
+    for name in ns.files:
+        findings = lint_file(Path(name), offered=offered, catalog=catalog, fix=ns.fix)
+        for f in findings:
+            print(safe(str(f)), file=sys.stderr)
+            errors += f.severity == "error"
+    return EXIT_ERRORS if errors else EXIT_OK
+
+
+def _offered_by_cluster(api: Any) -> frozenset[str]:
+    names = set()
+    for node in api.list_objects(group="", version="v1", plural="nodes"):
+        status = node.get("status")
+        for field in ("allocatable", "capacity"):
+            values = status.get(field) if isinstance(status, Mapping) else None
+            if isinstance(values, Mapping):
+                names |= {k for k in values if isinstance(k, str) and k.startswith(PREFIX)}
+    return frozenset(names)
+
+
+def _yaml() -> Any:
+    from ruamel.yaml import YAML
+
+    y = YAML(typ="rt")
+    y.preserve_quotes = True
+    # Kubernetes manifests' usual layout (a list's dash two spaces in, its items four), and
+    # no line folded: what is not edited is written back as it was.
+    y.indent(mapping=2, sequence=4, offset=2)
+    y.width = 1 << 16
+    return y
+
+
+def lint_file(
+    path: Path, *, offered: frozenset[str], catalog: Catalog, fix: bool = False
+) -> list[Finding]:
+    """The findings of one file (``fix``: ramFB disabled where it is an error, in place)."""
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise UsageError(f"{path}: larger than {MAX_BYTES} bytes: not a VM manifest")
+    y = _yaml()
+    try:
+        docs = list(y.load_all(data.decode("utf-8")))
+    except (YAMLError, UnicodeDecodeError) as exc:
+        return [Finding(str(path), 1, 1, "error", f"not YAML: {exc}".splitlines()[0])]
+    findings: list[Finding] = []
+    changed = False
+    for doc in docs:
+        for gpus in _vm_gpus(doc):
+            found, fixed = _check_vm(path, gpus, offered, catalog, fix=fix)
+            findings += found
+            changed |= fixed
+    if fix and changed:
+        out = io.StringIO()
+        y.dump_all(docs, out)
+        path.write_text(out.getvalue(), encoding="utf-8")
+    return findings
+
+
+def _vm_gpus(doc: Any) -> Iterator[list[Any]]:
+    if not isinstance(doc, Mapping) or doc.get("apiVersion", "").split("/")[0] != "kubevirt.io":
+        return
+    spec = doc.get("spec")
+    if doc.get("kind") == "VirtualMachine" and isinstance(spec, Mapping):
+        template = spec.get("template")
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+    elif doc.get("kind") != "VirtualMachineInstance":
+        return
+    domain = spec.get("domain") if isinstance(spec, Mapping) else None
+    devices = domain.get("devices") if isinstance(domain, Mapping) else None
+    gpus = devices.get("gpus") if isinstance(devices, Mapping) else None
+    if isinstance(gpus, list) and gpus:
+        yield gpus
+
+
+def _at(node: Any, key: str | None = None) -> tuple[int, int]:
+    """1-based line and column of ``node`` (or of ``key``'s value in it) in its file."""
+    lc = getattr(node, "lc", None)
+    if lc is None:
+        return 1, 1
+    if key is not None and isinstance(node, Mapping) and key in node:
+        line, col = lc.value(key)
+        return line + 1, col + 1
+    return lc.line + 1, lc.col + 1
+
+
+def _enabled(options: Any, *path: str) -> bool:
+    """Whether ``enabled`` at ``path`` under ``options`` is not set false (the default: on)."""
+    node = options
+    for key in path:
+        if not isinstance(node, Mapping):
+            return True
+        node = node.get(key)
+    if not isinstance(node, Mapping):
+        return True
+    return node.get("enabled") is not False
+
+
+def _check_vm(
+    path: Path, gpus: list[Any], offered: frozenset[str], catalog: Catalog, *, fix: bool
+) -> tuple[list[Finding], bool]:
+    findings: list[Finding] = []
+    file = str(path)
+    profiles = []
+    with_ramfb = 0
+    fixed = False
+    for gpu in gpus:
+        if not isinstance(gpu, Mapping):
+            continue
+        device = gpu.get("deviceName")
+        line, col = _at(gpu, "deviceName")
+        if not isinstance(device, str) or not device:
+            findings.append(Finding(file, line, col, "error", "a GPU without a deviceName"))
+            continue
+        if device not in offered:
+            findings.append(Finding(file, line, col, "error",
+                                    f"{device} is not on offer (offered: "
+                                    f"{', '.join(sorted(offered)) or 'nothing'})"))  # fmt: skip
+        profiles.append((device, line, col))
+        options = gpu.get("virtualGPUOptions")
+        if _enabled(options, "display") and _enabled(options, "display", "ramFB"):
+            with_ramfb += 1
+            if with_ramfb > 1:
+                if fix:
+                    _disable_ramfb(gpu)
+                    fixed = True
+                else:
+                    gl, gc = _at(gpu)
+                    findings.append(Finding(
+                        file, gl, gc, "error",
+                        f"GPU {gpu.get('name', '?')!s} has a display with ramFB, as an earlier "
+                        "GPU of this VM has: only one may (set virtualGPUOptions.display.ramFB"
+                        ".enabled: false, or run with --fix)",
+                    ))  # fmt: skip
+    if len(profiles) > 1:
+        for device, line, col in profiles:
+            why = _multi_vgpu(device, catalog)
+            if why is not None:
+                severity, message = why
+                findings.append(Finding(file, line, col, severity, message))
+    return findings, fixed
+
+
+def _multi_vgpu(device: str, catalog: Catalog) -> tuple[str, str] | None:
+    """Why ``device`` may not be one of several vGPUs of a VM (None: it may)."""
+    profile = device.removeprefix(PREFIX).replace("_", " ")
+    parsed = parse_profile_name(profile)
+    model = catalog.model(parsed.gpu) if parsed else None
+    if parsed is None or model is None:
+        return ("warning", f"{device}: not a profile of the catalogue: whether several may "
+                           "share a VM is not known")  # fmt: skip
+    if model.multi_vgpu_series is None:
+        return ("warning", f"{device}: whether {model.name} allows several vGPUs per VM is "
+                           "not known to the catalogue")  # fmt: skip
+    if parsed.series not in model.multi_vgpu_series:
+        allowed = "/".join(model.multi_vgpu_series) or "none"
+        return ("error", f"{device}: {model.name} allows several vGPUs in one VM only for "
+                         f"series {allowed}, not {parsed.series}")  # fmt: skip
+    return None
+
+
+def _disable_ramfb(gpu: Any) -> None:
+    from ruamel.yaml.comments import CommentedMap
+
+    options = gpu.get("virtualGPUOptions")
+    if not isinstance(options, Mapping):
+        options = gpu["virtualGPUOptions"] = CommentedMap()
+    display = options.get("display")
+    if not isinstance(display, Mapping):
+        display = options["display"] = CommentedMap()
+    ramfb = display.get("ramFB")
+    if not isinstance(ramfb, Mapping):
+        ramfb = display["ramFB"] = CommentedMap()
+    ramfb["enabled"] = False
