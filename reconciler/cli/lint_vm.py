@@ -11,7 +11,8 @@ Per VM (``spec.template.spec.domain.devices.gpus`` of a VirtualMachine,
 - at most one GPU with a display and a ramFB (``virtualGPUOptions.display`` and its ``ramFB``
   are enabled unless set false): a second ramFB is an error. ``--fix`` writes
   ``virtualGPUOptions.display.ramFB.enabled: false`` on every GPU but the first that has one,
-  keeping the file's comments, order and quoting (ruamel.yaml's round trip).
+  keeping the file's comments, order and quoting (ruamel.yaml's round trip), written
+  atomically.
 
 Findings as ``file:line:col: error|warning: …``; exit 1 when there is an error (after
 ``--fix``, when one is left). Files are untrusted: read with the desired state's limits, loaded
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import shutil
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -160,8 +163,23 @@ def lint_file(
     if fix and changed:
         out = io.StringIO()
         y.dump_all(docs, out)
-        path.write_text(out.getvalue(), encoding="utf-8")
+        _replace(path, out.getvalue())
     return findings
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` over ``path`` atomically: a new file beside it, renamed over it (a reader
+    sees the old file or the new, never half; a link at ``path`` is replaced, not followed)."""
+    tmp = path.with_name(f".{path.name}.vgpuctl-fix")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        shutil.copymode(path, tmp, follow_symlinks=False)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write the fix: {exc.strerror or exc}") from None
 
 
 def _vm_gpus(doc: Any) -> Iterator[list[Any]]:

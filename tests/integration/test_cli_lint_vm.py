@@ -69,6 +69,7 @@ def test_fix_disables_the_second_ramfb_and_keeps_the_file_as_written(tmp_path: P
     assert after == expected
     again = run_vgpuctl("lint-vm", vms, "--desired", SEED)
     assert "ramFB" not in again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two-gpus.yaml"]  # no leftover
 
 
 def test_what_the_cluster_offers(tmp_path: Path, emu: ApiServerEmulator) -> None:
