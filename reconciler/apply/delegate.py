@@ -152,14 +152,11 @@ class DelegateExecutor:
                     f"{'; it still hosts a vGPU' if v.configured else ''})"
                 ),
             )
-            self._patch(
+            self._set_enabled(
                 VGPU_PLURAL,
                 a.target,
-                [
-                    {"op": "test", "path": "/spec/enabled", "value": False},
-                    {"op": "add", "path": "/spec/vGPUTypeName", "value": a.type_name},
-                    {"op": "replace", "path": "/spec/enabled", "value": True},
-                ],
+                True,
+                also=({"op": "add", "path": "/spec/vGPUTypeName", "value": a.type_name},),
             )
         self._wait(
             lambda: self._vf(a.target),
@@ -176,14 +173,7 @@ class DelegateExecutor:
         vf = self._vf(a.target)
         if vf.enabled:
             self._refuse_if_used((a.target,))
-            self._patch(
-                VGPU_PLURAL,
-                a.target,
-                [
-                    {"op": "test", "path": "/spec/enabled", "value": True},
-                    {"op": "replace", "path": "/spec/enabled", "value": False},
-                ],
-            )
+            self._set_enabled(VGPU_PLURAL, a.target, False)
         elif not vf.configured:
             return OutcomeStatus.NOOP, "already disabled"
         self._wait(
@@ -201,14 +191,7 @@ class DelegateExecutor:
         if gpu.enabled and gpu.vgpu_devices:
             return OutcomeStatus.NOOP, "already enabled"
         if not gpu.enabled:
-            self._patch(
-                SRIOV_GPU_PLURAL,
-                a.target,
-                [
-                    {"op": "test", "path": "/spec/enabled", "value": False},
-                    {"op": "replace", "path": "/spec/enabled", "value": True},
-                ],
-            )
+            self._set_enabled(SRIOV_GPU_PLURAL, a.target, True)
         done = self._wait(
             lambda: self._gpu(a.target),
             lambda g: bool(g.vgpu_devices) and all(self._exists(n) for n in g.vgpu_devices),
@@ -226,14 +209,7 @@ class DelegateExecutor:
             return OutcomeStatus.NOOP, "already disabled"
         if gpu.enabled:
             self._refuse_if_used(gpu.vgpu_devices)
-            self._patch(
-                SRIOV_GPU_PLURAL,
-                a.target,
-                [
-                    {"op": "test", "path": "/spec/enabled", "value": True},
-                    {"op": "replace", "path": "/spec/enabled", "value": False},
-                ],
-            )
+            self._set_enabled(SRIOV_GPU_PLURAL, a.target, False)
         self._wait(
             lambda: self._gpu(a.target),
             lambda g: not g.vf_addresses,
@@ -269,6 +245,26 @@ class DelegateExecutor:
         if raw is None:
             raise StepFailed(f"{plural}/{name} is gone: run plan again")
         return raw
+
+    def _set_enabled(
+        self,
+        plural: str,
+        name: str,
+        enabled: bool,
+        *,
+        also: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        """Flip ``spec.enabled`` to ``enabled``: a JSON patch that first tests it still holds
+        the other value (a concurrent edit is a conflict), with ``also`` between the two."""
+        self._patch(
+            plural,
+            name,
+            [
+                {"op": "test", "path": "/spec/enabled", "value": not enabled},
+                *also,
+                {"op": "replace", "path": "/spec/enabled", "value": enabled},
+            ],
+        )
 
     def _patch(self, plural: str, name: str, ops: Sequence[dict[str, Any]]) -> None:
         if self.guard is not None:

@@ -115,14 +115,12 @@ class LeaderLease:
         metadata = _mapping(current.get("metadata"))
         stamp = _micro(self.now())
         transitions = spec.get("leaseTransitions")
-        body = self._body(stamp, acquired=stamp, transitions=0)
-        # client-go's release(): no holder, a 1 s duration, the transitions kept.
-        body["spec"] = {
-            "leaseDurationSeconds": 1,
-            "acquireTime": stamp,
-            "renewTime": stamp,
-            "leaseTransitions": transitions if isinstance(transitions, int) else 0,
-        }
+        body = self._body(
+            stamp,
+            acquired=stamp,
+            transitions=transitions if isinstance(transitions, int) else 0,
+            released=True,
+        )
         return self._replace(body, str(metadata.get("resourceVersion", "")))
 
     def _replace(self, body: dict[str, Any], version: str) -> bool:
@@ -143,18 +141,24 @@ class LeaderLease:
         self._observed = None
         return True
 
-    def _body(self, stamp: str, *, acquired: str, transitions: int) -> dict[str, Any]:
+    def _body(
+        self, stamp: str, *, acquired: str, transitions: int, released: bool = False
+    ) -> dict[str, Any]:
+        """The Lease as we write it; ``released``: client-go's release() — no holder and a
+        1 s duration, so any candidate takes it at once."""
+        spec: dict[str, Any] = {
+            "leaseDurationSeconds": 1 if released else max(1, round(self.duration)),
+            "acquireTime": acquired,
+            "renewTime": stamp,
+            "leaseTransitions": transitions,
+        }
+        if not released:
+            spec["holderIdentity"] = self.identity
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "Lease",
             "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": max(1, round(self.duration)),
-                "acquireTime": acquired,
-                "renewTime": stamp,
-                "leaseTransitions": transitions,
-            },
+            "spec": spec,
         }
 
 

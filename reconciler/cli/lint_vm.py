@@ -36,6 +36,7 @@ from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import safe
 from reconciler.model import UsageError
 from reconciler.model.cluster import resource_name
+from reconciler.model.clusterapi import ClusterApi
 
 EXIT_OK, EXIT_ERRORS = 0, 1
 #: The largest manifest read (bytes); a VM manifest is a few kilobytes.
@@ -113,7 +114,7 @@ def cmd_lint_vm(ns: argparse.Namespace, options: GlobalOptions) -> int:
     return EXIT_ERRORS if errors else EXIT_OK
 
 
-def _offered_by_cluster(api: Any) -> frozenset[str]:
+def _offered_by_cluster(api: ClusterApi) -> frozenset[str]:
     names = set()
     for node in api.list_objects(group="", version="v1", plural="nodes"):
         status = node.get("status")
@@ -183,7 +184,8 @@ def _replace(path: Path, text: str) -> None:
 
 
 def _vm_gpus(doc: Any) -> Iterator[list[Any]]:
-    if not isinstance(doc, Mapping) or doc.get("apiVersion", "").split("/")[0] != "kubevirt.io":
+    api_version = doc.get("apiVersion") if isinstance(doc, Mapping) else None
+    if not isinstance(api_version, str) or api_version.split("/")[0] != "kubevirt.io":
         return
     spec = doc.get("spec")
     if doc.get("kind") == "VirtualMachine" and isinstance(spec, Mapping):

@@ -29,7 +29,7 @@ from reconciler.apply.delegate import (
     DelegateExecutor,
     poll_delays,
 )
-from reconciler.apply.executor import Outcome
+from reconciler.apply.executor import Outcome, OutcomeStatus
 from reconciler.catalog import Catalog
 from reconciler.model import Desired, Plan, ReconcilerError
 from reconciler.model.clusterapi import ClusterApi
@@ -107,8 +107,6 @@ class Converged:
 
     @property
     def applied(self) -> int:
-        from reconciler.apply.executor import OutcomeStatus
-
         return sum(o.status is OutcomeStatus.DONE for o in self.outcomes)
 
     @property

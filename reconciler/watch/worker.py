@@ -11,6 +11,7 @@ and what a reconcile is (:meth:`Worker._reconcile`).
 
 from __future__ import annotations
 
+import abc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class WatchSettings:
         return max(3 * self.rescan_interval, 30.0)
 
 
-class Worker:
+class Worker(abc.ABC):
     """The loop's schedule; subclasses give what a rescan looks at and what a reconcile does."""
 
     settings: WatchSettings
@@ -116,6 +117,7 @@ class Worker:
         with self.probes.running():
             self._run()
 
+    @abc.abstractmethod
     def _started(self) -> None:
         """Log what is watched (the first line of :meth:`run`)."""
 
@@ -176,10 +178,10 @@ class Worker:
             self.probes.busy_since = None
             self.metrics.rescan_duration.observe(self._clock() - started)
 
+    @abc.abstractmethod
     def _look_for_drift(self) -> None:
         """Ask for a reconcile where an input changed (the loop's own change sources)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _reconcile(self) -> None:
         """One reconcile, the scheduler's triggers taken."""
-        raise NotImplementedError

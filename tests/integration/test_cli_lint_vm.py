@@ -86,3 +86,16 @@ def test_what_the_cluster_offers(tmp_path: Path, emu: ApiServerEmulator) -> None
     res = run_vgpuctl("lint-vm", ok)
     assert res.returncode == 1
     assert "lint-vm needs what is on offer: --kubeconfig" in res.stderr
+
+
+def test_a_document_that_is_no_vm_is_skipped_and_nonsense_is_no_traceback(tmp_path: Path) -> None:
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("apiVersion: 7\nkind: VirtualMachine\n---\n- a list\n---\nkind: Pod\n")
+    res = run_vgpuctl("lint-vm", odd, "--desired", SEED)
+    assert (res.returncode, res.stderr) == (0, "")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    res = run_vgpuctl("lint-vm", broken, "--desired", SEED)
+    assert res.returncode == 1
+    assert res.stderr.startswith(f"{broken}:1:1: error: not YAML")
+    assert "Traceback" not in res.stderr
