@@ -72,13 +72,21 @@ def load(paths: Sequence[str], host: Host) -> Desired:
     return load_desired([Path(p) for p in paths], catalog=host.catalog)
 
 
-def select_node(desired: Desired, node: str) -> DesiredNode:
-    found = desired.node(node)
+def select_node(desired: Desired, node: str, host: Host) -> DesiredNode:
+    """What ``desired`` wants of ``node``: its own entry, else what the node groups that
+    select it say (its labels read from the cluster when a group selects by labels)."""
+    labels = None
+    if desired.needs_labels(node) and host.cluster_api is not None:
+        from reconciler.observe.nodes import node_labels
+
+        labels = node_labels(host.cluster_api, node)
+    found = desired.node(node, labels)
     if found is None:
         names = ", ".join(sorted(desired.nodes)) or "none"
         files = ", ".join(desired.files)
+        groups = f"; no node group selects it ({len(desired.groups)} in all)" * bool(desired.groups)
         raise UsageError(
-            f"node {node!r} is not in {files} (nodes there: {names}); "
+            f"node {node!r} is not in {files} (nodes there: {names}{groups}); "
             "pass --node NAME or set NODE_NAME"
         )
     return found
@@ -91,12 +99,10 @@ def plan_for(node: DesiredNode, host: Host, *, adopt: bool = False) -> Planned:
     return observe_and_plan(host.ports(), node, adopt=adopt)
 
 
-def plan_files(
-    files: Sequence[str], host: Host, *, adopt: bool = False
-) -> tuple[DesiredNode, Planned]:
+def plan_files(files: Sequence[str], host: Host, *, adopt: bool = False) -> Planned:
     """Load the desired state, pick this node, observe, plan."""
-    node = select_node(load(files, host), host.options.node)
-    return node, plan_for(node, host, adopt=adopt)
+    node = select_node(load(files, host), host.options.node, host)
+    return plan_for(node, host, adopt=adopt)
 
 
 # ---------------------------------------------------------------- validate
@@ -108,14 +114,35 @@ def _add_validate(sub: Subparsers) -> argparse.ArgumentParser:
         help="check desired-state files offline (schema and catalogue rules)",
         description="Check desired-state files against the schema and the profile rules the "
         "catalogue knows (equal size, maxima, VF counts), without a host. Problems are "
-        "printed as file:line:col: message.",
+        "printed as file:line:col: message. With --explain NODE, also show which entry "
+        "configures that node: its own entry under spec.nodes, or the node groups that select "
+        "it and their GPU entries.",
     )
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument(
+        "--explain",
+        metavar="NODE",
+        help="show which entry (the node's own, or which node groups) configures each GPU of "
+        "node NODE; exit 1 when two groups would give one of its GPUs two layouts",
+    )
+    p.add_argument(
+        "--labels",
+        metavar="K=V[,K=V…]",
+        help="with --explain: the node's labels (as the cluster has them), for node groups "
+        "that select by labels",
+    )
     p.set_defaults(handler=cmd_validate)
     return p
 
 
 def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    labels = None
+    if ns.labels is not None:
+        if ns.explain is None:
+            raise UsageError("--labels goes with --explain NODE")
+        from reconciler.cli.explain import parse_labels
+
+        labels = parse_labels(ns.labels)
     host = Host(options)
     desired = load(ns.files, host)
     gpus = sum(len(n.gpus) for n in desired.nodes.values())
@@ -126,10 +153,24 @@ def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
     files = safe(", ".join(desired.files))
     for note in desired.notes:
         _err(f"note: {safe_lines(note)}")
+    groups = ""
+    if desired.groups:
+        count = len(desired.groups)
+        entries = sum(len(g.gpus) for g in desired.groups)
+        groups = (
+            f"; {count} node group{'s' * (count != 1)} with {entries} GPU "
+            f"entr{'ies' if entries != 1 else 'y'}"
+        )
     _out(
         f"{files}: valid ({len(desired.nodes)} node{'s' * (len(desired.nodes) != 1)}, "
-        f"{gpus} GPU{'s' * (gpus != 1)}, {vgpus} vGPU{'s' * (vgpus != 1)})\n"
+        f"{gpus} GPU{'s' * (gpus != 1)}, {vgpus} vGPU{'s' * (vgpus != 1)}{groups})\n"
     )
+    if ns.explain is not None:
+        from reconciler.cli.explain import explain
+
+        text, failing = explain(desired, ns.explain, labels)
+        _out(text)
+        return EXIT_ERROR if failing else EXIT_OK
     return EXIT_OK
 
 
@@ -180,9 +221,10 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
         from reconciler.cli.delegate import cmd_plan_delegate
 
         return cmd_plan_delegate(ns, host)
-    node, planned = plan_files(ns.file, host, adopt=ns.adopt)
+    planned = plan_files(ns.file, host, adopt=ns.adopt)
     plan, inventory = planned.plan, planned.inventory
-    doc = saved_plan_document(plan, node)
+    # The desired GPUs as planned: a node group's entries made this host's GPUs.
+    doc = saved_plan_document(plan, planned.desired)
     if ns.out:
         _write_plan_file(Path(ns.out), doc)
     if ns.output == "json":
@@ -251,6 +293,7 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     from reconciler.engine.observe import with_refusal_note
     from reconciler.observe import observe_nodes_from_cluster
     from reconciler.observe.harvester import observe_pcidevices_controller
+    from reconciler.observe.nodes import all_node_labels
     from reconciler.plan.fleet import FleetMember, collector_batch, plan_fleet
 
     api = host.cluster_api
@@ -262,14 +305,16 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     # collector paused (plan.fleet): it would walk every kept object again and again.
     with collector_batch():
         desired = load(ns.file, host)
-        names = sorted(desired.nodes)
+        # Node groups select among the cluster's nodes (one list of them, only with groups).
+        labels = all_node_labels(api) if desired.groups else {}
+        names = desired.selected(labels)
         observed = observe_nodes_from_cluster(
             api, names, kubevirt_namespace=host.options.kubevirt_namespace
         )
         unread = {n: o for n, o in observed.items() if isinstance(o, ReconcilerError)}
         fleet = plan_fleet(
             (
-                FleetMember(desired.nodes[name], *seen)
+                FleetMember(desired.node(name, labels.get(name, {})), *seen)
                 for name in names
                 if not isinstance(seen := observed[name], ReconcilerError)
             ),
@@ -392,7 +437,7 @@ def _apply_locked(
     if saved is not None:
         node, expected = _saved_promise(saved, host)
     else:
-        node = select_node(load(ns.file, host), host.options.node)
+        node = select_node(load(ns.file, host), host.options.node, host)
 
     style = _style(options)
 
@@ -637,7 +682,7 @@ def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
         from reconciler.cli.delegate import cmd_assert_delegate
 
         return cmd_assert_delegate(ns, host)
-    _, planned = plan_files(ns.file, host)
+    planned = plan_files(ns.file, host)
     plan = planned.plan
     if not plan.has_changes:
         _out(f"node {safe(plan.node)} matches the desired state\n")

@@ -34,7 +34,7 @@ from typing import Any
 from reconciler.catalog import Catalog, default_catalog, parse_profile_name
 from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import safe
-from reconciler.model import UsageError
+from reconciler.model import DesiredGpu, GroupGpu, UsageError
 from reconciler.model.cluster import resource_name
 from reconciler.model.clusterapi import ClusterApi
 
@@ -91,10 +91,13 @@ def cmd_lint_vm(ns: argparse.Namespace, options: GlobalOptions) -> int:
         from reconciler.desired import load_desired
 
         desired = load_desired([Path(p) for p in ns.desired], catalog=catalog)
+        layouts: list[DesiredGpu | GroupGpu] = [
+            *(gpu for node in desired.nodes.values() for gpu in node.gpus),
+            *(gpu for group in desired.groups for gpu in group.gpus),
+        ]
         offered = frozenset(
             resource_name(profile)
-            for node in desired.nodes.values()
-            for gpu in node.gpus
+            for gpu in layouts
             for profile in (*(gpu.vgpus or {}).values(), *(gpu.profiles or {}))
         )
     else:

@@ -188,6 +188,7 @@ def _watch(
     from prometheus_client import disable_created_metrics
 
     from reconciler.observe.checkpoint import checkpoint_file
+    from reconciler.observe.nodes import node_labels
     from reconciler.watch.clusterwatch import ClusterWatch
     from reconciler.watch.follow import DesiredStateWatch
     from reconciler.watch.loop import WatchLoop, WatchSettings
@@ -247,6 +248,7 @@ def _watch(
             metrics=metrics,
             settings=settings,
             refresh_watches=files.refresh,
+            node_labels=None if api is None else partial(node_labels, api, options.node),
         )
         endpoint = _endpoint(ns, listen, loop, metrics)
         if plugins is not None:

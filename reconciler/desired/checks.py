@@ -20,7 +20,16 @@ from reconciler.desired.ascii_names import non_ascii
 from reconciler.desired.normalise import GpuEntry
 from reconciler.desired.shape import did_you_mean
 from reconciler.desired.source import line_ref, problem_at, quoted
-from reconciler.model import PciAddress, Problem, SourceLocation, VfKey, VgpuMode
+from reconciler.model import (
+    DesiredGpu,
+    GpuRef,
+    GroupGpu,
+    PciAddress,
+    Problem,
+    SourceLocation,
+    VfKey,
+    VgpuMode,
+)
 from reconciler.rules import (
     Offer,
     OfferedType,
@@ -111,6 +120,14 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
     """Every offline problem of one GPU, each at the line it concerns, and the names the
     catalogue cannot vouch for (accepted: a driver may offer names no catalogue lists yet)."""
     gpu = entry.gpu
+    # How messages name the GPU (its address, or what a group's entry matches), and its
+    # address where one GPU is meant (a group's entry matched by model names many).
+    ref: GpuRef
+    address: PciAddress | None
+    if isinstance(gpu, DesiredGpu):
+        ref = address = gpu.address
+    else:
+        ref, address = gpu.match, gpu.match.address
     problems: list[Problem] = []
     unchecked: list[Unchecked] = []
 
@@ -131,7 +148,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         later = max(entry.fields["vgpus"], entry.fields["profiles"], key=_order)
         report(
             later,
-            f"'vgpus' and 'profiles' are exclusive on GPU {gpu.address}: name the VFs in "
+            f"'vgpus' and 'profiles' are exclusive on GPU {ref}: name the VFs in "
             "vgpus or give counts in profiles, not both",
         )
     if not gpu.sriov:
@@ -139,22 +156,22 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             if given:
                 report(
                     entry.fields.get(field_name),
-                    f"GPU {gpu.address} has sriov: disabled but lists {field_name}: vGPUs live "
+                    f"GPU {ref} has sriov: disabled but lists {field_name}: vGPUs live "
                     "on SR-IOV VFs; set sriov: enabled or remove the entries",
                 )
 
     if not gpu.sriov and gpu.mode is VgpuMode.MIXED_SIZE:
         report(
             entry.fields.get("mode"),
-            f"GPU {gpu.address} has sriov: disabled but mode: mixed-size: the mode is set on "
+            f"GPU {ref} has sriov: disabled but mode: mixed-size: the mode is set on "
             "a GPU whose SR-IOV is on; set sriov: enabled or remove mode",
         )
 
     named: list[_Named] = []
     unparsed: list[_Entry] = []
     for e in entries:
-        if isinstance(e.key, PciAddress) and e.key == gpu.address:
-            report(e.location, f"{gpu.address} is the GPU itself (its physical function), not a VF")
+        if isinstance(e.key, PciAddress) and e.key == address:
+            report(e.location, f"{address} is the GPU itself (its physical function), not a VF")
         written = entry.written.get(e.key, e.profile)
         foreign = non_ascii(written)
         if foreign is not None:
@@ -175,6 +192,10 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         )
 
     model = _model(entry, catalog=catalog, accept=accept, report=report)
+    if model is None and isinstance(gpu, GroupGpu) and gpu.match.device_id is not None:
+        # The catalogue knows a device ID's model unless two models share the ID (A2 and A16
+        # differ by subsystem ID only): then the profile names say it, as below.
+        model = catalog.model_for_ids("10de", gpu.match.device_id)
     if model is None:
         # No usable ``model:``: the profile names say which model this is, if they agree.
         groups = _by_gpu(named, catalog=catalog)
@@ -182,7 +203,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             first, other = (members[0] for members in list(groups.values())[:2])
             report(
                 other.location,
-                f"profiles of two GPU models on GPU {gpu.address}: {quoted(other.profile)} "
+                f"profiles of two GPU models on GPU {ref}: {quoted(other.profile)} "
                 f"({other.name.gpu}) and {quoted(first.profile)} ({first.name.gpu}, "
                 f"{line_ref(first.location)}); a GPU hosts profiles of its own model only",
             )
@@ -192,7 +213,7 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
             model = catalog.model(named[0].name.gpu)
 
     if model is not None:
-        _check_vfs(gpu.address, model, entries, report=report)
+        _check_vfs(ref, address, model, entries, report=report)
         for n in named:
             # A profile of another model is the rules' to refuse (``model:`` names the GPU).
             if catalog.model(n.name.gpu) is model and model.profile(n.profile) is None:
@@ -205,10 +226,10 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
     # when the catalogue does not know it): the same rules and sentences as at plan time.
     judged = sorted([n.entry for n in named] + unparsed, key=lambda e: _order(e.location))
     requests = [
-        Request(e.profile, e.count, _vf_text(gpu.address, model, e.key), e.location) for e in judged
+        Request(e.profile, e.count, _vf_text(address, model, e.key), e.location) for e in judged
     ]
     mixed = gpu.mode is VgpuMode.MIXED_SIZE
-    for v in violations(gpu.address, _catalog_offer(model, catalog), requests, mixed_size=mixed):
+    for v in violations(ref, _catalog_offer(model, catalog), requests, mixed_size=mixed):
         report(v.location, str(v))
     return GpuFindings(problems, unchecked)
 
@@ -268,17 +289,23 @@ def _model_names(catalog: Catalog) -> list[str]:
 
 
 def _check_vfs(
-    address: PciAddress, model: GpuModel, entries: list[_Entry], *, report: _Report
+    ref: GpuRef,
+    address: PciAddress | None,
+    model: GpuModel,
+    entries: list[_Entry],
+    *,
+    report: _Report,
 ) -> None:
-    """VF indexes and VF identities, from the catalogue."""
+    """VF indexes and VF identities (where the GPU is one GPU: ``address``), from the
+    catalogue."""
     by_index: dict[PciAddress, tuple[int, _Entry]] = {}
     for e in entries:
         if not isinstance(e.key, int):
             continue
         if e.key >= model.vfs:
-            report(e.location, str(index_out_of_range(address, model.name, e.key, model.vfs, None)))
+            report(e.location, str(index_out_of_range(ref, model.name, e.key, model.vfs, None)))
             continue
-        if model.vf_offset is None:
+        if model.vf_offset is None or address is None:
             continue  # where its VFs sit is not known offline: the host says at plan time
         try:
             by_index[_vf_address(address, model.vf_offset, model.vf_stride, e.key)] = (e.key, e)
@@ -287,7 +314,7 @@ def _check_vfs(
     for e in entries:
         if isinstance(e.key, PciAddress) and e.key in by_index:
             index, other = by_index[e.key]
-            twice = named_twice(address, e.key, index, other.location, e.location)
+            twice = named_twice(ref, e.key, index, other.location, e.location)
             report(twice.location, str(twice))
 
 
@@ -321,7 +348,7 @@ def _offer_of(model: GpuModel, catalog: Catalog) -> Offer:
 
 
 def _vf_text(
-    address: PciAddress, model: GpuModel | None, key: VfKey | str
+    address: PciAddress | None, model: GpuModel | None, key: VfKey | str
 ) -> PciAddress | str | None:
     """The VF an entry names, as the planner names it: its address, when the catalogue says
     where the model's VFs sit; else as written."""
@@ -329,7 +356,7 @@ def _vf_text(
         return None  # a count: the planner picks the VFs
     if isinstance(key, PciAddress):
         return key
-    if model is not None and model.vf_offset is not None:
+    if address is not None and model is not None and model.vf_offset is not None:
         try:
             return _vf_address(address, model.vf_offset, model.vf_stride, key)
         except ValueError:

@@ -15,6 +15,7 @@ from typing import Any
 
 from reconciler.catalog import Catalog
 from reconciler.desired.checks import Unchecked, gpu_problems
+from reconciler.desired.groups import group_problems
 from reconciler.desired.normalise import FileEntry, normalise
 from reconciler.desired.shape import MAX_SHAPE_PROBLEMS, shape_problems
 from reconciler.desired.source import (
@@ -167,6 +168,8 @@ def _combine(
             gpus: list[DesiredGpu] = []
             for gpu_entry in node.gpus:
                 gpu = gpu_entry.gpu
+                if not isinstance(gpu, DesiredGpu):  # a node's GPUs are always
+                    continue
                 first = defined.get((node.name, gpu.address))
                 if first is not None:
                     there = str(first) if first.line else first.file
@@ -184,11 +187,26 @@ def _combine(
             else:
                 nodes[node.name] = DesiredNode(node.name, known.gpus + tuple(gpus), known.location)
 
+    groups = [group for file in entries for group in file.groups]
+    for group in groups:
+        for gpu_entry in group.gpus:
+            findings = gpu_problems(gpu_entry, catalog=catalog)
+            problems.extend(findings.problems)
+            unchecked.extend(findings.unchecked)
+    problems.extend(group_problems(groups))
+
     if problems:
         return None, _capped(problems, files=files, incomplete=incomplete)
     name = next((f.name for f in entries if f.name), "")
     notes = (unchecked_note(unchecked),) if unchecked else ()
-    return Desired(name=name, nodes=MappingProxyType(nodes), files=files, notes=notes), []
+    desired = Desired(
+        name=name,
+        nodes=MappingProxyType(nodes),
+        files=files,
+        notes=notes,
+        groups=tuple(g.group for g in groups),
+    )
+    return desired, []
 
 
 def _file_entry(

@@ -4,7 +4,9 @@ Third stage of ``desired``: addresses parsed (and so lower-cased), short profile
 as the catalogue spells them (``A2-4Q`` → ``NVIDIA A2-4Q``, ``A100-4C`` → ``GRID A100-4C``; a name
 it does not know gets ``NVIDIA``), VF keys made a :class:`PciAddress` or an ``int`` index, ``sriov``
 a bool, a known ``model:`` spelled as the catalogue names it (``A2`` → ``NVIDIA A2``, the name
-observed GPUs carry). Every GPU and entry keeps where it was written.
+observed GPUs carry). Every GPU and entry keeps where it was written. Node groups are normalised
+the same way: a group's GPU entry has the fields of a node's GPU, with ``match`` for ``address``
+(a model spelled as the catalogue names it, a device ID as four lower-case hex digits).
 
 Parts with schema problems are skipped, not guessed at: their problems are already reported,
 and checking a half-understood GPU would only add noise.
@@ -19,14 +21,26 @@ from typing import Any
 
 from reconciler.catalog import Catalog, long_profile_name
 from reconciler.desired.source import Document, JsonPath, known, line_ref, problem_at, quoted
-from reconciler.model import DesiredGpu, PciAddress, Problem, SourceLocation, VfKey, VgpuMode
+from reconciler.model import (
+    DesiredGpu,
+    GpuMatch,
+    GroupGpu,
+    NodeGroup,
+    NodeSelector,
+    PciAddress,
+    Problem,
+    SourceLocation,
+    VfKey,
+    VgpuMode,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class GpuEntry:
-    """A normalised GPU, with where its fields were written (for located semantic problems)."""
+    """A normalised GPU (a node's, or a group's GPU entry), with where its fields were written
+    (for located semantic problems)."""
 
-    gpu: DesiredGpu
+    gpu: DesiredGpu | GroupGpu
     #: Where the GPU was written (line 0 in a data document, where ``gpu.location`` is None).
     location: SourceLocation
     #: Where each field's key was written: ``address``, ``model``, ``sriov``, ``vgpus``, …
@@ -46,6 +60,14 @@ class NodeEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupEntry:
+    group: NodeGroup
+    #: Where the group's name was written.
+    location: SourceLocation
+    gpus: tuple[GpuEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     """What one file says, normalised as far as it is well-formed."""
 
@@ -53,6 +75,7 @@ class FileEntry:
     name: str | None
     nodes: tuple[NodeEntry, ...] = ()
     problems: tuple[Problem, ...] = field(default=())
+    groups: tuple[GroupEntry, ...] = ()
 
 
 def normalise(
@@ -82,12 +105,124 @@ def normalise(
         nodes.append(
             NodeEntry(node_name, known(document.location(node_path, key=True)), tuple(gpus))
         )
+    raw_groups = spec.get("nodeGroups") if isinstance(spec, dict) else None
+    groups: list[GroupEntry] = []
+    for index, raw_group in enumerate(raw_groups if isinstance(raw_groups, list) else []):
+        group_path: JsonPath = ("spec", "nodeGroups", index)
+        if not isinstance(raw_group, dict) or _touches(group_path, broken):
+            continue
+        group = _group(document, group_path, raw_group, catalog=catalog, problems=problems)
+        if group is not None:
+            groups.append(group)
     return FileEntry(
         file=document.file,
         name=name if isinstance(name, str) else None,
         nodes=tuple(nodes),
         problems=tuple(problems),
+        groups=tuple(groups),
     )
+
+
+def _group(
+    document: Document,
+    path: JsonPath,
+    raw: Mapping[str, Any],
+    *,
+    catalog: Catalog,
+    problems: list[Problem],
+) -> GroupEntry | None:
+    """A schema-checked group (its parts with schema problems were skipped: see ``broken``)."""
+    name = str(raw["name"])
+    selector = raw["selector"]
+    labels = selector.get("labels", {})
+    chosen = NodeSelector(
+        names=tuple(str(glob) for glob in selector.get("names", ())),
+        labels=MappingProxyType({str(k): str(v) for k, v in labels.items()}),
+    )
+    entries: list[GpuEntry] = []
+    for index, raw_gpu in enumerate(raw["gpus"]):
+        gpu_path: JsonPath = (*path, "gpus", index)
+        entry = _group_gpu(document, gpu_path, raw_gpu, group=name, catalog=catalog)
+        if isinstance(entry, Problem):
+            problems.append(entry)
+        else:
+            problems.extend(entry[1])
+            entries.append(entry[0])
+    location = document.location(path)
+    group = NodeGroup(
+        name=name,
+        selector=chosen,
+        gpus=tuple(e.gpu for e in entries if isinstance(e.gpu, GroupGpu)),
+        location=known(location),
+    )
+    return GroupEntry(group, location=location, gpus=tuple(entries))
+
+
+def _group_gpu(
+    document: Document,
+    path: JsonPath,
+    raw: Mapping[str, Any],
+    *,
+    group: str,
+    catalog: Catalog,
+) -> tuple[GpuEntry, list[Problem]] | Problem:
+    raw_match = raw["match"]
+    match_path = (*path, "match")
+    fields = {k: document.location((*path, k), key=True) for k in raw}
+    address: PciAddress | None = None
+    if "address" in raw_match:
+        try:
+            address = PciAddress.parse(str(raw_match["address"]))
+        except ValueError as exc:
+            return problem_at(document.location((*match_path, "address"), key=True), str(exc))
+    model: str | None = None
+    if "model" in raw_match:
+        fields["model"] = document.location((*match_path, "model"), key=True)
+        model = _model_name(raw_match["model"], catalog)
+    device_id = None
+    if "deviceId" in raw_match:
+        device_id = str(raw_match["deviceId"]).lower().removeprefix("0x")
+    problems: list[Problem] = []
+    layout = _layout(document, path, raw, catalog=catalog, problems=problems)
+    match = GpuMatch(model=model, device_id=device_id, address=address)
+    if address is None:
+        # Each GPU a model or device ID matches has VFs of its own addresses: only an index
+        # names "the same VF" on all of them.
+        for key in layout.vgpus or {}:
+            if isinstance(key, PciAddress):
+                problems.append(
+                    problem_at(
+                        layout.locations[key],
+                        f"VF {key} is named by its address, but this entry configures every "
+                        f"GPU {match}: name its VFs by index (0 for the first VF), or match "
+                        "one GPU by its address",
+                    )
+                )
+    gpu = GroupGpu(
+        group=group,
+        match=match,
+        sriov=layout.sriov,
+        vgpus=layout.vgpus,
+        profiles=layout.profiles,
+        mode=layout.mode,
+        location=known(document.location(path)),
+        entry_locations=layout.known_locations,
+    )
+    entry = GpuEntry(
+        gpu,
+        location=document.location(path),
+        fields=MappingProxyType(fields),
+        locations=MappingProxyType(layout.locations),
+        written=MappingProxyType(layout.written),
+    )
+    return entry, problems
+
+
+def _model_name(written: object, catalog: Catalog) -> str:
+    """A ``model:`` as the catalogue spells it, else as written (spaces made single)."""
+    text = " ".join(str(written).split())
+    catalogued = catalog.model(text)
+    return catalogued.name if catalogued is not None else text
 
 
 def _touches(path: JsonPath, broken: Collection[JsonPath]) -> bool:
@@ -110,15 +245,56 @@ def _gpu(
         # rule (slot ≤ 0x1f) authoritative should the two ever differ.
         problems.append(problem_at(document.location((*path, "address"), key=True), str(exc)))
         return None
+    model = _model_name(raw["model"], catalog) if "model" in raw else None
+    layout = _layout(document, path, raw, catalog=catalog, problems=problems)
+    gpu = DesiredGpu(
+        address=address,
+        sriov=layout.sriov,
+        model=model,
+        vgpus=layout.vgpus,
+        profiles=layout.profiles,
+        location=known(document.location(path)),
+        entry_locations=layout.known_locations,
+        mode=layout.mode,
+    )
+    return GpuEntry(
+        gpu,
+        location=document.location(path),
+        fields=MappingProxyType(fields),
+        locations=MappingProxyType(layout.locations),
+        written=MappingProxyType(layout.written),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What a GPU entry (a node's or a group's) makes of its GPU, with where each part was
+    written."""
+
+    sriov: bool
+    mode: VgpuMode
+    vgpus: Mapping[VfKey, str] | None
+    profiles: Mapping[str, int] | None
+    #: Where each ``vgpus``/``profiles`` entry was written (line 0 in a data document).
+    locations: dict[VfKey | str, SourceLocation]
+    written: dict[VfKey | str, str]
+
+    @property
+    def known_locations(self) -> Mapping[VfKey | str, SourceLocation]:
+        return MappingProxyType({k: v for k, v in self.locations.items() if v.line})
+
+
+def _layout(
+    document: Document,
+    path: JsonPath,
+    raw: Mapping[str, Any],
+    *,
+    catalog: Catalog,
+    problems: list[Problem],
+) -> _Layout:
     sriov = raw["sriov"] == "enabled"
     # The schema admits only the two modes; anything else was reported there.
     mode = VgpuMode.MIXED_SIZE if raw.get("mode") == "mixed-size" else VgpuMode.EQUAL_SIZE
-    model: str | None = None
-    if "model" in raw:
-        model_text = " ".join(str(raw["model"]).split())
-        catalogued = catalog.model(model_text)
-        model = catalogued.name if catalogued is not None else model_text
-
     entry_locations: dict[VfKey | str, SourceLocation] = {}
     written: dict[VfKey | str, str] = {}
     vgpus: dict[VfKey, str] | None = None
@@ -165,20 +341,11 @@ def _gpu(
     if sriov and vgpus is None and profiles is None:
         # SR-IOV on and nothing named: VFs without vGPUs (the model wants one of the two set).
         vgpus = {}
-    gpu = DesiredGpu(
-        address=address,
+    return _Layout(
         sriov=sriov,
-        model=model,
+        mode=mode,
         vgpus=None if vgpus is None else MappingProxyType(vgpus),
         profiles=None if profiles is None else MappingProxyType(profiles),
-        location=known(document.location(path)),
-        entry_locations=MappingProxyType({k: v for k, v in entry_locations.items() if v.line}),
-        mode=mode,
-    )
-    return GpuEntry(
-        gpu,
-        location=document.location(path),
-        fields=MappingProxyType(fields),
-        locations=MappingProxyType(entry_locations),
-        written=MappingProxyType(written),
+        locations=entry_locations,
+        written=written,
     )

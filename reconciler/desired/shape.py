@@ -141,6 +141,14 @@ def _explain(
         count, limit = len(error.instance), error.validator_value
         yield path, location, f"{where}: {count:,} entries, more than the {limit} allowed"
         return
+    if validator in ("minItems", "minProperties") and isinstance(error.instance, list | dict):
+        wanted = sorted(schema.get("properties", {}))
+        if wanted:
+            what = " or ".join(f"'{name}'" for name in wanted)
+            yield path, location, f"{where}: must not be empty: give {what}"
+        else:
+            yield path, location, f"{where}: must not be empty"
+        return
     if validator == "minimum":
         yield (
             path,

@@ -29,11 +29,18 @@ _ANNOTATIONS = frozenset({"description", "title", "examples", "$comment", "defau
 _LEAF = frozenset({"type", "minLength", "maxLength", "pattern", "enum", "const", "minimum"})
 #: Keywords :func:`certainly_valid` understands; a schema with any other is never "certain".
 _STRUCTURE = frozenset(
-    {"properties", "additionalProperties", "required", "maxProperties", "propertyNames"}
+    {
+        "properties",
+        "additionalProperties",
+        "required",
+        "minProperties",
+        "maxProperties",
+        "propertyNames",
+    }
 )
 #: Identifiers of the schema itself: they say nothing about validity either.
 _IDS = _ANNOTATIONS | {"$schema", "$id"}
-_KNOWN = _IDS | _LEAF | _STRUCTURE | {"items", "maxItems"}
+_KNOWN = _IDS | _LEAF | _STRUCTURE | {"items", "minItems", "maxItems"}
 _MISSING = object()
 
 _Check = Callable[[Any], bool]
@@ -135,17 +142,22 @@ def certainly_valid(schema: Any, value: Any) -> bool:
         if type(value) is not list or not set(schema) - _IDS <= {
             "type",
             "items",
+            "minItems",
             "maxItems",
         }:
             return False
-        if len(value) > schema.get("maxItems", len(value)):
+        if not schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)):
             return False
         items = schema.get("items", True)
         return items is True or all(certainly_valid(items, item) for item in value)
     if schema.get("type") == "object" or not _STRUCTURE.isdisjoint(schema):
         if type(value) is not dict or not set(schema) - _IDS <= _STRUCTURE | {"type"}:
             return False
-        if len(value) > schema.get("maxProperties", len(value)):
+        if (
+            not schema.get("minProperties", 0)
+            <= len(value)
+            <= schema.get("maxProperties", len(value))
+        ):
             return False
         if any(name not in value for name in schema.get("required", ())):
             return False

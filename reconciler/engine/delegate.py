@@ -31,7 +31,7 @@ from reconciler.apply.delegate import (
 )
 from reconciler.apply.executor import Outcome, OutcomeStatus
 from reconciler.catalog import Catalog
-from reconciler.model import Desired, Plan, ReconcilerError
+from reconciler.model import Desired, Plan, ReconcilerError, UsageError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.observe.delegate import devices_in_use, observe_harvester_nodes
 from reconciler.plan.delegate import plan_delegate, waits_for_controller
@@ -64,7 +64,18 @@ class DelegatePlans:
 
 
 def plan_all(desired: Desired, api: ClusterApi, catalog: Catalog) -> DelegatePlans:
-    """Every node of ``desired``, observed now and planned."""
+    """Every node of ``desired``, observed now and planned.
+
+    Node groups are refused (:class:`UsageError`): which of Harvester's nodes and GPUs a group
+    would select is not worked out in this mode yet, and a guess could reconfigure a GPU no
+    group meant."""
+    if desired.groups:
+        group = desired.groups[0]
+        where = f" ({group.location})" if group.location else ""
+        raise UsageError(
+            f"node groups are not supported in delegate mode yet (node group '{group.name}'"
+            f"{where}): list each node under spec.nodes"
+        )
     observed = observe_harvester_nodes(api, desired.nodes)
     plans: list[Plan] = []
     failures: dict[str, ReconcilerError] = {}

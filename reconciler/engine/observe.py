@@ -41,6 +41,9 @@ class Planned:
     inventory: Inventory
     cluster: ClusterState | None
     plan: Plan
+    #: The desired state planned, its node groups' entries made this host's GPUs (the node's
+    #: own entry as it is): the GPUs the run may manage, and what a saved plan carries.
+    desired: DesiredNode
     #: The kubelet's vGPU allocations (device ID → pods) read just before the observation: an
     #: allocation found at the moment of acting that is not here was made since.
     allocations: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
@@ -50,11 +53,13 @@ class Planned:
 
 def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = False) -> Planned:
     """Observe the host and the cluster, then plan."""
-    from reconciler.plan import plan_node
+    from reconciler.plan import plan_node, resolve_groups
     from reconciler.plan.uses import mark_cluster_uses
 
     allocations = ports.allocations()
     inventory = ports.observe_host()
+    # A node group's GPU entries name GPUs by model or device ID: this host's are now known.
+    desired = resolve_groups(desired, inventory)
     cluster = ports.observe_cluster()
     controller = None
     if ports.cluster_api is not None:
@@ -82,7 +87,9 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
         plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
     if controller is not None:
         plan = with_refusal_note(plan, controller)
-    return Planned(inventory, cluster, plan, MappingProxyType(dict(allocations)), controller)
+    return Planned(
+        inventory, cluster, plan, desired, MappingProxyType(dict(allocations)), controller
+    )
 
 
 def _mode_matters(plan: Plan, inventory: Inventory, desired: DesiredNode) -> frozenset[PciAddress]:

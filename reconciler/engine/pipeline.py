@@ -314,7 +314,7 @@ class _Run:
     def act(self, planned: Planned) -> Reconciled:
         refuse_if_another_controller(planned)
         ports, plan = self.ports, planned.plan
-        managed = frozenset(g.address for g in self.desired.gpus)
+        managed = frozenset(g.address for g in planned.desired.gpus)
         host_actions = tuple(a for a in plan.actions if a.kind.is_host)
         host = execute(
             replace(plan, actions=host_actions),

@@ -4,7 +4,18 @@ No I/O and no third-party imports (an import-linter contract holds this).
 """
 
 from reconciler.model.address import PciAddress
-from reconciler.model.desired import Desired, DesiredGpu, DesiredNode, SourceLocation, VfKey
+from reconciler.model.desired import (
+    Desired,
+    DesiredGpu,
+    DesiredNode,
+    GpuMatch,
+    GpuRef,
+    GroupGpu,
+    NodeGroup,
+    NodeSelector,
+    SourceLocation,
+    VfKey,
+)
 from reconciler.model.errors import (
     AdmissionDeniedError,
     ApplyError,
@@ -94,12 +105,17 @@ __all__ = [
     "ForbiddenError",
     "ForeignControllerError",
     "Gpu",
+    "GpuMatch",
+    "GpuRef",
+    "GroupGpu",
     "HostAction",
     "Interface",
     "Inventory",
     "KubevirtUpdate",
     "LockHeldError",
     "MediatedDevice",
+    "NodeGroup",
+    "NodeSelector",
     "Noop",
     "ObserveError",
     "PciAddress",

@@ -4,16 +4,28 @@ Produced by ``desired`` from YAML (``schemas/desired-state.schema.json``). Profi
 already long, spelt as the catalogue spells them (``NVIDIA A2-4Q``, ``GRID A100-4C``; the host's
 spelling wins at plan time); VF keys are an address or an index. Every entry carries where it
 was written, so a plan-time error can name the file, line and column.
+
+Node groups (``spec.nodeGroups``) configure many nodes at once: a :class:`NodeGroup` selects
+nodes by name globs and labels and its GPUs by model, PCI device ID or address. Which groups
+apply to a node is :meth:`Desired.node`'s to say (a node's own entry replaces every group);
+which GPU of the node each group entry configures is known only once the host is observed
+(``plan.groups.resolve``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from reconciler.model.address import PciAddress
+from reconciler.model.errors import UsageError
 from reconciler.model.mode import VgpuMode
+
+if TYPE_CHECKING:
+    from reconciler.model.inventory import Gpu
 
 #: A VF named by its PCI address or by its index (0..N-1) under the GPU.
 VfKey = PciAddress | int
@@ -57,10 +69,129 @@ class DesiredGpu:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuMatch:
+    """Which GPUs of a node a group's GPU entry configures: every criterion given must hold."""
+
+    #: The model as the catalogue spells it (``NVIDIA A2``), compared with the model the host's
+    #: PCI ids name; a GPU the catalogue does not know has none and never matches.
+    model: str | None = None
+    #: The PF's PCI device ID, four lower-case hex digits (``25b6``).
+    device_id: str | None = None
+    address: PciAddress | None = None
+
+    def matches(self, gpu: Gpu) -> bool:
+        return (
+            (self.model is None or self.model == gpu.model)
+            and (self.device_id is None or self.device_id == gpu.device_id.lower())
+            and (self.address is None or self.address == gpu.address)
+        )
+
+    def __str__(self) -> str:
+        """``matching model 'NVIDIA A2'``: messages say ``GPU matching …`` of it."""
+        parts = []
+        if self.model is not None:
+            parts.append(f"model '{self.model}'")
+        if self.device_id is not None:
+            parts.append(f"device ID {self.device_id}")
+        if self.address is not None:
+            parts.append(f"address {self.address}")
+        return "matching " + " and ".join(parts)
+
+
+#: A GPU as a message names it: by its address, or by what selects it in a node group.
+GpuRef = PciAddress | GpuMatch
+
+
+@dataclass(frozen=True, slots=True)
+class GroupGpu:
+    """One GPU entry of a node group: the GPUs it matches and the layout each of them gets."""
+
+    group: str
+    match: GpuMatch
+    sriov: bool
+    vgpus: Mapping[VfKey, str] | None = None
+    profiles: Mapping[str, int] | None = None
+    mode: VgpuMode = VgpuMode.EQUAL_SIZE
+    location: SourceLocation | None = None
+    entry_locations: Mapping[VfKey | str, SourceLocation] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    @property
+    def model(self) -> str | None:
+        return self.match.model
+
+    @property
+    def layout(self) -> tuple[object, ...]:
+        """What this entry makes of a GPU: two entries with equal layouts agree."""
+        return (
+            self.sriov,
+            self.mode,
+            None if self.vgpus is None else dict(self.vgpus),
+            None if self.profiles is None else dict(self.profiles),
+        )
+
+    def at(self, address: PciAddress) -> DesiredGpu:
+        """The desired GPU this entry makes of the node's GPU at ``address``."""
+        return DesiredGpu(
+            address=address,
+            sriov=self.sriov,
+            model=self.match.model,
+            vgpus=self.vgpus,
+            profiles=self.profiles,
+            location=self.location,
+            entry_locations=self.entry_locations,
+            mode=self.mode,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelector:
+    """Which nodes a group configures: any of ``names`` (globs) and all of ``labels``; an empty
+    part says nothing (a selector has at least one part)."""
+
+    names: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def admits_name(self, name: str) -> bool:
+        return not self.names or any(fnmatchcase(name, glob) for glob in self.names)
+
+    def matches(self, name: str, labels: Mapping[str, str]) -> bool:
+        return self.admits_name(name) and all(
+            labels.get(key) == value for key, value in self.labels.items()
+        )
+
+    @property
+    def key(self) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+        """Equal keys select the same nodes whatever the nodes are."""
+        return frozenset(self.names), frozenset(self.labels.items())
+
+    def __str__(self) -> str:
+        parts = []
+        if self.names:
+            parts.append("names " + ", ".join(self.names))
+        if self.labels:
+            parts.append("labels " + ", ".join(f"{k}={v}" for k, v in self.labels.items()))
+        return " and ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGroup:
+    name: str
+    selector: NodeSelector
+    gpus: tuple[GroupGpu, ...] = ()
+    location: SourceLocation | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DesiredNode:
     name: str
     gpus: tuple[DesiredGpu, ...] = ()
     location: SourceLocation | None = None
+    #: The GPU entries of the node groups that select this node, in file order: which GPUs
+    #: they configure is known once the host is observed (``plan.groups.resolve`` makes them
+    #: ``gpus``). Empty for a node's own entry, which replaces every group.
+    matched: tuple[GroupGpu, ...] = ()
 
     def gpu(self, address: PciAddress) -> DesiredGpu | None:
         for g in self.gpus:
@@ -78,6 +209,50 @@ class Desired:
     files: tuple[str, ...] = ()
     #: What validation could not check offline and accepted (names the catalogue lacks).
     notes: tuple[str, ...] = ()
+    groups: tuple[NodeGroup, ...] = ()
 
-    def node(self, name: str) -> DesiredNode | None:
-        return self.nodes.get(name)
+    def node(self, name: str, labels: Mapping[str, str] | None = None) -> DesiredNode | None:
+        """What the desired state wants of node ``name`` (None: nothing).
+
+        Its own entry under ``spec.nodes`` when it has one (it replaces every group); else the
+        GPU entries of every group that selects it. ``labels`` are the node's labels; None:
+        not known, and a group that selects by labels and admits the name raises
+        :class:`UsageError` (guessing could configure a node no group meant).
+        """
+        own = self.nodes.get(name)
+        if own is not None:
+            return own
+        if labels is None:
+            unknown = self.needs_labels(name)
+            if unknown:
+                group = unknown[0]
+                where = f" ({group.location})" if group.location else ""
+                raise UsageError(
+                    f"node group '{group.name}'{where} selects nodes by labels, and node "
+                    f"{name}'s labels are not known here: vgpuctl reads them from the cluster "
+                    "(pass --kubeconfig)"
+                )
+        selecting = [g for g in self.groups if g.selector.matches(name, labels or {})]
+        if not selecting:
+            return None
+        return DesiredNode(
+            name,
+            location=selecting[0].location,
+            matched=tuple(gpu for g in selecting for gpu in g.gpus),
+        )
+
+    def needs_labels(self, name: str) -> tuple[NodeGroup, ...]:
+        """The groups whose say on node ``name`` depends on its labels (none when the node has
+        its own entry, or no group both admits its name and selects by labels)."""
+        if name in self.nodes:
+            return ()
+        return tuple(g for g in self.groups if g.selector.labels and g.selector.admits_name(name))
+
+    def selected(self, nodes: Mapping[str, Mapping[str, str]]) -> list[str]:
+        """The names the desired state concerns among ``nodes`` (name → labels), with every
+        node of its own entries, sorted."""
+        chosen = set(self.nodes)
+        for name, labels in nodes.items():
+            if any(g.selector.matches(name, labels) for g in self.groups):
+                chosen.add(name)
+        return sorted(chosen)

@@ -7,10 +7,12 @@ from its module: a node's plan does not load it).
 same node and VF always give the same UUID). The cluster half:
 ``render_objects`` (the node's CRs as they should be), ``predict_inventory`` (the host after the
 host actions, which CR statuses are rendered from) and ``replan_object`` (the cluster executor's
-answer to a 409).
+answer to a 409). ``resolve_groups`` makes a node's node-group entries the GPUs of its host
+they match (``plan_node`` does it first).
 """
 
 from reconciler.plan.cluster import KUBEVIRT_MISSING, replan_object
+from reconciler.plan.groups import resolve as resolve_groups
 from reconciler.plan.planner import NO_CLUSTER, plan_node
 from reconciler.plan.predict import predict_inventory
 from reconciler.plan.render import LAST_APPLIED_ANNOTATION, canonical_json, render_objects
@@ -26,5 +28,6 @@ __all__ = [
     "predict_inventory",
     "render_objects",
     "replan_object",
+    "resolve_groups",
     "vgpu_uuid",
 ]

@@ -38,6 +38,7 @@ from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
 from reconciler.plan.cluster import plan_cluster, plan_node_state
 from reconciler.plan.diff import diff_gpu
+from reconciler.plan.groups import resolve
 from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
 from reconciler.plan.mode import with_mode_step
 from reconciler.plan.nodestate import render_node_state
@@ -72,6 +73,9 @@ def plan_node(
             f"the cluster state is for node {cluster.node}, the host was observed as node "
             f"{inventory.node}"
         )
+    if node is not None:
+        # Node groups' entries become the GPUs of this host they match.
+        node = resolve(node, inventory)
     # The fingerprint is the host's own: a saved plan is checked against a fresh host observation,
     # which knows nothing of the cluster's uses.
     fingerprint = inventory.fingerprint()

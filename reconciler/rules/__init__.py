@@ -37,7 +37,7 @@ from functools import lru_cache
 from itertools import accumulate
 
 from reconciler.catalog import Catalog, parse_profile_name
-from reconciler.model import PciAddress, SourceLocation
+from reconciler.model import GpuRef, PciAddress, SourceLocation
 from reconciler.model.errors import excerpt
 
 
@@ -144,7 +144,7 @@ class Violation:
 
 
 def violations(
-    gpu: PciAddress,
+    gpu: GpuRef,
     offer: Offer,
     requests: Sequence[Request],
     *,
@@ -225,7 +225,7 @@ def _offered(offer: Offer, name: str, hosted: set[str]) -> bool:
     return offer.catalog.model(parsed.gpu) is mine
 
 
-def _not_offered(gpu: PciAddress, offer: Offer, r: Request) -> Violation:
+def _not_offered(gpu: GpuRef, offer: Offer, r: Request) -> Violation:
     where = f"VF {r.vf}: " if r.vf is not None else ""
     model = f" ({offer.model})" if offer.model else ""
     known = offer.catalog.profile(r.profile)
@@ -240,7 +240,7 @@ def _not_offered(gpu: PciAddress, offer: Offer, r: Request) -> Violation:
     )
 
 
-def _mig_mixed(gpu: PciAddress, time_sliced: Request, mig: Request) -> Violation:
+def _mig_mixed(gpu: GpuRef, time_sliced: Request, mig: Request) -> Violation:
     earlier, later = sorted((time_sliced, mig), key=_order)
     line = _line(earlier)
     return Violation(
@@ -252,7 +252,7 @@ def _mig_mixed(gpu: PciAddress, time_sliced: Request, mig: Request) -> Violation
     )
 
 
-def _size_clash(gpu: PciAddress, typed: list[tuple[Request, OfferedType]]) -> Violation | None:
+def _size_clash(gpu: GpuRef, typed: list[tuple[Request, OfferedType]]) -> Violation | None:
     if not typed:
         return None
     first, size = typed[0]
@@ -287,7 +287,7 @@ def gpu_framebuffer(offer: Offer) -> int | None:
 
 
 def _over_framebuffer(
-    gpu: PciAddress, offer: Offer, typed: list[tuple[Request, OfferedType]]
+    gpu: GpuRef, offer: Offer, typed: list[tuple[Request, OfferedType]]
 ) -> Violation | None:
     """Mixed-size mode: the time-sliced vGPUs' framebuffer together must fit the GPU's."""
     total_mib = gpu_framebuffer(offer)
@@ -310,7 +310,7 @@ def _over_framebuffer(
 
 
 def _over_maximum(
-    gpu: PciAddress,
+    gpu: GpuRef,
     offer: Offer,
     typed: list[tuple[Request, OfferedType]],
     *,
@@ -371,7 +371,7 @@ def _mixed_facts(t: OfferedType, catalog: Catalog) -> OfferedType:
     return OfferedType(t.name, t.framebuffer_mib, limit, t.mig, limit)
 
 
-def _over_vfs(gpu: PciAddress, offer: Offer, requests: Sequence[Request]) -> Violation | None:
+def _over_vfs(gpu: GpuRef, offer: Offer, requests: Sequence[Request]) -> Violation | None:
     if offer.vfs is None or sum(r.count for r in requests) <= offer.vfs:
         return None
     for r, n in zip(requests, accumulate(r.count for r in requests), strict=True):
@@ -388,7 +388,7 @@ def _over_vfs(gpu: PciAddress, offer: Offer, requests: Sequence[Request]) -> Vio
 
 
 def index_out_of_range(
-    gpu: PciAddress, model: str | None, index: int, vfs: int, location: SourceLocation | None
+    gpu: GpuRef, model: str | None, index: int, vfs: int, location: SourceLocation | None
 ) -> Violation:
     """A VF index the GPU does not have: VF ``i`` exists for ``i`` below its VF count."""
     return Violation(
@@ -400,7 +400,7 @@ def index_out_of_range(
 
 
 def named_twice(
-    gpu: PciAddress,
+    gpu: GpuRef,
     vf: PciAddress,
     index: int,
     by_index: SourceLocation | None,

@@ -20,13 +20,14 @@ of the host or the cluster is what may make the next try succeed).
 from __future__ import annotations
 
 import enum
+import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from reconciler.apply import EventSink
 from reconciler.catalog import Catalog
-from reconciler.model import DesiredNode, Problem, ReconcilerError, ValidationError
+from reconciler.model import DesiredNode, Problem, ReconcilerError, UsageError, ValidationError
 from reconciler.model.cluster import SRIOV_GPU_KIND, object_name
 from reconciler.watch.metrics import WatchMetrics
 from reconciler.watch.source import DesiredSource
@@ -66,9 +67,13 @@ class DesiredFiles(Generic[T]):
         events: Callable[[], EventSink | None] = lambda: None,
         event_targets: Callable[[T], Sequence[tuple[str, str]]] = lambda _: (),
         refresh_watches: Callable[[], None] | None = None,
+        inputs: Callable[[], str] = lambda: "",
     ) -> None:
         self.source = source
         self._load = load
+        #: What else the desired state in force was made from (a node's labels, when node
+        #: groups select by them), as a fingerprint: a change is a change of the desired state.
+        self._inputs = inputs
         self._metrics = metrics
         self._events = events
         self._event_targets = event_targets
@@ -88,12 +93,26 @@ class DesiredFiles(Generic[T]):
         metrics: WatchMetrics,
         events: Callable[[], EventSink | None],
         refresh_watches: Callable[[], None] | None = None,
+        labels: Callable[[], Mapping[str, str]] | None = None,
     ) -> DesiredFiles[DesiredNode]:
         """One node's desired state; an invalid one is also a Warning Event on each of the
-        node's SRIOVGPUDevice objects (``kubectl describe`` shows it)."""
+        node's SRIOVGPUDevice objects (``kubectl describe`` shows it).
+
+        ``labels`` reads the node's labels (None: no cluster). They are read only while a node
+        group that selects by labels could select the node, then again at every check, so
+        that labelling the node (or taking a label off) changes its desired state."""
+        by_labels = False  # whether the desired state in force depends on the labels
 
         def load(src: DesiredSource) -> DesiredNode:
-            found = src.load(catalog=catalog, node=node)
+            nonlocal by_labels
+            desired = src.load_all(catalog=catalog)
+            by_labels = bool(desired.needs_labels(node))
+            try:
+                found = desired.node(node, labels() if by_labels and labels else None)
+            except UsageError as exc:
+                # A group selects by labels and there is no cluster to read them from: no
+                # guess either way (the desired state cannot be applied here).
+                raise ValidationError(exc.message) from None
             if found is None:
                 log.warning(
                     "node %s is not in the desired state in %s: no GPU of this node is managed",
@@ -106,6 +125,14 @@ class DesiredFiles(Generic[T]):
         def targets(current: DesiredNode) -> Sequence[tuple[str, str]]:
             return [(SRIOV_GPU_KIND, object_name(node, str(g.address))) for g in current.gpus]
 
+        def inputs() -> str:
+            if not by_labels or labels is None:
+                return ""
+            try:
+                return json.dumps(sorted(labels().items()))
+            except ReconcilerError as exc:
+                return f"unreadable: {exc.message}"
+
         return DesiredFiles(
             source,
             load=load,
@@ -113,6 +140,7 @@ class DesiredFiles(Generic[T]):
             events=events,
             event_targets=targets,
             refresh_watches=refresh_watches,
+            inputs=inputs,
         )
 
     def watch_again(self) -> None:
@@ -128,23 +156,32 @@ class DesiredFiles(Generic[T]):
 
     def changed_unread(self) -> bool:
         """The files' content differs from what was last read (a change no event announced)."""
-        return self.source.fingerprint() != self._fingerprint
+        return self._fingerprint_now() != self._fingerprint
+
+    def _fingerprint_now(self) -> str:
+        return self.source.fingerprint() + self._inputs()
 
     def check(self) -> DesiredChange:
         """Read the desired state again if its content changed."""
-        fingerprint = self.source.fingerprint()
+        fingerprint = self._fingerprint_now()
         if fingerprint == self._fingerprint:
             return DesiredChange.NONE
         self._fingerprint = fingerprint
         try:
             loaded = self._load(self.source)
         except ValidationError as exc:
-            if self.source.fingerprint() != fingerprint:
+            if self._fingerprint_now() != fingerprint:
                 # Changed while we read it: a writer is not done (not every writer renames a
                 # finished file into place). Read it again once it has been quiet.
                 self._fingerprint = None
                 return DesiredChange.UNSETTLED
             self._report_invalid(exc.problems or (Problem(exc.message),))
+            return DesiredChange.NONE
+        except ReconcilerError as exc:
+            # What the desired state depends on could not be read (the node's labels): the
+            # one in force stays, and the next check reads again.
+            log.warning("cannot read what the desired state depends on: %s", exc.message)
+            self._fingerprint = None
             return DesiredChange.NONE
         except Exception as exc:  # a loader bug must not take the loop down
             log.exception("cannot load the desired state from %s", self.source.path)

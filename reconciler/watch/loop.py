@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from reconciler.catalog import Catalog
 from reconciler.engine import DevicePlugins, NodePorts, RunSettings
@@ -78,6 +78,7 @@ class WatchLoop(Worker):
         metrics: WatchMetrics | None = None,
         settings: WatchSettings | None = None,
         refresh_watches: Callable[[], None] | None = None,
+        node_labels: Callable[[], Mapping[str, str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
@@ -94,6 +95,7 @@ class WatchLoop(Worker):
             metrics=self.metrics,
             events=lambda: ports().events,
             refresh_watches=refresh_watches,
+            labels=node_labels,
         )
         self.host = HostDrift(host_signature, metrics=self.metrics)
         self.cluster = ClusterDrift(cluster_signature, metrics=self.metrics)

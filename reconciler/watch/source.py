@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +73,15 @@ class DesiredSource:
         digest.update(str(len(files)).encode())
         return digest.hexdigest()
 
-    def load(self, *, catalog: Catalog, node: str) -> DesiredNode | None:
-        """This node's desired state (None: the files do not name the node).
+    def load(
+        self, *, catalog: Catalog, node: str, labels: Mapping[str, str] | None = None
+    ) -> DesiredNode | None:
+        """This node's desired state (None: neither the files nor their node groups name the
+        node; ``labels``: the node's, as :meth:`Desired.node` takes them).
 
         Raises :class:`~reconciler.model.ValidationError` with every located problem.
         """
-        return self.load_all(catalog=catalog).node(node)
+        return self.load_all(catalog=catalog).node(node, labels)
 
     def load_all(self, *, catalog: Catalog) -> Desired:
         """Every node's desired state (delegate mode's watch). Raises as :meth:`load`."""

@@ -1,0 +1,57 @@
+"""The labels of Kubernetes nodes, which node groups select by (``spec.nodeGroups[].selector``).
+
+A node agent reads its own Node (one ``get``); ``plan --observed cluster`` lists them all
+(paginated). Both only when the desired state has a group that selects by labels and could
+select the node: a desired state without such groups never reads a Node. The objects are the
+API server's, so their labels are checked as untrusted data: a label that is not text to text
+is left out (no selector can ask for it), and a Node whose ``metadata.labels`` is no mapping
+has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from reconciler.model import ObserveError
+from reconciler.model.clusterapi import ClusterApi
+
+#: Labels kept per node. A Node has tens; the API server bounds the total size, not the count.
+MAX_LABELS = 1024
+
+
+def node_labels(api: ClusterApi, node: str) -> Mapping[str, str]:
+    """Node ``node``'s labels. Raises :class:`ObserveError` when the cluster has no such node
+    (a group cannot be decided for a node that is not there)."""
+    raw = api.get_object(group="", version="v1", plural="nodes", name=node)
+    if raw is None:
+        raise ObserveError(
+            f"node {node} is not in the cluster: its labels decide which node groups configure it"
+        )
+    return labels_of(raw)
+
+
+def all_node_labels(api: ClusterApi) -> Mapping[str, Mapping[str, str]]:
+    """Every node of the cluster by name, with its labels (one paginated list)."""
+    found: dict[str, Mapping[str, str]] = {}
+    for raw in api.list_objects(group="", version="v1", plural="nodes"):
+        metadata = raw.get("metadata")
+        name = metadata.get("name") if isinstance(metadata, Mapping) else None
+        if isinstance(name, str) and name:
+            found[name] = labels_of(raw)
+    return MappingProxyType(found)
+
+
+def labels_of(raw: Mapping[str, Any]) -> Mapping[str, str]:
+    metadata = raw.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return MappingProxyType({})
+    kept: dict[str, str] = {}
+    for key, value in labels.items():
+        if len(kept) == MAX_LABELS:
+            break
+        if isinstance(key, str) and isinstance(value, str):
+            kept[key] = value
+    return MappingProxyType(kept)
