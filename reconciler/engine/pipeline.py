@@ -70,6 +70,7 @@ from reconciler.model import (
     VgpuRemove,
 )
 from reconciler.observe.parse import NVIDIA_VENDOR_ID
+from reconciler.plan.groups import resolve as resolve_groups
 
 #: How many differences a stop on an unexpected host names before "… and N more".
 DIFFERENCES_SHOWN = 5
@@ -314,7 +315,10 @@ class _Run:
     def act(self, planned: Planned) -> Reconciled:
         refuse_if_another_controller(planned)
         ports, plan = self.ports, planned.plan
-        managed = frozenset(g.address for g in planned.desired.gpus)
+        # The mandate is the run's own desired state (its node groups' entries made the GPUs
+        # of the host they match), whatever the plan says.
+        desired = resolve_groups(self.desired, planned.inventory)
+        managed = frozenset(g.address for g in desired.gpus)
         host_actions = tuple(a for a in plan.actions if a.kind.is_host)
         host = execute(
             replace(plan, actions=host_actions),

@@ -54,6 +54,8 @@ EXPECTED_GRANTS = {
     Grant("kubevirt.io", "kubevirts", "watch", None),
     Grant("kubevirt.io", "kubevirts", "patch", None),
     Grant("kubevirt.io", "virtualmachineinstances", "list", None),
+    # The agent's own Node (its labels decide which node groups configure it): get, never list.
+    Grant("", "nodes", "get", None),
     # Whether Harvester's pcidevices-controller runs: one get each, by name, wherever.
     Grant("harvesterhci.io", "addons", "get", None, "pcidevices-controller"),
     Grant("apps", "daemonsets", "get", None, "harvester-pcidevices-controller"),
