@@ -68,12 +68,15 @@ class DesiredFiles(Generic[T]):
         event_targets: Callable[[T], Sequence[tuple[str, str]]] = lambda _: (),
         refresh_watches: Callable[[], None] | None = None,
         inputs: Callable[[], str] = lambda: "",
+        loaded_inputs: Callable[[], str] = lambda: "",
     ) -> None:
         self.source = source
         self._load = load
-        #: What else the desired state in force was made from (a node's labels, when node
-        #: groups select by them), as a fingerprint: a change is a change of the desired state.
+        #: What else the desired state is made from (a node's labels, when node groups select
+        #: by them), as a fingerprint: a change is a change of the desired state. ``inputs``
+        #: reads them now; ``loaded_inputs`` says what the last load read.
         self._inputs = inputs
+        self._loaded_inputs = loaded_inputs
         self._metrics = metrics
         self._events = events
         self._event_targets = event_targets
@@ -102,13 +105,16 @@ class DesiredFiles(Generic[T]):
         group that selects by labels could select the node, then again at every check, so
         that labelling the node (or taking a label off) changes its desired state."""
         by_labels = False  # whether the desired state in force depends on the labels
+        read = ""  # the labels the last load read, as :func:`inputs` gives them
 
         def load(src: DesiredSource) -> DesiredNode:
-            nonlocal by_labels
+            nonlocal by_labels, read
             desired = src.load_all(catalog=catalog)
             by_labels = bool(desired.needs_labels(node))
+            now = labels() if by_labels and labels is not None else None
+            read = "" if now is None else _labels_text(now)
             try:
-                found = desired.node(node, labels() if by_labels and labels else None)
+                found = desired.node(node, now)
             except UsageError as exc:
                 # A group selects by labels and there is no cluster to read them from: no
                 # guess either way (the desired state cannot be applied here).
@@ -129,7 +135,7 @@ class DesiredFiles(Generic[T]):
             if not by_labels or labels is None:
                 return ""
             try:
-                return json.dumps(sorted(labels().items()))
+                return _labels_text(labels())
             except ReconcilerError as exc:
                 return f"unreadable: {exc.message}"
 
@@ -141,6 +147,7 @@ class DesiredFiles(Generic[T]):
             event_targets=targets,
             refresh_watches=refresh_watches,
             inputs=inputs,
+            loaded_inputs=lambda: read,
         )
 
     def watch_again(self) -> None:
@@ -163,12 +170,15 @@ class DesiredFiles(Generic[T]):
 
     def check(self) -> DesiredChange:
         """Read the desired state again if its content changed."""
-        fingerprint = self._fingerprint_now()
+        files = self.source.fingerprint()
+        fingerprint = files + self._inputs()
         if fingerprint == self._fingerprint:
             return DesiredChange.NONE
         self._fingerprint = fingerprint
         try:
             loaded = self._load(self.source)
+            # What the load itself read (it may need labels the last state did not).
+            self._fingerprint = files + self._loaded_inputs()
         except ValidationError as exc:
             if self._fingerprint_now() != fingerprint:
                 # Changed while we read it: a writer is not done (not every writer renames a
@@ -242,6 +252,10 @@ class DesiredFiles(Generic[T]):
                 message=message,
                 type="Warning",
             )
+
+
+def _labels_text(labels: Mapping[str, str]) -> str:
+    return json.dumps(sorted(labels.items()))
 
 
 class HostDrift:

@@ -401,6 +401,16 @@ def test_cluster_only_planning_of_three_nodes(tmp_path: Path, emu: ApiServerEmul
     ci = emu.kubeconfig(tmp_path / "ci.kubeconfig", user=role.user)
     res = run_vgpuctl("plan", changed, "--observed", "cluster", "--kubeconfig", ci)
     assert res.returncode == 0, res.stdout + res.stderr
+    # The same fleet as a node group: the plan lists the cluster's Nodes to select from.
+    for name in names:
+        emu.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text("\n".join(lines[:4]) + (
+        '\n  nodeGroups:\n    - name: all\n      selector: {names: ["gpu-node-*"]}\n'
+        "      gpus: [{match: {model: A2}, sriov: enabled, profiles: {A2-4Q: 2}}]\n"))  # fmt: skip
+    res = run_vgpuctl("plan", grouped, "--observed", "cluster", "--kubeconfig", ci)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Cluster plan: 3 nodes, " in res.stdout
     assert role.refused() == []
     assert rbac.unused(role.granted, role.requests) == set()
 
@@ -453,6 +463,14 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
     dropped = tmp_path / "dropped.yaml"
     dropped.write_text(SEED.read_text().split("gpus:")[0] + "gpus: []\n")
     node.ok("apply", dropped, "--yes")  # the GPU is no longer managed: its object deleted
+    # A node group that selects by labels: the agent reads its own Node (one get).
+    emu.seed({"apiVersion": "v1", "kind": "Node",
+              "metadata": {"name": NODE, "labels": {"example.com/pool": "vdi"}}})  # fmt: skip
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text(SEED.read_text().split("spec:")[0] + (
+        "spec:\n  nodeGroups:\n    - name: vdi\n      selector: {labels: {example.com/pool: vdi}}\n"
+        '      gpus: [{match: {address: "0000:41:00.0"}, sriov: disabled}]\n'))  # fmt: skip
+    node.ok("apply", grouped, "--yes")
     assert not emu.objects(*SRIOV)
     granted = rbac.grants()
     denied = sorted({rbac.needed(r) for r in emu.requests if not rbac.allows(granted, r)})

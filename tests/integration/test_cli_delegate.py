@@ -233,3 +233,23 @@ def test_delegate_none_keeps_the_node_local_guard(harvester: Cluster) -> None:
     assert res.returncode == 1
     assert "pcidevices-controller" in res.stderr
     assert harvester.types() == {}
+
+
+def test_node_groups_are_refused_in_delegate_mode(harvester: Cluster, tmp_path: Path) -> None:
+    """Which of Harvester's nodes and GPUs a group selects is not worked out in delegate mode:
+    refused, naming the group, and nothing written."""
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text(
+        "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
+        "metadata: {name: lab}\nspec:\n  nodeGroups:\n    - name: all\n"
+        '      selector: {names: ["*"]}\n'
+        "      gpus: [{match: {model: A2}, sriov: enabled, profiles: {A2-4Q: 4}}]\n"
+    )
+    for command in (("plan", grouped), ("apply", grouped, "--yes")):
+        res = harvester.run(*command)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "node groups are not supported in delegate mode yet (node group 'all' (" in (
+            res.stderr
+        )
+        assert "grouped.yaml:6:7)): list each node under spec.nodes" in res.stderr
+    assert harvester.types() == {}

@@ -99,3 +99,19 @@ def test_a_document_that_is_no_vm_is_skipped_and_nonsense_is_no_traceback(tmp_pa
     assert res.returncode == 1
     assert res.stderr.startswith(f"{broken}:1:1: error: not YAML")
     assert "Traceback" not in res.stderr
+
+
+def test_a_node_groups_profiles_are_on_offer(tmp_path: Path) -> None:
+    """Offline, what the desired state's node groups give is on offer too: with L40S-8Q given
+    by a group, only the ramFB and series findings remain."""
+    vms = tmp_path / "two-gpus.yaml"
+    shutil.copy(VMS / "two-gpus.yaml", vms)
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text(
+        SEED.read_text() + '  nodeGroups:\n    - name: l40s\n      selector: {names: ["gpu-*"]}\n'
+        "      gpus: [{match: {model: L40S}, sriov: enabled, profiles: {L40S-8Q: 4}}]\n"
+    )
+    res = run_vgpuctl("lint-vm", vms, "--desired", grouped)
+    assert res.returncode == 1
+    assert not [line for line in res.stderr.splitlines() if "is not on offer" in line]
+    assert len(res.stderr.splitlines()) == 5

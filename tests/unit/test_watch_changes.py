@@ -4,6 +4,7 @@ verdicts, each on its own with fake fingerprints and a fake clock."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,108 @@ def test_readiness_follows_the_reconciles() -> None:
     verdict = health.readiness()
     assert verdict.ok  # ready once settled, failing or not
     assert verdict.reason == "ready: the last reconcile failed: lock held"
+
+
+GROUPED = """apiVersion: vgpu.reconciler.dev/v1alpha1
+kind: VGPUDesiredState
+metadata: {name: lab}
+spec:
+  nodeGroups:
+    - name: vdi
+      selector: {labels: {example.com/pool: vdi}}
+      gpus:
+        - match: {model: A2}
+          sriov: enabled
+          profiles: {A2-4Q: 4}
+"""
+
+
+class Labels:
+    """The node's labels as the cluster has them (the test labels the node), each read
+    counted; ``down`` makes the read fail as an unreachable API server does."""
+
+    def __init__(self) -> None:
+        self.value: dict[str, str] = {}
+        self.reads = 0
+        self.down = False
+
+    def __call__(self) -> dict[str, str]:
+        self.reads += 1
+        if self.down:
+            raise ClusterUnavailableError("cannot reach the Kubernetes API server")
+        return dict(self.value)
+
+
+def test_labelling_the_node_changes_its_desired_state(tmp_path: Path) -> None:
+    from reconciler.catalog import default_catalog
+    from reconciler.watch.changes import DesiredChange, DesiredFiles
+    from reconciler.watch.source import DesiredSource
+
+    (tmp_path / "fleet.yaml").write_text(GROUPED)
+    labels = Labels()
+    files = DesiredFiles.for_node(
+        DesiredSource.at(tmp_path / "fleet.yaml"),
+        node="vdi-1",
+        catalog=default_catalog(),
+        metrics=WatchMetrics(),
+        events=lambda: None,
+        labels=labels,
+    )
+    assert files.check() is DesiredChange.FIRST
+    assert files.current is not None and files.current.matched == ()  # not labelled: nothing
+    assert files.check() is DesiredChange.NONE
+    labels.value = {"example.com/pool": "vdi"}
+    assert files.changed_unread()
+    assert files.check() is DesiredChange.CHANGED
+    assert [e.group for e in files.current.matched] == ["vdi"]
+    assert files.check() is DesiredChange.NONE
+    # An unreachable cluster keeps the desired state in force and reads again next time.
+    labels.down = True
+    assert files.check() is DesiredChange.NONE
+    assert [e.group for e in files.current.matched] == ["vdi"]
+    labels.down = False
+    labels.value = {}
+    assert files.check() is DesiredChange.CHANGED
+    assert files.current.matched == ()
+
+
+def test_without_label_groups_the_node_is_never_read(tmp_path: Path) -> None:
+    from reconciler.catalog import default_catalog
+    from reconciler.watch.changes import DesiredChange, DesiredFiles
+    from reconciler.watch.source import DesiredSource
+
+    (tmp_path / "fleet.yaml").write_text(
+        GROUPED.replace("labels: {example.com/pool: vdi}", 'names: ["vdi-*"]')
+    )
+    labels = Labels()
+    files = DesiredFiles.for_node(
+        DesiredSource.at(tmp_path / "fleet.yaml"),
+        node="vdi-1",
+        catalog=default_catalog(),
+        metrics=WatchMetrics(),
+        events=lambda: None,
+        labels=labels,
+    )
+    assert files.check() is DesiredChange.FIRST
+    assert files.check() is DesiredChange.NONE
+    assert files.current is not None and [e.group for e in files.current.matched] == ["vdi"]
+    assert labels.reads == 0
+
+
+def test_label_groups_without_a_cluster_are_an_invalid_desired_state(tmp_path: Path) -> None:
+    from reconciler.catalog import default_catalog
+    from reconciler.watch.changes import DesiredChange, DesiredFiles
+    from reconciler.watch.source import DesiredSource
+
+    (tmp_path / "fleet.yaml").write_text(GROUPED)
+    files = DesiredFiles.for_node(
+        DesiredSource.at(tmp_path / "fleet.yaml"),
+        node="vdi-1",
+        catalog=default_catalog(),
+        metrics=WatchMetrics(),
+        events=lambda: None,
+    )
+    assert files.check() is DesiredChange.NONE
+    assert files.current is None
+    assert len(files.invalid) == 1
+    assert "selects nodes by labels, and node vdi-1's labels are not known" in files.invalid[0]
