@@ -123,3 +123,37 @@ def test_watch_needs_no_verb_the_role_does_not_grant(
         ("vgpu.reconciler.dev", "vgpunodestates"),
         ("kubevirt.io", "kubevirts"),
     }
+
+
+def test_labelling_the_node_brings_it_into_a_node_group(
+    tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
+) -> None:
+    """The agent reads its own Node while a group selects by labels: labelling the node, with
+    no change to the files, makes the group configure its GPU at the next rescan."""
+    node = cluster_node(tmp_path, emu)
+    emu.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node}})
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(
+        "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
+        "metadata: {name: lab}\nspec:\n  nodeGroups:\n    - name: vdi\n"
+        "      selector: {labels: {example.com/pool: vdi}}\n"
+        "      gpus: [{match: {model: A2}, sriov: enabled, profiles: {A2-4Q: 4}}]\n"
+    )
+    watch = start_watch(node, desired)
+    wait_for(watch.ready, "the first reconcile")
+    assert not emu.objects(*VGPUS)  # not labelled: no group selects it
+    assert [r.verb for r in emu.requests if r.resource == "nodes"][:1] == ["get"]
+
+    emu.seed(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node.node, "labels": {"example.com/pool": "vdi"}},
+        }
+    )
+    wait_for(
+        lambda: sum(1 for o in emu.objects(*VGPUS) if o["spec"].get("vGPUTypeName")) == 4,
+        "four A2-4Q once the node is labelled",
+        timeout=20,
+    )
+    assert watch.metric("vgpuctl_drift_detected_total", source="desired") >= 1
