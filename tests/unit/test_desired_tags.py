@@ -63,8 +63,9 @@ def _positions(example: Path) -> Iterator[Position]:
     def walk(node: yaml.Node, path: tuple[str, ...]) -> Iterator[Position]:
         yield _position(example, node, path, key=False)
         if isinstance(node, yaml.MappingNode):
-            # Fixed-field records are named by field, maps (nodes, vgpus, profiles) by '*'.
-            in_map = bool(path) and path[-1] in ("nodes", "vgpus", "profiles")
+            # Fixed-field records are named by field, maps (nodes, vgpus, profiles, labels) by
+            # "*".
+            in_map = bool(path) and path[-1] in ("nodes", "vgpus", "profiles", "labels")
             for key, value in node.value:
                 child = _general(path, str(key.value), in_map=in_map)
                 yield _position(example, key, child, key=True)
