@@ -131,18 +131,30 @@ def _add_validate(sub: Subparsers) -> argparse.ArgumentParser:
         help="with --explain: the node's labels (as the cluster has them), for node groups "
         "that select by labels",
     )
+    p.add_argument(
+        "--inventory",
+        metavar="FILE",
+        help="with --explain: the node's GPUs, as 'vgpuctl status -o json' prints them on "
+        "it; each is then named with the entry that configures it",
+    )
     p.set_defaults(handler=cmd_validate)
     return p
 
 
 def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
     labels = None
+    for given, flag in ((ns.labels, "--labels"), (ns.inventory, "--inventory")):
+        if given is not None and ns.explain is None:
+            raise UsageError(f"{flag} goes with --explain NODE")
     if ns.labels is not None:
-        if ns.explain is None:
-            raise UsageError("--labels goes with --explain NODE")
         from reconciler.cli.explain import parse_labels
 
         labels = parse_labels(ns.labels)
+    inventory = None
+    if ns.inventory is not None:
+        from reconciler.cli.explain import read_inventory
+
+        inventory = read_inventory(Path(ns.inventory))
     host = Host(options)
     desired = load(ns.files, host)
     gpus = sum(len(n.gpus) for n in desired.nodes.values())
@@ -168,7 +180,7 @@ def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
     if ns.explain is not None:
         from reconciler.cli.explain import explain
 
-        text, failing = explain(desired, ns.explain, labels)
+        text, failing = explain(desired, ns.explain, labels, inventory)
         _out(text)
         return EXIT_ERROR if failing else EXIT_OK
     return EXIT_OK

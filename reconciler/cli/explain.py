@@ -1,8 +1,11 @@
-"""``vgpuctl validate FILE --explain NODE [--labels k=v,…]``: which entry configures each GPU.
+"""``vgpuctl validate FILE --explain NODE [--labels k=v,…] [--inventory FILE]``: which entry
+configures each GPU of a node.
 
 Offline, like ``validate``: the node's labels are given on the command line (the cluster's are
-not read), and its GPUs are not known, so each GPU entry is shown with what it matches (an
-address, a model, a device ID). What it says, in order:
+not read). Without ``--inventory`` the node's GPUs are not known, so each GPU entry is shown
+with what it matches (an address, a model, a device ID); with it (the node's GPUs as
+``vgpuctl status -o json`` prints them), each GPU of the node is named with the entry that
+configures it, exactly as planning that node would match them. What it says, in order:
 
 - whether the node's own entry under ``spec.nodes`` configures it (then every group is
   replaced for it: the groups that would have selected it are listed as replaced);
@@ -11,13 +14,17 @@ address, a model, a device ID). What it says, in order:
 - entries of two selecting groups that match GPUs alike and give them different layouts: the
   plan of this node would fail (exit 1);
 - groups whose say depends on labels not given (exit 0: nothing is wrong, but the answer is
-  partial, and the output says so).
+  partial, and the output says so);
+- with an inventory, each GPU of the node and the entry that configures it, or that none does
+  (left alone), or the two entries that give it two layouts (exit 1).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 
 from reconciler.cli.render import safe
@@ -25,10 +32,15 @@ from reconciler.model import (
     Desired,
     DesiredGpu,
     GroupGpu,
+    Inventory,
     NodeGroup,
     SourceLocation,
     UsageError,
 )
+from reconciler.model.errors import excerpt
+
+#: The largest inventory file read: an 8×L40S node's is 79 kB.
+MAX_INVENTORY_BYTES = 8 * 1024 * 1024
 
 _LABEL = re.compile(
     r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
@@ -52,9 +64,50 @@ def parse_labels(text: str) -> Mapping[str, str]:
     return MappingProxyType(labels)
 
 
-def explain(desired: Desired, node: str, labels: Mapping[str, str] | None) -> tuple[str, bool]:
+def read_inventory(path: Path) -> Inventory:
+    """A node's GPUs from ``vgpuctl status -o json`` output, checked against the inventory
+    contract (``schemas/inventory.schema.json``). Raises :class:`UsageError` naming the file
+    and what is wrong."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_INVENTORY_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"--inventory {path}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_INVENTORY_BYTES:
+        raise UsageError(f"--inventory {path}: larger than {MAX_INVENTORY_BYTES >> 20} MiB")
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise UsageError(f"--inventory {path}: not JSON: {excerpt(str(exc))}") from None
+    from jsonschema import Draft202012Validator
+
+    from reconciler.desired import schema_path
+
+    schema = json.loads(schema_path("inventory.schema.json").read_text(encoding="utf-8"))
+    error = next(iter(Draft202012Validator(schema).iter_errors(doc)), None)
+    if error is not None:
+        where = "".join(f"[{p!r}]" for p in error.absolute_path) or "the document"
+        raise UsageError(
+            f"--inventory {path}: not a vgpuctl inventory ('vgpuctl status -o json'): "
+            f"{where}: {excerpt(error.message)}"
+        )
+    try:
+        return Inventory.from_json(doc)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(
+            f"--inventory {path}: not a vgpuctl inventory: {excerpt(str(exc))}"
+        ) from None
+
+
+def explain(
+    desired: Desired,
+    node: str,
+    labels: Mapping[str, str] | None,
+    inventory: Inventory | None = None,
+) -> tuple[str, bool]:
     """The explanation of ``node`` as text, and whether its plan would certainly fail (two
-    selecting groups give GPUs they match alike different layouts)."""
+    selecting groups give GPUs they match alike different layouts, or, with ``inventory``,
+    one of its GPUs two layouts)."""
     lines: list[str] = []
     shown_labels = (
         "no labels given"
@@ -79,6 +132,18 @@ def explain(desired: Desired, node: str, labels: Mapping[str, str] | None) -> tu
                 lines.append(
                     f"  node group '{safe(group.name)}'{_at(group.location)} {would}: "
                     "replaced by the node's own entry"
+                )
+        if inventory is not None:
+            lines.append(f"  its GPUs ({len(inventory.gpus)}):")
+            for observed in sorted(inventory.gpus, key=lambda g: g.address):
+                listed = own.gpu(observed.address)
+                lines.append(
+                    f"    GPU {observed.address}{_model(observed.model)}: "
+                    + (
+                        f"its own entry{_at(listed.location)}"
+                        if listed is not None
+                        else "not listed: left alone"
+                    )
                 )
         return "\n".join(lines) + "\n", False
 
@@ -108,12 +173,48 @@ def explain(desired: Desired, node: str, labels: Mapping[str, str] | None) -> tu
         lines.append("  no node group selects it: every GPU of the node is left alone")
     conflicts = _conflicts(selecting)
     lines.extend(conflicts)
+    if inventory is not None:
+        failing = _per_gpu(selecting, inventory, undecided=bool(undecided), lines=lines)
+        return "\n".join(lines) + "\n", bool(conflicts) or failing
     if selecting:
         lines.append(
             "  GPUs no entry matches are left alone; which GPUs an entry matches is known when "
-            "the node is planned"
+            "the node is planned (--inventory: the node's GPUs, from 'vgpuctl status -o json')"
         )
     return "\n".join(lines) + "\n", bool(conflicts)
+
+
+def _per_gpu(
+    selecting: Sequence[NodeGroup], inventory: Inventory, *, undecided: bool, lines: list[str]
+) -> bool:
+    """Each GPU of ``inventory`` with the entries that match it, as planning matches them
+    (``plan.groups``); True when one gets two layouts."""
+    failing = False
+    entries = [entry for group in selecting for entry in group.gpus]
+    maybe = " (groups its labels decide may add entries)" if undecided else ""
+    lines.append(f"  its GPUs ({len(inventory.gpus)}){maybe}:")
+    for gpu in sorted(inventory.gpus, key=lambda g: g.address):
+        matching = [e for e in entries if e.match.matches(gpu)]
+        head = f"    GPU {gpu.address}{_model(gpu.model)}: "
+        if not matching:
+            lines.append(head + "no entry matches it: left alone")
+            continue
+        first = matching[0]
+        other = next((e for e in matching[1:] if e.layout != first.layout), None)
+        if other is not None:
+            failing = True
+            lines.append(
+                f"{head}error: node groups '{safe(first.group)}'{_at(first.location)} and "
+                f"'{safe(other.group)}'{_at(other.location)} give it different layouts"
+            )
+            continue
+        named = " and ".join(f"node group '{safe(e.group)}'{_at(e.location)}" for e in matching)
+        lines.append(f"{head}{named}: {_layout(first)}")
+    return failing
+
+
+def _model(model: str | None) -> str:
+    return f" ({safe(model)})" if model else ""
 
 
 def _selects(group: NodeGroup, node: str, labels: Mapping[str, str] | None) -> bool | None:

@@ -267,3 +267,65 @@ def test_a_cluster_plan_expands_groups_over_the_clusters_nodes(
     res = run_vgpuctl("plan", fleet, "--observed", "cluster", "--kubeconfig", ci)
     assert res.returncode == 1, res.stdout + res.stderr
     assert role.refused() == []
+
+
+def test_validate_explain_names_the_entry_of_each_gpu_of_an_inventory(tmp_path: Path) -> None:
+    """With the node's GPUs (``vgpuctl status -o json``, taken on it), each GPU is named with
+    the entry that configures it, matched as planning matches: by model, by address, or none;
+    two entries with two layouts for one GPU are an error (exit 1)."""
+    sim = make_sim(
+        tmp_path / "host", ["A2@0000:08:00.0", "A2@0000:09:00.0", "L40S@0000:41:00.0"], node="x"
+    )
+    (tmp_path / "inventory.json").write_text(sim.ok("status", "-o", "json").stdout)
+    _write(tmp_path, FLEET)
+    res = run_vgpuctl(
+        "validate", "fleet.yaml", "--explain", "gpu-3", "--labels", "example.com/pool=vdi",
+        "--inventory", "inventory.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.splitlines()[-4:] == [
+        "  its GPUs (3):",
+        "    GPU 0000:08:00.0 (NVIDIA A2): node group 'a2-workers' (fleet.yaml:10:11): "
+        "SR-IOV enabled; NVIDIA A2-4Q × 4",
+        "    GPU 0000:09:00.0 (NVIDIA A2): error: node groups 'a2-workers' (fleet.yaml:10:11) "
+        "and 'vdi' (fleet.yaml:17:11) give it different layouts",
+        "    GPU 0000:41:00.0 (NVIDIA L40S): no entry matches it: left alone",
+    ]
+    # Without the label, only a2-workers: both A2s are its, the L40S is left alone.
+    res = run_vgpuctl(
+        "validate", "fleet.yaml", "--explain", "gpu-3", "--labels", "",
+        "--inventory", "inventory.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-3:-1] == [
+        "    GPU 0000:08:00.0 (NVIDIA A2): node group 'a2-workers' (fleet.yaml:10:11): "
+        "SR-IOV enabled; NVIDIA A2-4Q × 4",
+        "    GPU 0000:09:00.0 (NVIDIA A2): node group 'a2-workers' (fleet.yaml:10:11): "
+        "SR-IOV enabled; NVIDIA A2-4Q × 4",
+    ]
+    res = run_vgpuctl(
+        "validate", "fleet.yaml", "--explain", "n-special", "--inventory", "inventory.json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.stdout.splitlines()[-3:] == [
+        "    GPU 0000:08:00.0 (NVIDIA A2): its own entry (fleet.yaml:23:11)",
+        "    GPU 0000:09:00.0 (NVIDIA A2): not listed: left alone",
+        "    GPU 0000:41:00.0 (NVIDIA L40S): not listed: left alone",
+    ]
+
+
+def test_an_inventory_that_is_not_one_is_a_clear_error(tmp_path: Path) -> None:
+    _write(tmp_path, FLEET)
+    (tmp_path / "bad.json").write_text('{"node": "x", "gpus": [{"address": 7}]}')
+    (tmp_path / "text.json").write_text("not json")
+    for name, words in (
+        ("bad.json", "--inventory bad.json: not a vgpuctl inventory ('vgpuctl status -o json'): "),
+        ("text.json", "--inventory text.json: not JSON: "),
+        ("missing.json", "--inventory missing.json: cannot read: No such file or directory"),
+    ):
+        res = run_vgpuctl(
+            "validate", "fleet.yaml", "--explain", "x", "--inventory", name, cwd=tmp_path
+        )
+        assert res.returncode == 1
+        assert res.stderr.startswith("error: " + words), res.stderr
+        assert "Traceback" not in res.stderr
