@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.catalog import default_catalog
 from reconciler.model import ClusterUnavailableError, DesiredNode
-from reconciler.watch.changes import ClusterDrift, HostDrift
+from reconciler.watch.changes import ClusterDrift, DesiredChange, DesiredFiles, HostDrift
 from reconciler.watch.health import Health
 from reconciler.watch.metrics import WatchMetrics
+from reconciler.watch.source import DesiredSource
 
 
 class Fingerprints:
@@ -160,21 +162,23 @@ class Labels:
         return dict(self.value)
 
 
-def test_labelling_the_node_changes_its_desired_state(tmp_path: Path) -> None:
-    from reconciler.catalog import default_catalog
-    from reconciler.watch.changes import DesiredChange, DesiredFiles
-    from reconciler.watch.source import DesiredSource
-
-    (tmp_path / "fleet.yaml").write_text(GROUPED)
-    labels = Labels()
-    files = DesiredFiles.for_node(
-        DesiredSource.at(tmp_path / "fleet.yaml"),
+def node_files(path: Path, labels: Labels | None) -> DesiredFiles[DesiredNode]:
+    """Node vdi-1's desired state from ``path``, its labels read by ``labels`` (None: no
+    cluster)."""
+    return DesiredFiles.for_node(
+        DesiredSource.at(path),
         node="vdi-1",
         catalog=default_catalog(),
         metrics=WatchMetrics(),
         events=lambda: None,
         labels=labels,
     )
+
+
+def test_labelling_the_node_changes_its_desired_state(tmp_path: Path) -> None:
+    (tmp_path / "fleet.yaml").write_text(GROUPED)
+    labels = Labels()
+    files = node_files(tmp_path / "fleet.yaml", labels)
     assert files.check() is DesiredChange.FIRST
     assert files.current is not None and files.current.matched == ()  # not labelled: nothing
     assert files.check() is DesiredChange.NONE
@@ -194,22 +198,11 @@ def test_labelling_the_node_changes_its_desired_state(tmp_path: Path) -> None:
 
 
 def test_without_label_groups_the_node_is_never_read(tmp_path: Path) -> None:
-    from reconciler.catalog import default_catalog
-    from reconciler.watch.changes import DesiredChange, DesiredFiles
-    from reconciler.watch.source import DesiredSource
-
     (tmp_path / "fleet.yaml").write_text(
         GROUPED.replace("labels: {example.com/pool: vdi}", 'names: ["vdi-*"]')
     )
     labels = Labels()
-    files = DesiredFiles.for_node(
-        DesiredSource.at(tmp_path / "fleet.yaml"),
-        node="vdi-1",
-        catalog=default_catalog(),
-        metrics=WatchMetrics(),
-        events=lambda: None,
-        labels=labels,
-    )
+    files = node_files(tmp_path / "fleet.yaml", labels)
     assert files.check() is DesiredChange.FIRST
     assert files.check() is DesiredChange.NONE
     assert files.current is not None and [e.group for e in files.current.matched] == ["vdi"]
@@ -217,18 +210,8 @@ def test_without_label_groups_the_node_is_never_read(tmp_path: Path) -> None:
 
 
 def test_label_groups_without_a_cluster_are_an_invalid_desired_state(tmp_path: Path) -> None:
-    from reconciler.catalog import default_catalog
-    from reconciler.watch.changes import DesiredChange, DesiredFiles
-    from reconciler.watch.source import DesiredSource
-
     (tmp_path / "fleet.yaml").write_text(GROUPED)
-    files = DesiredFiles.for_node(
-        DesiredSource.at(tmp_path / "fleet.yaml"),
-        node="vdi-1",
-        catalog=default_catalog(),
-        metrics=WatchMetrics(),
-        events=lambda: None,
-    )
+    files = node_files(tmp_path / "fleet.yaml", None)
     assert files.check() is DesiredChange.NONE
     assert files.current is None
     assert len(files.invalid) == 1
