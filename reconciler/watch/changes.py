@@ -97,13 +97,16 @@ class DesiredFiles(Generic[T]):
         events: Callable[[], EventSink | None],
         refresh_watches: Callable[[], None] | None = None,
         labels: Callable[[], Mapping[str, str]] | None = None,
+        planned_for: Callable[[], DesiredNode | None] = lambda: None,
     ) -> DesiredFiles[DesiredNode]:
         """One node's desired state; an invalid one is also a Warning Event on each of the
         node's SRIOVGPUDevice objects (``kubectl describe`` shows it).
 
         ``labels`` reads the node's labels (None: no cluster). They are read only while a node
         group that selects by labels could select the node, then again at every check, so
-        that labelling the node (or taking a label off) changes its desired state."""
+        that labelling the node (or taking a label off) changes its desired state.
+        ``planned_for`` gives the desired state the last reconcile planned: where node groups
+        configure the node, its GPUs (the Events' objects) are known only from it."""
         by_labels = False  # whether the desired state in force depends on the labels
         read = ""  # the labels the last load read, as :func:`inputs` gives them
 
@@ -129,7 +132,12 @@ class DesiredFiles(Generic[T]):
             return found
 
         def targets(current: DesiredNode) -> Sequence[tuple[str, str]]:
-            return [(SRIOV_GPU_KIND, object_name(node, str(g.address))) for g in current.gpus]
+            gpus = current.gpus
+            if current.matched:
+                # A node group's GPUs are known once the host is planned: the last run's.
+                last = planned_for()
+                gpus = () if last is None else last.gpus
+            return [(SRIOV_GPU_KIND, object_name(node, str(g.address))) for g in gpus]
 
         def inputs() -> str:
             if not by_labels or labels is None:

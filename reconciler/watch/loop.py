@@ -96,6 +96,7 @@ class WatchLoop(Worker):
             events=lambda: ports().events,
             refresh_watches=refresh_watches,
             labels=node_labels,
+            planned_for=lambda: self.reconciles.planned_for,
         )
         self.host = HostDrift(host_signature, metrics=self.metrics)
         self.cluster = ClusterDrift(cluster_signature, metrics=self.metrics)

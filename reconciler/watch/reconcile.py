@@ -93,6 +93,9 @@ class ReconcileRunner:
         self._advertising = advertising
         self._metrics = metrics
         self._clock = clock
+        #: The desired state the last run planned, node groups' entries made this host's GPUs
+        #: (None: no run yet).
+        self.planned_for: DesiredNode | None = None
         self.report = Reporting(
             scheduler=scheduler,
             probes=probes,
@@ -166,6 +169,7 @@ class ReconcileRunner:
             plugins=self._advertising.plugins,
         )
         self._advertising.engine_told(result)
+        self.planned_for = result.planned.desired
         if not result.ran:
             self._adopt_baselines(taken[0])
             return result.planned.plan, 0

@@ -129,7 +129,8 @@ def test_labelling_the_node_brings_it_into_a_node_group(
     tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
 ) -> None:
     """The agent reads its own Node while a group selects by labels: labelling the node, with
-    no change to the files, makes the group configure its GPU at the next rescan."""
+    no change to the files, makes the group configure its GPU at the next rescan; an invalid
+    desired state is then a Warning Event on that GPU's object."""
     node = cluster_node(tmp_path, emu)
     emu.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.node}})
     desired = tmp_path / "desired.yaml"
@@ -157,3 +158,16 @@ def test_labelling_the_node_brings_it_into_a_node_group(
         timeout=20,
     )
     assert watch.metric("vgpuctl_drift_detected_total", source="desired") >= 1
+
+    # The GPU a group configures carries the Warning Event of an invalid desired state, as a
+    # listed one does (the last run's plan says which GPUs the groups gave the node).
+    desired.write_text(desired.read_text().replace("A2-4Q: 4", "A2-4Q: 99"))
+    wait_for(
+        lambda: any(
+            e["reason"] == "InvalidDesiredState"
+            and e["involvedObject"]["name"] == "harvester-kgd9c-000008000"
+            for e in emu.objects("", "v1", "events", "default")
+        ),
+        "the Warning Event on the group's GPU",
+        timeout=10,
+    )
