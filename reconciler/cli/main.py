@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from reconciler import __version__
 from reconciler.cli.options import GlobalOptions, add_global_options
@@ -29,16 +29,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from reconciler.cli import (
-        capacity_command,
-        commands,
-        deviceplugin_command,
-        lint_vm,
-        sim_commands,
-        watch_command,
-    )
+#: The commands registered outside :mod:`reconciler.cli.commands`, by the module that registers
+#: each: a run imports and builds the parser of its own command only (``just bench``).
+_REGISTERED_IN = {
+    "watch": "watch_command",
+    "capacity": "capacity_command",
+    "lint-vm": "lint_vm",
+    "device-plugin": "deviceplugin_command",
+    "sim": "sim_commands",
+}
 
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``command``, one that knows that command (and those
+    its module registers beside it) only, and parses its command lines as the whole one does.
+    A name no command has gets the whole parser (whose error lists them all)."""
     parser = _Parser(
         prog="vgpuctl",
         description="Declarative reconciliation of NVIDIA SR-IOV vGPUs: validate a desired "
@@ -50,18 +55,56 @@ def build_parser() -> argparse.ArgumentParser:
     add_global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for register in (
-        *commands.REGISTRY,
-        watch_command.register,
-        capacity_command.register,
-        lint_vm.register,
-        deviceplugin_command.register,
-        sim_commands.register,
-    ):
+    for register in _registers(command):
         sp = register(sub)
         for leaf in _leaves(sp):
             add_global_options(leaf, suppress=True)
+    if command is not None and command not in sub.choices:
+        return build_parser()
     return parser
+
+
+def _registers(command: str | None) -> tuple[Callable[[Any], argparse.ArgumentParser], ...]:
+    from reconciler.cli import commands
+
+    if command is None:
+        from reconciler.cli import (
+            capacity_command,
+            deviceplugin_command,
+            lint_vm,
+            sim_commands,
+            watch_command,
+        )
+
+        return (
+            *commands.REGISTRY,
+            watch_command.register,
+            capacity_command.register,
+            lint_vm.register,
+            deviceplugin_command.register,
+            sim_commands.register,
+        )
+    module = _REGISTERED_IN.get(command)
+    if module is None:
+        return commands.REGISTRY
+    from importlib import import_module
+
+    register: Callable[[Any], argparse.ArgumentParser]
+    register = import_module(f"reconciler.cli.{module}").register
+    return (register,)
+
+
+def command_of(args: Sequence[str]) -> str | None:
+    """The command ``args`` name, found as the whole parser finds it (global options before it
+    parsed, abbreviated or not); None when there is none, or help, a version or an error comes
+    first: then the whole parser parses them."""
+    options = _Parser(prog="vgpuctl", add_help=False)
+    add_global_options(options, suppress=False)
+    try:
+        _, rest = options.parse_known_args(args)
+    except UsageError:
+        return None
+    return rest[0] if rest and not rest[0].startswith("-") else None
 
 
 def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -75,7 +118,7 @@ def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
+        parser = build_parser(command_of(args))
         ns = parser.parse_args(args)
         options = GlobalOptions.from_namespace(ns)
         code: int = ns.handler(ns, options)

@@ -4,10 +4,18 @@ out without timing anything."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from reconciler.cli.main import build_parser, command_of
+from reconciler.model import UsageError
 from tests.simnode import REPO, make_sim
 
 #: Modules a plan on a (simulated) host has no use for, with what pulled them in before.
@@ -19,6 +27,14 @@ NOT_IMPORTED = {
     "reconciler.sim.state": "the simulated hold probe, which needs the holders only",
     "reconciler.sim.rules": "reconciler.sim.state",
     "reconciler.plan.fleet": "planning many nodes in one batch (plan --observed cluster)",
+    # The other commands' modules, imported to build the parser of every command: a run builds
+    # its own command's parser only (reconciler.cli.main.build_parser).
+    "reconciler.cli.watch_command": "the parser of every command",
+    "reconciler.cli.capacity_command": "the parser of every command",
+    "reconciler.cli.lint_vm": "the parser of every command",
+    "reconciler.cli.deviceplugin_command": "the parser of every command",
+    "reconciler.cli.sim_commands": "the parser of every command",
+    "signal": "reconciler.cli.deviceplugin_command",
 }
 
 _RUN = (
@@ -52,3 +68,79 @@ def test_a_cold_plan_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
     imported = set(res.stderr.split())
     assert "reconciler.plan" in imported  # the list is what it claims to be
     assert {m: why for m, why in NOT_IMPORTED.items() if m in imported} == {}
+
+
+#: Command lines the parser of one command must parse as the parser of every command does:
+#: global options before and after the command, abbreviated, with ``=``; help, version, errors.
+COMMAND_LINES = [
+    [],
+    ["plan"],
+    ["plan", "f.yaml"],
+    ["--node", "plan", "apply", "f.yaml"],
+    ["--nod", "plan", "apply", "f.yaml"],
+    ["--node=plan", "apply", "f.yaml"],
+    ["--sysfs-root", "/x", "plan", "f.yaml", "--node", "n", "-o", "json"],
+    ["--unsafe", "plan", "f.yaml"],
+    ["--state-dir", "sim", "sim", "init", "d", "--gpu", "A2"],
+    ["--node", "--node", "plan", "f.yaml"],
+    ["-h"],
+    ["--help"],
+    ["--version"],
+    ["plan", "-h"],
+    ["plan", "f.yaml", "--he"],
+    ["plan", "f.yaml", "--vers"],
+    ["sim", "init", "-h"],
+    ["sim"],
+    ["plna", "f.yaml"],
+    ["--", "plan", "f.yaml"],
+    ["plan", "--", "f.yaml"],
+    ["plan", "f.yaml", "--no"],
+    ["--no", "plan", "f.yaml"],
+    ["--kube", "x", "plan", "f.yaml"],
+    ["--output", "json", "plan", "f.yaml"],
+    ["-o", "json", "plan", "f.yaml"],
+    ["--node"],
+    ["plan", "f.yaml", "--node"],
+    ["validate", "-"],
+    ["-", "plan"],
+    ["apply", "f.yaml", "--yes"],
+    ["status"],
+    ["export", "--help"],
+    ["assert", "f.yaml"],
+    ["doctor"],
+    ["watch", "f.yaml", "--interval", "3"],
+    ["capacity"],
+    ["lint-vm", "vm.yaml"],
+    ["device-plugin", "--help"],
+    ["sim", "hold", "d", "x"],
+]
+
+
+def _parsed(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[Any, ...]:
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            ns = parser.parse_args(argv)
+    except UsageError as exc:
+        return ("usage error", str(exc))
+    except SystemExit as exc:
+        return ("exit", exc.code, out.getvalue())
+    return ("parsed", vars(ns))
+
+
+@pytest.mark.parametrize("argv", COMMAND_LINES, ids=" ".join)
+def test_the_parser_of_one_command_parses_as_the_parser_of_every_command(argv: list[str]) -> None:
+    assert _parsed(build_parser(command_of(argv)), argv) == _parsed(build_parser(), argv)
+
+
+def test_a_command_line_builds_its_own_command_only() -> None:
+    def commands(parser: argparse.ArgumentParser) -> set[str]:
+        (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return set(sub.choices)
+
+    every = commands(build_parser())
+    for name in every:
+        built = commands(build_parser(command_of(["--node", "n", name, "x"])))
+        assert name in built
+        assert built < every
+    assert commands(build_parser(command_of(["plna"]))) == every
