@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Protocol
 from reconciler.catalog import Catalog
 from reconciler.model import Inventory, PciAddress
 from reconciler.model.cluster import ClusterState
-from reconciler.model.clusterapi import ClusterApi
 
 if TYPE_CHECKING:
     from reconciler.apply.cluster import EventSink
     from reconciler.apply.ports import HostDriver
+    from reconciler.model.clusterapi import ClusterApi
     from reconciler.observe.vgpumode import ModeReading
 
 

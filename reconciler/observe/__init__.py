@@ -7,16 +7,49 @@ describes their VFs, and a :class:`HoldProbe` (``holds.py``) says which vGPUs a 
 the kubelet's device-plugin checkpoint (``checkpoint.py``).
 """
 
-from reconciler.observe.checkpoint import CheckpointEntry, parse_checkpoint, read_checkpoint
-from reconciler.observe.cluster import (
-    inventory_from_cluster,
-    kubevirt_config,
-    observe_cluster,
-    observe_nodes_from_cluster,
-)
-from reconciler.observe.holds import HoldProbe, ProcfsHoldProbe
-from reconciler.observe.host import SysfsChangedError, observe_host
-from reconciler.observe.sysfs import SysfsTree
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reconciler.observe.checkpoint import CheckpointEntry, parse_checkpoint, read_checkpoint
+    from reconciler.observe.cluster import (
+        inventory_from_cluster,
+        kubevirt_config,
+        observe_cluster,
+        observe_nodes_from_cluster,
+    )
+    from reconciler.observe.holds import HoldProbe, ProcfsHoldProbe
+    from reconciler.observe.host import SysfsChangedError, observe_host
+    from reconciler.observe.sysfs import SysfsTree
+
+#: Where each public name lives. Imported on first use: a host's plan without a cluster reads
+#: no cluster (``cluster.py`` and what it imports stay out of its start).
+_EXPORTS = {
+    "CheckpointEntry": "reconciler.observe.checkpoint",
+    "HoldProbe": "reconciler.observe.holds",
+    "ProcfsHoldProbe": "reconciler.observe.holds",
+    "SysfsChangedError": "reconciler.observe.host",
+    "SysfsTree": "reconciler.observe.sysfs",
+    "inventory_from_cluster": "reconciler.observe.cluster",
+    "kubevirt_config": "reconciler.observe.cluster",
+    "observe_cluster": "reconciler.observe.cluster",
+    "observe_host": "reconciler.observe.host",
+    "observe_nodes_from_cluster": "reconciler.observe.cluster",
+    "parse_checkpoint": "reconciler.observe.checkpoint",
+    "read_checkpoint": "reconciler.observe.checkpoint",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CheckpointEntry",

@@ -35,6 +35,8 @@ NOT_IMPORTED = {
     "reconciler.cli.deviceplugin_command": "the parser of every command",
     "reconciler.cli.sim_commands": "the parser of every command",
     "signal": "reconciler.cli.deviceplugin_command",
+    "reconciler.observe.cluster": "reconciler.observe, which imported every observer up front",
+    "reconciler.model.clusterapi": "reconciler.engine.ports (an annotation) and observe.cluster",
 }
 
 _RUN = (
