@@ -73,7 +73,7 @@ def test_validate_explain_output(tmp_path: Path) -> None:
         "  node group 'vdi' (fleet.yaml:13:7) may select it: its labels "
         "(example.com/pool=vdi) decide; pass --labels to say them\n"
         "  GPUs no entry matches are left alone; which GPUs an entry matches is known when "
-        "the node is planned\n"
+        "the node is planned (--inventory: the node's GPUs, from 'vgpuctl status -o json')\n"
     )
     assert fleet.exists()
     res = run_vgpuctl("validate", "fleet.yaml", "--explain", "n-special", cwd=tmp_path)
