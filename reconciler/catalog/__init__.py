@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 from reconciler.model import VGPUType
 
@@ -273,5 +273,6 @@ def _norm(name: str) -> str:
 @cache
 def default_catalog() -> Catalog:
     """The catalogue shipped with the package."""
-    text = resources.files(__package__).joinpath("catalog.json").read_text(encoding="utf-8")
+    # Beside this module in a checkout and in an installed wheel alike (see ``schema_path``).
+    text = Path(__file__).with_name("catalog.json").read_text(encoding="utf-8")
     return Catalog.from_json(json.loads(text))

@@ -8,7 +8,6 @@ inventory) finds its file here.
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 from reconciler.model import ReconcilerError
@@ -22,12 +21,14 @@ def schema_path(name: str) -> Path:
     """
     if not name or Path(name).name != name:
         raise ValueError(f"schema name must be a bare file name, got {name!r}")
-    installed = resources.files("reconciler") / "_schemas" / name
-    # A wheel installs as plain files, so the traversable is a real path (a zip import would
-    # not be one; vgpuctl is not shipped that way).
+    here = Path(__file__).resolve()
+    # The package's own directory: a wheel installs as plain files (a zip import would not be
+    # one; vgpuctl is not shipped that way). Not through importlib.resources: that alone
+    # costs a cold ``vgpuctl plan`` the import of zipfile, tempfile and threading.
+    installed = here.parents[1] / "_schemas" / name
     if installed.is_file():
-        return Path(str(installed))
-    checkout = Path(__file__).resolve().parents[2] / "schemas" / name
+        return installed
+    checkout = here.parents[2] / "schemas" / name
     if checkout.is_file():
         return checkout
     raise ReconcilerError(

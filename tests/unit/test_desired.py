@@ -8,7 +8,6 @@ report exactly those (a new error kind = a new file). Valid files and the shippe
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import os
 import re
@@ -703,21 +702,20 @@ def test_schema_path_in_a_source_checkout() -> None:
 def test_schema_path_prefers_the_installed_copy(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    (tmp_path / "_schemas").mkdir()
-    installed = _write(tmp_path / "_schemas", "plan.schema.json", "{}")
-    monkeypatch.setattr(importlib.resources, "files", lambda package: tmp_path)
+    (tmp_path / "reconciler" / "_schemas").mkdir(parents=True)
+    installed = _write(tmp_path / "reconciler" / "_schemas", "plan.schema.json", "{}")
+    monkeypatch.setattr(schemas, "__file__", str(tmp_path / "reconciler" / "desired" / "s.py"))
     assert schema_path("plan.schema.json") == installed
 
 
 def test_schema_path_names_both_places_when_missing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(importlib.resources, "files", lambda package: tmp_path)
     monkeypatch.setattr(schemas, "__file__", str(tmp_path / "a" / "b" / "schemas.py"))
     with pytest.raises(ReconcilerError) as info:
         schema_path("desired-state.schema.json")
     message = info.value.message
-    assert str(tmp_path / "_schemas" / "desired-state.schema.json") in message
+    assert str(tmp_path / "a" / "_schemas" / "desired-state.schema.json") in message
     assert str(tmp_path / "schemas" / "desired-state.schema.json") in message
 
 
