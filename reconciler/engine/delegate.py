@@ -31,9 +31,10 @@ from reconciler.apply.delegate import (
 )
 from reconciler.apply.executor import Outcome, OutcomeStatus
 from reconciler.catalog import Catalog
-from reconciler.model import Desired, Plan, ReconcilerError, UsageError
+from reconciler.model import Desired, Plan, ReconcilerError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.observe.delegate import devices_in_use, observe_harvester_nodes
+from reconciler.observe.nodes import all_node_labels
 from reconciler.plan.delegate import plan_delegate, waits_for_controller
 
 #: At most this many rounds of apply (a GPU enable, then its VFs, then what a profile change
@@ -64,24 +65,19 @@ class DelegatePlans:
 
 
 def plan_all(desired: Desired, api: ClusterApi, catalog: Catalog) -> DelegatePlans:
-    """Every node of ``desired``, observed now and planned.
-
-    Node groups are refused (:class:`UsageError`): which of Harvester's nodes and GPUs a group
-    would select is not worked out in this mode yet, and a guess could reconfigure a GPU no
-    group meant."""
-    if desired.groups:
-        group = desired.groups[0]
-        where = f" ({group.location})" if group.location else ""
-        raise UsageError(
-            f"node groups are not supported in delegate mode yet (node group '{group.name}'"
-            f"{where}): list each node under spec.nodes"
-        )
-    observed = observe_harvester_nodes(api, desired.nodes)
+    """Every node of ``desired``, observed now and planned: its own entries' nodes, and the
+    cluster's nodes its node groups select (the Nodes listed once, only when it has groups)."""
+    labels = all_node_labels(api) if desired.groups else {}
+    names = desired.selected(labels)
+    observed = observe_harvester_nodes(api, names)
     plans: list[Plan] = []
     failures: dict[str, ReconcilerError] = {}
-    for name in sorted(desired.nodes):
+    for name in names:
         try:
-            plans.append(plan_delegate(desired.nodes[name], observed[name], catalog=catalog))
+            wanted = desired.node(name, labels.get(name, {}))
+            if wanted is None:  # pragma: no cover - selected() names only the desired's nodes
+                continue
+            plans.append(plan_delegate(wanted, observed[name], catalog=catalog))
         except ReconcilerError as e:
             failures[name] = e
     return DelegatePlans(tuple(plans), failures)

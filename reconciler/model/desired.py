@@ -80,10 +80,15 @@ class GpuMatch:
     address: PciAddress | None = None
 
     def matches(self, gpu: Gpu) -> bool:
+        return self.matches_identity(gpu.address, gpu.model, gpu.device_id)
+
+    def matches_identity(self, address: PciAddress, model: str | None, device_id: str) -> bool:
+        """Whether a GPU known by its address, catalogue model (None: not known) and PCI device
+        ID matches (for GPUs seen as Harvester's objects show them)."""
         return (
-            (self.model is None or self.model == gpu.model)
-            and (self.device_id is None or self.device_id == gpu.device_id.lower())
-            and (self.address is None or self.address == gpu.address)
+            (self.model is None or self.model == model)
+            and (self.device_id is None or self.device_id == device_id.lower())
+            and (self.address is None or self.address == address)
         )
 
     def __str__(self) -> str:

@@ -52,6 +52,7 @@ from reconciler.model import (
 )
 from reconciler.model.harvester import HarvesterGpu, HarvesterNode, HarvesterVf
 from reconciler.plan.check import located
+from reconciler.plan.groups import GpuIdentity, resolve_on
 from reconciler.plan.planner import NO_CLUSTER, plan_node
 
 #: A plan's ``interface`` in delegate mode.
@@ -75,6 +76,8 @@ def waits_for_controller(plan: Plan) -> bool:
 def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Catalog) -> Plan:
     """The spec writes that take ``observed`` to ``desired`` (raises :class:`PlanError` when the
     desired state cannot be reached there, each problem located in the desired-state file)."""
+    # Node groups' entries become the GPUs of this node they match, as on a host.
+    desired = resolve_on(desired, harvester_identities(observed, catalog))
     node = observed.node
     problems: list[Problem] = []
     notes: list[str] = list(observed.notes)
@@ -199,6 +202,19 @@ def _gpu_step(
         gpu=hg.address,
         resource_version=hg.resource_version,
     )
+
+
+def harvester_identities(observed: HarvesterNode, catalog: Catalog) -> list[GpuIdentity]:
+    """What node groups can match each GPU of ``observed`` by: its address, and the models and
+    device ID its ``PCIDevice`` names (vendor and device only: no subsystem ids)."""
+    found = []
+    for gpu in observed.gpus:
+        ids = observed.pci_ids.get(gpu.address)
+        models = frozenset(
+            m.name for m in catalog.models for i in m.pci_ids if ids and (i.vendor, i.device) == ids
+        )
+        found.append(GpuIdentity(gpu.address, models, ids[1] if ids else ""))
+    return found
 
 
 def _check_model(want: DesiredGpu, observed: HarvesterNode, catalog: Catalog) -> Problem | str:

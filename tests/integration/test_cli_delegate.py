@@ -207,7 +207,15 @@ def test_the_delegate_role_is_enough_and_no_more(harvester: Cluster, tmp_path: P
     and every rule of the role but the watch's own is used."""
     role = rbac.enforce(harvester.emu, rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
     kubeconfig = harvester.emu.kubeconfig(tmp_path / "delegate.kubeconfig", user=role.user)
-    for args in (("plan", SEED), ("apply", SEED, "--yes"), ("assert", SEED)):
+    harvester.emu.seed(node_object("harvester-kgd9c"))
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text(GROUPED)  # node groups: the Nodes are listed
+    for args in (
+        ("plan", SEED),
+        ("apply", SEED, "--yes"),
+        ("assert", SEED),
+        ("assert", grouped),
+    ):
         res = run_vgpuctl(*args, "--kubeconfig", kubeconfig, timeout=300)
         assert res.returncode == 0, f"{args}: {res.stdout}{res.stderr}"
     assert role.refused() == []
@@ -235,21 +243,51 @@ def test_delegate_none_keeps_the_node_local_guard(harvester: Cluster) -> None:
     assert harvester.types() == {}
 
 
-def test_node_groups_are_refused_in_delegate_mode(harvester: Cluster, tmp_path: Path) -> None:
-    """Which of Harvester's nodes and GPUs a group selects is not worked out in delegate mode:
-    refused, naming the group, and nothing written."""
+#: The seed's layout, given by a node group that selects the node by name and its GPU by the
+#: device ID its PCIDevice names.
+GROUPED = (
+    "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
+    "metadata: {name: lab}\nspec:\n  nodeGroups:\n    - name: a2\n"
+    '      selector: {names: ["harvester-*"]}\n'
+    "      gpus:\n        - match: {deviceId: 25b6}\n          sriov: enabled\n"
+    "          vgpus: {0: NVIDIA A2-4A, 1: NVIDIA A2-4Q, 2: NVIDIA A2-4A, 3: NVIDIA A2-4Q}\n"
+)
+
+
+def node_object(name: str) -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+def test_node_groups_converge_through_pcidevices_controller(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    """Delegate mode expands node groups over the cluster's Nodes and matches their GPUs by
+    what Harvester's objects say of them (address, the PCIDevice's device ID)."""
+    harvester.emu.seed(node_object("harvester-kgd9c"))
+    harvester.emu.seed(node_object("cpu-only"))  # selected by no group: not planned
     grouped = tmp_path / "grouped.yaml"
-    grouped.write_text(
-        "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
-        "metadata: {name: lab}\nspec:\n  nodeGroups:\n    - name: all\n"
-        '      selector: {names: ["*"]}\n'
-        "      gpus: [{match: {model: A2}, sriov: enabled, profiles: {A2-4Q: 4}}]\n"
-    )
-    for command in (("plan", grouped), ("apply", grouped, "--yes")):
-        res = harvester.run(*command)
-        assert res.returncode == 1, res.stdout + res.stderr
-        assert "node groups are not supported in delegate mode yet (node group 'all' (" in (
-            res.stderr
-        )
-        assert "grouped.yaml:6:7)): list each node under spec.nodes" in res.stderr
+    grouped.write_text(GROUPED)
+    plan = harvester.ok("plan", grouped)
+    assert "cpu-only" not in plan.stdout
+    harvester.ok("apply", grouped, "--yes")
+    assert harvester.types() == {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
+    assert "No changes" in harvester.ok("plan", grouped).stdout
+    assert harvester.ctl.errors == []
+
+
+def test_a_model_harvesters_objects_cannot_tell_is_not_guessed(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    """A PCIDevice names vendor and device only, and the A2 and the A16 share 10de:25b6: a
+    group matching by model cannot be decided there, and says so, naming the entry."""
+    harvester.emu.seed(node_object("harvester-kgd9c"))
+    by_model = tmp_path / "by-model.yaml"
+    by_model.write_text(GROUPED.replace("deviceId: 25b6", "model: A2"))
+    res = harvester.run("apply", by_model, "--yes")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert (
+        "by-model.yaml:9:11: GPU 0000:08:00.0 of node harvester-kgd9c may be NVIDIA A16 or "
+        "NVIDIA A2 (PCI device 25b6): node group 'a2' matches NVIDIA A2 by model, which cannot "
+        "tell them apart here; match it by deviceId or address"
+    ) in res.stderr
     assert harvester.types() == {}

@@ -220,7 +220,17 @@ def test_the_delegate_role_is_enough_for_the_watch_and_every_rule_is_used(
     the watches, the spec patches, an Event for a blocked step), together with what the CLI
     tests record: no request refused, no rule unused."""
     role = rbac.enforce(harvester.emu, rbac.DELEGATE_RBAC, rbac.DELEGATE_ACCOUNT)
-    desired = desired_dir(tmp_path)
+    # The seed's layout from a node group (the Nodes are listed), then the node's own entry.
+    harvester.emu.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    desired = tmp_path / "desired"
+    desired.mkdir()
+    (desired / "fleet.yaml").write_text(
+        "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
+        "metadata: {name: lab}\nspec:\n  nodeGroups:\n    - name: a2\n"
+        '      selector: {names: ["harvester-*"]}\n'
+        "      gpus: [{match: {deviceId: 25b6}, sriov: enabled,\n"
+        "              vgpus: {0: A2-4A, 1: A2-4Q, 2: A2-4A, 3: A2-4Q}}]\n"
+    )
     a = start(harvester, tmp_path, "a", desired, "--delegate", "auto", user=role.user)
     try:
         # Found on its own, and said as a log line in the log's format (JSON here).
