@@ -16,7 +16,7 @@ from typing import Any
 from reconciler.catalog import Catalog
 from reconciler.desired.checks import Unchecked, gpu_problems
 from reconciler.desired.groups import group_problems
-from reconciler.desired.normalise import FileEntry, normalise
+from reconciler.desired.normalise import FileEntry, GpuEntry, normalise
 from reconciler.desired.shape import MAX_SHAPE_PROBLEMS, shape_problems
 from reconciler.desired.source import (
     MAX_BYTES,
@@ -163,6 +163,9 @@ def _combine(
     nodes: dict[str, DesiredNode] = {}
     defined: dict[tuple[str, PciAddress], SourceLocation] = {}
     unchecked: list[Unchecked] = []
+    # GPUs written alike (a fleet's nodes repeat their GPUs, at the same addresses): a layout
+    # found clean once is clean again, wherever it is written.
+    clean: set[object] = set()
     for file in entries:
         for node in file.nodes:
             gpus: list[DesiredGpu] = []
@@ -177,9 +180,13 @@ def _combine(
                     problems.append(problem_at(gpu_entry.location, message))
                     continue
                 defined[(node.name, gpu.address)] = gpu_entry.location
-                findings = gpu_problems(gpu_entry, catalog=catalog)
-                problems.extend(findings.problems)
-                unchecked.extend(findings.unchecked)
+                key = _content(gpu_entry, gpu)
+                if key not in clean:
+                    findings = gpu_problems(gpu_entry, catalog=catalog)
+                    problems.extend(findings.problems)
+                    unchecked.extend(findings.unchecked)
+                    if not findings.problems and not findings.unchecked:
+                        clean.add(key)
                 gpus.append(gpu)
             known = nodes.get(node.name)
             if known is None:
@@ -207,6 +214,21 @@ def _combine(
         groups=tuple(g.group for g in groups),
     )
     return desired, []
+
+
+def _content(entry: GpuEntry, gpu: DesiredGpu) -> object:
+    """All that :func:`gpu_problems` judges of a node's GPU but where it is written: equal for
+    two GPUs whose verdicts are equal (their messages' places aside)."""
+    return (
+        gpu.address,
+        gpu.sriov,
+        gpu.model,
+        gpu.mode,
+        None if gpu.vgpus is None else tuple(gpu.vgpus.items()),
+        None if gpu.profiles is None else tuple(gpu.profiles.items()),
+        tuple(entry.fields),
+        tuple(entry.written.items()),
+    )
 
 
 def _file_entry(

@@ -789,3 +789,18 @@ def test_no_problem_quotes_more_than_an_excerpt_of_the_file(
     for problem in problems:
         for start in range(len(LONG) - 81):
             assert LONG[start : start + 81] not in problem.message, problem.message
+
+
+def test_a_gpu_repeated_across_nodes_is_judged_at_each_place(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """A fleet repeats its GPUs node after node: each copy of a broken GPU is reported where it
+    is written (a clean layout may be judged once; a broken one never stands for another)."""
+    gpu = '      gpus: [{address: "0000:08:00.0", sriov: enabled, profiles: {A2-4Q: 5}}]\n'
+    text = HEADER + "spec:\n  nodes:\n" + "".join(f"    n{i}:\n{gpu}" for i in range(3))
+    problems = _problems([_write(tmp_path, "fleet.yaml", text)], catalog)
+    assert [(p.line, p.message.split(",")[0]) for p in problems] == [
+        (line, "5 vGPUs of 4 GB on GPU 0000:08:00.0") for line in (7, 9, 11)
+    ]
+    fine = text.replace("A2-4Q: 5", "A2-4Q: 4")
+    assert validate_files([_write(tmp_path, "fine.yaml", fine)], catalog=catalog) == []
