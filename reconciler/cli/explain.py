@@ -109,11 +109,12 @@ def explain(
     selecting groups give GPUs they match alike different layouts, or, with ``inventory``,
     one of its GPUs two layouts)."""
     lines: list[str] = []
-    shown_labels = (
-        "no labels given"
-        if labels is None
-        else ("labels " + ", ".join(f"{k}={v}" for k, v in labels.items()) or "no labels")
-    )
+    if labels is None:
+        shown_labels = "no labels given"
+    elif labels:
+        shown_labels = "labels " + ", ".join(f"{k}={v}" for k, v in labels.items())
+    else:
+        shown_labels = "no labels"
     lines.append(f"Node {safe(node)} ({safe(shown_labels)}):")
     own = desired.nodes.get(node)
     if own is not None:

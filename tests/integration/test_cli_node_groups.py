@@ -106,6 +106,7 @@ def test_validate_explain_reports_a_certain_conflict_for_the_node(tmp_path: Path
     # Another node, not labelled: only a2-workers selects it.
     res = run_vgpuctl("validate", "fleet.yaml", "--explain", "gpu-3", "--labels", "", cwd=tmp_path)
     assert res.returncode == 0
+    assert res.stdout.splitlines()[1] == "Node gpu-3 (no labels):"
     assert "does not select it: labels not present: example.com/pool=vdi" in res.stdout
 
 
