@@ -230,9 +230,19 @@ class ProfilePlugin:
             server.add_insecure_port("unix://" + str(staging))
             server.start()
             os.chmod(staging, SOCKET_MODE)
+            # Serving before the name appears: a client that dials the moment it does (the
+            # kubelet after a registration, a test) gets the list, never an empty stream.
+            with self._changed:
+                self._serving = True
+                self._epoch += 1
             os.replace(staging, self.socket_path)
             inode = self.socket_path.lstat().st_ino
         except (RuntimeError, OSError) as exc:
+            with self._changed:
+                if self._serving:
+                    self._serving = False
+                    self._epoch += 1
+                    self._changed.notify_all()
             server.stop(None)
             executor.shutdown(wait=False)
             check_plugin_dir(self.plugin_dir)  # the likely reason, said clearly
@@ -241,9 +251,6 @@ class ProfilePlugin:
         finally:
             _remove_staging(staging_dir)
         self._server, self._executor, self._inode = server, executor, inode
-        with self._changed:
-            self._serving = True
-            self._epoch += 1
         log.info("serving %s on %s", self.resource, path)
 
     def _stop_locked(self) -> None:

@@ -459,3 +459,32 @@ def test_a_refused_registration_names_the_kubelets_answer(plugin: ProfilePlugin)
     assert not err.value.kubelet_missing
     assert "kubelet refused registration of nvidia.com/NVIDIA_A2-4Q" in err.value.message
     assert "INVALID_ARGUMENT: version not supported" in err.value.message
+
+
+def test_a_client_dialling_the_moment_the_socket_appears_gets_the_list(
+    plugin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The socket is moved into place once the server accepts calls; a ListAndWatch opened
+    right then (before ``start`` has returned) gets the devices, not a stream that ends
+    empty (a race a loaded machine once showed in tests/unit/test_deviceplugin_standalone.py)."""
+    from reconciler.deviceplugin import server as server_module
+
+    first: list[list[tuple[str, str]]] = []
+    real_replace = os.replace
+
+    def replace_then_dial(src: Any, dst: Any) -> None:
+        real_replace(src, dst)
+        if str(dst).endswith(".sock"):
+            with dial(Path(dst)) as s:
+                stream = s.ListAndWatch(api_pb2.Empty(), timeout=5)
+                first.append(listed(next(iter(stream), api_pb2.ListAndWatchResponse())))
+                stream.cancel()
+
+    monkeypatch.setattr(server_module.os, "replace", replace_then_dial)
+    p = ProfilePlugin(RES, plugin_dir=plugin_dir, stop_grace=0.2)
+    p.update(DEVICES)
+    try:
+        p.start()
+    finally:
+        p.stop()
+    assert first == [[(d.id, "Healthy") for d in DEVICES]]
