@@ -63,6 +63,9 @@ class DesiredGpu:
     #: ``mode:``: equal-size (the default) or mixed-size (``nvidia-smi vgpu -shm 1``); never
     #: ``UNKNOWN``.
     mode: VgpuMode = VgpuMode.EQUAL_SIZE
+    #: The node group whose entry (at ``location``) gave this GPU its layout; None: the node's
+    #: own entry.
+    group: str | None = None
 
     def location_of(self, key: VfKey | str) -> SourceLocation | None:
         return self.entry_locations.get(key, self.location)
@@ -147,6 +150,7 @@ class GroupGpu:
             location=self.location,
             entry_locations=self.entry_locations,
             mode=self.mode,
+            group=self.group,
         )
 
 

@@ -87,7 +87,7 @@ def plan_node(
     noops = list(host.noops)
     # What the observation itself had to say (holders it could not see, a removal under way,
     # a list it could not read) comes first: the reader of a plan needs it most.
-    notes = [*observed.notes, *host.notes]
+    notes = [*observed.notes, *host.notes, *_group_notes(node)]
     drift: list[Drift] = []
     # Without a cluster, the predicted host serves only the device plugins' refresh: its vGPUs.
     predicted = predict_inventory(inventory, actions, catalog=catalog, vgpus_only=cluster is None)
@@ -146,6 +146,20 @@ def plan_node(
         notes=tuple(notes),
         drift=tuple(drift),
     )
+
+
+def _group_notes(node: DesiredNode | None) -> list[str]:
+    """Which node group's entry configures which GPUs (one line per entry), for a node that
+    node groups configure."""
+    by_entry: dict[tuple[str, str], list[str]] = {}
+    for gpu in node.gpus if node is not None else ():
+        if gpu.group is not None:
+            where = f" ({gpu.location})" if gpu.location else ""
+            by_entry.setdefault((gpu.group, where), []).append(str(gpu.address))
+    return [
+        f"node group '{group}'{where} configures GPU{'s' * (len(gpus) != 1)} {', '.join(gpus)}"
+        for (group, where), gpus in by_entry.items()
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,6 +125,10 @@ def test_a_node_local_plan_and_apply_configure_the_gpus_a_group_matches(tmp_path
     before = oracle.snapshot(sim.dir / "sys")
     plan = sim.ok("plan", fleet, "--out", tmp_path / "plan.json")
     assert "Plan: 10 to create, 0 to change, 0 to remove, 0 blocked." in plan.stdout
+    assert (
+        f"Note: node group 'a2-workers' ({fleet}:10:11) configures GPUs 0000:08:00.0, "
+        "0000:09:00.0\n"
+    ) in plan.stdout
     # The saved plan carries the desired GPUs as planned: the group's entry at each address.
     saved = json.loads((tmp_path / "plan.json").read_text())
     gpus = saved["desiredState"]["spec"]["nodes"]["gpu-3"]["gpus"]

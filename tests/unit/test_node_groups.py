@@ -242,6 +242,10 @@ def test_a_resolved_gpu_is_planned_like_a_listed_one(tmp_path: Path) -> None:
     assert [a.target for a in plans[0].actions] == [a.target for a in plans[1].actions]
     assert [a.kind for a in plans[0].actions] == [a.kind for a in plans[1].actions]
     assert len(plans[0].actions) == 4  # enable, two vGPUs, the device-plugin refresh
+    # Only the grouped plan says where the layout came from.
+    assert [n for n in plans[0].notes if n not in plans[1].notes] == [
+        f"node group 'g' ({tmp_path / 'grouped.yaml'}:6:48) configures GPU 0000:08:00.0"
+    ]
 
 
 def test_a_desired_gpu_from_a_group_keeps_where_it_was_written(tmp_path: Path) -> None:
