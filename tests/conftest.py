@@ -6,6 +6,7 @@ imports another test module."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from tests.cluster_node import kubevirt_cr, register_crds
 from tests.doubles.emulator import ApiServerEmulator
-from tests.simnode import SimNode, make_sim
+from tests.simnode import REPO, SimNode, make_sim
 from tests.watch_agent import Watch, seed_text
 
 # Hermetic: a test run inside a pod must not hand the pod's cluster to the vgpuctl it starts
@@ -121,3 +122,18 @@ def emu(request: pytest.FixtureRequest) -> Iterator[ApiServerEmulator]:
         )
         server.seed(kubevirt_cr())
         yield server
+
+
+@pytest.fixture(scope="session")
+def vgpuctl_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """vgpuctl's own wheel, built once per test process as the Containerfile's first stage
+    builds it (``pip wheel --no-cache-dir``; its dependencies are on this machine already, so
+    ``--no-deps --no-build-isolation``)."""
+    wheels = tmp_path_factory.mktemp("wheels")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
+         "--no-build-isolation", "--quiet", "--wheel-dir", str(wheels), str(REPO)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    (wheel,) = wheels.glob("vgpuctl-*.whl")
+    return wheel

@@ -10,8 +10,9 @@ ClusterApi port.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from reconciler.model.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from reconciler.apply.cluster import (
@@ -130,13 +131,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

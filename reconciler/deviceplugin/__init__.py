@@ -11,8 +11,7 @@ The gRPC-backed names are loaded on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from reconciler.deviceplugin.devices import (
     HEALTHY,
@@ -29,6 +28,7 @@ from reconciler.deviceplugin.devices import (
     preferred,
     socket_name,
 )
+from reconciler.model.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from reconciler.deviceplugin.manager import (
@@ -48,25 +48,21 @@ if TYPE_CHECKING:
     )
 
 _LAZY = {
-    "Backoff": "manager",
-    "PluginManager": "manager",
-    "removals": "manager",
-    "run_standalone": "manager",
-    "API_VERSION": "server",
-    "DEFAULT_PLUGIN_DIR": "server",
-    "KUBELET_SOCKET": "server",
-    "PluginDirError": "server",
-    "ProfilePlugin": "server",
-    "RegistrationError": "server",
-    "check_plugin_dir": "server",
+    "Backoff": "reconciler.deviceplugin.manager",
+    "PluginManager": "reconciler.deviceplugin.manager",
+    "removals": "reconciler.deviceplugin.manager",
+    "run_standalone": "reconciler.deviceplugin.manager",
+    "API_VERSION": "reconciler.deviceplugin.server",
+    "DEFAULT_PLUGIN_DIR": "reconciler.deviceplugin.server",
+    "KUBELET_SOCKET": "reconciler.deviceplugin.server",
+    "PluginDirError": "reconciler.deviceplugin.server",
+    "ProfilePlugin": "reconciler.deviceplugin.server",
+    "RegistrationError": "reconciler.deviceplugin.server",
+    "check_plugin_dir": "reconciler.deviceplugin.server",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = [

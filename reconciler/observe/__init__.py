@@ -9,8 +9,9 @@ the kubelet's device-plugin checkpoint (``checkpoint.py``).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from reconciler.model.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from reconciler.observe.checkpoint import CheckpointEntry, parse_checkpoint, read_checkpoint
@@ -42,13 +43,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

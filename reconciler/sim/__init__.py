@@ -9,8 +9,9 @@ on a real host.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from reconciler.model.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from reconciler.sim.holds import SimHoldProbe
@@ -38,13 +39,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _HOMES, globals())
 
 
 __all__ = [

@@ -54,16 +54,11 @@ def test_the_default_command_is_the_daemonsets() -> None:
     assert json.loads(steps["CMD"]) == agent["args"]
 
 
-def test_the_wheel_installs_alone_and_its_entry_point_runs(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
-    # The first stage's command, for vgpuctl's own wheel (its dependencies are on this
-    # machine already: taken from here instead of downloaded).
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps",
-         "--no-build-isolation", "--wheel-dir", str(wheels), str(REPO)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    (wheel,) = wheels.glob("vgpuctl-*.whl")
+def test_the_wheel_installs_alone_and_its_entry_point_runs(
+    tmp_path: Path, vgpuctl_wheel: Path
+) -> None:
+    # The first stage's command made vgpuctl's own wheel (tests/conftest.py).
+    wheel = vgpuctl_wheel
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"

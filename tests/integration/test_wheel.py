@@ -8,17 +8,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.simnode import REPO, SEED
+from tests.simnode import SEED
 
 
-def test_wheel_ships_schemas_and_catalogue(tmp_path: Path) -> None:
-    dist = tmp_path / "dist"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--quiet", "-w", str(dist), str(REPO)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    (wheel,) = dist.glob("vgpuctl-*.whl")
+def test_wheel_ships_schemas_and_catalogue(tmp_path: Path, vgpuctl_wheel: Path) -> None:
+    wheel = vgpuctl_wheel
     names = set(zipfile.ZipFile(wheel).namelist())
     for schema in ("desired-state.schema.json", "plan.schema.json", "inventory.schema.json"):
         assert f"reconciler/_schemas/{schema}" in names

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
 from reconciler.model import (
     Desired,
@@ -27,12 +26,11 @@ from reconciler.model import (
     VgpuMode,
 )
 from reconciler.plan import plan_node, resolve_groups
-from tests.gpus import card
+from tests.gpus import A2 as A2_AT_08
+from tests.gpus import A2_B as A2_AT_09
+from tests.gpus import CATALOG, card
 
-CATALOG = default_catalog()
 HEADER = "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\nmetadata: {name: t}\n"
-A2_AT_08 = PciAddress.parse("0000:08:00.0")
-A2_AT_09 = PciAddress.parse("0000:09:00.0")
 L40S_AT_41 = PciAddress.parse("0000:41:00.0")
 
 FLEET = (
