@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from reconciler.apply.executor import ApplyResult, Outcome, OutcomeStatus
@@ -62,6 +62,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.nodestate import stamped
+from reconciler.model.record import record
 
 SKIPPED_NOT_CLUSTER = "skipped: not a cluster action"
 
@@ -216,7 +217,7 @@ class _LeftAlone(Exception):
     """After a conflict, the object turned out to be another controller's: not written."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Writer:
     api: ClusterApi
     replan: Replan | None
@@ -437,7 +438,7 @@ def _resource_version(raw: Mapping[str, Any]) -> str:
     return str((raw.get("metadata") or {}).get("resourceVersion") or "")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _AllowList:
     """One of the KubeVirt CR's allow-lists vgpuctl keeps entries in."""
 

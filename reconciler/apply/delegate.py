@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from reconciler.apply.executor import ApplyResult, Outcome, OutcomeStatus
@@ -39,6 +38,7 @@ from reconciler.model import (
 from reconciler.model.cluster import GROUP, SRIOV_GPU_PLURAL, VERSION, VGPU_PLURAL
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.harvester import HarvesterGpu, HarvesterVf
+from reconciler.model.record import record
 from reconciler.observe.harvester_devices import ObjectError, parse_gpu, parse_vf
 
 _T = TypeVar("_T")
@@ -70,7 +70,7 @@ class StepFailed(Exception):
         self.transient = transient
 
 
-@dataclass
+@record
 class DelegateExecutor:
     """Runs a delegate plan's steps against the cluster."""
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from reconciler.apply.errors import (
@@ -43,6 +42,7 @@ from reconciler.model import (
     VgpuRemove,
 )
 from reconciler.model.plan_json import action_to_json
+from reconciler.model.record import record
 
 
 class OutcomeStatus(enum.StrEnum):
@@ -52,7 +52,7 @@ class OutcomeStatus(enum.StrEnum):
     SKIPPED = "skipped"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Outcome:
     """What became of one action, and why."""
 
@@ -75,7 +75,7 @@ class Outcome:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ApplyCounts:
     done: int
     noop: int
@@ -99,7 +99,7 @@ class ApplyCounts:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ApplyResult:
     """Every attempted action's outcome in plan order; the actions after a failure, not run."""
 
@@ -152,7 +152,7 @@ class ApplyResult:
 # -- steps --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Context:
     driver: HostDriver
     verify_timeout: float
@@ -652,7 +652,7 @@ def _prepare(plan: Plan) -> dict[int, _Step]:
     return steps
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Recorder:
     """Journals one run's records and turns outcomes into :class:`Outcome` values."""
 

@@ -40,7 +40,6 @@ import os
 import re
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from reconciler.apply.state import (
 )
 from reconciler.model import ApplyError, PciAddress
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 
 RUN_KIND = "run"
 
@@ -92,7 +92,7 @@ class JournalFormatError(ValueError):
     """A journal line is not a record vgpuctl writes; the message names the field."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Removal:
     """A vGPU the executor removed and saw gone: its VF, its UUID and (when the plan named it)
     its type. Read back from the file, every field is checked (:meth:`from_json`)."""
@@ -143,7 +143,7 @@ def _quoted(value: object) -> str:
     return excerpt(json.dumps(value, ensure_ascii=False)) if value is not None else "(missing)"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class JournalRecord:
     ts: str
     run: str
@@ -198,7 +198,7 @@ class JournalRecord:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SkippedLine:
     """A journal line that is not a record (cut short by a crash, or not vgpuctl's)."""
 
@@ -210,7 +210,7 @@ class SkippedLine:
         return f"{self.path}:{self.line}: {self.why}"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class JournalRead:
     """What one read found: the records, oldest first, and the lines skipped."""
 
@@ -468,7 +468,7 @@ def _identity(fd: int) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Found:
     records: tuple[JournalRecord, ...]
     skipped: tuple[SkippedLine, ...]
@@ -476,7 +476,7 @@ class _Found:
     complete: bool  # read to the end of the file
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _Cursor:
     """Where reading one generation stopped: after a whole line (``offset``, ``line``)."""
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.model import ConflictError
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.record import record
 
 GROUP = "coordination.k8s.io"
 VERSION = "v1"
@@ -32,7 +32,7 @@ DEFAULT_RENEW_DEADLINE = 10.0
 DEFAULT_RETRY_PERIOD = 2.0
 
 
-@dataclass
+@record
 class LeaderLease:
     """One candidate for the Lease ``namespace``/``name``."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 
 from reconciler.apply.errors import MandateError
@@ -36,6 +36,7 @@ from reconciler.model.cluster import (
     resource_name,
 )
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 
 #: The pciVendorSelector vgpuctl writes: NVIDIA's vendor id and a VF device id, upper case.
 _PCI_SELECTOR = re.compile(rf"{NVIDIA_PCI_VENDOR}:[0-9A-F]{{4}}")
@@ -55,7 +56,7 @@ def refused(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HostMandate:
     """What the host executor may act on in one run."""
 
@@ -94,7 +95,7 @@ class HostMandate:
             )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ClusterMandate:
     """What the cluster executor may write in one run."""
 

@@ -10,14 +10,14 @@ through :class:`SysfsWriter` and run programs through :class:`CommandRunner`, so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from reconciler.model import PciAddress, VgpuMode
+from reconciler.model.record import record
 from reconciler.observe.vgpumode import ModeReading
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SysfsDevice:
     """The device a sysfs write is meant for, as the action names it: VF ``vf`` of GPU
     ``gpu``, or the vGPU (mdev) ``vgpu`` on that VF. A writer refuses a path that leads to a
@@ -69,7 +69,7 @@ class SysfsKernel(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class CommandResult:
     """How a finished command ended. A non-zero ``returncode`` is a result, not an exception."""
 

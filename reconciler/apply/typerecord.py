@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.apply.state import node_file, open_node_file, open_state_dir, replace_node_file
 from reconciler.model import ApplyError, PciAddress, ReconcilerError, TypeNames
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 from reconciler.observe.parse import parse_type_name
 from reconciler.observe.sysfs import SysfsTree
 
@@ -38,7 +38,7 @@ MAX_ENTRIES = 4096
 NVIDIA_VERSION = "module/nvidia/version"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class RecordedType:
     driver: str
     gpu: PciAddress
@@ -49,7 +49,7 @@ class RecordedType:
         return {"driver": self.driver, "gpu": str(self.gpu), "id": self.type_id, "name": self.name}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TypeRecordRead:
     """The running driver's recorded type names, and why the record was not (all) used."""
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from reconciler.model import VGPUType
+from reconciler.model.record import record
 
 #: ``<NVIDIA|GRID> <GPU>-[<slices>-]<GB><series>[<suffix>]`` (docs/domain.md §4). The GPU part
 #: may be several words (``RTX Pro 6000 Blackwell DC``) and end in variant letters (``A100DX``,
@@ -27,7 +27,7 @@ _PROFILE_NAME = re.compile(
 VENDOR_PREFIXES = ("NVIDIA ", "GRID ")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Profile:
     """A vGPU profile (type) a GPU model offers."""
 
@@ -62,7 +62,7 @@ class Profile:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PciId:
     vendor: str
     device: str
@@ -70,7 +70,7 @@ class PciId:
     subsystem_device: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuModel:
     name: str  # "NVIDIA A2"
     short: str  # "A2": the part profile names use
@@ -100,7 +100,7 @@ class GpuModel:
         return tuple(p for p in self.profiles if not p.mig)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ParsedProfileName:
     """What a profile name alone says: ``NVIDIA A2-4Q`` → gpu ``A2``, 4 GB, series Q."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +23,7 @@ from reconciler.cli.options import (
 )
 from reconciler.model import Inventory, PciAddress, TypeNames, UsageError, unresolved_type_id
 from reconciler.model.cluster import ClusterState, DeviceUse
+from reconciler.model.record import record
 
 if TYPE_CHECKING:
     from reconciler.apply import BoundedWriter, PerVfDriver
@@ -40,7 +41,7 @@ DEFAULT_WRITE_TIMEOUT = 10.0
 SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 
 
-@dataclass
+@record
 class Host:
     options: GlobalOptions
     #: The bounded sysfs writers made so far, by write timeout (see :meth:`driver`).

@@ -27,7 +27,6 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from reconciler.cli.render import safe
 from reconciler.model import DesiredGpu, GroupGpu, UsageError
 from reconciler.model.cluster import resource_name
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.record import record
 
 EXIT_OK, EXIT_ERRORS = 0, 1
 #: The largest manifest read (bytes); a VM manifest is a few kilobytes.
@@ -44,7 +44,7 @@ MAX_BYTES = 4 * 1024 * 1024
 PREFIX = "nvidia.com/"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Finding:
     file: str
     line: int  # 1-based

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from reconciler.model.record import record
 
 DEFAULT_SYSFS_ROOT = "/sys"
 DEFAULT_SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
@@ -113,7 +114,7 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GlobalOptions:
     sysfs_root: Path
     sriov_manage: str | None  # None: the default (or the simulator's)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from reconciler.model.errors import excerpt
 from reconciler.model.plan import FORMAT_VERSION
 from reconciler.model.plan_json import PlanFormatError, plan_from_json
 from reconciler.model.plan_json import value_in_words as _kind
+from reconciler.model.record import record
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError as SchemaViolation
@@ -41,7 +41,7 @@ _MARK = '"formatVersion"'
 _SCHEMA = "plan.schema.json"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SavedPlan:
     path: Path
     plan: Plan

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from reconciler.model import (
     UNKNOWN_HOLDER,
@@ -45,9 +44,10 @@ from reconciler.model import (
 from reconciler.model.cluster import object_name
 from reconciler.model.errors import printable
 from reconciler.model.plan import FieldChange
+from reconciler.model.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Style:
     """ANSI styling, or none at all."""
 
@@ -97,7 +97,7 @@ def _sort_key(target: str) -> tuple[int, ...]:
     return (a.domain, a.bus, a.slot, a.function)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Line:
     """One change of a GPU as a plan shows it: ``+``/``-``/``-/+``/``~``/``!``, what, why (each
     already through :func:`safe`)."""
@@ -115,7 +115,7 @@ class Line:
 _BLOCKED = 3
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuSection:
     """A GPU's changes, host and blocked, in the order they are shown."""
 

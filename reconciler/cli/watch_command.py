@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import threading
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,6 +27,7 @@ from reconciler.cli.delegation import add_delegate_option, delegating
 from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.model import UsageError
+from reconciler.model.record import record
 
 if TYPE_CHECKING:
     import logging
@@ -265,7 +265,7 @@ def _watch(
         _log().info("stopped")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Election:
     """Delegate mode's leader election, from the command line (checked before anything)."""
 

@@ -12,7 +12,6 @@ against what the host reports.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from functools import cache, lru_cache, partial
 
 from reconciler.catalog import Catalog, GpuModel, ParsedProfileName, parse_profile_name
@@ -30,6 +29,7 @@ from reconciler.model import (
     VfKey,
     VgpuMode,
 )
+from reconciler.model.record import record
 from reconciler.rules import (
     Offer,
     OfferedType,
@@ -49,7 +49,7 @@ _Report = Callable[[SourceLocation | None, str], None]
 _Accept = Callable[[SourceLocation | None, str, "Hint"], None]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Entry:
     """One ``vgpus`` entry (count 1) or ``profiles`` entry, in the order written."""
 
@@ -59,7 +59,7 @@ class _Entry:
     location: SourceLocation
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Named:
     """An entry whose profile name parses: what the name alone says."""
 
@@ -75,7 +75,7 @@ class _Named:
         return self.entry.profile
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Hint:
     """What can be said about a name the catalogue does not know, worked out only when shown:
     a "did you mean" searches the whole catalogue, and a file can hold tens of thousands of
@@ -101,7 +101,7 @@ class Hint:
         return f"did you mean '{suggestion}'?" if suggestion else ""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Unchecked:
     """A name the catalogue does not know, accepted as written: the host decides at plan time."""
 
@@ -110,7 +110,7 @@ class Unchecked:
     hint: Hint = Hint()  # "did you mean 'NVIDIA A2-4Q'?"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuFindings:
     problems: list[Problem]
     unchecked: list[Unchecked]

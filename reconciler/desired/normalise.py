@@ -15,7 +15,7 @@ and checking a half-understood GPU would only add noise.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
@@ -33,9 +33,10 @@ from reconciler.model import (
     VfKey,
     VgpuMode,
 )
+from reconciler.model.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuEntry:
     """A normalised GPU (a node's, or a group's GPU entry), with where its fields were written
     (for located semantic problems)."""
@@ -52,14 +53,14 @@ class GpuEntry:
     written: Mapping[VfKey | str, str]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class NodeEntry:
     name: str
     location: SourceLocation | None
     gpus: tuple[GpuEntry, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GroupEntry:
     group: NodeGroup
     #: Where the group's name was written.
@@ -67,7 +68,7 @@ class GroupEntry:
     gpus: tuple[GpuEntry, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class FileEntry:
     """What one file says, normalised as far as it is well-formed."""
 
@@ -266,7 +267,7 @@ def _gpu(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Layout:
     """What a GPU entry (a node's or a group's) makes of its GPU, with where each part was
     written."""

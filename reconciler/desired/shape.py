@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from reconciler.desired.source import Document, JsonPath, dotted, problem_at, qu
 from reconciler.desired.validator import build_validator, certainly_valid, inlined
 from reconciler.model import Problem, SourceLocation
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError as SchemaViolation
@@ -62,7 +62,7 @@ def _inlined_schema() -> Any:
     return inlined(schema, schema.get("$defs", {}))
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Shape:
     """The schema problems of one document, in file order, each with the path it concerns."""
 

@@ -22,7 +22,6 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from reconciler.desired.compose import (
 from reconciler.model import Problem, SourceLocation
 from reconciler.model.errors import excerpt
 from reconciler.model.links import LeavesRootError, TooManyLinksError, resolve_beneath
+from reconciler.model.record import record
 
 #: A JSON path: mapping keys (str) and list indexes (int) from the document root.
 JsonPath = tuple[str | int, ...]
@@ -55,7 +55,7 @@ MAX_BYTES = 1024 * 1024
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Document:
     """One parsed file: its data and the 1-based (line, column) of every value and key."""
 

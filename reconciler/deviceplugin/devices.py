@@ -11,7 +11,7 @@ servers in ``server.py`` translate these values to and from protobuf messages.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from reconciler.model import (
     Interface,
@@ -21,6 +21,7 @@ from reconciler.model import (
     unresolved_type_id,
 )
 from reconciler.model.cluster import resource_name
+from reconciler.model.record import record
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -31,7 +32,7 @@ VFIO_CONTROL = "/dev/vfio/vfio"
 PERMISSIONS = "mrw"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PluginDevice:
     """One advertised device: a vGPU (ID = mdev UUID; on NVIDIA's vendor-specific VFIO
     interface the VF's address, the VF being the vGPU) with where it lives."""
@@ -144,7 +145,7 @@ class UnknownDeviceError(AllocationError):
     unknown_device = True
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Allocation:
     """What one container gets: the env variable with the UUIDs and the VFIO device nodes."""
 

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -41,6 +41,7 @@ from reconciler.deviceplugin.server import (
     remove_stale_staging,
 )
 from reconciler.model import ActionKind, ApplyError, Inventory, ObserveError, TypeNames
+from reconciler.model.record import record
 from reconciler.observe import HoldProbe, observe_host
 
 log = logging.getLogger("vgpuctl.deviceplugin")
@@ -51,7 +52,7 @@ _KUBELET_STARTING_S = 2.0
 _KUBELET_STARTING_RETRY_S = 0.05
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Backoff:
     """Delays between retries: ``initial``, doubling, at most ``cap`` seconds."""
 
@@ -62,7 +63,7 @@ class Backoff:
         return float(min(self.cap, self.initial * 2 ** max(failures - 1, 0)))
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _PluginState:
     """What the supervisor still owes one plugin. Guarded by the manager's lock."""
 
@@ -450,7 +451,7 @@ def removals(records: Iterable[JournalRecord]) -> list[str]:
     ]
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class _JournalTail:
     """The removals in the journal records appended since the last read (read incrementally:
     see :class:`JournalReader`), kept until a scan has used them."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 
 from reconciler.apply.delegate import (
@@ -33,6 +32,7 @@ from reconciler.apply.executor import Outcome, OutcomeStatus
 from reconciler.catalog import Catalog
 from reconciler.model import Desired, Plan, ReconcilerError
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.record import record
 from reconciler.observe.delegate import devices_in_use, observe_harvester_nodes
 from reconciler.observe.nodes import all_node_labels
 from reconciler.plan.delegate import plan_delegate, waits_for_controller
@@ -42,7 +42,7 @@ from reconciler.plan.delegate import plan_delegate, waits_for_controller
 MAX_ROUNDS = 6
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DelegatePlans:
     """Every node of a desired state, planned; a node whose objects cannot be planned (an
     unreadable object, a GPU Harvester does not know) is in ``failures`` instead."""
@@ -100,7 +100,7 @@ class Result(enum.Enum):
     NOT_CONVERGED = "not-converged"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Converged:
     """What :func:`converge` did and where it left the nodes."""
 
@@ -205,7 +205,7 @@ def converge(
     return Converged(Result.CONVERGED, plans, tuple(outcomes))
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Wait:
     timeout: float
     poll: float

@@ -9,8 +9,6 @@ whoever can write the file could have put anything in them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from reconciler.model import (
     Action,
     ApplyError,
@@ -24,12 +22,13 @@ from reconciler.model import (
     VgpuRemove,
 )
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 
 #: How many differences a refusal lists before "… and N more".
 DIFFERENCES_SHOWN = 5
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Expected:
     """The actions a run was promised to carry out, and where the promise came from."""
 

@@ -13,7 +13,7 @@ fact (docs/domain.md §6a).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -28,13 +28,14 @@ from reconciler.model import (
     VgpuModeSet,
 )
 from reconciler.model.cluster import ClusterState
+from reconciler.model.record import record
 from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
 
 if TYPE_CHECKING:
     from reconciler.observe.harvester import ControllerPresence
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Planned:
     """One observation of the node (host, and cluster when configured) and its plan."""
 

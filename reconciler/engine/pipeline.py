@@ -43,7 +43,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 from reconciler.apply.cluster import execute_cluster, record_host_events
@@ -69,6 +69,7 @@ from reconciler.model import (
     ReconcilerError,
     VgpuRemove,
 )
+from reconciler.model.record import record
 from reconciler.observe.parse import NVIDIA_VENDOR_ID
 from reconciler.plan.groups import resolve as resolve_groups
 
@@ -76,7 +77,7 @@ from reconciler.plan.groups import resolve as resolve_groups
 DIFFERENCES_SHOWN = 5
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class RunSettings:
     #: Take over objects another controller manages (``--adopt``).
     adopt: bool = False
@@ -95,7 +96,7 @@ class Convergence(enum.StrEnum):
     NOT_CONVERGED = "not_converged"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HostMismatch:
     """The host after the host phase is not the one the cluster actions were planned for."""
 
@@ -114,7 +115,7 @@ class HostMismatch:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PluginsTold:
     """What the device plugins were told, and whether they took it."""
 
@@ -124,7 +125,7 @@ class PluginsTold:
     error: Exception | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Verification:
     """The node planned again after the run."""
 
@@ -142,7 +143,7 @@ class Verification:
         return plan
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Reconciled:
     """How one run of the pipeline went."""
 
@@ -286,7 +287,7 @@ def removed_vgpus(outcomes: Sequence[Outcome]) -> frozenset[str]:
     return frozenset(removed)
 
 
-@dataclass
+@record
 class _Run:
     ports: NodePorts
     desired: DesiredNode

@@ -10,13 +10,13 @@ tests build simulated ones. Nothing here imports the kube adapter or grpc.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from reconciler.catalog import Catalog
 from reconciler.model import Inventory, PciAddress
 from reconciler.model.cluster import ClusterState
+from reconciler.model.record import record
 
 if TYPE_CHECKING:
     from reconciler.apply.cluster import EventSink
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from reconciler.observe.vgpumode import ModeReading
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class NodePorts:
     """Everything a reconcile of one node needs from the outside world."""
 

@@ -13,7 +13,6 @@ the adapter's import) stays free of ``kubernetes`` until a request is actually m
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from reconciler.model import (
@@ -27,6 +26,7 @@ from reconciler.model import (
     ResourceMissingError,
 )
 from reconciler.model.cluster import GROUP, KUBEVIRT_GROUP, NODE_STATE_GROUP
+from reconciler.model.record import record
 
 #: What to do about a resource type the server does not serve, by API group.
 _MISSING_HINTS = {
@@ -40,7 +40,7 @@ _MISSING_HINTS = {
 _MAX_QUOTE = 300
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Request:
     """One API request as RBAC sees it: verb, resource, and where."""
 

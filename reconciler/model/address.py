@@ -7,8 +7,10 @@ Every address that reaches a sysfs path or a command line has been through
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache, total_ordering
+
+from reconciler.model.record import record
 
 _PATTERN = re.compile(
     r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-1][0-9a-fA-F])\.(?P<function>[0-7])$"
@@ -16,7 +18,7 @@ _PATTERN = re.compile(
 
 
 @total_ordering
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PciAddress:
     """A PCI function address. Orders numerically; prints in the kernel's lower-case form."""
 

@@ -9,11 +9,12 @@ them (``spec``/``status`` bodies), wrapped with what the planner needs to diff t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
 from reconciler.model.inventory import Interface
+from reconciler.model.record import record
 
 #: The Harvester CRDs (docs/domain.md §5): group, version, kinds, plurals.
 GROUP = "devices.harvesterhci.io"
@@ -102,7 +103,7 @@ def _frozen(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(m)) if m else _EMPTY
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class KubeObject:
     """One of our custom resources as the API server has it (or as the planner renders it)."""
 
@@ -254,7 +255,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class KubeVirtConfig:
     """The KubeVirt CR's allow-lists (mediated devices, PCI host devices), wherever the CR
     lives."""
@@ -305,7 +306,7 @@ class KubeVirtConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ConfiguredProfile:
     """A profile configured on a node, and on which kind of GPU: it decides the KubeVirt
     allow-list entry (docs/domain.md §8). On an mdev GPU (or one whose interface is not
@@ -362,7 +363,7 @@ class ConfiguredProfile:
         return cls(str(raw))
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DeviceUse:
     """A vGPU (by device ID = mdev UUID) handed to a pod by the kubelet, and who has it."""
 
@@ -386,7 +387,7 @@ class DeviceUse:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ClusterState:
     """Everything the cluster says about one node's vGPUs, plus the cluster-wide facts the
     KubeVirt allow-list depends on."""

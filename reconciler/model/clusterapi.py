@@ -12,11 +12,13 @@ A missing object on ``get_object`` is ``None``, not an error.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
+from reconciler.model.record import record
 
-@dataclass(frozen=True, slots=True)
+
+@record(frozen=True, slots=True)
 class ObjectList:
     """A whole collection and the resourceVersion it was read at (a watch resumes there)."""
 
@@ -24,7 +26,7 @@ class ObjectList:
     resource_version: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class WatchEvent:
     """One event of a watch: ``ADDED``, ``MODIFIED``, ``DELETED`` with the object, or
     ``BOOKMARK`` (only ``metadata.resourceVersion`` is meaningful: where to resume)."""

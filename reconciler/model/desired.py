@@ -15,7 +15,7 @@ which GPU of the node each group entry configures is known only once the host is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from fnmatch import fnmatchcase
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from reconciler.model.address import PciAddress
 from reconciler.model.errors import UsageError
 from reconciler.model.mode import VgpuMode
+from reconciler.model.record import record
 
 if TYPE_CHECKING:
     from reconciler.model.inventory import Gpu
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 VfKey = PciAddress | int
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SourceLocation:
     file: str
     line: int
@@ -44,7 +45,7 @@ class SourceLocation:
 _EMPTY: Mapping[object, object] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DesiredGpu:
     """One managed GPU. Exactly one of ``vgpus`` / ``profiles`` is set when SR-IOV is on."""
 
@@ -71,7 +72,7 @@ class DesiredGpu:
         return self.entry_locations.get(key, self.location)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuMatch:
     """Which GPUs of a node a group's GPU entry configures: every criterion given must hold."""
 
@@ -110,7 +111,7 @@ class GpuMatch:
 GpuRef = PciAddress | GpuMatch
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GroupGpu:
     """One GPU entry of a node group: the GPUs it matches and the layout each of them gets."""
 
@@ -154,7 +155,7 @@ class GroupGpu:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class NodeSelector:
     """Which nodes a group configures: any of ``names`` (globs) and all of ``labels``; an empty
     part says nothing (a selector has at least one part)."""
@@ -184,7 +185,7 @@ class NodeSelector:
         return " and ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class NodeGroup:
     name: str
     selector: NodeSelector
@@ -192,7 +193,7 @@ class NodeGroup:
     location: SourceLocation | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DesiredNode:
     name: str
     gpus: tuple[DesiredGpu, ...] = ()
@@ -209,7 +210,7 @@ class DesiredNode:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Desired:
     """A whole desired-state document (one or more files merged)."""
 

@@ -7,7 +7,8 @@ Third-party exceptions are wrapped at the boundary where they occur; the CLI tur
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from reconciler.model.record import record
 
 
 def printable(text: str) -> str:
@@ -41,7 +42,7 @@ def _escaped(ch: str) -> str:
     return ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Problem:
     """One located problem: ``file:line:col: message`` when the location is known."""
 

@@ -10,16 +10,17 @@ publishes it as one ``SRIOVGPUDevice`` per GPU and one ``VGPUDevice`` per VF (do
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 
 from reconciler.model.address import PciAddress
+from reconciler.model.record import record
 
 #: ``status.vGPUStatus`` of a VF that hosts a vGPU (pcidevices ``VGPUEnabled``); empty otherwise.
 VGPU_CONFIGURED = "vGPUConfigured"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HarvesterGpu:
     """One ``SRIOVGPUDevice``: a GPU, and whether pcidevices-controller is to keep its SR-IOV
     on (``spec.enabled``)."""
@@ -34,7 +35,7 @@ class HarvesterGpu:
     vgpu_devices: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HarvesterVf:
     """One ``VGPUDevice``: a VF, the profile asked of it (``spec``) and what the controller
     reports (``status``)."""
@@ -60,7 +61,7 @@ class HarvesterVf:
         object.__setattr__(self, "available", MappingProxyType(dict(self.available)))
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HarvesterNode:
     """One node's GPUs and VFs as pcidevices-controller publishes them, and who uses which."""
 

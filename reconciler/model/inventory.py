@@ -12,13 +12,14 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from json.encoder import encode_basestring_ascii as _encode
 from operator import attrgetter
 from typing import Any
 
 from reconciler.model.address import PciAddress
 from reconciler.model.mode import VgpuMode
+from reconciler.model.record import record
 
 
 class Interface(enum.StrEnum):
@@ -29,7 +30,7 @@ class Interface(enum.StrEnum):
     NONE = "none"  # SR-IOV is off: no VF exposes an interface yet
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class VGPUType:
     """A vGPU type as the driver offers it on a GPU (same on every VF of that GPU)."""
 
@@ -91,7 +92,7 @@ def unresolved_type_id(type_name: str) -> str | None:
     return m[1] if m else None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class VGPU:
     """A vGPU that exists on a VF (an mdev, or a configured VF on the vfio interface)."""
 
@@ -108,7 +109,7 @@ class VGPU:
     removing: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Vf:
     """A virtual function of a GPU, in numeric ``virtfn`` order."""
 
@@ -119,7 +120,7 @@ class Vf:
     creatable: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Gpu:
     """An NVIDIA physical function that supports SR-IOV vGPU."""
 
@@ -185,7 +186,7 @@ class Gpu:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Inventory:
     """Everything observed on one node's host."""
 

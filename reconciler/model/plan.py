@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
 
 from reconciler.model.address import PciAddress
 from reconciler.model.cluster import KubeObject
 from reconciler.model.mode import VgpuMode
+from reconciler.model.record import record
 
 FORMAT_VERSION = 2
 
@@ -85,7 +86,7 @@ _new = object.__new__
 _set = object.__setattr__  # as a frozen dataclass's own __init__ sets its fields
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class _Step:
     """What every action has: its place in the run (``seq``, 1-based; 0 before the planner
     numbers it, and on a blocked action), what it changes, and why (words for people).
@@ -125,7 +126,7 @@ class _Step:
         return False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class VgpuRemove(_Step):
     """Remove the vGPU ``uuid`` (of ``type_name``) on VF ``target``, index ``vf_index`` of
     ``gpu``. ``replaced_by``: on a replacement, the profile the vgpu-create after it puts there.
@@ -143,7 +144,7 @@ class VgpuRemove(_Step):
         return self.replaced_by is not None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class SriovDisable(_Step):
     """``sriov-manage -d`` on GPU ``gpu`` (= ``target``)."""
 
@@ -151,7 +152,7 @@ class SriovDisable(_Step):
     gpu: PciAddress
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class SriovEnable(_Step):
     """``sriov-manage -e`` on GPU ``gpu`` (= ``target``): ``num_vfs`` VFs appear."""
 
@@ -160,7 +161,7 @@ class SriovEnable(_Step):
     num_vfs: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class VgpuModeSet(_Step):
     """Put GPU ``gpu`` (= ``target``) in vGPU ``mode``: ``nvidia-smi vgpu -i <gpu> -shm 1``
     (mixed-size) or ``-shm 0`` (equal-size). The driver takes it only while SR-IOV is on and
@@ -172,7 +173,7 @@ class VgpuModeSet(_Step):
     mode: VgpuMode
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class VgpuCreate(_Step):
     """Create a vGPU of ``type_name`` under ``uuid`` on VF ``target``, index ``vf_index`` of
     ``gpu``. ``replaces``: on a replacement, the profile the vgpu-remove before it took off."""
@@ -189,7 +190,7 @@ class VgpuCreate(_Step):
         return self.replaces is not None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class CrCreate(_Step):
     """POST ``object`` (then its status through the status subresource)."""
 
@@ -197,7 +198,7 @@ class CrCreate(_Step):
     object: KubeObject
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class CrUpdate(_Step):
     """PUT ``object`` (the full intended body, planned from ``resource_version``) when
     ``spec_changed`` (spec or metadata differ), its status when ``status_changed``.
@@ -214,7 +215,7 @@ class CrUpdate(_Step):
     adopt: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class CrDelete(_Step):
     """DELETE the ``object_kind`` named ``target``, planned from ``resource_version``."""
 
@@ -223,7 +224,7 @@ class CrDelete(_Step):
     resource_version: str
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class MediatedDevice:
     """A KubeVirt ``permittedHostDevices.mediatedDevices`` entry vgpuctl adds (always with
     ``externalResourceProvider: true``: vgpuctl's device plugin allocates)."""
@@ -239,7 +240,7 @@ class MediatedDevice:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PciHostDevice:
     """A KubeVirt ``permittedHostDevices.pciHostDevices`` entry vgpuctl adds for a profile
     configured on NVIDIA's vendor-specific VFIO interface, where the VF is the vGPU (always
@@ -256,7 +257,7 @@ class PciHostDevice:
         }
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class KubevirtUpdate(_Step):
     """Add ``add`` to the mediated-devices allow-list of KubeVirt CR ``namespace``/``name``,
     remove the entries of the ``remove`` selectors; ``owned`` are the selectors vgpuctl owns
@@ -275,7 +276,7 @@ class KubevirtUpdate(_Step):
     owned_pci: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class _HarvesterGpuStep(_Step):
     """Set ``spec.enabled`` of the ``SRIOVGPUDevice`` named ``target`` (GPU ``gpu`` of node
     ``node``), written over ``resource_version`` (delegate mode: pcidevices-controller runs
@@ -286,21 +287,21 @@ class _HarvesterGpuStep(_Step):
     resource_version: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class SriovGpuDeviceEnable(_HarvesterGpuStep):
     """``spec.enabled: true``: done once the GPU's ``VGPUDevice`` objects exist."""
 
     kind: ClassVar[ActionKind] = ActionKind.SRIOVGPUDEVICE_ENABLE
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class SriovGpuDeviceDisable(_HarvesterGpuStep):
     """``spec.enabled: false``, once none of its VFs hosts a vGPU."""
 
     kind: ClassVar[ActionKind] = ActionKind.SRIOVGPUDEVICE_DISABLE
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class _HarvesterVfStep(_Step):
     """Set the spec of the ``VGPUDevice`` named ``target`` (VF ``vf``, index ``vf_index`` of GPU
     ``gpu`` on node ``node``), written over ``resource_version``: ``vGPUTypeName``
@@ -315,7 +316,7 @@ class _HarvesterVfStep(_Step):
     type_name: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class VgpuDeviceEnable(_HarvesterVfStep):
     """``vGPUTypeName: type_name, enabled: true``; written once the VF's
     ``status.availableTypes`` lists the profile (what the webhook admits), done once its
@@ -330,7 +331,7 @@ class VgpuDeviceEnable(_HarvesterVfStep):
         return self.replaces is not None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class VgpuDeviceDisable(_HarvesterVfStep):
     """``enabled: false`` (``type_name``: the profile it has, kept); done once its
     ``vGPUStatus`` is empty. ``replaced_by``: half of a profile change."""
@@ -343,7 +344,7 @@ class VgpuDeviceDisable(_HarvesterVfStep):
         return self.replaced_by is not None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(frozen=True, slots=True, kw_only=True)
 class DevicePluginRefresh(_Step):
     """Profile ``type_name`` (resource ``resource``) is advertised as ``devices`` (UUIDs) once
     the host actions ran."""
@@ -399,7 +400,7 @@ ACTION_TYPES: Mapping[ActionKind, type[Action]] = MappingProxyType(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Blocked:
     """An action that must not run now (a VM holds the vGPU), or one that depends on it: the
     host action as it would run (``seq`` 0), its reason saying why it waits. A GPU left alone
@@ -421,7 +422,7 @@ class Blocked:
         return self.action.reason
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Noop:
     """Something that needs nothing, and why (``VF hosts NVIDIA A2-4Q as desired``)."""
 
@@ -432,7 +433,7 @@ class Noop:
         return {"target": self.target, "reason": self.reason}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class FieldChange:
     """One field of a cluster object that differs: ``spec.vGPUTypeName`` from X to Y.
 
@@ -447,7 +448,7 @@ class FieldChange:
         return {"path": self.path, "from": self.old, "to": self.new}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Drift:
     """A cluster object edited outside vgpuctl: its stored spec differs from the spec vgpuctl
     last wrote. ``changes`` go from what vgpuctl wrote to what is stored; the plan resets it."""
@@ -464,7 +465,7 @@ class Drift:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Summary:
     create: int
     change: int
@@ -496,7 +497,7 @@ _REMOVES_OF_A_CHANGE = frozenset({ActionKind.VGPU_REMOVE, ActionKind.VGPUDEVICE_
 _CHANGES = frozenset({ActionKind.CR_UPDATE, ActionKind.KUBEVIRT_UPDATE, ActionKind.VGPU_MODE})
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Plan:
     node: str
     interface: str

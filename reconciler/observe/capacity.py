@@ -21,7 +21,6 @@ resources are counted in whole devices) is left out and noted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from reconciler.model import ResourceMissingError
@@ -36,13 +35,14 @@ from reconciler.model.cluster import (
     resource_name,
 )
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.record import record
 
 #: The extended resources vGPUs are advertised as.
 PREFIX = "nvidia.com/"
 _FINISHED = ("Succeeded", "Failed")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ProfileCapacity:
     resource: str
     configured: int
@@ -67,13 +67,13 @@ class ProfileCapacity:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class NodeCapacity:
     node: str
     profiles: tuple[ProfileCapacity, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Capacity:
     nodes: tuple[NodeCapacity, ...]
     notes: tuple[str, ...] = ()

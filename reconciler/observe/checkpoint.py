@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reconciler.model import ObserveError
+from reconciler.model.record import record
 
 #: Relative to the kubelet's root directory (``--kubelet-dir``, default ``/var/lib/kubelet``).
 CHECKPOINT_PATH = Path("device-plugins") / "kubelet_internal_checkpoint"
@@ -33,7 +33,7 @@ CHECKPOINT_PATH = Path("device-plugins") / "kubelet_internal_checkpoint"
 _MAX_BYTES = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class CheckpointEntry:
     """One container's allocation of one resource."""
 

@@ -24,7 +24,7 @@ that are normal are notes: KubeVirt not installed, no KubeVirt CR, no checkpoint
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -58,6 +58,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.nodestate import configured_profiles
+from reconciler.model.record import record
 from reconciler.observe.checkpoint import CheckpointEntry, checkpoint_file, read_checkpoint
 from reconciler.observe.parse import parse_type_name
 
@@ -414,7 +415,7 @@ def _vmis(api: ClusterApi, *, label_selector: str = "") -> list[dict[str, Any]]:
         return []  # no KubeVirt, no VMs (the KubeVirt note says so)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Uses:
     device_uses: dict[str, DeviceUse] = field(default_factory=dict)
     #: VMI ``namespace/name`` → vGPU resources it requests whose devices are unknown.

@@ -14,7 +14,6 @@ import enum
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from reconciler.catalog import Catalog
 from reconciler.model import Gpu, Interface, ReconcilerError
 from reconciler.model.errors import excerpt
 from reconciler.model.inventory import Inventory
+from reconciler.model.record import record
 from reconciler.observe.holds import HoldProbe
 from reconciler.observe.host import observe_host
 from reconciler.observe.sysfs import SysfsTree
@@ -37,7 +37,7 @@ class CheckStatus(enum.StrEnum):
     INFO = "info"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Check:
     """One precondition: what was found, and what to do when it does not hold."""
 
@@ -55,7 +55,7 @@ class Check:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DoctorReport:
     checks: tuple[Check, ...]
 

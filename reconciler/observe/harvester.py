@@ -32,12 +32,12 @@ cluster read: nothing acts on the strength of what could not be read.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from reconciler.model import ForbiddenError, ResourceMissingError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 
 #: Where Harvester runs its system components, the Addon and the DaemonSet included.
 HARVESTER_NAMESPACE = "harvester-system"
@@ -63,7 +63,7 @@ MUTATING_WEBHOOK_NAME = "pcidevices-mutator"
 CONTROLLER = "Harvester's pcidevices-controller"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ControllerPresence:
     """What the cluster says about Harvester's pcidevices-controller."""
 
@@ -173,7 +173,7 @@ def interpret_webhook(obj: Mapping[str, Any] | None) -> ControllerPresence:
 # -- the reads ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Read:
     group: str
     version: str

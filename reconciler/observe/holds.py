@@ -21,9 +21,11 @@ import errno
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Protocol
+
+from reconciler.model.record import record
 
 #: ``PROC_PID_INIT_INO`` (include/linux/proc_ns.h): the inode of the initial PID namespace, as
 #: ``stat -L /proc/self/ns/pid`` shows it. Any other value: some processes are invisible.
@@ -33,7 +35,7 @@ VFIO_GROUP_PREFIX = "/dev/vfio/"
 VFIO_CDEV_PREFIX = "/dev/vfio/devices/"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DeviceNodes:
     """The device nodes through which a process can hold one vGPU."""
 
@@ -52,7 +54,7 @@ class DeviceNodes:
         return self.group is not None or self.cdev is not None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HolderScan:
     """What a probe found: the holders it saw, and whether it could see every process."""
 

@@ -7,17 +7,18 @@ asks each reader in turn; the first that recognises the GPU's VFs describes them
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from reconciler.model import VGPU, Interface, VGPUType
+from reconciler.model.record import record
 from reconciler.observe.holds import DeviceNodes
 from reconciler.observe.parse import link_basename, parse_device_number, vfio_cdev_name
 from reconciler.observe.pci import PhysicalFunction
 from reconciler.observe.sysfs import SysfsTree
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class VfReading:
     """One VF as an interface reader sees it."""
 
@@ -29,7 +30,7 @@ class VfReading:
     nodes: DeviceNodes = field(default_factory=DeviceNodes)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuReading:
     interface: Interface
     #: Offered types in the driver's numeric type-id order.

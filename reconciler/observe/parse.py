@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 
 from reconciler.model import ObserveError
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 
 NVIDIA_VENDOR_ID = "10de"
 
@@ -179,7 +180,7 @@ def parse_framebuffer(value: str, *, source: str = "<input>") -> int:
     return int(m[1]) * _SIZE_UNIT_MIB[m[2].upper()]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TypeDescription:
     """What an mdev type's ``description`` file says."""
 

@@ -6,10 +6,9 @@ per GPU with its VFs in ``virtfn`` order, is what each interface reader (``mdev.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from reconciler.model import ObserveError, PciAddress
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 from reconciler.observe.parse import (
     NVIDIA_VENDOR_ID,
     is_gpu_class,
@@ -25,14 +24,14 @@ from reconciler.observe.sysfs import SysfsTree
 PCI_DEVICES = "bus/pci/devices"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class VirtualFunction:
     index: int  # N of the PF's virtfn<N> link
     address: PciAddress
     path: str  # resolved, relative to the sysfs root
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PhysicalFunction:
     address: PciAddress
     path: str  # resolved, relative to the sysfs root

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from types import MappingProxyType
 
 from reconciler.model import Inventory, PciAddress, VgpuMode
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 
 #: At most this much of the output is read (nvidia-smi prints a few KiB per GPU).
 MAX_OUTPUT = 4 << 20
@@ -35,7 +36,7 @@ _MODE_KEY = "vGPU Heterogeneous Mode"
 _WORDS = {"Enabled": VgpuMode.MIXED_SIZE, "Disabled": VgpuMode.EQUAL_SIZE}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ModeReading:
     """What one ``nvidia-smi -q`` said: the mode of each GPU it named with a known word, and
     why the others (or all) could not be read."""

@@ -11,7 +11,6 @@ all its reasons rather than half-way through ``apply``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from operator import attrgetter
 
 from reconciler.catalog import Catalog
@@ -25,11 +24,12 @@ from reconciler.model import (
     VfKey,
     VgpuMode,
 )
+from reconciler.model.record import record
 from reconciler.plan.offer import Offer
 from reconciler.rules import Request, index_out_of_range, named_twice, violations
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Want:
     """One desired entry: a profile on a named VF (per-VF form) or a count (count form)."""
 
@@ -39,7 +39,7 @@ class Want:
     location: SourceLocation | None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuCheck:
     wants: tuple[Want, ...]
     problems: tuple[Problem, ...]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 
 from reconciler.model import (
@@ -58,6 +58,7 @@ from reconciler.model.cluster import (
     resource_name,
 )
 from reconciler.model.plan import Drift, FieldChange
+from reconciler.model.record import record
 from reconciler.plan.changes import section_changes
 from reconciler.plan.predict import likely_interface
 from reconciler.plan.render import LAST_APPLIED_ANNOTATION
@@ -70,7 +71,7 @@ KUBEVIRT_MISSING = "KubeVirt CR not found: allow-list not updated"
 _KIND_RANK = {SRIOV_GPU_KIND: 0, VGPU_KIND: 1}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ClusterPlan:
     """Cluster steps in run order (kind, then GPU, PF object before its VFs'), and the rest."""
 

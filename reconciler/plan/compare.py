@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from reconciler.model import Action, ActionKind
 from reconciler.model.plan_json import action_to_json
+from reconciler.model.record import record
 
 #: Not part of what an action does (``kind`` and ``target`` are compared on their own).
 _NOT_EFFECT = frozenset({"seq", "kind", "phase", "target", "reason", "resourceVersion"})
@@ -45,7 +45,7 @@ def effect(action: Action) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Changed:
     """An action both plans have for one kind and target, with other fields."""
 
@@ -59,7 +59,7 @@ class Changed:
         return tuple(sorted(k for k in a.keys() | b.keys() if _json(a.get(k)) != _json(b.get(k))))
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PlanDifference:
     """How a saved plan's actions differ from a fresh plan's; empty when they do the same."""
 

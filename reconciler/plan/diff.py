@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import TypeVar
 
 from reconciler.model import (
@@ -27,6 +27,7 @@ from reconciler.model import (
     VgpuCreate,
     VgpuRemove,
 )
+from reconciler.model.record import record
 from reconciler.plan.offer import Offer, TypeFacts
 from reconciler.plan.uuids import vgpu_uuid
 
@@ -38,7 +39,7 @@ def vf_order(step: HostAction) -> int:
     return step.vf_index if isinstance(step, VgpuRemove | VgpuCreate) else -1
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuDiff:
     """One GPU's steps (actions not numbered yet: ``seq`` 0), each list in run order (kind,
     then VF index)."""

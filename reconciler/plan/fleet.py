@@ -33,15 +33,15 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from reconciler.catalog import Catalog
 from reconciler.model import DesiredNode, Inventory, Plan, ReconcilerError
 from reconciler.model.cluster import ClusterState
+from reconciler.model.record import record
 from reconciler.plan.planner import plan_node
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class FleetMember:
     """One node to plan: its desired state (None: nothing of it is desired) and observation."""
 
@@ -50,7 +50,7 @@ class FleetMember:
     cluster: ClusterState | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class FleetPlan:
     """The plans of the nodes that could be planned, in the order they came, and why each
     other node could not be (by node name)."""

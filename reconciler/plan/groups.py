@@ -13,7 +13,6 @@ identities cannot decide is an error, never a guess.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from reconciler.model import (
     DesiredGpu,
@@ -24,9 +23,10 @@ from reconciler.model import (
     PlanError,
     Problem,
 )
+from reconciler.model.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuIdentity:
     """What a node-group entry can match a GPU by."""
 

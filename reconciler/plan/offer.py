@@ -8,11 +8,12 @@ catalogue does not know offers nothing checkable until SR-IOV is enabled.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 
 from reconciler.catalog import Catalog, GpuModel, resolve_profile_name
 from reconciler.model import DesiredGpu, Gpu, VGPUType
+from reconciler.model.record import record
 from reconciler.rules import Offer as RulesOffer
 from reconciler.rules import OfferedType
 
@@ -20,7 +21,7 @@ from reconciler.rules import OfferedType
 TypeFacts = OfferedType
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Offer(RulesOffer):
     """The types one GPU offers, as the rules read them (:class:`reconciler.rules.Offer`:
     ``complete`` False when nothing says what the GPU offers, an unknown model with SR-IOV off),

@@ -14,7 +14,7 @@ allow-list (:mod:`reconciler.plan.cluster`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from reconciler.catalog import Catalog
 from reconciler.model import (
@@ -34,6 +34,7 @@ from reconciler.model import (
 )
 from reconciler.model.cluster import ClusterState
 from reconciler.model.plan import Drift
+from reconciler.model.record import record
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
 from reconciler.plan.cluster import plan_cluster, plan_node_state
@@ -162,7 +163,7 @@ def _group_notes(node: DesiredNode | None) -> list[str]:
     ]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _HostPlan:
     actions: list[HostAction] = field(default_factory=list)
     blocked: list[HostAction] = field(default_factory=list)

@@ -31,7 +31,6 @@ The rules, as the driver applies them when a vGPU is created:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 from itertools import accumulate
@@ -39,6 +38,7 @@ from itertools import accumulate
 from reconciler.catalog import Catalog, parse_profile_name
 from reconciler.model import GpuRef, PciAddress, SourceLocation
 from reconciler.model.errors import excerpt
+from reconciler.model.record import record
 
 
 class Rule(StrEnum):
@@ -51,7 +51,7 @@ class Rule(StrEnum):
     VF_INDEX = "vf-index"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class OfferedType:
     """What the rules need to know about one vGPU type."""
 
@@ -91,7 +91,7 @@ def type_facts(name: str, catalog: Catalog) -> OfferedType | None:
     return OfferedType(name, parsed.size_gb * 1024, None, parsed.mig_slices > 0)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Offer:
     """What one GPU offers: the catalogue's profiles for its model, or the driver's types."""
 
@@ -117,7 +117,7 @@ class Offer:
         return compact_names(list(self.types)) or "none"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Request:
     """One desired entry: a profile on a VF (count 1), or a count of a profile."""
 
@@ -129,7 +129,7 @@ class Request:
     location: SourceLocation | None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Violation:
     rule: Rule
     #: The rule's sentence: the same whichever command finds it.

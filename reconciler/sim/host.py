@@ -12,13 +12,14 @@ from __future__ import annotations
 import shutil
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from reconciler.catalog import Catalog, default_catalog, long_profile_name
 from reconciler.model import PciAddress
 from reconciler.model.mode import VgpuMode
+from reconciler.model.record import record
 from reconciler.observe.holds import INIT_PID_NAMESPACE, current_pid_namespace
 from reconciler.sim import driver
 from reconciler.sim.holds import SimHoldProbe, is_simulated
@@ -67,7 +68,7 @@ _DRIVERS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SimGpu:
     """A simulated GPU as ``SimHost.gpus()`` lists it."""
 
@@ -78,7 +79,7 @@ class SimGpu:
     vgpu_mode: VgpuMode = VgpuMode.EQUAL_SIZE
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SimHost:
     """A handle on a simulated host, by its sysfs root (``DIR/sys``). Holds no state itself."""
 
@@ -239,7 +240,7 @@ def build_host(
     return SimHost(root)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _VgpuSpec:
     type_name: str
     uuid: str | None
@@ -247,7 +248,7 @@ class _VgpuSpec:
     hidden: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _GpuEntry:
     request: GpuRequest
     sriov: bool

@@ -36,12 +36,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from reconciler.model import PciAddress
 from reconciler.model.mode import VgpuMode
+from reconciler.model.record import record
 from reconciler.sim import driver
 from reconciler.sim.scripts import install_program
 from reconciler.sim.state import GpuRecord, SimState, load_state, locked, save_state
@@ -72,7 +72,7 @@ _KEY_WIDTH = 42
 _INDENT = "    "
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SetMode:
     """``nvidia-smi vgpu -i <gpu> -shm <0|1>``, parsed."""
 
@@ -80,7 +80,7 @@ class SetMode:
     mode: VgpuMode
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Query:
     """``nvidia-smi -q [-i <gpu>]``, parsed: ``gpu`` None for every GPU."""
 

@@ -10,12 +10,12 @@ these same functions, so a spec that ``build_host`` accepts is one the writer wo
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from reconciler.catalog import GpuModel
 from reconciler.model import PciAddress
 from reconciler.model.mode import VgpuMode
+from reconciler.model.record import record
 
 #: Where the simulator starts numbering a model's vGPU types. Type ids belong to a driver branch,
 #: not to a GPU model (docs/domain.md §4), so the catalogue has none and the simulator invents them;
@@ -36,7 +36,7 @@ DEFAULT_TYPE_ID_BASE = 1000
 DEFAULT_VF_OFFSET = 4
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SimType:
     """A vGPU type as the simulated driver offers it on every VF of a GPU."""
 
@@ -99,7 +99,7 @@ class SimType:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SimModel:
     """What the simulator needs of a catalogue model, copied into the state file.
 
@@ -322,7 +322,7 @@ DEFAULT_BUS_STEP = 0x10
 NIC_BUSES = (0x03, 0x04, 0x05, 0x06, 0x07, 0x02, 0x01, *range(0x09, 0x100))
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuRequest:
     """One ``MODEL[@ADDRESS]`` asked for; a multi-GPU board expands to several GPUs."""
 
@@ -336,7 +336,7 @@ class GpuRequest:
     interface: str = "mdev"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PlacedGpu:
     model: SimModel
     address: PciAddress

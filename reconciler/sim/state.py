@@ -17,11 +17,12 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from reconciler.model.mode import VgpuMode
+from reconciler.model.record import record
 from reconciler.observe.holds import INIT_PID_NAMESPACE
 from reconciler.sim.rules import SimModel
 from reconciler.sim.statefile import (
@@ -43,13 +44,13 @@ SRIOV_MANAGE_FAULTS = ("error", "silent", "hang")
 # changed by one operation at a time while it holds the lock, then written back whole.
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class VfRecord:
     address: str
     iommu_group: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class GpuRecord:
     address: str
     model: str  # key into SimState.models
@@ -69,7 +70,7 @@ class GpuRecord:
     vgpu_mode: VgpuMode = VgpuMode.EQUAL_SIZE
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class DeviceRecord:
     """A non-GPU function (root port, NIC and its VFs, audio): fixed for the host's life."""
 
@@ -79,7 +80,7 @@ class DeviceRecord:
     iommu_group: int
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class VgpuRecord:
     vf: str
     type: str  # type name
@@ -88,7 +89,7 @@ class VgpuRecord:
     cdev: int | None = None
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class Faults:
     writes: int = 0  # the next N sysfs writes fail with EIO
     sriov_manage: str | None = None  # the next sriov-manage call: error | silent | hang
@@ -116,7 +117,7 @@ class Faults:
         return True
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class SimState:
     models: dict[str, SimModel]
     gpus: list[GpuRecord]

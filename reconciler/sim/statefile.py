@@ -8,10 +8,10 @@ and loading the whole simulator to learn that cost a cold plan a noticeable shar
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reconciler.model.record import record
 from reconciler.observe.holds import INIT_PID_NAMESPACE
 
 STATE_DIR = ".vgpuctl-sim"
@@ -40,7 +40,7 @@ def read_state_document(sysfs_root: Path) -> dict[str, Any]:
     return raw
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Holds:
     """Who holds the simulated host's vGPUs."""
 

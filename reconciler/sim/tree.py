@@ -17,9 +17,10 @@ import contextlib
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from reconciler.model import PciAddress
+from reconciler.model.record import record
 from reconciler.sim.rules import SimModel, SimType
 
 RO = 0o444
@@ -61,7 +62,7 @@ def numa_node(address: PciAddress) -> int:
     return 0 if address.bus < 0x80 else 1
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PciFunction:
     """One PCI function to render: ids, driver, IOMMU group and any extra files or links."""
 

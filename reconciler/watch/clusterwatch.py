@@ -31,7 +31,6 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from reconciler.model import ClusterError, ExpiredError, ReconcilerError, ResourceMissingError
@@ -52,6 +51,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clusterapi import ClusterApi, WatchEvent, WatchStream
 from reconciler.model.nodestate import configured_profiles
+from reconciler.model.record import record
 
 log = logging.getLogger("vgpuctl.watch")
 
@@ -68,7 +68,7 @@ MAX_OBJECTS = 1_000_000
 Projection = Callable[[Mapping[str, Any]], str | None]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Collection:
     """One collection to follow and what of each object matters."""
 

@@ -30,11 +30,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from reconciler.model.errors import printable
+from reconciler.model.record import record
 
 log = logging.getLogger("vgpuctl.watch.http")
 
@@ -62,7 +63,7 @@ _INTERNAL_ERROR = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Verdict:
     """A probe's answer: ``ok`` gives 200, else 503; ``reason`` is the body."""
 
@@ -85,7 +86,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-@dataclass(eq=False, slots=True)
+@record(eq=False, slots=True)
 class _Connection:
     """One client: reading its request head, then writing its answer."""
 

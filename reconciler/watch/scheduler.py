@@ -51,9 +51,9 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from reconciler.model import ReconcilerError
+from reconciler.model.record import record
 from reconciler.watch.timing import Backoff, Debounce
 
 
@@ -79,7 +79,7 @@ def is_transient(error: BaseException | None) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Retry:
     """When a failed reconcile is tried again."""
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.catalog import Catalog
@@ -21,9 +20,10 @@ from reconciler.desired import directory_files, load_desired
 from reconciler.desired.loader import MAX_FILES
 from reconciler.desired.source import MAX_BYTES, read_file, read_within
 from reconciler.model import Desired, DesiredNode
+from reconciler.model.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DesiredSource:
     """A desired-state file or directory (``vgpuctl watch FILE|DIR``)."""
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from reconciler.model.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Backoff:
     """Delays before retrying a failed reconcile: exponential, capped, jittered.
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from reconciler.model.record import record
 from reconciler.watch.changes import DesiredChange, DesiredFiles
 from reconciler.watch.endpoint import Verdict
 from reconciler.watch.health import Health
@@ -27,7 +28,7 @@ from reconciler.watch.timing import Backoff
 log = logging.getLogger("vgpuctl.watch")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class WatchSettings:
     rescan_interval: float = 10.0
     debounce: float = 0.2
