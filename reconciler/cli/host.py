@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 from dataclasses import field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,7 +125,9 @@ class Host:
             self.state_dir, self.options.node, driver=driver_version(self.options.sysfs_root)
         )
 
-    def observe(self) -> Inventory:
+    def observe(self, *, availability: bool = True) -> Inventory:
+        """This node's host. Without ``availability``, each mdev VF's creatable set is not
+        read (``Inventory.vf_availability``): what a plan with no cluster asks for."""
         from reconciler.observe import observe_host
 
         def scan(known: TypeNames) -> Inventory:
@@ -136,6 +138,7 @@ class Host:
                 hold_probe=self.hold_probe(),
                 assume_no_hidden_holders=self.options.assume_no_hidden_holders,
                 known_types=known,
+                availability=availability,
             )
 
         record = self.type_record.read()
@@ -303,7 +306,9 @@ class Host:
             node=self.options.node,
             catalog=self.catalog,
             state_dir=self.state_dir,
-            observe_host=self.observe,
+            # Each VF's creatable types are shown only in the cluster's objects and the node
+            # summary: without a cluster the scan leaves them out (most of its reads).
+            observe_host=partial(self.observe, availability=api is not None),
             observe_cluster=self.observe_cluster,
             kubelet_uses=self.kubelet_uses,
             driver=lambda: self.driver(

@@ -528,6 +528,9 @@ def run_standalone(
                     catalog=catalog,
                     hold_probe=hold_probe,
                     known_types=known_types() if known_types is not None else None,
+                    # The plugins advertise vGPUs: which types a free VF could still make is
+                    # not theirs to say, and is most of a scan's reads.
+                    availability=False,
                 )
             except ObserveError as exc:
                 if not scanned:

@@ -199,6 +199,11 @@ class Inventory:
     #: Without it no GPU can make mdevs, so a GPU whose VFs are not up yet will show NVIDIA's
     #: vendor-specific VFIO interface (docs/domain.md §3b). In the JSON only when false.
     mdev_bus: bool = True
+    #: Whether each mdev VF's ``creatable`` was read (``available_instances`` of every type on
+    #: every free VF: most of a scan). False for a scan made for a plan with no cluster, which
+    #: consults none of it (only the cluster's objects and the node summary show it); the mdev
+    #: VFs' ``creatable`` sets are then empty. In the JSON only when false.
+    vf_availability: bool = True
 
     def gpu(self, address: PciAddress) -> Gpu | None:
         for g in self.gpus:
@@ -215,6 +220,8 @@ class Inventory:
         }
         if not self.mdev_bus:
             doc["mdevBus"] = False
+        if not self.vf_availability:
+            doc["vfAvailability"] = False
         return doc
 
     @classmethod
@@ -224,6 +231,7 @@ class Inventory:
             sysfs_root=str(raw.get("sysfsRoot", "/sys")),
             gpus=tuple(_gpu_from_json(g) for g in raw.get("gpus", [])),
             mdev_bus=raw.get("mdevBus", True) is not False,
+            vf_availability=raw.get("vfAvailability", True) is not False,
         )
 
     def fingerprint(self) -> str:
@@ -240,7 +248,8 @@ class Inventory:
                 digest.update(b",")
             digest.update(_gpu_canonical(g).encode())
         bus = "" if self.mdev_bus else '"mdevBus":false,'
-        digest.update(f'],{bus}"node":{json.dumps(self.node)}}}'.encode())
+        availability = "" if self.vf_availability else ',"vfAvailability":false'
+        digest.update(f'],{bus}"node":{json.dumps(self.node)}{availability}}}'.encode())
         return "sha256:" + digest.hexdigest()
 
 

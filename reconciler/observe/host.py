@@ -51,8 +51,12 @@ def observe_host(
     hold_probe: HoldProbe | None = None,
     assume_no_hidden_holders: bool = False,
     known_types: TypeNames | None = None,
+    availability: bool = True,
 ) -> Inventory:
     """Every NVIDIA SR-IOV vGPU GPU under ``sysfs_root``, with its VFs, types and vGPUs.
+
+    Without ``availability`` the mdev VFs' creatable sets are not read
+    (:attr:`Inventory.vf_availability`): for a plan that has no cluster to show them to.
 
     ``known_types`` names the vfio type ids vgpuctl configured under the running driver (its
     record in the state directory): a type in use that no VF lists any more is named from it.
@@ -68,7 +72,11 @@ def observe_host(
         try:
             # A tree per attempt: it holds the root open, and the root may have been replaced.
             inventory, nodes = _scan(
-                _open_tree(sysfs_root), node=node, catalog=catalog, known_types=known_types or {}
+                _open_tree(sysfs_root),
+                node=node,
+                catalog=catalog,
+                known_types=known_types or {},
+                availability=availability,
             )
             break
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -167,9 +175,9 @@ def _open_tree(sysfs_root: Path) -> SysfsTree:
 
 
 def _scan(
-    tree: SysfsTree, *, node: str, catalog: Catalog, known_types: TypeNames
+    tree: SysfsTree, *, node: str, catalog: Catalog, known_types: TypeNames, availability: bool
 ) -> tuple[Inventory, VgpuNodes]:
-    readers = _interface_readers(tree, catalog, known_types)
+    readers = _interface_readers(tree, catalog, known_types, availability)
     gpus: list[Gpu] = []
     notes: list[str] = []
     nodes: VgpuNodes = {}
@@ -191,15 +199,21 @@ def _scan(
         sysfs_root=str(tree.root),
         notes=tuple(notes),
         mdev_bus=tree.exists("bus/mdev"),
+        vf_availability=availability,
     )
     return inventory, nodes
 
 
 def _interface_readers(
-    tree: SysfsTree, catalog: Catalog, known_types: TypeNames
+    tree: SysfsTree, catalog: Catalog, known_types: TypeNames, availability: bool
 ) -> tuple[InterfaceReader, ...]:
-    """One reader per host interface, asked in this order; the first that knows a GPU wins."""
-    return (MdevReader(tree), VendorVfioReader(tree, catalog, known_types))
+    """One reader per host interface, asked in this order; the first that knows a GPU wins.
+    (The vfio interface reads its creatable lists whatever ``availability`` says: they are
+    where its types are named.)"""
+    return (
+        MdevReader(tree, availability=availability),
+        VendorVfioReader(tree, catalog, known_types),
+    )
 
 
 def _read_interfaces(readers: tuple[InterfaceReader, ...], pf: PhysicalFunction) -> GpuReading:

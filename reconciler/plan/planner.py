@@ -69,6 +69,13 @@ def plan_node(
     lets the plan take over CRs another controller manages. Raises :class:`PlanError` carrying
     every problem found.
     """
+    if cluster is not None and not inventory.vf_availability:
+        # The cluster's objects and the node summary show each VF's creatable types: a scan
+        # that left them out (Inventory.vf_availability) cannot be planned against a cluster.
+        raise PlanError(
+            f"the host of node {inventory.node} was scanned without each VF's available types, "
+            "which its cluster objects show: scan it with them to plan the cluster"
+        )
     if cluster is not None and cluster.node != inventory.node:
         raise PlanError(
             f"the cluster state is for node {cluster.node}, the host was observed as node "

@@ -103,7 +103,13 @@ def inventories(draw: st.DrawFn) -> Inventory:
                 vf_device=draw(st.sampled_from(["", "0000", "25b6"]) | text),
             )
         )
-    return Inventory(node=draw(text), gpus=tuple(gpus), sysfs_root=draw(text))
+    return Inventory(
+        node=draw(text),
+        gpus=tuple(gpus),
+        sysfs_root=draw(text),
+        mdev_bus=draw(st.booleans()),
+        vf_availability=draw(st.booleans()),
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -133,6 +139,9 @@ def test_fingerprint_changes_with_the_host_and_not_with_its_root() -> None:
                                                 *gpu.types[1:])),)),
         replace(base, gpus=(replace(gpu, driver="vfio-pci"),)),
         replace(base, gpus=()),
+        replace(base, mdev_bus=False),
+        # The same host scanned without each VF's availability is not the same observation.
+        replace(base, vf_availability=False),
     ]  # fmt: skip
     prints = [c.fingerprint() for c in changed]
     assert len(set(prints)) == len(prints)

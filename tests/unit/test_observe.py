@@ -511,6 +511,37 @@ def test_type_name_and_description_are_read_once_per_gpu_and_counts_on_free_vfs(
     assert reads.count("available_instances") == 15 * 15
 
 
+def test_a_scan_without_availability_reads_no_count_and_says_so(
+    host: HostTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vfs = host.gpu(A2, vfs=4)
+    host.mdev(vfs[1], UUID_1, "nvidia-746")
+    full = observe(host)
+    reads: list[str] = []
+    original = SysfsTree.read_text
+
+    def counting(self: SysfsTree, rel: str) -> str:
+        reads.append(rel.rpartition("/")[2])
+        return original(self, rel)
+
+    monkeypatch.setattr(SysfsTree, "read_text", counting)
+    scanned = observe_host(
+        host.root, node="harvester-kgd9c", catalog=default_catalog(), availability=False
+    )
+    assert "available_instances" not in reads
+    assert reads.count("name") == 15  # the types are still read, once per GPU
+    assert full.vf_availability and not scanned.vf_availability
+    assert [vf.creatable for vf in scanned.gpus[0].vfs] == [frozenset()] * 4
+    assert full.gpus[0].vfs[0].creatable  # what the full scan read on a free VF
+    # Everything else is the full scan's: the types, the VFs and the vGPU on VF 1.
+    assert scanned.gpus[0].types == full.gpus[0].types
+    assert [vf.vgpu for vf in scanned.gpus[0].vfs] == [vf.vgpu for vf in full.gpus[0].vfs]
+    doc = scanned.to_json()
+    assert doc["vfAvailability"] is False and "vfAvailability" not in full.to_json()
+    jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).validate(doc)
+    assert Inventory.from_json(doc) == scanned
+
+
 # --- errors -------------------------------------------------------------------------------
 
 

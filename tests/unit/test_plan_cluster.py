@@ -652,3 +652,14 @@ def test_cluster_planning_of_a_256_vf_node() -> None:
     )
     busy = plan_node(fewer, inventory, catalog=CATALOG, cluster=cluster)
     assert busy.summary.change == 217
+
+
+def test_a_host_scanned_without_availability_is_not_planned_against_a_cluster() -> None:
+    # Its VFs' creatable sets were not read: the VGPUDevices' availableTypes and the summary's
+    # counts would show "nothing creatable" for what is only unknown.
+    inventory = Inventory(NODE, (_a2({0: "NVIDIA A2-4Q"}),), vf_availability=False)
+    desired = _desired({0: "NVIDIA A2-4Q"})
+    with pytest.raises(PlanError, match="scanned without each VF's available types"):
+        plan_node(desired, inventory, catalog=CATALOG, cluster=ClusterState(NODE))
+    # Without a cluster it is what plans read.
+    assert plan_node(desired, inventory, catalog=CATALOG).actions == ()
