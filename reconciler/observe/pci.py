@@ -56,18 +56,19 @@ def find_vgpu_pfs(tree: SysfsTree) -> list[PhysicalFunction]:
     rather than call them missing.
     """
     found = []
-    for name in tree.list_dir(PCI_DEVICES):
-        if not PciAddress.is_valid(name):
+    names = [name for name in tree.list_dir(PCI_DEVICES) if PciAddress.is_valid(name)]
+    paths = tree.resolve_many(f"{PCI_DEVICES}/{name}" for name in names)
+    for name, path in zip(names, paths, strict=True):
+        # A VF (it has physfn) is read through its PF: ruled out first, by one lookup, before
+        # its vendor and class are read (a GPU host's devices are mostly VFs).
+        if tree.exists(f"{path}/physfn"):
             continue
-        path = tree.resolve(f"{PCI_DEVICES}/{name}")
-        # Cheapest filter first: one read rules out every other vendor's device.
         if _hex(tree, f"{path}/vendor") != NVIDIA_VENDOR_ID:
             continue
         pci_class = parse_class(
             tree.read_text(f"{path}/class"), source=tree.describe(f"{path}/class")
         )
-        # A VF (it has physfn) is read through its PF; skip it before listing its directory.
-        if not is_gpu_class(pci_class) or tree.exists(f"{path}/physfn"):
+        if not is_gpu_class(pci_class):
             continue
         entries = set(tree.list_dir(path))
         total_vfs = _int(tree, f"{path}/sriov_totalvfs") if "sriov_totalvfs" in entries else None
@@ -97,10 +98,12 @@ def _read_pf(
     total_vfs: int,
     vf_device: str,
 ) -> PhysicalFunction:
-    vfs = []
-    for index, link in virtfn_links(list(entries)):
-        vf_path = tree.resolve(f"{path}/{link}")
-        vfs.append(VirtualFunction(index, _address(tree, vf_path, link=f"{path}/{link}"), vf_path))
+    links = virtfn_links(list(entries))
+    vf_paths = tree.resolve_many(f"{path}/{link}" for _, link in links)
+    vfs = [
+        VirtualFunction(index, _address(tree, vf_path, link=f"{path}/{link}"), vf_path)
+        for (index, link), vf_path in zip(links, vf_paths, strict=True)
+    ]
     driver = tree.read_link(f"{path}/driver") if "driver" in entries else None
     return PhysicalFunction(
         address=address,

@@ -29,7 +29,7 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from reconciler.model import ObserveError
@@ -62,13 +62,15 @@ class SysfsTree:
     scan (a root replaced meanwhile is seen by the next tree).
     """
 
-    __slots__ = ("_fd", "_prefix", "root")
+    __slots__ = ("_fd", "_parents", "_prefix", "root")
 
     def __init__(self, root: Path) -> None:
         self.root = root
         absolute = os.path.abspath(os.fspath(root))
         self._prefix = absolute if absolute.endswith("/") else absolute + "/"
         self._fd = -1
+        #: During :meth:`resolve_many`: the directories links were read in, by path, kept open.
+        self._parents: dict[str, int] | None = None
 
     def __del__(self) -> None:
         if self._fd >= 0:
@@ -143,12 +145,17 @@ class SysfsTree:
         head, _, name = rel.rpartition("/")
         if not name:
             return None
-        try:
-            parent = self._open_fast(head or ".", _PARENT_FLAGS)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            parent = self._open_fast(self.real(head) or ".", _PARENT_FLAGS)
+        parents = self._parents
+        parent = -1 if parents is None else parents.get(head, -1)
+        if parent < 0:
+            try:
+                parent = self._open_fast(head or ".", _PARENT_FLAGS)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                parent = self._open_fast(self.real(head) or ".", _PARENT_FLAGS)
+            if parents is not None:
+                parents[head] = parent
         try:
             return os.readlink(name, dir_fd=parent)
         except OSError as exc:
@@ -156,7 +163,23 @@ class SysfsTree:
                 return None
             raise _named(exc, self.describe(rel)) from None
         finally:
-            os.close(parent)
+            if parents is None:
+                os.close(parent)
+
+    def resolve_many(self, rels: Iterable[str]) -> list[str]:
+        """``[self.resolve(rel) for rel in rels]``, each directory a link is read in opened
+        once for all of them (a host's PCI devices are hundreds of links in a few directories:
+        one descriptor each instead of one per link)."""
+        if self._parents is not None:
+            return [self.resolve(rel) for rel in rels]
+        parents: dict[str, int] = {}
+        self._parents = parents
+        try:
+            return [self.resolve(rel) for rel in rels]
+        finally:
+            self._parents = None
+            for fd in parents.values():
+                os.close(fd)
 
     def resolve(self, rel: str) -> str:
         """Follow the link at ``rel`` (and any chain of them) to a path relative to the root.
