@@ -762,12 +762,13 @@ def cmd_doctor(ns: argparse.Namespace, options: GlobalOptions) -> int:
     return EXIT_OK
 
 
-REGISTRY: tuple[Callable[[Subparsers], argparse.ArgumentParser], ...] = (
-    _add_validate,
-    _add_plan,
-    _add_apply,
-    _add_status,
-    _add_export,
-    _add_assert,
-    _add_doctor,
-)
+#: Each command of this module, by name, with the function that adds it to the parser.
+REGISTRY: dict[str, Callable[[Subparsers], argparse.ArgumentParser]] = {
+    "validate": _add_validate,
+    "plan": _add_plan,
+    "apply": _add_apply,
+    "status": _add_status,
+    "export": _add_export,
+    "assert": _add_assert,
+    "doctor": _add_doctor,
+}

@@ -22,8 +22,43 @@ EXIT_ERROR = 1
 EXIT_CHANGES = 2
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, told the terminal's width as ``shutil.get_terminal_size``
+    finds it (``COLUMNS``, else the terminal, else 80) without importing ``shutil``, which
+    brings zlib, bz2 and lzma: argparse makes a formatter for every argument it adds, so a
+    cold start paid for them just to parse a command line."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        if width is None:
+            width = _columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _columns() -> int:
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on a usage error; our contract says 1, with the usage line kept."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
@@ -41,8 +76,9 @@ _REGISTERED_IN = {
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command; with ``command``, one that knows that command (and those
-    its module registers beside it) only, and parses its command lines as the whole one does.
+    """The parser of every command; with ``command``, one that knows that command only (or,
+    for a module that registers a family, ``sim``'s say, that family), and parses its command
+    lines as the whole one does.
     A name no command has gets the whole parser (whose error lists them all)."""
     parser = _Parser(
         prog="vgpuctl",
@@ -77,7 +113,7 @@ def _registers(command: str | None) -> tuple[Callable[[Any], argparse.ArgumentPa
         )
 
         return (
-            *commands.REGISTRY,
+            *commands.REGISTRY.values(),
             watch_command.register,
             capacity_command.register,
             lint_vm.register,
@@ -86,7 +122,8 @@ def _registers(command: str | None) -> tuple[Callable[[Any], argparse.ArgumentPa
         )
     module = _REGISTERED_IN.get(command)
     if module is None:
-        return commands.REGISTRY
+        own = commands.REGISTRY.get(command)
+        return (own,) if own is not None else tuple(commands.REGISTRY.values())
     from importlib import import_module
 
     register: Callable[[Any], argparse.ArgumentParser]

@@ -9,8 +9,6 @@ for the usual look-alikes, which ASCII character it imitates.
 
 from __future__ import annotations
 
-import unicodedata
-
 #: Letters of other scripts drawn like ASCII ones (Unicode's confusables.txt, the Cyrillic and
 #: Greek rows that map to one ASCII letter). Fullwidth and styled forms (``Ａ``, ``𝐀``) are
 #: found by NFKC instead.
@@ -38,6 +36,8 @@ def non_ascii(name: str) -> str | None:
     for ch in name:
         if ch.isascii() and ch.isprintable():
             continue
+        import unicodedata  # only for a name that has such a character (a C module to load)
+
         if unicodedata.category(ch) == "Cc":
             return f"U+{ord(ch):04X}, a control character"
         described = f"U+{ord(ch):04X} {unicodedata.name(ch, '(unnamed)')}"
@@ -50,6 +50,8 @@ def looks_like(ch: str) -> str | None:
     """The ASCII character ``ch`` is drawn like, if it is a known look-alike."""
     if ch in LOOK_ALIKES:
         return LOOK_ALIKES[ch]
+    import unicodedata
+
     folded = unicodedata.normalize("NFKC", ch)
     # Fullwidth 'Ａ', mathematical '𝐀', superscript '²': one printable ASCII character.
     if len(folded) == 1 and folded.isascii() and folded.isprintable() and folded != " ":

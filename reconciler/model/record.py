@@ -23,7 +23,8 @@ What differs from ``dataclasses.dataclass``, and is held by ``tests/unit/test_re
 ``dataclasses`` generated (nothing: ``init``, ``repr``, ``eq`` and ``frozen`` read false);
 the hash of a record with one compared field is the hash of that value, not of a 1-tuple;
 ``__init__`` carries no annotations (``inspect.signature`` shows the parameters, not their
-types); and a frozen record refuses every attribute assignment, where a dataclass allows an
+types); a class without a docstring gets ``Name(field, …)`` as one, without the types; and a
+frozen record refuses every attribute assignment, where a dataclass allows an
 unrelated attribute on a plain subclass. Arguments other than ``frozen``, ``eq``, ``slots``
 and ``kw_only`` are refused, as are ``InitVar`` fields: vgpuctl uses neither.
 """
@@ -76,6 +77,10 @@ def _make(cls: type[Any], *, frozen: bool, eq: bool, slots: bool, kw_only: bool)
     explicit_hash = not (
         hash_in_body is dataclasses.MISSING or (hash_in_body is None and "__eq__" in body)
     )
+    documented = body.get("__doc__") is not None
+    if not documented:
+        # dataclasses would write the signature, through inspect (a tenth of a class's cost).
+        _put(cls, "__doc__", cls.__name__)
     # Fields, defaults, __match_args__, slots: dataclasses' own rules, with no method generated.
     cls = dataclasses.dataclass(
         cls, init=False, repr=False, eq=False, frozen=False, slots=slots, kw_only=kw_only
@@ -85,6 +90,8 @@ def _make(cls: type[Any], *, frozen: bool, eq: bool, slots: bool, kw_only: bool)
         raise TypeError(f"{cls.__name__}: InitVar fields are not supported by record")
     fields = dataclasses.fields(cls)
     _check_order(cls, fields)
+    if not documented:
+        _put(cls, "__doc__", f"{cls.__name__}({', '.join(f.name for f in fields)})")
     body = cls.__dict__
     if "__init__" not in body:
         _put(cls, "__init__", _first_init(cls, frozen))

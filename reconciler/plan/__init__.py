@@ -11,12 +11,30 @@ answer to a 409). ``resolve_groups`` makes a node's node-group entries the GPUs 
 they match (``plan_node`` does it first).
 """
 
-from reconciler.plan.cluster import KUBEVIRT_MISSING, replan_object
+from typing import TYPE_CHECKING
+
+from reconciler.model.lazy import lazy_exports
 from reconciler.plan.groups import resolve as resolve_groups
 from reconciler.plan.planner import NO_CLUSTER, plan_node
 from reconciler.plan.predict import predict_inventory
-from reconciler.plan.render import LAST_APPLIED_ANNOTATION, canonical_json, render_objects
 from reconciler.plan.uuids import VGPU_UUID_NAMESPACE, vgpu_uuid
+
+if TYPE_CHECKING:
+    from reconciler.plan.cluster import KUBEVIRT_MISSING, replan_object
+    from reconciler.plan.render import LAST_APPLIED_ANNOTATION, canonical_json, render_objects
+
+#: The cluster half, imported on first use: a plan with no cluster renders no object.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "KUBEVIRT_MISSING": "reconciler.plan.cluster",
+        "replan_object": "reconciler.plan.cluster",
+        "LAST_APPLIED_ANNOTATION": "reconciler.plan.render",
+        "canonical_json": "reconciler.plan.render",
+        "render_objects": "reconciler.plan.render",
+    },
+    globals(),
+)
 
 __all__ = [
     "KUBEVIRT_MISSING",

@@ -37,16 +37,13 @@ from reconciler.model.plan import Drift
 from reconciler.model.record import record
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
-from reconciler.plan.cluster import plan_cluster, plan_node_state
 from reconciler.plan.diff import diff_gpu
 from reconciler.plan.groups import resolve
 from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
 from reconciler.plan.mode import with_mode_step
-from reconciler.plan.nodestate import render_node_state
 from reconciler.plan.offer import Offer, gpu_label, host_spelling, offer_for
 from reconciler.plan.predict import likely_interface, predict_inventory
 from reconciler.plan.refresh import refresh_steps
-from reconciler.plan.render import render_with
 from reconciler.plan.uses import mark_cluster_uses
 
 #: Plan note of a plan made without a cluster (node-local).
@@ -102,6 +99,11 @@ def plan_node(
     if cluster is None:
         notes.append(NO_CLUSTER)
     else:
+        # The cluster half, imported here: a plan with no cluster renders no object.
+        from reconciler.plan.cluster import plan_cluster, plan_node_state
+        from reconciler.plan.nodestate import render_node_state
+        from reconciler.plan.render import render_with
+
         configured = {p for profiles in host.assignments.values() for p in profiles.values()}
         cluster_plan = plan_cluster(
             render_with(inventory.node, host.managed.values(), predicted, host.assignments),

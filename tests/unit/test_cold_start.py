@@ -37,6 +37,14 @@ NOT_IMPORTED = {
     "signal": "reconciler.cli.deviceplugin_command",
     "reconciler.observe.cluster": "reconciler.observe, which imported every observer up front",
     "reconciler.model.clusterapi": "reconciler.engine.ports (an annotation) and observe.cluster",
+    "shutil": "argparse's help formatter (made for every argument), for the terminal's width",
+    "bz2": "shutil",
+    "lzma": "shutil",
+    "unicodedata": "reconciler.desired.ascii_names, which names a character no ASCII name has",
+    "reconciler.plan.cluster": "reconciler.plan, which imported the cluster half up front",
+    "reconciler.plan.render": "reconciler.plan.cluster",
+    "reconciler.plan.nodestate": "reconciler.plan.planner",
+    "reconciler.model.nodestate": "reconciler.plan.nodestate",
 }
 
 _RUN = (
