@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Protocol
 
 from reconciler.apply.executor import ApplyResult, Outcome, OutcomeStatus
@@ -62,7 +61,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.nodestate import stamped
-from reconciler.model.record import record
+from reconciler.model.record import record, replace
 
 SKIPPED_NOT_CLUSTER = "skipped: not a cluster action"
 

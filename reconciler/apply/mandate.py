@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import field
 from types import MappingProxyType
 
 from reconciler.apply.errors import MandateError
@@ -36,7 +35,7 @@ from reconciler.model.cluster import (
     resource_name,
 )
 from reconciler.model.errors import excerpt
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 #: The pciVendorSelector vgpuctl writes: NVIDIA's vendor id and a VF device id, upper case.
 _PCI_SELECTOR = re.compile(rf"{NVIDIA_PCI_VENDOR}:[0-9A-F]{{4}}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from dataclasses import field, replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +22,7 @@ from reconciler.cli.options import (
 )
 from reconciler.model import Inventory, PciAddress, TypeNames, UsageError, unresolved_type_id
 from reconciler.model.cluster import ClusterState, DeviceUse
-from reconciler.model.record import record
+from reconciler.model.record import field, record, replace
 
 if TYPE_CHECKING:
     from reconciler.apply import BoundedWriter, PerVfDriver

@@ -15,7 +15,6 @@ and checking a half-understood GPU would only add noise.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
@@ -33,7 +32,7 @@ from reconciler.model import (
     VfKey,
     VgpuMode,
 )
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 
 @record(frozen=True, slots=True)

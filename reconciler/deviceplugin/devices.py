@@ -11,7 +11,6 @@ servers in ``server.py`` translate these values to and from protobuf messages.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 from reconciler.model import (
     Interface,
@@ -21,7 +20,7 @@ from reconciler.model import (
     unresolved_type_id,
 )
 from reconciler.model.cluster import resource_name
-from reconciler.model.record import record
+from reconciler.model.record import record, replace
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import field
 from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -41,7 +40,7 @@ from reconciler.deviceplugin.server import (
     remove_stale_staging,
 )
 from reconciler.model import ActionKind, ApplyError, Inventory, ObserveError, TypeNames
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 from reconciler.observe import HoldProbe, observe_host
 
 log = logging.getLogger("vgpuctl.deviceplugin")

@@ -13,7 +13,6 @@ fact (docs/domain.md §6a).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -28,7 +27,7 @@ from reconciler.model import (
     VgpuModeSet,
 )
 from reconciler.model.cluster import ClusterState
-from reconciler.model.record import record
+from reconciler.model.record import field, record, replace
 from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
 
 if TYPE_CHECKING:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from functools import partial
 
 from reconciler.apply.cluster import execute_cluster, record_host_events
@@ -69,7 +68,7 @@ from reconciler.model import (
     ReconcilerError,
     VgpuRemove,
 )
-from reconciler.model.record import record
+from reconciler.model.record import record, replace
 from reconciler.observe.parse import NVIDIA_VENDOR_ID
 from reconciler.plan.groups import resolve as resolve_groups
 

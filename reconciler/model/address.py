@@ -7,10 +7,9 @@ Every address that reaches a sysfs path or a command line has been through
 from __future__ import annotations
 
 import re
-from dataclasses import field
 from functools import lru_cache, total_ordering
 
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 _PATTERN = re.compile(
     r"^(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-1][0-9a-fA-F])\.(?P<function>[0-7])$"

@@ -9,12 +9,11 @@ them (``spec``/``status`` bodies), wrapped with what the planner needs to diff t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
 from reconciler.model.inventory import Interface
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 #: The Harvester CRDs (docs/domain.md §5): group, version, kinds, plurals.
 GROUP = "devices.harvesterhci.io"

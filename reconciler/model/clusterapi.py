@@ -12,10 +12,9 @@ A missing object on ``get_object`` is ``None``, not an error.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import field
 from typing import Any, Protocol
 
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 
 @record(frozen=True, slots=True)

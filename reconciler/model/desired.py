@@ -15,7 +15,6 @@ which GPU of the node each group entry configures is known only once the host is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from fnmatch import fnmatchcase
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING
 from reconciler.model.address import PciAddress
 from reconciler.model.errors import UsageError
 from reconciler.model.mode import VgpuMode
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 if TYPE_CHECKING:
     from reconciler.model.inventory import Gpu

@@ -10,11 +10,10 @@ publishes it as one ``SRIOVGPUDevice`` per GPU and one ``VGPUDevice`` per VF (do
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from types import MappingProxyType
 
 from reconciler.model.address import PciAddress
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 #: ``status.vGPUStatus`` of a VF that hosts a vGPU (pcidevices ``VGPUEnabled``); empty otherwise.
 VGPU_CONFIGURED = "vGPUConfigured"

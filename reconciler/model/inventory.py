@@ -12,14 +12,13 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import field
 from json.encoder import encode_basestring_ascii as _encode
 from operator import attrgetter
 from typing import Any
 
 from reconciler.model.address import PciAddress
 from reconciler.model.mode import VgpuMode
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 
 class Interface(enum.StrEnum):

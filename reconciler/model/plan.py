@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import fields
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
 
 from reconciler.model.address import PciAddress
 from reconciler.model.cluster import KubeObject
 from reconciler.model.mode import VgpuMode
-from reconciler.model.record import record
+from reconciler.model.record import fields, record
 
 FORMAT_VERSION = 2
 

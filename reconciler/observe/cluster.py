@@ -24,7 +24,6 @@ that are normal are notes: KubeVirt not installed, no KubeVirt CR, no checkpoint
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -58,7 +57,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.nodestate import configured_profiles
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 from reconciler.observe.checkpoint import CheckpointEntry, checkpoint_file, read_checkpoint
 from reconciler.observe.parse import parse_type_name
 

@@ -21,11 +21,10 @@ import errno
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import field
 from pathlib import Path
 from typing import Protocol
 
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 #: ``PROC_PID_INIT_INO`` (include/linux/proc_ns.h): the inode of the initial PID namespace, as
 #: ``stat -L /proc/self/ns/pid`` shows it. Any other value: some processes are invisible.

@@ -10,7 +10,6 @@ reported.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 
 from reconciler.catalog import Catalog
@@ -25,6 +24,7 @@ from reconciler.model import (
     TypeNames,
     Vf,
 )
+from reconciler.model.record import replace
 from reconciler.observe.holds import DeviceNodes, HolderScan, HoldProbe
 from reconciler.observe.interfaces import GpuReading, InterfaceReader, VfReading, device_nodes
 from reconciler.observe.mdev import MdevReader

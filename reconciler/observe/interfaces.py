@@ -7,11 +7,10 @@ asks each reader in turn; the first that recognises the GPU's VFs describes them
 
 from __future__ import annotations
 
-from dataclasses import field
 from typing import Protocol
 
 from reconciler.model import VGPU, Interface, VGPUType
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 from reconciler.observe.holds import DeviceNodes
 from reconciler.observe.parse import link_basename, parse_device_number, vfio_cdev_name
 from reconciler.observe.pci import PhysicalFunction

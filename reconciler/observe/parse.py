@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import field
 from types import MappingProxyType
 
 from reconciler.model import ObserveError
 from reconciler.model.errors import excerpt
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 NVIDIA_VENDOR_ID = "10de"
 

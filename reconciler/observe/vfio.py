@@ -15,11 +15,11 @@ or from the name.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
 from reconciler.catalog import Catalog, parse_profile_name
 from reconciler.model import VGPU, Interface, TypeNames, VGPUType, type_shown_by_id
 from reconciler.model.errors import excerpt
+from reconciler.model.record import replace
 from reconciler.observe.interfaces import GpuReading, VfReading, device_nodes
 from reconciler.observe.parse import parse_creatable_types, parse_int, type_id_order
 from reconciler.observe.pci import PhysicalFunction

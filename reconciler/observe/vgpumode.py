@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import field, replace
 from types import MappingProxyType
 
 from reconciler.model import Inventory, PciAddress, VgpuMode
 from reconciler.model.errors import excerpt
-from reconciler.model.record import record
+from reconciler.model.record import field, record, replace
 
 #: At most this much of the output is read (nvidia-smi prints a few KiB per GPU).
 MAX_OUTPUT = 4 << 20

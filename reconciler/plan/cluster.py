@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import field
 from functools import lru_cache
 
 from reconciler.model import (
@@ -58,7 +57,7 @@ from reconciler.model.cluster import (
     resource_name,
 )
 from reconciler.model.plan import Drift, FieldChange
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 from reconciler.plan.changes import section_changes
 from reconciler.plan.predict import likely_interface
 from reconciler.plan.render import LAST_APPLIED_ANNOTATION

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import replace
 
 from reconciler.catalog import Catalog, GpuModel
 from reconciler.model import (
@@ -51,6 +50,7 @@ from reconciler.model import (
     VgpuRemove,
 )
 from reconciler.model.harvester import HarvesterGpu, HarvesterNode, HarvesterVf
+from reconciler.model.record import replace
 from reconciler.plan.check import located
 from reconciler.plan.groups import GpuIdentity, resolve_on
 from reconciler.plan.planner import NO_CLUSTER, plan_node

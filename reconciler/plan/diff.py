@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import field, replace
 from typing import TypeVar
 
 from reconciler.model import (
@@ -27,7 +26,7 @@ from reconciler.model import (
     VgpuCreate,
     VgpuRemove,
 )
-from reconciler.model.record import record
+from reconciler.model.record import field, record, replace
 from reconciler.plan.offer import Offer, TypeFacts
 from reconciler.plan.uuids import vgpu_uuid
 

@@ -18,9 +18,8 @@ Either way the plan is not ``applyable``, and the rest of the node is planned as
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from reconciler.model import Gpu, Interface, Noop, unresolved_type_id
+from reconciler.model.record import replace
 from reconciler.plan.diff import GpuDiff, vf_order
 
 

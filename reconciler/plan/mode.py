@@ -13,9 +13,8 @@ known to be mixed-size and it has no vGPU left at that point.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from reconciler.model import Gpu, VgpuCreate, VgpuMode, VgpuModeSet, VgpuRemove
+from reconciler.model.record import replace
 from reconciler.plan.diff import GpuDiff, vf_order
 from reconciler.plan.offer import Offer
 

@@ -8,12 +8,11 @@ catalogue does not know offers nothing checkable until SR-IOV is enabled.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from types import MappingProxyType
 
 from reconciler.catalog import Catalog, GpuModel, resolve_profile_name
 from reconciler.model import DesiredGpu, Gpu, VGPUType
-from reconciler.model.record import record
+from reconciler.model.record import record, replace
 from reconciler.rules import Offer as RulesOffer
 from reconciler.rules import OfferedType
 

@@ -14,7 +14,6 @@ allow-list (:mod:`reconciler.plan.cluster`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 
 from reconciler.catalog import Catalog
 from reconciler.model import (
@@ -34,7 +33,7 @@ from reconciler.model import (
 )
 from reconciler.model.cluster import ClusterState
 from reconciler.model.plan import Drift
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
 from reconciler.plan.diff import diff_gpu

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import fields, replace
 from operator import attrgetter
 
 from reconciler.catalog import Catalog, default_catalog
@@ -35,6 +34,7 @@ from reconciler.model import (
     VgpuRemove,
     VGPUType,
 )
+from reconciler.model.record import fields, replace
 from reconciler.plan.offer import catalog_model
 
 

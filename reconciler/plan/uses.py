@@ -10,10 +10,9 @@ the VM, as it does for a hold it sees itself.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from reconciler.model import VGPU, Inventory
 from reconciler.model.cluster import ClusterState, resource_name
+from reconciler.model.record import replace
 
 
 def mark_cluster_uses(inventory: Inventory, cluster: ClusterState) -> Inventory:

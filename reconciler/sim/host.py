@@ -12,14 +12,13 @@ from __future__ import annotations
 import shutil
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from reconciler.catalog import Catalog, default_catalog, long_profile_name
 from reconciler.model import PciAddress
 from reconciler.model.mode import VgpuMode
-from reconciler.model.record import record
+from reconciler.model.record import record, replace
 from reconciler.observe.holds import INIT_PID_NAMESPACE, current_pid_namespace
 from reconciler.sim import driver
 from reconciler.sim.holds import SimHoldProbe, is_simulated

@@ -17,12 +17,11 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from reconciler.model.mode import VgpuMode
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 from reconciler.observe.holds import INIT_PID_NAMESPACE
 from reconciler.sim.rules import SimModel
 from reconciler.sim.statefile import (

@@ -17,10 +17,9 @@ import contextlib
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import field
 
 from reconciler.model import PciAddress
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 from reconciler.sim.rules import SimModel, SimType
 
 RO = 0o444

@@ -30,12 +30,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from reconciler.model.errors import printable
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 
 log = logging.getLogger("vgpuctl.watch.http")
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from reconciler.apply import Outcome, OutcomeStatus
 from reconciler.engine import NodePorts, Planned, RunSettings, reconcile
@@ -46,6 +45,7 @@ from reconciler.model import (
     PlanError,
     ReconcilerError,
 )
+from reconciler.model.record import replace
 from reconciler.watch.advertising import Advertising
 from reconciler.watch.changes import ClusterDrift, HostDrift
 from reconciler.watch.health import Health

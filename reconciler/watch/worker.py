@@ -14,10 +14,9 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Callable
-from dataclasses import field
 from typing import Any
 
-from reconciler.model.record import record
+from reconciler.model.record import field, record
 from reconciler.watch.changes import DesiredChange, DesiredFiles
 from reconciler.watch.endpoint import Verdict
 from reconciler.watch.health import Health
