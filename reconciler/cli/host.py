@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from functools import cached_property, partial
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -305,9 +305,7 @@ class Host:
             node=self.options.node,
             catalog=self.catalog,
             state_dir=self.state_dir,
-            # Each VF's creatable types are shown only in the cluster's objects and the node
-            # summary: without a cluster the scan leaves them out (most of its reads).
-            observe_host=partial(self.observe, availability=api is not None),
+            observe_host=self.observe,
             observe_cluster=self.observe_cluster,
             kubelet_uses=self.kubelet_uses,
             driver=lambda: self.driver(

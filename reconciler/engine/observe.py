@@ -57,10 +57,16 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
     from reconciler.plan.uses import mark_cluster_uses
 
     allocations = ports.allocations()
-    inventory = ports.observe_host()
+    # Each VF's available types are shown only in the cluster's objects and the node summary:
+    # without a cluster the scan leaves them out (most of its reads).
+    inventory = ports.observe_host(availability=ports.cluster_api is not None)
     # A node group's GPU entries name GPUs by model or device ID: this host's are now known.
     desired = resolve_groups(desired, inventory)
     cluster = ports.observe_cluster()
+    if cluster is not None and not inventory.vf_availability:
+        # A cluster state from ports with no API client of their own: it is planned all the
+        # same, so the host is read again with what its objects show.
+        inventory = ports.observe_host(availability=True)
     controller = None
     if ports.cluster_api is not None:
         from reconciler.observe.harvester import observe_pcidevices_controller

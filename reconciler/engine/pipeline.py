@@ -366,7 +366,7 @@ class _Run:
         """The host after the host phase. Unreadable after a failed phase: the failure is what
         the run reports (and the plugins are not told)."""
         try:
-            return self.ports.observe_host()
+            return self.ports.observe_host(availability=self.ports.cluster_api is not None)
         except ReconcilerError:
             if host_ok:
                 raise

@@ -25,6 +25,14 @@ if TYPE_CHECKING:
     from reconciler.observe.vgpumode import ModeReading
 
 
+class HostObserver(Protocol):
+    """Scans the node's host. ``availability``: read each VF's available types (every
+    ``available_instances``, most of a scan's reads), which only the cluster's objects and the
+    node summary show: the engine asks for them when it plans against a cluster."""
+
+    def __call__(self, *, availability: bool = True) -> Inventory: ...
+
+
 @record(frozen=True, slots=True)
 class NodePorts:
     """Everything a reconcile of one node needs from the outside world."""
@@ -32,7 +40,7 @@ class NodePorts:
     node: str
     catalog: Catalog
     state_dir: Path
-    observe_host: Callable[[], Inventory]
+    observe_host: HostObserver
     #: None: no cluster configured (node-local).
     observe_cluster: Callable[[], ClusterState | None]
     #: Without a cluster: the kubelet checkpoint's allocations (None when there is none).

@@ -42,7 +42,8 @@ class Advertising:
         if self.plugins is None:
             return
         try:
-            inventory = self._ports().observe_host()
+            # The plugins advertise vGPUs: which types a free VF could still make is not theirs.
+            inventory = self._ports().observe_host(availability=False)
         except ReconcilerError:
             return  # the reconcile that follows reports it
         try:

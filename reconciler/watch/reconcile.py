@@ -155,10 +155,10 @@ class ReconcileRunner:
         taken: list[_Fingerprints] = []
         observe_host = ports.observe_host
 
-        def observe() -> Inventory:
+        def observe(*, availability: bool = True) -> Inventory:
             # Taken before the observation: a change after it shows at the next rescan.
             taken[:] = [(self._host.take(), self._cluster.take())]
-            return observe_host()
+            return observe_host(availability=availability)
 
         result = reconcile(
             replace(ports, observe_host=observe),

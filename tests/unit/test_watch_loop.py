@@ -383,10 +383,10 @@ def test_a_permanent_failure_waits_for_a_change_of_the_host_instead_of_retrying(
     def ports() -> NodePorts:
         real = built()
 
-        def observe() -> Inventory:
+        def observe(*, availability: bool = True) -> Inventory:
             if unreadable.is_set():
                 raise ObserveError(f"sysfs root {node.host.sysfs_root} is not readable")
-            return real.observe_host()
+            return real.observe_host(availability=availability)
 
         return replace(real, observe_host=observe)
 
@@ -426,11 +426,11 @@ def test_a_permanent_failure_is_tried_again_after_the_resync_interval(tmp_path: 
     def ports() -> NodePorts:
         real = built()
 
-        def observe() -> Inventory:
+        def observe(*, availability: bool = True) -> Inventory:
             if not refusals:
                 refusals.append(1)
                 raise ForbiddenError("list sriovgpudevices: forbidden (RBAC)")
-            return real.observe_host()
+            return real.observe_host(availability=availability)
 
         return replace(real, observe_host=observe)
 
@@ -458,8 +458,8 @@ def test_work_another_apply_did_meanwhile_is_planned_again_under_the_lock(
     def ports() -> NodePorts:
         real = built()
 
-        def observe() -> Inventory:
-            inventory = real.observe_host()
+        def observe(*, availability: bool = True) -> Inventory:
+            inventory = real.observe_host(availability=availability)
             if not applied_by_hand:
                 argv = ["apply", str(other), "--yes", "--node", NODE]
                 argv += ["--sysfs-root", str(node.host.sysfs_root)]
@@ -494,13 +494,13 @@ def test_a_scan_spoiled_by_an_apply_at_work_is_a_lock_wait_not_an_error(tmp_path
     def ports() -> NodePorts:
         real = built()
 
-        def observe() -> Inventory:
+        def observe(*, availability: bool = True) -> Inventory:
             if lock.held and not spoiled:
                 spoiled.append(1)
                 raise ObserveError(
                     "0000:08:00.4 disappeared while scanning, twice: devices are changing"
                 )
-            return real.observe_host()
+            return real.observe_host(availability=availability)
 
         return replace(real, observe_host=observe)
 
