@@ -110,6 +110,30 @@ def test_every_object_is_marked_ours_and_annotated_with_its_spec() -> None:
         assert json.loads(o.annotations[LAST_APPLIED_ANNOTATION]) == dict(o.spec)
 
 
+def test_the_annotation_is_the_specs_canonical_text_whatever_the_names_hold() -> None:
+    """The VGPUDevices' annotations are written from their parts: the text is still the one
+    the whole spec's canonical JSON gives, escapes and all."""
+    desired = load_desired([REPO / "desired-state" / "harvester-kgd9c.yaml"], catalog=CATALOG)
+    node = desired.node(NODE)
+    assert node is not None
+    observed = REPO / "tests" / "cases" / "seed-already-applied" / "observed.json"
+    inventory = Inventory.from_json(json.loads(observed.read_text(encoding="utf-8")))
+    odd_name = 'n\u00e9"\\\t1'  # é, a quote, a backslash and a tab
+    odd_profile = 'NVIDIA A2-4Q "\u2603"'
+    gpu = node.gpus[0]
+    assert gpu.vgpus is not None
+    first = next(iter(gpu.vgpus))
+    odd = replace(node, gpus=(replace(gpu, vgpus={**gpu.vgpus, first: odd_profile}),))
+    for name, wanted in ((NODE, node), (odd_name, odd)):
+        objects = render_objects(name, wanted, inventory)
+        assert len(objects) == 17
+        if wanted is odd:
+            assert any(o.spec.get("vGPUTypeName") == odd_profile for o in objects)
+        for o in objects:
+            text = o.annotations[LAST_APPLIED_ANNOTATION]
+            assert text == json.dumps(dict(o.spec), sort_keys=True, separators=(",", ":"))
+
+
 def test_canonical_json_is_sorted_and_compact() -> None:
     assert canonical_json({"b": True, "a": "x y"}) == '{"a":"x y","b":true}'
 
