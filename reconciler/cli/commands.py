@@ -37,7 +37,6 @@ from reconciler.model import (
 )
 from reconciler.model.errors import ReconcilerError, excerpt
 from reconciler.model.plan import FORMAT_VERSION
-from reconciler.model.plan_json import plan_to_json
 
 if TYPE_CHECKING:
     from reconciler.apply import Outcome
@@ -235,11 +234,12 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
         return cmd_plan_delegate(ns, host)
     planned = plan_files(ns.file, host, adopt=ns.adopt)
     plan, inventory = planned.plan, planned.inventory
-    # The desired GPUs as planned: a node group's entries made this host's GPUs.
-    doc = saved_plan_document(plan, planned.desired)
     if ns.out:
-        _write_plan_file(Path(ns.out), doc)
+        # The desired GPUs as planned: a node group's entries made this host's GPUs.
+        _write_plan_file(Path(ns.out), saved_plan_document(plan, planned.desired))
     if ns.output == "json":
+        from reconciler.model.plan_json import plan_to_json
+
         _out(json.dumps(plan_to_json(plan), indent=2) + "\n")
     elif ns.output == "markdown":
         from reconciler.cli.markdown import plans_markdown
@@ -345,6 +345,8 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
         for key, value in p.summary.to_json().items():
             totals[key] += value
     if ns.output == "json":
+        from reconciler.model.plan_json import plan_to_json
+
         doc = {
             "formatVersion": FORMAT_VERSION,
             "observed": "cluster",
@@ -385,6 +387,7 @@ def _is_located(line: str) -> bool:
 def saved_plan_document(plan: Plan, node: DesiredNode) -> dict[str, Any]:
     """The plan JSON plus the desired state it was planned from (to re-check after apply)."""
     from reconciler.cli.documents import node_document
+    from reconciler.model.plan_json import plan_to_json
 
     doc = plan_to_json(plan)
     doc["desiredState"] = node_document(node)

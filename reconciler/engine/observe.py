@@ -28,7 +28,6 @@ from reconciler.model import (
 )
 from reconciler.model.cluster import ClusterState
 from reconciler.model.record import field, record, replace
-from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
 
 if TYPE_CHECKING:
     from reconciler.observe.harvester import ControllerPresence
@@ -80,6 +79,8 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
     plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
     asked = _mode_matters(plan, inventory, desired)
     if asked:
+        from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
+
         # The mode decides only what vGPUs may be made: read (one nvidia-smi call) only when
         # the plan makes some on a GPU whose SR-IOV is on and that is wanted in mixed-size
         # mode, and plan again with it. An equal-size node never needs nvidia-smi.

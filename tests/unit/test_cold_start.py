@@ -48,6 +48,9 @@ NOT_IMPORTED = {
     "reconciler.plan.render": "reconciler.plan.cluster",
     "reconciler.plan.nodestate": "reconciler.plan.planner",
     "reconciler.model.nodestate": "reconciler.plan.nodestate",
+    "reconciler.model.plan_json": "the saved-plan document, made when no --out asked for it",
+    "reconciler.cli.documents": "reconciler.model.plan_json",
+    "reconciler.observe.vgpumode": "reconciler.engine.observe, for a mode only mixed size asks",
 }
 
 _RUN = (
