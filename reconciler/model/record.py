@@ -16,19 +16,20 @@ classes: compiling their methods was a quarter of all the instructions the proce
 collecting their fields and importing ``inspect`` a tenth of what was left. Here the fields
 are collected by :func:`_make` with ``dataclasses``' rules (defaults and ``field()``,
 ``ClassVar`` left out, inherited fields first, ``kw_only``, ``slots``, the mutable-default
-check, a non-default parameter after a default refused); ``__eq__``, ``__hash__``,
-``__repr__`` and a frozen class's ``__setattr__``/``__delattr__`` (and, with slots,
-``__getstate__``/``__setstate__``) are functions written once, below, that read the field names
-the class keeps; and ``__init__`` is compiled the first time the class is instantiated — the
-code ``dataclasses`` would write (positional and keyword-only parameters, defaults,
-``default_factory``, ``init=False`` fields, ``__post_init__``), so a class a command never
-instantiates costs nothing more. ``__dataclass_fields__`` (what ``dataclasses``' functions read)
-is made on first access, from ``dataclasses.Field`` objects.
+check, a non-default parameter after a default refused); ``__repr__`` and a frozen class's
+``__setattr__``/``__delattr__`` (and, with slots, ``__getstate__``/``__setstate__``) are
+functions written once, below, that read the field names the class keeps; and ``__init__``,
+``__eq__`` and ``__hash__`` are compiled the first time each is called, as the code
+``dataclasses`` would write (for ``__init__``: positional and keyword-only parameters,
+defaults, ``default_factory``, ``init=False`` fields, ``__post_init__``), so a class a command
+never instantiates or compares costs nothing more (compiled code reads slots faster than a
+function shared by every class could: a fleet's plan hashes millions of addresses).
+``__dataclass_fields__`` (what ``dataclasses``' functions read) is made on first access, from
+``dataclasses.Field`` objects.
 
 What differs from ``dataclasses.dataclass``, and is held by ``tests/unit/test_record.py``
 (which compares each behaviour with a real dataclass): there is no ``__dataclass_params__``
-(so a real ``@dataclass`` cannot subclass a record); the hash of a record with one compared
-field is the hash of that value, not of a 1-tuple; ``__init__`` carries no annotations
+(so a real ``@dataclass`` cannot subclass a record); ``__init__`` carries no annotations
 (``inspect.signature`` shows the parameters, not their types); a class without a docstring gets
 ``Name(field, …)`` as one, without the types; and a frozen record refuses every attribute
 assignment, where a dataclass allows an unrelated attribute on a plain subclass. Arguments
@@ -38,8 +39,7 @@ fields and ``KW_ONLY`` markers: vgpuctl uses none of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from operator import attrgetter
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, get_origin
 
@@ -224,13 +224,12 @@ def _make(cls: type[Any], *, frozen: bool, eq: bool, slots: bool, kw_only: bool)
         _put(cls, "__repr__", _repr)
     if eq:
         if "__eq__" not in body:
-            _put(cls, "__record_eq__", _key(f.name for f in fields if f.compare))
-            _put(cls, "__eq__", _eq)
+            compared = [f.name for f in fields if f.compare]
+            _put(cls, "__eq__", _on_first_use(cls, "__eq__", _eq_source(compared)))
         if not explicit_hash:
             if frozen:
-                hashed = (f.name for f in fields if (f.compare if f.hash is None else f.hash))
-                _put(cls, "__record_hash__", _key(hashed))
-                _put(cls, "__hash__", _hash)
+                hashed = [f.name for f in fields if (f.compare if f.hash is None else f.hash)]
+                _put(cls, "__hash__", _on_first_use(cls, "__hash__", _hash_source(hashed)))
             else:
                 _put(cls, "__hash__", None)
     if frozen:
@@ -388,10 +387,40 @@ class _DataclassFields:
         return made
 
 
-def _key(names: Iterable[str]) -> Callable[[Any], Any] | None:
-    """The values an instance is compared or hashed by (``None``: no field takes part)."""
-    names = tuple(names)
-    return attrgetter(*names) if names else None
+def _eq_source(names: list[str]) -> str:
+    """``__eq__`` as ``dataclasses`` writes it: same class, then the compared fields in order."""
+    mine = "".join(f"self.{n}," for n in names)
+    theirs = "".join(f"other.{n}," for n in names)
+    return (
+        "def __eq__(self, other):\n"
+        "    if other.__class__ is self.__class__:\n"
+        f"        return ({mine})==({theirs})\n"
+        "    return NotImplemented\n"
+    )
+
+
+def _hash_source(names: list[str]) -> str:
+    """``__hash__`` as ``dataclasses`` writes it: the hash of the hashed fields' tuple."""
+    return f"def __hash__(self):\n    return hash(({''.join(f'self.{n},' for n in names)}))\n"
+
+
+def _on_first_use(cls: type[Any], name: str, source: str) -> Callable[..., Any]:
+    """A method compiled from ``source`` the first time it is called, then kept on ``cls``:
+    compiled code reads slots faster than any function written once for every class (a
+    fleet's plan compares and hashes millions of addresses), and a class whose instances are
+    never compared costs nothing."""
+
+    def first(self: Any, *args: Any) -> Any:
+        scope: dict[str, Any] = {}
+        exec(source, scope)  # noqa: S102 - text built from field names only
+        method = scope[name]
+        method.__qualname__ = f"{cls.__qualname__}.{name}"
+        method.__module__ = cls.__module__
+        _put(cls, name, method)
+        return method(self, *args)
+
+    first.__qualname__ = f"{cls.__qualname__}.{name}"
+    return first
 
 
 def _first_init(cls: type[Any], frozen: bool) -> Callable[..., None]:
@@ -451,18 +480,6 @@ def _repr(self: Any) -> str:
     names = type(self).__record_repr__
     args = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
     return f"{type(self).__qualname__}({args})"
-
-
-def _eq(self: Any, other: Any) -> Any:
-    if other.__class__ is self.__class__:
-        key = self.__class__.__record_eq__
-        return True if key is None else key(self) == key(other)
-    return NotImplemented
-
-
-def _hash(self: Any) -> int:
-    key = self.__class__.__record_hash__
-    return hash(() if key is None else key(self))
 
 
 def _frozen_setattr(self: Any, name: str, value: Any) -> None:

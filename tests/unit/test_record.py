@@ -162,6 +162,17 @@ def test_the_same_mistakes_are_refused_when_the_class_is_made() -> None:
         define(frozen=True)(type("Bad", (), {"__setattr__": lambda s, n, v: None}))
 
 
+def test_eq_and_hash_are_compiled_on_first_use_and_then_kept() -> None:
+    cls = define(frozen=True, slots=True)(
+        type("Lazy", (), {"__annotations__": {"a": "int", "b": "str"}, "__module__": __name__})
+    )
+    eq, hash_ = cls.__dict__["__eq__"], cls.__dict__["__hash__"]
+    assert cls(1, "x") == cls(1, "x") and cls(1, "x") != cls(1, "y")
+    assert hash(cls(1, "x")) == hash((1, "x"))  # as a dataclass hashes: the fields' tuple
+    assert cls.__dict__["__eq__"] is not eq and cls.__dict__["__hash__"] is not hash_
+    assert cls(2, "z") == cls(2, "z") and hash(cls(2, "z")) == hash((2, "z"))
+
+
 def test_init_is_compiled_on_first_use_and_then_kept() -> None:
     cls = define(frozen=True, slots=True)(
         type("Lazy", (), {"__annotations__": {"a": "int"}, "__module__": __name__})
