@@ -60,7 +60,8 @@ _NO_METADATA: Mapping[Any, Any] = MappingProxyType({})
 
 
 class RecordField:
-    """One field of a record: what ``dataclasses.Field`` says of one, under the same names."""
+    """One field of a record: what ``dataclasses.Field`` says of one, under the same names.
+    Made by ``field(...)`` (this class: ``dataclasses.field``'s keyword parameters)."""
 
     __slots__ = (
         "compare",
@@ -119,30 +120,6 @@ class RecordField:
         return f"RecordField(name={self.name!r}, type={self.type!r}, default={self.default!r})"
 
 
-def define_field(
-    *,
-    default: Any = MISSING,
-    default_factory: Any = MISSING,
-    init: bool = True,
-    repr: bool = True,
-    hash: bool | None = None,
-    compare: bool = True,
-    metadata: Mapping[Any, Any] | None = None,
-    kw_only: Any = MISSING,
-) -> Any:
-    """``field(...)``: ``dataclasses.field``'s parameters and meaning."""
-    return RecordField(
-        default=default,
-        default_factory=default_factory,
-        init=init,
-        repr=repr,
-        hash=hash,
-        compare=compare,
-        metadata=metadata,
-        kw_only=kw_only,
-    )
-
-
 def define(
     cls: type[Any] | None = None,
     /,
@@ -189,7 +166,7 @@ if TYPE_CHECKING:
     from dataclasses import field, fields, replace
 else:
     record = define
-    field = define_field
+    field = RecordField
     fields = record_fields
     replace = record_replace
 

@@ -16,7 +16,7 @@ import pytest
 
 from reconciler.cli.main import build_parser, command_of
 from reconciler.model import UsageError
-from tests.simnode import REPO, make_sim
+from tests.simnode import REPO, SimNode, make_sim
 
 #: Modules a plan on a (simulated) host has no use for, with what pulled them in before.
 NOT_IMPORTED = {
@@ -62,16 +62,21 @@ _RUN = (
 )
 
 
-def test_a_cold_plan_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
-    sim = make_sim(tmp_path / "host", ["A2"])
-    desired = tmp_path / "d.yaml"
-    desired.write_text(
+def _two_vgpus(sim: SimNode, path: Path) -> Path:
+    """A desired state of two A2-4Q vGPUs on the simulated A2, written at ``path``."""
+    path.write_text(
         "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
         "metadata: {name: d}\nspec:\n  nodes:\n"
         f"    {sim.node}:\n      gpus:\n"
         '        - address: "0000:08:00.0"\n          sriov: enabled\n'
         "          profiles: {A2-4Q: 2}\n"
     )
+    return path
+
+
+def test_a_cold_plan_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
+    sim = make_sim(tmp_path / "host", ["A2"])
+    desired = _two_vgpus(sim, tmp_path / "d.yaml")
     sim.ok("apply", desired, "--yes")  # VFs and two vGPUs: the scan and the hold probe work
     desired.write_text(desired.read_text().replace("{A2-4Q: 2}", "{A2-4Q: 3}"))
     res = subprocess.run(
@@ -166,14 +171,7 @@ def test_a_short_command_runs_without_the_collector_and_gives_it_back(tmp_path: 
     """A cold plan makes no collection while it runs (the collector's passes over what its
     imports made were 3 % of its start); the collector is as it was once main() returns."""
     sim = make_sim(tmp_path / "host", ["A2"])
-    desired = tmp_path / "d.yaml"
-    desired.write_text(
-        "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
-        "metadata: {name: d}\nspec:\n  nodes:\n"
-        f"    {sim.node}:\n      gpus:\n"
-        '        - address: "0000:08:00.0"\n          sriov: enabled\n'
-        "          profiles: {A2-4Q: 2}\n"
-    )
+    desired = _two_vgpus(sim, tmp_path / "d.yaml")
     # The command's own work is what main() dispatches to once the collector is off.
     run = (
         "import gc, sys\n"

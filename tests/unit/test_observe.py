@@ -491,11 +491,8 @@ def test_without_a_probe_nothing_is_in_use(host: HostTree) -> None:
 # --- cost ---------------------------------------------------------------------------------
 
 
-def test_type_name_and_description_are_read_once_per_gpu_and_counts_on_free_vfs(
-    host: HostTree, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    vfs = host.gpu(A2, vfs=16)
-    host.mdev(vfs[5], UUID_1, "nvidia-746")
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every attribute a scan reads from now on, in order."""
     reads: list[str] = []
     original = SysfsTree.read_text
 
@@ -504,6 +501,15 @@ def test_type_name_and_description_are_read_once_per_gpu_and_counts_on_free_vfs(
         return original(self, rel)
 
     monkeypatch.setattr(SysfsTree, "read_text", counting)
+    return reads
+
+
+def test_type_name_and_description_are_read_once_per_gpu_and_counts_on_free_vfs(
+    host: HostTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vfs = host.gpu(A2, vfs=16)
+    host.mdev(vfs[5], UUID_1, "nvidia-746")
+    reads = _count_reads(monkeypatch)
     observe(host)
     assert reads.count("name") == 15
     assert reads.count("description") == 15
@@ -517,14 +523,7 @@ def test_a_scan_without_availability_reads_no_count_and_says_so(
     vfs = host.gpu(A2, vfs=4)
     host.mdev(vfs[1], UUID_1, "nvidia-746")
     full = observe(host)
-    reads: list[str] = []
-    original = SysfsTree.read_text
-
-    def counting(self: SysfsTree, rel: str) -> str:
-        reads.append(rel.rpartition("/")[2])
-        return original(self, rel)
-
-    monkeypatch.setattr(SysfsTree, "read_text", counting)
+    reads = _count_reads(monkeypatch)
     scanned = observe_host(
         host.root, node="harvester-kgd9c", catalog=default_catalog(), availability=False
     )
