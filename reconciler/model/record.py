@@ -195,18 +195,19 @@ def _make(cls: type[Any], *, frozen: bool, eq: bool, slots: bool, kw_only: bool)
     if body.get("__doc__") is None:
         _put(cls, "__doc__", f"{cls.__name__}({', '.join(f.name for f in fields)})")
     if "__init__" not in body:
-        _put(cls, "__init__", _first_init(cls, frozen))
+        _put(cls, "__init__", _on_first_use(cls, "__init__", lambda: _init_source(cls, frozen)))
     if "__repr__" not in body:
         _put(cls, "__record_repr__", tuple(f.name for f in fields if f.repr))
         _put(cls, "__repr__", _repr)
     if eq:
         if "__eq__" not in body:
             compared = [f.name for f in fields if f.compare]
-            _put(cls, "__eq__", _on_first_use(cls, "__eq__", _eq_source(compared)))
+            _put(cls, "__eq__", _on_first_use(cls, "__eq__", lambda: (_eq_source(compared), {})))
         if not explicit_hash:
             if frozen:
                 hashed = [f.name for f in fields if (f.compare if f.hash is None else f.hash)]
-                _put(cls, "__hash__", _on_first_use(cls, "__hash__", _hash_source(hashed)))
+                hashing = _on_first_use(cls, "__hash__", lambda: (_hash_source(hashed), {}))
+                _put(cls, "__hash__", hashing)
             else:
                 _put(cls, "__hash__", None)
     if frozen:
@@ -381,37 +382,30 @@ def _hash_source(names: list[str]) -> str:
     return f"def __hash__(self):\n    return hash(({''.join(f'self.{n},' for n in names)}))\n"
 
 
-def _on_first_use(cls: type[Any], name: str, source: str) -> Callable[..., Any]:
-    """A method compiled from ``source`` the first time it is called, then kept on ``cls``:
-    compiled code reads slots faster than any function written once for every class (a
-    fleet's plan compares and hashes millions of addresses), and a class whose instances are
-    never compared costs nothing."""
+def _on_first_use(
+    cls: type[Any], name: str, source: Callable[[], tuple[str, dict[str, Any]]]
+) -> Callable[..., Any]:
+    """Method ``name`` of ``cls``, compiled from ``source()`` (its text and the names it
+    reads) the first time it is called, then kept on ``cls``: compiled code reads slots faster
+    than any function written once for every class (a fleet's plan compares and hashes
+    millions of addresses), and a class whose instances are never made or compared costs
+    nothing. ``source`` is read then, as ``dataclasses`` would have read the class."""
 
-    def first(self: Any, *args: Any) -> Any:
-        scope: dict[str, Any] = {}
-        exec(source, scope)  # noqa: S102 - text built from field names only
+    def first(self: Any, *args: Any, **kwargs: Any) -> Any:
+        text, scope = source()
+        exec(text, scope)  # noqa: S102 - text built from field names only
         method = scope[name]
         method.__qualname__ = f"{cls.__qualname__}.{name}"
         method.__module__ = cls.__module__
         _put(cls, name, method)
-        return method(self, *args)
+        return method(self, *args, **kwargs)
 
     first.__qualname__ = f"{cls.__qualname__}.{name}"
     return first
 
 
-def _first_init(cls: type[Any], frozen: bool) -> Callable[..., None]:
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init = _compile_init(cls, frozen)
-        _put(cls, "__init__", init)
-        init(self, *args, **kwargs)
-
-    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
-    return __init__
-
-
-def _compile_init(cls: type[Any], frozen: bool) -> Callable[..., None]:
-    """The ``__init__`` ``dataclasses`` would write for ``cls``, compiled now."""
+def _init_source(cls: type[Any], frozen: bool) -> tuple[str, dict[str, Any]]:
+    """The ``__init__`` ``dataclasses`` would write for ``cls``, and the names it reads."""
     scope: dict[str, Any] = {"__record_set": object.__setattr__, "__record_factory": _FACTORY}
     positional: list[str] = []
     keyword: list[str] = []
@@ -446,11 +440,7 @@ def _compile_init(cls: type[Any], frozen: bool) -> Callable[..., None]:
         lines.append("    self.__post_init__()")
     params = ["self", *positional, *(["*", *keyword] if keyword else [])]
     source = f"def __init__({', '.join(params)}):\n" + ("\n".join(lines) or "    pass") + "\n"
-    exec(source, scope)  # noqa: S102 - text built above from field names only
-    init: Callable[..., None] = scope["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    return init
+    return source, scope
 
 
 def _repr(self: Any) -> str:
