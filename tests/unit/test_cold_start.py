@@ -74,21 +74,31 @@ def _two_vgpus(sim: SimNode, path: Path) -> Path:
     return path
 
 
+def _imported(*argv: str) -> tuple[set[str], subprocess.CompletedProcess[str]]:
+    """The modules a fresh interpreter holds after running ``argv`` (``python -c …``)."""
+    res = subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    return set(res.stderr.split()), res
+
+
 def test_a_cold_plan_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
     sim = make_sim(tmp_path / "host", ["A2"])
     desired = _two_vgpus(sim, tmp_path / "d.yaml")
     sim.ok("apply", desired, "--yes")  # VFs and two vGPUs: the scan and the hold probe work
     desired.write_text(desired.read_text().replace("{A2-4Q: 2}", "{A2-4Q: 3}"))
-    res = subprocess.run(
-        [sys.executable, "-c", _RUN, "plan", str(desired), "--no-color", *sim.flags],
-        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    imported, res = _imported("-c", _RUN, "plan", str(desired), "--no-color", *sim.flags)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Plan: 1 to create, 0 to change, 0 to remove, 0 blocked." in res.stdout
-    imported = set(res.stderr.split())
     assert "reconciler.plan" in imported  # the list is what it claims to be
-    assert {m: why for m, why in NOT_IMPORTED.items() if m in imported} == {}
+    # What the interpreter imports before any code of ours runs is not the plan's doing: a
+    # site-packages ``.pth`` file may import certifi, and with it tempfile and shutil (CI's
+    # interpreter does). Those are the same cost for ``import yaml``, the bench's baseline.
+    at_start, _ = _imported("-c", "import sys; print('\\n'.join(sys.modules), file=sys.stderr)")
+    assert "sys" in at_start and "reconciler.plan" not in at_start
+    assert {m: why for m, why in NOT_IMPORTED.items() if m in imported - at_start} == {}
 
 
 #: Command lines the parser of one command must parse as the parser of every command does:
