@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 from reconciler.model.address import PciAddress
 from reconciler.model.cluster import KubeObject
@@ -496,11 +496,52 @@ _REMOVES_OF_A_CHANGE = frozenset({ActionKind.VGPU_REMOVE, ActionKind.VGPUDEVICE_
 _CHANGES = frozenset({ActionKind.CR_UPDATE, ActionKind.KUBEVIRT_UPDATE, ActionKind.VGPU_MODE})
 
 
+class Fingerprinted(Protocol):
+    """An observation that can say its fingerprint (an :class:`~reconciler.model.Inventory`)."""
+
+    def fingerprint(self) -> str: ...
+
+
+class Observation:
+    """What a plan was made from, as far as the plan keeps it: its fingerprint, which a saved plan
+    carries and ``apply`` checks against a fresh observation.
+
+    Made from the observation itself, the fingerprint is computed when first read, and the
+    observation let go then: a digest of everything planning read (the SHA-256 of about 80 kB of
+    canonical JSON for a node of 256 VFs) was a tenth of planning a fleet, whose text output
+    never shows it. Equal when the fingerprints are equal, however each was made.
+    """
+
+    __slots__ = ("_of", "_value")
+
+    def __init__(self, value: str | Fingerprinted) -> None:
+        self._value = value if isinstance(value, str) else ""
+        self._of: Fingerprinted | None = None if isinstance(value, str) else value
+
+    @property
+    def fingerprint(self) -> str:
+        of = self._of
+        if of is not None:  # two threads may both compute it: the same value
+            self._value, self._of = of.fingerprint(), None
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Observation):
+            return NotImplemented
+        return self.fingerprint == other.fingerprint
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)
+
+    def __repr__(self) -> str:
+        return f"Observation({self.fingerprint!r})"
+
+
 @record(frozen=True, slots=True)
 class Plan:
     node: str
     interface: str
-    observed_fingerprint: str
+    observed: Observation
     actions: tuple[Action, ...] = ()
     blocked: tuple[Blocked, ...] = ()
     noops: tuple[Noop, ...] = ()
@@ -510,6 +551,11 @@ class Plan:
     #: Cluster objects changed outside vgpuctl ("changed outside vgpuctl"); each has a cr-update
     #: with ``drift: true`` among the actions that resets it.
     drift: tuple[Drift, ...] = ()
+
+    @property
+    def observed_fingerprint(self) -> str:
+        """The fingerprint of the host observation the plan was made from."""
+        return self.observed.fingerprint
 
     @property
     def summary(self) -> Summary:

@@ -40,6 +40,7 @@ from reconciler.model.plan import (
     KubevirtUpdate,
     MediatedDevice,
     Noop,
+    Observation,
     PciHostDevice,
     Plan,
     SriovDisable,
@@ -219,7 +220,7 @@ def plan_from_json(raw: object) -> Plan:
         format_version=version,
         node=_str(doc, "node", ""),
         interface=interface,
-        observed_fingerprint=_str(doc, "observedFingerprint", ""),
+        observed=Observation(_str(doc, "observedFingerprint", "")),
         actions=tuple(
             action_from_json(a, f"actions[{i}]") for i, a in enumerate(_list(doc, "actions", ""))
         ),

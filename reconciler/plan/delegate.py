@@ -35,6 +35,7 @@ from reconciler.model import (
     Interface,
     Inventory,
     Noop,
+    Observation,
     PciAddress,
     Plan,
     PlanError,
@@ -171,7 +172,7 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
     return Plan(
         node=node,
         interface=DELEGATE_INTERFACE,
-        observed_fingerprint=fingerprint(observed),
+        observed=Observation(fingerprint(observed)),
         actions=tuple(a.numbered(i) for i, a in enumerate(actions, start=1)),
         blocked=tuple(blocked),
         noops=(*noops, *local.noops),

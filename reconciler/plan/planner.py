@@ -25,6 +25,7 @@ from reconciler.model import (
     Interface,
     Inventory,
     Noop,
+    Observation,
     PciAddress,
     Plan,
     PlanError,
@@ -81,8 +82,7 @@ def plan_node(
         # Node groups' entries become the GPUs of this host they match.
         node = resolve(node, inventory)
     # The fingerprint is the host's own: a saved plan is checked against a fresh host observation,
-    # which knows nothing of the cluster's uses.
-    fingerprint = inventory.fingerprint()
+    # which knows nothing of the cluster's uses. Computed when read (Observation).
     observed = inventory
     if cluster is not None:
         inventory = mark_cluster_uses(inventory, cluster)
@@ -148,7 +148,7 @@ def plan_node(
     return Plan(
         node=observed.node,
         interface=_interface(observed),
-        observed_fingerprint=fingerprint,
+        observed=Observation(observed),
         actions=tuple(actions),
         blocked=tuple(Blocked(s) for s in host.blocked),
         noops=tuple(noops),

@@ -370,7 +370,7 @@ def bench_writes(tmp: Path) -> dict[str, Any]:
     )
     from reconciler.catalog import default_catalog
     from reconciler.desired import load_desired
-    from reconciler.model import Action, Plan, VgpuCreate, VgpuRemove
+    from reconciler.model import Action, Observation, Plan, VgpuCreate, VgpuRemove
     from reconciler.observe import observe_host
     from reconciler.plan import plan_node
     from reconciler.sim import build_host
@@ -425,7 +425,7 @@ def bench_writes(tmp: Path) -> dict[str, Any]:
                     uuid=vf.vgpu.uuid,
                 ))  # fmt: skip
             plan = Plan(
-                node=NODE, interface="mdev", observed_fingerprint="", actions=tuple(actions)
+                node=NODE, interface="mdev", observed=Observation(""), actions=tuple(actions)
             )
         before = sim.stats()["writes"]
         driver = MdevDriver(

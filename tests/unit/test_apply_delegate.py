@@ -14,6 +14,7 @@ from reconciler.apply.delegate import DelegateExecutor, poll_delays
 from reconciler.apply.executor import OutcomeStatus
 from reconciler.model import (
     Action,
+    Observation,
     Plan,
     SriovGpuDeviceEnable,
 )
@@ -80,7 +81,7 @@ def run(api: FakeCluster, *actions: Action, stalls: bool = False, used: str | No
         sleep=sleep,
     )
     numbered = tuple(a.numbered(i) for i, a in enumerate(actions, start=1))
-    return executor.run(Plan(NODE, "harvester", "sha256:x", actions=numbered)), api
+    return executor.run(Plan(NODE, "harvester", Observation("sha256:x"), actions=numbered)), api
 
 
 def stored(api: FakeCluster, plural: str, name: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from reconciler.model import (
     ApplyError,
     CrCreate,
     DevicePluginRefresh,
+    Observation,
     PciAddress,
     Plan,
     SriovDisable,
@@ -65,7 +66,7 @@ class Host:
         self.time = FakeTime(on_sleep=self.sriov.tick)
 
     def apply(self, *actions: Action, verify_timeout: float = 5.0) -> ApplyResult:
-        plan = Plan(node=NODE, interface="mdev", observed_fingerprint="sha256:x", actions=actions)
+        plan = Plan(node=NODE, interface="mdev", observed=Observation("sha256:x"), actions=actions)
         return execute(
             plan,
             driver=self.driver,
@@ -442,14 +443,14 @@ def test_malformed_actions_fail_before_anything_runs(
 
 def test_a_plan_for_another_node_is_a_programming_error(tmp_path: Path) -> None:
     host = Host(tmp_path)
-    plan = Plan(node="other", interface="mdev", observed_fingerprint="x", actions=(enable(),))
+    plan = Plan(node="other", interface="mdev", observed=Observation("x"), actions=(enable(),))
     with pytest.raises(ValueError, match="plan for node other given a journal for node n1"):
         execute(plan, driver=host.driver, journal=host.journal)
 
 
 def test_a_plan_for_another_interface_is_a_programming_error(tmp_path: Path) -> None:
     host = Host(tmp_path)
-    plan = Plan(node=NODE, interface="vfio", observed_fingerprint="x", actions=(enable(),))
+    plan = Plan(node=NODE, interface="vfio", observed=Observation("x"), actions=(enable(),))
     with pytest.raises(ValueError, match="plan for the vfio interface given the mdev driver"):
         execute(plan, driver=host.driver, journal=host.journal)
     assert host.journal.records() == []

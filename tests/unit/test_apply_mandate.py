@@ -42,6 +42,7 @@ from reconciler.model import (
     Inventory,
     KubevirtUpdate,
     MediatedDevice,
+    Observation,
     PciAddress,
     PciHostDevice,
     Plan,
@@ -89,7 +90,7 @@ class Host:
         self.time = FakeTime(on_sleep=self.sriov.tick)
 
     def apply(self, *actions: Action, mandate: HostMandate | None) -> ApplyResult:
-        plan = Plan(node=NODE, interface="mdev", observed_fingerprint="sha256:x", actions=actions)
+        plan = Plan(node=NODE, interface="mdev", observed=Observation("sha256:x"), actions=actions)
         return execute(
             plan,
             driver=self.driver,

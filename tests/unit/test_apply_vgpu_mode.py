@@ -22,7 +22,7 @@ from reconciler.apply import (
 from reconciler.apply.executor import OutcomeStatus, execute
 from reconciler.apply.journal import Journal
 from reconciler.apply.sysfs import SysfsReader
-from reconciler.model import PciAddress, Plan, VgpuMode, VgpuModeSet
+from reconciler.model import Observation, PciAddress, Plan, VgpuMode, VgpuModeSet
 from reconciler.sim import SimHost, build_host
 from reconciler.sim.state import load_state
 
@@ -109,7 +109,7 @@ def test_a_failing_query_says_why(tmp_path: Path) -> None:
 
 def _run(sim: SimHost, tmp_path: Path, mode: VgpuMode = VgpuMode.MIXED_SIZE) -> OutcomeStatus:
     action = VgpuModeSet(seq=1, target=str(GPU), reason="r", gpu=GPU, mode=mode)
-    plan = Plan(node="n", interface="vfio", observed_fingerprint="sha256:x", actions=(action,))
+    plan = Plan(node="n", interface="vfio", observed=Observation("sha256:x"), actions=(action,))
     result = execute(
         plan,
         driver=driver(sim),

@@ -5,7 +5,15 @@ comment is posted on a pull request: no HTML, no link, no mention, no broken tab
 from __future__ import annotations
 
 from reconciler.cli.markdown import cell, plans_markdown
-from reconciler.model import Blocked, PciAddress, Plan, PlanError, VgpuCreate, VgpuRemove
+from reconciler.model import (
+    Blocked,
+    Observation,
+    PciAddress,
+    Plan,
+    PlanError,
+    VgpuCreate,
+    VgpuRemove,
+)
 
 GPU = PciAddress.parse("0000:08:00.0")
 VF = PciAddress.parse("0000:08:00.5")
@@ -17,8 +25,14 @@ def test_a_blocked_step_is_bold_marked_and_announced_first() -> None:
     create = VgpuCreate(target="0000:08:00.4", reason="VF hosts nothing; desired NVIDIA A2-4A",
                         gpu=GPU, vf_index=0, type_name="NVIDIA A2-4A", uuid="u4")  # fmt: skip
     plans = [
-        Plan("n1", "mdev", "sha256:x", actions=(create.numbered(1),), blocked=(Blocked(remove),)),
-        Plan("n2", "mdev", "sha256:y"),
+        Plan(
+            "n1",
+            "mdev",
+            Observation("sha256:x"),
+            actions=(create.numbered(1),),
+            blocked=(Blocked(remove),),
+        ),
+        Plan("n2", "mdev", Observation("sha256:y")),
     ]
     text = plans_markdown(plans, observed="cluster")
     lines = text.splitlines()
@@ -60,6 +74,8 @@ def test_text_from_outside_cannot_leave_its_cell() -> None:
     # A reason with all of it stays one row of four cells.
     bad = VgpuCreate(target="0000:08:00.4", reason="x | y\n| z | <b>", gpu=GPU, vf_index=0,
                      type_name="NVIDIA A2-4A", uuid="u4")  # fmt: skip
-    text = plans_markdown([Plan("n1", "mdev", "s", actions=(bad.numbered(1),))], observed="host")
+    text = plans_markdown(
+        [Plan("n1", "mdev", Observation("s"), actions=(bad.numbered(1),))], observed="host"
+    )
     (row,) = [line for line in text.splitlines() if line.startswith("| `+`")]
     assert row.replace(r"\|", "").count("|") == 5

@@ -19,6 +19,7 @@ from reconciler.model import (
     DesiredNode,
     Gpu,
     Inventory,
+    Observation,
     PciAddress,
     Plan,
     PlanError,
@@ -213,6 +214,50 @@ def test_the_fingerprint_ignores_where_sysfs_is_mounted() -> None:
     changed = plan_node(None, Inventory(NODE, (a2(vgpus={0: "A2-4A"}),)), catalog=CATALOG)
     assert here.observed_fingerprint == there.observed_fingerprint
     assert changed.observed_fingerprint != here.observed_fingerprint
+
+
+class _Counted:
+    """An observation that counts how often its fingerprint is computed."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory, self.computed = inventory, 0
+
+    def fingerprint(self) -> str:
+        self.computed += 1
+        return self.inventory.fingerprint()
+
+
+def test_a_plans_fingerprint_is_computed_once_when_first_read_and_equal_to_a_saved_ones() -> None:
+    inventory = Inventory(NODE, (a2(vgpus={0: "A2-4Q"}),))
+    counted = _Counted(inventory)
+    observation = Observation(counted)
+    assert counted.computed == 0  # made, not computed
+    expected = inventory.fingerprint()  # its definition: test_model_inventory.py
+    assert observation.fingerprint == expected
+    assert observation.fingerprint == expected
+    assert counted.computed == 1
+    # Equal to the same fingerprint however it was made (a saved plan holds the text alone).
+    assert observation == Observation(expected)
+    assert hash(observation) == hash(Observation(expected))
+    assert observation != Observation("sha256:" + "0" * 64)
+    assert repr(Observation(expected)) == f"Observation({expected!r})"
+
+
+def test_a_plan_computes_its_fingerprint_only_when_read() -> None:
+    inventory = Inventory(NODE, (a2(vgpus={0: "A2-4Q"}),))
+    computed: list[Inventory] = []
+    real = Inventory.fingerprint
+
+    def counting(self: Inventory) -> str:
+        computed.append(self)
+        return real(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Inventory, "fingerprint", counting)
+        plan = plan_node(None, inventory, catalog=CATALOG)
+        assert computed == []
+        assert plan.observed_fingerprint == real(inventory)
+        assert computed == [inventory]
 
 
 def test_without_a_desired_node_every_gpu_is_left_alone() -> None:

@@ -31,6 +31,7 @@ from reconciler.model import (
     KubevirtUpdate,
     MediatedDevice,
     Noop,
+    Observation,
     PciAddress,
     PciHostDevice,
     Phase,
@@ -200,7 +201,7 @@ def test_a_blocked_host_action_is_the_action_without_seq(kind: ActionKind) -> No
     blocked = Blocked(replace(FULL[kind], seq=0))
     doc = blocked_to_json(blocked)
     assert doc == {k: v for k, v in action_to_json(FULL[kind]).items() if k != "seq"}
-    plan = Plan("n", "mdev", "sha256:" + "0" * 64, blocked=(blocked,))
+    plan = Plan("n", "mdev", Observation("sha256:" + "0" * 64), blocked=(blocked,))
     VALIDATOR.validate(plan_to_json(plan))
     assert plan_from_json(plan_to_json(plan)) == plan
 
@@ -238,7 +239,7 @@ def test_the_pci_side_of_a_kubevirt_update_round_trips() -> None:
         ["nvidia.com/NVIDIA_L40S-4Q"],
         ["nvidia.com/NVIDIA_L40S-8Q"],
     )
-    plan = Plan("n", "vfio", "sha256:" + "0" * 64, actions=(action,))
+    plan = Plan("n", "vfio", Observation("sha256:" + "0" * 64), actions=(action,))
     VALIDATOR.validate(plan_to_json(plan))
     assert plan_from_json(json.loads(json.dumps(plan_to_json(plan)))) == plan
 
@@ -246,7 +247,12 @@ def test_the_pci_side_of_a_kubevirt_update_round_trips() -> None:
 @pytest.mark.parametrize("selector", ["10de:26b9", "10DE:26B", "1AF4:1041", "10DE:26B9:0"], ids=str)
 def test_the_schema_takes_only_an_nvidia_selector_in_upper_case(selector: str) -> None:
     plan = plan_to_json(
-        Plan("n", "vfio", "sha256:" + "0" * 64, actions=(FULL[ActionKind.KUBEVIRT_UPDATE],))
+        Plan(
+            "n",
+            "vfio",
+            Observation("sha256:" + "0" * 64),
+            actions=(FULL[ActionKind.KUBEVIRT_UPDATE],),
+        )
     )
     VALIDATOR.validate(plan)
     plan["actions"][0]["addPci"][0]["pciVendorSelector"] = selector
@@ -435,8 +441,9 @@ def _plans(draw: st.DrawFn) -> Plan:
     return Plan(
         node=draw(_words),
         interface=draw(st.sampled_from(["mdev", "vfio", "none"])),
-        observed_fingerprint="sha256:"
-        + draw(st.text("0123456789abcdef", min_size=64, max_size=64)),
+        observed=Observation(
+            "sha256:" + draw(st.text("0123456789abcdef", min_size=64, max_size=64))
+        ),
         actions=actions,
         blocked=blocked,
         noops=tuple(draw(st.lists(st.builds(Noop, _words, _words), max_size=2))),
@@ -460,7 +467,7 @@ def test_plans_of_every_kind_validate_and_round_trip(plan: Plan) -> None:
 
 def _doc() -> dict[str, Any]:
     plan = Plan(
-        "n", "mdev", "sha256:" + "0" * 64,
+        "n", "mdev", Observation("sha256:" + "0" * 64),
         actions=tuple(FULL.values()),
         blocked=(Blocked(VgpuRemove(
             target="0000:08:00.5", reason="in use", gpu=GPU, vf_index=1,

@@ -49,6 +49,25 @@ def test_a_node_that_cannot_be_planned_is_recorded_and_the_others_are_planned() 
     assert "GPU 0000:09:00.0 is not on node n2" in "\n".join(error.lines())
 
 
+def test_a_fleets_plans_compute_no_fingerprint_until_one_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fleet's text output never shows a plan's fingerprint: planning leaves it uncomputed.
+    computed: list[str] = []
+    real = Inventory.fingerprint
+
+    def counting(self: Inventory) -> str:
+        computed.append(self.node)
+        return real(self)
+
+    monkeypatch.setattr(Inventory, "fingerprint", counting)
+    fleet = plan_fleet([member(f"n{i}", {"A2-4Q": 1}) for i in range(3)], catalog=CATALOG)
+    assert len(fleet.plans) == 3
+    assert computed == []
+    assert fleet.plans[1].observed_fingerprint == real(Inventory("n1", (a2(A2),)))
+    assert computed == ["n1"]
+
+
 def test_the_collector_is_paused_while_nodes_are_produced_and_planned() -> None:
     assert gc.isenabled()
     seen: list[bool] = []

@@ -25,6 +25,7 @@ from reconciler.model import (
     Inventory,
     KubevirtUpdate,
     MediatedDevice,
+    Observation,
     PciAddress,
     PciHostDevice,
     Plan,
@@ -65,7 +66,7 @@ def test_every_line_of_a_plan_escapes_what_came_from_outside(bad: str, shown: st
     plan = Plan(
         node=f"node{bad}",
         interface="mdev",
-        observed_fingerprint="f",
+        observed=Observation("f"),
         actions=(
             VgpuRemove(seq=1, target="0000:08:00.5", reason=f"r{bad}", **host,
                        type_name=f"T{bad}", replaced_by="B"),

@@ -10,7 +10,7 @@ import pytest
 from reconciler.apply.delegate import DelegateExecutor
 from reconciler.apply.executor import OutcomeStatus
 from reconciler.apply.lease import LeaderLease
-from reconciler.model import Plan
+from reconciler.model import Observation, Plan
 from reconciler.watch.leader import Leadership, NotLeaderError
 from tests.doubles.cluster import FakeCluster
 from tests.harvester_objects import NODE, enable, vf_object
@@ -92,7 +92,9 @@ def test_the_guard_stops_a_run_before_its_write() -> None:
     executor = DelegateExecutor(
         api, used_by=dict, timeout=5, poll=1, clock=clock, sleep=lambda s: None, guard=lead.guard
     )
-    plan = Plan(NODE, "harvester", "sha256:x", actions=(enable("NVIDIA A2-4Q").numbered(1),))
+    plan = Plan(
+        NODE, "harvester", Observation("sha256:x"), actions=(enable("NVIDIA A2-4Q").numbered(1),)
+    )
     result = executor.run(plan)
     (outcome,) = result.outcomes
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient
