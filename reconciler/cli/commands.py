@@ -303,7 +303,7 @@ def add_adopt_option(p: argparse.ArgumentParser) -> None:
 def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     """Plan every node of the desired state from the CR statuses in the cluster (CI)."""
     from reconciler.engine.observe import with_refusal_note
-    from reconciler.observe import observe_nodes_from_cluster
+    from reconciler.observe import FleetReader
     from reconciler.observe.harvester import observe_pcidevices_controller
     from reconciler.observe.nodes import all_node_labels
     from reconciler.plan.fleet import FleetMember, collector_batch, plan_fleet
@@ -316,13 +316,13 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     # A fleet's desired state and objects are read and planned in one batch, the cyclic
     # collector paused (plan.fleet): it would walk every kept object again and again.
     with collector_batch():
+        # The fleet's objects are being read (FleetReader) while the desired state is.
+        reader = FleetReader(api, kubevirt_namespace=host.options.kubevirt_namespace)
         desired = load(ns.file, host)
         # Node groups select among the cluster's nodes (one list of them, only with groups).
         labels = all_node_labels(api) if desired.groups else {}
         names = desired.selected(labels)
-        observed = observe_nodes_from_cluster(
-            api, names, kubevirt_namespace=host.options.kubevirt_namespace
-        )
+        observed = reader.observe(names)
         unread = {n: o for n, o in observed.items() if isinstance(o, ReconcilerError)}
         fleet = plan_fleet(
             (

@@ -16,6 +16,7 @@ from reconciler.model.lazy import lazy_exports
 if TYPE_CHECKING:
     from reconciler.observe.checkpoint import CheckpointEntry, parse_checkpoint, read_checkpoint
     from reconciler.observe.cluster import (
+        FleetReader,
         inventory_from_cluster,
         kubevirt_config,
         observe_cluster,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 #: no cluster (``cluster.py`` and what it imports stay out of its start).
 _EXPORTS = {
     "CheckpointEntry": "reconciler.observe.checkpoint",
+    "FleetReader": "reconciler.observe.cluster",
     "HoldProbe": "reconciler.observe.holds",
     "ProcfsHoldProbe": "reconciler.observe.holds",
     "SysfsChangedError": "reconciler.observe.host",
@@ -48,6 +50,7 @@ __getattr__ = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = [
     "CheckpointEntry",
+    "FleetReader",
     "HoldProbe",
     "ProcfsHoldProbe",
     "SysfsChangedError",

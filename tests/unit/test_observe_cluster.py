@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.observe.checkpoint import checkpoint_file
 from reconciler.observe.cluster import (
+    FleetReader,
     inventory_from_cluster,
     kubevirt_config,
     observe_cluster,
@@ -44,6 +50,7 @@ from reconciler.observe.cluster import (
 )
 from tests.doubles.cluster import FakeCluster, ListCall
 
+REPO = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).resolve().parents[1] / "cases"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint"
 NODE = "harvester-kgd9c"
@@ -793,6 +800,75 @@ def test_a_malformed_node_state_names_object_and_field(
 # -- many nodes ---------------------------------------------------------------------------------
 
 
+def test_a_fleet_readers_vgpudevices_are_listed_from_the_moment_it_is_made() -> None:
+    api = cluster()
+    listed = threading.Event()
+    real = api.list_objects
+
+    def list_objects(**kw: Any) -> list[dict[str, Any]]:
+        items = real(**kw)
+        if kw["plural"] == "vgpudevices":
+            listed.set()
+        return items
+
+    api.list_objects = list_objects  # type: ignore[method-assign]
+    reader = FleetReader(api)
+    # Read before observe is called (the caller reads its desired state meanwhile): nothing
+    # but the VGPUDevices.
+    assert listed.wait(10)
+    assert [c[1] for c in api.calls] == ["vgpudevices"]
+    result = reader.observe([NODE])
+    assert sorted(c[1] for c in api.calls).count("vgpudevices") == 1
+    seen = result[NODE]
+    assert not isinstance(seen, ObserveError)
+    assert sorted(seen[1].vgpu_devices) == [
+        object_name(NODE, "0000:08:00.4"),
+        object_name(NODE, "0000:08:00.5"),
+    ]
+
+
+def test_what_the_background_list_raises_observe_raises() -> None:
+    api = cluster()
+    api.fail["vgpudevices"] = ForbiddenError("vgpudevices: forbidden (403)")
+    reader = FleetReader(api)
+    with pytest.raises(ForbiddenError, match="vgpudevices: forbidden"):
+        reader.observe([NODE])
+
+
+def test_a_fleet_reader_given_up_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    # A server that accepts the connection and never answers: the list waits (its 10 s
+    # timeout); the program gives the reader up at once (its desired state invalid, say) and
+    # exits.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        config = tmp_path / "kubeconfig"
+        config.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{server.getsockname()[1]}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        )
+        program = (
+            "import sys, time\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            "from pathlib import Path\n"
+            "from reconciler.kube import connect\n"
+            "from reconciler.observe import FleetReader\n"
+            f"reader = FleetReader(connect(Path({str(config)!r})))\n"
+            "time.sleep(0.5)\n"
+            "print('given up', flush=True)\n"
+        )
+        started = time.monotonic()
+        res = subprocess.run(
+            [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+        )
+        took = time.monotonic() - started
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "given up\n"
+    assert took < 8  # not the list's 10 s timeout
+
+
 def test_many_nodes_cost_one_list_per_kind() -> None:
     api = cluster(
         vmis=[
@@ -813,11 +889,13 @@ def test_many_nodes_cost_one_list_per_kind() -> None:
         api.seed("vgpunodestates", [raw])
     nodes = [NODE, OTHER, "harvester-empty"]
     result = observe_nodes_from_cluster(api, nodes)
-    assert [c[1] for c in api.calls] == [
+    # One list of each kind, in no fixed order: the VGPUDevices are listed on a thread of their
+    # own (FleetReader).
+    assert sorted(c[1] for c in api.calls) == [
+        "kubevirts",
         "sriovgpudevices",
         "vgpudevices",
         "vgpunodestates",
-        "kubevirts",
         "virtualmachineinstances",
     ]
     assert list(result) == nodes
