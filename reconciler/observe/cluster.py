@@ -651,7 +651,12 @@ def inventory_from_cluster(
             raise f.fail(f"{where}.typeSet", f"is not an index of status.typeSets: {index!r}")
         vfs = []
         for j, text in enumerate(f.items(raw, "vfAddresses", where)):
-            address = str(f.address(text, f"{where}.vfAddresses[{j}]"))
+            try:
+                address = str(PciAddress.parse(str(text)))
+            except ValueError:  # the field's path made only for the error
+                raise f.fail(
+                    f"{where}.vfAddresses[{j}]", f"is not a PCI address: {text!r}"
+                ) from None
             vgpu = vgpus.get(address)
             vfs.append(
                 {
