@@ -296,9 +296,17 @@ class PciDevicesWebhook:
 # --- the controller ---------------------------------------------------------------------------
 
 
+#: What a 409 Conflict says (the API server's text). lasso, wrangler's controller core, requeues
+#: the key of every failed handler but logs every error except this one
+#: (rancher/lasso pkg/controller/controller.go, ``processNextWorkItem``): a write raced by
+#: another writer is expected, and retried with the object read again.
+CONFLICT = "please apply your changes to the latest version and try again"
+
+
 @dataclass
 class HandlerError:
-    """A handler's error, as wrangler logs it before requeueing the key."""
+    """A handler's error, as wrangler logs it before requeueing the key (a conflict is requeued
+    without a log: :data:`CONFLICT`)."""
 
     key: str
     message: str
@@ -330,6 +338,8 @@ class PciDevicesController:
         #: The resourceVersion of every object the informers have delivered, by key.
         self._seen: dict[str, str] = {}
         self.errors: list[HandlerError] = []
+        #: The keys whose handler met a conflict (requeued, not logged: :data:`CONFLICT`).
+        self.conflicts: list[str] = []
         #: Every sriov-manage command line run, as the executor would run it.
         self.sriov_manage_calls: list[list[str]] = []
         self._lock = threading.RLock()
@@ -365,7 +375,7 @@ class PciDevicesController:
                     step()
                 except _GoError as error:
                     message = f"{what} {self.node}: {error}"
-                    self.errors.append(HandlerError(f"node/{self.node}", message))
+                    self._failed(HandlerError(f"node/{self.node}", message))
                     return
 
     def reconcile_once(self) -> str | None:
@@ -383,9 +393,16 @@ class PciDevicesController:
                 else:
                     self.on_vgpu_change(self._emu.get_object(*VGPUS, name))
             except _GoError as error:
-                self.errors.append(HandlerError(key, str(error)))
+                self._failed(HandlerError(key, str(error)))
                 self._queue.waiting.append(key)
             return key
+
+    def _failed(self, error: HandlerError) -> None:
+        """A handler's error, logged as lasso logs it: every one but a conflict."""
+        if CONFLICT in error.message:
+            self.conflicts.append(error.key)
+        else:
+            self.errors.append(error)
 
     def run_until_idle(self, max_steps: int = 200) -> list[str]:
         """:meth:`reconcile_once` until nothing is queued; the keys handled, in order.

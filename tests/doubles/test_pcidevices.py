@@ -288,6 +288,36 @@ def test_enabling_a_vgpu_writes_its_type_id_and_one_status_write_says_so(
     assert h.ctl.errors == []
 
 
+def test_a_conflict_is_requeued_and_not_logged_as_an_error(
+    enabled: Harvester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # lasso (rancher/lasso pkg/controller/controller.go, processNextWorkItem) requeues every
+    # failed key and logs every error but a conflict. Another writer labels VF5 just before
+    # the controller writes its status (the narrowed types, once VF4 hosts a vGPU).
+    h = enabled
+    real = h.ctl._update_status
+    raced: list[str] = []
+
+    def racing(res: tuple[str, str, str], obj: dict[str, Any], status: dict[str, Any]) -> Any:
+        if res == VGPUS and obj["metadata"]["name"] == VF5 and not raced:
+            raced.append(VF5)
+            h.custom.patch_cluster_custom_object(
+                *VGPUS, VF5, {"metadata": {"labels": {"someone": "else"}}}
+            )
+        return real(res, obj, status)
+
+    monkeypatch.setattr(h.ctl, "_update_status", racing)
+    h.patch(VGPUS, VF4, {"enabled": True, "vGPUTypeName": "NVIDIA A2-4Q"})
+    h.ctl.run_until_idle()
+    assert raced == [VF5]
+    assert h.ctl.conflicts == [f"vgpudevices/{VF5}"]
+    assert h.ctl.errors == []
+    h.ctl.retry()  # the rate limiter's delay elapsed
+    h.ctl.run_until_idle()
+    assert h.stored(VGPUS, VF5)["status"] == {"availableTypes": FOUR_GB_TYPES}
+    assert h.stored(VGPUS, VF5)["metadata"]["labels"]["someone"] == "else"
+
+
 def test_a_type_change_on_an_enabled_vgpu_is_ignored(configured: Harvester) -> None:
     h = configured
     writes = h.host.stats()["writes"]
