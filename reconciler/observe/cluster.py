@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, TypeVar
 
 from reconciler.model import (
     ClusterError,
@@ -152,7 +153,7 @@ class FleetReader:
     def __init__(self, api: ClusterApi, *, kubevirt_namespace: str | None = None) -> None:
         self._api = api
         self._kubevirt_namespace = kubevirt_namespace
-        self._vgpus = _Background(lambda: _our_objects(api, VGPU_KIND))
+        self._vgpus = _in_background(lambda: _our_objects(api, VGPU_KIND))
 
     def observe(
         self, nodes: Sequence[str]
@@ -179,32 +180,19 @@ class FleetReader:
         )
 
 
-class _Background(Generic[T]):
-    """``fn()`` on a daemon thread of its own; :meth:`result` waits for it and returns what it
-    returned, or raises what it raised."""
+def _in_background(fn: Callable[[], T]) -> Future[T]:
+    """``fn()`` on a daemon thread of its own (a ``ThreadPoolExecutor``'s threads are joined at
+    exit, so a reader given up would keep the process alive): its future."""
+    future: Future[T] = Future()
 
-    def __init__(self, fn: Callable[[], T]) -> None:
-        self._done = threading.Event()
-        self._value: T | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(fn,), name="vgpuctl-list", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], T]) -> None:
+    def run() -> None:
         try:
-            self._value = fn()
-        except BaseException as error:  # handed to the caller of result()
-            self._error = error
-        finally:
-            self._done.set()
+            future.set_result(fn())
+        except BaseException as error:  # the caller of result() gets it
+            future.set_exception(error)
 
-    def result(self) -> T:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return cast(T, self._value)
+    threading.Thread(target=run, name="vgpuctl-list", daemon=True).start()
+    return future
 
 
 def _observations(
@@ -651,12 +639,7 @@ def inventory_from_cluster(
             raise f.fail(f"{where}.typeSet", f"is not an index of status.typeSets: {index!r}")
         vfs = []
         for j, text in enumerate(f.items(raw, "vfAddresses", where)):
-            try:
-                address = str(PciAddress.parse(str(text)))
-            except ValueError:  # the field's path made only for the error
-                raise f.fail(
-                    f"{where}.vfAddresses[{j}]", f"is not a PCI address: {text!r}"
-                ) from None
+            address = str(f.address(text, f"{where}.vfAddresses[{j}]"))
             vgpu = vgpus.get(address)
             vfs.append(
                 {

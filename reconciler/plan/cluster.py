@@ -299,11 +299,7 @@ def _drift(current: KubeObject) -> Drift | None:
 @lru_cache(maxsize=16)
 def _up_to_date(kind: str) -> str:
     """One message text per kind, shared by every no-op (a fleet's plan holds 265,000)."""
-    text = _UP_TO_DATE.get(kind)
-    return f"{kind} up to date" if text is None else text
-
-
-_UP_TO_DATE = {kind: f"{kind} up to date" for kind in (SRIOV_GPU_KIND, VGPU_KIND, NODE_STATE_KIND)}
+    return f"{kind} up to date"
 
 
 def _what(obj: KubeObject) -> str:
