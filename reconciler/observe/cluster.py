@@ -23,12 +23,10 @@ that are normal are notes: KubeVirt not installed, no KubeVirt CR, no checkpoint
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 from reconciler.model import (
     ClusterError,
@@ -39,6 +37,7 @@ from reconciler.model import (
     ResourceMissingError,
     TypeNames,
 )
+from reconciler.model.background import in_background
 from reconciler.model.cluster import (
     GROUP_VERSIONS,
     KUBEVIRT_GROUP,
@@ -62,8 +61,6 @@ from reconciler.model.nodestate import configured_profiles
 from reconciler.model.record import field, record
 from reconciler.observe.checkpoint import CheckpointEntry, checkpoint_file, read_checkpoint
 from reconciler.observe.parse import parse_type_name
-
-T = TypeVar("T")
 
 VMI_PLURAL = "virtualmachineinstances"
 #: Label KubeVirt puts on a VMI once it is scheduled.
@@ -153,7 +150,7 @@ class FleetReader:
     def __init__(self, api: ClusterApi, *, kubevirt_namespace: str | None = None) -> None:
         self._api = api
         self._kubevirt_namespace = kubevirt_namespace
-        self._vgpus = _in_background(lambda: _our_objects(api, VGPU_KIND))
+        self._vgpus = in_background(lambda: _our_objects(api, VGPU_KIND), name="vgpuctl-list")
 
     def observe(
         self, nodes: Sequence[str]
@@ -178,21 +175,6 @@ class FleetReader:
             notes=notes,
             vmis=vmis,
         )
-
-
-def _in_background(fn: Callable[[], T]) -> Future[T]:
-    """``fn()`` on a daemon thread of its own (a ``ThreadPoolExecutor``'s threads are joined at
-    exit, so a reader given up would keep the process alive): its future."""
-    future: Future[T] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn())
-        except BaseException as error:  # the caller of result() gets it
-            future.set_exception(error)
-
-    threading.Thread(target=run, name="vgpuctl-list", daemon=True).start()
-    return future
 
 
 def _observations(
@@ -298,23 +280,28 @@ def _configured(state: KubeObject) -> frozenset[ConfiguredProfile]:
     status = state.status
     gpus = [g for g in _listed(status.get("gpus")) if isinstance(g, Mapping)]
     type_sets = _listed(status.get("typeSets"))
+    vgpus = [
+        v
+        for v in _listed(status.get("vgpus"))
+        if isinstance(v, Mapping) and isinstance(v.get("profile"), str)
+    ]
+    vgpu_vfs = {str(v.get("vf", "")) for v in vgpus}
     kinds: dict[str, tuple[Interface, str]] = {}  # GPU address → its interface, VF device id
-    gpu_of_vf: dict[str, str] = {}
+    gpu_of_vf: dict[str, str] = {}  # the vGPUs' VFs only (a node has far more VFs than vGPUs)
     offered: dict[str, set[str]] = {}  # profile → managed GPUs offering it
     for g in gpus:
         address = str(g.get("address", ""))
         kinds[address] = _kind_of(g)
-        for vf in _listed(g.get("vfAddresses")):
-            gpu_of_vf[str(vf)] = address
+        if vgpu_vfs:
+            for vf in vgpu_vfs.intersection(map(str, _listed(g.get("vfAddresses")))):
+                gpu_of_vf[vf] = address
         index = g.get("typeSet")
         if g.get("managed") is True and type(index) is int and 0 <= index < len(type_sets):
             for t in _listed(type_sets[index]):
                 if isinstance(t, Mapping) and isinstance(t.get("name"), str):
                     offered.setdefault(t["name"], set()).add(address)
     held: dict[str, set[str]] = {}  # profile → GPUs holding its vGPUs
-    for v in _listed(status.get("vgpus")):
-        if not isinstance(v, Mapping) or not isinstance(v.get("profile"), str):
-            continue
+    for v in vgpus:
         gpu = gpu_of_vf.get(str(v.get("vf", "")), str(v.get("gpu", "")))
         held.setdefault(v["profile"], set()).add(gpu)
     out: set[ConfiguredProfile] = set()

@@ -154,6 +154,25 @@ _SnapshotKey = tuple[str, str, int, "_Selection"]
 _SNAPSHOTS = 64
 
 
+def _list_body(resource: Resource, metadata: JsonObject, items: bytes) -> bytes:
+    """A list page's JSON as the API server writes it (k8s.io/apimachinery
+    ``pkg/runtime/serializer/json/collections.go``): a built-in kind's list in its Go struct's
+    order (``kind``, ``apiVersion``, ``metadata``, ``items``); a custom resource's list, an
+    unstructured map, with its keys sorted (``apiVersion``, ``items``, ``kind``, ``metadata``,
+    the list's metadata last and its own keys sorted)."""
+    kind = json.dumps(f"{resource.kind}List").encode()
+    api_version = json.dumps(resource.api_version).encode()
+    if resource.built_in:
+        meta = json.dumps(metadata).encode()
+        return b'{"kind":%s,"apiVersion":%s,"metadata":%s,"items":[%s]}' % (
+            kind, api_version, meta, items,
+        )  # fmt: skip
+    meta = json.dumps(metadata, sort_keys=True).encode()
+    return b'{"apiVersion":%s,"items":[%s],"kind":%s,"metadata":%s}' % (
+        api_version, items, kind, meta,
+    )  # fmt: skip
+
+
 def _continue_token(rv: int, start: int) -> str:
     """An opaque continue token (the API server's encodes a version and a key, base64)."""
     doc = json.dumps({"rv": rv, "start": start}, separators=(",", ":"))
@@ -190,6 +209,9 @@ class Resource:
     namespaced: bool
     status_subresource: bool
     field_selectors: frozenset[str] = frozenset(_COMMON_FIELDS)
+    #: Served from Go types (built in), not from a CRD: a list is written in its struct's
+    #: field order; a custom resource's list is a map, written with its keys sorted.
+    built_in: bool = False
 
     @property
     def api_version(self) -> str:
@@ -448,7 +470,7 @@ def _core_resources() -> list[Resource]:
         plural: str, kind: str, namespaced: bool, status: bool, extra: Sequence[str] = ()
     ) -> Resource:
         fields = frozenset((*_COMMON_FIELDS, *extra))
-        return Resource("", "v1", plural, kind, namespaced, status, fields)
+        return Resource("", "v1", plural, kind, namespaced, status, fields, built_in=True)
 
     return [
         core("namespaces", "Namespace", False, True, ("status.phase",)),
@@ -458,11 +480,27 @@ def _core_resources() -> list[Resource]:
         core("configmaps", "ConfigMap", True, False),
         # Leader election (delegate mode's watch): built in since Kubernetes 1.14, no status.
         Resource(
-            "coordination.k8s.io", "v1", "leases", "Lease", True, False, frozenset(_COMMON_FIELDS)
+            "coordination.k8s.io",
+            "v1",
+            "leases",
+            "Lease",
+            True,
+            False,
+            frozenset(_COMMON_FIELDS),
+            built_in=True,
         ),
         # Built in everywhere (no CRD): what vgpuctl reads to tell whether Harvester's
         # pcidevices-controller runs (reconciler/observe/harvester.py).
-        Resource("apps", "v1", "daemonsets", "DaemonSet", True, True, frozenset(_COMMON_FIELDS)),
+        Resource(
+            "apps",
+            "v1",
+            "daemonsets",
+            "DaemonSet",
+            True,
+            True,
+            frozenset(_COMMON_FIELDS),
+            built_in=True,
+        ),
         Resource(
             _ADMISSION,
             "v1",
@@ -471,6 +509,7 @@ def _core_resources() -> list[Resource]:
             False,
             False,
             frozenset(_COMMON_FIELDS),
+            built_in=True,
         ),
         Resource(
             _ADMISSION,
@@ -480,6 +519,7 @@ def _core_resources() -> list[Resource]:
             False,
             True,
             frozenset(_COMMON_FIELDS),
+            built_in=True,
         ),
         Resource(
             _ADMISSION,
@@ -489,6 +529,7 @@ def _core_resources() -> list[Resource]:
             False,
             False,
             frozenset(_COMMON_FIELDS),
+            built_in=True,
         ),
     ]
 
@@ -1037,11 +1078,7 @@ class ApiServerEmulator:
                 metadata=metadata,
                 items=items,
             )
-            head = json.dumps({k: page[k] for k in ("kind", "apiVersion", "metadata")})
-            page.encoded = b'%s,"items":[%s]}' % (
-                head[:-1].encode(),
-                b",".join(self._encoded(o) for o in items),
-            )
+            page.encoded = _list_body(resource, metadata, b",".join(map(self._encoded, items)))
             return page
 
     def _encoded(self, obj: JsonObject) -> bytes:

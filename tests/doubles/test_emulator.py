@@ -17,6 +17,7 @@ from kubernetes import client, config, watch
 
 from tests.doubles.admission import Attributes
 from tests.doubles.emulator import (
+    DEFAULT_TOKEN,
     ApiError,
     ApiServerEmulator,
     Request,
@@ -378,6 +379,34 @@ def kubevirt(namespace: str) -> dict[str, Any]:
         "metadata": {"name": "kubevirt", "namespace": namespace},
         "spec": {"configuration": {}},
     }
+
+
+def _raw_list(emulator: ApiServerEmulator, path: str) -> bytes:
+    answer = urllib3.request(
+        "GET", emulator.url + path, headers={"Authorization": f"Bearer {DEFAULT_TOKEN}"}
+    )
+    assert answer.status == 200
+    return answer.data
+
+
+def test_list_pages_are_written_in_the_api_servers_key_order(
+    emulator: ApiServerEmulator,
+) -> None:
+    """k8s.io/apimachinery pkg/runtime/serializer/json/collections.go: a built-in kind's list is
+    written in its Go struct's order; a custom resource's list is an unstructured map, written
+    with its keys sorted, so its metadata (continue token and all) comes after the items."""
+    for i in range(3):
+        emulator.seed(vgpu(f"n1-00000800{i + 4}"))
+    cr_page = _raw_list(emulator, f"/apis/{GROUP}/{VERSION}/{PLURAL}?limit=2")
+    keys = list(json.loads(cr_page))
+    assert keys == ["apiVersion", "items", "kind", "metadata"]
+    assert list(json.loads(cr_page)["metadata"]) == [
+        "continue",
+        "remainingItemCount",
+        "resourceVersion",
+    ]
+    core_page = _raw_list(emulator, "/api/v1/namespaces?limit=1")
+    assert list(json.loads(core_page)) == ["kind", "apiVersion", "metadata", "items"]
 
 
 def test_namespaced_resources_list_across_namespaces(

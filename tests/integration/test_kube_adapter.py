@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
@@ -578,6 +581,74 @@ def test_a_list_whose_version_expired_between_pages_is_read_again(
     assert len(items) == 10
     # The first page, the 410, then the whole list again: 1 + 1 + 3.
     assert [r.verb for r in emu.requests] == ["list"] * 5
+
+
+def test_the_next_page_is_asked_for_while_this_one_is_decoded(
+    api: KubernetesApi, emu: ApiServerEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reconciler.kube.api as kube_api
+
+    monkeypatch.setattr(kube_api, "PAGE", 4)
+    _many(emu, 10)
+    asked: list[str] = []  # each list request's continue token ("" for the first page)
+    second_asked = threading.Event()
+    original = emu.handle
+
+    def record(method: str, raw_path: str, *args: Any, **kwargs: Any) -> Any:
+        query = parse_qs(urlsplit(raw_path).query)
+        asked.append(query.get("continue", [""])[0])
+        if len(asked) == 2:
+            second_asked.set()
+        return original(method, raw_path, *args, **kwargs)
+
+    decode = KubernetesApi._json_object
+    waited: list[bool] = []
+
+    def decode_when_the_next_page_is_asked(self: KubernetesApi, data: bytes, what: str) -> Any:
+        if not waited:  # the first page: sequential paging would ask for no other page now
+            waited.append(second_asked.wait(timeout=5))
+        return decode(self, data, what)
+
+    monkeypatch.setattr(emu, "handle", record)
+    monkeypatch.setattr(KubernetesApi, "_json_object", decode_when_the_next_page_is_asked)
+    items = api.list_objects(**VGPUS)
+    assert waited == [True]
+    assert [o["metadata"]["name"] for o in items] == [f"n{i:03d}-000008004" for i in range(10)]
+    assert len(asked) == 3  # 10 items, 4 a page: nothing asked twice
+
+
+def test_a_wrong_continue_hint_costs_a_request_never_an_item(
+    api: KubernetesApi, emu: ApiServerEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reconciler.kube.api as kube_api
+
+    monkeypatch.setattr(kube_api, "PAGE", 4)
+    hint = kube_api.continue_hint
+    # Wrong wherever there is a next page (the emulator answers 400 to that token).
+    monkeypatch.setattr(kube_api, "continue_hint", lambda body: hint(body) and "not-a-token")
+    _many(emu, 10)
+    emu.requests.clear()
+    items = api.list_objects(**VGPUS)
+    assert [o["metadata"]["name"] for o in items] == [f"n{i:03d}-000008004" for i in range(10)]
+    # The first two pages' hints were asked for, their 400s dropped with the requests, and
+    # the pages the decoded tokens name read: 3 + 2 (a request on a hint may still be on its
+    # way when the list returns).
+    deadline = time.monotonic() + 5
+    while len(emu.requests) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.verb for r in emu.requests] == ["list"] * 5
+
+
+def test_a_list_page_that_is_not_json_is_one_clear_error(
+    api: KubernetesApi, emu: ApiServerEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(KubernetesApi, "_page", lambda self, *args: b"<html>proxy error</html>")
+    with pytest.raises(ClusterError) as err:
+        api.list_objects(**VGPUS)
+    assert err.value.message == (
+        f"{api.server} answered list vgpudevices.devices.harvesterhci.io with a body that is "
+        "not JSON"
+    )
 
 
 def test_a_list_past_the_bound_is_refused(

@@ -27,6 +27,7 @@ import pytest
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
 from reconciler.kube import KubernetesApi, connect
+from reconciler.kube.api import PAGE
 from reconciler.model import CrCreate, Inventory
 from reconciler.model.cluster import ClusterState, ConfiguredProfile
 from reconciler.model.nodestate import stamped
@@ -171,7 +172,7 @@ def test_fifty_idle_agents_make_no_request_in_a_minute(
                 # Never an unselected list or watch of Harvester's objects: this node's only.
                 assert selector == f"nodename={node}", c
             if c.request.verb == "list":
-                assert c.query.get("limit") == "500", c  # every list is paginated
+                assert c.query.get("limit") == str(PAGE), c  # every list is paginated
 
 
 def test_one_cluster_plan_of_the_fleet_costs_one_list_per_kind(
@@ -189,11 +190,11 @@ def test_one_cluster_plan_of_the_fleet_costs_one_list_per_kind(
     assert "Cluster plan: 50 nodes, 0 with changes" in result.stdout
     calls = by_user(emu.calls[start:], planner.username)
     counted = Counter((c.request.verb, c.request.resource) for c in calls)
-    # 800 VGPUDevices in pages of 500: two requests; every other kind fits one page. And one
-    # get each of what says whether Harvester's pcidevices-controller runs, by name.
+    # 800 VGPUDevices in pages of PAGE (2,000: one request); every other kind fits one page.
+    # And one get each of what says whether Harvester's pcidevices-controller runs, by name.
     assert counted == {
         ("list", "sriovgpudevices"): 1,
-        ("list", "vgpudevices"): 2,
+        ("list", "vgpudevices"): -(-800 // PAGE),
         ("list", "vgpunodestates"): 1,
         ("list", "kubevirts"): 1,
         ("list", "virtualmachineinstances"): 1,
@@ -202,4 +203,5 @@ def test_one_cluster_plan_of_the_fleet_costs_one_list_per_kind(
         ("get", "validatingwebhookconfigurations"): 1,
     }
     pages = [c for c in calls if c.request.resource == "vgpudevices"]
-    assert "continue" not in pages[0].query and pages[1].query.get("continue")
+    assert "continue" not in pages[0].query
+    assert all(page.query.get("continue") for page in pages[1:])

@@ -338,3 +338,65 @@ def test_a_name_clash_does_not_stop_events() -> None:
 def test_event_type_is_checked() -> None:
     with pytest.raises(ValueError, match="Normal or Warning"):
         recorder(FakeCluster()).event("VGPUDevice", "a", reason="r", message="m", type="Error")
+
+
+# -- a list page's continue token, read before the page is decoded -----------------------------
+# Bodies as k8s.io/apimachinery pkg/runtime/serializer/json/collections.go writes them: a
+# built-in kind's list in struct order, a custom resource's (unstructured) list keys sorted.
+
+CONTINUE = "eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6MTIzLCJzdGFydCI6Im4tMDAwMDA4MDA0XHUwMDAwIn0"
+NODES_PAGE = (
+    b'{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"123",'
+    b'"continue":"' + CONTINUE.encode() + b'","remainingItemCount":7},"items":['
+    b'{"metadata":{"name":"n-1","labels":{"a":"b"}},"spec":{},"status":{}}]}\n'
+)
+VGPUS_PAGE = (
+    b'{"apiVersion":"devices.harvesterhci.io/v1beta1","items":[{"apiVersion":'
+    b'"devices.harvesterhci.io/v1beta1","kind":"VGPUDevice","metadata":{"name":"n-000008004",'
+    b'"resourceVersion":"9"},"spec":{"address":"0000:08:00.4"}}],"kind":"VGPUDeviceList",'
+    b'"metadata":{"continue":"' + CONTINUE.encode() + b'","remainingItemCount":7,'
+    b'"resourceVersion":"123"}}\n'
+)
+
+
+LAST_PAGE = VGPUS_PAGE.replace(b'"continue":"' + CONTINUE.encode() + b'",', b"")
+
+
+@pytest.mark.parametrize("body", [NODES_PAGE, VGPUS_PAGE], ids=["built-in", "custom"])
+def test_the_continue_token_is_read_where_the_server_writes_it(body: bytes) -> None:
+    from reconciler.kube.api import continue_hint
+
+    assert continue_hint(body) == CONTINUE
+    assert json.loads(body)["metadata"]["continue"] == CONTINUE  # the bodies are what they say
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(
+            VGPUS_PAGE.replace(b'"continue":"' + CONTINUE.encode() + b'",', b""), id="last"
+        ),
+        pytest.param(b'{"kind":"List","items":[]}', id="no-metadata"),
+        pytest.param(b'{"metadata":{"continue":', id="torn"),
+        pytest.param(b'{"metadata":{"continue":7}}', id="not-a-string"),
+        pytest.param(b'{"metadata":["continue"]}', id="not-an-object"),
+        pytest.param(b"", id="empty"),
+        pytest.param(
+            b'{"metadata":{"continue":"' + b"x" * 5000 + b'"},"items":[]}', id="beyond-the-window"
+        ),
+    ],
+)
+def test_no_continue_token_is_guessed_where_none_is_seen(body: bytes) -> None:
+    from reconciler.kube.api import continue_hint
+
+    assert continue_hint(body) == ""
+
+
+def test_an_item_metadata_met_first_is_passed_over() -> None:
+    """A custom resource's page begins with its first item: that item's metadata is found
+    first, holds no token, and the list's own, last, is read."""
+    from reconciler.kube.api import continue_hint
+
+    flat = VGPUS_PAGE.replace(b'"metadata":{"name":"n-000008004",', b'"metadata":{')
+    assert flat.index(b'"metadata":{"resourceVersion":"9"}') < 200
+    assert continue_hint(flat) == CONTINUE
