@@ -60,7 +60,7 @@ from reconciler.model.plan import Drift, FieldChange
 from reconciler.model.record import field, record
 from reconciler.plan.changes import section_changes
 from reconciler.plan.predict import likely_interface
-from reconciler.plan.render import LAST_APPLIED_ANNOTATION
+from reconciler.plan.render import LAST_APPLIED_ANNOTATION, AsStored
 
 #: The labels and annotations vgpuctl sets; any other key on a stored object is kept as is.
 OUR_LABELS = frozenset({NODE_LABEL, PARENT_LABEL, MANAGED_BY_LABEL})
@@ -81,7 +81,7 @@ class ClusterPlan:
 
 
 def plan_cluster(
-    rendered: Sequence[KubeObject],
+    rendered: Sequence[KubeObject | AsStored],
     cluster: ClusterState,
     *,
     desired: Mapping[PciAddress, DesiredGpu],
@@ -90,17 +90,20 @@ def plan_cluster(
     adopt: bool = False,
 ) -> ClusterPlan:
     """Steps that take ``cluster`` to ``rendered`` (the node's CRs as they should be, from the
-    predicted ``inventory``), and the allow-list to the ``configured`` profiles of this node
+    predicted ``inventory``; those already stored so, :class:`AsStored`, are up to date), and
+    the allow-list to the ``configured`` profiles of this node
     (on the kind of GPU ``desired``, the managed GPUs, puts each on) and of the others.
     ``desired`` also words the reasons of deletes."""
     plan = ClusterPlan()
-    stored = {
-        name: harvester_view(o)
-        for name, o in (*cluster.sriov_gpu_devices.items(), *cluster.vgpu_devices.items())
-    }
+    # Read through Harvester's view when compared (an AsStored object needs no comparing).
+    stored = {**cluster.sriov_gpu_devices, **cluster.vgpu_devices}
     untouched: dict[str, list[str]] = {}
     for intended in rendered:
-        current = stored.get(intended.name)
+        if isinstance(intended, AsStored):
+            plan.noops.append(Noop(intended.name, _up_to_date(intended.kind)))
+            continue
+        found = stored.get(intended.name)
+        current = None if found is None else harvester_view(found)
         if current is not None and not (current.managed_by_us or adopt):
             who = _manager(current)
             untouched.setdefault(who, []).append(current.name)
@@ -117,7 +120,7 @@ def plan_cluster(
         plan.notes.append(_untouched_note(who, names))
 
     wanted = {o.name for o in rendered}
-    leftovers = [o for name, o in stored.items() if name not in wanted]
+    leftovers = [harvester_view(o) for name, o in stored.items() if name not in wanted]
     for current in sorted(leftovers, key=_delete_order):
         reason = _gone_reason(current, desired, inventory)
         if not current.managed_by_us:

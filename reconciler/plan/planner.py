@@ -105,7 +105,13 @@ def plan_node(
 
         configured = {p for profiles in host.assignments.values() for p in profiles.values()}
         cluster_plan = plan_cluster(
-            render_with(inventory.node, host.managed.values(), predicted, host.assignments),
+            render_with(
+                inventory.node,
+                host.managed.values(),
+                predicted,
+                host.assignments,
+                stored=cluster.vgpu_devices,
+            ),
             cluster,
             desired=host.managed,
             inventory=predicted,

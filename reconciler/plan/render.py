@@ -14,7 +14,7 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from reconciler.model import DesiredGpu, DesiredNode, Gpu, Inventory, PciAddress, Vf
 from reconciler.model.cluster import (
@@ -27,6 +27,7 @@ from reconciler.model.cluster import (
     KubeObject,
     object_name,
 )
+from reconciler.model.record import record
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import vf_slots
 
@@ -65,6 +66,16 @@ def _sorted_dumps() -> Callable[[Any], bytes]:
     return functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
 
 
+@record(frozen=True, slots=True)
+class AsStored:
+    """A rendered object the API server already holds as rendered (vgpuctl's labels, the
+    last-applied spec, spec and status all equal): there is nothing to write, so it is not
+    made (a fleet's plan renders a quarter of a million VGPUDevices, nearly all of them so)."""
+
+    kind: str
+    name: str
+
+
 def render_objects(node: str, desired: DesiredNode, inventory: Inventory) -> list[KubeObject]:
     """The CRs of ``node``: per managed GPU on the host its SRIOVGPUDevice, then its VFs'
     VGPUDevices in numeric VF order; GPUs in address order. Desired GPUs not on the host are
@@ -74,7 +85,8 @@ def render_objects(node: str, desired: DesiredNode, inventory: Inventory) -> lis
         entry = desired.gpu(gpu.address)
         if entry is not None:
             assignments[gpu.address] = vf_profiles(entry, vf_slots(gpu))
-    return render_with(node, desired.gpus, inventory, assignments)
+    # Nothing stored is given, so nothing is AsStored.
+    return cast("list[KubeObject]", render_with(node, desired.gpus, inventory, assignments))
 
 
 def render_with(
@@ -82,21 +94,52 @@ def render_with(
     desired: Iterable[DesiredGpu],
     inventory: Inventory,
     assignments: Mapping[PciAddress, Mapping[int, str]],
-) -> list[KubeObject]:
-    """:func:`render_objects` with the VF → profile assignment given (the host planner's)."""
+    *,
+    stored: Mapping[str, KubeObject] | None = None,
+) -> list[KubeObject | AsStored]:
+    """:func:`render_objects` with the VF → profile assignment given (the host planner's).
+    A VGPUDevice of ``stored`` (by name, as the API server holds it) that is exactly as
+    rendered is :class:`AsStored` in its place (:func:`_as_rendered`)."""
     by_address = {g.address: g for g in inventory.gpus}
-    objects: list[KubeObject] = []
+    objects: list[KubeObject | AsStored] = []
     for entry in sorted(desired, key=lambda d: d.address):
         gpu = by_address.get(entry.address)
         if gpu is None:
             continue
-        objects.extend(_gpu_objects(node, entry, gpu, assignments.get(gpu.address, {})))
+        objects.extend(
+            _gpu_objects(node, entry, gpu, assignments.get(gpu.address, {}), stored or {})
+        )
     return objects
 
 
+def _as_rendered(
+    current: KubeObject,
+    labels: Mapping[str, str],
+    applied: str,
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+) -> bool:
+    """Whether ``current`` is what the cluster planner would find no difference in: every
+    label vgpuctl sets, the last-applied spec, and spec and status each equal to the rendered
+    ones. Such an object is in Harvester's view already (the rendered spec has every field,
+    none null; the rendered status only declared fields, none empty), so the planner's own
+    comparison, through that view, would find it equal too: this is a shortcut of it, never
+    a different answer (tests/unit/test_plan_cluster.py holds the two to the same plans)."""
+    return (
+        current.spec == spec
+        and current.status == status
+        and current.annotations.get(LAST_APPLIED_ANNOTATION) == applied
+        and labels.items() <= current.labels.items()
+    )
+
+
 def _gpu_objects(
-    node: str, desired: DesiredGpu, gpu: Gpu, profiles: Mapping[int, str]
-) -> list[KubeObject]:
+    node: str,
+    desired: DesiredGpu,
+    gpu: Gpu,
+    profiles: Mapping[int, str],
+    stored: Mapping[str, KubeObject],
+) -> list[KubeObject | AsStored]:
     pf = str(gpu.address)
     pf_name = object_name(node, pf)
     vfs = sorted(gpu.vfs, key=lambda vf: vf.index)
@@ -110,7 +153,7 @@ def _gpu_objects(
         status = {"vfAddresses": vf_addresses, "vGPUDevices": vf_names}
     # Fresh mappings handed over as read-only views: KubeObject keeps them without a copy (a
     # fleet renders a quarter of a million of these).
-    objects = [
+    objects: list[KubeObject | AsStored] = [
         KubeObject(
             kind=SRIOV_GPU_KIND,
             name=pf_name,
@@ -151,6 +194,11 @@ def _gpu_objects(
             f'{{"address":"{address}","enabled":{"false" if profile is None else "true"},'
             f'"nodeName":{node_text},"parentGPUDeviceAddress":"{pf}","vGPUTypeName":{type_text}}}'
         )
+        vf_status = _vf_status(vf, offered)
+        current = stored.get(name)
+        if current is not None and _as_rendered(current, labels, applied, vf_spec, vf_status):
+            objects.append(AsStored(VGPU_KIND, name))
+            continue
         objects.append(
             KubeObject(  # positional: a fleet renders a quarter of a million
                 VGPU_KIND,
@@ -158,7 +206,7 @@ def _gpu_objects(
                 labels,
                 MappingProxyType({LAST_APPLIED_ANNOTATION: applied}),
                 MappingProxyType(vf_spec),
-                MappingProxyType(_vf_status(vf, offered)),
+                MappingProxyType(vf_status),
             )
         )
     return objects
