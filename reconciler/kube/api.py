@@ -35,7 +35,9 @@ from reconciler.model.clusterapi import ObjectList, WatchEvent, WatchStream
 T = TypeVar("T")
 
 _JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
-#: Items per page of a list.
+#: Items per page of a list: four times client-go's pager default, so a fleet's 256,000
+#: VGPUDevices (~800 bytes each) take 128 requests, not 512 (tests/bench: the list alone
+#: 2.3–2.6 s → 1.3–1.6 s with the next page asked for ahead).
 PAGE = 2000
 #: The most items one list may hold before vgpuctl stops reading (a 1,000-node fleet of 8
 #: GPUs × 32 VFs has 256,000 VGPUDevices).
@@ -240,7 +242,7 @@ class KubernetesApi:
         """Every page of a list. The next page is asked for as soon as its ``continue`` token
         shows in this page's body (:func:`continue_hint`), on a thread of its own, while this
         page is decoded: the server's time on one page overlaps the client's on the one before
-        (a fleet's 512 pages of VGPUDevices: about a second). The token decoded from the page
+        (a fleet's 128 pages of VGPUDevices: most of a second). The token decoded from the page
         is the one followed; a request made on a hint that proves wrong is dropped, so a
         wrong hint costs a request, never an item. At most one page is asked for ahead."""
         for attempt in (1, 2):

@@ -91,9 +91,9 @@ def plan_cluster(
 ) -> ClusterPlan:
     """Steps that take ``cluster`` to ``rendered`` (the node's CRs as they should be, from the
     predicted ``inventory``; those already stored so, :class:`AsStored`, are up to date), and
-    the allow-list to the ``configured`` profiles of this node
-    (on the kind of GPU ``desired``, the managed GPUs, puts each on) and of the others.
-    ``desired`` also words the reasons of deletes."""
+    the allow-list to the ``configured`` profiles of this node (on the kind of GPU
+    ``desired``, the managed GPUs, puts each on) and of the others. ``desired`` also words
+    the reasons of deletes."""
     plan = ClusterPlan()
     # Read through Harvester's view when compared (an AsStored object needs no comparing).
     stored = {**cluster.sriov_gpu_devices, **cluster.vgpu_devices}

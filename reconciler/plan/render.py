@@ -124,7 +124,8 @@ def _as_rendered(
     ones. Such an object is in Harvester's view already (the rendered spec has every field,
     none null; the rendered status only declared fields, none empty), so the planner's own
     comparison, through that view, would find it equal too: this is a shortcut of it, never
-    a different answer (tests/unit/test_plan_cluster.py holds the two to the same plans)."""
+    a different answer (tests/unit/test_plan_cluster_as_stored.py holds the two to the same
+    plans)."""
     return (
         current.spec == spec
         and current.status == status
@@ -229,7 +230,8 @@ def _vf_status(vf: Vf, available: dict[str, str]) -> dict[str, Any]:
     status: dict[str, Any] = {}
     if vgpu is not None:
         status["vGPUStatus"] = VGPU_CONFIGURED
-        status["uuid"] = vgpu.uuid
+        if vgpu.uuid:  # a vGPU a summary shows without one (untrusted input)
+            status["uuid"] = vgpu.uuid
         if vgpu.type_name:
             status["configureVGPUTypeName"] = vgpu.type_name
     if available:

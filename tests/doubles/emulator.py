@@ -466,70 +466,44 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 def _core_resources() -> list[Resource]:
-    def core(
-        plural: str, kind: str, namespaced: bool, status: bool, extra: Sequence[str] = ()
+    def built_in(  # noqa: PLR0917 (a table row)
+        group: str,
+        plural: str,
+        kind: str,
+        namespaced: bool,
+        status: bool,
+        extra: Sequence[str] = (),
     ) -> Resource:
         fields = frozenset((*_COMMON_FIELDS, *extra))
-        return Resource("", "v1", plural, kind, namespaced, status, fields, built_in=True)
+        return Resource(group, "v1", plural, kind, namespaced, status, fields, built_in=True)
 
     return [
-        core("namespaces", "Namespace", False, True, ("status.phase",)),
-        core("nodes", "Node", False, True, ("spec.unschedulable",)),
-        core("pods", "Pod", True, True, _POD_FIELDS),
-        core("events", "Event", True, False, _EVENT_FIELDS),
-        core("configmaps", "ConfigMap", True, False),
+        built_in("", "namespaces", "Namespace", False, True, ("status.phase",)),
+        built_in("", "nodes", "Node", False, True, ("spec.unschedulable",)),
+        built_in("", "pods", "Pod", True, True, _POD_FIELDS),
+        built_in("", "events", "Event", True, False, _EVENT_FIELDS),
+        built_in("", "configmaps", "ConfigMap", True, False),
         # Leader election (delegate mode's watch): built in since Kubernetes 1.14, no status.
-        Resource(
-            "coordination.k8s.io",
-            "v1",
-            "leases",
-            "Lease",
-            True,
-            False,
-            frozenset(_COMMON_FIELDS),
-            built_in=True,
-        ),
+        built_in("coordination.k8s.io", "leases", "Lease", True, False),
         # Built in everywhere (no CRD): what vgpuctl reads to tell whether Harvester's
         # pcidevices-controller runs (reconciler/observe/harvester.py).
-        Resource(
-            "apps",
-            "v1",
-            "daemonsets",
-            "DaemonSet",
-            True,
-            True,
-            frozenset(_COMMON_FIELDS),
-            built_in=True,
-        ),
-        Resource(
+        built_in("apps", "daemonsets", "DaemonSet", True, True),
+        built_in(
             _ADMISSION,
-            "v1",
             "validatingwebhookconfigurations",
             "ValidatingWebhookConfiguration",
             False,
             False,
-            frozenset(_COMMON_FIELDS),
-            built_in=True,
         ),
-        Resource(
-            _ADMISSION,
-            "v1",
-            "validatingadmissionpolicies",
-            "ValidatingAdmissionPolicy",
-            False,
-            True,
-            frozenset(_COMMON_FIELDS),
-            built_in=True,
+        built_in(
+            _ADMISSION, "validatingadmissionpolicies", "ValidatingAdmissionPolicy", False, True
         ),
-        Resource(
+        built_in(
             _ADMISSION,
-            "v1",
             "validatingadmissionpolicybindings",
             "ValidatingAdmissionPolicyBinding",
             False,
             False,
-            frozenset(_COMMON_FIELDS),
-            built_in=True,
         ),
     ]
 

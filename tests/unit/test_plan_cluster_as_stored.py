@@ -39,8 +39,8 @@ GPU: Gpu = replace(
 )
 
 
-def _inventory() -> Inventory:
-    return Inventory(NODE, (GPU,))
+def _inventory(gpu: Gpu = GPU) -> Inventory:
+    return Inventory(NODE, (gpu,))
 
 
 def _desired() -> DesiredNode:
@@ -72,12 +72,14 @@ def _state(objects: list[KubeObject]) -> ClusterState:
     )
 
 
-def _plan(state: ClusterState, *, shortcut: bool, adopt: bool = False) -> ClusterPlan:
+def _plan(
+    state: ClusterState, *, shortcut: bool, adopt: bool = False, gpu: Gpu = GPU
+) -> ClusterPlan:
     desired = _desired()
     rendered = render_with(
         NODE,
         desired.gpus,
-        _inventory(),
+        _inventory(gpu),
         _assignments(),
         stored=state.vgpu_devices if shortcut else None,
     )
@@ -85,7 +87,7 @@ def _plan(state: ClusterState, *, shortcut: bool, adopt: bool = False) -> Cluste
         rendered,
         state,
         desired={g.address: g for g in desired.gpus},
-        inventory=_inventory(),
+        inventory=_inventory(gpu),
         configured=[PROFILE],
         adopt=adopt,
     )
@@ -168,3 +170,20 @@ def test_a_missing_object_is_created_either_way() -> None:
     plan = _plan(state, shortcut=True)
     assert plan == _plan(state, shortcut=False)
     assert [a.target for a in plan.actions] == [gone]
+
+
+def test_a_vgpu_without_a_uuid_is_planned_alike_either_way() -> None:
+    """A summary may show a vGPU without its UUID (untrusted input): its VGPUDevice's status
+    leaves the UUID out, as Harvester's omitempty does, so what is rendered is what the API
+    server keeps, and an object an earlier vgpuctl stored with an empty UUID is up to date
+    either way (it once rendered ``uuid: ""``, which the shortcut took as stored and the long
+    way, through Harvester's view, as a change every run)."""
+    vf0 = GPU.vfs[0]
+    assert vf0.vgpu is not None
+    no_uuid = replace(GPU, vfs=(replace(vf0, vgpu=replace(vf0.vgpu, uuid="")), *GPU.vfs[1:]))
+    name = object_name(NODE, str(vf0.address))
+    stored = [_section(o, "status", _set("uuid", "")) if o.name == name else o for o in _stored()]
+    state = _state(stored)
+    plan = _plan(state, shortcut=True, gpu=no_uuid)
+    assert plan == _plan(state, shortcut=False, gpu=no_uuid)
+    assert plan.actions == []
