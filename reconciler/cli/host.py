@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -253,6 +252,7 @@ class Host:
             SubprocessRunner,
             VfioDriver,
         )
+        from reconciler.apply.runner import own_module_argv
         from reconciler.apply.sysfs import SysfsReader
 
         root = self.options.sysfs_root
@@ -261,7 +261,11 @@ class Host:
         # One per timeout for this Host's life: watch reuses it from reconcile to reconcile.
         writer = self._writers.get(write_timeout)
         if writer is None:
-            command = [sys.executable, "-m", "reconciler.cli.sysfs_writer", "--root", str(root)]
+            # Isolated, importing vgpuctl from where this process did: never from the
+            # current directory (``python -m`` would put it first on ``sys.path``).
+            command = own_module_argv(
+                "reconciler.cli.sysfs_writer", "--root", os.path.abspath(root)
+            )
             if self.sim is not None:
                 command += ["--simulated", "--owner", str(os.getpid())]
             writer = BoundedWriter(command, timeout=write_timeout, root=root)

@@ -1,5 +1,8 @@
 """The simulated host's programs in ``DIR/bin``: small scripts that run a module's ``main`` on
-``DIR/sys`` with the interpreter that built the host (``sriov-manage``, ``nvidia-smi``)."""
+``DIR/sys`` with the interpreter that built the host (``sriov-manage``, ``nvidia-smi``).
+
+They run in isolated mode (``-I``) and import vgpuctl from the directory that built the host:
+never from the directory they are started in, nor from ``PYTHONPATH``."""
 
 from __future__ import annotations
 
@@ -14,13 +17,13 @@ def install_program(directory: Path, name: str, *, module: str, summary: str) ->
     script = directory / "bin" / name
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(
-        f"#!{Path(sys.executable).absolute()}\n"
+        f"#!{Path(sys.executable).absolute()} -I\n"
         f'"""{summary}"""\n'
         "import sys\n"
         "from pathlib import Path\n"
         "\n"
-        "# Fallback when the package is not installed for this interpreter.\n"
-        f"sys.path.append({str(package_parent)!r})\n"
+        "# The vgpuctl that built this host, first (-I left out the current directory).\n"
+        f"sys.path.insert(0, {str(package_parent)!r})\n"
         f"from {module} import main\n"
         "\n"
         'root = Path(__file__).resolve().parent.parent / "sys"\n'
