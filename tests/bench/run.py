@@ -444,6 +444,12 @@ def bench_writes(tmp: Path) -> dict[str, Any]:
     }
 
 
+def bench_globs(tmp: Path) -> dict[str, Any]:
+    from tests.bench.globs import bench_globs as bench
+
+    return bench(tmp)
+
+
 def bench_cluster_fleet(tmp: Path) -> dict[str, Any]:
     from tests.bench.cluster_fleet import bench_cluster_fleet as bench
 
@@ -456,7 +462,7 @@ def main() -> int:
     parser.add_argument("--fleet-nodes", type=int, default=1000)
     parser.add_argument(
         "--only",
-        choices=("node", "fleet", "writes", "cluster"),
+        choices=("node", "fleet", "writes", "cluster", "globs"),
         help="run one of the measurements",
     )
     args = parser.parse_args()
@@ -465,12 +471,14 @@ def main() -> int:
         "fleet_plan": lambda tmp: bench_fleet(tmp, args.fleet_nodes),
         "one_vf_change_writes": bench_writes,
         "cluster_fleet_plan": bench_cluster_fleet,
+        "node_group_globs": bench_globs,
     }
     chosen = {
         "node": "node_8xL40S",
         "fleet": "fleet_plan",
         "writes": "one_vf_change_writes",
         "cluster": "cluster_fleet_plan",
+        "globs": "node_group_globs",
     }
     with tempfile.TemporaryDirectory(prefix="vgpuctl-bench-") as d:
         tmp = Path(d)
@@ -526,6 +534,13 @@ def summary(results: dict[str, Any]) -> str:
                 f"cluster plan time 1,000 / 100 nodes: {cluster['time_ratio']} "
                 f"(linear: {cluster['node_ratio']})"
             )
+    if (globs := results.get("node_group_globs")) is not None:
+        lines.append(
+            f"{globs['globs']} node-group globs: loaded in {globs['load_s']} s, compiled in "
+            f"{globs['first_match_compiles_s']} s; matched for 100 / 1,000 nodes in "
+            f"{globs['nodes_100']['match_s']} / {globs['nodes_1000']['match_s']} s "
+            f"(ratio {globs['time_ratio']}; linear: {globs['node_ratio']})"
+        )
     return "\n".join(lines)
 
 
