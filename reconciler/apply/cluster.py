@@ -72,6 +72,10 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+#: The longest Event message vgpuctl records: Kubernetes truncates longer ones.
+EVENT_MESSAGE_MAX = 1024
+
+
 class EventSink(Protocol):
     """Where Events about our objects go (``kube.EventRecorder``); must never raise for a
     failure to record."""

@@ -27,6 +27,7 @@ from reconciler.cli.render import (
     summary_line,
 )
 from reconciler.model import (
+    AbsentError,
     ApplyError,
     Desired,
     DesiredNode,
@@ -697,7 +698,14 @@ def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
         from reconciler.cli.delegate import cmd_assert_delegate
 
         return cmd_assert_delegate(ns, host)
-    planned = plan_files(ns.file, host)
+    try:
+        planned = plan_files(ns.file, host)
+    except AbsentError as exc:
+        # What the desired state wants is not on the host: drift, never "matches".
+        _out(f"node {safe(host.options.node)} has drifted: {safe(exc.message)}\n")
+        for line in exc.lines():
+            _out(f"  {safe(line)}\n")
+        return EXIT_CHANGES
     plan = planned.plan
     if not plan.has_changes:
         _out(f"node {safe(plan.node)} matches the desired state\n")

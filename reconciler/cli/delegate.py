@@ -25,7 +25,7 @@ from reconciler.cli.commands import (
 )
 from reconciler.cli.host import Host
 from reconciler.cli.render import plan_text, safe
-from reconciler.model import Desired, Plan, UsageError
+from reconciler.model import AbsentError, Desired, Plan, UsageError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.plan import FORMAT_VERSION
 from reconciler.model.plan_json import plan_to_json
@@ -97,9 +97,11 @@ def cmd_assert_delegate(ns: argparse.Namespace, host: Host) -> int:
             )
         else:
             _out(f"node {safe(p.node)} matches the desired state\n")
-    if planned.failures:
+    # A node only short of what its desired state wants (AbsentError) has drifted; any other
+    # failure is an error.
+    if any(not isinstance(e, AbsentError) for e in planned.failures.values()):
         return EXIT_ERROR
-    return EXIT_CHANGES if drifted else EXIT_OK
+    return EXIT_CHANGES if drifted or planned.failures else EXIT_OK
 
 
 def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.model import ClusterError, ReconcilerError
-from reconciler.model.cluster import GROUP, VERSION
+from reconciler.model.cluster import GROUP, GROUP_VERSIONS, VERSION
 from reconciler.model.clusterapi import ClusterApi
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,8 @@ EVENT_TYPES = frozenset({"Normal", "Warning"})
 
 
 class EventRecorder:
-    """Records core/v1 Events on SRIOVGPUDevice / VGPUDevice objects for one node.
+    """Records core/v1 Events on SRIOVGPUDevice / VGPUDevice objects (and the node's
+    VGPUNodeState) for one node.
 
     Satisfies :class:`reconciler.apply.cluster.EventSink`.
     """
@@ -93,7 +94,8 @@ class EventRecorder:
     ) -> dict[str, Any]:
         """The Event object, as client-go's recorder builds it (``<object>.<hex time>``)."""
         now = datetime.fromtimestamp(self._clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        involved: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "name": name}
+        group, version = GROUP_VERSIONS.get(kind, (GROUP, VERSION))
+        involved: dict[str, Any] = {"apiVersion": f"{group}/{version}", "kind": kind, "name": name}
         if uid:
             involved["uid"] = uid
         return {

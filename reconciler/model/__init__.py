@@ -17,6 +17,7 @@ from reconciler.model.desired import (
     VfKey,
 )
 from reconciler.model.errors import (
+    AbsentError,
     AdmissionDeniedError,
     ApplyError,
     ClusterError,
@@ -85,6 +86,7 @@ __all__ = [
     "UNKNOWN_HOLDER",
     "UNKNOWN_TYPE",
     "VGPU",
+    "AbsentError",
     "Action",
     "ActionKind",
     "AdmissionDeniedError",

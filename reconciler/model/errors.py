@@ -96,6 +96,13 @@ class PlanError(ReconcilerError):
     """The desired state cannot be reached on the observed host."""
 
 
+class AbsentError(PlanError):
+    """What the desired state wants of a node is not on its host: a GPU it names by address,
+    or any GPU for a node group that selects the node (its driver did not load, the node is
+    not the one the group meant). Nothing is planned for that node; the host has drifted from
+    its desired state (``assert`` exits 2, ``watch`` is not converged), never "matches"."""
+
+
 class ApplyError(ReconcilerError):
     """An action failed on the host."""
 

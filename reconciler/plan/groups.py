@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reconciler.model import (
+    AbsentError,
     DesiredGpu,
     DesiredNode,
     GroupGpu,
@@ -64,6 +65,8 @@ def resolve_on(node: DesiredNode, gpus: Sequence[GpuIdentity]) -> DesiredNode:
         return node
     resolved: list[DesiredGpu] = list(node.gpus)
     problems: list[Problem] = []
+    #: The groups an entry of which matched a GPU of the node (or may: undecided).
+    answered: set[str] = set()
     for gpu in sorted(gpus, key=lambda g: g.address):
         entries: list[GroupGpu] = []
         for entry in node.matched:
@@ -75,8 +78,10 @@ def resolve_on(node: DesiredNode, gpus: Sequence[GpuIdentity]) -> DesiredNode:
             ):
                 # It may be that model or another: no guess either way.
                 problems.append(_undecided(node.name, gpu, entry))
+                answered.add(entry.group)
             elif match.matches_identity(gpu.address, gpu.model, gpu.device_id):
                 entries.append(entry)
+                answered.add(entry.group)
         if not entries:
             continue
         first = entries[0]
@@ -92,7 +97,47 @@ def resolve_on(node: DesiredNode, gpus: Sequence[GpuIdentity]) -> DesiredNode:
             f"node groups give {count} GPU{'s' * (count != 1)} of node {node.name} two layouts",
             problems,
         )
+    unanswered = _unanswered(node, gpus, answered)
+    if unanswered:
+        count = len(unanswered)
+        raise AbsentError(
+            f"{count} node group{'s' * (count != 1)} that select{'s' * (count == 1)} node "
+            f"{node.name} match{'es' * (count == 1)} none of its GPUs",
+            unanswered,
+        )
     return DesiredNode(node.name, tuple(resolved), node.location)
+
+
+def _unanswered(
+    node: DesiredNode, gpus: Sequence[GpuIdentity], answered: set[str]
+) -> list[Problem]:
+    """One problem for each group that selects ``node`` and none of whose entries matches any
+    of its GPUs: what it wanted, and what the node has. Left unplanned, such a node would be
+    called converged while nothing the group wants is there (its GPU's driver did not load,
+    the node is not one the group meant)."""
+    wanted: dict[str, list[GroupGpu]] = {}
+    for entry in node.matched:
+        if entry.group not in answered:
+            wanted.setdefault(entry.group, []).append(entry)
+    if not wanted:
+        return []
+    here = ", ".join(
+        f"{g.address}" + (f" ({g.model})" if g.model else "")
+        for g in sorted(gpus, key=lambda g: g.address)
+    )
+    has = f"its GPUs are {here}" if here else "no NVIDIA SR-IOV GPU is seen on it"
+    problems = []
+    for group, entries in wanted.items():
+        wants = "; ".join(f"GPUs {e.match}" for e in entries)
+        problems.append(
+            _located(
+                f"node group '{group}' selects node {node.name}, and none of its GPU entries "
+                f"matches a GPU there (it wants {wants}): {has}. Narrow the group's selector, "
+                "or see why the GPU is missing (vgpuctl doctor)",
+                entries[0],
+            )
+        )
+    return problems
 
 
 def _undecided(node: str, gpu: GpuIdentity, entry: GroupGpu) -> Problem:

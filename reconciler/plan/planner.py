@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from reconciler.catalog import Catalog
 from reconciler.model import (
+    AbsentError,
     Action,
     Blocked,
     DesiredGpu,
@@ -194,6 +195,8 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
     by_address = {g.address: g for g in inventory.gpus}
     managed: dict[PciAddress, tuple[DesiredGpu, tuple[Vf, ...], Offer, tuple[Want, ...]]] = {}
     problems: list[Problem] = []
+    #: Desired GPUs the host does not have: drift when they are all that is wrong.
+    absent: list[Problem] = []
     notes: list[str] = []
     seen: dict[PciAddress, DesiredGpu] = {}
     for desired in node.gpus if node is not None else ():
@@ -206,7 +209,7 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
             continue
         gpu = by_address.get(desired.address)
         if gpu is None:
-            problems.append(located(_not_on_host(desired, inventory, catalog), desired.location))
+            absent.append(located(_not_on_host(desired, inventory, catalog), desired.location))
             continue
         offer = offer_for(gpu, catalog)
         spelt = host_spelling(desired, gpu, offer)
@@ -226,11 +229,14 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
         problems.extend(check.problems)
         notes.extend(check.notes)
         managed[gpu.address] = (spelt, slots, offer, check.wants)
-    if problems:
-        raise PlanError(
+    if problems or absent:
+        count = len(problems) + len(absent)
+        # Only GPUs missing: the host has drifted from what is wanted (AbsentError).
+        error = PlanError if problems else AbsentError
+        raise error(
             f"the desired state of node {inventory.node} cannot be reached on this host "
-            f"({len(problems)} problem{'s' * (len(problems) != 1)})",
-            sorted(problems, key=_reading_order),
+            f"({count} problem{'s' * (count != 1)})",
+            sorted([*problems, *absent], key=_reading_order),
         )
 
     plan = _HostPlan()

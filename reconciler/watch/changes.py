@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from reconciler.apply import EventSink
+from reconciler.apply.cluster import EVENT_MESSAGE_MAX
 from reconciler.catalog import Catalog
 from reconciler.model import DesiredNode, Problem, ReconcilerError, UsageError, ValidationError
 from reconciler.model.cluster import SRIOV_GPU_KIND, object_name
@@ -35,9 +36,6 @@ from reconciler.watch.source import DesiredSource
 log = logging.getLogger("vgpuctl.watch")
 
 T = TypeVar("T")
-
-#: Kubernetes truncates longer Event messages.
-_EVENT_MESSAGE_MAX = 1024
 
 
 class DesiredChange(enum.Enum):
@@ -251,7 +249,7 @@ class DesiredFiles(Generic[T]):
         message = (
             f"desired state invalid: {problems[0]}{more}; the last valid desired state stays "
             "in force"
-        )[:_EVENT_MESSAGE_MAX]
+        )[:EVENT_MESSAGE_MAX]
         for kind, name in targets:
             events.event(
                 kind,

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 
 from reconciler.apply import EventSink, Outcome, OutcomeStatus
+from reconciler.apply.cluster import EVENT_MESSAGE_MAX
 from reconciler.apply.delegate import DEFAULT_POLL, DEFAULT_TIMEOUT
 from reconciler.catalog import Catalog
 from reconciler.engine.delegate import Converged, Result, converge, plan_all
@@ -50,9 +51,6 @@ from reconciler.watch.source import DesiredSource
 from reconciler.watch.worker import WatchSettings, Worker
 
 log = logging.getLogger("vgpuctl.watch")
-
-#: Kubernetes truncates longer Event messages.
-_EVENT_MESSAGE_MAX = 1024
 
 
 class DelegateWatchLoop(Worker):
@@ -251,7 +249,7 @@ class DelegateWatchLoop(Worker):
             return
         object_kind = SRIOV_GPU_KIND if kind.value.startswith("sriovgpudevice") else VGPU_KIND
         self.events.event(
-            object_kind, target, reason=reason, message=message[:_EVENT_MESSAGE_MAX],
+            object_kind, target, reason=reason, message=message[:EVENT_MESSAGE_MAX],
             type="Warning",
         )  # fmt: skip
 

@@ -31,9 +31,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from reconciler.apply import Outcome, OutcomeStatus
+from reconciler.apply.cluster import EVENT_MESSAGE_MAX
 from reconciler.engine import NodePorts, Planned, RunSettings, reconcile
 from reconciler.engine.pipeline import Convergence
 from reconciler.model import (
+    AbsentError,
     ApplyError,
     ClusterError,
     DesiredNode,
@@ -45,6 +47,7 @@ from reconciler.model import (
     PlanError,
     ReconcilerError,
 )
+from reconciler.model.cluster import NODE_STATE_KIND
 from reconciler.model.record import replace
 from reconciler.watch.advertising import Advertising
 from reconciler.watch.changes import ClusterDrift, HostDrift
@@ -120,6 +123,11 @@ class ReconcileRunner:
             # Harvester's pcidevices-controller runs (or may): nothing was changed. Permanent:
             # tried again when an input changes or at the resync (an Addon disabled).
             self.report.failed("refused", exc.message, exc, started, triggers)
+        except AbsentError as exc:
+            # What the desired state wants is not on the host: not converged, and said on the
+            # node's summary object, where no GPU object may exist to carry it.
+            self.report.failed("plan", "; ".join(exc.lines()), exc, started, triggers)
+            self._record_absent(desired.name, exc)
         except PlanError as exc:
             self.report.failed("plan", "; ".join(exc.lines()), exc, started, triggers)
         except ObserveError as exc:
@@ -142,6 +150,26 @@ class ReconcileRunner:
         finally:
             self._probes.busy_since = None
             self._metrics.reconcile_duration.observe(self._clock() - started)
+
+    def _record_absent(self, node: str, error: AbsentError) -> None:
+        """A Warning Event ``DesiredGpuAbsent`` on the node's VGPUNodeState, naming what the
+        desired state wants and the node lacks (no cluster: the log alone says it)."""
+        try:
+            events = self._ports().events
+        except ReconcilerError as exc:
+            log.warning("cannot record the missing GPUs as an Event: %s", exc.message)
+            return
+        if events is None:
+            return
+        lines = error.lines()
+        more = f" (and {len(lines) - 1} more in the agent's log)" if len(lines) > 1 else ""
+        events.event(
+            NODE_STATE_KIND,
+            node,
+            reason="DesiredGpuAbsent",
+            message=f"not converged: {lines[0]}{more}"[:EVENT_MESSAGE_MAX],
+            type="Warning",
+        )
 
     # -- the engine's run --------------------------------------------------------------------
 

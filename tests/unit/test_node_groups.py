@@ -17,6 +17,7 @@ import pytest
 
 from reconciler.desired import load_desired
 from reconciler.model import (
+    AbsentError,
     Desired,
     DesiredGpu,
     Inventory,
@@ -159,7 +160,16 @@ def test_a_model_match_needs_the_catalogue_to_know_the_gpu(tmp_path: Path) -> No
     # The same A2, its PCI ids not in the catalogue: it has no model, and no model matches it.
     stranger = Inventory(node="vdi-01", gpus=(replace(known.gpus[0], model=None),))
     assert [g.address for g in resolve_groups(node, known).gpus] == [A2_AT_08]
-    assert resolve_groups(node, stranger).gpus == ()
+    # Nothing the selecting group wants is on the node: an error for it, never "converged".
+    with pytest.raises(AbsentError) as caught:
+        resolve_groups(node, stranger)
+    (problem,) = caught.value.problems
+    assert problem.message == (
+        "node group 'vdi' selects node vdi-01, and none of its GPU entries matches a GPU "
+        "there (it wants GPUs matching model 'NVIDIA A2'): its GPUs are 0000:08:00.0. Narrow "
+        "the group's selector, or see why the GPU is missing (vgpuctl doctor)"
+    )
+    assert (problem.line, problem.column) == (15, 11)  # the entry: "- match: {model: A2}"
 
 
 def test_agreeing_entries_are_one_and_disagreeing_ones_fail_the_node_only(
