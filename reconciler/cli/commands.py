@@ -396,8 +396,20 @@ def saved_plan_document(plan: Plan, node: DesiredNode) -> dict[str, Any]:
 
 
 def _write_plan_file(path: Path, doc: dict[str, Any]) -> None:
+    """``doc`` saved at ``path`` as a new file renamed into place (``cli/files.py``). A link,
+    FIFO, device or directory at ``path`` is refused, not followed nor replaced: vgpuctl runs as
+    root, and a link planted where the operator saves plans would make it overwrite the link's
+    target. (Should one be planted between the check and the rename, it is replaced.)"""
+    from reconciler.cli.files import replace_file, special_file
+
     try:
-        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        kind = special_file(path)
+        if kind is not None:
+            raise UsageError(
+                f"cannot write the plan to {path}: it is {kind}, which vgpuctl neither follows "
+                "nor replaces (remove it, or save the plan elsewhere)"
+            )
+        replace_file(path, json.dumps(doc, indent=2) + "\n")
     except OSError as exc:
         raise UsageError(f"cannot write the plan to {path}: {exc.strerror or exc}") from None
 

@@ -41,6 +41,8 @@ from reconciler.model.errors import excerpt
 
 #: The largest inventory file read: an 8×L40S node's is 79 kB.
 MAX_INVENTORY_BYTES = 8 * 1024 * 1024
+#: Levels of nesting in an inventory, values included: it has 7 (``gpus[i].vfs[j].vgpu.uuid``).
+MAX_INVENTORY_DEPTH = 64
 
 _LABEL = re.compile(
     r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
@@ -68,17 +70,24 @@ def read_inventory(path: Path) -> Inventory:
     """A node's GPUs from ``vgpuctl status -o json`` output, checked against the inventory
     contract (``schemas/inventory.schema.json``). Raises :class:`UsageError` naming the file
     and what is wrong."""
-    try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_INVENTORY_BYTES + 1)
+    from reconciler.cli.files import nesting_depth
+    from reconciler.desired.source import read_file
+
+    try:  # a regular file only, never waited on, at most the bound read (cli/files.py)
+        raw = read_file(path, limit=MAX_INVENTORY_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"--inventory {path}: cannot read: {exc.strerror or exc}") from None
     if len(raw) > MAX_INVENTORY_BYTES:
         raise UsageError(f"--inventory {path}: larger than {MAX_INVENTORY_BYTES >> 20} MiB")
+    deep = f"--inventory {path}: nested more than {MAX_INVENTORY_DEPTH} levels deep"
     try:
         doc = json.loads(raw)
+    except RecursionError:
+        raise UsageError(deep) from None
     except ValueError as exc:
         raise UsageError(f"--inventory {path}: not JSON: {excerpt(str(exc))}") from None
+    if nesting_depth(doc, MAX_INVENTORY_DEPTH) > MAX_INVENTORY_DEPTH:  # before the schema's walk
+        raise UsageError(deep)
     from jsonschema import Draft202012Validator
 
     from reconciler.desired import schema_path

@@ -15,16 +15,15 @@ Per VM (``spec.template.spec.domain.devices.gpus`` of a VirtualMachine,
   atomically.
 
 Findings as ``file:line:col: error|warning: …``; exit 1 when there is an error (after
-``--fix``, when one is left). Files are untrusted: read with the desired state's limits, loaded
-without any tag a document could use to build an object.
+``--fix``, when one is left). Files are untrusted: read as the desired state's files are (a
+regular file only, non-blocking, at most 4 MiB; ``cli/files.py``), their nesting bounded before
+the recursive loader runs, loaded without any tag a document could use to build an object.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import os
-import shutil
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -41,6 +40,9 @@ from reconciler.model.record import record
 EXIT_OK, EXIT_ERRORS = 0, 1
 #: The largest manifest read (bytes); a VM manifest is a few kilobytes.
 MAX_BYTES = 4 * 1024 * 1024
+#: Levels of lists and mappings in a manifest: a VirtualMachine needs about 15 (a ``List`` of
+#: them, a pod anti-affinity term's values).
+MAX_DEPTH = 64
 PREFIX = "nvidia.com/"
 
 
@@ -146,15 +148,21 @@ def lint_file(
     """The findings of one file (``fix``: ramFB disabled where it is an error, in place)."""
     from ruamel.yaml.error import YAMLError
 
-    try:
-        data = path.read_bytes()
+    from reconciler.desired.source import read_file
+
+    try:  # a regular file only, never waited on, at most the bound read (cli/files.py)
+        data = read_file(path, limit=MAX_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
         raise UsageError(f"{path}: larger than {MAX_BYTES} bytes: not a VM manifest")
     y = _yaml()
     try:
-        docs = list(y.load_all(data.decode("utf-8")))
+        text = data.decode("utf-8")
+        deep = _too_deep(y, text)
+        if deep is not None:
+            return [Finding(str(path), *deep, "error", f"nested deeper than {MAX_DEPTH} levels")]
+        docs = list(y.load_all(text))
     except (YAMLError, UnicodeDecodeError) as exc:
         return [Finding(str(path), 1, 1, "error", f"not YAML: {exc}".splitlines()[0])]
     findings: list[Finding] = []
@@ -171,18 +179,29 @@ def lint_file(
     return findings
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write ``text`` over ``path`` atomically: a new file beside it, renamed over it (a reader
-    sees the old file or the new, never half; a link at ``path`` is replaced, not followed)."""
-    tmp = path.with_name(f".{path.name}.vgpuctl-fix")
+def _too_deep(y: Any, text: str) -> tuple[int, int] | None:
+    """Where (line, column) ``text`` first nests a list or mapping deeper than
+    :data:`MAX_DEPTH` levels: ruamel.yaml's composer and representer recurse once per level,
+    so the bound is checked on the parser's events before they run (libyaml's, fast; where it
+    refuses the text, ruamel.yaml's own, which may read it)."""
+    import yaml
+
+    from reconciler.desired.compose import events, too_deep
+
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        shutil.copymode(path, tmp, follow_symlinks=False)
-        os.replace(tmp, path)
+        return too_deep(events(text), MAX_DEPTH)
+    except yaml.YAMLError:
+        return too_deep(y.parse(text), MAX_DEPTH)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` over ``path`` atomically (:func:`files.replace_file`: a new file beside
+    it, renamed over it; a link at ``path`` is replaced, not followed)."""
+    from reconciler.cli.files import replace_file
+
+    try:
+        replace_file(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise UsageError(f"{path}: cannot write the fix: {exc.strerror or exc}") from None
 
 

@@ -9,7 +9,10 @@ list, so a fleet's comment stays short.
 Every value from outside (reasons, object names, holders, the desired state's names) is
 escaped twice: control characters as in the terminal (:func:`render.safe`), then Markdown and
 HTML (:func:`cell`), so a reason cannot close a table cell, open a link or inject HTML into the
-comment.
+comment. What GitHub makes of plain text is neutralised too: a word joiner (U+2060, invisible)
+after every ``@`` and ``#``, inside ``www.``, after the ``:`` of ``://`` and after ``GH-``, so a
+holder such as ``@org/admins see https://evil.example`` notifies no one, links nowhere and
+references no issue (an entity such as ``&#64;`` would not do: GitHub decodes it first).
 """
 
 from __future__ import annotations
@@ -23,18 +26,28 @@ from reconciler.model import Inventory, Plan, ReconcilerError
 #: Backslash-escaped anywhere: what can open inline syntax in GitHub-flavoured Markdown (code,
 #: emphasis, links and images, strikethrough, a table cell's end) and the escape itself.
 _INLINE = frozenset("\\`*_[]|~")
-#: Replaced by entities: HTML (``<``, ``&``), what could end an attribute, and ``@`` (a pull
-#: request comment would notify the account an ``@name`` in a reason names).
-_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "@": "&#64;"}
+#: Replaced by entities: HTML (``<``, ``&``) and what could end an attribute.
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}
+#: U+2060 WORD JOINER: invisible, no word character, and not in any name vgpuctl reads (those
+#: arrive through :func:`render.safe`, which escapes it as ``\u2060``).
+_JOINER = "\u2060"
+#: Where GitHub turns plain text into a notification, a link or a reference: an ``@`` (a user,
+#: a team, an e-mail address: ``a@b.com``, ``mailto:``/``xmpp:``), a ``#`` (``#12``,
+#: ``org/repo#12``), the ``://`` of a URL (``http``, ``https``, ``ftp``), ``www.`` and ``GH-12``.
+#: A joiner goes after each ``@``, ``#`` and such ``:``, and between ``www`` and its ``.`` and
+#: ``GH-`` and its number; the text reads the same.
+_AUTOLINK = re.compile(r"[@#]|:(?=//)|(?<=www)(?=\.)|(?<=gh-)(?=\d)", re.IGNORECASE)
 #: What starts a block when it opens a line (a heading, a list, a thematic break, a setext
 #: underline): escaped there only.
 _BLOCK_START = re.compile(r"^(#|[-+=]|\d+[.)])")
 
 
 def cell(text: str) -> str:
-    """``text`` safe in a Markdown table cell or list item: one line, nothing it can start."""
+    """``text`` safe in a Markdown table cell or list item: one line, nothing it can start
+    (no HTML, no Markdown, no mention, autolink or issue reference)."""
     out = []
-    for ch in safe(text).replace("\n", " "):
+    plain = _AUTOLINK.sub(lambda m: m.group() + _JOINER, safe(text).replace("\n", " "))
+    for ch in plain:
         if ch in _HTML:
             out.append(_HTML[ch])
         elif ch in _INLINE:

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.cli.files import nesting_depth
 from reconciler.desired.source import read_file
 from reconciler.model import Plan, ValidationError
 from reconciler.model.errors import excerpt
@@ -107,7 +108,7 @@ def read_saved_plan(path: Path) -> SavedPlan | None:
             f"{path}: not a saved plan (expected the JSON written by 'vgpuctl plan --out', "
             "with a formatVersion)"
         )
-    if _depth(doc) > MAX_DEPTH:
+    if nesting_depth(doc, MAX_DEPTH) > MAX_DEPTH:
         raise refuse(f"nested more than {MAX_DEPTH} levels deep")
     version = doc.get("formatVersion")
     if type(version) is int and 0 < version < FORMAT_VERSION:
@@ -153,23 +154,6 @@ def _number(text: str) -> float:
 
 def _constant(text: str) -> float:
     raise _Refused(f"{text} is not a JSON number")
-
-
-def _depth(doc: object) -> int:
-    """How deep ``doc`` nests (iteratively: a deep document must not exhaust the stack)."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > deepest:
-            deepest = depth
-            if deepest > MAX_DEPTH:
-                return deepest
-        if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value)
-    return deepest
 
 
 @cache

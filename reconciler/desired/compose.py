@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -143,6 +144,40 @@ def compose(text: str) -> Node | None:
         dispose = getattr(parser, "dispose", None)
         if dispose is not None:
             dispose()
+
+
+def events(text: str) -> Iterator[Any]:
+    """The parser's events for ``text``, any number of documents (libyaml's parser when PyYAML
+    has it: it keeps its stacks on the heap). Raises ``yaml.YAMLError`` where it refuses it."""
+    parser = _parser(text)
+    try:
+        while parser.check_event():
+            yield parser.get_event()
+    finally:
+        dispose = getattr(parser, "dispose", None)
+        if dispose is not None:
+            dispose()
+
+
+def too_deep(stream: Iterable[Any], limit: int) -> tuple[int, int] | None:
+    """Where (1-based line, column) the first list or mapping of an event ``stream`` nested
+    deeper than ``limit`` levels starts; None when none is. For a reader that recurses once per
+    level (ruamel.yaml's, in ``lint-vm``): its events, PyYAML's or ruamel.yaml's, are counted
+    here first, as :class:`_Composer` counts a desired state's."""
+    depth = 0
+    for event in stream:
+        kind = type(event).__name__
+        if kind in _STARTS:
+            depth += 1
+            if depth > limit:
+                return _at(event.start_mark)
+        elif kind in _ENDS:
+            depth -= 1
+    return None
+
+
+_STARTS = frozenset({"SequenceStartEvent", "MappingStartEvent"})
+_ENDS = frozenset({"SequenceEndEvent", "MappingEndEvent"})
 
 
 def scalar_value(node: YamlScalar) -> Any:

@@ -64,10 +64,15 @@ def test_a_node_that_cannot_be_planned_is_a_caution_and_its_problems_are_listed(
 def test_text_from_outside_cannot_leave_its_cell() -> None:
     assert cell("a | b") == r"a \| b"
     assert cell("<img src=x onerror=alert(1)>") == "&lt;img src=x onerror=alert(1)&gt;"
-    assert cell("[click](https://evil.example)") == r"\[click\](https://evil.example)"
-    assert cell("ping @octocat") == "ping &#64;octocat"
+    # A word joiner (U+2060, invisible) where GitHub would link, mention or reference.
+    assert cell("[click](https://evil.example)") == "\\[click\\](https:\u2060//evil.example)"
+    assert cell("ping @octocat") == "ping @\u2060octocat"
+    assert (
+        cell("a@b.com www.x.io fix #12, GH-3")
+        == "a@\u2060b.com www\u2060.x.io fix #\u206012, GH-\u20603"
+    )
     assert cell("`code` *bold* _it_ ~~s~~") == r"\`code\` \*bold\* \_it\_ \~\~s\~\~"
-    assert cell("# heading") == r"\# heading"
+    assert cell("# heading") == "\\#\u2060 heading"
     assert cell("- item") == r"\- item"
     assert cell("3. item") == r"3\. item"
     assert cell("two\nlines\x1b[2J") == r"two\\nlines\\x1b\[2J"
