@@ -92,17 +92,21 @@ def select_node(desired: Desired, node: str, host: Host) -> DesiredNode:
     return found
 
 
-def plan_for(node: DesiredNode, host: Host, *, adopt: bool = False) -> Planned:
+def plan_for(
+    node: DesiredNode, host: Host, *, adopt: bool = False, partial: bool = False
+) -> Planned:
     """Observe the host and the cluster, then plan (the engine's first step)."""
     from reconciler.engine.observe import observe_and_plan
 
-    return observe_and_plan(host.ports(), node, adopt=adopt)
+    return observe_and_plan(host.ports(), node, adopt=adopt, partial=partial)
 
 
-def plan_files(files: Sequence[str], host: Host, *, adopt: bool = False) -> Planned:
+def plan_files(
+    files: Sequence[str], host: Host, *, adopt: bool = False, partial: bool = False
+) -> Planned:
     """Load the desired state, pick this node, observe, plan."""
     node = select_node(load(files, host), host.options.node, host)
-    return plan_for(node, host, adopt=adopt)
+    return plan_for(node, host, adopt=adopt, partial=partial)
 
 
 # ---------------------------------------------------------------- validate
@@ -220,6 +224,7 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
         "cluster's CR statuses — plans every node in the file, touching no host (for CI)",
     )
     add_adopt_option(p)
+    add_partial_option(p, planning=True)
     add_delegate_option(p)
     p.set_defaults(handler=cmd_plan)
     return p
@@ -233,7 +238,7 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
         from reconciler.cli.delegate import cmd_plan_delegate
 
         return cmd_plan_delegate(ns, host)
-    planned = plan_files(ns.file, host, adopt=ns.adopt)
+    planned = plan_files(ns.file, host, adopt=ns.adopt, partial=ns.partial)
     plan, inventory = planned.plan, planned.inventory
     if ns.out:
         # The desired GPUs as planned: a node group's entries made this host's GPUs.
@@ -290,6 +295,19 @@ def _positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
     return value
+
+
+def add_partial_option(p: argparse.ArgumentParser, *, planning: bool = False) -> None:
+    what = "plan as 'apply --partial' would: " if planning else ""
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help=f"{what}give capacity up early. By default, while a VM holds a vGPU that a change "
+        "needs gone, the removals that would only make room for the new vGPUs wait too, so the "
+        "GPU keeps its working vGPUs; --partial removes them now and creates the rest once the "
+        "VM lets go (node-local mode only)"
+        + (". A saved plan made with it runs only with 'apply --partial'" if planning else ""),
+    )
 
 
 def add_adopt_option(p: argparse.ArgumentParser) -> None:
@@ -431,6 +449,7 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE|PLANFILE", nargs="+")
     p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
     add_adopt_option(p)
+    add_partial_option(p)
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
     add_apply_options(p)
     add_delegate_option(p)
@@ -481,7 +500,12 @@ def _apply_locked(
     result = reconcile(
         host.ports(command_timeout=ns.timeout, write_timeout=ns.write_timeout),
         node,
-        settings=RunSettings(adopt=ns.adopt, verify_timeout=ns.verify_timeout, command=command),
+        settings=RunSettings(
+            adopt=ns.adopt,
+            partial=ns.partial,
+            verify_timeout=ns.verify_timeout,
+            command=command,
+        ),
         expected=expected,
         review=review,
         on_outcome=_progress(style),

@@ -37,6 +37,18 @@ def delegating(
 ) -> bool:
     """Whether this run is in delegate mode; in auto mode says so in one line (on stderr, or
     through ``announce``: the watch logs it, in its log format)."""
+    chosen = _delegating(ns, host, announce=announce)
+    if chosen and getattr(ns, "partial", False):
+        # Node-local only: in delegate mode pcidevices-controller carries out each step (and
+        # its webhook refuses to disable a device in use): nothing to give up early.
+        raise UsageError(
+            "--partial is for node-local mode, and this run is in delegate mode "
+            "(--delegate none: this node's host)"
+        )
+    return chosen
+
+
+def _delegating(ns: argparse.Namespace, host: Host, *, announce: Callable[[str], None]) -> bool:
     mode = getattr(ns, "delegate", "auto")
     if mode == "none":
         return False

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from reconciler.cli.commands import add_adopt_option, add_apply_options
+from reconciler.cli.commands import add_adopt_option, add_apply_options, add_partial_option
 from reconciler.cli.delegation import add_delegate_option, delegating
 from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
@@ -112,6 +112,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
         help="do not serve the kubelet device plugins",
     )
     add_adopt_option(p)
+    add_partial_option(p)
     add_apply_options(p)
     add_delegate_option(p)
     lease = p.add_argument_group(
@@ -224,6 +225,7 @@ def _watch(
         rescan_interval=ns.rescan_interval,
         debounce=ns.debounce,
         adopt=ns.adopt,
+        partial=ns.partial,
         verify_timeout=ns.verify_timeout,
         action_budget=max(ns.timeout, ns.write_timeout) + ns.verify_timeout + 60.0,
     )

@@ -50,8 +50,10 @@ class Planned:
     controller: ControllerPresence | None = None
 
 
-def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = False) -> Planned:
-    """Observe the host and the cluster, then plan."""
+def observe_and_plan(
+    ports: NodePorts, desired: DesiredNode, *, adopt: bool = False, partial: bool = False
+) -> Planned:
+    """Observe the host and the cluster, then plan (``adopt``, ``partial``: ``plan_node``'s)."""
     from reconciler.plan import plan_node, resolve_groups
     from reconciler.plan.uses import mark_cluster_uses
 
@@ -76,7 +78,14 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
         uses = ports.kubelet_uses()
         if uses is not None:
             planned_from = mark_cluster_uses(inventory, uses)
-    plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
+    plan = plan_node(
+        desired,
+        planned_from,
+        catalog=ports.catalog,
+        cluster=cluster,
+        adopt=adopt,
+        partial=partial,
+    )
     asked = _mode_matters(plan, inventory, desired)
     if asked:
         from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
@@ -91,7 +100,14 @@ def observe_and_plan(ports: NodePorts, desired: DesiredNode, *, adopt: bool = Fa
         )
         inventory = with_vgpu_modes(inventory, asked, reading)
         planned_from = with_vgpu_modes(planned_from, asked, reading)
-        plan = plan_node(desired, planned_from, catalog=ports.catalog, cluster=cluster, adopt=adopt)
+        plan = plan_node(
+            desired,
+            planned_from,
+            catalog=ports.catalog,
+            cluster=cluster,
+            adopt=adopt,
+            partial=partial,
+        )
     if controller is not None:
         plan = with_refusal_note(plan, controller)
     return Planned(

@@ -80,6 +80,8 @@ DIFFERENCES_SHOWN = 5
 class RunSettings:
     #: Take over objects another controller manages (``--adopt``).
     adopt: bool = False
+    #: Run the removals that only make room for creates that must wait (``--partial``).
+    partial: bool = False
     #: How long the host executor waits for an action's effect to show.
     verify_timeout: float = 120.0
     #: What the node lock says holds it.
@@ -230,7 +232,9 @@ def reconcile(
     if lock_held:
         return _Run(ports, desired, settings, plugins, on_outcome, started).locked(expected, review)
     try:
-        first: Planned | None = observe_and_plan(ports, desired, adopt=settings.adopt)
+        first: Planned | None = observe_and_plan(
+            ports, desired, adopt=settings.adopt, partial=settings.partial
+        )
     except ObserveError:
         # Perhaps a process holding the lock is changing the host right now (VFs vanishing
         # mid-scan): look again under the lock, which says so if it is held.
@@ -298,7 +302,9 @@ class _Run:
     def locked(
         self, expected: Expected | None, review: Callable[[Planned], bool] | None
     ) -> Reconciled:
-        planned = observe_and_plan(self.ports, self.desired, adopt=self.settings.adopt)
+        planned = observe_and_plan(
+            self.ports, self.desired, adopt=self.settings.adopt, partial=self.settings.partial
+        )
         refuse_if_another_controller(planned)
         if expected is not None:
             expected.check(planned.plan, adopt=self.settings.adopt)
@@ -433,7 +439,9 @@ class _Run:
         return PluginsTold(inventory, removed)
 
     def _verify(self, managed: frozenset[PciAddress], *, last_seq: int) -> Verification:
-        after = observe_and_plan(self.ports, self.desired, adopt=self.settings.adopt)
+        after = observe_and_plan(
+            self.ports, self.desired, adopt=self.settings.adopt, partial=self.settings.partial
+        )
         actions = after.plan.actions
         refreshed = None
         if actions and self.ports.cluster_api is not None and all(map(_status_only, actions)):

@@ -2,8 +2,15 @@
 
 Deterministic and minimal: VFs that already host a wanted profile keep it (in-use ones first,
 then the lowest indexes); the rest of each count goes to the lowest free VFs, preferring VFs
-with no vGPU, then VFs whose vGPU must go anyway. Profiles are served in name order, so the
-result depends only on the observed VFs and the counts, never on the order they were read in.
+with no vGPU, then VFs whose vGPU must go anyway (a new vGPU is made before the old one goes).
+Profiles are served in name order, so the result depends only on the observed VFs and the
+counts, never on the order they were read in.
+
+While a VM holds a vGPU that must go, the change cannot finish in one run, and what runs now
+(removals) turns VFs whose vGPU must go into VFs with no vGPU. The free VFs are then taken in
+index order whether or not their vGPU is gone yet, so the VFs a plan names for its waiting
+creates are the ones the next plan names too, before and after those removals (issue 29: what
+``plan`` names is what ``apply`` does or reports).
 """
 
 from __future__ import annotations
@@ -56,7 +63,8 @@ def assign_counts(vfs: Iterable[Vf], counts: Mapping[str, int]) -> dict[int, str
         return chosen
     # The free VFs in fill order: each kind in index order, those with no vGPU first, then those
     # whose vGPU must go anyway; an in-use VF comes last (a create there waits until its VM lets
-    # go).
+    # go). With an in-use vGPU to go, the first two kinds are one, in index order (module
+    # docstring).
     empty: list[Vf] = []
     surplus: list[Vf] = []
     held: list[Vf] = []
@@ -64,7 +72,7 @@ def assign_counts(vfs: Iterable[Vf], counts: Mapping[str, int]) -> dict[int, str
         if vf.index not in chosen:
             have = vf.vgpu
             (empty if have is None else held if have.in_use else surplus).append(vf)
-    free = [*empty, *surplus, *held]
+    free = [*sorted([*empty, *surplus], key=_by_index), *held] if held else [*empty, *surplus]
     chosen.update((vf.index, name) for vf, name in zip(free, missing, strict=False))
     return chosen
 

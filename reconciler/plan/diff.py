@@ -4,6 +4,12 @@ Minimal by design: a VF that already hosts its desired profile is never touched,
 UUID; a profile change is a remove and a create of that one VF. A vGPU in use is never removed:
 its removal is blocked, and so is everything that needs it gone (the replacement on its VF, the
 GPU's SR-IOV disable, creates that would not fit beside it).
+
+No change breaks what it cannot rebuild: when no create of a GPU can run (each waits for a
+vGPU in use), the removals that would only make room for them are deferred with the same cause,
+so the GPU keeps its working vGPUs until the change can be made whole. Removals the desired
+state wants for their own sake (a type it still wants, fewer times; SR-IOV disabled) still run.
+``partial`` (``apply --partial``) runs them all at once, giving capacity up early.
 """
 
 from __future__ import annotations
@@ -57,10 +63,12 @@ def diff_gpu(
     offer: Offer,
     node: str,
     interface: Interface,
+    partial: bool = False,
 ) -> GpuDiff:
     """Steps that take ``gpu`` to ``profiles`` (VF index → profile; absent: no vGPU).
     ``interface``: the one its VFs show, or will once SR-IOV is on; it says how a new vGPU is
-    named (an mdev UUID; on vfio, its VF's address)."""
+    named (an mdev UUID; on vfio, its VF's address). ``partial``: run the removals that only
+    make room for creates that must wait (module docstring)."""
     diff = GpuDiff()
     pf = gpu.address
     if not sriov:
@@ -151,9 +159,13 @@ def diff_gpu(
                 creates.append(create)
 
     run, waiting = _hold_back(creates, held, kept, offer)
+    blocked_creates = [*waiting, *(s for s in diff.blocked if isinstance(s, VgpuCreate))]
+    if blocked_creates and not run and not partial:
+        _defer_room_making(diff, blocked_creates, wanted=frozenset(profiles.values()))
     # A replacement is marked only while both halves share a fate: a remove that runs while its
     # create waits is a plain remove (and counted as one), the waiting create a plain create.
-    split = {s.vf_index for s in waiting if s.replaces is not None}
+    removing = {s.vf_index for s in diff.actions if isinstance(s, VgpuRemove)}
+    split = {s.vf_index for s in waiting if s.replaces is not None and s.vf_index in removing}
     if split:
         diff.actions[:] = [_plain(s) if vf_order(s) in split else s for s in diff.actions]
         waiting = [_plain(s) if s.vf_index in split else s for s in waiting]
@@ -309,6 +321,32 @@ def _waits_for(vfs: Iterable[Vf]) -> str:
         if vf.vgpu is not None
     )
     return f"waits for {names} to be removed"
+
+
+def _defer_room_making(diff: GpuDiff, waiting: list[VgpuCreate], *, wanted: frozenset[str]) -> None:
+    """Move each removal of ``diff.actions`` that only makes room for the ``waiting`` creates
+    (every create of the GPU) to ``diff.blocked``, with their cause.
+
+    A removal is for its own sake, and stays, when nothing replaces it on its VF and the GPU
+    still wants its type (the desired state wants fewer of it); any other removal makes room
+    for the new layout: the replacement on its VF, or the capacity a new type needs."""
+    causes = dict.fromkeys(s.reason for s in waiting)
+    types = ", ".join(sorted({s.type_name for s in waiting}))
+    because = f"deferred: it only makes room for {types}, which {'; '.join(causes)}"
+    kept: list[HostAction] = []
+    for step in diff.actions:
+        if isinstance(step, VgpuRemove) and not (
+            step.replaced_by is None and step.type_name in wanted
+        ):
+            diff.blocked.append(
+                replace(
+                    step,
+                    reason=f"{step.reason}; {because} (apply --partial removes it now)",
+                )
+            )
+        else:
+            kept.append(step)
+    diff.actions[:] = kept
 
 
 def _hold_back(

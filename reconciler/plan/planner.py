@@ -58,14 +58,16 @@ def plan_node(
     catalog: Catalog,
     cluster: ClusterState | None = None,
     adopt: bool = False,
+    partial: bool = False,
 ) -> Plan:
     """The plan that takes ``inventory`` (and, when given, ``cluster``) to ``node``'s desired
     state.
 
     ``node`` None manages nothing: every GPU is reported unmanaged (whether that is an error is
     the caller's call). ``cluster`` None plans the host only and says so in a note. ``adopt``
-    lets the plan take over CRs another controller manages. Raises :class:`PlanError` carrying
-    every problem found.
+    lets the plan take over CRs another controller manages. ``partial`` runs the removals that
+    only make room for creates that must wait (``plan.diff``; by default they wait too).
+    Raises :class:`PlanError` carrying every problem found.
     """
     if cluster is not None and not inventory.vf_availability:
         # The cluster's objects and the node summary show each VF's creatable types: a scan
@@ -87,7 +89,7 @@ def plan_node(
     observed = inventory
     if cluster is not None:
         inventory = mark_cluster_uses(inventory, cluster)
-    host = _plan_host(node, inventory, catalog=catalog)
+    host = _plan_host(node, inventory, catalog=catalog, partial=partial)
     actions: list[Action] = [s.numbered(i) for i, s in enumerate(host.actions, start=1)]
     noops = list(host.noops)
     # What the observation itself had to say (holders it could not see, a removal under way,
@@ -191,7 +193,9 @@ class _HostPlan:
     degraded: list[str] = field(default_factory=list)
 
 
-def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catalog) -> _HostPlan:
+def _plan_host(
+    node: DesiredNode | None, inventory: Inventory, *, catalog: Catalog, partial: bool = False
+) -> _HostPlan:
     by_address = {g.address: g for g in inventory.gpus}
     managed: dict[PciAddress, tuple[DesiredGpu, tuple[Vf, ...], Offer, tuple[Want, ...]]] = {}
     problems: list[Problem] = []
@@ -266,6 +270,7 @@ def _plan_host(node: DesiredNode | None, inventory: Inventory, *, catalog: Catal
                 if gpu.interface is not Interface.NONE
                 else likely_interface(inventory)
             ),
+            partial=partial,
         )
         if desired.sriov:
             diff = with_mode_step(gpu, diff, wanted=desired.mode, offer=offer)

@@ -106,6 +106,7 @@ class WatchLoop(Worker):
             ports=ports,
             settings=RunSettings(
                 adopt=self.settings.adopt,
+                partial=self.settings.partial,
                 verify_timeout=self.settings.verify_timeout,
                 command="vgpuctl watch",
             ),

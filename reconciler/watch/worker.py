@@ -32,6 +32,8 @@ class WatchSettings:
     rescan_interval: float = 10.0
     debounce: float = 0.2
     adopt: bool = False
+    #: Run the removals that only make room for creates that must wait (``--partial``).
+    partial: bool = False
     verify_timeout: float = 120.0
     backoff: Backoff = field(default_factory=Backoff)
     #: After a permanent failure, the longest wait before trying again with no input changed.

@@ -35,8 +35,10 @@ from reconciler.plan.assign import assign_counts
 from tests.gpus import A2, A2_B, A2_C, CATALOG, NODE, a2, card, want
 
 
-def plan(*gpus: DesiredGpu, host: tuple[Gpu, ...], node: str = NODE) -> Plan:
-    return plan_node(DesiredNode(node, gpus), Inventory(node, host), catalog=CATALOG)
+def plan(*gpus: DesiredGpu, host: tuple[Gpu, ...], node: str = NODE, partial: bool = False) -> Plan:
+    return plan_node(
+        DesiredNode(node, gpus), Inventory(node, host), catalog=CATALOG, partial=partial
+    )
 
 
 def problems(*gpus: DesiredGpu, host: tuple[Gpu, ...]) -> list[str]:
@@ -143,6 +145,7 @@ def test_blocked_entries_follow_the_run_order() -> None:
     )
     p = plan(want(A2_B, sriov=False), want(A2, {0: "A2-2Q", 1: "A2-2Q"}), host=host)
     assert [(b.kind.value, b.target) for b in p.blocked] == [
+        ("vgpu-remove", "0000:08:00.4"),  # deferred: it makes room only for the waiting 2Qs
         ("vgpu-remove", "0000:08:00.5"),
         ("vgpu-remove", "0000:09:00.4"),
         ("sriov-disable", "0000:09:00.0"),
@@ -193,11 +196,26 @@ def test_the_count_form_keeps_in_use_vgpus_before_lower_indexes() -> None:
     assert assign_counts(vfs, {"P": 2}) == {0: "P", 5: "P"}
 
 
-def test_the_count_form_fills_empty_vfs_then_vfs_that_must_be_cleared_then_in_use_ones() -> None:
+def test_the_count_form_fills_empty_vfs_then_vfs_that_must_be_cleared() -> None:
+    """Nothing in use: a new vGPU is made on a VF with no vGPU before one whose vGPU must go
+    (made before the old one goes)."""
+    hosted = {i: "OLD" for i in range(8) if i not in (3, 6)}
+    vfs = _vfs(hosted)
+    assert assign_counts(vfs, {"P": 3}) == {3: "P", 6: "P", 0: "P"}
+    assert assign_counts(vfs, {"P": 7}) == dict.fromkeys((3, 6, 0, 1, 2, 4, 5), "P")
+
+
+def test_with_an_in_use_vgpu_to_go_the_count_form_fills_free_vfs_in_index_order() -> None:
+    """A VM holds a vGPU that must go: the change cannot finish in this run, so the free VFs
+    are taken in index order whether their vGPU is gone yet or not (the VFs a plan names are
+    the ones the next plan names once the removals ran), in-use VFs last."""
     hosted = {i: "OLD" for i in range(8) if i not in (3, 6)}
     vfs = _vfs(hosted, in_use=frozenset({0, 1}))
-    assert assign_counts(vfs, {"P": 3}) == {3: "P", 6: "P", 2: "P"}
-    assert assign_counts(vfs, {"P": 7}) == dict.fromkeys((3, 6, 2, 4, 5, 7, 0), "P")
+    assert assign_counts(vfs, {"P": 3}) == {2: "P", 3: "P", 4: "P"}
+    assert assign_counts(vfs, {"P": 7}) == dict.fromkeys((2, 3, 4, 5, 6, 7, 0), "P")
+    # After the removals of 2, 4, 5 and 7 ran (nothing else changed): the same VFs.
+    after = _vfs({0: "OLD", 1: "OLD"}, in_use=frozenset({0, 1}))
+    assert assign_counts(after, {"P": 3}) == {2: "P", 3: "P", 4: "P"}
 
 
 def test_the_count_form_serves_profiles_in_name_order() -> None:
@@ -303,9 +321,56 @@ def test_creates_beyond_the_maximum_wait_for_the_in_use_vgpu_only_as_far_as_need
     ]
 
 
-def test_a_replacement_whose_create_must_wait_is_a_plain_remove() -> None:
+def test_a_removal_that_only_makes_room_for_waiting_creates_waits_too() -> None:
+    """VF 0's A2-4Q is to become an A2-2Q, which cannot be made while VF 1's A2-4Q (in use,
+    no longer wanted) stays: removing VF 0's now would leave the GPU one vGPU short until then,
+    so that removal waits too, with the same cause, and stays half of its replacement."""
     host = (a2(vgpus={0: "A2-4Q", 1: "A2-4Q"}, in_use={1: "vm"}),)
     p = plan(want(vgpus={0: "A2-2Q"}), host=host)
+    assert [a for a in p.actions if a.kind.is_host] == []
+    waits = "waits for NVIDIA A2-4Q on 0000:08:00.5 (in use) to be removed"
+    assert [(b.kind, b.target, b.action.is_replacement, b.reason) for b in p.blocked] == [
+        (
+            ActionKind.VGPU_REMOVE,
+            "0000:08:00.4",
+            True,
+            "VF 0000:08:00.4 hosts NVIDIA A2-4Q; desired NVIDIA A2-2Q; deferred: it only makes "
+            f"room for NVIDIA A2-2Q, which {waits} (apply --partial removes it now)",
+        ),
+        (
+            ActionKind.VGPU_REMOVE,
+            "0000:08:00.5",
+            False,
+            "VF 0000:08:00.5 hosts NVIDIA A2-4Q, in use by vm; no vGPU desired",
+        ),
+        (ActionKind.VGPU_CREATE, "0000:08:00.4", True, waits),
+    ]
+    assert p.summary.to_json() == {"create": 0, "change": 0, "remove": 0, "blocked": 3}
+
+
+def test_removals_run_when_some_of_the_creates_they_make_room_for_can_run() -> None:
+    """Four A2-4A (4 GB; VF 0's in use) to four A2-4Q (4 GB too): three A2-4Q fit beside the
+    held A2-4A (four 4 GB vGPUs at most), the fourth waits for it. The removals make room for
+    creates that run, so they run: the GPU still has four vGPUs after the apply."""
+    host = (a2(vgpus=dict.fromkeys(range(4), "A2-4A"), in_use={0: "vm"}),)
+    p = plan(want(profiles={"A2-4Q": 4}), host=host)
+    assert [(a.kind, a.target) for a in p.actions if a.kind.is_host] == [
+        (ActionKind.VGPU_REMOVE, "0000:08:00.5"),
+        (ActionKind.VGPU_REMOVE, "0000:08:00.6"),
+        (ActionKind.VGPU_REMOVE, "0000:08:00.7"),
+        (ActionKind.VGPU_CREATE, "0000:08:00.5"),
+        (ActionKind.VGPU_CREATE, "0000:08:00.6"),
+        (ActionKind.VGPU_CREATE, "0000:08:00.7"),
+    ]
+    assert [(b.kind, b.target) for b in p.blocked] == [
+        (ActionKind.VGPU_REMOVE, "0000:08:00.4"),
+        (ActionKind.VGPU_CREATE, "0000:08:01.0"),
+    ]
+
+
+def test_with_partial_a_replacement_whose_create_must_wait_is_a_plain_remove() -> None:
+    host = (a2(vgpus={0: "A2-4Q", 1: "A2-4Q"}, in_use={1: "vm"}),)
+    p = plan(want(vgpus={0: "A2-2Q"}), host=host, partial=True)
     [remove] = [a for a in p.actions if a.kind.is_host]
     assert (remove.kind, remove.target, remove.is_replacement) == (
         ActionKind.VGPU_REMOVE,
