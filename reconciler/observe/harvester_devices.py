@@ -207,11 +207,12 @@ def could_hold(
     requests (``spec.template.spec.domain.devices`` ``gpus``/``hostDevices`` ``deviceName``),
     or every configured VF here when its template cannot be read. A VM that requests no
     resource of a configured VF holds none: KubeVirt attaches only what the spec asks for."""
-    namespace, name = _vm_key(vm)
+    key = _vm_key(vm)
     for vmi in vmis:
         status = vmi.get("status")
         if (
-            _vm_key(vmi) == (namespace, name)
+            isinstance(key[1], str)
+            and _vm_key(vmi) == key
             and isinstance(status, Mapping)
             and status.get("phase") not in ("Succeeded", "Failed")
             and isinstance(status.get("nodeName"), str)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from tests.doubles.emulator import ApiServerEmulator
 from tests.doubles.pcidevices import vm
 from tests.harvester_node import NODE, SEED, VFS, Cluster, harvester_node, seed_with
 from tests.simnode import run_vgpuctl
+from tests.watch_agent import Watch, seed_text, wait_for
 
 LAST_APPLIED = "vgpu.reconciler.dev/last-applied-spec"
 ALLOCATION = "harvesterhci.io/deviceAllocationDetails"
@@ -88,6 +89,29 @@ def test_a_deep_last_applied_annotation_fails_closed_for_that_vgpudevice_only(
     repaired = stored(emu, VGPUS, VICTIM)["metadata"]["annotations"][LAST_APPLIED]
     assert json.loads(repaired)["address"] == "0000:08:00.5"
     assert node.run("plan", SEED, "--detailed-exitcode").returncode == 0
+
+
+def test_the_node_agent_repairs_a_deep_last_applied_annotation(
+    tmp_path: Path, emu: ApiServerEmulator, start_watch: Callable[..., Watch]
+) -> None:
+    node = cluster_node(tmp_path, emu)
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(seed_text())
+    watch = start_watch(node, desired)
+    wait_for(watch.ready, "the first convergence")
+    _poison_last_applied(emu, VICTIM)
+
+    def repaired() -> bool:
+        text = stored(emu, VGPUS, VICTIM)["metadata"]["annotations"][LAST_APPLIED]
+        return text.startswith("{")
+
+    # Its next reconcile writes the object again (before the fix: an internal error on every
+    # reconcile, the object never repaired), and says why in a line naming it.
+    wait_for(repaired, "the annotation rewritten", timeout=30)
+    line = watch.wait_log(lambda d: VICTIM in str(d) and LAST_APPLIED in str(d), "the update")
+    assert "[[[[" not in json.dumps(watch.logs())
+    assert "internal error" not in json.dumps(watch.logs()), line
+    wait_for(watch.ready, "converged again")
 
 
 def test_a_deep_annotation_on_one_node_leaves_the_fleet_planned(
