@@ -9,7 +9,11 @@ times written in the Lease are other machines' and are never compared with ours,
 cannot make two leaders. Every write carries the ``resourceVersion`` it was planned from: a
 candidate that loses a race gets a conflict and is not leader. Lease contents are untrusted: a
 record that cannot be read counts as held by someone, until it has been seen unchanged for a
-lease duration.
+lease duration. Its text fields are read within bounds (``model.clustertext``): a holder that is
+not a string of at most :data:`MAX_HOLDER` characters is someone else, shown as
+:data:`UNREADABLE_HOLDER` (never quoted whole into a log line or a probe's answer); a
+``renewTime`` or ``acquireTime`` that is not a string of at most :data:`MAX_TIME` characters is
+no time (the record is still told apart by its resourceVersion, so it expires as any other).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 from reconciler.model import ConflictError
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.clustertext import ClusterTextError, bounded_text
 from reconciler.model.record import record
 
 GROUP = "coordination.k8s.io"
@@ -30,6 +35,13 @@ PLURAL = "leases"
 DEFAULT_DURATION = 15.0
 DEFAULT_RENEW_DEADLINE = 10.0
 DEFAULT_RETRY_PERIOD = 2.0
+#: The longest holder identity read (ours is a pod name, at most 253 characters, and a
+#: client-go holder adds a ``_`` and a UUID).
+MAX_HOLDER = 512
+#: The longest time read (a MicroTime is 27 characters).
+MAX_TIME = 64
+#: The holder shown for one that cannot be read (it counts as someone else).
+UNREADABLE_HOLDER = "(a holder that cannot be read)"
 
 
 @record
@@ -70,10 +82,9 @@ class LeaderLease:
             return self._won()
         spec = _mapping(current.get("spec"))
         metadata = _mapping(current.get("metadata"))
-        raw_holder = spec.get("holderIdentity")
-        holder = raw_holder if isinstance(raw_holder, str) else ""
+        holder = _holder(spec.get("holderIdentity"))
         self.seen_holder = holder
-        record = (holder, str(spec.get("renewTime", "")), str(metadata.get("resourceVersion", "")))
+        record = (holder, _time(spec.get("renewTime")), str(metadata.get("resourceVersion", "")))
         if record != self._observed:
             self._observed, self._observed_at = record, self.clock()
         mine = holder == self.identity
@@ -81,10 +92,10 @@ class LeaderLease:
             return False  # held, and renewed within a lease duration as far as we have seen
         transitions = spec.get("leaseTransitions")
         count = transitions if isinstance(transitions, int) and transitions >= 0 else 0
-        acquired = spec.get("acquireTime") if mine else stamp
+        acquired = _time(spec.get("acquireTime")) if mine else stamp
         body = self._body(
             stamp,
-            acquired=acquired if isinstance(acquired, str) else stamp,
+            acquired=acquired or stamp,
             transitions=count if mine else count + 1,
         )
         if not self._replace(body, record[2]):
@@ -160,6 +171,29 @@ class LeaderLease:
             "metadata": {"name": self.name, "namespace": self.namespace},
             "spec": spec,
         }
+
+
+def _holder(value: object) -> str:
+    """``spec.holderIdentity``: "" when nobody holds the Lease (absent or empty), else the
+    holder, or :data:`UNREADABLE_HOLDER` when it is not a string of at most
+    :data:`MAX_HOLDER` characters (held by someone else: never taken over early)."""
+    if value is None or value == "":
+        return ""
+    try:
+        return bounded_text(value, limit=MAX_HOLDER)
+    except ClusterTextError:
+        return UNREADABLE_HOLDER
+
+
+def _time(value: object) -> str:
+    """A time of the Lease as written: "" when absent or not a string of at most
+    :data:`MAX_TIME` characters."""
+    if value is None:
+        return ""
+    try:
+        return bounded_text(value, limit=MAX_TIME)
+    except ClusterTextError:
+        return ""
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

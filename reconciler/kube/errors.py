@@ -12,7 +12,6 @@ the adapter's import) stays free of ``kubernetes`` until a request is actually m
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from reconciler.model import (
@@ -26,6 +25,7 @@ from reconciler.model import (
     ResourceMissingError,
 )
 from reconciler.model.cluster import GROUP, KUBEVIRT_GROUP, NODE_STATE_GROUP
+from reconciler.model.clustertext import ClusterTextError, parse_json
 from reconciler.model.record import record
 
 #: What to do about a resource type the server does not serve, by API group.
@@ -38,6 +38,11 @@ _MISSING_HINTS = {
 
 #: Longest server message quoted in an error; API servers can answer with whole HTML pages.
 _MAX_QUOTE = 300
+#: The largest error body read as a ``Status`` (a real one is a few hundred bytes; an admission
+#: webhook's message is quoted in it, and the API server trims those to a few KiB), and the
+#: deepest (a ``Status`` nests four levels: details, causes, one cause).
+_MAX_STATUS = 64 << 10
+_STATUS_DEPTH = 8
 
 
 @record(frozen=True, slots=True)
@@ -71,12 +76,14 @@ class Request:
 
 
 def server_status(body: str | None) -> dict[str, Any] | None:
-    """The ``Status`` object an API server answers errors with, if the body is one."""
+    """The ``Status`` object an API server answers errors with, if the body is one: read within
+    bounds (``model.clustertext``), so a body too long, too deep or not JSON is no ``Status``
+    and is quoted as text, trimmed, by :func:`server_message`."""
     if not body:
         return None
     try:
-        doc = json.loads(body)
-    except ValueError:
+        doc = parse_json(body, limit=_MAX_STATUS, depth=_STATUS_DEPTH)
+    except ClusterTextError:
         return None
     if isinstance(doc, dict) and doc.get("kind") == "Status":
         return doc
@@ -119,7 +126,7 @@ def server_message(body: str | None, reason: str | None) -> str:
         text = body.strip()
     else:
         text = reason or "no details"
-    text = " ".join(text.split())  # one line, whatever the server sent
+    text = " ".join(text[: 4 * _MAX_QUOTE].split())  # one line, whatever the server sent
     return text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 1] + "…"
 
 

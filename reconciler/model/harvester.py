@@ -70,8 +70,13 @@ class HarvesterNode:
     #: ``VGPUDevice`` name → who uses it (``VM <ns>/<name>``): a VM whose device-allocation
     #: annotation lists it, or a running VMI that may hold it.
     used_by: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    #: Objects that could not be read, and why (each names the object and the field).
+    #: Objects that could not be read, and why (each names the object and the field): the
+    #: planner writes nothing for the node while there are any (half a picture).
     notes: tuple[str, ...] = ()
+    #: VMs whose device-allocation annotation could not be read, and why (each names the VM
+    #: and the annotation): each is counted in :attr:`used_by` as holding every VF here it
+    #: could hold, which blocks only those VFs' changes; the rest of the node is planned.
+    unread_holders: tuple[str, ...] = ()
     #: A device's PCI ids (vendor, device; lower-case hex) by address, from Harvester's
     #: ``PCIDevice`` objects, where they exist (they carry no subsystem ids).
     pci_ids: Mapping[PciAddress, tuple[str, str]] = field(

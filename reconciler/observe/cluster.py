@@ -57,6 +57,8 @@ from reconciler.model.cluster import (
     KubeVirtConfig,
 )
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.clustertext import ClusterTextError, bounded_text
+from reconciler.model.errors import excerpt
 from reconciler.model.nodestate import configured_profiles
 from reconciler.model.record import field, record
 from reconciler.observe.checkpoint import CheckpointEntry, checkpoint_file, read_checkpoint
@@ -579,7 +581,9 @@ def inventory_from_cluster(
     VF's creatable types from its VGPUDevice's ``status.availableTypes``.
 
     Raises :class:`ObserveError` naming the object and field when the node has no
-    VGPUNodeState (vgpuctl has not reconciled it) or one is malformed.
+    VGPUNodeState (vgpuctl has not reconciled it) or one is malformed, a text of it longer than
+    :data:`MAX_STATUS_TEXT` characters included: that node is then not planned (the error is
+    its line; its host is not known), and every other node is.
     """
     if node_state is None:
         raise ObserveError(
@@ -642,7 +646,7 @@ def inventory_from_cluster(
     try:
         inventory = Inventory.from_json({"node": node, "sysfsRoot": "", "gpus": gpus})
     except (KeyError, TypeError, ValueError) as e:
-        raise f.fail("status.gpus", f"is malformed: {e!r}") from None
+        raise f.fail("status.gpus", f"is malformed: {excerpt(repr(e), 200)}") from None
     return Inventory(
         node=node,
         gpus=tuple(sorted(inventory.gpus, key=lambda g: g.address)),
@@ -652,6 +656,9 @@ def inventory_from_cluster(
 
 
 _NONE: list[str] = []  # no creatable type (read only)
+#: The longest text of a VGPUNodeState's status read (a holder: ``VM <namespace>/<name> (pod
+#: <uid>)``, under 400 characters); its CRD bounds none.
+MAX_STATUS_TEXT = 1024
 #: Fields of a summary's GPU entry that are not the inventory's.
 _SUMMARY_ONLY = frozenset({"managed", "vfAddresses", "typeSet"})
 
@@ -666,18 +673,21 @@ class _Field:
         return ObserveError(f"{self.obj.kind} {self.obj.name}: {path} {why}")
 
     def address(self, value: object, path: str) -> PciAddress:
+        # Quoted in the error bounded; a list or object by its type (never its repr).
+        text = str(value) if isinstance(value, str | int | float) else type(value).__name__
         try:
-            return PciAddress.parse(str(value))
+            return PciAddress.parse(text)
         except ValueError:
-            raise self.fail(path, f"is not a PCI address: {value!r}") from None
+            raise self.fail(path, f"is not a PCI address: {excerpt(text)!r}") from None
 
     def text(self, section: Mapping[str, Any], key: str, path: str) -> str:
         value = section.get(key)
         if value is None:
             return ""
-        if not isinstance(value, str):
-            raise self.fail(f"{path}.{key}", f"is not a string: {value!r}")
-        return value
+        try:
+            return bounded_text(value, limit=MAX_STATUS_TEXT)
+        except ClusterTextError as e:
+            raise self.fail(f"{path}.{key}", str(e)) from None
 
     def items(self, section: Mapping[str, Any], key: str, path: str) -> list[Any]:
         value = section.get(key)

@@ -11,25 +11,28 @@ lists the VF's ``VGPUDevice`` name under ``gpus`` or ``hostdevices`` (pcidevices
 ``AllocationDetails``; its own webhook reads only ``hostdevices``, vgpuctl both: fail closed),
 and a running ``VirtualMachineInstance`` on the node that requests the profile's resource (which
 of the profile's VFs it holds is not said there, so every configured VF of that profile counts).
+
+A VM whose allocation annotation cannot be read (not text, longer than 256 KiB, nested deeper
+than ``model.clustertext.MAX_DEPTH``, not JSON, not the shape above) fails closed for that VM
+only: it counts as holding every configured VF it could hold (:func:`could_hold`), which blocks
+those VFs' changes and nothing else, and the plans of the nodes where it holds one say so in
+one line naming the VM and the annotation (:attr:`HarvesterNode.unread_holders`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from reconciler.model import PciAddress
 from reconciler.model.cluster import resource_name
+from reconciler.model.clustertext import ClusterTextError, parse_json
 from reconciler.model.errors import excerpt
 from reconciler.model.harvester import VGPU_CONFIGURED, HarvesterGpu, HarvesterNode, HarvesterVf
 
 #: The annotation KubeVirt VMs carry on Harvester with the devices allocated to them.
 ALLOCATION_ANNOTATION = "harvesterhci.io/deviceAllocationDetails"
-#: At most this many characters of the annotation are read (the API server bounds all of a
-#: object's annotations to 256 KiB).
-MAX_ANNOTATION = 256 << 10
 #: At most this many entries in a list or map field of one object (a GPU has at most a few
 #: hundred VFs and a VF a few dozen profiles).
 MAX_ENTRIES = 4096
@@ -90,12 +93,10 @@ def allocated_devices(vm: Mapping[str, Any]) -> frozenset[str]:
     if text is None:
         return frozenset()
     where = f"VM {_vm_name(vm)}: annotation {ALLOCATION_ANNOTATION}"
-    if not isinstance(text, str) or len(text) > MAX_ANNOTATION:
-        raise ObjectError(f"{where} is not text of at most {MAX_ANNOTATION} characters")
     try:
-        details = json.loads(text)
-    except ValueError:
-        raise ObjectError(f"{where} is not JSON") from None
+        details = parse_json(text)
+    except ClusterTextError as e:
+        raise ObjectError(f"{where} {e}") from None
     if not isinstance(details, Mapping):
         raise ObjectError(f"{where} is not a JSON object")
     names: set[str] = set()
@@ -106,9 +107,12 @@ def allocated_devices(vm: Mapping[str, Any]) -> frozenset[str]:
         if not isinstance(by_resource, Mapping):
             raise ObjectError(f"{where}: {key} is not a map of resource → device names")
         for devices in by_resource.values():
-            if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+            if not isinstance(devices, list):
                 raise ObjectError(f"{where}: {key} lists something other than device names")
-            names.update(devices)
+            for device in devices:
+                if not isinstance(device, str):
+                    raise ObjectError(f"{where}: {key} lists something other than device names")
+                names.add(device)
     return frozenset(names)
 
 
@@ -154,19 +158,28 @@ def harvester_node(
             notes.append(f"VGPUDevice {e}")
     names = {v.name for v in vfs}
     used: dict[str, str] = {}
+    unread: list[str] = []
+    vmis = list(vmis)
     for vm in vms:
         try:
             listed = allocated_devices(vm)
         except ObjectError as e:
-            # Which VFs it holds is unknown: every configured VF of this node may be one.
-            notes.append(str(e))
-            listed = frozenset(v.name for v in vfs if v.configured)
+            # Which VFs it holds is unknown: every one it could hold counts as held.
+            held = could_hold(vm, node, vfs, vmis)
+            if held:
+                unread.append(
+                    f"{e}: counted as holding the {len(held)} configured VGPUDevice"
+                    f"{'s' * (len(held) != 1)} of this node it could hold"
+                )
+            for name in sorted(held):
+                used.setdefault(name, f"VM {_vm_name(vm)} (allocation annotation unreadable)")
+            continue
         for name in sorted(listed & names):
             used.setdefault(name, f"VM {_vm_name(vm)}")
     for vmi in vmis:
         if not _running_here(vmi, node):
             continue
-        wanted = _resources(vmi)
+        wanted = _resources(vmi) or frozenset()
         for vf in vfs:
             if vf.configured and resource_name(vf.configured_type) in wanted:
                 used.setdefault(vf.name, f"VM {_vm_name(vmi)} (running; allocation unknown)")
@@ -177,8 +190,43 @@ def harvester_node(
         vfs=tuple(sorted(vfs, key=lambda v: v.address)),
         used_by=used,
         notes=tuple(notes),
+        unread_holders=tuple(unread),
         pci_ids=ids,
     )
+
+
+def could_hold(
+    vm: Mapping[str, Any],
+    node: str,
+    vfs: Iterable[HarvesterVf],
+    vmis: Iterable[Mapping[str, Any]],
+) -> frozenset[str]:
+    """The configured VFs of ``node`` (``vfs``) that ``vm`` could hold when its allocation
+    annotation says nothing that can be trusted: none when its VMI runs on another node (a VM
+    with host devices runs where they are), else those of the vGPU resources its template
+    requests (``spec.template.spec.domain.devices`` ``gpus``/``hostDevices`` ``deviceName``),
+    or every configured VF here when its template cannot be read. A VM that requests no
+    resource of a configured VF holds none: KubeVirt attaches only what the spec asks for."""
+    key = _vm_key(vm)
+    for vmi in vmis:
+        status = vmi.get("status")
+        if (
+            isinstance(key[1], str)
+            and _vm_key(vmi) == key
+            and isinstance(status, Mapping)
+            and status.get("phase") not in ("Succeeded", "Failed")
+            and isinstance(status.get("nodeName"), str)
+            and status["nodeName"]
+            and status["nodeName"] != node
+        ):
+            return frozenset()
+    configured = [v for v in vfs if v.configured]
+    spec = vm.get("spec")
+    template = spec.get("template") if isinstance(spec, Mapping) else None
+    wanted = _resources(template) if isinstance(template, Mapping) else None
+    if wanted is None:
+        return frozenset(v.name for v in configured)
+    return frozenset(v.name for v in configured if resource_name(v.configured_type) in wanted)
 
 
 def _running_here(vmi: Mapping[str, Any], node: str) -> bool:
@@ -188,17 +236,31 @@ def _running_here(vmi: Mapping[str, Any], node: str) -> bool:
     return status.get("nodeName") == node and status.get("phase") not in ("Succeeded", "Failed")
 
 
-def _resources(vmi: Mapping[str, Any]) -> frozenset[str]:
-    try:
-        gpus = vmi["spec"]["domain"]["devices"].get("gpus") or []
-        host = vmi["spec"]["domain"]["devices"].get("hostDevices") or []
-    except (KeyError, TypeError, AttributeError):
+def _resources(vmi: Mapping[str, Any]) -> frozenset[str] | None:
+    """The device names a VMI (or a VM's template) requests; None when its
+    ``spec.domain.devices`` cannot be read (absent: none requested)."""
+    spec = vmi.get("spec")
+    domain = spec.get("domain") if isinstance(spec, Mapping) else None
+    devices = domain.get("devices") if isinstance(domain, Mapping) else None
+    if devices is None:
         return frozenset()
+    if not isinstance(devices, Mapping):
+        return None
+    gpus, host = devices.get("gpus") or [], devices.get("hostDevices") or []
+    if not isinstance(gpus, list) or not isinstance(host, list):
+        return None
     out = set()
     for entry in [*gpus, *host][:MAX_ENTRIES]:
         if isinstance(entry, Mapping) and isinstance(entry.get("deviceName"), str):
             out.add(entry["deviceName"])
     return frozenset(out)
+
+
+def _vm_key(vm: Mapping[str, Any]) -> tuple[object, object]:
+    metadata = vm.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return None, None
+    return metadata.get("namespace"), metadata.get("name")
 
 
 def _vm_name(vm: Mapping[str, Any]) -> str:

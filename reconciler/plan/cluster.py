@@ -6,7 +6,10 @@ them), so a field the server prunes or a status field left out when empty is no 
 - missing → ``cr-create``;
 - ours (label ``app.kubernetes.io/managed-by: vgpuctl``), or adopted, and different →
   ``cr-update`` with the field-level changes; a stored spec that differs from the spec vgpuctl
-  last wrote (annotation) was edited by hand: reported as drift, and the update resets it;
+  last wrote (annotation) was edited by hand: reported as drift, and the update resets it; an
+  annotation that cannot be read (longer than 256 KiB, nested deeper than 32 levels, not a JSON
+  object: ``model.clustertext``) fails closed for that object only: no drift can be told, the
+  update rewrites it, and the plan says so in one line naming the object and the annotation;
 - another controller's → left alone, with the reason (``--adopt`` takes it over);
 - ours for this node but no longer rendered (GPU dropped from the desired state, VFs gone with
   SR-IOV) → ``cr-delete``.
@@ -56,6 +59,8 @@ from reconciler.model.cluster import (
     harvester_view,
     resource_name,
 )
+from reconciler.model.clustertext import ClusterTextError, parse_json
+from reconciler.model.errors import excerpt
 from reconciler.model.plan import Drift, FieldChange
 from reconciler.model.record import field, record
 from reconciler.plan.changes import section_changes
@@ -109,9 +114,11 @@ def plan_cluster(
             untouched.setdefault(who, []).append(current.name)
             plan.noops.append(Noop(current.name, f"managed by {who}: not touched (use --adopt)"))
             continue
-        step, drift = _object_step(intended, current)
+        step, drift, unread = _object_step(intended, current)
         if drift is not None:
             plan.drift.append(drift)
+        if unread is not None:
+            plan.notes.append(unread)
         if step is None:
             plan.noops.append(Noop(intended.name, _up_to_date(intended.kind)))
         else:
@@ -156,7 +163,7 @@ def plan_node_state(intended: KubeObject, current: KubeObject | None) -> CrCreat
     controller's object of that name is left alone (vgpuctl never adopts it)."""
     if current is not None and not current.managed_by_us:
         return Noop(current.name, f"{NODE_STATE_KIND} managed by {_manager(current)}: not touched")
-    step, _ = _object_step(intended, current)
+    step, _, _ = _object_step(intended, current)
     if step is None:
         return Noop(intended.name, f"{NODE_STATE_KIND} up to date")
     return step
@@ -182,7 +189,7 @@ def replan_object(
     )
     if current is not None and not (current.managed_by_us or adopt):
         return None
-    step, _ = _object_step(ours, None if current is None else harvester_view(current))
+    step, _, _ = _object_step(ours, None if current is None else harvester_view(current))
     if step is None:
         return None
     return step.numbered(seq)
@@ -190,7 +197,10 @@ def replan_object(
 
 def _object_step(
     intended: KubeObject, current: KubeObject | None
-) -> tuple[CrCreate | CrUpdate | None, Drift | None]:
+) -> tuple[CrCreate | CrUpdate | None, Drift | None, str | None]:
+    """The write that takes ``current`` to ``intended`` (None: none), the hand edits found on
+    ``current``, and the line saying its last-applied annotation cannot be read (None: it
+    can, or it was not read)."""
     if current is None:
         return (
             CrCreate(
@@ -198,6 +208,7 @@ def _object_step(
                 reason=f"{intended.kind} for {_what(intended)} does not exist",
                 object=_body(intended, None),
             ),
+            None,
             None,
         )
     metadata_changed = not (
@@ -208,19 +219,29 @@ def _object_step(
     status_changed = current.status != intended.status
     if not (metadata_changed or spec_changed or status_changed):
         # The stored spec is the one last applied (the annotation is its canonical text).
-        return None, None
-    drift = None
+        return None, None, None
+    drift: Drift | None = None
+    unread: str | None = None
     # Our spec, stored and annotated as last applied, cannot have drifted: skip parsing it.
     annotated = current.annotations.get(LAST_APPLIED_ANNOTATION)
     if current.managed_by_us and (
         spec_changed or annotated != intended.annotations.get(LAST_APPLIED_ANNOTATION)
     ):
-        drift = _drift(current)
+        try:
+            drift = _drift(current)
+        except ClusterTextError as e:
+            unread = (
+                f"{current.kind} {excerpt(current.name, 253)}: annotation "
+                f"{LAST_APPLIED_ANNOTATION} {e}: hand edits of its spec cannot be told; "
+                "the update rewrites it"
+            )
     adopting = not current.managed_by_us
     changes = _changes(intended, current)
     why: list[str] = []
     if adopting:
         why.append(f"taken over from {_manager(current)} (--adopt)")
+    if unread is not None:
+        why.append(f"its {LAST_APPLIED_ANNOTATION} annotation cannot be read: rewritten")
     if drift is not None:
         why.append("spec changed outside vgpuctl: reset")
     elif spec_changed:
@@ -241,7 +262,7 @@ def _object_step(
         drift=drift is not None,
         adopt=adopting,
     )
-    return update, drift
+    return update, drift, unread
 
 
 def _body(intended: KubeObject, current: KubeObject | None) -> KubeObject:
@@ -285,15 +306,16 @@ def _changes(intended: KubeObject, current: KubeObject) -> list[FieldChange]:
 
 
 def _drift(current: KubeObject) -> Drift | None:
-    """The hand edits on ``current``: its spec against the spec vgpuctl last wrote."""
+    """The hand edits on ``current``: its spec against the spec vgpuctl last wrote (its
+    last-applied annotation). Raises :class:`ClusterTextError` when that annotation cannot be
+    read within bounds or is not a JSON object: the caller plans the update that rewrites it."""
     text = current.annotations.get(LAST_APPLIED_ANNOTATION)
     if text is None:
         return None  # never written by vgpuctl (adopted): nothing to compare with
-    try:
-        applied = json.loads(text)
-    except ValueError:
-        return None  # a mangled annotation is rewritten by the update; no spec to compare
-    if not isinstance(applied, dict) or applied == dict(current.spec):
+    applied = parse_json(text)
+    if not isinstance(applied, dict):
+        raise ClusterTextError("is not a JSON object")
+    if applied == dict(current.spec):
         return None
     changes = section_changes(applied, current.spec, prefix=("spec",))
     return Drift(target=current.name, kind=current.kind, changes=tuple(changes))

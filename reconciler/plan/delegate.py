@@ -81,7 +81,9 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
     desired = resolve_on(desired, harvester_identities(observed, catalog))
     node = observed.node
     problems: list[Problem] = []
-    notes: list[str] = list(observed.notes)
+    # A VM whose allocation cannot be read holds what it could (observed.used_by): said here,
+    # blocking nothing else.
+    notes: list[str] = [*observed.notes, *observed.unread_holders]
     first: list[DelegateAction] = []
     noops: list[Noop] = []
     waiting: list[Blocked] = []

@@ -32,6 +32,9 @@ from reconciler.plan.render import canonical_json
 
 #: How many reasons a condition's message quotes before "and N more".
 _QUOTED = 3
+#: The longest stored text (a condition's transition time, the last change's time and result)
+#: carried over into the summary written next; a longer one is dropped, as if absent.
+_MAX_KEPT = 1024
 
 
 def render_node_state(
@@ -234,8 +237,8 @@ def _kept_time(stored: Mapping[str, Any], kind: str, status: str) -> str:
     """The stored condition's transition time when its status is unchanged; else pending."""
     c = condition(stored, kind)
     time = None if c is None else c.get("lastTransitionTime")
-    if c is not None and c.get("status") == status and isinstance(time, str) and time:
-        return time
+    if c is not None and c.get("status") == status and _kept(time):
+        return str(time)
     return PENDING_TIME
 
 
@@ -248,14 +251,15 @@ def _last_change(changes: Sequence[Action], stored: Mapping[str, Any]) -> dict[s
         parts = ", ".join(f"{n} {kind.value}" for kind, n in sorted(by_kind.items(), key=_order))
         return {"time": PENDING_TIME, "result": f"applied {_count(changes, 'action')}: {parts}"}
     change = stored.get("lastChange")
-    if (
-        isinstance(change, Mapping)
-        and isinstance(change.get("time"), str)
-        and change.get("time")
-        and isinstance(change.get("result"), str)
-    ):
+    if isinstance(change, Mapping) and _kept(change.get("time")) and _kept(change.get("result")):
         return {"time": change["time"], "result": change["result"]}
     return None
+
+
+def _kept(value: object) -> bool:
+    """Whether a stored status text is carried over: a string, not empty, at most
+    :data:`_MAX_KEPT` characters (a longer one is someone's, not vgpuctl's: dropped)."""
+    return isinstance(value, str) and 0 < len(value) <= _MAX_KEPT
 
 
 def _order(item: tuple[ActionKind, int]) -> int:

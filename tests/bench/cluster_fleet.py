@@ -68,63 +68,83 @@ def _fleet_yaml(nodes: Sequence[str], template_node: str) -> str:
     return head + "".join(f"    {n}:\n{body}" for n in nodes)
 
 
-def bench_cluster_fleet(tmp: Path, sizes: Sequence[int] = (100, 1000)) -> dict[str, Any]:
+def _fleet(emu: Any, text: str, facts: dict[str, Any], names: Sequence[str]) -> int:
+    """Seed ``emu`` with the KubeVirt CR and every node of ``names`` as vgpuctl leaves it (the
+    template node's objects renamed, each vGPU with a UUID of its own); how many objects."""
     from reconciler.model.cluster import KUBEVIRT_OWNED_ANNOTATION
     from reconciler.plan.uuids import vgpu_uuid
     from tests.bench.run import NODE
     from tests.cluster_node import kubevirt_cr, register_crds
-    from tests.doubles.emulator import ApiServerEmulator
 
-    text, facts = _template(tmp, NODE)
-    env = {
+    register_crds(emu)
+    kubevirt = kubevirt_cr()  # with the fleet's profile allow-listed by vgpuctl
+    entry = {
+        "mdevNameSelector": PROFILE,
+        "resourceName": "nvidia.com/" + PROFILE.replace(" ", "_"),
+        "externalResourceProvider": True,
+    }
+    kubevirt["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"].append(entry)
+    kubevirt["metadata"]["annotations"] = {KUBEVIRT_OWNED_ANNOTATION: PROFILE}
+    emu.seed(kubevirt)
+    count = 0
+    for name in names:
+        node_text = text.replace(json.dumps(NODE)[1:-1], name)
+        for address, uuid in facts["vgpus"].items():
+            node_text = node_text.replace(uuid, vgpu_uuid(name, address))
+        for obj in json.loads(node_text):
+            emu.seed(obj)
+            count += 1
+    return count
+
+
+def _env() -> dict[str, str]:
+    return {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("VGPUCTL_") and k != "PYTHONDONTWRITEBYTECODE"
     }
+
+
+def _plan_argv(desired: Path, kubeconfig: Path) -> list[str]:
+    return [
+        sys.executable, "-c", _CHILD, str(REPO), "plan", str(desired),
+        "--observed", "cluster", "--kubeconfig", str(kubeconfig), "--detailed-exitcode",
+    ]  # fmt: skip
+
+
+def _measured(argv: list[str]) -> tuple[dict[str, Any], str]:
+    """One plan in a process of its own: its measurements and its stdout."""
+    out = subprocess.run(argv, capture_output=True, text=True, env=_env(), check=False)
+    doc: dict[str, Any] = json.loads(out.stderr.strip().splitlines()[-1])
+    doc["stderr"] = out.stderr[-2000:]
+    return doc, out.stdout
+
+
+def bench_cluster_fleet(tmp: Path, sizes: Sequence[int] = (100, 1000)) -> dict[str, Any]:
+    from tests.bench.run import NODE
+    from tests.doubles.emulator import ApiServerEmulator
+
+    text, facts = _template(tmp, NODE)
     results: dict[str, Any] = {}
     for n in sizes:
         names = [f"node-{i:04d}" for i in range(n)]
         with ApiServerEmulator() as emu:
-            register_crds(emu)
-            kubevirt = kubevirt_cr()  # with the fleet's profile allow-listed by vgpuctl
-            entry = {
-                "mdevNameSelector": PROFILE,
-                "resourceName": "nvidia.com/" + PROFILE.replace(" ", "_"),
-                "externalResourceProvider": True,
-            }
-            kubevirt["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"].append(
-                entry
-            )
-            kubevirt["metadata"]["annotations"] = {KUBEVIRT_OWNED_ANNOTATION: PROFILE}
-            emu.seed(kubevirt)
             t0 = time.perf_counter()
-            count = 0
-            for name in names:
-                node_text = text.replace(json.dumps(NODE)[1:-1], name)
-                for address, uuid in facts["vgpus"].items():
-                    node_text = node_text.replace(uuid, vgpu_uuid(name, address))
-                for obj in json.loads(node_text):
-                    emu.seed(obj)
-                    count += 1
+            count = _fleet(emu, text, facts, names)
             load_s = time.perf_counter() - t0
             desired = tmp / f"fleet-{n}.yaml"
             desired.write_text(_fleet_yaml(names, NODE))
-            kubeconfig = emu.kubeconfig(tmp / f"fleet-{n}.kubeconfig")
-            argv = [
-                sys.executable, "-c", _CHILD, str(REPO), "plan", str(desired),
-                "--observed", "cluster", "--kubeconfig", str(kubeconfig), "--detailed-exitcode",
-            ]  # fmt: skip
+            argv = _plan_argv(desired, emu.kubeconfig(tmp / f"fleet-{n}.kubeconfig"))
             # One run first, not counted: the emulator encodes each object the first time it
             # serves it (a real API server serves them from its watch cache), which is the
             # emulator's cost, not the plan's (24.9 s against 18.3 s at caaf3a1).
-            subprocess.run(argv, capture_output=True, env=env, check=False)
+            subprocess.run(argv, capture_output=True, env=_env(), check=False)
             listed_before = sum(1 for r in emu.requests if r.verb == "list")
             runs = []
             for _ in range(2 if n > 100 else 3):
-                out = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-                doc = json.loads(out.stderr.strip().splitlines()[-1])
-                assert doc["returncode"] == 0, (out.stdout[-3000:], out.stderr[-2000:])
-                assert f"Cluster plan: {n} nodes, 0 with changes" in out.stdout, out.stdout[-500:]
+                doc, stdout = _measured(argv)
+                assert doc["returncode"] == 0, (stdout[-3000:], doc["stderr"])
+                assert f"Cluster plan: {n} nodes, 0 with changes" in stdout, stdout[-500:]
                 runs.append(doc)
             results[f"nodes_{n}"] = {
                 "nodes": n,
@@ -144,6 +164,107 @@ def bench_cluster_fleet(tmp: Path, sizes: Sequence[int] = (100, 1000)) -> dict[s
     results["target_plan_s"] = TARGET_S
     results["target_peak_rss_mib"] = TARGET_RSS_MIB
     return results
+
+
+#: The hostile texts of :func:`bench_cluster_hostile`, in turn: each fails the bounded reader
+#: a different way (too deep as an array, too deep as an object, not JSON and near the API
+#: server's 256 KiB bound on an object's annotations).
+HOSTILE_TEXTS = {
+    "deep-array": "[" * 200_000,
+    "deep-object": '{"a":' * 40_000,
+    "long-not-json": "x" * 250_000,
+}
+#: One hostile annotation per this many nodes.
+HOSTILE_EVERY = 100
+#: The hostile run's time against the clean run's (issue 28: within 10 %).
+TARGET_HOSTILE_RATIO = 1.10
+
+
+def bench_cluster_hostile(tmp: Path, nodes: int = 1000, runs: int = 4) -> dict[str, Any]:
+    """``plan --observed cluster`` of ``nodes`` nodes, clean and with one hostile
+    ``vgpu.reconciler.dev/last-applied-spec`` annotation on one VGPUDevice of every
+    :data:`HOSTILE_EVERY`-th node (issue 28, item 2), measured in turns on one emulator (clean,
+    hostile, hostile, clean, …; the ten objects swapped between runs), so a machine busy with
+    other work slows both alike. Every run's output is checked: the clean plan has no changes; the
+    hostile one plans every node, changes only the hostile nodes (the object's update and
+    the node's summary) and names every hostile object, with no error."""
+    from reconciler.model.cluster import object_name
+    from reconciler.plan.render import LAST_APPLIED_ANNOTATION
+    from tests.bench.run import NODE
+    from tests.doubles.emulator import ApiServerEmulator
+
+    text, facts = _template(tmp, NODE)
+    names = [f"node-{i:04d}" for i in range(nodes)]
+    group, version, plural = "devices.harvesterhci.io", "v1beta1", "vgpudevices"
+    with ApiServerEmulator() as emu:
+        count = _fleet(emu, text, facts, names)
+        desired = tmp / f"hostile-{nodes}.yaml"
+        desired.write_text(_fleet_yaml(names, NODE))
+        argv = _plan_argv(desired, emu.kubeconfig(tmp / f"hostile-{nodes}.kubeconfig"))
+        kinds = list(HOSTILE_TEXTS)
+        victims: dict[str, str] = {}  # object name → its hostile text's kind
+        vf = sorted(facts["vgpus"])[0]  # each node's first vGPU's VGPUDevice
+        for i, name in enumerate(names[::HOSTILE_EVERY]):
+            victims[object_name(name, vf)] = kinds[i % len(kinds)]
+        clean = {v: emu.get_object(group, version, plural, v) for v in victims}
+
+        def poisoned(hostile: bool) -> None:
+            for v, kind in victims.items():
+                obj = clean[v]
+                assert obj is not None
+                if hostile:
+                    obj = {**obj, "metadata": {**obj["metadata"], "annotations": {
+                        **obj["metadata"]["annotations"],
+                        LAST_APPLIED_ANNOTATION: HOSTILE_TEXTS[kind],
+                    }}}  # fmt: skip
+                emu.seed(obj)
+
+        def check(hostile: bool, doc: dict[str, Any], stdout: str) -> None:
+            if not hostile:
+                assert doc["returncode"] == 0, (stdout[-3000:], doc["stderr"])
+                assert f"Cluster plan: {nodes} nodes, 0 with changes" in stdout, stdout[-500:]
+                return
+            bad = len(victims)
+            assert doc["returncode"] == 2, (stdout[-3000:], doc["stderr"])
+            assert "internal error" not in doc["stderr"], doc["stderr"]
+            assert (
+                f"Cluster plan: {nodes} nodes, {bad} with changes; 0 to create, {2 * bad} "
+                "to change, 0 to remove, 0 blocked."
+            ) in stdout, stdout[-500:]
+            assert stdout.count("=== node") == nodes
+            for v in victims:
+                assert f"VGPUDevice {v}: annotation {LAST_APPLIED_ANNOTATION}" in stdout, v
+
+        timings: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+        for turn in range(runs + 1):  # the first turn is not counted (see bench_cluster_fleet)
+            # Clean first in even turns, hostile first in odd ones: a load that grows or
+            # shrinks over the runs weighs on both alike.
+            for hostile in (False, True) if turn % 2 == 0 else (True, False):
+                poisoned(hostile)
+                doc, stdout = _measured(argv)
+                check(hostile, doc, stdout)
+                if turn:
+                    timings[hostile].append(doc)
+    clean_s = [r["wall_s"] for r in timings[False]]
+    hostile_s = [r["wall_s"] for r in timings[True]]
+    return {
+        "nodes": nodes,
+        "objects": count,
+        "runs": runs,
+        "hostile_objects": {v: victims[v] for v in sorted(victims)},
+        "clean_plan_s": clean_s,
+        "hostile_plan_s": hostile_s,
+        "clean_plan_cpu_s": [r["cpu_s"] for r in timings[False]],
+        "hostile_plan_cpu_s": [r["cpu_s"] for r in timings[True]],
+        "hostile_peak_rss_mib": max(r["peak_rss_mib"] for r in timings[True]),
+        # Best against best: the least disturbed run of each (wall time, and the plan's own
+        # CPU time, which other work on the machine disturbs less).
+        "time_ratio": round(min(hostile_s) / min(clean_s), 3),
+        "cpu_ratio": round(
+            min(r["cpu_s"] for r in timings[True]) / min(r["cpu_s"] for r in timings[False]), 3
+        ),
+        "target_time_ratio": TARGET_HOSTILE_RATIO,
+    }
 
 
 # The plan in a process of its own: its wall and CPU time, and its peak RSS (the emulator's

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from reconciler.apply.lease import LeaderLease
+from reconciler.apply.lease import UNREADABLE_HOLDER, LeaderLease
 from tests.doubles.cluster import FakeCluster
 
 NS, NAME = "vgpuctl-delegate", "vgpuctl-delegate"
@@ -134,6 +134,18 @@ def test_a_released_lease_is_free_and_an_odd_one_waits_a_duration() -> None:
     clock.t += 15.1
     assert c.try_acquire_or_renew()
     assert api2.store[("leases", NS, NAME)]["spec"]["leaseTransitions"] == 1
+
+
+def test_a_holder_too_long_to_read_is_someone_else_and_never_quoted() -> None:
+    api, clock = FakeCluster(), Clock()
+    huge = {"holderIdentity": "h" * (1 << 20), "renewTime": "[" * 200_000}
+    api.put("leases", {"metadata": {"name": NAME, "namespace": NS}, "spec": huge}, NS)
+    c = candidate(api, "pod-c", clock)
+    assert not c.try_acquire_or_renew()  # held: by someone whose name cannot be read
+    assert c.seen_holder == UNREADABLE_HOLDER
+    clock.t += 15.1  # unchanged for a lease duration: expired, as any other
+    assert c.try_acquire_or_renew()
+    assert stored(api)["spec"]["holderIdentity"] == "pod-c"
 
 
 def test_two_candidates_over_http_make_one_leader(emu: Any, tmp_path: Any) -> None:

@@ -150,6 +150,16 @@ def test_long_server_messages_are_cut() -> None:
 
 
 @pytest.mark.parametrize(
+    "body", ["[" * 200_000, '{"kind": "Status", "message": "' + "m" * (1 << 20) + '"}']
+)
+def test_an_error_body_too_deep_or_too_long_is_quoted_as_text_not_decoded(body: str) -> None:
+    # A body the JSON decoder could not take (issue 28): one line, cut, never an internal error.
+    err = from_api_exception(500, "x", body, request=VGPU, server=SERVER)
+    assert len(err.message) < 500
+    assert err.message.endswith("…")
+
+
+@pytest.mark.parametrize(
     ("body", "missing_object"),
     [
         (status(404, 'vgpudevices "x" not found', name="x", kind="vgpudevices"), True),

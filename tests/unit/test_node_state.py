@@ -218,6 +218,16 @@ def test_a_reconcile_that_changes_nothing_else_keeps_the_last_change() -> None:
     ]
 
 
+def test_a_stored_text_too_long_to_be_vgpuctls_is_not_carried_over() -> None:
+    cluster = converged_cluster()
+    stored = cluster.node_state
+    assert stored is not None
+    status = {**stored.status, "lastChange": {"time": EARLIER, "result": "x" * (1 << 20)}}
+    cluster = replace(cluster, node_state=replace(stored, status=status))
+    write = node_state_write(plan(cluster))
+    assert isinstance(write, CrUpdate) and "lastChange" not in write.object.status
+
+
 def test_a_reconcile_that_changes_something_records_it(tmp_path: Path) -> None:
     cluster = converged_cluster()
     fewer = seed_node(

@@ -783,7 +783,11 @@ def test_a_vf_without_its_object_is_known_by_address_only() -> None:
         ),
         ({"gpus": [{"address": "0000:08:00.0"}]}, "status.gpus[0].typeSet is not an index"),
         ({"gpus": [{"typeSet": 1}], "typeSets": [[]]}, "status.gpus[0].typeSet is not an index"),
-        ({"vgpus": [{"vf": "0000:08:00.4", "uuid": 7}]}, "status.vgpus[0].uuid is not a string: 7"),
+        ({"vgpus": [{"vf": "0000:08:00.4", "uuid": 7}]}, "status.vgpus[0].uuid is not text"),
+        (
+            {"vgpus": [{"vf": "0000:08:00.4", "holder": "x" * 5000}]},
+            "status.vgpus[0].holder is longer than 1024 characters",
+        ),
         ({"vgpus": [{"vf": "x"}]}, "status.vgpus[0].vf is not a PCI address"),
     ],
 )

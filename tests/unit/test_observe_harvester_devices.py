@@ -174,8 +174,32 @@ def test_a_running_vmi_of_the_profile_may_hold_any_configured_vf_of_it() -> None
 
 def test_an_unreadable_annotation_counts_every_configured_vf_as_used() -> None:
     node = _node(vms=[vm("odd", "{not json")])
-    assert dict(node.used_by) == {f"{NODE}-000008004": "VM default/odd"}
-    assert any("annotation" in n for n in node.notes)
+    held = "VM default/odd (allocation annotation unreadable)"
+    assert dict(node.used_by) == {f"{NODE}-000008004": held}
+    # Said in one line naming the VM and the annotation; the node is not blocked for it.
+    assert node.notes == ()
+    (line,) = node.unread_holders
+    assert line.startswith(f"VM default/odd: annotation {ALLOCATION_ANNOTATION} is not JSON: ")
+
+
+def test_an_unreadable_annotation_holds_only_what_its_vm_could_hold() -> None:
+    deep = vm("deep", "[" * 200_000)
+    assert "nests deeper than 32 levels" in _node(vms=[deep]).unread_holders[0]
+
+    def requesting(resource: str) -> dict[str, Any]:
+        devices = {"hostDevices": [{"name": "g", "deviceName": resource}]}
+        return {**deep, "spec": {"template": {"spec": {"domain": {"devices": devices}}}}}
+
+    # Its template asks for this node's configured profile: those VFs; for another: none.
+    held = _node(vms=[requesting("nvidia.com/NVIDIA_A2-4Q")])
+    assert list(held.used_by) == [f"{NODE}-000008004"]
+    other = _node(vms=[requesting("nvidia.com/NVIDIA_A2-8Q")])
+    assert (dict(other.used_by), other.unread_holders) == ({}, ())
+    # Its VMI runs on another node: its devices are there.
+    vmi = {"metadata": {"name": "deep", "namespace": "default"},
+           "status": {"phase": "Running", "nodeName": "other-node"}}  # fmt: skip
+    elsewhere = _node(vms=[deep], vmis=[vmi])
+    assert (dict(elsewhere.used_by), elsewhere.unread_holders) == ({}, ())
 
 
 def test_a_damaged_object_is_left_out_with_a_note() -> None:
