@@ -51,7 +51,9 @@ def device_nodes(tree: SysfsTree, device: str) -> DeviceNodes:
     """The nodes through which a VM can hold the device at ``device`` (a resolved path): its
     ``iommu_group`` link (absent: no VFIO driver bound, nothing can open it; the group's node
     is ``class/vfio/<group>``), and the cdev listed under its ``vfio-dev/`` (absent on kernels
-    without ``CONFIG_VFIO_DEVICE_CDEV``), each with the device number its ``dev`` file gives."""
+    without ``CONFIG_VFIO_DEVICE_CDEV``), each with the device number its ``dev`` file gives;
+    and the device's own name, the last component of ``device`` (what a VFIO device fd's
+    ``vfio-device-syspath`` ends in: ``holds.vfio_device_of``)."""
     try:
         target = tree.read_link(f"{device}/iommu_group")
     except FileNotFoundError:
@@ -72,7 +74,9 @@ def device_nodes(tree: SysfsTree, device: str) -> DeviceNodes:
             number = _device_number(tree, dev_file)
             if number is not None:
                 numbers.add(number)
-    return DeviceNodes(group=group, cdev=cdev, numbers=frozenset(numbers))
+    return DeviceNodes(
+        group=group, cdev=cdev, numbers=frozenset(numbers), device=link_basename(device) or None
+    )
 
 
 def _device_number(tree: SysfsTree, rel: str) -> int | None:
