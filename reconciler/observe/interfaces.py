@@ -59,12 +59,7 @@ def device_nodes(tree: SysfsTree, device: str) -> DeviceNodes:
     except FileNotFoundError:
         target = None
     group = link_basename(target) if target else None
-    try:
-        names = tree.list_dir(f"{device}/vfio-dev")
-    except (FileNotFoundError, NotADirectoryError):
-        names = []
-    cdevs = sorted(n for n in names if vfio_cdev_name(n))
-    cdev = cdevs[0] if cdevs else None
+    cdev = vfio_cdev(tree, device)
     numbers = set()
     for dev_file in (
         f"class/vfio/{group}/dev" if group is not None else None,
@@ -77,6 +72,19 @@ def device_nodes(tree: SysfsTree, device: str) -> DeviceNodes:
     return DeviceNodes(
         group=group, cdev=cdev, numbers=frozenset(numbers), device=link_basename(device) or None
     )
+
+
+def vfio_cdev(tree: SysfsTree, device: str) -> str | None:
+    """The vfio cdev of the device at ``device`` (a resolved path), as its ``vfio-dev/`` lists
+    it (``vfio3``: ``/dev/vfio/devices/vfio3``; vfio_main.c names it ``"vfio%d"``, device_cdev.c
+    puts its node at ``"vfio/devices/%s"``); None without one (no ``CONFIG_VFIO_DEVICE_CDEV``,
+    or no VFIO driver). Entries of any other name are not cdevs."""
+    try:
+        names = tree.list_dir(f"{device}/vfio-dev")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    cdevs = sorted(n for n in names if vfio_cdev_name(n))
+    return cdevs[0] if cdevs else None
 
 
 def _device_number(tree: SysfsTree, rel: str) -> int | None:
