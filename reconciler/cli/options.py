@@ -102,9 +102,10 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
         action="store_true",
         default=dflt(False),
         help="UNSAFE: when vgpuctl cannot see every process of the host (it runs outside the "
-        "host's PID namespace, e.g. a pod without hostPID), assume no process it cannot see "
-        "holds a vGPU. Without it every vGPU then counts as in use and its removal is blocked: "
-        "a VM vgpuctl missed would lose its GPU",
+        "host's PID namespace, e.g. a pod without hostPID), or a process keeps a VFIO device fd "
+        "the kernel does not name (before Linux 6.18), assume no such process holds a vGPU. "
+        "Without it every vGPU then counts as in use and its removal is blocked: a VM vgpuctl "
+        "missed would lose its GPU",
     )
     group.add_argument(
         "--no-color",

@@ -84,6 +84,14 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("dir", metavar="DIR", type=Path)
     p.add_argument("uuid", metavar="UUID")
     p.add_argument("--hidden", action="store_true", help="a holder the hold probe cannot see")
+    p.add_argument(
+        "--device-fd",
+        choices=("syspath", "no-syspath"),
+        metavar="FDINFO",
+        help="the holder is a process that kept only the vGPU's VFIO device fd "
+        "(anon_inode:[vfio-device] in the simulated /proc); its fdinfo names the device "
+        "('syspath', Linux 6.18+) or not ('no-syspath', older kernels)",
+    )
     p.set_defaults(handler=cmd_hold)
 
     p = ssub.add_parser("release", help="the VM lets go of a vGPU")
@@ -145,8 +153,10 @@ def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
 def cmd_hold(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.sim import hold
 
-    _simulator_call(hold, ns.dir, ns.uuid, hidden=ns.hidden)
+    _simulator_call(hold, ns.dir, ns.uuid, hidden=ns.hidden, device_fd=ns.device_fd)
     who = "a simulated VM vgpuctl cannot see" if ns.hidden else "a simulated VM"
+    if ns.device_fd is not None:
+        who = f"a simulated process keeping only its VFIO device fd (fdinfo: {ns.device_fd})"
     print(f"vGPU {ns.uuid} is now held by {who}", file=sys.stderr)
     return EXIT_OK
 

@@ -10,6 +10,7 @@ servers in ``server.py`` translate these values to and from protobuf messages.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from reconciler.model import (
@@ -27,6 +28,9 @@ UNHEALTHY = "Unhealthy"
 
 #: The container-side VFIO control device every vGPU user opens besides its group.
 VFIO_CONTROL = "/dev/vfio/vfio"
+#: Where a device's iommufd cdev ``vfioN`` is (drivers/vfio/device_cdev.c: ``"vfio/devices/%s"``).
+VFIO_CDEV_DIR = "/dev/vfio/devices/"
+_CDEV_NAME = re.compile(r"vfio[0-9]{1,10}")
 #: cgroup device permissions handed out: mknod, read, write.
 PERMISSIONS = "mrw"
 
@@ -153,8 +157,18 @@ class Allocation:
     device_paths: tuple[str, ...]
 
 
-def allocation(resource: str, ids: Sequence[str], devices: Sequence[PluginDevice]) -> Allocation:
+def allocation(
+    resource: str,
+    ids: Sequence[str],
+    devices: Sequence[PluginDevice],
+    cdevs: Mapping[str, str] | None = None,
+) -> Allocation:
     """The answer to one container's ``Allocate`` request for ``ids``.
+
+    ``cdevs``: device ID → the iommufd cdev (``vfio7``) of a VF handed over whole, where the
+    host has one: ``/dev/vfio/devices/vfio7`` is handed out too, after the groups, for a VM
+    that opens the VF through iommufd (KubeVirt's ``IOMMUFD`` feature gate; docs/domain.md §9).
+    An mdev's cdev is not handed out: the mdev path goes through its group.
 
     Raises :class:`UnknownDeviceError` for IDs that are not in ``devices`` and
     :class:`AllocationError` for Unhealthy ones or ones with no known IOMMU group (a VM could
@@ -183,10 +197,20 @@ def allocation(resource: str, ids: Sequence[str], devices: Sequence[PluginDevice
         raise AllocationError(
             f"{resource}: the request mixes mdevs and whole VFs, which no VM can take together"
         )
+    whole_vf = kinds.pop()
     groups = dict.fromkeys(by_id[i].iommu_group for i in ids)
+    nodes = [f"/dev/vfio/{g}" for g in groups]
+    if whole_vf:
+        for i in ids:
+            cdev = (cdevs or {}).get(i)
+            if cdev is None:
+                continue
+            if _CDEV_NAME.fullmatch(cdev) is None:
+                raise AllocationError(f"{resource}: {i}: {cdev!r} is not a vfio cdev name")
+            nodes.append(f"{VFIO_CDEV_DIR}{cdev}")
     return Allocation(
-        envs={allocate_env_name(resource, whole_vf=kinds.pop()): ",".join(ids)},
-        device_paths=(VFIO_CONTROL, *(f"/dev/vfio/{g}" for g in groups)),
+        envs={allocate_env_name(resource, whole_vf=whole_vf): ",".join(ids)},
+        device_paths=(VFIO_CONTROL, *dict.fromkeys(nodes)),
     )
 
 

@@ -39,9 +39,19 @@ from reconciler.deviceplugin.server import (
     check_plugin_dir,
     remove_stale_staging,
 )
-from reconciler.model import ActionKind, ApplyError, Inventory, ObserveError, TypeNames
+from reconciler.model import (
+    ActionKind,
+    ApplyError,
+    Inventory,
+    ObserveError,
+    PciAddress,
+    ReconcilerError,
+    TypeNames,
+)
 from reconciler.model.record import field, record
-from reconciler.observe import HoldProbe, observe_host
+from reconciler.observe import HoldProbe, SysfsTree, observe_host
+from reconciler.observe.interfaces import vfio_cdev
+from reconciler.observe.pci import PCI_DEVICES
 
 log = logging.getLogger("vgpuctl.deviceplugin")
 
@@ -128,6 +138,8 @@ class PluginManager:
         self._plugins: dict[str, _PluginState] = {}
         self._advertised: DeviceSets = {}
         self._closed = False
+        #: Where the last inventory was read: a VF's iommufd cdev is looked up there.
+        self._sysfs_root: Path | None = None
         self._kubelet_seen_at = float("-inf")  # when kubelet.sock last appeared
         # Serialises update()/refresh()/close(): servers start and stop in there.
         self._updating = threading.RLock()
@@ -184,6 +196,8 @@ class PluginManager:
         with self._updating:
             if self._closed:
                 return
+            if inventory.sysfs_root:
+                self._sysfs_root = Path(inventory.sysfs_root)
             with self._lock:
                 previous = self._advertised
             now = carry_vanished(previous, device_sets(inventory), removed_on_purpose=removed)
@@ -244,6 +258,7 @@ class PluginManager:
             plugin_dir=self.plugin_dir,
             kubelet_socket=self.kubelet_socket,
             register_timeout=self._register_timeout,
+            vfio_cdev=self._vfio_cdev,
         )
         plugin.update(devices)
         plugin.start()  # serve before registering: the kubelet dials back at once
@@ -252,6 +267,22 @@ class PluginManager:
             self._plugins[resource] = state
             state.ask()
             self._lock.notify_all()
+
+    def _vfio_cdev(self, vf: PciAddress) -> str | None:
+        """The iommufd cdev of ``vf`` now (``vfio7``), from its ``vfio-dev/`` in sysfs; None
+        where the host has none, or it cannot be read (then the VM gets the group only)."""
+        root = self._sysfs_root
+        if root is None:
+            return None
+        tree = SysfsTree(root)
+        try:
+            return vfio_cdev(tree, tree.resolve(f"{PCI_DEVICES}/{vf}"))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, ReconcilerError) as exc:
+            why = exc.message if isinstance(exc, ReconcilerError) else exc.strerror or str(exc)
+            log.warning("cannot read the vfio cdev of %s: %s", vf, why)
+            return None
 
     # -- kubelet events (watchdog thread) -------------------------------------------------------
 

@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,7 +31,7 @@ from reconciler.deviceplugin.devices import (
     socket_name,
 )
 from reconciler.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from reconciler.model import TransientError, UsageError
+from reconciler.model import PciAddress, TransientError, UsageError
 
 log = logging.getLogger("vgpuctl.deviceplugin")
 
@@ -99,8 +99,12 @@ class ProfilePlugin:
         register_timeout: float = 2.0,
         stop_grace: float = 0.5,
         workers: int = 8,
+        vfio_cdev: Callable[[PciAddress], str | None] | None = None,
     ) -> None:
         self.resource = resource
+        #: A VF's iommufd cdev (``vfio7``) now, or None: asked at each ``Allocate`` of a VF
+        #: handed over whole (``manager.py`` reads it from sysfs).
+        self.vfio_cdev = vfio_cdev
         self.plugin_dir = Path(os.path.abspath(plugin_dir))
         self.socket_path = self.plugin_dir / socket_name(resource)
         self.kubelet_socket = (
@@ -397,7 +401,7 @@ class _DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         for container in request.container_requests:
             ids = list(container.devices_ids)
             try:
-                granted = allocation(resource, ids, devices)
+                granted = allocation(resource, ids, devices, self._cdevs(ids, devices))
             except AllocationError as exc:
                 log.warning("Allocate refused: %s", exc.message)
                 code = (
@@ -422,6 +426,19 @@ class _DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 ", ".join(granted.device_paths[1:]),
             )
         return api_pb2.AllocateResponse(container_responses=responses)
+
+    def _cdevs(self, ids: Sequence[str], devices: Sequence[PluginDevice]) -> dict[str, str]:
+        """The iommufd cdevs of the whole VFs among ``ids``, where the host has one."""
+        lookup = self._plugin.vfio_cdev
+        if lookup is None:
+            return {}
+        out: dict[str, str] = {}
+        for device in devices:
+            if device.whole_vf and device.id in ids:
+                cdev = lookup(device.vf)
+                if cdev is not None:
+                    out[device.id] = cdev
+        return out
 
     def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: Any

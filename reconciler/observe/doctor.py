@@ -258,10 +258,12 @@ def _holders(probe: HoldProbe) -> Check:
     return Check(
         "holders",
         CheckStatus.FAIL,
-        f"vgpuctl cannot see every process of the host ({blind}): every vGPU counts as in use, "
+        f"vgpuctl cannot tell every holder of a vGPU ({blind}): every vGPU counts as in use, "
         "so none is removed or changed",
         "run vgpuctl as root in the host's PID namespace, able to read every process's open "
-        "files: in the DaemonSet, hostPID: true and a privileged container (CAP_SYS_PTRACE)",
+        "files: in the DaemonSet, hostPID: true and a privileged container (CAP_SYS_PTRACE); "
+        "a VFIO device fd the kernel does not name (before Linux 6.18) blocks removals until "
+        "its process closes it",
     )
 
 

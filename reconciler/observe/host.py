@@ -63,9 +63,11 @@ def observe_host(
 
     Without a ``hold_probe`` no vGPU is reported in use: callers on a real host pass
     ``ProcfsHoldProbe()``, the simulator passes its own. When the probe cannot see every
-    process of the host, every vGPU a process could hold counts as in use by an unknown holder
-    (the reason in the holder), unless ``assume_no_hidden_holders``: the operator's word that
-    no invisible process holds one (``--unsafe-assume-no-hidden-holders``), kept as a note.
+    process of the host, or one it sees keeps a VFIO device fd whose device it cannot tell
+    (``HolderScan.unattributed``: Linux before 6.18), every vGPU a process could hold counts
+    as in use by an unknown holder (the reason in the holder), unless
+    ``assume_no_hidden_holders``: the operator's word that no process vgpuctl cannot see (or
+    attribute) holds one (``--unsafe-assume-no-hidden-holders``), kept as a note.
     """
     vanished: OSError | None = None
     for _attempt in range(2):
@@ -104,6 +106,12 @@ def observe_host(
                 "cannot see holds a vGPU (--unsafe-assume-no-hidden-holders)"
             )
             scan = HolderScan(held=scan.held)
+        elif scan.unattributed:
+            note = (
+                f"{scan.blind}: it may hold any vGPU, so every vGPU counts as in use and none "
+                "is removed or changed until it closes that fd (Linux 6.18 and later name the "
+                "device there); pass --unsafe-assume-no-hidden-holders if it holds no vGPU"
+            )
         else:
             note = (
                 f"vgpuctl cannot see every process of the host ({scan.blind}): every vGPU "
@@ -127,8 +135,9 @@ def vgpu_holder(
     ``uuid`` is an mdev UUID, or on NVIDIA's vendor-specific VFIO interface the VF's address:
     the VF is the vGPU there, held through the VF's own group or cdev (docs/domain.md §3b, §9).
 
-    ``unknown: …`` (it counts as held) when the probe cannot see every process of the host,
-    unless ``assume_no_hidden_holders``, as :func:`observe_host` decides. None when no process
+    ``unknown: …`` (it counts as held) when the probe cannot see every process of the host, or
+    one keeps a VFIO device fd it cannot attribute, unless ``assume_no_hidden_holders``, as
+    :func:`observe_host` decides. None when no process
     holds it, when nothing could open it, or when it is gone.
     """
     whole_vf = uuid == str(vf)
@@ -153,8 +162,15 @@ def vgpu_holder(
     scan = hold_probe.scan({uuid: nodes})
     holder = scan.held.get(uuid)
     if holder is None and scan.blind is not None and not assume_no_hidden_holders:
-        holder = f"{UNKNOWN_HOLDER}: cannot see the host's processes ({scan.blind})"
+        holder = unknown_holder(scan)
     return holder
+
+
+def unknown_holder(scan: HolderScan) -> str:
+    """The holder of a vGPU a blind scan did not find held: ``unknown: …why…``."""
+    if scan.unattributed:
+        return f"{UNKNOWN_HOLDER}: {scan.blind}"
+    return f"{UNKNOWN_HOLDER}: cannot see the host's processes ({scan.blind})"
 
 
 def _open_tree(sysfs_root: Path) -> SysfsTree:
@@ -267,7 +283,7 @@ def _mark_held(inventory: Inventory, scan: HolderScan, openable: VgpuNodes) -> I
     """Mark the held vGPUs; when the scan is blind, every openable one it did not find held."""
     if not scan.held and scan.blind is None:
         return inventory
-    unknown = f"{UNKNOWN_HOLDER}: cannot see the host's processes ({scan.blind})"
+    unknown = unknown_holder(scan)
 
     def holder(vgpu: VGPU) -> str | None:
         found = scan.held.get(vgpu.uuid)

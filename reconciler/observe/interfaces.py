@@ -51,18 +51,15 @@ def device_nodes(tree: SysfsTree, device: str) -> DeviceNodes:
     """The nodes through which a VM can hold the device at ``device`` (a resolved path): its
     ``iommu_group`` link (absent: no VFIO driver bound, nothing can open it; the group's node
     is ``class/vfio/<group>``), and the cdev listed under its ``vfio-dev/`` (absent on kernels
-    without ``CONFIG_VFIO_DEVICE_CDEV``), each with the device number its ``dev`` file gives."""
+    without ``CONFIG_VFIO_DEVICE_CDEV``), each with the device number its ``dev`` file gives;
+    and the device's own name, the last component of ``device`` (what a VFIO device fd's
+    ``vfio-device-syspath`` ends in: ``holds.vfio_device_of``)."""
     try:
         target = tree.read_link(f"{device}/iommu_group")
     except FileNotFoundError:
         target = None
     group = link_basename(target) if target else None
-    try:
-        names = tree.list_dir(f"{device}/vfio-dev")
-    except (FileNotFoundError, NotADirectoryError):
-        names = []
-    cdevs = sorted(n for n in names if vfio_cdev_name(n))
-    cdev = cdevs[0] if cdevs else None
+    cdev = vfio_cdev(tree, device)
     numbers = set()
     for dev_file in (
         f"class/vfio/{group}/dev" if group is not None else None,
@@ -72,7 +69,22 @@ def device_nodes(tree: SysfsTree, device: str) -> DeviceNodes:
             number = _device_number(tree, dev_file)
             if number is not None:
                 numbers.add(number)
-    return DeviceNodes(group=group, cdev=cdev, numbers=frozenset(numbers))
+    return DeviceNodes(
+        group=group, cdev=cdev, numbers=frozenset(numbers), device=link_basename(device) or None
+    )
+
+
+def vfio_cdev(tree: SysfsTree, device: str) -> str | None:
+    """The vfio cdev of the device at ``device`` (a resolved path), as its ``vfio-dev/`` lists
+    it (``vfio3``: ``/dev/vfio/devices/vfio3``; vfio_main.c names it ``"vfio%d"``, device_cdev.c
+    puts its node at ``"vfio/devices/%s"``); None without one (no ``CONFIG_VFIO_DEVICE_CDEV``,
+    or no VFIO driver). Entries of any other name are not cdevs."""
+    try:
+        names = tree.list_dir(f"{device}/vfio-dev")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    cdevs = sorted(n for n in names if vfio_cdev_name(n))
+    return cdevs[0] if cdevs else None
 
 
 def _device_number(tree: SysfsTree, rel: str) -> int | None:

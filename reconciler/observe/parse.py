@@ -26,6 +26,7 @@ _HEX = re.compile(r"^(?:0x)?([0-9a-f]{1,8})$")
 _DECIMAL = re.compile(r"^[0-9]+$")
 _VIRTFN = re.compile(r"^virtfn([0-9]+)$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_VFIO_CDEV = re.compile(r"vfio[0-9]{1,10}")
 #: ``4096M``, ``16G`` (also ``4096MB``/``4096MiB``): the driver prints mebibytes with ``M``.
 _SIZE = re.compile(r"^([0-9]+)\s*([MG])(?:I?B)?$", re.IGNORECASE)
 _SIZE_UNIT_MIB = {"M": 1, "G": 1024}
@@ -156,8 +157,9 @@ def parse_creatable_types(text: str) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def vfio_cdev_name(name: str) -> bool:
-    """Whether a ``vfio-dev/`` entry is a vfio cdev (``vfio3``: ``/dev/vfio/devices/vfio3``)."""
-    return name.startswith("vfio") and name[4:].isdigit()
+    """Whether a ``vfio-dev/`` entry is a vfio cdev (``vfio3``: ``/dev/vfio/devices/vfio3``):
+    ``vfio`` and ASCII digits, as vfio_main.c ``__vfio_register_dev`` names it (``"vfio%d"``)."""
+    return _VFIO_CDEV.fullmatch(name) is not None
 
 
 def is_mdev_uuid(name: str) -> bool:

@@ -176,6 +176,7 @@ def remove_vgpu(
     del state.vgpus[vgpu_id]
     state.held.pop(vgpu_id, None)
     state.hidden.discard(vgpu_id)
+    state.by_process.pop(vgpu_id, None)
     state.removing.discard(vgpu_id)
     if gpu.interface == "mdev":
         tree.drop_mdev(
@@ -226,6 +227,7 @@ def power_cycle(state: SimState, tree: SysfsTree) -> None:
     state.vgpus.clear()
     state.held.clear()
     state.hidden.clear()
+    state.by_process.clear()
     state.removing.clear()
     state.faults.writes = 0
     state.faults.sriov_manage = None

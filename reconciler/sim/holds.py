@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from reconciler.observe.holds import DeviceNodes, HolderScan, pid_namespace_blindness
+from reconciler.observe.holds import (
+    DeviceNodes,
+    HolderScan,
+    pid_namespace_blindness,
+    processes_blindness,
+    scan_processes,
+)
+from reconciler.sim.procfs import proc_root
 from reconciler.sim.statefile import read_holds, state_path
 
 
@@ -25,7 +32,9 @@ class SimHoldProbe:
 
     Holders made with ``sim hold --hidden`` are invisible to it, as a VM in a PID namespace
     vgpuctl cannot look into is to the ``/proc`` probe. Like that probe it is blind when
-    vgpuctl runs in another PID namespace than the one the host was built in.
+    vgpuctl runs in another PID namespace than the one the host was built in. Holders made with
+    ``sim hold --device-fd`` are processes of the simulated ``/proc`` (``procfs.py``): those it
+    finds as the real probe does, scanning that tree with the same code.
     """
 
     def __init__(self, sysfs_root: Path, *, proc_root: Path = Path("/proc")) -> None:
@@ -34,15 +43,24 @@ class SimHoldProbe:
 
     def blindness(self) -> str | None:
         holds = read_holds(self._root)
-        return pid_namespace_blindness(self._proc_root, host_namespace=holds.pid_namespace)
+        blind = pid_namespace_blindness(self._proc_root, host_namespace=holds.pid_namespace)
+        if blind is None and holds.by_process:
+            blind = processes_blindness(proc_root(self._root))
+        return blind
 
     def scan(self, vgpus: Mapping[str, DeviceNodes]) -> HolderScan:
         """Input: vGPU UUID (vfio: VF address) → its device nodes; output: the visible holds."""
         holds = read_holds(self._root)
+        unseen = holds.hidden | holds.by_process.keys()
         held = {
             u: holds.held[u.lower()]
             for u in vgpus
-            if u.lower() in holds.held and u.lower() not in holds.hidden
+            if u.lower() in holds.held and u.lower() not in unseen
         }
         blind = pid_namespace_blindness(self._proc_root, host_namespace=holds.pid_namespace)
-        return HolderScan(held=held, blind=blind)
+        if blind is not None or not holds.by_process:
+            return HolderScan(held=held, blind=blind)
+        found = scan_processes(proc_root(self._root), vgpus)
+        return HolderScan(
+            held={**found.held, **held}, blind=found.blind, unattributed=found.unattributed
+        )

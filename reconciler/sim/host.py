@@ -19,8 +19,8 @@ from reconciler.catalog import Catalog, default_catalog, long_profile_name
 from reconciler.model import PciAddress
 from reconciler.model.mode import VgpuMode
 from reconciler.model.record import record, replace
-from reconciler.observe.holds import INIT_PID_NAMESPACE, current_pid_namespace
-from reconciler.sim import driver
+from reconciler.observe.holds import INIT_PID_NAMESPACE, current_pid_namespace, describe_holder
+from reconciler.sim import driver, procfs
 from reconciler.sim.holds import SimHoldProbe, is_simulated
 from reconciler.sim.kernel import SimSysfsWriter
 from reconciler.sim.nvidia_smi import install_script as install_nvidia_smi
@@ -675,14 +675,50 @@ def _vgpu_key(state: SimState, vgpu: str) -> str:
     return key
 
 
-def hold(directory: Path, uuid: str, *, holder: str = DEFAULT_HOLDER, hidden: bool = False) -> None:
+def hold(
+    directory: Path,
+    uuid: str,
+    *,
+    holder: str = DEFAULT_HOLDER,
+    hidden: bool = False,
+    device_fd: str | None = None,
+) -> None:
     """A VM opens the vGPU: a write removing it now blocks until it is released (disabling its
     GPU's VFs fails with EBUSY). ``hidden``: no hold probe can see this VM (its removal then
-    reaches the kernel, and blocks)."""
+    reaches the kernel, and blocks).
+
+    ``device_fd``: the holder is a process that kept only the vGPU's VFIO device fd, in the
+    simulated ``/proc`` (``procfs.py``), named ``holder`` (its ``comm``): its fdinfo names the
+    device (:data:`~reconciler.sim.procfs.NEW_KERNEL`, Linux 6.18+) or not
+    (:data:`~reconciler.sim.procfs.OLD_KERNEL`). The probe finds it only by scanning that tree.
+    """
+    if device_fd is not None and device_fd not in procfs.FDINFO_STYLES:
+        raise ValueError(
+            f"unknown fdinfo style {device_fd!r}: expected one of {', '.join(procfs.FDINFO_STYLES)}"
+        )
+    if device_fd is not None and hidden:
+        raise ValueError("a device-fd holder is a process the probe can see: not hidden")
     root = _root_of(directory)
     with locked(root):
         state = load_state(root)
         key = _vgpu_key(state, uuid)
+        _end_process(root, state, key)
+        if device_fd is not None:
+            pid = _free_pid(state)
+            rec = state.vgpus[key]
+            gpu = state.vf_owner(rec.vf)
+            device = (
+                f"bus/pci/devices/{rec.vf}"
+                if gpu is not None and gpu.interface != "mdev"
+                else f"bus/mdev/devices/{key}"
+            )
+            syspath = (
+                procfs.device_syspath(root, device) if device_fd == procfs.NEW_KERNEL else None
+            )
+            comm = holder if holder != DEFAULT_HOLDER else "qemu-kvm"
+            procfs.add_device_fd_holder(root, pid, comm, syspath)
+            state.by_process[key] = pid
+            holder = describe_holder(pid, comm)
         state.held[key] = holder
         if hidden:
             state.hidden.add(key)
@@ -693,14 +729,29 @@ def hold(directory: Path, uuid: str, *, holder: str = DEFAULT_HOLDER, hidden: bo
 
 def release(directory: Path, uuid: str) -> None:
     """The VM lets go of the vGPU (nothing happens if it was not held); a blocked removal of
-    it then completes."""
+    it then completes. A holder in the simulated ``/proc`` exits."""
     root = _root_of(directory)
     with locked(root):
         state = load_state(root)
         key = _vgpu_key(state, uuid)
+        _end_process(root, state, key)
         state.held.pop(key, None)
         state.hidden.discard(key)
         save_state(root, state)
+
+
+def _end_process(root: Path, state: SimState, key: str) -> None:
+    pid = state.by_process.pop(key, None)
+    if pid is not None:
+        procfs.remove_process(root, pid)
+
+
+def _free_pid(state: SimState) -> int:
+    taken = set(state.by_process.values())
+    pid = procfs.FIRST_PID
+    while pid in taken:
+        pid += 1
+    return pid
 
 
 def fail(
@@ -745,4 +796,5 @@ def reboot(directory: Path) -> None:
     with locked(root):
         state = load_state(root)
         driver.power_cycle(state, SysfsTree(root))
+        procfs.remove_all(root)
         save_state(root, state)

@@ -128,6 +128,10 @@ class SimState:
     #: Held vGPUs whose holder no probe can see (``sim hold --hidden``: a VM in a PID namespace
     #: vgpuctl cannot look into). The kernel still waits for them.
     hidden: set[str] = field(default_factory=set)
+    #: Held vGPUs whose holder is a process of the simulated ``/proc`` keeping only a VFIO
+    #: device fd (``sim hold --device-fd``): vGPU id → its pid. The probe finds it by scanning
+    #: that tree (``procfs.py``), not from here.
+    by_process: dict[str, int] = field(default_factory=dict)
     #: vGPUs whose removal is under way: a writer is blocked until the holder lets go.
     removing: set[str] = field(default_factory=set)
     #: The inode of the PID namespace the host was built in: the simulated host's processes
@@ -233,6 +237,7 @@ class SimState:
             },
             "held": dict(self.held),
             "hidden": sorted(self.hidden),
+            "byProcess": dict(sorted(self.by_process.items())),
             "removing": sorted(self.removing),
             "pidNamespace": self.pid_namespace,
             "faults": {
@@ -284,6 +289,7 @@ class SimState:
             },
             held=dict(holds.held),
             hidden=set(holds.hidden),
+            by_process=dict(holds.by_process),
             removing={str(v) for v in raw.get("removing", [])},
             pid_namespace=holds.pid_namespace,
             faults=Faults(

@@ -20,7 +20,8 @@ STATE_FILE = "state.json"
 #: ``interface``; a file that has only that one still loads, every GPU taking it. Each GPU's
 #: ``vgpuMode`` (equal-size | mixed-size), each model's ``framebufferMiB`` and a type's
 #: ``mixedSizeMaxInstance`` came later: a file without them loads equal-size, the model's
-#: framebuffer its largest type's, and no mixed-size maximum.
+#: framebuffer its largest type's, and no mixed-size maximum. ``byProcess`` (holders in the
+#: simulated ``/proc``) came later still: a file without it has none.
 FORMAT_VERSION = 1
 
 
@@ -48,6 +49,9 @@ class Holds:
     held: dict[str, str]
     #: Held vGPUs whose holder no probe can see (``sim hold --hidden``).
     hidden: frozenset[str]
+    #: Held vGPUs whose holder is a process of the simulated ``/proc`` (``procfs.py``): the
+    #: probe finds those by scanning it. vGPU id → pid.
+    by_process: dict[str, int]
     #: The inode of the PID namespace the host was built in.
     pid_namespace: int
 
@@ -56,6 +60,7 @@ class Holds:
         return cls(
             held={str(k): str(v) for k, v in raw["held"].items()},
             hidden=frozenset(str(v) for v in raw.get("hidden", [])),
+            by_process={str(k): int(v) for k, v in raw.get("byProcess", {}).items()},
             pid_namespace=int(raw.get("pidNamespace", INIT_PID_NAMESPACE)),
         )
 

@@ -533,3 +533,79 @@ def test_preferred_allocation_packs_onto_one_gpu(
     assert ask(everything, [], 4) == [*second, first[0]]
     # must_include alone when it already has the size.
     assert ask(everything, [second[2], first[0]], 2) == [second[2], first[0]]
+
+
+# --- Allocate of a VF handed over whole: its iommufd cdev too ------------------------------------
+
+L40S_8Q = "nvidia.com/NVIDIA_L40S-8Q"
+ENV_L40S_8Q = "PCI_RESOURCE_NVIDIA_COM_NVIDIA_L40S-8Q"
+VFIO_VF0, VFIO_VF1 = "0000:08:00.4", "0000:08:00.5"
+
+
+@pytest.fixture
+def vfio_host(tmp_path: Path) -> SimHost:
+    """An L40S on NVIDIA's vendor-specific VFIO interface with two 8Q vGPUs: the VFs are the
+    vGPUs, handed to VMs as PCI devices (docs/domain.md §3b)."""
+    spec = {
+        "interface": "vfio",
+        "gpus": [
+            {
+                "model": "L40S",
+                "address": "0000:08:00.0",
+                "vgpus": {VFIO_VF0: "NVIDIA L40S-8Q", VFIO_VF1: "NVIDIA L40S-8Q"},
+            }
+        ],
+    }
+    return build_host(tmp_path / "vfio-host", spec)
+
+
+def give_cdev(host: SimHost, vf: str, name: str) -> None:
+    """``<VF>/vfio-dev/<name>/dev`` as the kernel lists a VFIO device's cdev
+    (vfio_main.c ``__vfio_register_dev``: ``"vfio%d"``, a child of the device)."""
+    d = Path(os.path.realpath(host.sysfs_root / "bus/pci/devices" / vf)) / "vfio-dev" / name
+    d.mkdir(parents=True)
+    (d / "dev").write_text("511:7\n")
+
+
+def vf_group(host: SimHost, vf: str) -> str:
+    link = os.readlink(host.sysfs_root / "bus/pci/devices" / vf / "iommu_group")
+    return os.path.basename(link)
+
+
+def test_allocate_of_a_whole_vf_hands_out_its_iommufd_cdev_where_the_host_has_one(
+    kubelet: FakeKubelet, manager: PluginManager, vfio_host: SimHost
+) -> None:
+    give_cdev(vfio_host, VFIO_VF0, "vfio7")
+    manager.update(observe(vfio_host))
+    wait_allocatable(kubelet, {L40S_8Q: 2})
+
+    response = kubelet.allocate(L40S_8Q, [VFIO_VF0, VFIO_VF1])
+
+    assert dict(response.envs) == {ENV_L40S_8Q: f"{VFIO_VF0},{VFIO_VF1}"}
+    specs = [(d.container_path, d.host_path, d.permissions) for d in response.devices]
+    paths = [
+        "/dev/vfio/vfio",
+        f"/dev/vfio/{vf_group(vfio_host, VFIO_VF0)}",
+        f"/dev/vfio/{vf_group(vfio_host, VFIO_VF1)}",
+        "/dev/vfio/devices/vfio7",  # VF1 has no cdev: its group only
+    ]
+    assert specs == [(p, p, "mrw") for p in paths]
+    # Looked up at Allocate, not when advertised: a cdev that appears later is handed out.
+    give_cdev(vfio_host, VFIO_VF1, "vfio8")
+    again = kubelet.allocate(L40S_8Q, [VFIO_VF1])
+    assert [d.host_path for d in again.devices][-1] == "/dev/vfio/devices/vfio8"
+
+
+@pytest.mark.parametrize("name", ["vfio", "vfio7x", "vfio\u0663", "VFIO7", "vfio-7"])
+def test_an_entry_that_is_no_cdev_name_is_never_handed_out(
+    kubelet: FakeKubelet, manager: PluginManager, vfio_host: SimHost, name: str
+) -> None:
+    """``vfio`` and ASCII digits only (an Arabic-Indic ``٣`` is a digit to str.isdigit)."""
+    give_cdev(vfio_host, VFIO_VF0, name)
+    manager.update(observe(vfio_host))
+    wait_allocatable(kubelet, {L40S_8Q: 2})
+    response = kubelet.allocate(L40S_8Q, [VFIO_VF0])
+    assert [d.host_path for d in response.devices] == [
+        "/dev/vfio/vfio",
+        f"/dev/vfio/{vf_group(vfio_host, VFIO_VF0)}",
+    ]

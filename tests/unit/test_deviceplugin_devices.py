@@ -234,6 +234,30 @@ def test_on_vfio_the_vfs_are_the_devices_and_are_allocated_as_pci_devices() -> N
         allocation(Q4, ["0000:08:00.4", uuid(1)], [*devices, mdev])
 
 
+def test_a_whole_vf_gets_its_iommufd_cdev_and_an_mdev_never_does() -> None:
+    """docs/domain.md §9: KubeVirt opens a VF through /dev/vfio/devices/vfioN with its IOMMUFD
+    feature gate; an mdev is opened through its group, so its cdev is not handed out."""
+    vf4 = PluginDevice("0000:08:00.4", True, vf_address(A2_1, 0), PciAddress.parse(A2_1), "200",
+                       whole_vf=True)  # fmt: skip
+    vf5 = replace(vf4, id="0000:08:00.5", vf=vf_address(A2_1, 1), iommu_group="201")
+    got = allocation(Q4, [vf4.id, vf5.id], [vf4, vf5], {vf5.id: "vfio12", vf4.id: "vfio3"})
+    assert got.device_paths == (
+        "/dev/vfio/vfio",
+        "/dev/vfio/200",
+        "/dev/vfio/201",
+        "/dev/vfio/devices/vfio3",
+        "/dev/vfio/devices/vfio12",
+    )
+    mdev = dev(1, A2_1, 2, group="40")
+    assert allocation(Q4, [mdev.id], [mdev], {mdev.id: "vfio3"}).device_paths == (
+        "/dev/vfio/vfio",
+        "/dev/vfio/40",
+    )
+    for bad in ("../../sda", "vfio3/../../sda", "vfio\u0663", "vfio"):
+        with pytest.raises(AllocationError, match="is not a vfio cdev name"):
+            allocation(Q4, [vf4.id], [vf4], {vf4.id: bad})
+
+
 def test_a_vfio_vgpu_whose_type_nothing_names_is_not_advertised() -> None:
     """``type 1147``: a type id no list and no record names. Its resource is unknown, so no
     plugin offers it (a resource made from the id would be one no VM asks for)."""

@@ -382,7 +382,10 @@ def test_hold_probe_is_asked_with_iommu_groups_and_marks_vgpus_in_use(host: Host
     host.mdev(vfs[3], UUID_2, "nvidia-751", group=48)
     probe = RecordingProbe({UUID_1: "pid 4242 (qemu-system-x86)"})
     a2 = observe(host, hold_probe=probe).gpus[0]
-    assert probe.asked == {UUID_1: DeviceNodes(group="45"), UUID_2: DeviceNodes(group="48")}
+    assert probe.asked == {
+        UUID_1: DeviceNodes(group="45", device=UUID_1),
+        UUID_2: DeviceNodes(group="48", device=UUID_2),
+    }
     assert a2.vfs[0].vgpu == VGPU(
         UUID_1, "NVIDIA A2-4Q", True, "pid 4242 (qemu-system-x86)", iommu_group="45"
     )
@@ -405,6 +408,7 @@ def test_the_probe_is_told_the_cdev_and_the_device_numbers(host: HostTree) -> No
             group="106",
             cdev="vfio3",
             numbers=frozenset({os.makedev(238, 0), os.makedev(511, 3)}),
+            device=UUID_1,
         )
     }
 
@@ -702,7 +706,7 @@ def test_a_configured_vf_is_held_through_its_own_device_nodes(tmp_path: Path) ->
     vfs = l40s_vfio_host(root, configured={0: "1152"})
     probe = RecordingProbe({vfs[0]: "pid 9 (qemu-kvm)"})
     inventory = observe_host(root, node="n1", catalog=default_catalog(), hold_probe=probe)
-    assert probe.asked == {vfs[0]: DeviceNodes(group="200")}
+    assert probe.asked == {vfs[0]: DeviceNodes(group="200", device=vfs[0])}
     vgpu = inventory.gpus[0].vfs[0].vgpu
     assert vgpu == VGPU(vfs[0], "NVIDIA L40S-8Q", True, "pid 9 (qemu-kvm)", iommu_group="200")
     # The sizes this interface does not publish come from the catalogue.

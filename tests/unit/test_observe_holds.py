@@ -184,3 +184,163 @@ def test_describe_holder() -> None:
     assert describe_holder(1234, "qemu-system-x86\n") == "pid 1234 (qemu-system-x86)"
     assert describe_holder(1234, None) == "pid 1234"
     assert describe_holder(1234, "\n") == "pid 1234"
+
+
+# --- a VFIO device fd kept alone (anon_inode:[vfio-device]) -------------------------------------
+
+#: What fs/proc/fd.c ``seq_show`` prints for every fd, before the file's own ``show_fdinfo``.
+SEQ_SHOW = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\n"
+VF_SYSPATH = "/sys/devices/pci0000:00/0000:00:03.1/0000:08:00.4"
+UUID = "5ed3b3e8-ffe3-55db-be73-567bd703a205"
+
+
+def device_fd_holder(proc: Path, pid: int, fdinfo: str | bytes, fd: int = 23) -> None:
+    """A process keeping only a VFIO device fd, with ``fdinfo`` as its fdinfo file."""
+    d = process(proc, pid, "qemu-kvm", {fd: "anon_inode:[vfio-device]"})
+    (d / "fdinfo").mkdir()
+    data = fdinfo.encode() if isinstance(fdinfo, str) else fdinfo
+    (d / "fdinfo" / str(fd)).write_bytes(data)
+
+
+def mdev(uuid: str = UUID) -> DeviceNodes:
+    return DeviceNodes(group="99", device=uuid)
+
+
+def test_a_device_fd_is_matched_through_the_syspath_its_fdinfo_names(proc: Path) -> None:
+    device_fd_holder(proc, 7100, f"{SEQ_SHOW}vfio-device-syspath: {VF_SYSPATH}/{UUID}\n")
+    scan = probe_of(proc).scan({"m": mdev(), "other": mdev("0" * 8 + UUID[8:])})
+    assert scan == HolderScan(held={"m": "pid 7100 (qemu-kvm)"})
+
+
+def test_a_vendor_vfio_vf_is_matched_by_its_pci_address(proc: Path) -> None:
+    device_fd_holder(proc, 7100, f"{SEQ_SHOW}vfio-device-syspath: {VF_SYSPATH}\n")
+    vf = DeviceNodes(group="200", device="0000:08:00.4")
+    assert probe_of(proc).scan({"0000:08:00.4": vf}).held == {"0000:08:00.4": "pid 7100 (qemu-kvm)"}
+
+
+def test_a_device_fd_of_another_device_holds_none_of_ours(proc: Path) -> None:
+    """A NIC VF passed to a VM: named, so the scan is not blind, and it holds no vGPU."""
+    nic = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.1"
+    device_fd_holder(proc, 7100, f"{SEQ_SHOW}vfio-device-syspath: {nic}\n")
+    assert probe_of(proc).scan({"m": mdev()}) == HolderScan()
+    assert probe_of(proc).blindness() is None
+
+
+def test_a_device_fd_an_older_kernel_does_not_name_makes_the_scan_blind(proc: Path) -> None:
+    device_fd_holder(proc, 7100, SEQ_SHOW)
+    scan = probe_of(proc).scan({"m": mdev()})
+    why = (
+        "pid 7100 (qemu-kvm) holds a VFIO device fd vgpuctl cannot attribute (fd 23: its "
+        "fdinfo names no device: Linux writes vfio-device-syspath there from 6.18 on)"
+    )
+    assert scan == HolderScan(blind=why, unattributed=True)
+    assert probe_of(proc).blindness() == why
+
+
+def test_a_process_the_probe_cannot_read_outweighs_an_unattributed_fd(
+    proc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device_fd_holder(proc, 7100, SEQ_SHOW)
+    real_listdir = os.listdir
+
+    def denied(path: str) -> list[str]:
+        if str(path).endswith("/5151/fd"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", denied)
+    scan = probe_of(proc).scan({"m": mdev()})
+    assert scan.unattributed is False
+    assert scan.blind is not None and "pid 5151 (qemu-kvm)" in scan.blind
+
+
+@pytest.mark.parametrize(
+    ("fdinfo", "why"),
+    [
+        pytest.param(
+            f"{SEQ_SHOW}vfio-device-syspath: {VF_SYSPATH}\nvfio-device-syspath: {VF_SYSPATH}\n",
+            "its fdinfo has more than one vfio-device-syspath",
+            id="two-lines",
+        ),
+        pytest.param(
+            f"{SEQ_SHOW}vfio-device-syspath: /sys/devices/../../etc/passwd\n",
+            "its vfio-device-syspath is not a device's sysfs path: '/sys/devices/../../etc/passwd'",
+            id="dot-dot",
+        ),
+        pytest.param(
+            f"{SEQ_SHOW}vfio-device-syspath: 0000:08:00.4\n",
+            "its vfio-device-syspath is not a device's sysfs path: '0000:08:00.4'",
+            id="relative",
+        ),
+        pytest.param(
+            f"{SEQ_SHOW}vfio-device-syspath: /sys/devices/\n",
+            "its vfio-device-syspath is not a device's sysfs path: '/sys/devices/'",
+            id="no-device",
+        ),
+        pytest.param(
+            f"{SEQ_SHOW}vfio-device-syspath: /sys/devices/pci0000:00/a b\x1b[2K\n",
+            "its vfio-device-syspath is not a device's sysfs path: "
+            "'/sys/devices/pci0000:00/a b\\x1b[2K'",
+            id="control-characters-escaped",
+        ),
+        pytest.param(
+            SEQ_SHOW.encode() + b"vfio-device-syspath: /sys/devices/\xff\n",
+            "its fdinfo is not text: '" + SEQ_SHOW.replace("\t", "\\t").replace("\n", "\\n"),
+            id="not-utf8",
+        ),
+        pytest.param(
+            SEQ_SHOW + "x" * 20000,
+            "its fdinfo is not a regular file of at most 16384 bytes",
+            id="too-long",
+        ),
+    ],
+)
+def test_an_fdinfo_that_does_not_parse_makes_the_scan_blind(
+    proc: Path, fdinfo: str | bytes, why: str
+) -> None:
+    device_fd_holder(proc, 7100, fdinfo)
+    scan = probe_of(proc).scan({"m": mdev(), "v": DeviceNodes(group="45")})
+    assert scan.held == {"v": "pid 4242 (qemu-system-x86)"}
+    assert scan.unattributed is True
+    assert scan.blind is not None
+    assert scan.blind.startswith("pid 7100 (qemu-kvm) holds a VFIO device fd vgpuctl cannot")
+    assert f"(fd 23: {why}" in scan.blind
+
+
+def test_an_fdinfo_that_is_a_fifo_neither_blocks_nor_is_trusted(proc: Path) -> None:
+    d = process(proc, 7100, "qemu-kvm", {23: "anon_inode:[vfio-device]"})
+    (d / "fdinfo").mkdir()
+    os.mkfifo(d / "fdinfo" / "23")  # opening it for reading without O_NONBLOCK would hang
+    scan = probe_of(proc).scan({"m": mdev()})
+    assert scan.unattributed is True
+    assert "not a regular file" in (scan.blind or "")
+
+
+def test_an_fdinfo_that_is_a_link_is_not_followed(proc: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text(f"{SEQ_SHOW}vfio-device-syspath: {VF_SYSPATH}/{UUID}\n")
+    d = process(proc, 7100, "qemu-kvm", {23: "anon_inode:[vfio-device]"})
+    (d / "fdinfo").mkdir()
+    os.symlink(elsewhere, d / "fdinfo" / "23")
+    scan = probe_of(proc).scan({"m": mdev()})
+    assert scan.held == {}
+    assert scan.blind is not None  # ELOOP: neither trusted nor skipped as gone
+
+
+def test_a_device_fd_closed_before_its_fdinfo_is_read_is_skipped(proc: Path) -> None:
+    """The fd (or the process) went between the link and the fdinfo: it holds nothing now."""
+    process(proc, 7100, "qemu-kvm", {23: "anon_inode:[vfio-device]"})  # no fdinfo/23
+    assert probe_of(proc).scan({"m": mdev()}) == HolderScan()
+
+
+def test_the_device_name_is_matched_whatever_its_case(proc: Path) -> None:
+    device_fd_holder(proc, 7100, f"{SEQ_SHOW}vfio-device-syspath: {VF_SYSPATH}/{UUID}\n")
+    assert probe_of(proc).scan({"M": mdev(UUID.upper())}).held == {"M": "pid 7100 (qemu-kvm)"}
+
+
+def test_every_vgpu_held_stops_the_scan_before_an_unattributed_fd(proc: Path) -> None:
+    """Found held everything asked: an fd of a later process cannot change the answer."""
+    device_fd_holder(proc, 9100, SEQ_SHOW)
+    assert probe_of(proc).scan({"u45": group("45")}) == HolderScan(
+        held={"u45": "pid 4242 (qemu-system-x86)"}
+    )
