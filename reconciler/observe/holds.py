@@ -15,8 +15,16 @@ A process may also keep only the VFIO *device* fd it got from the group
 ``vfio_device_show_fdinfo`` (under ``CONFIG_PROC_FS``) adds ``vfio-device-syspath: /sys`` + the
 ``kobject_get_path`` of the device (the VF, or the mdev under it) after the four lines
 fs/proc/fd.c ``seq_show`` prints for every fd. Where the line is missing (an older kernel) or does
-not parse, the process may hold any vGPU: the scan is blind (:attr:`HolderScan.unattributed`),
-never guessed.
+not parse, the fd is the device of a group the process opened, now or before.
+
+A process that still has as many VFIO group nodes open as it has such fds is taken to hold them
+for the devices of those groups, which the group nodes already match: that is how QEMU (the VMM
+behind KubeVirt and Harvester) keeps them, closing a group's fd only once its last device is
+put (hw/vfio/container.c ``vfio_put_group``: ``if (!QLIST_EMPTY(&group->device_list)) return;``
+before ``close(group->fd)``). Without that (Linux before 6.18 shows no syspath, and every QEMU
+keeps device fds beside its group fds), any VM would blind every scan of its node. A process
+with more unnamed device fds than open group nodes has kept a device of a group it closed: it
+may hold any vGPU, and the scan is blind (:attr:`HolderScan.unattributed`), never guessed.
 
 The kernel does **not** refuse to remove a vGPU that is open: ``vfio_unregister_group_dev``
 blocks the writer and keeps asking QEMU to make the guest let go. A holder the probe misses
@@ -233,6 +241,8 @@ def _scan(
             if exc.errno not in _GONE and blind is None:
                 blind = _uninspectable(pid, proc, exc)
             continue
+        groups = 0  # the VFIO group nodes this process has open
+        unnamed: list[tuple[str, str]] = []  # its VFIO device fds no fdinfo names: (fd, why)
         for fd in fds:
             try:
                 target = os.readlink(f"{fd_dir}/{fd}")
@@ -244,12 +254,7 @@ def _scan(
                 try:
                     device = vfio_device_of(f"{proc}/{pid}/fdinfo/{fd}")
                 except UnattributedDeviceFd as exc:
-                    if unattributed is None:
-                        who = describe_holder(pid, _comm(f"{proc}/{pid}/comm"))
-                        unattributed = (
-                            f"{who} holds a VFIO device fd vgpuctl cannot attribute "
-                            f"(fd {fd}: {exc})"
-                        )
+                    unnamed.append((fd, str(exc)))
                     continue
                 except OSError as exc:
                     if exc.errno not in _GONE and blind is None:
@@ -258,7 +263,9 @@ def _scan(
                 ids = by_device.get(device.lower())
             else:
                 # A node deleted and made again (udev) still leads to the same device.
-                ids = by_path.get(target.removesuffix(_DELETED))
+                node = target.removesuffix(_DELETED)
+                groups += node.startswith(VFIO_GROUP_PREFIX) and node[_GROUP_AT:].isdecimal()
+                ids = by_path.get(node)
                 if ids is None and by_number and not target.startswith(_NOT_A_NODE):
                     try:
                         ids = by_number.get(_char_device(f"{fd_dir}/{fd}"), None)
@@ -270,6 +277,8 @@ def _scan(
                 holder = describe_holder(pid, _comm(f"{proc}/{pid}/comm"))
                 for vgpu_id in ids:
                     held.setdefault(vgpu_id, holder)
+        if len(unnamed) > groups and unattributed is None:
+            unattributed = _unattributed(pid, proc, unnamed, groups)
         if len(held) == total:
             break  # every vGPU is held: nothing unseen could change the answer
     if blind is not None:
@@ -277,6 +286,21 @@ def _scan(
     if unattributed is not None:
         return HolderScan(held=held, blind=unattributed, unattributed=True)
     return HolderScan(held=held)
+
+
+#: Where a VFIO group node's number starts in its path (``/dev/vfio/22``).
+_GROUP_AT = len(VFIO_GROUP_PREFIX)
+
+
+def _unattributed(pid: int, proc: str, unnamed: list[tuple[str, str]], groups: int) -> str:
+    """Why a process's VFIO device fds that no fdinfo names make the scan blind: more of them
+    than the VFIO groups it has open (:func:`_scan`)."""
+    who = describe_holder(pid, _comm(f"{proc}/{pid}/comm"))
+    fd, why = unnamed[0]
+    count = len(unnamed)
+    fds = "a VFIO device fd" if count == 1 else f"{count} VFIO device fds"
+    beside = f" beside {groups} open VFIO group{'s' * (groups != 1)}" if groups else ""
+    return f"{who} holds {fds} vgpuctl cannot attribute{beside} (fd {fd}: {why})"
 
 
 class UnattributedDeviceFd(Exception):

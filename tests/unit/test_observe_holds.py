@@ -237,6 +237,45 @@ def test_a_device_fd_an_older_kernel_does_not_name_makes_the_scan_blind(proc: Pa
     assert probe_of(proc).blindness() == why
 
 
+def test_device_fds_beside_as_many_open_groups_are_those_groups_devices(proc: Path) -> None:
+    """QEMU keeps a group's fd while any device of it is in use (hw/vfio/container.c
+    ``vfio_put_group``): on a kernel that names no device in fdinfo, its device fds are those of
+    its open groups, which the group nodes match. A VM with a vGPU (group 71) and a NIC VF
+    (group 80) does not blind the scan."""
+    fds = {
+        20: "/dev/vfio/vfio",
+        21: "/dev/vfio/71",
+        22: "/dev/vfio/80 (deleted)",
+        23: "anon_inode:[vfio-device]",
+        24: "anon_inode:[vfio-device]",
+    }
+    d = process(proc, 7100, "qemu-kvm", fds)
+    (d / "fdinfo").mkdir()
+    for fd in (23, 24):
+        (d / "fdinfo" / str(fd)).write_text(SEQ_SHOW)
+    scan = probe_of(proc).scan({"u71": group("71"), "u72": group("72")})
+    assert scan == HolderScan(held={"u71": "pid 7100 (qemu-kvm)"})
+    assert probe_of(proc).blindness() is None
+
+
+def test_more_unnamed_device_fds_than_open_groups_make_the_scan_blind(proc: Path) -> None:
+    """Two device fds, one open group: one is a device of a group the process closed (any
+    vGPU, perhaps): blind, never guessed."""
+    fds = {21: "/dev/vfio/71", 23: "anon_inode:[vfio-device]", 24: "anon_inode:[vfio-device]"}
+    d = process(proc, 7100, "qemu-kvm", fds)
+    (d / "fdinfo").mkdir()
+    for fd in (23, 24):
+        (d / "fdinfo" / str(fd)).write_text(SEQ_SHOW)
+    scan = probe_of(proc).scan({"u71": group("71"), "u72": group("72")})
+    assert scan.unattributed is True
+    assert scan.held == {"u71": "pid 7100 (qemu-kvm)"}
+    assert scan.blind == (
+        "pid 7100 (qemu-kvm) holds 2 VFIO device fds vgpuctl cannot attribute beside 1 open "
+        "VFIO group (fd 23: its fdinfo names no device: Linux writes vfio-device-syspath there "
+        "from 6.18 on)"
+    )
+
+
 def test_a_process_the_probe_cannot_read_outweighs_an_unattributed_fd(
     proc: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
