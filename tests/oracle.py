@@ -27,7 +27,10 @@ desired-state YAML as a user writes it, and knows the few domain facts it needs:
 ``judge`` returns the ways the host differs from the desired state (empty: converged). A vGPU a
 VM holds (``held``: UUIDs, or VF addresses on the VFIO interface) may stay where the desired
 state does not want it; what it prevents (its own VF, other sizes, the size's maximum, SR-IOV
-off) is excused, nothing else.
+off) is excused, nothing else. And a change that cannot finish breaks nothing (README, "How
+apply stays safe"): when every vGPU a GPU still lacks waits for a held one, the vGPUs that
+would only make room for them may stay too (one whose VF is wanted with another profile, or
+whose profile the GPU no longer wants); fewer of a profile the GPU still wants is not excused.
 """
 
 from __future__ import annotations
@@ -351,6 +354,7 @@ def _judge_gpu(
             wanted[index] = str(profile)
         good: set[int] = set()
         stuck = []
+        extra: list[tuple[HostVgpu, str | None]] = []  # vGPUs to go: (vGPU, profile wanted there)
         for v in view.vgpus:
             want_here = wanted.get(v.index)
             if want_here is not None and body(want_here) == body(v.profile):
@@ -365,20 +369,25 @@ def _judge_gpu(
             elif v in holding:
                 stuck.append(v)
             else:
+                extra.append((v, want_here))
+        missing = [(i, p) for i, p in sorted(wanted.items()) if i not in good]
+        waiting = [(i, p) for i, p in missing if _excused(p, view, stuck, view.vfs[i])]
+        bodies = {body(p) for p in wanted.values()}
+        for v, want_here in extra:
+            room = want_here is not None or body(v.profile) not in bodies
+            if not (room and missing and waiting == missing):
                 problems.append(
                     f"GPU {gpu}: {v.profile} on {v.vf} ({v.uuid}): desired "
                     f"{want_here or 'nothing'} there"
                 )
-        for index, profile in sorted(wanted.items()):
-            if index in good:
-                continue
-            vf = view.vfs[index]
-            if not _excused(profile, view, stuck, vf):
-                problems.append(f"GPU {gpu}: {profile} missing on {vf} (VF {index})")
+        for index, profile in missing:
+            if (index, profile) not in waiting:
+                problems.append(f"GPU {gpu}: {profile} missing on {view.vfs[index]} (VF {index})")
         return problems
     counts = {body(p): n for p, n in (want.counts or {}).items() if n > 0}
     present: Counter[str] = Counter()
     stuck = []
+    extra: list[HostVgpu] = []
     for v in sorted(view.vgpus, key=lambda v: (v not in holding, v.index)):  # held ones first
         b = body(v.profile)
         if present[b] < counts.get(b, 0):
@@ -391,13 +400,19 @@ def _judge_gpu(
         elif v in holding:
             stuck.append(v)
         else:
+            extra.append(v)
+    short = {b: n - present[b] for b, n in sorted(counts.items()) if n > present[b]}
+    waits = all(_excused(b, view, stuck, None) for b in short)
+    for b, lacking in short.items():
+        if not _excused(b, view, stuck, None):
+            problems.append(f"GPU {gpu}: {lacking} of {counts[b]} {b} missing")
+    for v in extra:
+        # It would only make room for what waits: a profile the GPU no longer wants.
+        if not (short and waits and body(v.profile) not in counts):
+            b = body(v.profile)
             problems.append(
                 f"GPU {gpu}: {v.profile} on {v.vf} ({v.uuid}) beyond the desired {counts.get(b, 0)}"
             )
-    for b, n in sorted(counts.items()):
-        short = n - present[b]
-        if short > 0 and not _excused(b, view, stuck, None):
-            problems.append(f"GPU {gpu}: {short} of {n} {b} missing")
     return problems
 
 

@@ -296,7 +296,7 @@ def _unattributed(pid: int, proc: str, unnamed: list[tuple[str, str]], groups: i
     """Why a process's VFIO device fds that no fdinfo names make the scan blind: more of them
     than the VFIO groups it has open (:func:`_scan`)."""
     who = describe_holder(pid, _comm(f"{proc}/{pid}/comm"))
-    fd, why = unnamed[0]
+    fd, why = min(unnamed, key=lambda u: int(u[0]))
     count = len(unnamed)
     fds = "a VFIO device fd" if count == 1 else f"{count} VFIO device fds"
     beside = f" beside {groups} open VFIO group{'s' * (groups != 1)}" if groups else ""

@@ -470,7 +470,9 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
     grouped.write_text(SEED.read_text().split("spec:")[0] + (
         "spec:\n  nodeGroups:\n    - name: vdi\n      selector: {labels: {example.com/pool: vdi}}\n"
         '      gpus: [{match: {address: "0000:41:00.0"}, sriov: disabled}]\n'))  # fmt: skip
-    node.ok("apply", grouped, "--yes")
+    # The group wants a GPU the node does not have: an error for the node, nothing written.
+    res = node.run("apply", grouped, "--yes")
+    assert res.returncode == 1 and "none of its GPU entries matches a GPU there" in res.stderr
     assert not emu.objects(*SRIOV)
     granted = rbac.grants()
     denied = sorted({rbac.needed(r) for r in emu.requests if not rbac.allows(granted, r)})

@@ -594,7 +594,12 @@ def body(profile: str) -> str:
 
 
 def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[str]) -> list[str]:
-    """vGPUs on managed GPUs that neither the desired state nor a VM accounts for."""
+    """vGPUs on managed GPUs that neither the desired state nor a VM accounts for.
+
+    A VM accounts for its own vGPU and, while it holds one the desired state no longer wants
+    and the GPU still lacks a wanted vGPU, for the free vGPUs of profiles the GPU no longer
+    wants (or wants elsewhere than on their VF): their removal would only make room for what
+    waits (README, "How apply stays safe"; the oracle judges that exactly)."""
     found: list[str] = []
     for entry in desired_gpus:
         gpu = entry["address"]
@@ -604,6 +609,12 @@ def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[s
             found += [f"{v.type_name} {v.uuid} on {v.vf}: SR-IOV desired off" for v in free]
         elif "profiles" in entry:
             want = {body(p): int(n) for p, n in entry["profiles"].items()}
+            have = {b: sum(1 for v in present if body(v.type_name) == b) for b in want}
+            waiting = any(have[b] < n for b, n in want.items()) and any(
+                v.uuid in held and body(v.type_name) not in want for v in present
+            )
+            if waiting:
+                present = [v for v in present if body(v.type_name) in want or v.uuid in held]
             for type_name in sorted({v.type_name for v in present}):
                 of_type = [v for v in present if v.type_name == type_name]
                 kept = sum(1 for v in of_type if v.uuid in held)
@@ -617,6 +628,13 @@ def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[s
                 index = key if isinstance(key, int) else truth.index_of(gpu, str(key))
                 if index is not None:
                     want_at[index] = body(profile)
+            there = {v.index: body(v.type_name) for v in present}
+            waiting = any(there.get(i) != b for i, b in want_at.items()) and any(
+                v.uuid in held and want_at.get(v.index) != body(v.type_name) for v in present
+            )
+            if waiting:
+                wanted = set(want_at.values())
+                free = [v for v in free if v.index not in want_at and body(v.type_name) in wanted]
             found += [
                 f"{v.type_name} {v.uuid} on {v.vf} (VF {v.index}): desired "
                 f"{want_at.get(v.index, 'nothing')}"

@@ -203,10 +203,17 @@ def test_a_held_vgpu_excuses_what_it_blocks_and_nothing_else(tree: Tree) -> None
         f"GPU {GPU}: A2-4A missing on {VF3} (VF 3)"
     ]
     assert len(judge(tree.root, want, NODE, before=before)) == 3  # not held: nothing excused
-    # Every VF to 2 GB: the held 4 GB vGPU blocks every create; .6's A2-4A must still go.
+    # Every VF to 2 GB: the held 4 GB vGPU blocks every create, so .6's A2-4A, which would
+    # only make room for them, may stay (a change that cannot finish breaks nothing) ...
     small = desired(a2({0: "A2-2Q", 1: "A2-2Q"}))
-    assert judge(tree.root, small, NODE, before=before, held=[held]) == [
-        f"GPU {GPU}: NVIDIA A2-4A on {VF2} ({vgpu_uuid(NODE, VF2)}): desired nothing there"
+    assert judge(tree.root, small, NODE, before=before, held=[held]) == []
+    # ... but not once a 2 GB vGPU could be made (nothing held), nor beside a missing vGPU
+    # that does not wait for the held one (.4 to A2-4Q: same size, room for it).
+    assert judge(tree.root, small, NODE, before=before) != []
+    same = desired(a2({0: "A2-4Q", 1: "A2-2Q"}))
+    assert judge(tree.root, same, NODE, before=before, held=[held]) == [
+        f"GPU {GPU}: NVIDIA A2-4A on {VF2} ({vgpu_uuid(NODE, VF2)}): desired nothing there",
+        f"GPU {GPU}: A2-4Q missing on {VF0} (VF 0)",
     ]
     # SR-IOV desired off: it stays on for the held vGPU, but the free one must go.
     off = desired({"address": GPU, "sriov": "disabled"})
@@ -246,6 +253,28 @@ def test_count_form(tree: Tree) -> None:
     ]
     held.append(vgpu_uuid(NODE, VF1))
     assert judge(tree.root, counts(1), NODE, before=EMPTY, held=held) == []
+
+
+def test_count_form_a_change_that_cannot_finish_may_keep_what_it_would_replace(
+    tree: Tree,
+) -> None:
+    """Four A2-4Q (VF 0's held) to two A2-8Q: no 8 GB vGPU can be made beside the held one,
+    so the three free A2-4Q may stay; fewer A2-4Q (a profile still wanted) must still go."""
+    tree.gpu(GPU, [VF0, VF1, VF2, VF3])
+    for vf in (VF0, VF1, VF2, VF3):
+        tree.vgpu(vf, "NVIDIA A2-4Q")
+    held = [vgpu_uuid(NODE, VF0)]
+
+    def counts(**n: int) -> dict[str, Any]:
+        profiles = {f"NVIDIA {k.replace('_', '-')}": v for k, v in n.items()}
+        return desired({"address": GPU, "sriov": "enabled", "profiles": profiles})
+
+    assert judge(tree.root, counts(A2_8Q=2), NODE, before=EMPTY, held=held) == []
+    assert len(judge(tree.root, counts(A2_8Q=2), NODE, before=EMPTY)) == 5  # 4 extra, 2 missing
+    assert judge(tree.root, counts(A2_4Q=2), NODE, before=EMPTY, held=held) == [
+        f"GPU {GPU}: NVIDIA A2-4Q on {VF2} ({vgpu_uuid(NODE, VF2)}) beyond the desired 2",
+        f"GPU {GPU}: NVIDIA A2-4Q on {VF3} ({vgpu_uuid(NODE, VF3)}) beyond the desired 2",
+    ]
 
 
 def test_a_half_made_or_departing_mdev_is_not_converged(tree: Tree) -> None:
