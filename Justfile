@@ -65,3 +65,14 @@ bench:
 reliability size="full":
     if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi; \
     {{python}} -m tests.reliability.suite --size {{size}} --out reliability-results.json
+
+# Regenerate the image's hashed locks from pyproject.toml (pip-tools' pip-compile: `pip install
+# pip-tools`): requirements.lock, vgpuctl's dependencies, and requirements-build.lock, its build
+# backend; every file's sha256, for the Containerfile's `pip install --require-hashes`. Pins
+# already there are kept; `just lock --upgrade` takes the newest versions pyproject.toml allows.
+lock *args:
+    export CUSTOM_COMPILE_COMMAND="just lock" PIP_FIND_LINKS=; \
+    opts="--quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links"; \
+    {{python}} -m piptools compile $opts {{args}} --output-file requirements.lock pyproject.toml && \
+    {{python}} -m piptools compile $opts {{args}} --only-build-deps --build-deps-for=wheel \
+        --output-file requirements-build.lock pyproject.toml

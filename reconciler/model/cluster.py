@@ -8,6 +8,7 @@ them (``spec``/``status`` bodies), wrapped with what the planner needs to diff t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -84,6 +85,18 @@ KUBEVIRT_OWNED_ANNOTATION = "vgpu.reconciler.dev/mediated-devices"
 KUBEVIRT_OWNED_PCI_ANNOTATION = "vgpu.reconciler.dev/pci-host-devices"
 #: NVIDIA's PCI vendor id as KubeVirt's pciVendorSelector writes it (``10DE:2236``).
 NVIDIA_PCI_VENDOR = "10DE"
+#: The prefix of the Kubernetes resource names vGPUs are advertised as.
+RESOURCE_PREFIX = "nvidia.com/"
+#: What a vGPU type's name may be: it becomes a Kubernetes resource name (``NVIDIA A2-4Q`` →
+#: ``nvidia.com/NVIDIA_A2-4Q``, spaces, ``/`` and ``.`` made ``_``), whose name part must be a
+#: qualified name: at most 63 characters, letters, digits, ``-``, ``_`` and ``.``, a letter or
+#: digit at each end. NVIDIA's names (``NVIDIA A2-4Q``, ``GRID A100D-4C``, ``NVIDIA L40S-3B``)
+#: all are; anything else is a name vgpuctl will not publish to the kubelet or KubeVirt.
+#: deploy/admission-policy.yaml says the same in CEL (tests/security/
+#: test_admission_allow_list.py holds the two equal).
+_TYPE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9 ._/-]{0,61}[A-Za-z0-9])?")
+#: A PCI device id as a VGPUNodeState's ``sriov.vfDevice`` holds it (``26b9``).
+_PCI_DEVICE_ID = re.compile(r"[0-9a-fA-F]{4}")
 #: Metadata other controllers may put on an object that a PUT without them would drop: every
 #: update carries them over as stored.
 RETAINED_METADATA = ("finalizers", "ownerReferences")
@@ -482,10 +495,31 @@ def object_name(node: str, address: str) -> str:
     return f"{node}-{address.replace(':', '').replace('.', '')}"
 
 
+def is_type_name(name: str) -> bool:
+    """Whether ``name`` may be a vGPU type's name (vgpuctl's name check, :data:`_TYPE_NAME`):
+    ``NVIDIA A2-4Q`` is, ``NVIDIA A2-4Q\\n``, ``-x`` or 64 characters are not."""
+    return _TYPE_NAME.fullmatch(name) is not None
+
+
+def is_resource_name(name: str) -> bool:
+    """Whether ``name`` is the resource name of a vGPU type name that passes vgpuctl's name
+    check: ``nvidia.com/`` and a type name :func:`resource_name` leaves as it is (no space,
+    ``/`` or ``.``), so ``nvidia.com/NVIDIA_A2-4Q`` is, ``nvidia.com/x:y`` is not."""
+    if not name.startswith(RESOURCE_PREFIX):
+        return False
+    rest = name[len(RESOURCE_PREFIX) :]
+    return is_type_name(rest) and resource_name(rest) == name
+
+
+def is_pci_device_id(text: str) -> bool:
+    """Whether ``text`` is a PCI device id of four hex digits (``26b9``), nothing around it."""
+    return _PCI_DEVICE_ID.fullmatch(text) is not None
+
+
 def resource_name(type_name: str) -> str:
     """``NVIDIA A2-4Q`` → ``nvidia.com/NVIDIA_A2-4Q`` (docs/domain.md §7): whitespace, ``/`` and
     ``.`` become ``_``; no upper-casing."""
     out = []
     for ch in type_name.strip():
         out.append("_" if ch.isspace() or ch in "/." else ch)
-    return "nvidia.com/" + "".join(out)
+    return RESOURCE_PREFIX + "".join(out)

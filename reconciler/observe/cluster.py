@@ -8,7 +8,10 @@ Each reader is a list call plus a pure interpretation of its items:
   node reads only its own however large the fleet).
 - Every VGPUNodeState (one object per node): this node's, and from the other nodes' the
   profiles configured elsewhere and on which kind of GPU (a KubeVirt allow-list entry stays
-  while any node has its profile on that kind).
+  while any node has its profile on that kind). Each node's token writes its own summary, and
+  what they say goes into the KubeVirt CR, so a profile name or VF device id is checked first
+  as vgpuctl checks its own host's (a type name that can be a resource name, four hex digits):
+  one that fails is left out with a note naming the object and field, the rest is used.
 - The KubeVirt CR, wherever it lives (``harvester-system`` on Harvester, ``kubevirt``
   upstream), unless a namespace is pinned.
 - VMIs on the node and the kubelet's device-plugin checkpoint, joined by pod UID (a VMI's
@@ -55,6 +58,8 @@ from reconciler.model.cluster import (
     DeviceUse,
     KubeObject,
     KubeVirtConfig,
+    is_pci_device_id,
+    is_type_name,
 )
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.clustertext import ClusterTextError, bounded_text
@@ -108,12 +113,13 @@ def observe_cluster(
                 "no vGPU is allocated to a pod"
             )
     uses = _node_uses(vmis, entries, node=node)
+    elsewhere = profiles_elsewhere(states, node=node, refused=notes)
     return ClusterState(
         node=node,
         sriov_gpu_devices={o.name: o for o in sriov if _node_of(o) == node},
         vgpu_devices={o.name: o for o in vgpus if _node_of(o) == node},
         node_state=_own_state(states, node),
-        profiles_elsewhere=profiles_elsewhere(states, node=node),
+        profiles_elsewhere=elsewhere,
         kubevirt=kubevirt,
         device_uses=uses.device_uses,
         vmi_resources=uses.vmi_resources,
@@ -163,8 +169,8 @@ class FleetReader:
         sriov = _by_node(_our_objects(api, SRIOV_GPU_KIND), wanted)
         all_states = _our_objects(api, NODE_STATE_KIND)
         states = {o.name: o for o in all_states if o.name in wanted and _node_of(o) == o.name}
-        configured = {o.name: _configured(o) for o in all_states if o.managed_by_us}
         kubevirt, notes = _kubevirt(api, self._kubevirt_namespace)
+        configured = {o.name: _configured(o, notes) for o in all_states if o.managed_by_us}
         vmis = _vmis(api)
         vgpus = _by_node(self._vgpus.result(), wanted)
         return _observations(
@@ -259,27 +265,42 @@ def _node_of(obj: KubeObject) -> str:
 
 
 def profiles_elsewhere(
-    node_states: Iterable[KubeObject], *, node: str
+    node_states: Iterable[KubeObject], *, node: str, refused: list[str] | None = None
 ) -> frozenset[ConfiguredProfile]:
     """Profiles the VGPUNodeStates of the other nodes (vgpuctl's) show configured, each on the
-    kind of GPU it is configured on."""
+    kind of GPU it is configured on. What fails vgpuctl's checks is left out, a line saying so
+    appended to ``refused`` (see :func:`_configured`)."""
     out: set[ConfiguredProfile] = set()
     for o in node_states:
         if o.managed_by_us and o.name != node:
-            out |= _configured(o)
+            out |= _configured(o, refused)
     return frozenset(out)
 
 
-def _configured(state: KubeObject) -> frozenset[ConfiguredProfile]:
+def _configured(
+    state: KubeObject, refused: list[str] | None = None
+) -> frozenset[ConfiguredProfile]:
     """The profiles a node's VGPUNodeState shows configured, on the kind of GPU of its status
     ``gpus`` entry (``interface``, ``sriov.vfDevice``): the GPUs whose VFs hold its vGPUs
     (``vgpus[].vf`` in their ``vfAddresses``), else (wanted, none made yet) the managed GPUs
     whose types offer it. A GPU entry of an older vgpuctl (no ``interface``), one not found,
-    or a malformed one counts as mdev; so does a profile no GPU can be found for."""
+    or a malformed one counts as mdev; so does a profile no GPU can be found for.
+
+    The summary is written by that node's token, and its names and device ids end up in the
+    KubeVirt CR: a profile name that fails vgpuctl's name check is left out, a VF device id
+    that is not four hex digits counts as not known (no pciHostDevices entry is written from
+    it), each with a line in ``refused`` naming the object and the field."""
     names = configured_profiles(state.status)
     if not names:
         return frozenset()
     status = state.status
+    bad = sorted(n for n in names if not is_type_name(n))
+    if bad:
+        names = names.difference(bad)
+        if refused is not None:
+            refused.extend(_refused_names(state, bad))
+        if not names:
+            return frozenset()
     gpus = [g for g in _listed(status.get("gpus")) if isinstance(g, Mapping)]
     type_sets = _listed(status.get("typeSets"))
     vgpus = [
@@ -291,9 +312,9 @@ def _configured(state: KubeObject) -> frozenset[ConfiguredProfile]:
     kinds: dict[str, tuple[Interface, str]] = {}  # GPU address → its interface, VF device id
     gpu_of_vf: dict[str, str] = {}  # the vGPUs' VFs only (a node has far more VFs than vGPUs)
     offered: dict[str, set[str]] = {}  # profile → managed GPUs offering it
-    for g in gpus:
+    for i, g in enumerate(gpus):
         address = str(g.get("address", ""))
-        kinds[address] = _kind_of(g)
+        kinds[address] = _kind_of(g, state.name, i, refused)
         if vgpu_vfs:
             for vf in vgpu_vfs.intersection(map(str, _listed(g.get("vfAddresses")))):
                 gpu_of_vf[vf] = address
@@ -318,13 +339,45 @@ def _configured(state: KubeObject) -> frozenset[ConfiguredProfile]:
     return frozenset(out)
 
 
-def _kind_of(gpu: Mapping[str, Any]) -> tuple[Interface, str]:
-    """A summary's GPU entry's interface (vfio, or else mdev) and VFs' device id."""
+def _kind_of(
+    gpu: Mapping[str, Any], state: str, index: int, refused: list[str] | None
+) -> tuple[Interface, str]:
+    """A summary's GPU entry's interface (vfio, or else mdev) and VFs' device id ("": not
+    known; so is one that is not a PCI device id, which ``refused`` is told)."""
     if gpu.get("interface") != Interface.VFIO.value:
         return Interface.MDEV, ""
     sriov = gpu.get("sriov")
     device = sriov.get("vfDevice") if isinstance(sriov, Mapping) else None
-    return Interface.VFIO, device if isinstance(device, str) else ""
+    if not isinstance(device, str) or not device:
+        return Interface.VFIO, ""
+    if not is_pci_device_id(device):
+        if refused is not None:
+            refused.append(
+                f"{_summary(state)}: status.gpus[{index}].sriov.vfDevice "
+                f"'{excerpt(device)}' is not a PCI device id (four hex digits): refused, no "
+                "pciHostDevices entry is written from it"
+            )
+        return Interface.VFIO, ""
+    return Interface.VFIO, device
+
+
+def _refused_names(state: KubeObject, bad: Sequence[str]) -> list[str]:
+    """A line per profile name of ``state``'s status that fails vgpuctl's name check."""
+    profiles = _listed(state.status.get("profiles"))
+    lines = []
+    for name in bad:
+        index = next(
+            i for i, e in enumerate(profiles) if isinstance(e, Mapping) and e.get("name") == name
+        )
+        lines.append(
+            f"{_summary(state.name)}: status.profiles[{index}].name '{excerpt(name)}' is not a "
+            "vGPU type name (vgpuctl's name check): refused, left out of the KubeVirt allow-list"
+        )
+    return lines
+
+
+def _summary(name: str) -> str:
+    return f"VGPUNodeState {excerpt(name)}"
 
 
 def _listed(value: object) -> Sequence[Any]:

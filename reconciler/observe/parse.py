@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from reconciler.model import ObserveError
+from reconciler.model.cluster import is_type_name
 from reconciler.model.errors import excerpt
 from reconciler.model.record import field, record
 
@@ -119,12 +120,7 @@ def parse_device_number(text: str, *, source: str = "<input>") -> int:
 _CREATABLE_HEADER = re.compile(r"^ID\s*:\s*vGPU Name$")
 #: ``1147  : NVIDIA L40S-1Q`` (``"%-5d : %s"``): an id, a colon, the name (which may hold one).
 _CREATABLE_ENTRY = re.compile(r"^([0-9]+)\s*:\s*(\S.*?)\s*$")
-#: What a vGPU type's name may be: it becomes a Kubernetes resource name (``NVIDIA A2-4Q`` →
-#: ``nvidia.com/NVIDIA_A2-4Q``, spaces, ``/`` and ``.`` made ``_``), whose name part must be a
-#: qualified name: at most 63 characters, letters, digits, ``-``, ``_`` and ``.``, a letter or
-#: digit at each end. NVIDIA's names (``NVIDIA A2-4Q``, ``GRID A100D-4C``, ``NVIDIA L40S-3B``)
-#: all are; anything else is a tree vgpuctl will not publish to the kubelet or KubeVirt.
-_TYPE_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9 ._/-]{0,61}[A-Za-z0-9])?$")
+#: Why a name fails vgpuctl's name check (``model.cluster.is_type_name``).
 _BAD_TYPE_NAME = (
     "not a vGPU type name (at most 63 letters, digits, spaces and '-', '_', '.', '/', as "
     "NVIDIA's are: it would become a Kubernetes resource name)"
@@ -149,7 +145,7 @@ def parse_creatable_types(text: str) -> tuple[list[tuple[str, str]], list[str]]:
             bad.append(raw)
             continue
         name = " ".join(m[2].split())
-        if not _TYPE_NAME.match(name):
+        if not is_type_name(name):
             bad.append(raw)
             continue
         entries.append((str(int(m[1])), name))
@@ -244,7 +240,7 @@ def parse_type_name(text: str, *, source: str = "<input>") -> str:
     name = " ".join(text.split())
     if not name:
         raise _fail(source, "empty vGPU type name", text)
-    if not _TYPE_NAME.match(name):
+    if not is_type_name(name):
         raise _fail(source, _BAD_TYPE_NAME, text)
     return name
 

@@ -231,7 +231,12 @@ def _agents_writes() -> list[Attributes]:
     kv = _kubevirt()
     added = copy.deepcopy(kv)
     added["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] = [
-        {"mdevNameSelector": "NVIDIA A2-4Q", "resourceName": "nvidia.com/NVIDIA_A2-4Q"}
+        # As vgpuctl writes it (reconciler/model/plan.py, MediatedDevice.to_json).
+        {
+            "mdevNameSelector": "NVIDIA A2-4Q",
+            "resourceName": "nvidia.com/NVIDIA_A2-4Q",
+            "externalResourceProvider": True,
+        }
     ]
     added["metadata"]["annotations"] = {"vgpu.reconciler.dev/mediated-devices": "NVIDIA A2-4Q"}
     bare = {**kv, "spec": {}}

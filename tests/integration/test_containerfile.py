@@ -36,11 +36,15 @@ def _instructions() -> list[tuple[str, str]]:
 def test_two_stages_the_second_from_the_first_wheels_only() -> None:
     steps = _instructions()
     froms = [rest for word, rest in steps if word == "FROM"]
-    assert froms == ["docker.io/library/python:${PYTHON}-slim AS build",
-                     "docker.io/library/python:${PYTHON}-slim"]  # fmt: skip
+    # One base, pinned by digest (tests/security/test_image_supply_chain.py).
+    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
     runs = [rest for word, rest in steps if word == "RUN"]
-    assert "pip wheel --no-cache-dir --wheel-dir /wheels ." in runs[0]
-    assert "--no-index --find-links /wheels vgpuctl" in runs[1]
+    assert (
+        "pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels ." in runs[0]
+    )
+    assert "--dest /wheels -r requirements.lock" in runs[0]
+    assert "--no-index --find-links /wheels --require-hashes" in runs[1]
+    assert "--no-index --no-deps /wheels/vgpuctl-*.whl" in runs[1]
     assert "from=build,source=/wheels" in runs[1]  # bound for the install, never copied in
 
 

@@ -173,20 +173,26 @@ def test_the_delegate_kustomization_lists_every_manifest_of_its_directory() -> N
 def test_the_git_sync_component_lists_its_patches() -> None:
     component = _kustomization(DEPLOY / "git-sync")
     assert component["kind"] == "Component"
-    patches = sorted(p["path"] for p in component["patches"])
+    files = sorted(p["path"] for p in component["patches"] if "path" in p)
     on_disk = sorted(p.name for p in (DEPLOY / "git-sync").glob("*.yaml"))
-    assert [*patches, "kustomization.yaml"] == sorted(on_disk)
-    # Each patch targets an object of the base, by kind, name and namespace.
+    assert [*files, "kustomization.yaml"] == sorted(on_disk)
+    # Each patch targets an object of the base, by kind, name and namespace (a JSON patch by
+    # its target, which kustomize requires).
     base = {
         (d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))
         for p in DEPLOY.glob("*.yaml")
         if p.name != "kustomization.yaml"
         for d in _docs(p)
     }
-    for patch in patches:
-        (doc,) = _docs(DEPLOY / "git-sync" / patch)
-        meta = doc["metadata"]
-        assert (doc["kind"], meta["name"], meta.get("namespace")) in base, patch
+    kinds_names = {(kind, name) for kind, name, _ in base}
+    for patch in component["patches"]:
+        if "path" in patch:
+            (doc,) = _docs(DEPLOY / "git-sync" / patch["path"])
+            meta = doc["metadata"]
+            assert (doc["kind"], meta["name"], meta.get("namespace")) in base, patch
+        else:
+            target = patch["target"]
+            assert (target["kind"], target["name"]) in kinds_names, patch
 
 
 def test_deploy_crds_are_the_canonical_crds_byte_for_byte() -> None:
@@ -252,8 +258,13 @@ def test_kustomize_builds_the_git_sync_variant(tmp_path: Path) -> None:
     assert _typed_round_trip(ds) == ds
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["desired-state"] == {"name": "desired-state", "emptyDir": {}}
-    # vgpuctl reads the checkout git-sync publishes, through the same volume.
+    # vgpuctl reads the checkout git-sync publishes, through the same volume; the rest of its
+    # arguments are the base's (tests/security/test_git_sync_component.py).
     vgpuctl = containers["vgpuctl"]
+    assert [*vgpuctl["args"][:1], *vgpuctl["args"][2:]] == [
+        *CONTAINER["args"][:1],
+        *CONTAINER["args"][2:],
+    ]
     watched = PurePosixPath(vgpuctl["args"][1])
     mount = next(m for m in vgpuctl["volumeMounts"] if m["name"] == "desired-state")
     assert watched.is_relative_to(mount["mountPath"]) and mount["readOnly"]
