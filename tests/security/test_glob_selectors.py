@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.bench.globs import glob_fleet_yaml
 from tests.cluster_node import kubevirt_cr, register_crds
 from tests.doubles.emulator import ApiServerEmulator
 
@@ -45,26 +46,6 @@ sys.exit(code)
 """
 
 
-def _fleet() -> str:
-    """GROUPS groups, each selecting GLOBS distinct name globs (``rack007-n123-*``)."""
-    lines = [
-        "apiVersion: vgpu.reconciler.dev/v1alpha1",
-        "kind: VGPUDesiredState",
-        "metadata: {name: globs}",
-        "spec:",
-        "  nodeGroups:",
-    ]
-    for g in range(GROUPS):
-        names = ", ".join(f'"rack{g:03d}-n{i:03d}-*"' for i in range(GLOBS))
-        lines += [
-            f"    - name: rack{g:03d}",
-            f"      selector: {{names: [{names}]}}",
-            "      gpus:",
-            "        - {match: {model: A2}, sriov: enabled, profiles: {A2-4Q: 4}}",
-        ]
-    return "\n".join(lines) + "\n"
-
-
 def _translations(tmp_path: Path, nodes: int) -> int:
     """The translations ``plan --observed cluster`` makes for a fleet of ``nodes`` Nodes."""
     with ApiServerEmulator() as emu:
@@ -77,7 +58,7 @@ def _translations(tmp_path: Path, nodes: int) -> int:
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": _name(n)}}
             emu.seed(node)
         fleet = tmp_path / "fleet.yaml"
-        fleet.write_text(_fleet())
+        fleet.write_text(glob_fleet_yaml(GROUPS, GLOBS))
         kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
         env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUCTL_")}
         res = subprocess.run(
@@ -97,7 +78,7 @@ def _translations(tmp_path: Path, nodes: int) -> int:
 
 def _name(n: int) -> str:
     """Node ``n``: the last group's glob ``n`` selects it, so every group is asked first."""
-    return f"rack{GROUPS - 1:03d}-n{n:03d}-x"
+    return f"r{GROUPS - 1:03d}-n{n:03d}-x"
 
 
 def test_each_glob_is_compiled_once_per_desired_state(tmp_path: Path) -> None:
