@@ -202,6 +202,55 @@ def test_vendor_vfio_vgpus_are_not_swept_so_not_blocked(tmp_path: Path) -> None:
     assert (node.dir / "kubelet" / "device-plugins" / "kubevirt-kvm.sock").is_socket()
 
 
+def test_a_mode_switch_needed_only_by_blocked_creates_waits_with_them(tmp_path: Path) -> None:
+    """Mixed-size mode (docs/domain.md §4) is set just before a GPU's first vGPU: with every
+    create blocked, the switch has nothing to precede."""
+    res = run_vgpuctl(
+        "sim", "init", tmp_path / "host", "--gpu", "L40S@0000:41:00.0", "--interface", "mdev"
+    )
+    assert res.returncode == 0, res.stderr
+    node = SimNode(tmp_path / "host")
+    plant_socket(node.dir / "kubelet")
+    doc = {
+        "apiVersion": "vgpu.reconciler.dev/v1alpha1",
+        "kind": "VGPUDesiredState",
+        "metadata": {"name": "mixed"},
+        "spec": {
+            "nodes": {
+                NODE: {
+                    "gpus": [
+                        {
+                            "address": "0000:41:00.0",
+                            "sriov": "enabled",
+                            "mode": "mixed-size",
+                            "vgpus": {
+                                "0000:41:00.4": "NVIDIA L40S-16Q",
+                                "0000:41:00.5": "NVIDIA L40S-8Q",
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    desired = tmp_path / "desired.yaml"
+    desired.write_text(yaml.safe_dump(doc))
+    plan = plan_json(node, desired)
+    assert [(a["kind"], a["target"]) for a in plan["actions"]] == [("sriov-enable", "0000:41:00.0")]
+    mode, *creates = plan["blocked"]
+    assert (mode["kind"], mode["reason"]) == (
+        "vgpu-mode",
+        "desired mixed-size; the GPU will be in equal-size mode after sriov-manage -e "
+        "(nvidia-smi vgpu -i 0000:41:00.0 -shm 1, before its first vGPU); waits with the GPU's "
+        "creates, all blocked",
+    )
+    assert [(c["kind"], c["target"]) for c in creates] == [
+        ("vgpu-create", "0000:41:00.4"),
+        ("vgpu-create", "0000:41:00.5"),
+    ]
+    assert all(c["reason"].startswith(WAITS) for c in creates)
+
+
 def test_with_a_cluster_the_creates_run(tmp_path: Path, emu: ApiServerEmulator) -> None:
     """vgpuctl keeps the KubeVirt allow-list itself then (plan/cluster.py)."""
     node = cluster_node(tmp_path, emu)
@@ -256,6 +305,24 @@ def test_doctor_without_a_cluster_fails_where_kubevirt_runs(tmp_path: Path) -> N
     assert check["found"].endswith(
         "--unsafe-kubevirt-allow-listed: the operator says every type vgpuctl creates here is "
         "allow-listed by hand"
+    )
+
+
+def test_doctor_passes_a_kubevirt_host_whose_vgpus_are_vendor_vfio(tmp_path: Path) -> None:
+    res = run_vgpuctl(
+        "sim", "init", tmp_path / "host", "--gpu", f"L40S@{GPU}", "--interface", "vfio"
+    )
+    assert res.returncode == 0, res.stderr
+    node = SimNode(tmp_path / "host")
+    plugins = node.dir / "kubelet" / "device-plugins"
+    plant_socket(node.dir / "kubelet")
+    _, check = doctor_kubevirt(node)
+    assert check["status"] == "ok"
+    assert check["found"] == (
+        f"KubeVirt runs on this host ({plugins} holds KubeVirt's device-plugin socket "
+        "kubevirt-kvm.sock), and its virt-handler removes every mdev whose type the KubeVirt "
+        "CR does not allow-list, in use by a VM or not; this host's vGPUs are NVIDIA's "
+        "vendor-specific VFIO VFs, which it does not remove"
     )
 
 
