@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import yaml
 from tests.cluster_node import cluster_node, kubevirt_cr
 from tests.doubles.emulator import ApiServerEmulator
 from tests.simnode import NODE, SEED, SimNode, run_vgpuctl
+from tests.watch_agent import Watch
 
 GPU = "0000:08:00.0"
 SEED_VFS = ("0000:08:00.4", "0000:08:00.5", "0000:08:00.6", "0000:08:00.7")
@@ -121,6 +123,21 @@ def test_a_virt_handler_process_is_kubevirt_too(tmp_path: Path) -> None:
     plan = plan_json(node, SEED)
     reasons = {b["reason"] for b in plan["blocked"]}
     assert reasons == {WAITS + "process 4242 is virt-handler), " + SWEEP}
+
+
+def test_watch_without_a_cluster_leaves_the_creates_blocked_and_says_why(
+    node: SimNode, desired_dir: Path, start_watch: Callable[..., Watch]
+) -> None:
+    plant_socket(node.dir / "kubelet")
+    watch = start_watch(node, desired_dir)
+    line = watch.wait_log(
+        lambda d: d["msg"].startswith("blocked: vgpu-create 0000:08:00.4: "), "a blocked create"
+    )
+    assert line["msg"].startswith(f"blocked: vgpu-create 0000:08:00.4: {WAITS}")
+    assert line["msg"].endswith(SWEEP)
+    assert watch.metric("vgpuctl_blocked_actions") == 4
+    assert watch.metric("vgpuctl_converged") == 0
+    assert mdevs(node) == []
 
 
 def test_a_process_of_another_name_is_not(tmp_path: Path) -> None:
