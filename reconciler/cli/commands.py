@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from reconciler.apply import Outcome
     from reconciler.cli.planfile import SavedPlan
     from reconciler.engine import Expected, Planned, Reconciled, Verification
+    from reconciler.model.clusterapi import ClusterApi
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -764,9 +765,11 @@ def _add_doctor(sub: Subparsers) -> argparse.ArgumentParser:
         description="Check what a vGPU node needs: the IOMMU on, the NVIDIA host driver loaded "
         "(and its version), each GPU's vGPU side (mdev types or NVIDIA's vendor-specific "
         "files) and bound driver (a GPU passed through whole is left alone), sriov-manage "
-        "runnable, the hold probe seeing every process of the host, and the kubelet's "
-        "device-plugin directory writable. Reads only. Exit 0 when every check holds, 1 "
-        "otherwise.",
+        "runnable, the hold probe seeing every process of the host, the kubelet's "
+        "device-plugin directory writable, and KubeVirt: without a cluster, whether its "
+        "virt-handler (which removes mdevs its CR does not allow-list) runs on the host; with "
+        "one, whether its CR allow-lists every mdev vGPU type of the host. Reads only. Exit 0 "
+        "when every check holds, 1 otherwise.",
     )
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     p.set_defaults(handler=cmd_doctor)
@@ -785,6 +788,10 @@ def cmd_doctor(ns: argparse.Namespace, options: GlobalOptions) -> int:
         hold_probe=host.hold_probe(),
         kubelet_dir=host.kubelet_dir,
         kubelet_expected=host.has_cluster,
+        kubevirt_sighting=host.kubevirt_sighting,
+        cluster_api=_cluster_api(host) if host.has_cluster else None,
+        kubevirt_namespace=options.kubevirt_namespace,
+        unsafe_kubevirt_allow_listed=options.kubevirt_allow_listed,
     )
     if ns.output == "json":
         _out(json.dumps(report.to_json(), indent=2) + "\n")
@@ -807,6 +814,18 @@ def cmd_doctor(ns: argparse.Namespace, options: GlobalOptions) -> int:
         return EXIT_ERROR
     _out(f"\nNode {node} is ready for vGPUs ({len(report.checks)} checks).\n")
     return EXIT_OK
+
+
+def _cluster_api(host: Host) -> Callable[[], ClusterApi]:
+    """The cluster's API, connected when ``doctor`` first asks (a failure is its check's)."""
+
+    def connect() -> ClusterApi:
+        api = host.cluster_api
+        if api is None:  # pragma: no cover - asked only when a cluster is configured
+            raise UsageError("no cluster configured")
+        return api
+
+    return connect
 
 
 #: Each command of this module, by name, with the function that adds it to the parser.

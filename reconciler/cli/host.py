@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from reconciler.engine import NodePorts
     from reconciler.kube import KubernetesApi
     from reconciler.observe.holds import HoldProbe
+    from reconciler.observe.kubevirt import KubevirtSighting
     from reconciler.observe.vgpumode import ModeReading
     from reconciler.sim import SimHost
 
@@ -173,6 +174,20 @@ class Host:
         from reconciler.observe.holds import ProcfsHoldProbe
 
         return ProcfsHoldProbe()
+
+    def kubevirt_sighting(self) -> KubevirtSighting | None:
+        """Whether (and why) KubeVirt's virt-handler runs on this host: its sockets in the
+        kubelet's device-plugin directory, or its process. A simulated host's processes are its
+        own proc tree (``sim/procfs.py``): the machine's ``/proc`` is never read for it."""
+        from reconciler.observe.kubevirt import sight_kubevirt
+
+        if self.simulated:
+            from reconciler.sim.procfs import proc_root
+
+            processes = proc_root(self.options.sysfs_root)
+        else:
+            processes = Path("/proc")
+        return sight_kubevirt(kubelet_dir=self.kubelet_dir, proc_root=processes)
 
     @property
     def has_cluster(self) -> bool:
@@ -320,6 +335,8 @@ class Host:
             cluster_api=api,
             events=events,
             vgpu_modes=self.vgpu_modes,
+            kubevirt_host=self.kubevirt_sighting,
+            unsafe_kubevirt_allow_listed=self.options.kubevirt_allow_listed,
         )
 
 

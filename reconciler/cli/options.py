@@ -108,6 +108,17 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
         "missed would lose its GPU",
     )
     group.add_argument(
+        "--unsafe-kubevirt-allow-listed",
+        action="store_true",
+        default=dflt(False),
+        help="UNSAFE: on a host where KubeVirt runs (its device-plugin sockets, or a "
+        "virt-handler process) and no cluster is connected, create mdev vGPUs anyway: the "
+        "operator asserts that every type vgpuctl creates here is allow-listed by hand in the "
+        "KubeVirt CR (permittedHostDevices.mediatedDevices with externalResourceProvider: "
+        "true). Otherwise virt-handler removes those vGPUs within a minute or two, in use by a "
+        "VM or not. Without it such creates are blocked; the plan notes its use",
+    )
+    group.add_argument(
         "--no-color",
         action="store_true",
         default=dflt(False),
@@ -128,6 +139,8 @@ class GlobalOptions:
     #: ``--unsafe-assume-no-hidden-holders`` (a flag only: no environment variable sets it).
     assume_no_hidden_holders: bool = False
     nvidia_smi: str | None = None  # None: the default (or the simulator's)
+    #: ``--unsafe-kubevirt-allow-listed`` (a flag only: no environment variable sets it).
+    kubevirt_allow_listed: bool = False
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GlobalOptions:
@@ -146,4 +159,5 @@ class GlobalOptions:
             kubelet_dir=Path(kubelet_dir) if kubelet_dir else None,
             assume_no_hidden_holders=bool(ns.unsafe_assume_no_hidden_holders),
             nvidia_smi=ns.nvidia_smi or _env("NVIDIA_SMI"),
+            kubevirt_allow_listed=bool(ns.unsafe_kubevirt_allow_listed),
         )

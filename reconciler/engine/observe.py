@@ -8,6 +8,12 @@ With a cluster, the observation also says whether Harvester's pcidevices-control
 so in its notes (first of them), so ``plan`` shows what ``apply`` would do. Without a cluster
 nothing can tell: a host-local run is what the operator asked for, as for every other cluster
 fact (docs/domain.md §6a).
+
+Without a cluster, a plan that makes vGPUs asks whether KubeVirt runs on the host
+(``observe/kubevirt.py``): its virt-handler removes every mdev its CR does not allow-list, and
+only a cluster connection lets vgpuctl keep that list. The plan is then made again with every
+create on an mdev GPU blocked, saying so and how out; with ``--unsafe-kubevirt-allow-listed``
+the creates run and the plan's first note says on whose word.
 """
 
 from __future__ import annotations
@@ -86,6 +92,23 @@ def observe_and_plan(
         adopt=adopt,
         partial=partial,
     )
+    blocked_by: str | None = None  # why creates on mdev GPUs wait (KubeVirt's sweep)
+    kubevirt_note: str | None = None
+    if ports.cluster_api is None and ports.kubevirt_host is not None and _makes_vgpus(plan):
+        sighting = ports.kubevirt_host()
+        if sighting is not None and ports.unsafe_kubevirt_allow_listed:
+            kubevirt_note = sighting.unsafe_note
+        elif sighting is not None:
+            blocked_by = sighting.reason
+            plan = plan_node(
+                desired,
+                planned_from,
+                catalog=ports.catalog,
+                cluster=cluster,
+                adopt=adopt,
+                partial=partial,
+                mdev_creates_blocked=blocked_by,
+            )
     asked = _mode_matters(plan, inventory, desired)
     if asked:
         from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
@@ -107,11 +130,21 @@ def observe_and_plan(
             cluster=cluster,
             adopt=adopt,
             partial=partial,
+            mdev_creates_blocked=blocked_by,
         )
+    if kubevirt_note is not None:
+        plan = replace(plan, notes=(kubevirt_note, *plan.notes))
     if controller is not None:
         plan = with_refusal_note(plan, controller)
     return Planned(
         inventory, cluster, plan, desired, MappingProxyType(dict(allocations)), controller
+    )
+
+
+def _makes_vgpus(plan: Plan) -> bool:
+    """Whether ``plan`` makes (or would make, once unblocked) any vGPU."""
+    return any(
+        isinstance(a, VgpuCreate) for a in (*plan.actions, *(b.action for b in plan.blocked))
     )
 
 

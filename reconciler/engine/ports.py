@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from reconciler.apply.cluster import EventSink
     from reconciler.apply.ports import HostDriver
     from reconciler.model.clusterapi import ClusterApi
+    from reconciler.observe.kubevirt import KubevirtSighting
     from reconciler.observe.vgpumode import ModeReading
 
 
@@ -56,6 +57,14 @@ class NodePorts:
     #: and the driver's default decides (``observe/vgpumode.py``). Asked only when a plan
     #: creates vGPUs on a GPU wanted in mixed-size mode whose SR-IOV is on.
     vgpu_modes: Callable[[], ModeReading] | None = None
+    #: Whether (and why) KubeVirt's virt-handler runs on this host, which removes every mdev
+    #: its CR does not allow-list (``observe/kubevirt.py``); None: it does not. Asked only
+    #: without a cluster (with one, vgpuctl keeps the allow-list) and only when a plan makes
+    #: vGPUs: its creates on mdev GPUs are then blocked.
+    kubevirt_host: Callable[[], KubevirtSighting | None] | None = None
+    #: ``--unsafe-kubevirt-allow-listed``: the operator says every type vgpuctl creates here is
+    #: allow-listed by hand; creates then run, and the plan says on whose word.
+    unsafe_kubevirt_allow_listed: bool = False
 
 
 class DevicePlugins(Protocol):

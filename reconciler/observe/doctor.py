@@ -3,7 +3,9 @@
 Reads only: the sysfs tree (IOMMU groups, the NVIDIA driver's version, each GPU's vGPU side and
 bound driver, through the same observer ``plan`` uses), the ``sriov-manage`` command's program
 (found and executable, never run), the hold probe's view of the host's processes, and the
-kubelet's device-plugin directory. Each check says what it found and, when it fails, what to
+kubelet's device-plugin directory, and KubeVirt as a neighbour: whether its virt-handler runs on
+the host and, with a cluster, whether its KubeVirt CR lets it remove the host's mdev vGPUs
+(``observe/kubevirt.py``). Each check says what it found and, when it fails, what to
 do. A check is ``ok``, ``fail`` (the node cannot be managed as it is: ``doctor`` exits 1) or
 ``info`` (worth knowing, not a fault: a GPU passed through whole, no kubelet on a plain KVM host).
 """
@@ -13,17 +15,28 @@ from __future__ import annotations
 import enum
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from reconciler.catalog import Catalog
 from reconciler.model import Gpu, Interface, ReconcilerError
-from reconciler.model.errors import excerpt
+from reconciler.model.cluster import KUBEVIRT_GROUP, KUBEVIRT_PLURAL, KUBEVIRT_VERSION
+from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.errors import ResourceMissingError, excerpt
 from reconciler.model.inventory import Inventory
 from reconciler.model.record import record
 from reconciler.observe.holds import HoldProbe
 from reconciler.observe.host import observe_host
+from reconciler.observe.kubevirt import (
+    SOCKET_PREFIX,
+    SOCKET_SUFFIX,
+    VIRT_HANDLER,
+    WAY_OUT,
+    KubevirtSighting,
+    mdev_handling,
+    not_allow_listed,
+)
 from reconciler.observe.sysfs import SysfsTree
 
 IOMMU_GROUPS = "kernel/iommu_groups"
@@ -76,8 +89,15 @@ def examine_node(
     hold_probe: HoldProbe,
     kubelet_dir: Path,
     kubelet_expected: bool,
+    kubevirt_sighting: Callable[[], KubevirtSighting | None] | None = None,
+    cluster_api: Callable[[], ClusterApi] | None = None,
+    kubevirt_namespace: str | None = None,
+    unsafe_kubevirt_allow_listed: bool = False,
 ) -> DoctorReport:
-    """Run every check; none raises (a check that cannot look fails, saying why)."""
+    """Run every check; none raises (a check that cannot look fails, saying why).
+
+    ``cluster_api``: how to reach the cluster (None: no cluster configured); the KubeVirt check
+    then reads the KubeVirt CR, else it asks ``kubevirt_sighting`` whether KubeVirt runs here."""
     checks = [_iommu(sysfs_root), _nvidia_driver(sysfs_root)]
     try:
         inventory: Inventory | None = observe_host(sysfs_root, node=node, catalog=catalog)
@@ -96,7 +116,155 @@ def examine_node(
     checks.append(_sriov_manage(sriov_manage))
     checks.append(_holders(hold_probe))
     checks.append(_kubelet(kubelet_dir, expected=kubelet_expected))
+    if cluster_api is not None:
+        checks.append(_kubevirt_cr(cluster_api, kubevirt_namespace, inventory))
+    elif kubevirt_sighting is not None:
+        checks.append(
+            _kubevirt_host(
+                kubevirt_sighting(),
+                inventory,
+                plugins=kubelet_dir / DEVICE_PLUGINS,
+                unsafe=unsafe_kubevirt_allow_listed,
+            )
+        )
     return DoctorReport(tuple(checks))
+
+
+def _uses_mdev(inventory: Inventory | None) -> bool:
+    """Whether this host's vGPUs are (or, SR-IOV off, likely will be) mdevs; unknown: yes."""
+    if inventory is None:
+        return True
+    return any(
+        g.interface is Interface.MDEV or (g.interface is Interface.NONE and inventory.mdev_bus)
+        for g in inventory.gpus
+    )
+
+
+def _kubevirt_host(
+    sighting: KubevirtSighting | None,
+    inventory: Inventory | None,
+    *,
+    plugins: Path,
+    unsafe: bool,
+) -> Check:
+    """No cluster: does KubeVirt run here, which would remove the mdevs vgpuctl makes?"""
+    if sighting is None:
+        return Check(
+            "kubevirt",
+            CheckStatus.OK,
+            f"KubeVirt does not run on this host (no {SOCKET_PREFIX}*{SOCKET_SUFFIX} in "
+            f"{plugins}, no {VIRT_HANDLER} process): nothing removes the vGPUs vgpuctl makes",
+        )
+    if not _uses_mdev(inventory):
+        return Check(
+            "kubevirt",
+            CheckStatus.OK,
+            f"{sighting.sweep}; this host's vGPUs are NVIDIA's vendor-specific VFIO VFs, "
+            "which it does not remove",
+        )
+    if unsafe:
+        return Check(
+            "kubevirt",
+            CheckStatus.INFO,
+            f"{sighting.sweep}; --unsafe-kubevirt-allow-listed: the operator says every type "
+            "vgpuctl creates here is allow-listed by hand",
+        )
+    return Check(
+        "kubevirt",
+        CheckStatus.FAIL,
+        f"{sighting.sweep}; with no cluster connection vgpuctl cannot allow-list the types it "
+        "creates, so plan and apply block every mdev vGPU create",
+        WAY_OUT,
+    )
+
+
+def _kubevirt_cr(
+    connect: Callable[[], ClusterApi], namespace: str | None, inventory: Inventory | None
+) -> Check:
+    """With a cluster: would virt-handler, under the KubeVirt CR, remove this host's mdevs?"""
+    where = f"in namespace {namespace}" if namespace else "in any namespace"
+    try:
+        items = connect().list_objects(
+            group=KUBEVIRT_GROUP,
+            version=KUBEVIRT_VERSION,
+            plural=KUBEVIRT_PLURAL,
+            namespace=namespace,
+        )
+    except ResourceMissingError:
+        return Check(
+            "kubevirt",
+            CheckStatus.OK,
+            "KubeVirt is not installed (kubevirts.kubevirt.io is not served): nothing removes "
+            "the vGPUs vgpuctl makes",
+        )
+    except ReconcilerError as exc:
+        return Check(
+            "kubevirt",
+            CheckStatus.FAIL,
+            f"cannot read the KubeVirt CR: {exc.message}",
+            "check --kubeconfig, and that vgpuctl's role may list kubevirts.kubevirt.io",
+        )
+    if not items:
+        return Check(
+            "kubevirt",
+            CheckStatus.OK,
+            f"no KubeVirt CR {where}: no virt-handler removes the vGPUs vgpuctl makes",
+        )
+    if len(items) > 1:
+        return Check(
+            "kubevirt",
+            CheckStatus.FAIL,
+            f"{len(items)} KubeVirt CRs {where}: which one rules this node is not known",
+            "pass --kubevirt-namespace to choose one",
+        )
+    cr = items[0]
+    raw_meta = cr.get("metadata")
+    meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+    name = excerpt(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    off = mdev_handling(cr)
+    if off is not None:
+        return Check(
+            "kubevirt",
+            CheckStatus.OK,
+            f"KubeVirt's mediated-device handling is off in {name} ({off}): virt-handler "
+            "removes no mdev",
+        )
+    types = sorted(
+        {
+            vf.vgpu.type_name
+            for g in (inventory.gpus if inventory is not None else ())
+            if g.interface is Interface.MDEV
+            for vf in g.vfs
+            if vf.vgpu is not None
+        }
+    )
+    missing = not_allow_listed(cr, types)
+    if missing:
+        return Check(
+            "kubevirt",
+            CheckStatus.FAIL,
+            f"KubeVirt's mediated-device handling is on, and {name} does not allow-list "
+            f"{', '.join(excerpt(t) for t in missing)} with externalResourceProvider: true: "
+            "virt-handler removes those vGPUs at its next heartbeat, in use by a VM or not",
+            "run vgpuctl apply with this cluster connection (it allow-lists the types it "
+            "configures), or add a permittedHostDevices.mediatedDevices entry for each "
+            "(mdevNameSelector: the type's name, externalResourceProvider: true), or turn the "
+            "handling off (mediatedDevicesConfiguration.enabled: false)",
+        )
+    if not types:
+        return Check(
+            "kubevirt",
+            CheckStatus.OK,
+            f"KubeVirt's mediated-device handling is on ({name}); this host has no mdev vGPU "
+            "for it to remove (vgpuctl allow-lists each type it creates)",
+        )
+    return Check(
+        "kubevirt",
+        CheckStatus.OK,
+        f"KubeVirt's mediated-device handling is on, and {name} allow-lists every mdev vGPU "
+        f"type on this host ({', '.join(excerpt(t) for t in types)}) with "
+        "externalResourceProvider: true",
+    )
 
 
 def _iommu(root: Path) -> Check:

@@ -6,9 +6,10 @@ its removal is blocked, and so is everything that needs it gone (the replacement
 GPU's SR-IOV disable, creates that would not fit beside it).
 
 No change breaks what it cannot rebuild: when no create of a GPU can run (each waits for a
-vGPU in use), the removals that would only make room for them are deferred with the same cause,
-so the GPU keeps its working vGPUs until the change can be made whole. Removals the desired
-state wants for their own sake (a type it still wants, fewer times; SR-IOV disabled) still run.
+vGPU in use, or all are blocked for a reason the caller gives: ``creates_blocked``), the
+removals that would only make room for them are deferred with the same cause, so the GPU
+keeps its working vGPUs until the change can be made whole. Removals the desired state wants
+for their own sake (a type it still wants, fewer times; SR-IOV disabled) still run.
 ``partial`` (``apply --partial``) runs them all at once, giving capacity up early.
 """
 
@@ -64,11 +65,13 @@ def diff_gpu(
     node: str,
     interface: Interface,
     partial: bool = False,
+    creates_blocked: str | None = None,
 ) -> GpuDiff:
     """Steps that take ``gpu`` to ``profiles`` (VF index → profile; absent: no vGPU).
     ``interface``: the one its VFs show, or will once SR-IOV is on; it says how a new vGPU is
     named (an mdev UUID; on vfio, its VF's address). ``partial``: run the removals that only
-    make room for creates that must wait (module docstring)."""
+    make room for creates that must wait (module docstring). ``creates_blocked``: why no vGPU
+    may be made on this GPU now (every create that could otherwise run is blocked with it)."""
     diff = GpuDiff()
     pf = gpu.address
     if not sriov:
@@ -159,6 +162,9 @@ def diff_gpu(
                 creates.append(create)
 
     run, waiting = _hold_back(creates, held, kept, offer)
+    if creates_blocked is not None and run:
+        waiting = [*waiting, *(replace(s, reason=creates_blocked) for s in run)]
+        run = []
     blocked_creates = [*waiting, *(s for s in diff.blocked if isinstance(s, VgpuCreate))]
     if blocked_creates and not run and not partial:
         _defer_room_making(diff, blocked_creates, wanted=frozenset(profiles.values()))

@@ -44,6 +44,12 @@ def with_mode_step(gpu: Gpu, diff: GpuDiff, *, wanted: VgpuMode, offer: Offer) -
     )
     if not stays and creates:
         return replace(diff, actions=[*diff.actions, step])
+    if not stays:
+        # Every create of the GPU is blocked for another reason (KubeVirt's sweep, …): the
+        # switch, needed only by them, waits with them.
+        waits = replace(step, reason=f"{step.reason}; waits with the GPU's creates, all blocked")
+        blocked = sorted([*diff.blocked, waits], key=lambda s: (s.kind.order, vf_order(s)))
+        return replace(diff, blocked=blocked)
     if wanted is VgpuMode.EQUAL_SIZE:
         return diff  # the mode stays mixed-size while vGPUs stay; equal sizes fit it anyway
     # vGPUs stay: the switch cannot run. Creates of the one size they share run in either mode.

@@ -59,6 +59,7 @@ def plan_node(
     cluster: ClusterState | None = None,
     adopt: bool = False,
     partial: bool = False,
+    mdev_creates_blocked: str | None = None,
 ) -> Plan:
     """The plan that takes ``inventory`` (and, when given, ``cluster``) to ``node``'s desired
     state.
@@ -67,7 +68,10 @@ def plan_node(
     the caller's call). ``cluster`` None plans the host only and says so in a note. ``adopt``
     lets the plan take over CRs another controller manages. ``partial`` runs the removals that
     only make room for creates that must wait (``plan.diff``; by default they wait too).
-    Raises :class:`PlanError` carrying every problem found.
+    ``mdev_creates_blocked``: why no vGPU may be made on a GPU whose VFs use (or, SR-IOV off,
+    will likely use) the mdev interface: each such create is blocked with it (KubeVirt's
+    virt-handler would remove it: ``observe/kubevirt.py``), and the removals that only make
+    room for them wait too. Raises :class:`PlanError` carrying every problem found.
     """
     if cluster is not None and not inventory.vf_availability:
         # The cluster's objects and the node summary show each VF's creatable types: a scan
@@ -89,7 +93,13 @@ def plan_node(
     observed = inventory
     if cluster is not None:
         inventory = mark_cluster_uses(inventory, cluster)
-    host = _plan_host(node, inventory, catalog=catalog, partial=partial)
+    host = _plan_host(
+        node,
+        inventory,
+        catalog=catalog,
+        partial=partial,
+        mdev_creates_blocked=mdev_creates_blocked,
+    )
     actions: list[Action] = [s.numbered(i) for i, s in enumerate(host.actions, start=1)]
     noops = list(host.noops)
     # What the observation itself had to say (holders it could not see, a removal under way,
@@ -194,7 +204,12 @@ class _HostPlan:
 
 
 def _plan_host(
-    node: DesiredNode | None, inventory: Inventory, *, catalog: Catalog, partial: bool = False
+    node: DesiredNode | None,
+    inventory: Inventory,
+    *,
+    catalog: Catalog,
+    partial: bool = False,
+    mdev_creates_blocked: str | None = None,
 ) -> _HostPlan:
     by_address = {g.address: g for g in inventory.gpus}
     managed: dict[PciAddress, tuple[DesiredGpu, tuple[Vf, ...], Offer, tuple[Want, ...]]] = {}
@@ -258,6 +273,9 @@ def _plan_host(
         profiles = vf_profiles(desired, slots)
         plan.managed[gpu.address] = desired
         plan.assignments[gpu.address] = profiles
+        interface = (
+            gpu.interface if gpu.interface is not Interface.NONE else likely_interface(inventory)
+        )
         diff = diff_gpu(
             gpu,
             slots,
@@ -265,12 +283,9 @@ def _plan_host(
             profiles=profiles,
             offer=offer,
             node=inventory.node,
-            interface=(
-                gpu.interface
-                if gpu.interface is not Interface.NONE
-                else likely_interface(inventory)
-            ),
+            interface=interface,
             partial=partial,
+            creates_blocked=mdev_creates_blocked if interface is Interface.MDEV else None,
         )
         if desired.sriov:
             diff = with_mode_step(gpu, diff, wanted=desired.mode, offer=offer)

@@ -184,10 +184,11 @@ def test_doctor_on_a_healthy_simulated_host(a2_node: SimNode) -> None:
     assert checks["sriov-manage"]["status"] == "ok"
     assert checks["holders"]["status"] == "ok"
     assert checks["kubelet"]["status"] == "info"  # no kubelet, no cluster: a plain KVM host
+    assert checks["kubevirt"]["status"] == "ok"  # nor KubeVirt's virt-handler
     a2_node.ok("apply", SEED, "--yes")
     text = a2_node.ok("doctor").stdout
     assert "gpu 0000:08:00.0  NVIDIA A2: 16 VFs, mdev interface, 15 vGPU types" in text
-    assert text.rstrip().endswith(f"Node {NODE} is ready for vGPUs (6 checks).")
+    assert text.rstrip().endswith(f"Node {NODE} is ready for vGPUs (7 checks).")
 
 
 def test_doctor_says_what_is_missing_and_what_to_do(tmp_path: Path) -> None:
@@ -215,6 +216,7 @@ def test_doctor_says_what_is_missing_and_what_to_do(tmp_path: Path) -> None:
         "holders": "ok",
         # Root may write anywhere: a 0500 directory is writable to it, as to the kubelet.
         "kubelet": "ok" if os.geteuid() == 0 else "fail",
+        "kubevirt": "ok",
     }
     fixes = {c["check"]: c["fix"] for c in report["checks"]}
     assert "intel_iommu=on" in fixes["iommu"]
@@ -226,7 +228,7 @@ def test_doctor_says_what_is_missing_and_what_to_do(tmp_path: Path) -> None:
     ).stdout  # fmt: skip
     assert "FAIL  nvidia-driver" in text
     assert "→ install NVIDIA's vGPU host driver" in text
-    assert text.rstrip().endswith(f"3 of 6 checks failed on node {NODE}.")
+    assert text.rstrip().endswith(f"3 of 7 checks failed on node {NODE}.")
 
 
 @needs_pid_namespace
