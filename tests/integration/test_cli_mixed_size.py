@@ -76,11 +76,12 @@ def test_an_l40s_gets_two_sizes_in_mixed_size_mode(tmp_path: Path) -> None:
         gpu = state(node)
         assert gpu["vgpuMode"] == "mixed-size", interface
         assert counters(node)["nvidiaSmiCalls"] == 1  # one switch, nothing else
-        # Converged: planning again reads the mode only where it would make vGPUs (nowhere).
+        # Converged: planning again reads the mode (one nvidia-smi -q per run, for the GPU
+        # declared mixed-size) and finds it so.
         queries = counters(node).get("nvidiaSmiQueries", 0)
         assert "No changes" in node.ok("plan", path).stdout
         assert node.run("assert", path).returncode == 0
-        assert counters(node).get("nvidiaSmiQueries", 0) == queries
+        assert counters(node).get("nvidiaSmiQueries", 0) == queries + 2
         # status reads it and says so; export writes it, and the export plans to no changes.
         shown = node.ok("status")
         assert "2 vGPUs, mixed-size mode" in shown.stderr
@@ -170,3 +171,50 @@ def test_a_gpu_whose_vgpus_stay_is_not_switched_and_says_why(tmp_path: Path) -> 
     unknown = json.loads(node.ok("plan", more, "-o", "json", "--nvidia-smi", "/bin/false").stdout)
     assert "its mode could not be read" in unknown["blocked"][0]["reason"]
     assert any("vGPU mode of GPU 0000:41:00.0 not known" in n for n in unknown["notes"])
+
+
+def test_a_declared_mode_the_gpu_is_not_in_is_never_silent(tmp_path: Path) -> None:
+    # One 8Q made in equal-size mode; then the same 8Q declared in mixed-size mode. Nothing is
+    # to be created, and the 8Q stays, so the driver cannot switch the GPU: plan says so in a
+    # note, and assert reports drift (exit 2) rather than "matches".
+    node = sim(tmp_path, "vfio")
+    equal = desired(tmp_path, {"sriov": "enabled", "vgpus": {VF0: "NVIDIA L40S-8Q"}}, "eq.yaml")
+    node.ok("apply", equal, "--yes")
+    mixed = desired(
+        tmp_path, {"sriov": "enabled", "mode": "mixed-size", "vgpus": {VF0: "NVIDIA L40S-8Q"}}
+    )
+    plan = json.loads(node.ok("plan", mixed, "-o", "json").stdout)
+    assert plan["actions"] == [] and plan["blocked"] == []
+    (note,) = [n for n in plan["notes"] if "desired mixed-size mode" in n]
+    assert note.startswith(f"GPU {GPU}: desired mixed-size mode, it is equal-size (nvidia-smi -q)")
+    assert f"it hosts 1 vGPU (the first on {VF0})" in note
+    shown = node.ok("plan", mixed).stdout
+    assert "desired mixed-size mode, it is equal-size" in shown
+    verdict = node.run("assert", mixed)
+    assert verdict.returncode == 2, verdict.stdout
+    assert "has drifted: its vGPU mode differs" in verdict.stdout
+    assert state(node)["vgpuMode"] == "equal-size"
+    # Where nvidia-smi cannot tell, the plan says the mode was not read; never a guess.
+    unread = json.loads(node.ok("plan", mixed, "-o", "json", "--nvidia-smi", "/bin/false").stdout)
+    assert any(
+        n.startswith(f"GPU {GPU}: desired mixed-size mode; its mode could not be read")
+        for n in unread["notes"]
+    )
+
+
+def test_an_empty_gpu_declared_mixed_size_is_switched(tmp_path: Path) -> None:
+    # SR-IOV on, no vGPU, mixed-size declared with none wanted: the switch can run, so it is
+    # planned (before, nothing was planned and assert said "matches" of an equal-size GPU).
+    node = sim(tmp_path, "vfio")
+    on = desired(tmp_path, {"sriov": "enabled"}, "on.yaml")
+    node.ok("apply", on, "--yes")
+    mixed = desired(tmp_path, {"sriov": "enabled", "mode": "mixed-size"})
+    assert node.run("assert", mixed).returncode == 2
+    plan = json.loads(node.ok("plan", mixed, "-o", "json").stdout)
+    assert [(a["kind"], a["target"]) for a in plan["actions"] if a["phase"] == "host"] == [
+        ("vgpu-mode", GPU)
+    ]
+    node.ok("apply", mixed, "--yes")
+    assert state(node)["vgpuMode"] == "mixed-size"
+    assert "No changes" in node.ok("plan", mixed).stdout
+    assert node.run("assert", mixed).returncode == 0
