@@ -218,3 +218,78 @@ def test_an_empty_gpu_declared_mixed_size_is_switched(tmp_path: Path) -> None:
     assert state(node)["vgpuMode"] == "mixed-size"
     assert "No changes" in node.ok("plan", mixed).stdout
     assert node.run("assert", mixed).returncode == 0
+
+
+def test_a_layout_that_fragments_is_refused_at_plan_time(tmp_path: Path) -> None:
+    # Mixed-size mode, one 3Q made: the simulated driver put it at placement 0 (slots 0-2 of
+    # the model's 48, one per GiB). Adding a 24Q and a 16Q: 3 + 24 + 16 = 43 of 48 GB, but a
+    # 24Q begins only at 0 or 24 and a 16Q at 0, 16 or 32 (multiples of their sizes). 0 is
+    # taken, so the 24Q goes to 24 (slots 24-47), and each 16Q placement then overlaps it (16)
+    # or the 3Q (0) or it again (32): no set of placements holds them, and plan says which.
+    node = sim(tmp_path, "vfio")
+    one = desired(
+        tmp_path, {"sriov": "enabled", "mode": "mixed-size", "vgpus": {VF0: "NVIDIA L40S-3Q"}}
+    )
+    node.ok("apply", one, "--yes")
+    vf0 = node.dir / "sys" / "bus" / "pci" / "devices" / VF0 / "nvidia"
+    assert (vf0 / "placement_id").read_text() == "0\n"
+    more = desired(
+        tmp_path,
+        {
+            "sriov": "enabled",
+            "mode": "mixed-size",
+            "vgpus": {VF0: "NVIDIA L40S-3Q", VF1: "NVIDIA L40S-24Q", VF2: "NVIDIA L40S-16Q"},
+        },
+        "more.yaml",
+    )
+    refused = node.run("plan", more)
+    assert refused.returncode == 1, refused.stdout
+    assert (
+        f"NVIDIA L40S-16Q for VF {VF2} occupies 16 placement slots, and every placement it may "
+        "begin at is taken (16 overlaps the NVIDIA L40S-24Q for VF "
+        f"{VF1} (slots 24-47); 32 overlaps the NVIDIA L40S-24Q for VF {VF1} (slots 24-47))"
+    ) in refused.stderr
+    assert "fragmentation" in refused.stderr
+    assert node.run("apply", more, "--yes").returncode == 1  # refused before any write
+    raw = json.loads((node.dir / "sys" / ".vgpuctl-sim" / "state.json").read_text())
+    assert [v["type"] for v in raw["vgpus"].values()] == ["NVIDIA L40S-3Q"]
+    # Without the 3Q (removed first) the two fit (24Q at 0, 16Q at 32): a plan that removes
+    # first is not checked, as the host shows only what can be placed now, and it says so.
+    fits = desired(
+        tmp_path,
+        {
+            "sriov": "enabled",
+            "mode": "mixed-size",
+            "vgpus": {VF1: "NVIDIA L40S-24Q", VF2: "NVIDIA L40S-16Q"},
+        },
+        "fits.yaml",
+    )
+    assert "placement not checked (vGPUs are removed first" in node.ok("plan", fits).stdout
+    node.ok("apply", fits, "--yes")
+    assert "No changes" in node.ok("plan", fits).stdout
+
+
+def test_a_host_without_placement_facts_is_planned_as_before_and_says_so(tmp_path: Path) -> None:
+    # mdev shows no placement facts (nor does any real host we know of): a mixed-size layout is
+    # planned by the framebuffer alone, with a note that placement was not checked.
+    for interface in ("mdev", "vfio"):
+        node = sim(tmp_path / interface, interface)
+        path = desired(tmp_path / interface, MIXED)
+        plan = json.loads(node.ok("plan", path, "-o", "json").stdout)
+        note = f"GPU {GPU} (NVIDIA L40S): placement not checked (the host shows no placement facts)"
+        # SR-IOV still off: neither interface can show placements before the mode is set.
+        assert note in plan["notes"], interface
+        assert [a["kind"] for a in plan["actions"] if a["phase"] == "host"][-2:] == [
+            "vgpu-create",
+            "vgpu-create",
+        ]
+    # mdev in mixed-size mode, one more vGPU wanted: still no facts, still said.
+    node = SimNode(tmp_path / "mdev" / "host")
+    node.ok("apply", desired(tmp_path / "mdev", MIXED), "--yes")
+    three = desired(
+        tmp_path / "mdev",
+        {**MIXED, "vgpus": {**MIXED["vgpus"], VF2: "NVIDIA L40S-8Q"}},  # type: ignore[dict-item]
+        "three.yaml",
+    )
+    shown = node.ok("plan", three).stdout
+    assert "placement not checked (the host shows no placement facts)" in shown
