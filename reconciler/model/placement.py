@@ -1,4 +1,4 @@
-"""A GPU's mixed-size placement facts, as the host shows them (docs/domain.md §10).
+"""A GPU's mixed-size placement facts, as the host shows them (docs/domain.md §4).
 
 In mixed-size mode the driver gives each vGPU type a placement size (the slots one vGPU of it
 occupies) and each vGPU a placement ID (where it begins); NVML answers, per type, the size and

@@ -11,7 +11,7 @@ shown by its id (:func:`~reconciler.model.type_shown_by_id`), and the planner ch
 that GPU. This interface publishes no ``description``: sizes and maxima come from the catalogue,
 or from the name.
 
-Mixed-size placements (docs/domain.md §10, docs/host.md): a VF's ``nvidia/placement_id`` (newer
+Mixed-size placements (docs/domain.md §4, docs/host.md): a VF's ``nvidia/placement_id`` (newer
 drivers) is read where present: a decimal ID, or ``Not Applicable`` where the VF has none (the
 word gentlemanautomaton/machina's mdev reader, ``filesystem/mdevfs/mediateddevice.go``, handles).
 No public source shows where a host prints the creatable placements (NVML's

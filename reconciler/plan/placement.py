@@ -1,7 +1,7 @@
 """Mixed-size placement at plan time: can the vGPUs a GPU's plan creates all be placed?
 
 In mixed-size mode a vGPU begins at one of its type's placement IDs and occupies as many slots
-as the type's placement size (docs/domain.md §10), so vGPUs whose sizes sum within the
+as the type's placement size (docs/domain.md §4), so vGPUs whose sizes sum within the
 framebuffer can still be refused: no set of free, non-overlapping placements holds them. The
 facts are the host's (:class:`~reconciler.model.placement.PlacementFacts`: each type's size and
 creatable IDs now, each hosted vGPU's ID), never a size assumed here. A layout no set of

@@ -5,7 +5,7 @@ arithmetic), which types a VF can create now (equal-size mode: one framebuffer s
 per-size maximum; mixed-size mode: the GPU's total framebuffer, the mixed-size maxima and the
 placement slots below), and where simulated GPUs sit on the PCI buses.
 
-Mixed-size placements are a **model**. What is confirmed (docs/domain.md §10): in that mode each
+Mixed-size placements are a **model**. What is confirmed (docs/domain.md §4): in that mode each
 type has a placement size and each vGPU a placement ID; NVML's
 ``nvmlDeviceGetVgpuTypeCreatablePlacements`` returns, per type, ``placementSize`` ("the number of
 slots occupied by the vGPU type") and the creatable ``placementIds``
