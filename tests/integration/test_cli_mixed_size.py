@@ -293,3 +293,46 @@ def test_a_host_without_placement_facts_is_planned_as_before_and_says_so(tmp_pat
     )
     shown = node.ok("plan", three).stdout
     assert "placement not checked (the host shows no placement facts)" in shown
+
+
+def test_placement_facts_the_host_shows_otherwise_are_not_used(tmp_path: Path) -> None:
+    # A configured VF whose placement_id is not a number, or a placements file with a line not
+    # in its format: the layout is planned as before (the 8Q fits either way), and the note
+    # says why placement was not checked. Never a guess from half a fact.
+    node = sim(tmp_path, "vfio")
+    one = desired(
+        tmp_path, {"sriov": "enabled", "mode": "mixed-size", "vgpus": {VF0: "NVIDIA L40S-3Q"}}
+    )
+    node.ok("apply", one, "--yes")
+    two = desired(
+        tmp_path,
+        {
+            "sriov": "enabled",
+            "mode": "mixed-size",
+            "vgpus": {VF0: "NVIDIA L40S-3Q", VF1: "NVIDIA L40S-8Q"},
+        },
+        "two.yaml",
+    )
+    assert "placement not checked" not in node.ok("plan", two).stdout  # checked: it fits
+    devices = node.dir / "sys" / "bus" / "pci" / "devices"
+
+    def overwrite(path: Path, text: str) -> None:
+        path.chmod(0o644)
+        path.write_text(text)
+        path.chmod(0o444)
+
+    placement_id = devices / VF0 / "nvidia" / "placement_id"
+    overwrite(placement_id, "Not Applicable\n")
+    plan = json.loads(node.ok("plan", two, "-o", "json").stdout)
+    assert (
+        f"GPU {GPU} (NVIDIA L40S): placement not checked (VF {VF0} hosts a vGPU but its "
+        "nvidia/placement_id reads 'Not Applicable')"
+    ) in plan["notes"]
+    assert [a["target"] for a in plan["actions"] if a["kind"] == "vgpu-create"] == [VF1]
+    overwrite(placement_id, "0\n")
+    # The first VF with the file is the one read (VF0's, the same on every VF).
+    placements = devices / VF0 / "nvidia" / "creatable_placements"
+    overwrite(placements, placements.read_text() + "1152  : eight : 8 16\n")
+    plan = json.loads(node.ok("plan", two, "-o", "json").stdout)
+    (note,) = [n for n in plan["notes"] if "placement not checked" in n]
+    assert "nvidia/creatable_placements: cannot read the line '1152  : eight : 8 16'" in note
