@@ -127,17 +127,15 @@ class VendorVfioReader:
     ) -> PlacementFacts | None:
         """The GPU's placement facts: the first VF's ``nvidia/creatable_placements`` (one GPU's
         answer, the same on each VF) and each configured VF's ``nvidia/placement_id``; None
-        when no VF has the first."""
+        when the first VF has no such file."""
         tree = self._tree
-        source = next(
-            (
-                f"{vf.path}/{PLACEMENTS}"
-                for vf, offered in zip(pf.vfs, lists, strict=True)
-                if offered is not None and tree.exists(f"{vf.path}/{PLACEMENTS}")
-            ),
-            None,
+        # One GPU's answer, the same on each VF: the first VF of the interface is asked (one
+        # lookup per GPU on a host without the file, every real one we know of).
+        first = next(
+            (vf for vf, offered in zip(pf.vfs, lists, strict=True) if offered is not None), None
         )
-        if source is None:
+        source = f"{first.path}/{PLACEMENTS}" if first is not None else None
+        if source is None or not tree.exists(source):
             return None
         types, bad = _parse_placements(tree.read_text(source), names)
         if bad is not None:
