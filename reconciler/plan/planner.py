@@ -278,7 +278,9 @@ def _plan_host(
         )
         if desired.sriov:
             diff = with_mode_step(gpu, diff, wanted=desired.mode, offer=offer)
-            if desired.mode is VgpuMode.MIXED_SIZE and hands_off(gpu) is None:
+            # Only a GPU vgpuctl acts on: another one's changes are blocked whole below.
+            drivable = hands_off(gpu) is None and not_drivable(gpu) is None
+            if desired.mode is VgpuMode.MIXED_SIZE and drivable:
                 placed = check_placement(gpu, (*diff.actions, *diff.blocked), label=offer.label)
                 if placed.problem is not None:
                     unplaceable.append(located(placed.problem, desired.location))
