@@ -744,14 +744,19 @@ def cmd_assert(ns: argparse.Namespace, options: GlobalOptions) -> int:
             _out(f"  {safe(line)}\n")
         return EXIT_CHANGES
     plan = planned.plan
-    if not plan.has_changes:
+    if not plan.has_changes and not planned.mode_drift:
         _out(f"node {safe(plan.node)} matches the desired state\n")
         return EXIT_OK
-    _out(f"node {safe(plan.node)} has drifted: {summary_line(plan)}\n")
+    # A GPU declared in mixed-size mode but read in another, which no step switches, differs
+    # from the desired state even with nothing to change: drift, never "matches".
+    verdict = summary_line(plan) if plan.has_changes else "its vGPU mode differs"
+    _out(f"node {safe(plan.node)} has drifted: {verdict}\n")
     for a in plan.actions:
         _out(f"  {a.kind.value} {safe(a.target)}: {safe(a.reason)}\n")
     for b in plan.blocked:
         _out(f"  ! {b.kind.value} {safe(b.target)}: {safe(b.reason)}\n")
+    for text in planned.mode_drift:
+        _out(f"  ~ {safe(text)}\n")
     return EXIT_CHANGES
 
 

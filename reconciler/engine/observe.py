@@ -30,7 +30,6 @@ from reconciler.model import (
     Plan,
     VgpuCreate,
     VgpuMode,
-    VgpuModeSet,
 )
 from reconciler.model.cluster import ClusterState
 from reconciler.model.record import field, record, replace
@@ -54,6 +53,9 @@ class Planned:
     allocations: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
     #: Whether Harvester's pcidevices-controller runs (None: no cluster, so nothing can tell).
     controller: ControllerPresence | None = None
+    #: GPUs declared in mixed-size mode that were read in another mode and that no step of the
+    #: plan switches: drift for ``assert`` even when nothing else differs (also in the notes).
+    mode_drift: tuple[str, ...] = ()
 
 
 def observe_and_plan(
@@ -84,15 +86,20 @@ def observe_and_plan(
         uses = ports.kubelet_uses()
         if uses is not None:
             planned_from = mark_cluster_uses(inventory, uses)
-    plan = plan_node(
-        desired,
-        planned_from,
-        catalog=ports.catalog,
-        cluster=cluster,
-        adopt=adopt,
-        partial=partial,
-    )
     blocked_by: str | None = None  # why creates on mdev GPUs wait (KubeVirt's sweep)
+
+    def plan_from(host: Inventory) -> Plan:
+        return plan_node(
+            desired,
+            host,
+            catalog=ports.catalog,
+            cluster=cluster,
+            adopt=adopt,
+            partial=partial,
+            mdev_creates_blocked=blocked_by,
+        )
+
+    plan = plan_from(planned_from)
     kubevirt_note: str | None = None
     if ports.cluster_api is None and ports.kubevirt_host is not None and _makes_vgpus(plan):
         sighting = ports.kubevirt_host()
@@ -100,22 +107,17 @@ def observe_and_plan(
             kubevirt_note = sighting.unsafe_note
         elif sighting is not None:
             blocked_by = sighting.reason
-            plan = plan_node(
-                desired,
-                planned_from,
-                catalog=ports.catalog,
-                cluster=cluster,
-                adopt=adopt,
-                partial=partial,
-                mdev_creates_blocked=blocked_by,
-            )
-    asked = _mode_matters(plan, inventory, desired)
+            plan = plan_from(planned_from)
+    asked = _mode_matters(inventory, desired)
+    mode_drift: tuple[str, ...] = ()
     if asked:
         from reconciler.observe.vgpumode import ModeReading, with_vgpu_modes
+        from reconciler.plan.mode import mode_gaps
 
-        # The mode decides only what vGPUs may be made: read (one nvidia-smi call) only when
-        # the plan makes some on a GPU whose SR-IOV is on and that is wanted in mixed-size
-        # mode, and plan again with it. An equal-size node never needs nvidia-smi.
+        # The mode is read (one nvidia-smi call) only where the desired state declares
+        # mixed-size mode on a GPU whose SR-IOV is on, and the node planned again with it: it
+        # decides what vGPUs may be made, and a GPU in another mode is drift even when nothing
+        # is to be made. An equal-size node never needs nvidia-smi.
         reading = (
             ports.vgpu_modes()
             if ports.vgpu_modes is not None
@@ -123,21 +125,24 @@ def observe_and_plan(
         )
         inventory = with_vgpu_modes(inventory, asked, reading)
         planned_from = with_vgpu_modes(planned_from, asked, reading)
-        plan = plan_node(
-            desired,
-            planned_from,
-            catalog=ports.catalog,
-            cluster=cluster,
-            adopt=adopt,
-            partial=partial,
-            mdev_creates_blocked=blocked_by,
-        )
+        plan = plan_from(planned_from)
+        gaps = mode_gaps(plan, planned_from, desired, read=frozenset(reading.modes))
+        mode_drift = tuple(g.text for g in gaps if g.drift)
+        new_notes = [g.text for g in gaps if g.text not in plan.notes]
+        if new_notes:
+            plan = replace(plan, notes=(*plan.notes, *new_notes))
     if kubevirt_note is not None:
         plan = replace(plan, notes=(kubevirt_note, *plan.notes))
     if controller is not None:
         plan = with_refusal_note(plan, controller)
     return Planned(
-        inventory, cluster, plan, desired, MappingProxyType(dict(allocations)), controller
+        inventory,
+        cluster,
+        plan,
+        desired,
+        MappingProxyType(dict(allocations)),
+        controller,
+        mode_drift,
     )
 
 
@@ -148,22 +153,13 @@ def _makes_vgpus(plan: Plan) -> bool:
     )
 
 
-def _mode_matters(plan: Plan, inventory: Inventory, desired: DesiredNode) -> frozenset[PciAddress]:
-    """The GPUs wanted in mixed-size mode whose SR-IOV is on and on which ``plan`` makes (or
-    would make) vGPUs."""
-    making = {
-        a.gpu
-        for a in (*plan.actions, *(b.action for b in plan.blocked))
-        if isinstance(a, VgpuCreate | VgpuModeSet)
-    }
-    if not making:
+def _mode_matters(inventory: Inventory, desired: DesiredNode) -> frozenset[PciAddress]:
+    """The GPUs the desired state declares in mixed-size mode whose SR-IOV is on (a GPU whose
+    SR-IOV is off is equal-size after ``sriov-manage -e``: nothing to read)."""
+    mixed = {g.address for g in desired.gpus if g.mode is VgpuMode.MIXED_SIZE and g.sriov}
+    if not mixed:
         return frozenset()
-    mixed = {g.address for g in desired.gpus if g.mode is VgpuMode.MIXED_SIZE}
-    return frozenset(
-        g.address
-        for g in inventory.gpus
-        if g.address in making and g.address in mixed and g.sriov_enabled
-    )
+    return frozenset(g.address for g in inventory.gpus if g.address in mixed and g.sriov_enabled)
 
 
 def with_refusal_note(plan: Plan, controller: ControllerPresence) -> Plan:

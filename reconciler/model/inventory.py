@@ -18,6 +18,7 @@ from typing import Any
 
 from reconciler.model.address import PciAddress
 from reconciler.model.mode import VgpuMode
+from reconciler.model.placement import PlacementFacts
 from reconciler.model.record import field, record
 
 
@@ -147,6 +148,9 @@ class Gpu:
     #: it, so the default unless a query said otherwise (``UNKNOWN``: it could not be read on a
     #: GPU that hosts vGPUs). Written to JSON only when not equal-size.
     vgpu_mode: VgpuMode = VgpuMode.EQUAL_SIZE
+    #: Mixed-size placement facts the host shows (vendor-specific VFIO: ``nvidia/placement_id``
+    #: and ``nvidia/creatable_placements``, observe/vfio.py); None: it shows none. Not in JSON.
+    placements: PlacementFacts | None = None
 
     @property
     def sriov_enabled(self) -> bool:

@@ -276,6 +276,7 @@ def _gpu(pf: PhysicalFunction, reading: GpuReading, catalog: Catalog) -> Gpu:
         types=reading.types,
         driver=pf.driver,
         vf_device=pf.vf_device,
+        placements=reading.placements,
     )
 
 

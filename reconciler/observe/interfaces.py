@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from reconciler.model import VGPU, Interface, VGPUType
+from reconciler.model.placement import PlacementFacts
 from reconciler.model.record import field, record
 from reconciler.observe.holds import DeviceNodes
 from reconciler.observe.parse import link_basename, parse_device_number, vfio_cdev_name
@@ -37,6 +38,8 @@ class GpuReading:
     #: One per VF of the PF, in the same (``virtfn``) order.
     vfs: tuple[VfReading, ...] = ()
     notes: tuple[str, ...] = ()
+    #: Mixed-size placement facts, where the interface shows them (None: it shows none).
+    placements: PlacementFacts | None = None
 
 
 class InterfaceReader(Protocol):

@@ -10,6 +10,16 @@ what can still be created), so it is resolved through the other VFs' lists; one 
 shown by its id (:func:`~reconciler.model.type_shown_by_id`), and the planner changes nothing on
 that GPU. This interface publishes no ``description``: sizes and maxima come from the catalogue,
 or from the name.
+
+Mixed-size placements (docs/domain.md §4, docs/host.md): a VF's ``nvidia/placement_id`` (newer
+drivers) is read where present: a decimal ID, or ``Not Applicable`` where the VF has none (the
+word gentlemanautomaton/machina's mdev reader, ``filesystem/mdevfs/mediateddevice.go``, handles).
+No public source shows where a host prints the creatable placements (NVML's
+``nvmlDeviceGetVgpuTypeCreatablePlacements``: a placement size and IDs per type), so
+``nvidia/creatable_placements`` is **vgpuctl's model**, written only by its simulator: a header,
+then ``<type id> : <placement size> : <creatable IDs>`` per type. A host without it (every real
+one we know of) has no placement facts, and its layouts are planned without a placement check;
+one whose file or IDs read otherwise has facts marked unusable, with the reason.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from collections.abc import Iterable
 from reconciler.catalog import Catalog, parse_profile_name
 from reconciler.model import VGPU, Interface, TypeNames, VGPUType, type_shown_by_id
 from reconciler.model.errors import excerpt
+from reconciler.model.placement import HostedPlacement, PlacementFacts, TypePlacements
 from reconciler.model.record import replace
 from reconciler.observe.interfaces import GpuReading, VfReading, device_nodes
 from reconciler.observe.parse import parse_creatable_types, parse_int, type_id_order
@@ -27,6 +38,9 @@ from reconciler.observe.sysfs import SysfsTree
 
 CREATABLE = "nvidia/creatable_vgpu_types"
 CURRENT = "nvidia/current_vgpu_type"
+PLACEMENT_ID = "nvidia/placement_id"
+#: vgpuctl's model of a file no public source shows (see the module's docstring).
+PLACEMENTS = "nvidia/creatable_placements"
 
 
 class VendorVfioReader:
@@ -96,7 +110,52 @@ class VendorVfioReader:
         )
         if any(current != "0" for current in currents):
             types += self._unlisted(pf, names.values())
-        return GpuReading(Interface.VFIO, types=types, vfs=tuple(vfs), notes=tuple(notes))
+        return GpuReading(
+            Interface.VFIO,
+            types=types,
+            vfs=tuple(vfs),
+            notes=tuple(notes),
+            placements=self._placements(pf, lists, currents, names),
+        )
+
+    def _placements(
+        self,
+        pf: PhysicalFunction,
+        lists: list[dict[str, str] | None],
+        currents: list[str],
+        names: dict[str, str],
+    ) -> PlacementFacts | None:
+        """The GPU's placement facts: the first VF's ``nvidia/creatable_placements`` (one GPU's
+        answer, the same on each VF) and each configured VF's ``nvidia/placement_id``; None
+        when the first VF has no such file."""
+        tree = self._tree
+        # One GPU's answer, the same on each VF: the first VF of the interface is asked (one
+        # lookup per GPU on a host without the file, every real one we know of).
+        first = next(
+            (vf for vf, offered in zip(pf.vfs, lists, strict=True) if offered is not None), None
+        )
+        source = f"{first.path}/{PLACEMENTS}" if first is not None else None
+        if source is None or not tree.exists(source):
+            return None
+        types, bad = _parse_placements(tree.read_text(source), names)
+        if bad is not None:
+            return PlacementFacts(unusable=f"{tree.describe(source)}: {bad}")
+        sizes = {t.name: t.size for t in types}
+        hosted: list[HostedPlacement] = []
+        for vf, current in zip(pf.vfs, currents, strict=True):
+            if current == "0":
+                continue
+            name = names.get(current) or type_shown_by_id(current)
+            path = f"{vf.path}/{PLACEMENT_ID}"
+            text = tree.read_text(path).strip() if tree.exists(path) else ""
+            if not text.isdecimal() or not text.isascii():
+                said = f"reads '{excerpt(text)}'" if text else "is absent"
+                return PlacementFacts(
+                    types=types,
+                    unusable=f"VF {vf.address} hosts a vGPU but its {PLACEMENT_ID} {said}",
+                )
+            hosted.append(HostedPlacement(vf.index, name, int(text), sizes.get(name)))
+        return PlacementFacts(types=types, hosted=tuple(hosted))
 
     def _unlisted(self, pf: PhysicalFunction, listed: Iterable[str]) -> tuple[VGPUType, ...]:
         """Once a vGPU is configured the lists narrow to what can still be created, so the
@@ -119,3 +178,39 @@ class VendorVfioReader:
         parsed = parse_profile_name(name)
         size = parsed.size_gb * 1024 if parsed is not None else 0
         return VGPUType(name=name, type_id=type_id, framebuffer_mib=size, max_instance=0)
+
+
+#: At most this many placement IDs per type (a GPU has a few dozen slots).
+_MAX_PLACEMENTS = 1024
+
+
+def _parse_placements(
+    text: str, names: dict[str, str]
+) -> tuple[tuple[TypePlacements, ...], str | None]:
+    """The types of ``nvidia/creatable_placements`` (the model's format, see the module's
+    docstring) whose id a list names, and why the file cannot be used (None: it can). Any line
+    not in that format makes the whole file unusable: a half-read answer is not a fact."""
+    lines = text.splitlines()
+    if not lines or not lines[0].replace(" ", "").startswith("ID:PlacementSize:"):
+        return (), f"the header '{excerpt(lines[0] if lines else '')}' is not the one expected"
+    types: list[TypePlacements] = []
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(":")]
+        if len(fields) != 3 or not all(_decimal(f) for f in fields[:2]):
+            return (), f"cannot read the line '{excerpt(line)}'"
+        ids = fields[2].split()
+        if not all(_decimal(i) for i in ids) or len(ids) > _MAX_PLACEMENTS:
+            return (), f"cannot read the line '{excerpt(line)}'"
+        size = int(fields[1])
+        if size < 1:
+            return (), f"a placement size of 0 in '{excerpt(line)}'"
+        name = names.get(str(int(fields[0])))
+        if name is not None:
+            types.append(TypePlacements(name, size, tuple(sorted({int(i) for i in ids}))))
+    return tuple(types), None
+
+
+def _decimal(text: str) -> bool:
+    return text.isascii() and text.isdecimal() and len(text) <= 9

@@ -2,19 +2,32 @@
 
 NVIDIA's driver (docs/domain.md §4) sets the mode (``nvidia-smi vgpu -i <gpu> -shm 1``) only
 while SR-IOV is on and the GPU hosts no vGPU, and ``sriov-manage`` resets it to equal-size.
-The mode matters only to vGPUs about to be made, so a step is planned only for a GPU with
-creates: after the GPU's removals and its SR-IOV enable, before its first create (the action
-kinds' order). Where vGPUs stay on the GPU (kept as desired, or in use) the switch cannot run:
-creates that fit beside them in either mode (one framebuffer size) still run; the others are
-blocked, with the switch, saying why. A mode that could not be read on a GPU hosting vGPUs
+The mode matters to vGPUs about to be made: a step runs after the GPU's removals and its SR-IOV
+enable, before its first create (the action kinds' order). A GPU declared in mixed-size mode
+with nothing to create is switched too when it hosts no vGPU (the switch can run); one whose
+vGPUs stay is left as it is, and :func:`mode_gaps` says so (a note in the plan, drift for
+``assert``): a declared mode the GPU is not in is never a silent "no changes". Where vGPUs
+stay on the GPU (kept as desired, or in use) and creates wait, the switch cannot run: creates
+that fit beside them in either mode (one framebuffer size) still run; the others are blocked,
+with the switch, saying why. A mode that could not be read on a GPU hosting vGPUs
 (``unknown``) is never guessed at. A GPU is put back in equal-size mode only when its mode is
 known to be mixed-size and it has no vGPU left at that point.
 """
 
 from __future__ import annotations
 
-from reconciler.model import Gpu, VgpuCreate, VgpuMode, VgpuModeSet, VgpuRemove
-from reconciler.model.record import replace
+from reconciler.model import (
+    DesiredNode,
+    Gpu,
+    Inventory,
+    PciAddress,
+    Plan,
+    VgpuCreate,
+    VgpuMode,
+    VgpuModeSet,
+    VgpuRemove,
+)
+from reconciler.model.record import record, replace
 from reconciler.plan.diff import GpuDiff, vf_order
 from reconciler.plan.offer import Offer
 
@@ -25,7 +38,8 @@ def with_mode_step(gpu: Gpu, diff: GpuDiff, *, wanted: VgpuMode, offer: Offer) -
     """``diff`` with the vgpu-mode step ``gpu`` needs before its creates (if any), or with
     the creates that need it blocked."""
     creates = [a for a in diff.actions if isinstance(a, VgpuCreate)]
-    if not creates and not any(isinstance(a, VgpuCreate) for a in diff.blocked):
+    making = bool(creates) or any(isinstance(a, VgpuCreate) for a in diff.blocked)
+    if not making and wanted is not VgpuMode.MIXED_SIZE:
         return diff
     # SR-IOV off now: sriov-manage -e (planned) leaves the GPU in equal-size mode.
     current = gpu.vgpu_mode if gpu.sriov_enabled else VgpuMode.EQUAL_SIZE
@@ -42,6 +56,12 @@ def with_mode_step(gpu: Gpu, diff: GpuDiff, *, wanted: VgpuMode, offer: Offer) -
         gpu=address,
         mode=wanted,
     )
+    if not making:
+        # Nothing to make: switched where the switch can run (no vGPU stays, the mode known);
+        # else left as it is, which mode_gaps reports.
+        if stays or current is VgpuMode.UNKNOWN:
+            return diff
+        return replace(diff, actions=[*diff.actions, step])
     if not stays and creates:
         return replace(diff, actions=[*diff.actions, step])
     if not stays:
@@ -84,6 +104,73 @@ def with_mode_step(gpu: Gpu, diff: GpuDiff, *, wanted: VgpuMode, offer: Offer) -
         key=lambda s: (s.kind.order, vf_order(s)),
     )
     return replace(diff, actions=actions, blocked=blocked)
+
+
+@record(frozen=True, slots=True)
+class ModeGap:
+    """A GPU declared in mixed-size mode that the plan leaves in another mode (or whose mode
+    could not be read): ``text`` for the plan's notes; ``drift`` when the mode was read."""
+
+    gpu: PciAddress
+    text: str
+    drift: bool
+
+
+def mode_gaps(
+    plan: Plan, inventory: Inventory, desired: DesiredNode, *, read: frozenset[PciAddress]
+) -> tuple[ModeGap, ...]:
+    """The GPUs ``desired`` declares in mixed-size mode (SR-IOV on) that no step of ``plan``
+    switches and that are not in that mode as ``inventory`` shows it. ``read``: the GPUs whose
+    mode nvidia-smi told; any other mode is the driver's default, not a reading, and is said
+    to be unknown rather than judged."""
+    switched = {
+        a.gpu
+        for a in (*plan.actions, *(b.action for b in plan.blocked))
+        if isinstance(a, VgpuModeSet)
+    }
+    by_address = {g.address: g for g in inventory.gpus}
+    gaps: list[ModeGap] = []
+    for want in desired.gpus:
+        gpu = by_address.get(want.address)
+        if (
+            want.mode is not VgpuMode.MIXED_SIZE
+            or not want.sriov
+            or gpu is None
+            or not gpu.sriov_enabled
+            or gpu.address in switched
+            or gpu.vgpu_mode is VgpuMode.MIXED_SIZE
+        ):
+            continue
+        address = gpu.address
+        if gpu.vgpu_mode is VgpuMode.UNKNOWN or address not in read:
+            gaps.append(
+                ModeGap(
+                    address,
+                    f"GPU {address}: desired mixed-size mode; its mode could not be read "
+                    "(nvidia-smi -q did not say), so whether it is in that mode is not known",
+                    drift=False,
+                )
+            )
+            continue
+        hosted = [vf for vf in gpu.vfs if vf.vgpu is not None]
+        first = hosted[0]
+        gaps.append(
+            ModeGap(
+                address,
+                f"GPU {address}: desired mixed-size mode, it is {gpu.vgpu_mode} (nvidia-smi -q) "
+                f"and stays so: it hosts {len(hosted)} vGPU{'s' * (len(hosted) != 1)} (the "
+                f"first on {first.address}) and the driver sets the mode only while a GPU "
+                "hosts none; nothing to create needs it, so no switch is planned",
+                drift=True,
+            )
+            if hosted
+            else ModeGap(
+                address,
+                f"GPU {address}: desired mixed-size mode, it is {gpu.vgpu_mode} (nvidia-smi -q)",
+                drift=True,
+            )
+        )
+    return tuple(gaps)
 
 
 def _reason(gpu: Gpu, current: VgpuMode, wanted: VgpuMode) -> str:

@@ -32,6 +32,7 @@ from reconciler.model import (
     PlanError,
     Problem,
     Vf,
+    VgpuMode,
 )
 from reconciler.model.cluster import ClusterState
 from reconciler.model.plan import Drift
@@ -43,6 +44,7 @@ from reconciler.plan.groups import resolve
 from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
 from reconciler.plan.mode import with_mode_step
 from reconciler.plan.offer import Offer, gpu_label, host_spelling, offer_for
+from reconciler.plan.placement import check_placement
 from reconciler.plan.predict import likely_interface, predict_inventory
 from reconciler.plan.refresh import refresh_steps
 from reconciler.plan.uses import mark_cluster_uses
@@ -259,6 +261,8 @@ def _plan_host(
         )
 
     plan = _HostPlan()
+    #: Mixed-size layouts no set of the host's placements holds (plan/placement.py).
+    unplaceable: list[Problem] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.address):
         entry = managed.get(gpu.address)
         if entry is None:
@@ -289,6 +293,14 @@ def _plan_host(
         )
         if desired.sriov:
             diff = with_mode_step(gpu, diff, wanted=desired.mode, offer=offer)
+            # Only a GPU vgpuctl acts on: another one's changes are blocked whole below.
+            drivable = hands_off(gpu) is None and not_drivable(gpu) is None
+            if desired.mode is VgpuMode.MIXED_SIZE and drivable:
+                placed = check_placement(gpu, (*diff.actions, *diff.blocked), label=offer.label)
+                if placed.problem is not None:
+                    unplaceable.append(located(placed.problem, desired.location))
+                if placed.note is not None:
+                    plan.notes.append(placed.note)
         if (reason := hands_off(gpu)) is not None:
             diff = left_alone(gpu, diff, reason)
             plan.degraded.append(reason)
@@ -298,6 +310,13 @@ def _plan_host(
         plan.actions.extend(diff.actions)
         plan.blocked.extend(diff.blocked)
         plan.noops.extend(diff.noops)
+    if unplaceable:
+        count = len(unplaceable)
+        raise PlanError(
+            f"the desired state of node {inventory.node} cannot be reached on this host "
+            f"({count} problem{'s' * (count != 1)})",
+            sorted(unplaceable, key=_reading_order),
+        )
     # Stable sorts: within a kind, GPU address then VF index, as each GPU's diff produced them.
     plan.actions.sort(key=lambda s: s.kind.order)
     plan.blocked.sort(key=lambda s: s.kind.order)

@@ -14,7 +14,14 @@ import os
 
 from reconciler.model import PciAddress
 from reconciler.model.mode import VgpuMode
-from reconciler.sim.rules import SimModel, creatable, create_refusal, model_vf_addresses
+from reconciler.sim.rules import (
+    SimModel,
+    creatable,
+    creatable_placements,
+    create_refusal,
+    model_vf_addresses,
+    placements_text,
+)
 from reconciler.sim.state import GpuRecord, SimState, VfRecord, VgpuRecord
 from reconciler.sim.tree import SysfsTree
 
@@ -95,6 +102,12 @@ def set_vgpu_mode(state: SimState, tree: SysfsTree, gpu: GpuRecord, mode: VgpuMo
     before = creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode)
     gpu.vgpu_mode = mode
     _refresh(state, tree, gpu, model, before)
+    if gpu.interface == "vfio":
+        tree.vfio_placements(
+            root_port=gpu.root_port,
+            vfs=[v.address for v in gpu.vfs],
+            text=_placements(state, gpu, model),
+        )
     return True
 
 
@@ -111,17 +124,24 @@ def create_vgpu(state: SimState, tree: SysfsTree, *, vf: str, type_name: str, vg
         raise refusal(errno.EEXIST, f"a vGPU with UUID {vgpu_id} already exists")
     model = state.model_of(gpu)
     hosted = state.hosted(gpu)
-    reason = create_refusal(model, hosted, vf, type_name, mode=gpu.vgpu_mode)
+    placed = tuple(state.placed(gpu).values())
+    reason = create_refusal(model, hosted, vf, type_name, mode=gpu.vgpu_mode, placed=placed)
     if reason is not None:
         raise refusal(errno.EINVAL, reason)
     vgpu_type = model.type_named(type_name)
     if vgpu_type is None:  # create_refusal has said so already; this keeps the types exact
         raise refusal(errno.EINVAL, f"no vGPU type {type_name!r}")
-    before = creatable(model, hosted, mode=gpu.vgpu_mode)
+    before = creatable(model, hosted, mode=gpu.vgpu_mode, placed=placed)
+    # Mixed-size mode: the lowest creatable placement (rules.py's model of the driver's choice).
+    placement = (
+        creatable_placements(model, vgpu_type, placed)[0]
+        if gpu.vgpu_mode is VgpuMode.MIXED_SIZE
+        else None
+    )
     if gpu.interface == "mdev":
         group = state.allocate_group(vgpu_id)
         cdev = state.allocate_cdev(vgpu_id)
-        state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, group, cdev)
+        state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, group, cdev, placement)
         tree.mdev(
             vf=vf,
             root_port=gpu.root_port,
@@ -132,7 +152,7 @@ def create_vgpu(state: SimState, tree: SysfsTree, *, vf: str, type_name: str, vg
         )
     else:
         # A configured VF is handed to the VM whole: it keeps its own IOMMU group.
-        state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, _vf_group(gpu, vf))
+        state.vgpus[vgpu_id] = VgpuRecord(vf, type_name, _vf_group(gpu, vf), None, placement)
         tree.vfio_current(vf=vf, root_port=gpu.root_port, type_id=vgpu_type.type_id)
     _refresh(state, tree, gpu, model, before)
 
@@ -172,7 +192,9 @@ def remove_vgpu(
     if gpu is None:  # a vGPU always sits on an enabled VF; a state file edited by hand may not
         raise refusal(errno.ENODEV, f"vGPU {vgpu_id} sits on {rec.vf}, which is no enabled VF")
     model = state.model_of(gpu)
-    before = creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode)
+    before = creatable(
+        model, state.hosted(gpu), mode=gpu.vgpu_mode, placed=state.placed(gpu).values()
+    )
     del state.vgpus[vgpu_id]
     state.held.pop(vgpu_id, None)
     state.hidden.discard(vgpu_id)
@@ -207,8 +229,30 @@ def _refresh(
         model=model,
         interface=gpu.interface,
         before=before,
-        after=creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode),
+        after=creatable(
+            model, state.hosted(gpu), mode=gpu.vgpu_mode, placed=state.placed(gpu).values()
+        ),
     )
+    if gpu.interface == "vfio":
+        placed = state.placed(gpu)
+        for v in gpu.vfs:
+            at = placed.get(v.address)
+            tree.vfio_placement_id(
+                vf=v.address, root_port=gpu.root_port, placement=None if at is None else at[1]
+            )
+        if gpu.vgpu_mode is VgpuMode.MIXED_SIZE:
+            tree.vfio_placements(
+                root_port=gpu.root_port,
+                vfs=[v.address for v in gpu.vfs],
+                text=_placements(state, gpu, model),
+            )
+
+
+def _placements(state: SimState, gpu: GpuRecord, model: SimModel) -> str | None:
+    """The ``nvidia/creatable_placements`` text of a GPU in mixed-size mode; None otherwise."""
+    if gpu.vgpu_mode is not VgpuMode.MIXED_SIZE:
+        return None
+    return placements_text(model, state.placed(gpu).values())
 
 
 def _vf_group(gpu: GpuRecord, vf: str) -> int:

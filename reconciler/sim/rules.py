@@ -2,8 +2,25 @@
 
 Which vGPU types a GPU offers and under which ids, where its VFs appear (the kernel's routing-id
 arithmetic), which types a VF can create now (equal-size mode: one framebuffer size and the
-per-size maximum; mixed-size mode: the GPU's total framebuffer and the mixed-size maxima), and
-where simulated GPUs sit on the PCI buses. The writer, ``sriov-manage`` and ``build_host`` all ask
+per-size maximum; mixed-size mode: the GPU's total framebuffer, the mixed-size maxima and the
+placement slots below), and where simulated GPUs sit on the PCI buses.
+
+Mixed-size placements are a **model**. What is confirmed (docs/domain.md §4): in that mode each
+type has a placement size and each vGPU a placement ID; NVML's
+``nvmlDeviceGetVgpuTypeCreatablePlacements`` returns, per type, ``placementSize`` ("the number of
+slots occupied by the vGPU type") and the creatable ``placementIds``
+(docs.nvidia.com/deploy/nvml-api, ``nvmlVgpuPlacementList_v2_t``,
+``nvmlVgpuCreatablePlacementInfo_v1_t``); ``nvmlVgpuInstanceGetPlacementId`` gives a vGPU's;
+an mdev's ``nvidia/placement_id`` reads an integer, or ``Not Applicable`` while the vGPU is not
+in use, and takes a write (gentlemanautomaton/machina, ``filesystem/mdevfs/mediateddevice.go``);
+placement IDs are fixed spots where a profile may begin, so free memory that is not aligned to
+one cannot be used (F. Denneman, "Mixed Size vGPU Mode in Practice", frankdenneman.nl, 2026).
+What is not confirmed, and is this simulator's choice: one slot per GiB of the GPU's
+framebuffer; a type's placement size is its framebuffer in GiB (a published mixed-size
+maximum, L40S-4C: 8, stays a separate count); its placement IDs are the multiples of that size;
+a vGPU occupies the slots [ID, ID + size); the driver gives a new vGPU the lowest creatable ID,
+at create time. Real placement sizes are read from the
+host, never taken from here. The writer, ``sriov-manage`` and ``build_host`` all ask
 these same functions, so a spec that ``build_host`` accepts is one the writer would also accept.
 """
 
@@ -228,6 +245,7 @@ def creatable(
     hosted: Mapping[str, str | None],
     *,
     mode: VgpuMode = VgpuMode.EQUAL_SIZE,
+    placed: Iterable[tuple[str, int]] = (),
 ) -> dict[str, frozenset[str]]:
     """Per VF of one GPU, the names of the types whose ``available_instances`` is 1 now.
 
@@ -247,11 +265,13 @@ def creatable(
         open_types: frozenset[str] = frozenset()  # a type it does not know: nothing is judged
     elif mode is VgpuMode.MIXED_SIZE:
         used = sum(size * n for size, n in sizes.items())
+        placed = tuple(placed)
         open_types = frozenset(
             t.name
             for t in model.types
             if used + t.framebuffer_mib <= model.framebuffer_mib
             and sizes.get(t.framebuffer_mib, 0) < t.limit(mode)
+            and creatable_placements(model, t, placed)
         )
     elif len(sizes) > 1:
         open_types = frozenset()  # mixed sizes: only a mixed-size host does this
@@ -268,6 +288,61 @@ def creatable(
     }
 
 
+# --- mixed-size placement slots (a model: see the module's docstring) -------------------------
+
+#: The framebuffer one placement slot stands for, in this model.
+SLOT_MIB = 1024
+
+
+def placement_slots(model: SimModel) -> int:
+    """The GPU's placement slots (the model's: one per GiB of framebuffer)."""
+    return model.framebuffer_mib // SLOT_MIB
+
+
+def placement_size(model: SimModel, t: SimType) -> int:
+    """The slots one vGPU of ``t`` occupies (the model's)."""
+    return max(1, -(-t.framebuffer_mib // SLOT_MIB))
+
+
+def supported_placements(model: SimModel, t: SimType) -> range:
+    """Where a vGPU of ``t`` may begin: the multiples of its size that fit the slots."""
+    size = placement_size(model, t)
+    return range(0, placement_slots(model) - size + 1, size)
+
+
+def occupied_slots(model: SimModel, placed: Iterable[tuple[str, int]]) -> set[int]:
+    """The slots the placed vGPUs (type name, placement ID) occupy."""
+    taken: set[int] = set()
+    for type_name, start in placed:
+        t = model.type_named(type_name)
+        if t is not None:
+            taken.update(range(start, start + placement_size(model, t)))
+    return taken
+
+
+def creatable_placements(
+    model: SimModel, t: SimType, placed: Iterable[tuple[str, int]]
+) -> tuple[int, ...]:
+    """The placement IDs at which a vGPU of ``t`` can be created now: every slot it would
+    occupy is free."""
+    taken = occupied_slots(model, placed)
+    size = placement_size(model, t)
+    return tuple(p for p in supported_placements(model, t) if taken.isdisjoint(range(p, p + size)))
+
+
+def placements_text(model: SimModel, placed: Iterable[tuple[str, int]]) -> str:
+    """The simulator's ``nvidia/creatable_placements`` (a file of this model, not one a real
+    host is known to have): per type, NVML's creatable-placement answer as a line,
+    ``<type id> : <placement size> : <creatable placement IDs>`` (none: nothing after the
+    last colon), under a header; every type is listed, so the sizes of hosted ones show."""
+    placed = tuple(placed)
+    lines = [f"{'ID':<6}: Placement Size : Creatable Placement IDs"]
+    for t in model.types:
+        ids = " ".join(str(p) for p in creatable_placements(model, t, placed))
+        lines.append(f"{t.type_id:<6}: {placement_size(model, t)} : {ids}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
 def create_refusal(
     model: SimModel,
     hosted: Mapping[str, str | None],
@@ -275,8 +350,10 @@ def create_refusal(
     type_name: str,
     *,
     mode: VgpuMode = VgpuMode.EQUAL_SIZE,
+    placed: Iterable[tuple[str, int]] = (),
 ) -> str | None:
-    """Why the driver would refuse to create ``type_name`` on ``vf`` now; None if it would not."""
+    """Why the driver would refuse to create ``type_name`` on ``vf`` now; None if it would not
+    (``placed``: in mixed-size mode, the hosted vGPUs' type and placement ID)."""
     t = model.type_named(type_name)
     if t is None:
         return f"{model.name} does not offer vGPU type {type_name!r}"
@@ -310,6 +387,15 @@ def create_refusal(
             f"{type_name}: the GPU already hosts {same} vGPUs of {t.framebuffer_mib} MiB "
             f"({which}={limit})"
         )
+    if mode is VgpuMode.MIXED_SIZE:
+        placed = tuple(placed)
+        if not creatable_placements(model, t, placed):
+            size = placement_size(model, t)
+            starts = ", ".join(str(p) for p in supported_placements(model, t))
+            return (
+                f"{type_name} occupies {size} placement slots, at one of {starts}: each of them "
+                f"overlaps slots taken by the GPU's vGPUs (mixed-size mode: fragmentation)"
+            )
     return None
 
 

@@ -86,6 +86,9 @@ class VgpuRecord:
     iommu_group: int
     #: The vfio cdev number N (``vfio-dev/vfioN``, ``/dev/vfio/devices/vfioN``); None: none.
     cdev: int | None = None
+    #: Its placement ID in mixed-size mode (the first slot it occupies: ``rules.py``'s model);
+    #: None in equal-size mode.
+    placement: int | None = None
 
 
 @record(slots=True)
@@ -175,6 +178,15 @@ class SimState:
                 out[rec.vf] = rec.type
         return out
 
+    def placed(self, gpu: GpuRecord) -> dict[str, tuple[str, int]]:
+        """The GPU's VFs whose vGPU has a placement (mixed-size mode) → (type name, ID)."""
+        vfs = {v.address for v in gpu.vfs}
+        return {
+            rec.vf: (rec.type, rec.placement)
+            for rec in self.vgpus.values()
+            if rec.vf in vfs and rec.placement is not None
+        }
+
     def vgpus_on(self, gpu: GpuRecord) -> list[str]:
         vfs = {v.address for v in gpu.vfs}
         return [vid for vid, rec in self.vgpus.items() if rec.vf in vfs]
@@ -232,7 +244,13 @@ class SimState:
                 for d in self.devices
             ],
             "vgpus": {
-                vid: {"vf": r.vf, "type": r.type, "iommuGroup": r.iommu_group, "cdev": r.cdev}
+                vid: {
+                    "vf": r.vf,
+                    "type": r.type,
+                    "iommuGroup": r.iommu_group,
+                    "cdev": r.cdev,
+                    **({} if r.placement is None else {"placement": r.placement}),
+                }
                 for vid, r in self.vgpus.items()
             },
             "held": dict(self.held),
@@ -284,6 +302,7 @@ class SimState:
                     r["type"],
                     int(r["iommuGroup"]),
                     None if r.get("cdev") is None else int(r["cdev"]),
+                    None if r.get("placement") is None else int(r["placement"]),
                 )
                 for vid, r in raw["vgpus"].items()
             },

@@ -302,6 +302,27 @@ class SysfsTree:
         self.mkdir(f"{vf_dir}/nvidia")
         self.put(f"{vf_dir}/nvidia/creatable_vgpu_types", creatable_text(model, open_types))
         self.put(f"{vf_dir}/nvidia/current_vgpu_type", f"{current}\n", RW)
+        self.put(f"{vf_dir}/nvidia/placement_id", f"{NOT_APPLICABLE}\n")
+
+    def vfio_placement_id(self, *, vf: str, root_port: str, placement: int | None) -> None:
+        """``nvidia/placement_id``: the vGPU's placement ID, ``Not Applicable`` without one (the
+        word machina's mdev reader expects; whether a VF prints it is not confirmed)."""
+        text = NOT_APPLICABLE if placement is None else str(placement)
+        path = f"{device_dir(vf, root_port)}/nvidia/placement_id"
+        with open(self.abs(path), encoding="utf-8") as f:
+            if f.read() == f"{text}\n":
+                return
+        self.replace(path, f"{text}\n")
+
+    def vfio_placements(self, *, root_port: str, vfs: Sequence[str], text: str | None) -> None:
+        """The model's ``nvidia/creatable_placements`` on every VF (``rules.placements_text``);
+        removed (None) outside mixed-size mode."""
+        for vf in vfs:
+            path = f"{device_dir(vf, root_port)}/nvidia/creatable_placements"
+            if text is None:
+                self.unlink(path)
+            else:
+                self.replace(path, text)
 
     def update_creatable(
         self,
@@ -408,6 +429,11 @@ class SysfsTree:
 
     def vfio_current(self, *, vf: str, root_port: str, type_id: int) -> None:
         self.replace(f"{device_dir(vf, root_port)}/nvidia/current_vgpu_type", f"{type_id}\n", RW)
+
+
+#: What ``nvidia/placement_id`` reads without a placement (gentlemanautomaton/machina's mdev
+#: reader, ``filesystem/mdevfs/mediateddevice.go``).
+NOT_APPLICABLE = "Not Applicable"
 
 
 def write_file(path: str, text: str, mode: int) -> None:

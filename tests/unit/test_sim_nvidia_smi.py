@@ -42,6 +42,10 @@ def current(vf: str) -> str:
     return f"bus/pci/devices/{vf}/nvidia/current_vgpu_type"
 
 
+def placement_id(vf: str) -> str:
+    return f"bus/pci/devices/{vf}/nvidia/placement_id"
+
+
 def creatable_names(host: SimHost, vf: str) -> set[str]:
     text = (host.sysfs_root / "bus/pci/devices" / vf / "nvidia/creatable_vgpu_types").read_text()
     return {line.split(":", 1)[1].strip() for line in text.splitlines()[1:]}
@@ -80,12 +84,18 @@ def test_mixed_size_mode_lets_an_8q_and_a_16q_share_an_l40s(l40s: SimHost) -> No
     w.write(current(VF0), L40S_8Q)
     w.write(current(VF1), L40S_16Q)
     assert (l40s.sysfs_root / current(VF1)).read_text() == f"{L40S_16Q}\n"
-    # 8 + 16 of 48 GB used: 24 GB still fit, 48 GB no longer; 1 GB types still fit.
+    # 8 + 16 of 48 GB used, at the lowest placements (the model, rules.py): the 8Q at slots
+    # 0-7, the 16Q at 16-31. 24 GB are free but not at a 24Q's placements (0, 24): refused
+    # by fragmentation; a 16Q still fits at 32, an 8Q at 8, 1 GB types anywhere free.
     names = creatable_names(l40s, VF2)
-    assert {"NVIDIA L40S-24Q", "NVIDIA L40S-8Q", "NVIDIA L40S-1Q"} <= names
-    assert "NVIDIA L40S-48Q" not in names
-    w.write(current(VF2), L40S_24Q)  # 8 + 16 + 24 = 48: the GPU is full
-    assert creatable_names(l40s, "0000:08:00.7") == set()
+    assert {"NVIDIA L40S-16Q", "NVIDIA L40S-8Q", "NVIDIA L40S-1Q"} <= names
+    assert "NVIDIA L40S-24Q" not in names and "NVIDIA L40S-48Q" not in names
+    assert errno_of(l40s, current(VF2), L40S_24Q) == errno.EINVAL
+    assert (l40s.sysfs_root / placement_id(VF1)).read_text() == "16\n"
+    w.write(current(VF2), L40S_16Q)  # slots 32-47
+    w.write(current("0000:08:00.7"), L40S_8Q)  # slots 8-15: 8 + 16 + 16 + 8 = 48, full
+    assert (l40s.sysfs_root / placement_id("0000:08:00.7")).read_text() == "8\n"
+    assert creatable_names(l40s, "0000:08:01.0") == set()
 
 
 def test_in_equal_size_mode_the_16q_is_refused_after_the_8q(l40s: SimHost) -> None:
