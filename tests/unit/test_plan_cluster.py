@@ -323,6 +323,29 @@ def _vfio_plan(kubevirt: KubeVirtConfig, elsewhere: frozenset[ConfiguredProfile]
     return plan_node(_vfio_desired(VFIO_SEED), inventory, catalog=CATALOG, cluster=cluster)
 
 
+def test_an_unnamed_vfio_gpu_keeps_its_objects_and_its_pci_host_device_entry() -> None:
+    """The L40S's file stops naming it: its two L40S-8Q vGPUs stay on the host, so its 33
+    objects stay as they are (they describe that layout already) and L40S-8Q stays allow-listed
+    as a PCI host device (10DE:26B9), not as a mediated device: what changes is the summary."""
+    inventory = Inventory(NODE, (_l40s_vfio(VFIO_SEED),))
+    kubevirt = _allow_lists([], [], [L40S_8Q], [L40S_8Q])
+    cluster = _synced(_vfio_desired(VFIO_SEED), inventory, kubevirt=kubevirt)
+    plan = plan_node(DesiredNode(NODE, ()), inventory, catalog=CATALOG, cluster=cluster)
+    assert [(a.kind, a.target) for a in plan.actions] == [(ActionKind.CR_UPDATE, NODE)]
+    summary = plan.actions[0]
+    assert isinstance(summary, CrUpdate)
+    assert [g["managed"] for g in summary.object.status["gpus"]] == [False]
+    assert sum(n.reason == "VGPUDevice up to date" for n in plan.noops) == 32
+    assert sum(n.reason == "SRIOVGPUDevice up to date" for n in plan.noops) == 1
+    kept = [n for n in plan.notes if "unmanaged" in n]
+    assert kept == [
+        "GPU 0000:18:00.0 (NVIDIA L40S) is not in the desired state: unmanaged; its objects "
+        "describe what the host has"
+    ]
+    (allow,) = [n for n in plan.noops if n.target == "kubevirt/kubevirt/kubevirt"]
+    assert allow.reason == "allow-list has every configured profile (NVIDIA L40S-8Q)"
+
+
 def test_a_profile_on_a_vfio_gpu_is_allowed_as_a_pci_host_device() -> None:
     fields = _kubevirt_update(_vfio_plan(_allow_lists([], [], [], []), frozenset()))
     assert fields["add"] == [] and fields["remove"] == [] and fields["owned"] == []
@@ -479,19 +502,18 @@ def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_delet
         # The node's VGPUNodeState records the change; the only Harvester object written is ours.
         assert [(a.kind, a.target, a.reason) for a in plan.actions] == [
             (ActionKind.CR_UPDATE, NODE, "VGPUNodeState for node n1: status differs from the host"),
-            (ActionKind.CR_DELETE, "n1-00000a000", "GPU 0000:0a:00.0 is not in the desired state"),
+            (ActionKind.CR_DELETE, "n1-00000a000", "GPU 0000:0a:00.0 is not on this host"),
         ]
         assert plan.actions[1] == CrDelete(
             seq=2,
             target="n1-00000a000",
-            reason="GPU 0000:0a:00.0 is not in the desired state",
+            reason="GPU 0000:0a:00.0 is not on this host",
             object_kind="SRIOVGPUDevice",
             resource_version="3",
         )
         noop = next(n for n in plan.noops if n.target == theirs.name)
         assert noop.reason == (
-            "managed by another controller; GPU 0000:09:00.0 is not in the desired state: "
-            "not touched"
+            "managed by another controller; GPU 0000:09:00.0 is not on this host: not touched"
         )
 
 
