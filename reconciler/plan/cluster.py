@@ -119,7 +119,7 @@ def plan_cluster(
             untouched.setdefault(who, []).append(current.name)
             plan.noops.append(Noop(current.name, f"managed by {who}: not touched (use --adopt)"))
             continue
-        source = "the host" if _gpu_of(intended) in as_found else "the desired state"
+        source = "the host" if as_found and _gpu_of(intended) in as_found else "the desired state"
         step, drift, unread = _object_step(intended, current, source)
         if drift is not None:
             plan.drift.append(drift)

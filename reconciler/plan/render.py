@@ -104,6 +104,8 @@ def kept_unmanaged(
     left alone (and, with none of vgpuctl's beside them, never taken over: ``--adopt`` is for
     the GPUs the desired state names)."""
     skip = frozenset(managed)
+    if all(g.address in skip for g in inventory.gpus):
+        return {}  # the usual case: every GPU managed (a fleet's plan renders many nodes)
     ours = [
         o
         for o in (*cluster.sriov_gpu_devices.values(), *cluster.vgpu_devices.values())
