@@ -346,6 +346,39 @@ def test_an_unnamed_vfio_gpu_keeps_its_objects_and_its_pci_host_device_entry() -
     assert allow.reason == "allow-list has every configured profile (NVIDIA L40S-8Q)"
 
 
+def test_an_unnamed_gpus_objects_follow_the_host_and_its_profiles_stay_configured() -> None:
+    """The A2 is no longer named; since the last run someone removed the A2-4Q on VF 1 and
+    created an A2-4A on VF 2, and the driver no longer reads VF 0's type. Each changed VF's
+    object says what the host has (VF 0: a vGPU, its type not named), nothing is deleted, and
+    A2-4A stays allow-listed while A2-4Q, on no VF of any node now, leaves it."""
+    synced = _synced(
+        _desired(SEED), Inventory(NODE, (_a2(SEED),)), kubevirt=_kubevirt(
+            ["NVIDIA A2-4A", "NVIDIA A2-4Q"], ["NVIDIA A2-4A", "NVIDIA A2-4Q"]
+        )
+    )  # fmt: skip
+    now = Inventory(NODE, (_a2({0: "unknown", 2: "NVIDIA A2-4A"}),))
+    plan = plan_node(DesiredNode(NODE, ()), now, catalog=CATALOG, cluster=synced)
+    updates = {a.target: a for a in plan.actions if isinstance(a, CrUpdate) and a.target != NODE}
+    assert sorted(updates) == ["n1-000008004", "n1-000008005", "n1-000008006"]
+    assert not [a for a in plan.actions if a.kind is ActionKind.CR_DELETE]
+    spec = {"nodeName": NODE, "parentGPUDeviceAddress": "0000:08:00.0"}
+    assert dict(updates["n1-000008004"].object.spec) == {
+        **spec, "address": "0000:08:00.4", "enabled": True, "vGPUTypeName": "",
+    }  # fmt: skip
+    assert dict(updates["n1-000008005"].object.spec) == {
+        **spec, "address": "0000:08:00.5", "enabled": False, "vGPUTypeName": "",
+    }  # fmt: skip
+    assert dict(updates["n1-000008006"].object.spec) == {
+        **spec, "address": "0000:08:00.6", "enabled": True, "vGPUTypeName": "NVIDIA A2-4A",
+    }  # fmt: skip
+    assert updates["n1-000008006"].reason == (
+        "VGPUDevice for VF 0000:08:00.6: spec differs from the host; status differs from the host"
+    )
+    fields = _kubevirt_update(plan)
+    assert fields["add"] == [] and fields["remove"] == ["NVIDIA A2-4Q"]
+    assert fields["owned"] == ["NVIDIA A2-4A"]
+
+
 def test_a_profile_on_a_vfio_gpu_is_allowed_as_a_pci_host_device() -> None:
     fields = _kubevirt_update(_vfio_plan(_allow_lists([], [], [], []), frozenset()))
     assert fields["add"] == [] and fields["remove"] == [] and fields["owned"] == []
