@@ -379,6 +379,69 @@ def test_an_unnamed_gpus_objects_follow_the_host_and_its_profiles_stay_configure
     assert fields["owned"] == ["NVIDIA A2-4A"]
 
 
+def _foreign(obj: KubeObject) -> KubeObject:
+    """``obj`` as Harvester's pcidevices-controller keeps it: no managed-by label of vgpuctl."""
+    return replace(
+        obj, labels={k: v for k, v in obj.labels.items() if not k.endswith("managed-by")}
+    )
+
+
+def test_another_controllers_objects_of_an_unnamed_gpu_are_left_alone_unless_adopted() -> None:
+    """The A2 is named, the L40S beside it is not. Its objects all another controller's: left
+    alone, --adopt or not (it is for the GPUs the desired state names), and no note says its
+    objects are kept. Its GPU's object vgpuctl's but its VFs' another controller's: the GPU is
+    kept, and the VFs' objects are left alone unless --adopt, which takes them over as they
+    are (their spec is already what the host has)."""
+    inventory = Inventory(NODE, (_a2(SEED), _l40s_vfio(VFIO_SEED)))
+    both = DesiredNode(NODE, (*_desired(SEED).gpus, *_vfio_desired(VFIO_SEED).gpus))
+    synced = _synced(both, inventory)
+    l40s = [
+        o
+        for o in (*synced.sriov_gpu_devices.values(), *synced.vgpu_devices.values())
+        if o.name.startswith("n1-000018")
+    ]
+    assert len(l40s) == 33
+    unnamed_note = (
+        "GPU 0000:18:00.0 (NVIDIA L40S) is not in the desired state: unmanaged; its objects "
+        "describe what the host has"
+    )
+
+    def stored_as(objects: list[KubeObject]) -> ClusterState:
+        by_name = {o.name: o for o in objects}
+        return replace(
+            synced,
+            sriov_gpu_devices={**synced.sriov_gpu_devices, **{
+                n: o for n, o in by_name.items() if o.kind == "SRIOVGPUDevice"}},
+            vgpu_devices={**synced.vgpu_devices, **{
+                n: o for n, o in by_name.items() if o.kind == "VGPUDevice"}},
+        )  # fmt: skip
+
+    theirs = stored_as([_foreign(o) for o in l40s])
+    for adopt in (False, True):
+        plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=theirs, adopt=adopt)
+        assert [a.target for a in plan.actions if a.target.startswith("n1-000018")] == []
+        assert unnamed_note not in plan.notes
+        noop = next(n for n in plan.noops if n.target == "n1-000018000")
+        assert noop.reason == (
+            "managed by another controller; GPU 0000:18:00.0 is not in the desired state: "
+            "not touched"
+        )
+
+    mixed = stored_as([o if o.kind == "SRIOVGPUDevice" else _foreign(o) for o in l40s])
+    plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=mixed)
+    assert [a.target for a in plan.actions if a.target.startswith("n1-000018")] == []
+    assert unnamed_note in plan.notes
+    noop = next(n for n in plan.noops if n.target == "n1-000018004")
+    assert noop.reason == "managed by another controller: not touched (use --adopt)"
+    adopted = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=mixed, adopt=True)
+    taken = [a for a in adopted.actions if a.target.startswith("n1-000018")]
+    assert len(taken) == 32
+    assert all(isinstance(a, CrUpdate) and a.adopt and not a.drift for a in taken)
+    first = taken[0]
+    assert isinstance(first, CrUpdate) and first.target == "n1-000018004"
+    assert first.object.spec["vGPUTypeName"] == L40S_8Q and first.object.spec["enabled"] is True
+
+
 def test_a_profile_on_a_vfio_gpu_is_allowed_as_a_pci_host_device() -> None:
     fields = _kubevirt_update(_vfio_plan(_allow_lists([], [], [], []), frozenset()))
     assert fields["add"] == [] and fields["remove"] == [] and fields["owned"] == []
