@@ -280,8 +280,10 @@ class _Writer:
         body = action.object.to_json()
         body["apiVersion"] = f"{group}/{version}"
         body["kind"] = kind
-        status = body.get("status") or None
-        if status is not None and kind == NODE_STATE_KIND:
+        # An empty status is written too when it changed (a GPU whose VFs are all gone lists
+        # none): left unwritten, the stored one would keep listing them.
+        status = body.get("status")
+        if status and kind == NODE_STATE_KIND:
             status = stamped(status, self.now())
         if isinstance(action, CrCreate):
             body["metadata"].pop("resourceVersion", None)

@@ -3,7 +3,9 @@
 The planner never plans an action on a GPU the desired state does not name, on a device that
 is not an NVIDIA vGPU GPU, on a vGPU in use, on a cluster object that is not vgpuctl's own on
 this node, or on a KubeVirt allow-list entry (mediated or PCI host device) vgpuctl did not
-add. The executors do not take that on trust: a plan may come from a file someone edited
+add. The objects of a GPU the desired state does not name are written only as the host has
+that GPU (their spec its layout), and deleted only once the GPU or VF is gone from the host.
+The executors do not take that on trust: a plan may come from a file someone edited
 (``plan --out``), or from a bug.
 So the host executor (``executor.py``) and the cluster executor (``cluster.py``) check every
 action against a mandate built from the desired state and the observation the plan was made
@@ -20,7 +22,15 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from reconciler.apply.errors import MandateError
-from reconciler.model import Action, CrCreate, CrDelete, CrUpdate, KubevirtUpdate, PciAddress
+from reconciler.model import (
+    Action,
+    CrCreate,
+    CrDelete,
+    CrUpdate,
+    Inventory,
+    KubevirtUpdate,
+    PciAddress,
+)
 from reconciler.model.cluster import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -36,6 +46,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.errors import excerpt
 from reconciler.model.record import field, record
+from reconciler.plan.render import as_found
 
 #: The pciVendorSelector vgpuctl writes: NVIDIA's vendor id and a VF device id, upper case.
 _PCI_SELECTOR = re.compile(rf"{NVIDIA_PCI_VENDOR}:[0-9A-F]{{4}}")
@@ -109,11 +120,24 @@ class ClusterMandate:
     kubevirt: KubeVirtConfig | None = None
     #: ``--adopt``: objects another controller manages may be taken over (never deleted).
     adopt: bool = False
+    #: The objects of the GPUs on the host the desired state does not name and of their VFs,
+    #: by name: the spec fields the host's layout gives them (``enabled``, ``vGPUTypeName``).
+    #: Written only so; never deleted (their GPU or VF is on the host).
+    unmanaged: Mapping[str, Mapping[str, object]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     @classmethod
     def observed(
-        cls, cluster: ClusterState, *, managed: frozenset[PciAddress], adopt: bool
+        cls,
+        cluster: ClusterState,
+        *,
+        managed: frozenset[PciAddress],
+        adopt: bool,
+        inventory: Inventory | None = None,
     ) -> ClusterMandate:
+        """The mandate of a run planned from ``cluster`` and the host ``inventory`` (None:
+        not known, so no object of a GPU the desired state does not name is written)."""
         return cls(
             node=cluster.node,
             managed=managed,
@@ -121,6 +145,7 @@ class ClusterMandate:
             node_state=cluster.node_state,
             kubevirt=cluster.kubevirt,
             adopt=adopt,
+            unmanaged=_host_specs(cluster.node, inventory, managed),
         )
 
     def check(self, actions: Sequence[Action]) -> None:
@@ -173,6 +198,14 @@ class ClusterMandate:
                     f"{kind} {stored.name} is managed by {excerpt(who)}",
                     "vgpuctl deletes only objects it manages",
                 )
+            if action.target in self.unmanaged:
+                raise refused(
+                    action,
+                    f"{kind} {stored.name} is of a GPU or VF on the host that the desired state "
+                    "does not name",
+                    "an unmanaged GPU's objects are deleted only once it or the VF is gone from "
+                    "the host",
+                )
             return
         if not stored.managed_by_us and not (self.adopt and action.adopt):
             raise refused(
@@ -216,6 +249,17 @@ class ClusterMandate:
                 "an object is named <node>-<its PCI address>",
             )
         gpu = address if kind == SRIOV_GPU_KIND else _address(spec.get("parentGPUDeviceAddress"))
+        host = self.unmanaged.get(action.target)
+        if gpu is not None and gpu not in self.managed and host is not None:
+            if any(spec.get(key) != value for key, value in host.items()):
+                raise refused(
+                    action,
+                    f"the {kind} written for GPU {gpu}, which the desired state does not name, "
+                    f"asks for {_shown({k: spec.get(k) for k in host})}, the host has "
+                    f"{_shown(dict(host))}",
+                    "an unmanaged GPU's objects describe what the host has",
+                )
+            return
         if gpu is None or gpu not in self.managed:
             raise refused(
                 action,
@@ -311,6 +355,24 @@ class ClusterMandate:
                     "it did not add",
                     "vgpuctl owns only the entries it added",
                 )
+
+
+def _host_specs(
+    node: str, inventory: Inventory | None, managed: frozenset[PciAddress]
+) -> Mapping[str, Mapping[str, object]]:
+    """:attr:`ClusterMandate.unmanaged` for the host ``inventory`` as observed."""
+    out: dict[str, Mapping[str, object]] = {}
+    for gpu in inventory.gpus if inventory is not None else ():
+        if gpu.address in managed:
+            continue
+        entry, layout = as_found(gpu)
+        out[object_name(node, str(gpu.address))] = MappingProxyType({"enabled": entry.sriov})
+        for vf in gpu.vfs:
+            profile = layout.get(vf.index)
+            out[object_name(node, str(vf.address))] = MappingProxyType(
+                {"enabled": profile is not None, "vGPUTypeName": profile or ""}
+            )
+    return MappingProxyType(out)
 
 
 def _address(value: object) -> PciAddress | None:

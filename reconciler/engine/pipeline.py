@@ -505,4 +505,6 @@ def _cluster_mandate(
     if planned.cluster is None:
         # Planned without a cluster: no object and no KubeVirt CR may be written.
         return ClusterMandate(node=node, managed=managed, adopt=adopt)
-    return ClusterMandate.observed(planned.cluster, managed=managed, adopt=adopt)
+    return ClusterMandate.observed(
+        planned.cluster, managed=managed, adopt=adopt, inventory=planned.inventory
+    )

@@ -11,8 +11,9 @@ them), so a field the server prunes or a status field left out when empty is no 
   object: ``model.clustertext``) fails closed for that object only: no drift can be told, the
   update rewrites it, and the plan says so in one line naming the object and the annotation;
 - another controller's → left alone, with the reason (``--adopt`` takes it over);
-- ours for this node but no longer rendered (GPU dropped from the desired state, VFs gone with
-  SR-IOV) → ``cr-delete``.
+- ours for this node but no longer rendered (GPU gone from the host, VFs gone with SR-IOV) →
+  ``cr-delete``. A GPU the desired state does not name keeps the objects vgpuctl wrote for it,
+  rendered from the host (``render.kept_unmanaged``): they are never deleted while it is there.
 Every write carries the resourceVersion it was planned from; on a conflict the executor re-reads
 the object and calls :func:`replan_object`, never overwriting blindly.
 
@@ -93,16 +94,20 @@ def plan_cluster(
     inventory: Inventory,
     configured: Iterable[str],
     adopt: bool = False,
+    unmanaged: frozenset[PciAddress] = frozenset(),
 ) -> ClusterPlan:
     """Steps that take ``cluster`` to ``rendered`` (the node's CRs as they should be, from the
     predicted ``inventory``; those already stored so, :class:`AsStored`, are up to date), and
     the allow-list to the ``configured`` profiles of this node (on the kind of GPU
-    ``desired``, the managed GPUs, puts each on) and of the others. ``desired`` also words
-    the reasons of deletes."""
+    ``desired``, the GPUs whose objects are rendered, puts each on: the managed GPUs, and the
+    unmanaged ones that keep their objects, as the host has them) and of the others.
+    ``desired`` also words the reasons of deletes; ``unmanaged`` are those of its GPUs it
+    holds as the host has them (their spec follows the host, and an update says so)."""
     plan = ClusterPlan()
     # Read through Harvester's view when compared (an AsStored object needs no comparing).
     stored = {**cluster.sriov_gpu_devices, **cluster.vgpu_devices}
     untouched: dict[str, list[str]] = {}
+    as_found = {str(a) for a in unmanaged}
     for intended in rendered:
         if isinstance(intended, AsStored):
             plan.noops.append(Noop(intended.name, _up_to_date(intended.kind)))
@@ -114,7 +119,8 @@ def plan_cluster(
             untouched.setdefault(who, []).append(current.name)
             plan.noops.append(Noop(current.name, f"managed by {who}: not touched (use --adopt)"))
             continue
-        step, drift, unread = _object_step(intended, current)
+        source = "the host" if as_found and _gpu_of(intended) in as_found else "the desired state"
+        step, drift, unread = _object_step(intended, current, source)
         if drift is not None:
             plan.drift.append(drift)
         if unread is not None:
@@ -196,11 +202,11 @@ def replan_object(
 
 
 def _object_step(
-    intended: KubeObject, current: KubeObject | None
+    intended: KubeObject, current: KubeObject | None, source: str = "the desired state"
 ) -> tuple[CrCreate | CrUpdate | None, Drift | None, str | None]:
     """The write that takes ``current`` to ``intended`` (None: none), the hand edits found on
     ``current``, and the line saying its last-applied annotation cannot be read (None: it
-    can, or it was not read)."""
+    can, or it was not read). ``source`` is where the intended spec comes from."""
     if current is None:
         return (
             CrCreate(
@@ -245,7 +251,7 @@ def _object_step(
     if drift is not None:
         why.append("spec changed outside vgpuctl: reset")
     elif spec_changed:
-        why.append("spec differs from the desired state")
+        why.append(f"spec differs from {source}")
     if status_changed:
         why.append("status differs from the host")
     if not why:
@@ -363,11 +369,11 @@ def _gone_reason(
         address = PciAddress.parse(gpu_text)
     except ValueError:
         return f"{obj.kind} of no GPU the desired state manages"
-    if address not in desired:
-        return f"GPU {address} is not in the desired state"
     gpu = inventory.gpu(address)
     if gpu is None:
         return f"GPU {address} is not on this host"
+    if address not in desired:
+        return f"GPU {address} is not in the desired state"
     if obj.kind == SRIOV_GPU_KIND:
         return f"GPU {address} is rendered under another name"
     vf = obj.spec.get("address", "")

@@ -8,7 +8,10 @@ plan is refused with all the problems at once.
 With a cluster, the vGPUs it says are used count as in use before the host is planned, and the
 cluster actions follow the host's: the node's CRs rendered from the host as the host actions
 will leave it (:mod:`reconciler.plan.predict`), diffed against the stored ones, then the KubeVirt
-allow-list (:mod:`reconciler.plan.cluster`).
+allow-list (:mod:`reconciler.plan.cluster`). An unmanaged GPU whose objects vgpuctl wrote keeps
+them, rendered from what the host has (:func:`reconciler.plan.render.kept_unmanaged`): they are
+updated, never deleted while the GPU and its VFs are on the host, and its vGPUs' types count as
+configured here; the plan says so in one note per such GPU.
 """
 
 from __future__ import annotations
@@ -116,22 +119,28 @@ def plan_node(
         # The cluster half, imported here: a plan with no cluster renders no object.
         from reconciler.plan.cluster import plan_cluster, plan_node_state
         from reconciler.plan.nodestate import render_node_state
-        from reconciler.plan.render import render_with
+        from reconciler.plan.render import kept_unmanaged, render_with
 
-        configured = {p for profiles in host.assignments.values() for p in profiles.values()}
+        # A GPU the desired state does not name keeps the objects vgpuctl wrote for it, as the
+        # host has it: published beside the managed GPUs, its layout taken as its assignment.
+        kept = kept_unmanaged(inventory.node, predicted, host.managed, cluster)
+        published = {**host.managed, **{a: entry for a, (entry, _) in kept.items()}}
+        assignments = {**host.assignments, **{a: layout for a, (_, layout) in kept.items()}}
+        configured = {p for profiles in assignments.values() for p in profiles.values() if p}
         cluster_plan = plan_cluster(
             render_with(
                 inventory.node,
-                host.managed.values(),
+                published.values(),
                 predicted,
-                host.assignments,
+                assignments,
                 stored=cluster.vgpu_devices,
             ),
             cluster,
-            desired=host.managed,
+            desired=published,
             inventory=predicted,
             configured=configured,
             adopt=adopt,
+            unmanaged=frozenset(kept),
         )
         node_state = plan_node_state(
             render_node_state(
@@ -158,7 +167,13 @@ def plan_node(
         noops.extend(cluster_plan.noops)
         noops.extend(noops_after)
         drift.extend(cluster_plan.drift)
-        for note in (*cluster.notes, *cluster_plan.notes):
+        unmanaged = [
+            f"{gpu_label(g, catalog)} is not in the desired state: unmanaged; its objects "
+            "describe what the host has"
+            for g in sorted(predicted.gpus, key=lambda g: g.address)
+            if g.address in kept
+        ]
+        for note in (*cluster.notes, *unmanaged, *cluster_plan.notes):
             if note not in notes:
                 notes.append(note)
     # Last of all: the device plugins learn the device sets the host now has.

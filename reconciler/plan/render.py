@@ -3,6 +3,9 @@
 Pure. One SRIOVGPUDevice per managed GPU and one VGPUDevice per VF of a managed GPU whose VFs
 exist, named and labelled as Harvester's pcidevices-controller does (docs/domain.md §5), marked as
 vgpuctl's, and annotated with the spec vgpuctl writes, so a spec edited by hand shows as drift.
+A GPU the desired state does not name whose objects vgpuctl wrote (:func:`kept_unmanaged`) keeps
+them, spec and status both from the host as it is (:func:`as_found`): they ask for nothing the
+host does not have, so neither vgpuctl nor any controller reading them would change it.
 They hold exactly the fields Harvester's CRDs declare, with Harvester's types (every spec field;
 status fields only when not empty): what the API server keeps under either CRD.
 The cluster planner diffs these against what the API server holds.
@@ -16,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, cast
 
-from reconciler.model import DesiredGpu, DesiredNode, Gpu, Inventory, PciAddress, Vf
+from reconciler.model import DesiredGpu, DesiredNode, Gpu, Inventory, PciAddress, Vf, VfKey
 from reconciler.model.cluster import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -24,9 +27,11 @@ from reconciler.model.cluster import (
     PARENT_LABEL,
     SRIOV_GPU_KIND,
     VGPU_KIND,
+    ClusterState,
     KubeObject,
     object_name,
 )
+from reconciler.model.inventory import UNKNOWN_TYPE
 from reconciler.model.record import record
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import vf_slots
@@ -64,6 +69,65 @@ def _sorted_dumps() -> Callable[[Any], bytes]:
     import orjson
 
     return functools.partial(orjson.dumps, option=orjson.OPT_SORT_KEYS)
+
+
+def as_found(gpu: Gpu) -> tuple[DesiredGpu, dict[int, str]]:
+    """An unmanaged GPU as its objects' spec shows it: the host's layout taken as desired.
+    SR-IOV as it is, and per VF with a vGPU (VF index → profile) the vGPU's type; one whose
+    type cannot be read is there with an empty type name (``enabled`` and no type: the spec
+    says a vGPU is there, and names no type it might not be)."""
+    layout = {
+        vf.index: "" if vf.vgpu.type_name == UNKNOWN_TYPE else vf.vgpu.type_name
+        for vf in sorted(gpu.vfs, key=lambda vf: vf.index)
+        if vf.vgpu is not None
+    }
+    keyed: dict[VfKey, str] = dict(layout.items())
+    entry = DesiredGpu(
+        gpu.address,
+        gpu.sriov_enabled,
+        model=gpu.model,
+        vgpus=MappingProxyType(keyed) if gpu.sriov_enabled else None,
+    )
+    return entry, layout
+
+
+def kept_unmanaged(
+    node: str,
+    inventory: Inventory,
+    managed: Iterable[PciAddress],
+    cluster: ClusterState,
+) -> dict[PciAddress, tuple[DesiredGpu, dict[int, str]]]:
+    """The GPUs of ``inventory`` not among ``managed`` whose objects are kept, each
+    :func:`as_found`: those of which the cluster holds an object vgpuctl manages (its
+    SRIOVGPUDevice, or a VGPUDevice of it: by name, parent label or spec). A GPU vgpuctl
+    never wrote an object for gets none; another controller's objects of an unmanaged GPU are
+    left alone (and, with none of vgpuctl's beside them, never taken over: ``--adopt`` is for
+    the GPUs the desired state names)."""
+    skip = frozenset(managed)
+    if all(g.address in skip for g in inventory.gpus):
+        return {}  # the usual case: every GPU managed (a fleet's plan renders many nodes)
+    ours = [
+        o
+        for o in (*cluster.sriov_gpu_devices.values(), *cluster.vgpu_devices.values())
+        if o.managed_by_us
+    ]
+    kept: dict[PciAddress, tuple[DesiredGpu, dict[int, str]]] = {}
+    for gpu in sorted(inventory.gpus, key=lambda g: g.address):
+        if gpu.address in skip:
+            continue
+        pf = str(gpu.address)
+        pf_name = object_name(node, pf)
+        names = {pf_name, *(object_name(node, str(vf.address)) for vf in gpu.vfs)}
+        if any(_of_gpu(o, pf, pf_name, names) for o in ours):
+            kept[gpu.address] = as_found(gpu)
+    return kept
+
+
+def _of_gpu(obj: KubeObject, pf: str, pf_name: str, names: set[str]) -> bool:
+    if obj.name in names or obj.labels.get(PARENT_LABEL) == pf_name:
+        return True
+    key = "address" if obj.kind == SRIOV_GPU_KIND else "parentGPUDeviceAddress"
+    return obj.spec.get(key) == pf
 
 
 @record(frozen=True, slots=True)

@@ -462,7 +462,14 @@ def test_rbac_role_allows_exactly_what_the_code_uses(
     node.ok("apply", disabled, "--yes")  # VGPUDevices deleted, KubeVirt entries removed
     dropped = tmp_path / "dropped.yaml"
     dropped.write_text(SEED.read_text().split("gpus:")[0] + "gpus: []\n")
-    node.ok("apply", dropped, "--yes")  # the GPU is no longer managed: its object deleted
+    node.ok("apply", dropped, "--yes")  # the GPU is no longer managed: its object stays
+    assert stored(emu, SRIOV, "harvester-kgd9c-000008000")["spec"]["enabled"] is False
+    # The GPU leaves the host (the node now runs on a host with another GPU only): its object
+    # is deleted.
+    pulled = ClusterNode(make_sim(tmp_path / "host-pulled", ["A2@0000:09:00.0"]).dir, NODE)
+    pulled.kubeconfig, pulled.kubelet_dir = node.kubeconfig, node.kubelet_dir
+    pulled.ok("apply", dropped, "--yes")
+    node = pulled
     # A node group that selects by labels: the agent reads its own Node (one get).
     emu.seed({"apiVersion": "v1", "kind": "Node",
               "metadata": {"name": NODE, "labels": {"example.com/pool": "vdi"}}})  # fmt: skip

@@ -196,6 +196,18 @@ def test_status_only_update_is_one_status_request() -> None:
     assert stored(fake)["status"]["uuid"] == "u-1"
 
 
+def test_a_status_that_became_empty_is_written_empty() -> None:
+    """A VF whose vGPU is gone (or a GPU whose VFs all are) has a status with nothing in it:
+    written so, not left saying what was there."""
+    fake = FakeCluster()
+    rv = fake.put("vgpudevices", intended().to_json())
+    emptied = KubeObject(**{**_fields(intended()), "spec": {**intended().spec}, "status": {}})
+    result = execute_cluster([update(emptied, rv, spec=False)], api=fake)
+    assert result.ok
+    assert fake.calls == [("update/status", "vgpudevices", rv)]
+    assert stored(fake).get("status", {}) == {}
+
+
 def test_spec_only_update_leaves_status_alone() -> None:
     fake = FakeCluster()
     rv = fake.put("vgpudevices", intended("NVIDIA A2-4A").to_json())

@@ -52,7 +52,7 @@ from reconciler.model import (
     VgpuRemove,
 )
 from reconciler.model.cluster import ClusterState, KubeObject, KubeVirtConfig
-from reconciler.plan import plan_node
+from reconciler.plan import plan_node, replan_object
 from tests.doubles.cluster import FakeCluster
 
 NODE = "n1"
@@ -260,7 +260,10 @@ def test_every_plan_the_planner_makes_is_within_its_mandate(name: str) -> None:
         if isinstance(action, VgpuRemove | SriovDisable | SriovEnable | VgpuCreate):
             hosts.check_target(action, action.gpu)
     if cluster is not None:
-        ClusterMandate.observed(cluster, managed=managed, adopt=adopt).check(plan.actions)
+        mandate = ClusterMandate.observed(
+            cluster, managed=managed, adopt=adopt, inventory=inventory
+        )
+        mandate.check(plan.actions)
 
 
 def test_the_golden_cases_exercise_every_cluster_write() -> None:
@@ -289,7 +292,7 @@ def _refused(mandate: ClusterMandate, action: Action, words: str) -> None:
 
 
 def test_a_delete_of_an_object_not_observed_on_this_node_is_refused() -> None:
-    plan, managed, cluster, _, _ = _case("cluster-gpu-dropped")
+    plan, managed, cluster, _, _ = _case("cluster-sriov-disabled")
     assert cluster is not None
     mandate = ClusterMandate.observed(cluster, managed=managed, adopt=False)
     delete = _first(plan, ActionKind.CR_DELETE)
@@ -305,6 +308,85 @@ def test_a_delete_of_an_object_not_observed_on_this_node_is_refused() -> None:
         replace(delete, resource_version="1"),
         "it was planned from resourceVersion 1",
     )
+
+
+def _dropped_a2() -> tuple[ClusterMandate, ClusterState, Inventory]:
+    """cluster-gpu-dropped: the A2 at 0000:08:00.0 is on the host (vGPUs on VFs 0-3 only,
+    A2-4A, A2-4Q, A2-4A, A2-4Q) and vgpuctl's objects for it are stored; the desired state
+    names only the L4."""
+    _, managed, cluster, inventory, _ = _case("cluster-gpu-dropped")
+    assert cluster is not None and GPU not in managed
+    mandate = ClusterMandate.observed(cluster, managed=managed, adopt=False, inventory=inventory)
+    return mandate, cluster, inventory
+
+
+def _edited_spec(cluster: ClusterState, name: str, **spec: object) -> CrUpdate:
+    """The update of the stored ``name`` to a spec with ``spec`` changed."""
+    stored = cluster.vgpu_devices.get(name) or cluster.sriov_gpu_devices[name]
+    update = replan_object(replace(stored, spec={**stored.spec, **spec}), stored, seq=1)
+    assert isinstance(update, CrUpdate)
+    return update
+
+
+def test_an_unmanaged_gpus_objects_are_written_only_as_the_host_has_it() -> None:
+    mandate, cluster, _ = _dropped_a2()
+    # VF 4 (0000:08:01.0) has no vGPU: its object, edited by hand to ask for one, may be
+    # reset to say so.
+    stored = cluster.vgpu_devices["harvester-kgd9c-000008010"]
+    hand_edited = replace(stored, spec={**stored.spec, "enabled": True, "vGPUTypeName": "X"})
+    reset = replan_object(stored, hand_edited, seq=1)
+    assert isinstance(reset, CrUpdate) and reset.object.spec["enabled"] is False
+    mandate.check([reset])
+    _refused(
+        mandate,
+        _edited_spec(
+            cluster, "harvester-kgd9c-000008010", enabled=True, vGPUTypeName="NVIDIA A2-4Q"
+        ),
+        'asks for {"enabled": true, "vGPUTypeName": "NVIDIA A2-4Q"}, the host has '
+        '{"enabled": false, "vGPUTypeName": ""} (rule: an unmanaged GPU\'s objects describe '
+        "what the host has)",
+    )
+    # VF 0 hosts an A2-4A: another type is not what the host has.
+    _refused(
+        mandate,
+        _edited_spec(cluster, "harvester-kgd9c-000008004", vGPUTypeName="NVIDIA A2-4Q"),
+        'the host has {"enabled": true, "vGPUTypeName": "NVIDIA A2-4A"}',
+    )
+    # The GPU's SR-IOV is on.
+    _refused(
+        mandate,
+        _edited_spec(cluster, "harvester-kgd9c-000008000", enabled=False),
+        'asks for {"enabled": false}, the host has {"enabled": true}',
+    )
+    # Without the host's observation nothing tells what it has: nothing is written for it.
+    _, managed, _, _, _ = _case("cluster-gpu-dropped")
+    blind = ClusterMandate.observed(cluster, managed=managed, adopt=False)
+    _refused(blind, reset, "which the desired state does not name")
+
+
+def test_an_unmanaged_gpus_objects_are_deleted_only_once_it_is_gone_from_the_host() -> None:
+    mandate, cluster, inventory = _dropped_a2()
+    for name in ("harvester-kgd9c-000008004", "harvester-kgd9c-000008000"):
+        stored = cluster.vgpu_devices.get(name) or cluster.sriov_gpu_devices[name]
+        delete = CrDelete(
+            seq=1,
+            target=name,
+            reason="edited",
+            object_kind=stored.kind,
+            resource_version=stored.resource_version,
+        )
+        _refused(
+            mandate,
+            delete,
+            "is of a GPU or VF on the host that the desired state does not name (rule: an "
+            "unmanaged GPU's objects are deleted only once it or the VF is gone from the host)",
+        )
+        # The A2 pulled from the host: its objects may go.
+        pulled = replace(inventory, gpus=tuple(g for g in inventory.gpus if g.address != GPU))
+        _, managed, _, _, _ = _case("cluster-gpu-dropped")
+        ClusterMandate.observed(cluster, managed=managed, adopt=False, inventory=pulled).check(
+            [delete]
+        )
 
 
 def test_another_controllers_object_is_deleted_never_and_updated_only_when_adopted() -> None:
@@ -487,12 +569,11 @@ def test_pci_entries_vgpuctl_did_not_add_are_never_claimed_replaced_or_removed()
 
 
 def test_the_cluster_executor_checks_before_writing_anything() -> None:
-    plan, managed, cluster, _, _ = _case("cluster-gpu-dropped")
+    plan, managed, cluster, _, _ = _case("cluster-sriov-disabled")
     assert cluster is not None
     mandate = ClusterMandate.observed(cluster, managed=managed, adopt=False)
     actions = [a for a in plan.actions if not a.kind.is_host and a.kind.value.startswith("cr-")]
-    harvesters = [a for a in actions if a.target != cluster.node]  # not the VGPUNodeState
-    stranger = replace(harvesters[0], seq=99, target="gpu-node-2-000008004")
+    stranger = replace(_first(plan, ActionKind.CR_DELETE), seq=99, target="gpu-node-2-000008004")
     api = FakeCluster()
     with pytest.raises(MandateError):
         execute_cluster([*actions, stranger], api=api, node=cluster.node, mandate=mandate)

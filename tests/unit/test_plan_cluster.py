@@ -323,6 +323,125 @@ def _vfio_plan(kubevirt: KubeVirtConfig, elsewhere: frozenset[ConfiguredProfile]
     return plan_node(_vfio_desired(VFIO_SEED), inventory, catalog=CATALOG, cluster=cluster)
 
 
+def test_an_unnamed_vfio_gpu_keeps_its_objects_and_its_pci_host_device_entry() -> None:
+    """The L40S's file stops naming it: its two L40S-8Q vGPUs stay on the host, so its 33
+    objects stay as they are (they describe that layout already) and L40S-8Q stays allow-listed
+    as a PCI host device (10DE:26B9), not as a mediated device: what changes is the summary."""
+    inventory = Inventory(NODE, (_l40s_vfio(VFIO_SEED),))
+    kubevirt = _allow_lists([], [], [L40S_8Q], [L40S_8Q])
+    cluster = _synced(_vfio_desired(VFIO_SEED), inventory, kubevirt=kubevirt)
+    plan = plan_node(DesiredNode(NODE, ()), inventory, catalog=CATALOG, cluster=cluster)
+    assert [(a.kind, a.target) for a in plan.actions] == [(ActionKind.CR_UPDATE, NODE)]
+    summary = plan.actions[0]
+    assert isinstance(summary, CrUpdate)
+    assert [g["managed"] for g in summary.object.status["gpus"]] == [False]
+    assert sum(n.reason == "VGPUDevice up to date" for n in plan.noops) == 32
+    assert sum(n.reason == "SRIOVGPUDevice up to date" for n in plan.noops) == 1
+    kept = [n for n in plan.notes if "unmanaged" in n]
+    assert kept == [
+        "GPU 0000:18:00.0 (NVIDIA L40S) is not in the desired state: unmanaged; its objects "
+        "describe what the host has"
+    ]
+    (allow,) = [n for n in plan.noops if n.target == "kubevirt/kubevirt/kubevirt"]
+    assert allow.reason == "allow-list has every configured profile (NVIDIA L40S-8Q)"
+
+
+def test_an_unnamed_gpus_objects_follow_the_host_and_its_profiles_stay_configured() -> None:
+    """The A2 is no longer named; since the last run someone removed the A2-4Q on VF 1 and
+    created an A2-4A on VF 2, and the driver no longer reads VF 0's type. Each changed VF's
+    object says what the host has (VF 0: a vGPU, its type not named), nothing is deleted, and
+    A2-4A stays allow-listed while A2-4Q, on no VF of any node now, leaves it."""
+    synced = _synced(
+        _desired(SEED), Inventory(NODE, (_a2(SEED),)), kubevirt=_kubevirt(
+            ["NVIDIA A2-4A", "NVIDIA A2-4Q"], ["NVIDIA A2-4A", "NVIDIA A2-4Q"]
+        )
+    )  # fmt: skip
+    now = Inventory(NODE, (_a2({0: "unknown", 2: "NVIDIA A2-4A"}),))
+    plan = plan_node(DesiredNode(NODE, ()), now, catalog=CATALOG, cluster=synced)
+    updates = {a.target: a for a in plan.actions if isinstance(a, CrUpdate) and a.target != NODE}
+    assert sorted(updates) == ["n1-000008004", "n1-000008005", "n1-000008006"]
+    assert not [a for a in plan.actions if a.kind is ActionKind.CR_DELETE]
+    spec = {"nodeName": NODE, "parentGPUDeviceAddress": "0000:08:00.0"}
+    assert dict(updates["n1-000008004"].object.spec) == {
+        **spec, "address": "0000:08:00.4", "enabled": True, "vGPUTypeName": "",
+    }  # fmt: skip
+    assert dict(updates["n1-000008005"].object.spec) == {
+        **spec, "address": "0000:08:00.5", "enabled": False, "vGPUTypeName": "",
+    }  # fmt: skip
+    assert dict(updates["n1-000008006"].object.spec) == {
+        **spec, "address": "0000:08:00.6", "enabled": True, "vGPUTypeName": "NVIDIA A2-4A",
+    }  # fmt: skip
+    assert updates["n1-000008006"].reason == (
+        "VGPUDevice for VF 0000:08:00.6: spec differs from the host; status differs from the host"
+    )
+    fields = _kubevirt_update(plan)
+    assert fields["add"] == [] and fields["remove"] == ["NVIDIA A2-4Q"]
+    assert fields["owned"] == ["NVIDIA A2-4A"]
+
+
+def _foreign(obj: KubeObject) -> KubeObject:
+    """``obj`` as Harvester's pcidevices-controller keeps it: no managed-by label of vgpuctl."""
+    return replace(
+        obj, labels={k: v for k, v in obj.labels.items() if not k.endswith("managed-by")}
+    )
+
+
+def test_another_controllers_objects_of_an_unnamed_gpu_are_left_alone_unless_adopted() -> None:
+    """The A2 is named, the L40S beside it is not. Its objects all another controller's: left
+    alone, --adopt or not (it is for the GPUs the desired state names), and no note says its
+    objects are kept. Its GPU's object vgpuctl's but its VFs' another controller's: the GPU is
+    kept, and the VFs' objects are left alone unless --adopt, which takes them over as they
+    are (their spec is already what the host has)."""
+    inventory = Inventory(NODE, (_a2(SEED), _l40s_vfio(VFIO_SEED)))
+    both = DesiredNode(NODE, (*_desired(SEED).gpus, *_vfio_desired(VFIO_SEED).gpus))
+    synced = _synced(both, inventory)
+    l40s = [
+        o
+        for o in (*synced.sriov_gpu_devices.values(), *synced.vgpu_devices.values())
+        if o.name.startswith("n1-000018")
+    ]
+    assert len(l40s) == 33
+    unnamed_note = (
+        "GPU 0000:18:00.0 (NVIDIA L40S) is not in the desired state: unmanaged; its objects "
+        "describe what the host has"
+    )
+
+    def stored_as(objects: list[KubeObject]) -> ClusterState:
+        by_name = {o.name: o for o in objects}
+        return replace(
+            synced,
+            sriov_gpu_devices={**synced.sriov_gpu_devices, **{
+                n: o for n, o in by_name.items() if o.kind == "SRIOVGPUDevice"}},
+            vgpu_devices={**synced.vgpu_devices, **{
+                n: o for n, o in by_name.items() if o.kind == "VGPUDevice"}},
+        )  # fmt: skip
+
+    theirs = stored_as([_foreign(o) for o in l40s])
+    for adopt in (False, True):
+        plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=theirs, adopt=adopt)
+        assert [a.target for a in plan.actions if a.target.startswith("n1-000018")] == []
+        assert unnamed_note not in plan.notes
+        noop = next(n for n in plan.noops if n.target == "n1-000018000")
+        assert noop.reason == (
+            "managed by another controller; GPU 0000:18:00.0 is not in the desired state: "
+            "not touched"
+        )
+
+    mixed = stored_as([o if o.kind == "SRIOVGPUDevice" else _foreign(o) for o in l40s])
+    plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=mixed)
+    assert [a.target for a in plan.actions if a.target.startswith("n1-000018")] == []
+    assert unnamed_note in plan.notes
+    noop = next(n for n in plan.noops if n.target == "n1-000018004")
+    assert noop.reason == "managed by another controller: not touched (use --adopt)"
+    adopted = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=mixed, adopt=True)
+    taken = [a for a in adopted.actions if a.target.startswith("n1-000018")]
+    assert len(taken) == 32
+    assert all(isinstance(a, CrUpdate) and a.adopt and not a.drift for a in taken)
+    first = taken[0]
+    assert isinstance(first, CrUpdate) and first.target == "n1-000018004"
+    assert first.object.spec["vGPUTypeName"] == L40S_8Q and first.object.spec["enabled"] is True
+
+
 def test_a_profile_on_a_vfio_gpu_is_allowed_as_a_pci_host_device() -> None:
     fields = _kubevirt_update(_vfio_plan(_allow_lists([], [], [], []), frozenset()))
     assert fields["add"] == [] and fields["remove"] == [] and fields["owned"] == []
@@ -479,19 +598,18 @@ def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_delet
         # The node's VGPUNodeState records the change; the only Harvester object written is ours.
         assert [(a.kind, a.target, a.reason) for a in plan.actions] == [
             (ActionKind.CR_UPDATE, NODE, "VGPUNodeState for node n1: status differs from the host"),
-            (ActionKind.CR_DELETE, "n1-00000a000", "GPU 0000:0a:00.0 is not in the desired state"),
+            (ActionKind.CR_DELETE, "n1-00000a000", "GPU 0000:0a:00.0 is not on this host"),
         ]
         assert plan.actions[1] == CrDelete(
             seq=2,
             target="n1-00000a000",
-            reason="GPU 0000:0a:00.0 is not in the desired state",
+            reason="GPU 0000:0a:00.0 is not on this host",
             object_kind="SRIOVGPUDevice",
             resource_version="3",
         )
         noop = next(n for n in plan.noops if n.target == theirs.name)
         assert noop.reason == (
-            "managed by another controller; GPU 0000:09:00.0 is not in the desired state: "
-            "not touched"
+            "managed by another controller; GPU 0000:09:00.0 is not on this host: not touched"
         )
 
 
