@@ -39,6 +39,7 @@ from reconciler.model import (
     CrCreate,
     CrDelete,
     CrUpdate,
+    KubevirtAllow,
     KubevirtUpdate,
     PciAddress,
     Problem,
@@ -61,7 +62,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.nodestate import stamped
-from reconciler.model.record import record, replace
+from reconciler.model.record import field, record, replace
 
 SKIPPED_NOT_CLUSTER = "skipped: not a cluster action"
 
@@ -110,6 +111,7 @@ def execute_cluster(
     clock: Callable[[], float] = time.monotonic,
     mandate: ClusterMandate | None = None,
     now: Callable[[], str] | None = None,
+    versions: dict[str, str] | None = None,
 ) -> ApplyResult:
     """Carry out the cluster actions among ``actions`` in order; stop at the first failure.
 
@@ -127,6 +129,11 @@ def execute_cluster(
     ``mandate`` (every apply and watch run passes one) is what the run may write: this node's
     objects vgpuctl manages (or adopts), and the KubeVirt entries it added.
 
+    ``versions`` (resourceVersion planned from → the one a write of this run made; filled in
+    here) lets a KubeVirt write planned from the version an earlier write of the same run
+    replaced (the plan's kubevirt-update after its kubevirt-allow) go ahead without counting
+    that as a conflict: any other version is one.
+
     Raises :class:`ApplyError` before writing anything when an action's fields do not fit
     together, :class:`MandateError` when an action is outside the mandate.
     """
@@ -141,6 +148,7 @@ def execute_cluster(
         retries=max_conflict_retries,
         mandate=mandate,
         now=now or utc_now,
+        versions=versions if versions is not None else {},
     )
     outcomes: list[Outcome] = []
     not_run: tuple[Action, ...] = ()
@@ -192,6 +200,8 @@ def _object_kind(action: CrCreate | CrUpdate | CrDelete) -> str:
 def _problem(a: Action) -> str | None:
     """What does not fit together in a cluster action (its types are the codec's concern)."""
     match a:
+        case KubevirtAllow() if a.remove or a.remove_pci:
+            return "a kubevirt-allow only adds: its removals belong in a kubevirt-update"
         case KubevirtUpdate():
             for key, value in (
                 ("namespace", a.namespace),
@@ -229,6 +239,8 @@ class _Writer:
     mandate: ClusterMandate | None = None
     #: The wall-clock time a VGPUNodeState's pending times are stamped with.
     now: Callable[[], str] = utc_now
+    #: resourceVersion planned from → the one this run's own KubeVirt write made of it.
+    versions: dict[str, str] = field(default_factory=dict)
 
     def run(self, action: ClusterAction) -> tuple[OutcomeStatus, str]:
         if isinstance(action, KubevirtUpdate):
@@ -388,6 +400,8 @@ class _Writer:
             if raw is None:
                 return OutcomeStatus.NOOP, f"{what} no longer exists: no allow-list to update"
             read = _resource_version(raw)
+            if read != planned and self.versions.get(planned) == read:
+                planned = read  # this run's own write since the plan (its kubevirt-allow)
             if read != planned:
                 conflict()
                 planned = read
@@ -414,7 +428,7 @@ class _Writer:
                 # (issue 12): any write to it since, and the patch fails and is re-planned.
                 ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": read}, *ops]
             try:
-                self.api.patch_object(
+                written = self.api.patch_object(
                     group=KUBEVIRT_GROUP,
                     version=KUBEVIRT_VERSION,
                     plural=KUBEVIRT_PLURAL,
@@ -427,6 +441,7 @@ class _Writer:
                 raw = self._read_kubevirt(ns, name)
                 planned = _resource_version(raw or {})
                 continue
+            self.versions[action.resource_version] = _resource_version(written)
             return OutcomeStatus.DONE, f"{what}: {summary}" + _after(conflicts)
 
     def _read_kubevirt(self, ns: str, name: str) -> dict[str, Any] | None:

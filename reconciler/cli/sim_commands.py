@@ -118,6 +118,23 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p = ssub.add_parser("reboot", help="power-cycle: every VF and vGPU is gone")
     p.add_argument("dir", metavar="DIR", type=Path)
     p.set_defaults(handler=cmd_reboot)
+
+    p = ssub.add_parser(
+        "virt-handler",
+        help="play KubeVirt's virt-handler: sweep mdevs whose type is not allow-listed",
+        description="KubeVirt's virt-handler, at each heartbeat, removes every mdev whose type "
+        "(spaces → _) is neither a type mediatedDevicesConfiguration wants on the node nor the "
+        "mdevNameSelector of a permittedHostDevices.mediatedDevices entry with "
+        "externalResourceProvider: true, in use or not (removeUndesiredMDEVs, "
+        "pkg/virt-handler/device-manager/mediated_devices_types.go). This reads the KubeVirt CR "
+        "from the cluster (--kubeconfig) every --interval seconds and does the same to the "
+        "simulated host in DIR (a held vGPU's removal blocks, as in the kernel), one line per "
+        "removal. --once: one heartbeat, then exit (status 1 when it removed a vGPU).",
+    )
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--once", action="store_true", help="one heartbeat, then exit")
+    p.set_defaults(handler=cmd_virt_handler)
     return sim
 
 
@@ -186,3 +203,32 @@ def cmd_reboot(ns: argparse.Namespace, options: GlobalOptions) -> int:
     _simulator_call(reboot, ns.dir)
     print(f"{ns.dir}: rebooted (SR-IOV off, no vGPUs)", file=sys.stderr)
     return EXIT_OK
+
+
+def cmd_virt_handler(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    import time
+
+    from reconciler.cli.host import Host
+    from reconciler.sim.virt_handler import heartbeat
+
+    if not (ns.dir / "sys").is_dir():
+        raise UsageError(f"{ns.dir}: not a simulated host (no {ns.dir / 'sys'})")
+    if ns.interval <= 0:
+        raise UsageError("--interval must be positive")
+    api = Host(options).cluster_api
+    if api is None:
+        raise UsageError("sim virt-handler reads the KubeVirt CR: pass --kubeconfig")
+    while True:
+        result = heartbeat(ns.dir, api, node=options.node, namespace=options.kubevirt_namespace)
+        if result.skipped:
+            print(f"virt-handler: nothing swept: {result.skipped}", file=sys.stderr, flush=True)
+        for uuid, type_name in sorted(result.removed.items()):
+            held = " (in use: its VM lost it)" if uuid in result.held else ""
+            print(
+                f"virt-handler: removed mdev {uuid} of type {type_name!r}: not allow-listed{held}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if ns.once:
+            return 1 if result.lost else EXIT_OK
+        time.sleep(ns.interval)

@@ -1,7 +1,7 @@
 """One reconcile of one node: the single pipeline ``vgpuctl apply`` and ``vgpuctl watch`` both run.
 
-observe → plan → lock → plan again under the lock → host phase → observe the host again →
-cluster phase → device plugins → verify.
+observe → plan → lock → plan again under the lock → allow-list phase → host phase → observe the
+host again → cluster phase → device plugins → verify.
 
 - **Under the lock** the node is planned again: another process may have acted meanwhile. A
   promise (a saved plan's actions, :class:`~reconciler.engine.expect.Expected`) is checked
@@ -9,6 +9,11 @@ cluster phase → device plugins → verify.
   ``review`` (the CLI's display and confirmation, watch's log) sees the plan that will run.
   A caller that took the lock before planning (``apply``) passes ``lock_held``: its first plan
   is then the one under the lock.
+- **Allow-list phase**: the plan's ``kubevirt-allow``, the KubeVirt allow-list's additions,
+  through the cluster executor and its mandate, before any host action: KubeVirt's
+  virt-handler removes every mdev whose type is not allow-listed (docs/domain.md §10), so a
+  type is listed before its first vGPU is created. If it fails, nothing else runs. (Removals
+  wait for the cluster phase, after the host phase: ``plan/cluster.py``.)
 - **Host phase**: the host actions, through the host executor and its mandate.
 - **The host again**: the cluster actions were rendered from the host as the host actions were
   predicted to leave it. With a cluster, the host is observed and compared with that
@@ -57,6 +62,7 @@ from reconciler.engine.predicted import host_differences
 from reconciler.model import (
     Action,
     ActionKind,
+    ApplyError,
     CrUpdate,
     DesiredNode,
     ForeignControllerError,
@@ -68,7 +74,7 @@ from reconciler.model import (
     ReconcilerError,
     VgpuRemove,
 )
-from reconciler.model.record import record, replace
+from reconciler.model.record import field, record, replace
 from reconciler.observe.parse import NVIDIA_VENDOR_ID
 from reconciler.plan.groups import resolve as resolve_groups
 
@@ -154,6 +160,8 @@ class Reconciled:
     ran: bool
     seconds: float
     host: ApplyResult | None = None
+    #: The allow-list phase (None: the plan had no kubevirt-allow).
+    allow_list: ApplyResult | None = None
     #: The host as observed after the host phase (None: no host action, or unreadable).
     host_after: Inventory | None = None
     mismatch: HostMismatch | None = None
@@ -164,7 +172,8 @@ class Reconciled:
     @property
     def results(self) -> tuple[ApplyResult, ...]:
         refreshed = self.verification.refreshed if self.verification else None
-        return tuple(r for r in (self.host, self.cluster, refreshed) if r is not None)
+        phases = (self.allow_list, self.host, self.cluster, refreshed)
+        return tuple(r for r in phases if r is not None)
 
     @property
     def failed(self) -> Outcome | None:
@@ -181,7 +190,7 @@ class Reconciled:
     @property
     def applied(self) -> int:
         """The plan's host and cluster actions carried out, or found already done."""
-        results = tuple(r for r in (self.host, self.cluster) if r is not None)
+        results = tuple(r for r in (self.allow_list, self.host, self.cluster) if r is not None)
         return sum(
             1
             for r in results
@@ -298,6 +307,10 @@ class _Run:
     plugins: DevicePlugins | None
     on_outcome: Callable[[Outcome], None] | None
     started: float
+    #: resourceVersion planned from → the one this run's own write of that object made (the
+    #: allow-list phase's KubeVirt write, then the cluster phase's removals planned from the
+    #: same version): the cluster executor's way to tell its own write from someone else's.
+    versions: dict[str, str] = field(default_factory=dict)
 
     def locked(
         self, expected: Expected | None, review: Callable[[Planned], bool] | None
@@ -325,6 +338,14 @@ class _Run:
         # of the host they match), whatever the plan says.
         desired = resolve_groups(self.desired, planned.inventory)
         managed = frozenset(g.address for g in desired.gpus)
+        allow_actions = [a for a in plan.actions if a.phase is Phase.ALLOW_LIST]
+        allowed = None
+        if allow_actions:
+            # Before any host action, or the types it creates are swept as they appear. A
+            # plan made without a cluster has none (its mandate would refuse one).
+            allowed = self._write_cluster(allow_actions, planned, managed, run_id="")
+            if not allowed.ok:
+                return Reconciled(planned, ran=True, seconds=self._seconds(), allow_list=allowed)
         host_actions = tuple(a for a in plan.actions if a.kind.is_host)
         host = execute(
             replace(plan, actions=host_actions),
@@ -361,6 +382,7 @@ class _Run:
             ran=True,
             seconds=self._seconds(),
             host=host,
+            allow_list=allowed,
             host_after=after if host_actions else None,
             mismatch=mismatch,
             cluster=cluster,
@@ -414,8 +436,8 @@ class _Run:
         from reconciler.plan import replan_object
 
         api = self.ports.cluster_api
-        if api is None:  # pragma: no cover - the callers checked
-            raise ValueError("no cluster")
+        if api is None:
+            raise ApplyError("the plan writes to the cluster, and the run has none")
         node = planned.plan.node
         adopt = self.settings.adopt
         return execute_cluster(
@@ -427,6 +449,7 @@ class _Run:
             run_id=run_id,
             on_outcome=self.on_outcome,
             mandate=_cluster_mandate(planned, node, managed=managed, adopt=adopt),
+            versions=self.versions,
         )
 
     def _tell_plugins(self, inventory: Inventory, removed: frozenset[str]) -> PluginsTold | None:

@@ -21,8 +21,11 @@ FORMAT_VERSION = 2
 
 
 class Phase(enum.StrEnum):
-    """Where an action runs: the host first, then the cluster, then the device plugins."""
+    """Where an action runs: the KubeVirt allow-list's additions first (before any vGPU of a
+    type is created, KubeVirt's virt-handler must find the type allow-listed: docs/domain.md
+    §10), then the host, then the cluster, then the device plugins."""
 
+    ALLOW_LIST = "allow-list"
     HOST = "host"
     CLUSTER = "cluster"
     DEVICE_PLUGINS = "device-plugins"
@@ -31,6 +34,8 @@ class Phase(enum.StrEnum):
 class ActionKind(enum.StrEnum):
     """Action vocabulary, in the order actions run within a node plan."""
 
+    #: Entries added to the KubeVirt allow-list before the host phase (never a removal).
+    KUBEVIRT_ALLOW = "kubevirt-allow"
     VGPU_REMOVE = "vgpu-remove"
     SRIOV_DISABLE = "sriov-disable"
     SRIOV_ENABLE = "sriov-enable"
@@ -63,6 +68,7 @@ class ActionKind(enum.StrEnum):
 
 _ORDER = {k: i for i, k in enumerate(ActionKind)}
 _PHASE = {
+    ActionKind.KUBEVIRT_ALLOW: Phase.ALLOW_LIST,
     ActionKind.VGPU_REMOVE: Phase.HOST,
     ActionKind.SRIOV_DISABLE: Phase.HOST,
     ActionKind.SRIOV_ENABLE: Phase.HOST,
@@ -276,6 +282,16 @@ class KubevirtUpdate(_Step):
 
 
 @record(frozen=True, slots=True, kw_only=True)
+class KubevirtAllow(KubevirtUpdate):
+    """A :class:`KubevirtUpdate` that only adds (``remove`` and ``remove_pci`` empty), run in
+    the allow-list phase, before any host action: KubeVirt's virt-handler removes every mdev
+    whose type is not allow-listed (docs/domain.md §10), so a type is listed before its first
+    vGPU is created. Removals wait for the cluster phase's ``kubevirt-update``."""
+
+    kind: ClassVar[ActionKind] = ActionKind.KUBEVIRT_ALLOW
+
+
+@record(frozen=True, slots=True, kw_only=True)
 class _HarvesterGpuStep(_Step):
     """Set ``spec.enabled`` of the ``SRIOVGPUDevice`` named ``target`` (GPU ``gpu`` of node
     ``node``), written over ``resource_version`` (delegate mode: pcidevices-controller runs
@@ -388,6 +404,7 @@ ACTION_TYPES: Mapping[ActionKind, type[Action]] = MappingProxyType(
             CrCreate,
             CrUpdate,
             CrDelete,
+            KubevirtAllow,
             KubevirtUpdate,
             VgpuDeviceDisable,
             SriovGpuDeviceDisable,
@@ -493,7 +510,14 @@ _CREATES = frozenset(
 #: The removing halves of a change (counted on their create).
 _REMOVES_OF_A_CHANGE = frozenset({ActionKind.VGPU_REMOVE, ActionKind.VGPUDEVICE_DISABLE})
 #: The kinds counted as changes (besides a replacement).
-_CHANGES = frozenset({ActionKind.CR_UPDATE, ActionKind.KUBEVIRT_UPDATE, ActionKind.VGPU_MODE})
+_CHANGES = frozenset(
+    {
+        ActionKind.CR_UPDATE,
+        ActionKind.KUBEVIRT_ALLOW,
+        ActionKind.KUBEVIRT_UPDATE,
+        ActionKind.VGPU_MODE,
+    }
+)
 
 
 class Fingerprinted(Protocol):

@@ -1,8 +1,9 @@
 """The JSON form of plans (``schemas/plan.schema.json``): the one codec for actions, blocked
 actions and plans, used by ``plan -o json``, ``plan --out`` and ``apply PLANFILE``.
 
-Each action is one object: ``seq``, ``kind``, ``phase`` (host, cluster, device-plugins), ``target``,
-the fields of its kind (camelCase) and ``reason``. A blocked action is the same without ``seq``.
+Each action is one object: ``seq``, ``kind``, ``phase`` (allow-list, host, cluster,
+device-plugins), ``target``, the fields of its kind (camelCase) and ``reason``. A blocked action
+is the same without ``seq``.
 
 Decoding is for untrusted input (a saved plan anyone may have edited): every field is checked
 for its type, unknown and missing fields are refused, and any problem is one
@@ -37,6 +38,7 @@ from reconciler.model.plan import (
     Drift,
     FieldChange,
     HostAction,
+    KubevirtAllow,
     KubevirtUpdate,
     MediatedDevice,
     Noop,
@@ -141,7 +143,8 @@ def _encode(action: Action, *, with_seq: bool) -> dict[str, Any]:
             out["name"] = action.name
             out["resourceVersion"] = action.resource_version
             out["add"] = [e.to_json() for e in action.add]
-            out["remove"] = list(action.remove)
+            if not isinstance(action, KubevirtAllow):  # an allow step never removes
+                out["remove"] = list(action.remove)
             out["owned"] = list(action.owned)
             # The PCI side only when there is one: a plan without it reads as before.
             if action.add_pci:
@@ -487,6 +490,21 @@ def _cr_delete(r: _Read, seq: int, target: str, reason: str) -> Action:
     )
 
 
+def _kubevirt_allow(r: _Read, seq: int, target: str, reason: str) -> Action:
+    return KubevirtAllow(
+        seq=seq,
+        target=target,
+        reason=reason,
+        namespace=r.text("namespace"),
+        name=r.text("name"),
+        resource_version=r.text("resourceVersion"),
+        add=r.mediated_devices(),
+        owned=r.strings("owned"),
+        add_pci=r.pci_host_devices(),
+        owned_pci=r.strings("ownedPci", optional=True),
+    )
+
+
 def _kubevirt_update(r: _Read, seq: int, target: str, reason: str) -> Action:
     return KubevirtUpdate(
         seq=seq,
@@ -580,6 +598,11 @@ _VGPU_FIELDS = ("gpu", "vfIndex", "type", "uuid")
 _HARVESTER_VF_FIELDS = ("node", "gpu", "vf", "vfIndex", "resourceVersion", "type")
 #: Per kind: its required fields, its optional ones, and how to build it.
 _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] = {
+    ActionKind.KUBEVIRT_ALLOW: (
+        ("namespace", "name", "resourceVersion", "add", "owned"),
+        ("addPci", "ownedPci"),
+        _kubevirt_allow,
+    ),
     ActionKind.VGPU_REMOVE: (_VGPU_FIELDS, ("replacedBy",), _vgpu_remove),
     ActionKind.SRIOV_DISABLE: (("gpu",), (), _sriov_disable),
     ActionKind.SRIOV_ENABLE: (("gpu", "numVFs"), (), _sriov_enable),

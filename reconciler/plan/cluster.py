@@ -17,13 +17,23 @@ them), so a field the server prunes or a status field left out when empty is no 
 Every write carries the resourceVersion it was planned from; on a conflict the executor re-reads
 the object and calls :func:`replan_object`, never overwriting blindly.
 
-The KubeVirt CR's allow-list gets an entry for every profile configured on this node or (per the
-other nodes' VGPUNodeStates) elsewhere, and loses the entries vgpuctl added for profiles no node
-configures on that kind of GPU any more; entries someone else added are never touched. A
-profile on an mdev GPU is a ``mediatedDevices`` entry (by mdevNameSelector, the profile's name);
-one on NVIDIA's vendor-specific VFIO interface, where the VF itself is the vGPU, a
-``pciHostDevices`` entry selecting the VFs' PCI device id (owned by resourceName: the selector
-is every profile's of that GPU model).
+The KubeVirt CR's allow-list: KubeVirt's virt-handler removes, on every node and at every
+heartbeat, each mdev whose type is not allow-listed, in use or not (docs/domain.md §10). So:
+- an entry is **added before** the first vGPU of its type is created: a ``kubevirt-allow``, run
+  in the allow-list phase before any host action, adds every profile that this host has a vGPU
+  of now or will have once the host phase is done, that this node's desired state names, or
+  that another node's VGPUNodeState shows (a vGPU it has, or a profile it wants);
+- an entry is **removed after** the host phase, by the cluster phase's ``kubevirt-update``, and
+  only when no node has a vGPU of it any more: not this host as the host phase leaves it, not
+  another node per its VGPUNodeState (what it has or wants), and no desired state of this node
+  names it. A vGPU this run cannot remove (a VM holds it) keeps its entry, whatever the files
+  say. The host phase failing, or the host not as predicted, stops the run before the cluster
+  phase: no removal is ever decided from a host that was not reached.
+Entries someone else added are never touched. A profile on an mdev GPU is a
+``mediatedDevices`` entry (by mdevNameSelector, the profile's name); one on NVIDIA's
+vendor-specific VFIO interface, where the VF itself is the vGPU, a ``pciHostDevices`` entry
+selecting the VFs' PCI device id (owned by resourceName: the selector is every profile's of
+that GPU model). Only mdevs are swept; vfio profiles' entries follow the same rule, harmlessly.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from reconciler.model import (
     DesiredGpu,
     Interface,
     Inventory,
+    KubevirtAllow,
     KubevirtUpdate,
     MediatedDevice,
     Noop,
@@ -58,6 +69,7 @@ from reconciler.model.cluster import (
     KubeObject,
     KubeVirtConfig,
     harvester_view,
+    is_type_name,
     resource_name,
 )
 from reconciler.model.clustertext import ClusterTextError, parse_json
@@ -81,6 +93,8 @@ class ClusterPlan:
     """Cluster steps in run order (kind, then GPU, PF object before its VFs'), and the rest."""
 
     actions: list[ClusterAction] = field(default_factory=list)
+    #: The allow-list's additions, run before any host action (none, or one).
+    before_host: list[KubevirtAllow] = field(default_factory=list)
     noops: list[Noop] = field(default_factory=list)
     drift: list[Drift] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -95,14 +109,18 @@ def plan_cluster(
     configured: Iterable[str],
     adopt: bool = False,
     unmanaged: frozenset[PciAddress] = frozenset(),
+    observed: Inventory | None = None,
 ) -> ClusterPlan:
     """Steps that take ``cluster`` to ``rendered`` (the node's CRs as they should be, from the
     predicted ``inventory``; those already stored so, :class:`AsStored`, are up to date), and
-    the allow-list to the ``configured`` profiles of this node (on the kind of GPU
-    ``desired``, the GPUs whose objects are rendered, puts each on: the managed GPUs, and the
-    unmanaged ones that keep their objects, as the host has them) and of the others.
-    ``desired`` also words the reasons of deletes; ``unmanaged`` are those of its GPUs it
-    holds as the host has them (their spec follows the host, and an update says so)."""
+    the allow-list to the profiles this host has vGPUs of (``observed``, the host before the
+    run, and ``inventory``, after it), the ``configured`` profiles of this node (on the kind of
+    GPU ``desired``, the GPUs whose objects are rendered, puts each on: the managed GPUs, and
+    the unmanaged ones that keep their objects, as the host has them) and those of the others:
+    additions in :attr:`ClusterPlan.before_host`, removals among the cluster actions (see the
+    module docstring). ``desired`` also words the reasons of deletes; ``unmanaged`` are those of
+    its GPUs it holds as the host has them (their spec follows the host, and an update says
+    so)."""
     plan = ClusterPlan()
     # Read through Harvester's view when compared (an AsStored object needs no comparing).
     stored = {**cluster.sriov_gpu_devices, **cluster.vgpu_devices}
@@ -150,16 +168,30 @@ def plan_cluster(
             )
         )
 
-    profiles = configured_here(configured, desired, inventory) | cluster.profiles_elsewhere
+    # What stays listed once the host phase is done; what must be listed before it starts.
+    keep = (
+        configured_here(configured, desired, inventory)
+        | hosted_profiles(inventory)
+        | cluster.profiles_elsewhere
+    )
+    needed = keep | (hosted_profiles(observed) if observed is not None else frozenset())
     if cluster.kubevirt is None:
         plan.notes.append(KUBEVIRT_MISSING)
     else:
-        plan.notes.extend(_unselectable_notes(cluster.kubevirt, profiles))
-        step_or_noop = _kubevirt_step(cluster.kubevirt, profiles)
-        if isinstance(step_or_noop, Noop):
-            plan.noops.append(step_or_noop)
-        else:
-            plan.actions.append(step_or_noop)
+        plan.notes.extend(_unselectable_notes(cluster.kubevirt, needed))
+        before, after = _kubevirt_steps(cluster.kubevirt, needed=needed, keep=keep)
+        if before is None and after is None:
+            listed = ", ".join(sorted({p.name for p in needed})) or "none"
+            plan.noops.append(
+                Noop(
+                    cluster.kubevirt.target,
+                    f"allow-list has every profile a node has or wants ({listed})",
+                )
+            )
+        if before is not None:
+            plan.before_host.append(before)
+        if after is not None:
+            plan.actions.append(after)
     plan.actions.sort(key=lambda s: s.kind.order)  # stable: the order above within a kind
     return plan
 
@@ -416,6 +448,18 @@ def configured_here(
     return frozenset(out)
 
 
+def hosted_profiles(inventory: Inventory) -> frozenset[ConfiguredProfile]:
+    """The profiles of the vGPUs ``inventory``'s GPUs have, each on its GPU's kind (pure). A
+    type the host could not name (no type name: only its id) is left out: no entry can name it.
+    """
+    out: set[ConfiguredProfile] = set()
+    for gpu in inventory.gpus:
+        for vf in gpu.vfs:
+            if vf.vgpu is not None and is_type_name(vf.vgpu.type_name):
+                out.add(ConfiguredProfile(vf.vgpu.type_name, gpu.interface, gpu.vf_device))
+    return frozenset(out)
+
+
 def _pci_wanted(configured: frozenset[ConfiguredProfile]) -> dict[str, str]:
     """resourceName → pciVendorSelector of the vfio profiles ("" when no VF device id is
     known); of two selectors for one resource, the first in order (one entry per resource)."""
@@ -450,65 +494,80 @@ def _unselectable_notes(
     ]
 
 
-def _kubevirt_step(
-    kubevirt: KubeVirtConfig, configured: frozenset[ConfiguredProfile]
-) -> KubevirtUpdate | Noop:
-    """The allow-list change for the profiles ``configured`` on some node: mediatedDevices
-    entries for those on mdev GPUs, pciHostDevices entries for those on vfio GPUs. Each side
-    adds what is missing, removes only what vgpuctl owns and no node configures on that kind
-    any more, and forgets owned entries someone removed."""
-    mdev = frozenset(p.name for p in configured if not p.vfio)
+def _kubevirt_steps(
+    kubevirt: KubeVirtConfig,
+    *,
+    needed: frozenset[ConfiguredProfile],
+    keep: frozenset[ConfiguredProfile],
+) -> tuple[KubevirtAllow | None, KubevirtUpdate | None]:
+    """The allow-list's additions before the host phase (every ``needed`` profile missing:
+    mediatedDevices entries for those on mdev GPUs, pciHostDevices entries for those on vfio
+    GPUs) and its removals after it (the entries vgpuctl owns whose profile is not in
+    ``keep``, a subset of ``needed``), each None when there is none. Owned entries someone
+    removed are forgotten by whichever step writes; by the second when neither adds."""
     present = {str(e.get("mdevNameSelector", "")) for e in kubevirt.mediated_devices}
-    added = sorted(mdev - present)
+    mine = kubevirt.owned & present
+    need_m = frozenset(p.name for p in needed if not p.vfio)
+    keep_m = frozenset(p.name for p in keep if not p.vfio)
+    added = sorted(need_m - present)
     add = tuple(MediatedDevice(selector=p, resource_name=resource_name(p)) for p in added)
-    remove = sorted((kubevirt.owned - mdev) & present)
-    owned = sorted((kubevirt.owned & mdev) | (mdev - present))
+    remove = sorted(mine - keep_m)
 
-    pci = _pci_wanted(configured)
-    wanted_pci = frozenset(pci)
     present_pci = {str(e.get("resourceName", "")) for e in kubevirt.pci_host_devices}
-    added_pci = sorted(r for r in wanted_pci - present_pci if pci[r])
+    mine_pci = kubevirt.owned_pci & present_pci
+    pci = _pci_wanted(needed)
+    added_pci = sorted(r for r in frozenset(pci) - present_pci if pci[r])
     add_pci = tuple(PciHostDevice(selector=pci[r], resource_name=r) for r in added_pci)
-    remove_pci = sorted((kubevirt.owned_pci - wanted_pci) & present_pci)
-    owned_pci = sorted((kubevirt.owned_pci & wanted_pci & present_pci) | set(added_pci))
+    remove_pci = sorted(mine_pci - frozenset(_pci_wanted(keep)))
 
-    mdev_same = not add and not remove and owned == sorted(kubevirt.owned)
-    pci_same = not add_pci and not remove_pci and owned_pci == sorted(kubevirt.owned_pci)
-    if mdev_same and pci_same:
-        listed = ", ".join(sorted({p.name for p in configured})) or "none"
-        return Noop(kubevirt.target, f"allow-list has every configured profile ({listed})")
-    parts: list[str] = []
-    if not mdev_same:
-        why = _why(added, remove, sorted(kubevirt.owned - set(owned)))
-        parts.append("mediated devices allow-list: " + "; ".join(why))
-    if not pci_same:
-        why = _why(
-            [f"{r} ({pci[r]})" for r in added_pci],
-            remove_pci,
-            sorted(kubevirt.owned_pci - set(owned_pci)),
+    before: KubevirtAllow | None = None
+    if add or add_pci:
+        parts = []
+        wanted = "(a node has or wants vGPUs of it)"
+        if add:
+            parts.append(f"mediated devices allow-list: add {', '.join(added)} {wanted}")
+        if add_pci:
+            listed = ", ".join(f"{r} ({pci[r]})" for r in added_pci)
+            parts.append(f"PCI host devices allow-list: add {listed} {wanted}")
+        before = KubevirtAllow(
+            target=kubevirt.target,
+            reason="; ".join(parts),
+            namespace=kubevirt.namespace,
+            name=kubevirt.name,
+            resource_version=kubevirt.resource_version,
+            add=add,
+            owned=tuple(sorted(mine | set(added))),
+            add_pci=add_pci,
+            owned_pci=tuple(sorted(mine_pci | set(added_pci))),
         )
-        parts.append("PCI host devices allow-list: " + "; ".join(why))
-    return KubevirtUpdate(
+    # Owned entries no longer present are forgotten by any write; say so when only this one.
+    forget = sorted(kubevirt.owned - present) if before is None else []
+    forget_pci = sorted(kubevirt.owned_pci - present_pci) if before is None else []
+    if not (remove or remove_pci or forget or forget_pci):
+        return before, None
+    parts = []
+    if remove or forget:
+        parts.append("mediated devices allow-list: " + "; ".join(_why(remove, forget)))
+    if remove_pci or forget_pci:
+        parts.append("PCI host devices allow-list: " + "; ".join(_why(remove_pci, forget_pci)))
+    after = KubevirtUpdate(
         target=kubevirt.target,
         reason="; ".join(parts),
         namespace=kubevirt.namespace,
         name=kubevirt.name,
         resource_version=kubevirt.resource_version,
-        add=add,
         remove=tuple(remove),
-        owned=tuple(owned),
-        add_pci=add_pci,
+        owned=tuple(sorted(mine - set(remove))),
         remove_pci=tuple(remove_pci),
-        owned_pci=tuple(owned_pci),
+        owned_pci=tuple(sorted(mine_pci - set(remove_pci))),
     )
+    return before, after
 
 
-def _why(added: Sequence[str], removed: Sequence[str], forgotten: Sequence[str]) -> list[str]:
+def _why(removed: Sequence[str], forgotten: Sequence[str]) -> list[str]:
     why: list[str] = []
-    if added:
-        why.append("add " + ", ".join(added) + " (configured)")
     if removed:
-        why.append("remove " + ", ".join(removed) + " (configured on no node)")
-    if not why:
+        why.append("remove " + ", ".join(removed) + " (no node has or wants vGPUs of it)")
+    if forgotten:
         why.append("forget entries removed by hand: " + ", ".join(forgotten))
     return why

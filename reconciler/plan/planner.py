@@ -8,10 +8,12 @@ plan is refused with all the problems at once.
 With a cluster, the vGPUs it says are used count as in use before the host is planned, and the
 cluster actions follow the host's: the node's CRs rendered from the host as the host actions
 will leave it (:mod:`reconciler.plan.predict`), diffed against the stored ones, then the KubeVirt
-allow-list (:mod:`reconciler.plan.cluster`). An unmanaged GPU whose objects vgpuctl wrote keeps
-them, rendered from what the host has (:func:`reconciler.plan.render.kept_unmanaged`): they are
-updated, never deleted while the GPU and its VFs are on the host, and its vGPUs' types count as
-configured here; the plan says so in one note per such GPU.
+allow-list's removals (:mod:`reconciler.plan.cluster`). Its additions come first of all, before
+the host actions: a type is allow-listed before its first vGPU is created. An unmanaged GPU
+whose objects vgpuctl wrote keeps them, rendered from what the host has
+(:func:`reconciler.plan.render.kept_unmanaged`): they are updated, never deleted while the GPU
+and its VFs are on the host, and its vGPUs' types count as configured here; the plan says so in
+one note per such GPU.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ def plan_node(
             configured=configured,
             adopt=adopt,
             unmanaged=frozenset(kept),
+            observed=inventory,
         )
         node_state = plan_node_state(
             render_node_state(
@@ -151,7 +154,7 @@ def plan_node(
                 assignments=host.assignments,
                 blocked=host.blocked,
                 degraded=host.degraded,
-                changes=[*actions, *cluster_plan.actions],
+                changes=[*cluster_plan.before_host, *actions, *cluster_plan.actions],
                 stored=cluster.node_state,
             ),
             cluster.node_state,
@@ -164,6 +167,10 @@ def plan_node(
             steps.append(node_state)
             steps.sort(key=lambda s: s.kind.order)  # stable: the node state last of its kind
         actions.extend(s.numbered(i) for i, s in enumerate(steps, start=len(actions) + 1))
+        if cluster_plan.before_host:
+            # The allow-list's additions run before every host action: renumbered after them.
+            first: list[Action] = list(cluster_plan.before_host)
+            actions = [s.numbered(i) for i, s in enumerate([*first, *actions], start=1)]
         noops.extend(cluster_plan.noops)
         noops.extend(noops_after)
         drift.extend(cluster_plan.drift)

@@ -86,30 +86,31 @@ def test_apply_planfile_makes_exactly_the_writes_of_the_saved_plans_cluster_acti
     planfile = tmp_path / "plan.json"
     node.ok("plan", changed, "--out", planfile)
 
-    # The plan, read by hand: VF .4's vGPU replaced (remove, create), then its VGPUDevice's
-    # spec and status updated, the node's VGPUNodeState (its vGPUs, the desired state's
-    # fingerprint, this change), and the KubeVirt allow-list given the new profile (A2-4A stays:
-    # VF .6 still has it). Nothing else: the other VFs' statuses do not change (four 4 GB
-    # vGPUs before and after).
+    # The plan, read by hand: the KubeVirt allow-list given the new profile first, before any
+    # vGPU of it exists (A2-4A stays: VF .6 still has it); VF .4's vGPU replaced (remove,
+    # create), then its VGPUDevice's spec and status updated, the node's VGPUNodeState (its
+    # vGPUs, the desired state's fingerprint, this change). Nothing else: the other VFs'
+    # statuses do not change (four 4 GB vGPUs before and after).
     cluster = saved_cluster_actions(planfile)
     assert [(a["kind"], a["target"]) for a in cluster] == [
+        ("kubevirt-allow", "kubevirt/harvester-system/kubevirt"),
         ("cr-update", "harvester-kgd9c-000008004"),
         ("cr-update", NODE),
-        ("kubevirt-update", "kubevirt/harvester-system/kubevirt"),
     ]
-    update = cluster[0]
+    assert json.loads(planfile.read_text())["actions"][0]["kind"] == "kubevirt-allow"
+    update = cluster[1]
     assert (update["specChanged"], update["statusChanged"]) == (True, True)
 
     before = len(emu.requests)
     applied = node.ok("apply", planfile, "--yes")
     assert "Converged" in applied.stdout
-    # cr-update with spec and status changed: PUT, PUT /status; the node state's status alone:
-    # PUT /status; kubevirt-update: one PATCH.
+    # kubevirt-allow: one PATCH, before the host actions; cr-update with spec and status
+    # changed: PUT, PUT /status; the node state's status alone: PUT /status.
     assert writes(emu, before) == [
+        ("patch", "kubevirts", "kubevirt", None),
         ("update", "vgpudevices", "harvester-kgd9c-000008004", None),
         ("update", "vgpudevices", "harvester-kgd9c-000008004", "status"),
         ("update", "vgpunodestates", NODE, "status"),
-        ("patch", "kubevirts", "kubevirt", None),
     ]
     # Events: one per host action carried out (VGPURemoved, VGPUCreated on VF .4's object).
     assert [(r.verb, r.namespace) for r in event_writes(emu, before)] == [("create", "default")] * 2
@@ -137,12 +138,12 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
     vfs = [f"harvester-kgd9c-000008{dev}{fn}" for dev in ("00", "01", "02") for fn in "01234567"]
     vfs = vfs[4:20]
     assert [(a["kind"], a["target"]) for a in cluster] == [
+        ("kubevirt-allow", "kubevirt/harvester-system/kubevirt"),
         ("cr-create", pf),
         *(("cr-create", name) for name in vfs),
         ("cr-create", NODE),
-        ("kubevirt-update", "kubevirt/harvester-system/kubevirt"),
     ]
-    shown_status = cluster[-2]["object"]["status"]
+    shown_status = cluster[-1]["object"]["status"]
     shown_types = shown_status["typeSets"][shown_status["gpus"][0]["typeSet"]]
     assert {t["id"] for t in shown_types} == {""}
 
@@ -162,9 +163,10 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
     # Each cr-create: POST (to the collection: no name), then PUT /status when its status has
     # a field: the four VFs with a vGPU (.4 to .7) do; the twelve others have none and nothing
     # creatable (four 4 GB vGPUs are the A2's maximum), so an empty status (Harvester's
-    # omitempty). The kubevirt-update: one PATCH; then the node state's status again.
+    # omitempty). The kubevirt-allow first: one PATCH; last the node state's status again.
     with_vgpu = set(vfs[:4])
     assert writes(emu, before) == [
+        ("patch", "kubevirts", "kubevirt", None),
         ("create", "sriovgpudevices", "", None),
         ("update", "sriovgpudevices", pf, "status"),
         *(
@@ -177,7 +179,6 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
         ),
         ("create", "vgpunodestates", "", None),
         ("update", "vgpunodestates", NODE, "status"),
-        ("patch", "kubevirts", "kubevirt", None),
         ("update", "vgpunodestates", NODE, "status"),
     ]
     # The status first written is the one the plan showed, blank type ids and all (and the
@@ -259,7 +260,10 @@ def test_the_engine_stops_before_any_cluster_write_when_the_host_is_not_as_predi
     assert "No cluster object was written" in result.mismatch.message
     assert not result.ok
     assert result.cluster is None and result.verification is None
-    assert writes(emu, before) == [] and event_writes(emu, before) == []
+    # Only the allow-list's addition, made before the host actions (A2-4C's entry).
+    assert result.allow_list is not None and result.allow_list.ok
+    assert writes(emu, before) == [("patch", "kubevirts", "kubevirt", None)]
+    assert event_writes(emu, before) == []
     # The plugins learn the host as it is: U4 removed on purpose (and created again), U5 gone.
     assert len(told) == 1
     inventory, removed = told[0]
@@ -313,4 +317,6 @@ def test_apply_says_it_stopped_and_exits_1(tmp_path: Path, emu: ApiServerEmulato
         f"{stranger}, the plan predicted no vGPU. No cluster object was written"
     ) in res.stderr
     assert "Traceback" not in res.stderr
-    assert writes(emu, before) == [] and event_writes(emu, before) == []
+    # Only the allow-list's additions, made before the host actions.
+    assert writes(emu, before) == [("patch", "kubevirts", "kubevirt", None)]
+    assert event_writes(emu, before) == []

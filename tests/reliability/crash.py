@@ -12,6 +12,16 @@ would remove (``vgpuctl sim hold``); random one-shot faults are armed with ``vgp
   reported done, and sent while the simulated kernel is idle (``kernel_quiet``: a real sysfs
   write cannot be interrupted half done either).
 
+- or SIGKILLed by the API-server emulator the moment its KubeVirt allow-list write arrives
+  (``allow-list``: the write lands, nothing on the host has changed yet): the window between
+  the allow-list write and the first vGPU create.
+
+Every run has a cluster (the API-server emulator, with a KubeVirt CR allow-listing the types
+the host starts with, as a node reconciled before would have it), and KubeVirt's virt-handler
+beside it (:mod:`reconciler.sim.virt_handler`): a heartbeat after every vgpuctl process, its
+sweep of mdevs whose type is not allow-listed counted (``sweeper``: vGPUs lost, held ones
+among them; both must be 0).
+
 Faults left unused are cleared, and apply runs again (at most ``MAX_RERUNS`` times) until the
 tests' oracle (``tests/oracle.py``: the tree against the desired file) finds the host converged,
 held vGPUs excepted, and a fresh plan agrees. After every process: no UUID twice, no VF with two
@@ -22,7 +32,10 @@ orphan (each vGPU on a managed GPU desired or held), unmanaged GPUs untouched, n
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import signal
 import statistics
 import subprocess
 import time
@@ -35,10 +48,15 @@ import yaml
 
 from reconciler.desired import load_desired
 from reconciler.model import Plan, VgpuRemove
+from reconciler.model.cluster import KUBEVIRT_OWNED_ANNOTATION, resource_name
 from reconciler.observe import observe_host
 from reconciler.plan import plan_node
 from reconciler.sim import SimHost, build_host
+from reconciler.sim.state import load_state
+from reconciler.sim.virt_handler import sweep
+from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.holds import asked
+from tests.reliability.faults import emulator as cluster_emulator
 from tests.reliability.generators import CATALOG, draw_examples, has_work, host_and_desired
 from tests.reliability.hosts import (
     Findings,
@@ -56,6 +74,8 @@ from tests.reliability.hosts import (
 from tests.reliability.sizes import Context
 
 NODE = "crash-node"
+KUBEVIRT = ("kubevirt.io", "v1", "kubevirts", "kubevirt")
+NAMESPACE = "harvester-system"
 MAX_RERUNS = 4
 #: ``--verify-timeout``: the simulator's effects are immediate, so a short wait is plenty, and a
 #: silent sriov-manage failure costs seconds, not the default two minutes.
@@ -70,7 +90,7 @@ class Case:
     index: int
     host: dict[str, Any]
     desired: dict[str, Any]
-    kill: str  # crash-after | sigkill
+    kill: str  # crash-after | sigkill | allow-list
     writes: int
     sriov: str | None
     holds: int
@@ -101,13 +121,25 @@ class Result(Findings):
     reruns: int | None = None  # None: never converged
     rerun_outcomes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: virt-handler heartbeats run, and the vGPUs their sweeps took (UUID → type; held: a VM's).
+    heartbeats: int = 0
+    swept: dict[str, str] = field(default_factory=dict)
+    swept_held: dict[str, str] = field(default_factory=dict)
+    #: allow-list kills: whether the allow-list write came (and the kill with it).
+    allow_write_seen: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.reruns is not None and not self.problems()
+        return self.reruns is not None and not self.problems() and not self.swept_any
+
+    @property
+    def swept_any(self) -> bool:
+        return bool(self.swept or self.swept_held)
 
     def failure(self) -> str:
         parts = self.problems()
+        if self.swept_any:
+            parts.insert(0, f"virt-handler swept {self.swept} (held: {self.swept_held})")
         if self.reruns is None:
             parts.insert(0, f"not converged after {MAX_RERUNS} reruns {self.rerun_outcomes}")
         head = (
@@ -130,7 +162,7 @@ def make_cases(ctx: Context) -> list[Case]:
                 index=i,
                 host=host,
                 desired=desired,
-                kill="crash-after" if rng.random() < 0.5 else "sigkill",
+                kill=rng.choice(("crash-after", "crash-after", "sigkill", "sigkill", "allow-list")),
                 writes=rng.choice((0, 0, 0, 0, 0, 0, 1, 2, 3)),
                 sriov=rng.choice((None, None, None, None, None, None, "error", "silent")),
                 holds=rng.choice((0, 1, 1, 2)),
@@ -168,8 +200,17 @@ def _delay(case: Case, actions: int) -> float:
 
 
 def _first_apply(
-    node: SimNode, desired_file: Path, directory: Path, delay: float | None, anchor: str | None
+    node: SimNode,
+    desired_file: Path,
+    directory: Path,
+    delay: float | None,
+    anchor: str | None,
+    *,
+    emu: ApiServerEmulator,
+    result: Result,
 ) -> Run:
+    if result.kill == "allow-list":
+        return _killed_at_the_allow_list_write(node, desired_file, directory, emu, result)
     if delay is None:
         return node.run("apply", desired_file, *APPLY, timeout=APPLY_TIMEOUT)
     started = node.start("apply", desired_file, *APPLY, out_dir=directory, label="first")
@@ -184,7 +225,65 @@ def _first_apply(
     return started.finish(timeout=APPLY_TIMEOUT)
 
 
+def _killed_at_the_allow_list_write(
+    node: SimNode, desired_file: Path, directory: Path, emu: ApiServerEmulator, result: Result
+) -> Run:
+    """The first apply, SIGKILLed when its KubeVirt CR write reaches the API server: the write
+    is applied (the server has the request), the process is gone before any host action."""
+    started = node.start("apply", desired_file, *APPLY, out_dir=directory, label="first")
+
+    def kill(request: Request) -> None:
+        if request.resource == "kubevirts" and not result.allow_write_seen:
+            result.allow_write_seen = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(started.pid, signal.SIGKILL)
+
+    emu.on_before_write(kill)
+    try:
+        return started.finish(timeout=APPLY_TIMEOUT)
+    finally:
+        emu.on_before_write(None)
+
+
+def _heartbeat(result: Result, node: SimNode, emu: ApiServerEmulator) -> None:
+    """One virt-handler heartbeat: its sweep under the KubeVirt CR as the emulator has it (a
+    held vGPU's removal is counted, not started: the run must not block on its VM)."""
+    with kernel_quiet(node.sysfs_root):
+        found = sweep(node.dir, emu.get_object(*KUBEVIRT, namespace=NAMESPACE), wait=False)
+    result.heartbeats += 1
+    result.swept.update({u: t for u, t in found.removed.items() if u not in found.held})
+    result.swept_held.update(found.held)
+
+
+def seed_cluster(emu: ApiServerEmulator, directory: Path, host_dir: Path) -> tuple[str, ...]:
+    """The emulator's KubeVirt CR allow-listing (as vgpuctl's) the types the host starts with,
+    and the global flags for it."""
+    types = sorted({v.type for v in load_state(host_dir / "sys").vgpus.values()})
+    entries = [
+        {"mdevNameSelector": t, "resourceName": resource_name(t), "externalResourceProvider": True}
+        for t in types
+    ]
+    kubevirt: dict[str, Any] = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {"name": KUBEVIRT[-1], "namespace": NAMESPACE},
+        "spec": {"configuration": {"permittedHostDevices": {"mediatedDevices": entries}}},
+    }
+    if types:
+        kubevirt["metadata"]["annotations"] = {KUBEVIRT_OWNED_ANNOTATION: ",".join(types)}
+    emu.seed(kubevirt)
+    kubelet = directory / "kubelet"
+    (kubelet / "device-plugins").mkdir(parents=True)
+    kubeconfig = emu.kubeconfig(directory / "kubeconfig")
+    return ("--kubeconfig", str(kubeconfig), "--kubelet-dir", str(kubelet))
+
+
 def run_case(case: Case, directory: Path) -> Result:
+    with cluster_emulator(kubevirt=False) as emu:
+        return _run_case(case, directory, emu)
+
+
+def _run_case(case: Case, directory: Path, emu: ApiServerEmulator) -> Result:
     started = time.monotonic()
     rng = random.Random(case.seed)  # noqa: S311 - reproducible choices, not cryptography
     gpus = [g["address"] for g in case.host["gpus"]]
@@ -193,7 +292,7 @@ def run_case(case: Case, directory: Path) -> Result:
     build_host(host_dir, case.host, catalog=CATALOG)
     desired_file = directory / "desired.yaml"
     desired_file.write_text(yaml.safe_dump(case.desired, sort_keys=False))
-    node = SimNode(host_dir, NODE)
+    node = SimNode(host_dir, NODE, extra=seed_cluster(emu, directory, host_dir))
     managed = case.desired["spec"]["nodes"][NODE]["gpus"]
     unmanaged = sorted(set(gpus) - {g["address"] for g in managed})
 
@@ -220,10 +319,11 @@ def run_case(case: Case, directory: Path) -> Result:
     if case.sriov:
         fail_args += ["--sriov", case.sriov]
         result.armed["sriov"] = case.sriov
+    _heartbeat(result, node, emu)  # the host as it starts: its types are listed
     if case.kill == "crash-after":
         result.crash_after = 1 + int(case.pick * result.actions)
         fail_args += ["--crash-after", str(result.crash_after)]
-    else:
+    elif case.kill == "sigkill":
         result.delay = _delay(case, result.actions)
         result.anchor = case.anchor
     if fail_args:
@@ -232,19 +332,23 @@ def run_case(case: Case, directory: Path) -> Result:
             result.errors.append(f"sim fail {fail_args}: {armed.messages()}")
 
     calls_before = node.stats()
-    first = _first_apply(node, desired_file, directory, result.delay, result.anchor)
+    first = _first_apply(
+        node, desired_file, directory, result.delay, result.anchor, emu=emu, result=result
+    )
     result.first = first.outcome()
     result.first_seconds = first.seconds
     result.strays += len(reap_strays(node.sriov_manage))
     calls_after = node.stats()
     result.host_calls = sum(calls_after[k] - calls_before[k] for k in calls_after)
     result.left_unused = disarm_faults(node.sysfs_root)
+    _heartbeat(result, node, emu)
     _check(result, first, node, gpus, held)
 
     for attempt in range(1, MAX_RERUNS + 1):
         rerun = node.run("apply", desired_file, *APPLY, timeout=APPLY_TIMEOUT)
         result.rerun_outcomes.append(rerun.outcome())
         result.strays += len(reap_strays(node.sriov_manage))
+        _heartbeat(result, node, emu)
         _check(result, rerun, node, gpus, held)
         left = node.converged(desired_file, held)
         if not left:
@@ -296,6 +400,7 @@ def crash_safety(ctx: Context) -> dict[str, Any]:
 def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str, Any]:
     crash = [r for r in results if r.kill == "crash-after"]
     killed_outside = [r for r in results if r.kill == "sigkill"]
+    at_allow = [r for r in results if r.kill == "allow-list"]
 
     def where(r: Result) -> str:
         n, actions = r.crash_after or 0, r.actions
@@ -331,7 +436,17 @@ def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str
             "sriov_silent": sum(1 for r in results if r.armed.get("sriov") == "silent"),
             "runs_with_faults_left_unused_at_death": sum(1 for r in results if r.left_unused),
         },
+        "sweeper": {
+            "heartbeats": sum(r.heartbeats for r in results),
+            "vgpus_lost": sum(len(r.swept) + len(r.swept_held) for r in results),
+            "in_use_removed": sum(len(r.swept_held) for r in results),
+        },
         "kill_points": {
+            "allow_list_write": {
+                "runs": len(at_allow),
+                "killed": sum(1 for r in at_allow if r.first == "killed"),
+                "no_allow_list_write": sum(1 for r in at_allow if not r.allow_write_seen),
+            },
             "crash_after": {
                 "runs": len(crash),
                 "killed": sum(1 for r in crash if r.first == "killed"),

@@ -206,7 +206,9 @@ def _interrupted_apply(attempt: Attempt, run: Run, how: str) -> None:
         attempt.problems.append(f"apply losing sysfs {how}: exit 1 without a message")
 
 
-def emulator() -> ApiServerEmulator:
+def emulator(*, kubevirt: bool = True) -> ApiServerEmulator:
+    """The API-server emulator with our CRDs, KubeVirt's resources, and (``kubevirt``) a
+    KubeVirt CR with an empty allow-list in harvester-system."""
     emu = ApiServerEmulator()
     for path in sorted((REPO / "schemas" / "crds").glob("*.yaml")):
         emu.register_crd(yaml.safe_load(path.read_text()))
@@ -215,6 +217,8 @@ def emulator() -> ApiServerEmulator:
         "kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance", True, True
     )
     emu.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "harvester-system"}})
+    if not kubevirt:
+        return emu
     emu.seed(
         {
             "apiVersion": "kubevirt.io/v1",

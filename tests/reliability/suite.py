@@ -71,6 +71,14 @@ def summary(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "duplicates": sum(f.get("duplicates", 0) for f in crash),
             "in_use_removed": sum(f.get("in_use_removed", 0) for f in crash),
         }
+        swept = [f["sweeper"] for f in crash if "sweeper" in f]
+        if swept:
+            # KubeVirt's virt-handler beside the runs (crash_safety's): what its sweeps took.
+            out["killed_and_restarted"]["sweeper"] = {
+                "heartbeats": sum(f["heartbeats"] for f in swept),
+                "vgpus_lost": sum(f["vgpus_lost"] for f in swept),
+                "in_use_removed": sum(f["in_use_removed"] for f in swept),
+            }
     races = [scenarios[n] for n in ("concurrency", "watch_concurrency") if n in scenarios]
     if races:
         out["races"] = {

@@ -43,6 +43,10 @@ def test_crash_safety_converges_every_time_and_loses_nothing(ctx: Context) -> No
     assert f["hung_processes"] == 0, show(f)
     assert f["stray_sriov_manage"] == 0, show(f)
     assert f["unmanaged_gpus_touched"] == 0, show(f)
+    # KubeVirt's virt-handler swept after every process: it found nothing to take.
+    assert f["sweeper"]["heartbeats"] >= f["runs"] * 2, show(f)
+    assert f["sweeper"]["vgpus_lost"] == 0, show(f)
+    assert f["sweeper"]["in_use_removed"] == 0, show(f)
     # It tested what it is about: applies died mid-way, with VMs holding vGPUs.
     assert f["kill_points"]["crash_after"]["killed"] >= 1, show(f)
     assert f["runs_with_held_vgpus"] >= 1, show(f)

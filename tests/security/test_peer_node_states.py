@@ -141,6 +141,6 @@ def test_cluster_only_planning_refuses_the_same_fields(
     notes = [n for p in plans for n in p["notes"]]
     assert notes.count(REFUSED_NAME) == 1, notes
     assert notes.count(REFUSED_DEVICE) == 1, notes
-    text = json.dumps([a for p in plans for a in p["actions"] if a["kind"] == "kubevirt-update"])
+    text = json.dumps([a for p in plans for a in p["actions"] if a["kind"] == "kubevirt-allow"])
     assert "NVIDIA_L40S-8Q" in text
     assert "evil" not in text and "8086" not in text

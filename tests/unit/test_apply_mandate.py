@@ -270,7 +270,8 @@ def test_the_golden_cases_exercise_every_cluster_write() -> None:
     kinds = {a.kind for name in PLANNED for a in _case(name)[0].actions}
     assert kinds >= {
         ActionKind.CR_CREATE, ActionKind.CR_UPDATE, ActionKind.CR_DELETE,
-        ActionKind.KUBEVIRT_UPDATE, ActionKind.VGPU_REMOVE, ActionKind.SRIOV_ENABLE,
+        ActionKind.KUBEVIRT_ALLOW, ActionKind.KUBEVIRT_UPDATE, ActionKind.VGPU_REMOVE,
+        ActionKind.SRIOV_ENABLE,
     }  # fmt: skip
 
 
@@ -454,7 +455,7 @@ def _kubevirt_case() -> tuple[KubevirtUpdate, ClusterMandate]:
     mandate = ClusterMandate.observed(
         replace(cluster, kubevirt=kubevirt), managed=managed, adopt=False
     )
-    update = _first(plan, ActionKind.KUBEVIRT_UPDATE)
+    update = _first(plan, ActionKind.KUBEVIRT_ALLOW)
     assert isinstance(update, KubevirtUpdate)
     mandate.check([update])
     return update, mandate
@@ -584,7 +585,7 @@ def test_a_cluster_mandate_without_an_observed_cluster_allows_no_write() -> None
     plan, managed, cluster, _, _ = _case("cluster-seed-fresh")
     assert cluster is not None
     empty = ClusterMandate(node=cluster.node, managed=managed)
-    _refused(empty, _first(plan, ActionKind.KUBEVIRT_UPDATE), "no KubeVirt CR was observed")
+    _refused(empty, _first(plan, ActionKind.KUBEVIRT_ALLOW), "no KubeVirt CR was observed")
     stored = KubeObject(kind="VGPUDevice", name=f"{cluster.node}-000008004", resource_version="5")
     delete = CrDelete(
         seq=1, target=stored.name, reason="edited", object_kind="VGPUDevice", resource_version="5"

@@ -200,10 +200,45 @@ def test_a_running_vmi_with_unknown_allocation_holds_every_vgpu_of_its_profile()
     assert all("in use by VMs vdi/a, vdi/b (allocation unknown)" in r for r in reasons)
 
 
+_ALLOW_KINDS = (ActionKind.KUBEVIRT_ALLOW, ActionKind.KUBEVIRT_UPDATE)
+
+
 def _kubevirt_update(plan: Plan) -> Mapping[str, Any]:
-    (action,) = [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_UPDATE]
-    assert action.target == "kubevirt/kubevirt/kubevirt"
-    return action_to_json(action)
+    """The plan's allow-list change as one: the additions of its kubevirt-allow (which must
+    come before every host action), the removals of its kubevirt-update (after every host
+    action), the selectors owned once both ran."""
+    allow = [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_ALLOW]
+    update = [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_UPDATE]
+    assert len(allow) <= 1 and len(update) <= 1 and allow + update
+    host = [a.seq for a in plan.actions if a.kind.is_host]
+    out: dict[str, Any] = {"add": [], "remove": [], "owned": [], "addPci": [], "removePci": []}
+    if allow:
+        assert allow[0].seq == 1 and allow[0].target == "kubevirt/kubevirt/kubevirt"
+        doc = action_to_json(allow[0])
+        assert "remove" not in doc and "removePci" not in doc
+        out.update(doc)
+    if update:
+        assert all(seq < update[0].seq for seq in host)
+        doc = action_to_json(update[0])
+        assert (
+            doc["add"] == []
+            and "addPci" not in doc
+            and update[0].target == ("kubevirt/kubevirt/kubevirt")
+        )
+        out["remove"], out["removePci"] = doc["remove"], doc.get("removePci", [])
+        out["reason"] = doc["reason"] if not allow else f"{out['reason']}; {doc['reason']}"
+        out["resourceVersion"] = doc["resourceVersion"]
+        out["namespace"], out["name"] = doc["namespace"], doc["name"]
+        if allow:
+            out["owned"] = sorted(set(out["owned"]) - set(doc["remove"]))
+            owned_pci = set(out.get("ownedPci", [])) - set(out["removePci"])
+            out["ownedPci"] = sorted(owned_pci)
+        else:
+            out["owned"], out["ownedPci"] = doc["owned"], doc.get("ownedPci", [])
+    for key in ("addPci", "removePci", "ownedPci"):
+        if not out.get(key):
+            out.pop(key, None)
+    return out
 
 
 def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones() -> None:
@@ -247,7 +282,7 @@ def test_a_complete_allow_list_is_a_noop_and_a_missing_kubevirt_cr_a_note() -> N
     )
     assert plan.actions == () and plan.drift == ()
     assert [n.reason for n in plan.noops[-2:]] == [
-        "allow-list has every configured profile (NVIDIA A2-4A, NVIDIA A2-4Q)",
+        "allow-list has every profile a node has or wants (NVIDIA A2-4A, NVIDIA A2-4Q)",
         "VGPUNodeState up to date",
     ]
     missing = plan_node(
@@ -455,7 +490,8 @@ def test_a_profile_on_a_vfio_gpu_is_allowed_as_a_pci_host_device() -> None:
     assert fields["ownedPci"] == ["nvidia.com/NVIDIA_L40S-8Q"]
     assert "removePci" not in fields
     assert fields["reason"] == (
-        "PCI host devices allow-list: add nvidia.com/NVIDIA_L40S-8Q (10DE:26B9) (configured)"
+        "PCI host devices allow-list: add nvidia.com/NVIDIA_L40S-8Q (10DE:26B9) (a node has or "
+        "wants vGPUs of it)"
     )
 
 
@@ -475,7 +511,8 @@ def test_a_vfio_entry_stays_while_another_node_has_the_profile_on_vfio_and_goes_
     )
     assert kept.actions == ()
     assert kept.noops[-2].reason == (
-        "allow-list has every configured profile (NVIDIA A2-4A, NVIDIA A2-4Q, NVIDIA L40S-8Q)"
+        "allow-list has every profile a node has or wants "
+        "(NVIDIA A2-4A, NVIDIA A2-4Q, NVIDIA L40S-8Q)"
     )
     # No node has it any more: the entry vgpuctl added goes, and the mdev side is untouched.
     gone = _kubevirt_update(
@@ -490,7 +527,8 @@ def test_a_vfio_entry_stays_while_another_node_has_the_profile_on_vfio_and_goes_
     assert "addPci" not in gone and "ownedPci" not in gone
     assert (gone["add"], gone["remove"], gone["owned"]) == ([], [], ["NVIDIA A2-4Q"])
     assert gone["reason"] == (
-        "PCI host devices allow-list: remove nvidia.com/NVIDIA_L40S-8Q (configured on no node)"
+        "PCI host devices allow-list: remove nvidia.com/NVIDIA_L40S-8Q (no node has or wants "
+        "vGPUs of it)"
     )
     # Only on mdev elsewhere now: on vfio no node has it, so its PCI entry goes, and the
     # mdev entry comes.
@@ -515,9 +553,10 @@ def test_pci_entries_someone_else_added_are_never_touched() -> None:
     # someone else's (no ownership recorded).
     theirs = _allow_lists([], [], [L40S_8Q, L40S_4Q], [])
     plan = _vfio_plan(theirs, frozenset())
-    assert [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_UPDATE] == []
+    assert [a for a in plan.actions if a.kind in _ALLOW_KINDS] == []
     assert any(
-        n.reason == "allow-list has every configured profile (NVIDIA L40S-8Q)" for n in plan.noops
+        n.reason == "allow-list has every profile a node has or wants (NVIDIA L40S-8Q)"
+        for n in plan.noops
     )
 
 
@@ -544,8 +583,9 @@ def test_one_profile_on_mdev_here_and_on_vfio_elsewhere_gets_an_entry_of_each_ki
     assert fields["addPci"] == [_pci_entry(L40S_8Q)]
     assert (fields["owned"], fields["ownedPci"]) == ([L40S_8Q], ["nvidia.com/NVIDIA_L40S-8Q"])
     assert fields["reason"] == (
-        "mediated devices allow-list: add NVIDIA L40S-8Q (configured); PCI host devices "
-        "allow-list: add nvidia.com/NVIDIA_L40S-8Q (10DE:26B9) (configured)"
+        "mediated devices allow-list: add NVIDIA L40S-8Q (a node has or wants vGPUs of it); PCI "
+        "host devices allow-list: add nvidia.com/NVIDIA_L40S-8Q (10DE:26B9) (a node has or wants "
+        "vGPUs of it)"
     )
 
 
@@ -563,7 +603,7 @@ def test_a_vfio_profile_whose_vf_device_id_is_unknown_gets_a_note_not_an_entry()
     inventory = Inventory(NODE, (unknown,))
     cluster = _synced(_vfio_desired(VFIO_SEED), inventory, kubevirt=_allow_lists([], [], [], []))
     plan = plan_node(_vfio_desired(VFIO_SEED), inventory, catalog=CATALOG, cluster=cluster)
-    assert [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_UPDATE] == []
+    assert [a for a in plan.actions if a.kind in _ALLOW_KINDS] == []
     assert (
         "profile NVIDIA L40S-8Q is configured on NVIDIA's vfio interface but its VFs' "
         "PCI device id is not known: no pciHostDevices entry added"
@@ -648,14 +688,14 @@ def test_summary_counts_cluster_actions_by_kind() -> None:
     plan = _busy_plan()
     kinds = [a.kind for a in plan.actions]
     assert kinds == [
+        ActionKind.KUBEVIRT_ALLOW,  # the allow-list is empty: its additions come first
         ActionKind.CR_CREATE,
         ActionKind.CR_UPDATE,
         ActionKind.CR_UPDATE,
         ActionKind.CR_UPDATE,  # the node's VGPUNodeState, last of its kind: records the change
         ActionKind.CR_DELETE,
-        ActionKind.KUBEVIRT_UPDATE,
     ]
-    assert plan.actions[3].target == NODE
+    assert plan.actions[4].target == NODE
     assert [a.seq for a in plan.actions] == [1, 2, 3, 4, 5, 6]
     s = plan.summary
     assert (s.create, s.change, s.remove, s.blocked) == (1, 4, 1, 0)
@@ -703,19 +743,20 @@ def _drop(path: tuple[Any, ...]) -> Callable[[dict[str, Any]], None]:
 @pytest.mark.parametrize(
     "damage",
     [
-        pytest.param(_set(("actions", 0, "object", "kind"), "Pod"), id="cr kind"),
-        pytest.param(_drop(("actions", 0, "object")), id="create without object"),
-        pytest.param(_set(("actions", 0, "target"), "N1_000008006"), id="object name"),
-        pytest.param(_drop(("actions", 1, "resourceVersion")), id="update rv"),
-        pytest.param(_set(("actions", 1, "drift"), "yes"), id="drift flag"),
-        pytest.param(_set(("actions", 1, "changes", 0, "op"), "x"), id="change field"),
-        pytest.param(_drop(("actions", 4, "resourceVersion")), id="delete rv"),
-        pytest.param(_set(("actions", 4, "objectKind"), "Pod"), id="delete kind"),
-        pytest.param(_set(("actions", 5, "target"), "kubevirt"), id="kubevirt target"),
+        pytest.param(_set(("actions", 1, "object", "kind"), "Pod"), id="cr kind"),
+        pytest.param(_drop(("actions", 1, "object")), id="create without object"),
+        pytest.param(_set(("actions", 1, "target"), "N1_000008006"), id="object name"),
+        pytest.param(_drop(("actions", 2, "resourceVersion")), id="update rv"),
+        pytest.param(_set(("actions", 2, "drift"), "yes"), id="drift flag"),
+        pytest.param(_set(("actions", 2, "changes", 0, "op"), "x"), id="change field"),
+        pytest.param(_drop(("actions", 5, "resourceVersion")), id="delete rv"),
+        pytest.param(_set(("actions", 5, "objectKind"), "Pod"), id="delete kind"),
+        pytest.param(_set(("actions", 0, "target"), "kubevirt"), id="kubevirt target"),
         pytest.param(
-            _set(("actions", 5, "add", 0, "externalResourceProvider"), False),
+            _set(("actions", 0, "add", 0, "externalResourceProvider"), False),
             id="external provider",
         ),
+        pytest.param(_set(("actions", 0, "remove"), ["NVIDIA A2-4A"]), id="allow removes"),
         pytest.param(_set(("drift", 0, "changes"), []), id="drift without changes"),
         pytest.param(_set(("drift", 0, "kind"), "Node"), id="drift kind"),
     ],

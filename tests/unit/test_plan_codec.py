@@ -28,6 +28,7 @@ from reconciler.model import (
     CrDelete,
     CrUpdate,
     DevicePluginRefresh,
+    KubevirtAllow,
     KubevirtUpdate,
     MediatedDevice,
     Noop,
@@ -101,6 +102,13 @@ FULL = {
     ActionKind.CR_DELETE: CrDelete(
         seq=1, target=OBJECT.name, reason="r", object_kind="VGPUDevice", resource_version="41"
     ),
+    ActionKind.KUBEVIRT_ALLOW: KubevirtAllow(
+        seq=1, target="kubevirt/harvester-system/kubevirt", reason="r",
+        namespace="harvester-system", name="kubevirt", resource_version="7",
+        add=(MediatedDevice("NVIDIA A2-4Q", "nvidia.com/NVIDIA_A2-4Q"),), owned=("NVIDIA A2-4Q",),
+        add_pci=(PciHostDevice("10DE:26B9", "nvidia.com/NVIDIA_L40S-8Q"),),
+        owned_pci=("nvidia.com/NVIDIA_L40S-8Q",),
+    ),
     ActionKind.KUBEVIRT_UPDATE: KubevirtUpdate(
         seq=1, target="kubevirt/harvester-system/kubevirt", reason="r",
         namespace="harvester-system", name="kubevirt", resource_version="7",
@@ -136,6 +144,7 @@ OPTIONAL: dict[ActionKind, dict[str, Any]] = {
     ActionKind.VGPU_CREATE: {"replaces": None},
     ActionKind.CR_UPDATE: {"adopt": False},
     ActionKind.KUBEVIRT_UPDATE: {"add_pci": (), "remove_pci": (), "owned_pci": ()},
+    ActionKind.KUBEVIRT_ALLOW: {"add_pci": (), "owned_pci": ()},
     ActionKind.VGPUDEVICE_DISABLE: {"replaced_by": None},
     ActionKind.VGPUDEVICE_ENABLE: {"replaces": None},
 }
@@ -181,9 +190,11 @@ def test_numbering_an_action_changes_its_seq_only(kind: ActionKind) -> None:
     assert action.seq == 0  # a new action: the original is untouched
 
 
-def test_the_phases_are_host_then_cluster_then_device_plugins() -> None:
+def test_the_phases_are_allow_list_then_host_then_cluster_then_device_plugins() -> None:
     phases = [k.phase for k in ActionKind]  # in run order
-    assert phases == sorted(phases, key=[Phase.HOST, Phase.CLUSTER, Phase.DEVICE_PLUGINS].index)
+    order = [Phase.ALLOW_LIST, Phase.HOST, Phase.CLUSTER, Phase.DEVICE_PLUGINS]
+    assert phases == sorted(phases, key=order.index)
+    assert [k for k in ActionKind if k.phase is Phase.ALLOW_LIST] == [ActionKind.KUBEVIRT_ALLOW]
     assert {k for k in ActionKind if k.phase is Phase.HOST} == {
         ActionKind.VGPU_REMOVE,
         ActionKind.SRIOV_DISABLE,
@@ -390,6 +401,21 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
                 target=draw(_object_names),
                 object_kind=draw(st.sampled_from(["SRIOVGPUDevice", "VGPUDevice"])),
                 resource_version=draw(_versions),
+            )
+        case ActionKind.KUBEVIRT_ALLOW:
+            added = draw(st.lists(_names, max_size=3, unique=True))
+            resources = _names.map(lambda n: "nvidia.com/" + n.replace(" ", "_"))
+            pci = draw(st.lists(st.tuples(_vf_devices, resources), max_size=2))
+            return KubevirtAllow(
+                **common,
+                target="kubevirt/harvester-system/kubevirt",
+                namespace="harvester-system",
+                name="kubevirt",
+                resource_version=draw(_versions),
+                add=tuple(MediatedDevice(n, "nvidia.com/" + n.replace(" ", "_")) for n in added),
+                owned=tuple(draw(st.lists(_names, max_size=3, unique=True))),
+                add_pci=tuple(PciHostDevice("10DE:" + d, r) for d, r in pci),
+                owned_pci=tuple(draw(st.lists(resources, max_size=2, unique=True))),
             )
         case ActionKind.KUBEVIRT_UPDATE:
             added = draw(st.lists(_names, max_size=3, unique=True))

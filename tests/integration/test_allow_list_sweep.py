@@ -1,0 +1,169 @@
+"""Issue 29: the KubeVirt allow-list against KubeVirt's virt-handler, through the CLI.
+
+virt-handler removes, at every heartbeat, each mdev whose type the KubeVirt CR does not
+allow-list (externally), in use or not (docs/domain.md §10). The simulator plays it
+(``vgpuctl sim virt-handler``, :mod:`reconciler.sim.virt_handler`), reading the CR from the API
+emulator. A type is listed before its first vGPU is created (a crash at any point, then a
+heartbeat, loses nothing) and stays listed while any node has a vGPU of it, whatever the
+files say.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reconciler.sim.virt_handler import sweep
+from tests.cluster_node import KUBEVIRTS, ClusterNode, cluster_node
+from tests.doubles.emulator import ApiServerEmulator
+from tests.simnode import NODE, SEED
+
+KUBEVIRT_NS = "harvester-system"
+
+
+def _desired(tmp_path: Path, vgpus: dict[str, str], name: str = "desired.yaml") -> Path:
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["nodes"][NODE]["gpus"][0]["vgpus"] = vgpus
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _kubevirt(emu: ApiServerEmulator) -> dict[str, Any]:
+    kv = emu.get_object(*KUBEVIRTS, "kubevirt", KUBEVIRT_NS)
+    assert kv is not None
+    return kv
+
+
+def _selectors(emu: ApiServerEmulator) -> list[str]:
+    permitted = _kubevirt(emu)["spec"]["configuration"]["permittedHostDevices"]
+    return [e["mdevNameSelector"] for e in permitted["mediatedDevices"]]
+
+
+def _vgpus(node: ClusterNode) -> dict[str, tuple[str, str]]:
+    """VF → (type, UUID) of every vGPU the host has (``status -o json``)."""
+    status = json.loads(node.ok("status", "-o", "json").stdout)
+    return {
+        vf["address"]: (vf["vgpu"]["type"], vf["vgpu"]["uuid"])
+        for gpu in status["gpus"]
+        for vf in gpu["vfs"]
+        if vf.get("vgpu")
+    }
+
+
+def _heartbeat(node: ClusterNode) -> int:
+    """One virt-handler heartbeat through the CLI; the number of vGPUs it removed."""
+    res = node.run("sim", "virt-handler", node.dir, "--once")
+    assert res.returncode in (0, 1), res.stdout + res.stderr
+    return res.stderr.count("virt-handler: removed mdev")
+
+
+SEED_VGPUS = {
+    "0000:08:00.4": "NVIDIA A2-4A",
+    "0000:08:00.5": "NVIDIA A2-4Q",
+    "0000:08:00.6": "NVIDIA A2-4A",
+    "0000:08:00.7": "NVIDIA A2-4Q",
+}
+#: The seed with .4 changed to a type no node has yet: A2-4C.
+NEW_TYPE = {**SEED_VGPUS, "0000:08:00.4": "NVIDIA A2-4C"}
+
+
+def test_a_new_type_is_allow_listed_before_its_first_vgpu_in_every_plan(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    node = cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    assert _heartbeat(node) == 0
+    desired = _desired(tmp_path, NEW_TYPE)
+    for observed in ((), ("--observed", "cluster")):
+        plan = json.loads(node.ok("plan", desired, *observed, "-o", "json").stdout)
+        if "plans" in plan:
+            (plan,) = plan["plans"]
+        kinds = [(a["kind"], a.get("phase")) for a in plan["actions"]]
+        # The allow-list's addition first; the vGPU replaced after it.
+        assert kinds[0] == ("kubevirt-allow", "allow-list"), kinds
+        assert [e["mdevNameSelector"] for e in plan["actions"][0]["add"]] == ["NVIDIA A2-4C"]
+        create = kinds.index(("vgpu-create", "host"))
+        assert kinds.index(("vgpu-remove", "host")) < create
+        assert ("kubevirt-update", "cluster") not in kinds  # nothing leaves the list
+    # A saved plan carries the order, and applying it keeps it.
+    saved = tmp_path / "plan.json"
+    node.ok("plan", desired, "--out", saved)
+    doc = json.loads(saved.read_text())
+    assert doc["actions"][0]["kind"] == "kubevirt-allow"
+    applied = node.ok("apply", saved, "--yes")
+    lines = [ln for ln in applied.stderr.splitlines() if "kubevirt-allow" in ln or "vgpu-" in ln]
+    assert "kubevirt-allow" in lines[0] and "allowed NVIDIA A2-4C" in lines[0], lines
+    assert _heartbeat(node) == 0
+    assert _vgpus(node)["0000:08:00.4"][0] == "NVIDIA A2-4C"
+
+
+def test_a_crash_before_or_after_the_first_create_of_a_new_type_loses_nothing_to_the_sweep(
+    tmp_path: Path,
+) -> None:
+    """The apply is killed right after its second host change (the A2-4C created), or right
+    after its first (the old vGPU of .4 removed: after the allow-list write, before the first
+    A2-4C is created): a heartbeat then removes nothing; the rerun converges; nothing is lost.
+    (Before issue 29 the first kill left the new vGPU unlisted, and the heartbeat took it.)"""
+    for crash_after in (2, 1):
+        where = tmp_path / f"crash-{crash_after}"
+        where.mkdir()
+        with ApiServerEmulator() as fresh:
+            _fresh_cluster(fresh)
+            node = cluster_node(where, fresh)
+            node.ok("apply", SEED, "--yes")
+            before = _vgpus(node)
+            desired = _desired(where, NEW_TYPE)
+            node.ok("sim", "fail", node.dir, "--crash-after", str(crash_after))
+            killed = node.run("apply", desired, "--yes")
+            assert killed.returncode < 0, killed.stdout + killed.stderr  # SIGKILLed
+            assert _heartbeat(node) == 0, f"crash after {crash_after}: the sweep took a vGPU"
+            assert "NVIDIA A2-4C" in _selectors(fresh)
+            after_crash = _vgpus(node)
+            # The three untouched vGPUs are all still there, as they were.
+            for vf in ("0000:08:00.5", "0000:08:00.6", "0000:08:00.7"):
+                assert after_crash[vf] == before[vf]
+            node.ok("apply", desired, "--yes")
+            assert _heartbeat(node) == 0
+            final = _vgpus(node)
+            assert {vf: t for vf, (t, _) in final.items()} == NEW_TYPE
+
+
+def test_a_type_the_files_no_longer_name_stays_listed_while_a_vgpu_of_it_exists(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """A VM holds an A2-4A vGPU; the file turns every VF to A2-4Q. The held vGPU cannot be
+    removed, and its type stays allow-listed, so the heartbeat leaves it to its VM. (Before
+    issue 29 the entry went as soon as no file named the type, and the heartbeat removed the
+    VM's vGPU.) Once the VM lets go, the vGPU is replaced and only then does the entry go."""
+    node = cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    held_vf, (held_type, held_uuid) = "0000:08:00.4", _vgpus(node)["0000:08:00.4"]
+    assert held_type == "NVIDIA A2-4A"
+    node.ok("sim", "hold", node.dir, held_uuid)
+    all_4q = _desired(tmp_path, dict.fromkeys(SEED_VGPUS, "NVIDIA A2-4Q"))
+    res = node.run("apply", all_4q, "--yes")
+    assert res.returncode in (0, 2), res.stdout + res.stderr  # blocked: the VM holds .4
+    # One heartbeat, without waiting on the VM: the held vGPU would be lost if swept.
+    swept = sweep(node.dir, _kubevirt(emu), wait=False)
+    assert (dict(swept.removed), dict(swept.held)) == ({}, {})
+    assert "NVIDIA A2-4A" in _selectors(emu)
+    assert _vgpus(node)[held_vf] == (held_type, held_uuid)
+
+    node.ok("sim", "release", node.dir, held_uuid)
+    node.ok("apply", all_4q, "--yes")
+    assert "NVIDIA A2-4A" not in _selectors(emu)
+    assert "GRID T4-2Q" in _selectors(emu)  # someone else's entry: never touched
+    assert _heartbeat(node) == 0
+    assert {t for t, _ in _vgpus(node).values()} == {"NVIDIA A2-4Q"}
+
+
+def _fresh_cluster(emu: ApiServerEmulator) -> None:
+    from tests.cluster_node import kubevirt_cr, register_crds
+
+    register_crds(emu)
+    emu.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBEVIRT_NS}})
+    emu.seed(kubevirt_cr())
