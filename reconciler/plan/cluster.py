@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 
 from reconciler.model import (
+    UNKNOWN_TYPE,
     ClusterAction,
     CrCreate,
     CrDelete,
@@ -56,6 +57,7 @@ from reconciler.model import (
     Noop,
     PciAddress,
     PciHostDevice,
+    unresolved_type_id,
 )
 from reconciler.model.cluster import (
     MANAGED_BY_LABEL,
@@ -450,14 +452,24 @@ def configured_here(
 
 def hosted_profiles(inventory: Inventory) -> frozenset[ConfiguredProfile]:
     """The profiles of the vGPUs ``inventory``'s GPUs have, each on its GPU's kind (pure). A
-    type the host could not name (no type name: only its id) is left out: no entry can name it.
+    type the host could not name (an mdev whose type could not be read, ``UNKNOWN_TYPE``; a
+    vfio type shown by its id only, ``type 1147``) is left out: no entry can name it.
     """
     out: set[ConfiguredProfile] = set()
     for gpu in inventory.gpus:
         for vf in gpu.vfs:
-            if vf.vgpu is not None and is_type_name(vf.vgpu.type_name):
+            if vf.vgpu is not None and _nameable(vf.vgpu.type_name):
                 out.add(ConfiguredProfile(vf.vgpu.type_name, gpu.interface, gpu.vf_device))
     return frozenset(out)
+
+
+def _nameable(type_name: str) -> bool:
+    """Whether an allow-list entry can name ``type_name`` as the host shows it."""
+    return (
+        type_name != UNKNOWN_TYPE
+        and unresolved_type_id(type_name) is None
+        and is_type_name(type_name)
+    )
 
 
 def _pci_wanted(configured: frozenset[ConfiguredProfile]) -> dict[str, str]:

@@ -378,7 +378,7 @@ def test_an_unnamed_vfio_gpu_keeps_its_objects_and_its_pci_host_device_entry() -
         "describe what the host has"
     ]
     (allow,) = [n for n in plan.noops if n.target == "kubevirt/kubevirt/kubevirt"]
-    assert allow.reason == "allow-list has every configured profile (NVIDIA L40S-8Q)"
+    assert allow.reason == "allow-list has every profile a node has or wants (NVIDIA L40S-8Q)"
 
 
 def test_an_unnamed_gpus_objects_follow_the_host_and_its_profiles_stay_configured() -> None:
