@@ -599,7 +599,7 @@ def orphans(truth: Truth, desired_gpus: Sequence[Mapping[str, Any]], held: set[s
     A VM accounts for its own vGPU and, while it holds one the desired state no longer wants
     and the GPU still lacks a wanted vGPU, for the free vGPUs of profiles the GPU no longer
     wants (or wants elsewhere than on their VF): their removal would only make room for what
-    waits (README, "How apply stays safe"; the oracle judges that exactly)."""
+    waits (docs/safety.md; the oracle judges that exactly)."""
     found: list[str] = []
     for entry in desired_gpus:
         gpu = entry["address"]
