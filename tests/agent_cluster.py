@@ -17,10 +17,11 @@ import yaml
 
 from reconciler.kube import connect
 from tests import rbac
+from tests.cluster_node import ClusterNode
 from tests.doubles import jsonpatch
 from tests.doubles.admission import UserInfo
 from tests.doubles.emulator import ApiServerEmulator
-from tests.simnode import NODE, REPO, SimNode, make_sim
+from tests.simnode import NODE, REPO, make_sim
 
 DEPLOY = REPO / "deploy"
 AGENT = "system:serviceaccount:vgpuctl-system:vgpuctl"
@@ -111,19 +112,8 @@ def policed_emulator() -> Iterator[ApiServerEmulator]:
         yield server
 
 
-class AgentNode(SimNode):
-    kubeconfig: Path
-    kubelet_dir: Path
-
-    @property
-    def flags(self) -> list[str]:
-        return [
-            *super().flags,
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--kubelet-dir",
-            str(self.kubelet_dir),
-        ]
+#: A simulated node driven with an agent's kubeconfig: the cluster tests' node, flags and all.
+AgentNode = ClusterNode
 
 
 def agent_node(

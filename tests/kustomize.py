@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 import pytest
 import yaml
 
+from tests.simnode import REPO
+
 #: The placeholder image deploy/ names (``kustomize edit set image`` rewrites it).
 IMAGE = "ghcr.io/vgpuctl/vgpuctl:0.1.0"
 
@@ -43,3 +45,19 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
         _cannot(f"{command[0]}'s kustomize has no components (kustomize 3.7 or newer needed)")
     assert result.returncode == 0, result.stderr
     return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def kustomize_with_component(tmp_path: Path, component: str) -> list[dict[str, Any]]:
+    """deploy/ built with its optional ``component`` (``git-sync``), from an overlay outside
+    deploy/ as deploy/README.md shows (a copy of deploy/ beside it, under ``tmp_path``)."""
+    shutil.copytree(REPO / "deploy", tmp_path / "deploy")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        "resources: [../deploy]\n"
+        f"components: [../deploy/{component}]\n",
+        "utf-8",
+    )
+    return kustomize(overlay)

@@ -17,24 +17,12 @@ from pathlib import Path
 
 import yaml
 
+from tests.containerfile import instructions
 from tests.simnode import REPO
-
-CONTAINERFILE = REPO / "Containerfile"
-
-
-def _instructions() -> list[tuple[str, str]]:
-    text = CONTAINERFILE.read_text().replace("\\\n", " ")
-    out = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
 
 
 def test_two_stages_the_second_from_the_first_wheels_only() -> None:
-    steps = _instructions()
+    steps = instructions()
     froms = [rest for word, rest in steps if word == "FROM"]
     # One base, pinned by digest (tests/security/test_image_supply_chain.py).
     assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
@@ -49,7 +37,7 @@ def test_two_stages_the_second_from_the_first_wheels_only() -> None:
 
 
 def test_the_default_command_is_the_daemonsets() -> None:
-    steps = dict(_instructions())
+    steps = dict(instructions())
     daemonset = next(
         d for d in yaml.safe_load_all((REPO / "deploy" / "daemonset.yaml").read_text()) if d
     )
@@ -87,7 +75,7 @@ def test_the_wheel_installs_alone_and_its_entry_point_runs(
     )
     assert version.returncode == 0, version.stderr
     assert re.fullmatch(r"vgpuctl \d+\.\d+\.\d+\n", version.stdout)
-    steps = dict(_instructions())
+    steps = dict(instructions())
     argv = json.loads(steps["CMD"])
     helped = subprocess.run(
         [str(vgpuctl), argv[0], "--help"], capture_output=True, text=True, check=False, env=env

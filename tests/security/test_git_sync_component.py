@@ -10,13 +10,12 @@ over the kustomize build of an overlay that uses the component, as deploy/README
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.kustomize import kustomize
+from tests.kustomize import kustomize_with_component
 from tests.simnode import REPO
 
 DEPLOY = REPO / "deploy"
@@ -31,17 +30,8 @@ def _base_agent() -> dict[str, Any]:
 
 
 def _built_pod(tmp_path: Path) -> dict[str, Any]:
-    shutil.copytree(DEPLOY, tmp_path / "deploy")
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
-        "kind: Kustomization\n"
-        "resources: [../deploy]\n"
-        "components: [../deploy/git-sync]\n",
-        "utf-8",
-    )
-    (daemonset,) = [d for d in kustomize(overlay) if d["kind"] == "DaemonSet"]
+    built = kustomize_with_component(tmp_path, "git-sync")
+    (daemonset,) = [d for d in built if d["kind"] == "DaemonSet"]
     pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
     return pod
 

@@ -20,30 +20,19 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.containerfile import instructions
 from tests.simnode import REPO
 
-CONTAINERFILE = REPO / "Containerfile"
 LOCK = REPO / "requirements.lock"
 BUILD_LOCK = REPO / "requirements-build.lock"
 DIGEST = re.compile(r"[^\s@]+@sha256:[0-9a-f]{64}")
 HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 
 
-def _instructions() -> list[tuple[str, str]]:
-    text = CONTAINERFILE.read_text().replace("\\\n", " ")
-    out = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
 def _args() -> dict[str, str]:
     return {
         name: value
-        for word, rest in _instructions()
+        for word, rest in instructions()
         if word == "ARG"
         for name, _, value in [rest.partition("=")]
     }
@@ -68,7 +57,7 @@ def _lock(path: Path) -> dict[str, tuple[str, list[str]]]:
 def _pip_commands() -> list[list[str]]:
     """Every pip command the Containerfile's RUN instructions run."""
     commands = []
-    for word, rest in _instructions():
+    for word, rest in instructions():
         if word != "RUN":
             continue
         for part in re.split(r"&&|;", rest):
@@ -83,7 +72,7 @@ def test_every_stage_starts_from_the_base_image_pinned_by_digest() -> None:
     base = _args()["BASE_IMAGE"]
     assert DIGEST.fullmatch(base), base
     assert base.startswith("docker.io/library/python:3.11-slim@")
-    froms = [rest.split()[0] for word, rest in _instructions() if word == "FROM"]
+    froms = [rest.split()[0] for word, rest in instructions() if word == "FROM"]
     assert froms == ["${BASE_IMAGE}", "${BASE_IMAGE}"]
     # No other ARG feeds a FROM (a tag could come back that way).
     assert set(_args()) == {"BASE_IMAGE"}
@@ -117,7 +106,7 @@ def test_every_package_is_installed_from_a_hashed_lock() -> None:
     final = commands[-3:]
     assert all("--no-index" in c for c in final if c[0] == "install")
     assert ["check"] in final
-    copied = " ".join(rest for word, rest in _instructions() if word == "COPY")
+    copied = " ".join(rest for word, rest in instructions() if word == "COPY")
     assert "requirements.lock" in copied and "requirements-build.lock" in copied
 
 

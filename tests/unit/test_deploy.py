@@ -23,7 +23,7 @@ import yaml
 from reconciler.catalog import default_catalog
 from reconciler.desired import load_desired
 from tests.doubles import jsonpatch
-from tests.kustomize import IMAGE, kustomize
+from tests.kustomize import IMAGE, kustomize, kustomize_with_component
 from tests.rbac import Grant, grants
 
 REPO = Path(__file__).resolve().parents[2]
@@ -235,18 +235,7 @@ def test_kustomize_builds_the_base() -> None:
 
 
 def test_kustomize_builds_the_git_sync_variant(tmp_path: Path) -> None:
-    # A component is used from an overlay outside deploy/, as deploy/README.md shows.
-    shutil.copytree(DEPLOY, tmp_path / "deploy")
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
-        "kind: Kustomization\n"
-        "resources: [../deploy]\n"
-        "components: [../deploy/git-sync]\n",
-        "utf-8",
-    )
-    built = kustomize(overlay)
+    built = kustomize_with_component(tmp_path, "git-sync")
     kinds = {(d["kind"], d["metadata"]["name"]) for d in built}
     assert ("ConfigMap", DESIRED_CONFIGMAP) not in kinds
     (ds,) = [d for d in built if d["kind"] == "DaemonSet"]
