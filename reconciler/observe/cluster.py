@@ -441,32 +441,45 @@ def _own_state(states: Iterable[KubeObject], node: str) -> KubeObject | None:
 # -- KubeVirt ----------------------------------------------------------------------------------
 
 
+def kubevirt_cr(api: ClusterApi, namespace: str | None) -> Mapping[str, Any] | None:
+    """The one KubeVirt CR (in ``namespace``, else in any), as read; None when there is none.
+    Raises :class:`ResourceMissingError` when KubeVirt is not installed (its kind not served)
+    and :class:`ObserveError` naming them when there are several: which one rules is not
+    known."""
+    items = api.list_objects(
+        group=KUBEVIRT_GROUP,
+        version=KUBEVIRT_VERSION,
+        plural=KUBEVIRT_PLURAL,
+        namespace=namespace,
+    )
+    if len(items) > 1:
+        names = ", ".join(sorted(_ns_name(i) for i in items))
+        raise ObserveError(
+            f"found {len(items)} KubeVirt CRs {_where(namespace)} ({names}): "
+            "pass --kubevirt-namespace to choose one"
+        )
+    return items[0] if items else None
+
+
+def _where(namespace: str | None) -> str:
+    return f"in namespace {namespace}" if namespace else "in any namespace"
+
+
 def _kubevirt(api: ClusterApi, namespace: str | None) -> tuple[KubeVirtConfig | None, list[str]]:
     """The KubeVirt CR's allow-list; ``None`` with a note when KubeVirt is absent."""
-    where = f"in namespace {namespace}" if namespace else "in any namespace"
     try:
-        items = api.list_objects(
-            group=KUBEVIRT_GROUP,
-            version=KUBEVIRT_VERSION,
-            plural=KUBEVIRT_PLURAL,
-            namespace=namespace,
-        )
+        cr = kubevirt_cr(api, namespace)
     except ResourceMissingError:
         return None, [
             "KubeVirt is not installed (kubevirts.kubevirt.io is not served): "
             "its mediated-device allow-list is not managed"
         ]
-    if not items:
+    if cr is None:
         return None, [
-            f"no KubeVirt CR found {where}: its mediated-device allow-list is not managed"
+            f"no KubeVirt CR found {_where(namespace)}: its mediated-device allow-list is not "
+            "managed"
         ]
-    if len(items) > 1:
-        names = ", ".join(sorted(_ns_name(i) for i in items))
-        raise ObserveError(
-            f"found {len(items)} KubeVirt CRs {where} ({names}): "
-            "pass --kubevirt-namespace to choose one"
-        )
-    return kubevirt_config(items[0]), []
+    return kubevirt_config(cr), []
 
 
 def kubevirt_config(raw: Mapping[str, Any]) -> KubeVirtConfig:

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.catalog import Catalog
-from reconciler.model import Gpu, Interface, ReconcilerError
-from reconciler.model.cluster import KUBEVIRT_GROUP, KUBEVIRT_PLURAL, KUBEVIRT_VERSION
+from reconciler.model import Gpu, Interface, ObserveError, ReconcilerError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.errors import ResourceMissingError, excerpt
 from reconciler.model.inventory import Inventory
@@ -182,14 +181,11 @@ def _kubevirt_cr(
     connect: Callable[[], ClusterApi], namespace: str | None, inventory: Inventory | None
 ) -> Check:
     """With a cluster: would virt-handler, under the KubeVirt CR, remove this host's mdevs?"""
+    from reconciler.observe.cluster import kubevirt_cr
+
     where = f"in namespace {namespace}" if namespace else "in any namespace"
     try:
-        items = connect().list_objects(
-            group=KUBEVIRT_GROUP,
-            version=KUBEVIRT_VERSION,
-            plural=KUBEVIRT_PLURAL,
-            namespace=namespace,
-        )
+        cr = kubevirt_cr(connect(), namespace)
     except ResourceMissingError:
         return Check(
             "kubevirt",
@@ -197,6 +193,8 @@ def _kubevirt_cr(
             "KubeVirt is not installed (kubevirts.kubevirt.io is not served): nothing removes "
             "the vGPUs vgpuctl makes",
         )
+    except ObserveError as exc:  # several CRs: which one rules this node is not known
+        return Check("kubevirt", CheckStatus.FAIL, exc.message)
     except ReconcilerError as exc:
         return Check(
             "kubevirt",
@@ -204,20 +202,12 @@ def _kubevirt_cr(
             f"cannot read the KubeVirt CR: {exc.message}",
             "check --kubeconfig, and that vgpuctl's role may list kubevirts.kubevirt.io",
         )
-    if not items:
+    if cr is None:
         return Check(
             "kubevirt",
             CheckStatus.OK,
             f"no KubeVirt CR {where}: no virt-handler removes the vGPUs vgpuctl makes",
         )
-    if len(items) > 1:
-        return Check(
-            "kubevirt",
-            CheckStatus.FAIL,
-            f"{len(items)} KubeVirt CRs {where}: which one rules this node is not known",
-            "pass --kubevirt-namespace to choose one",
-        )
-    cr = items[0]
     raw_meta = cr.get("metadata")
     meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
     name = excerpt(f"{meta.get('namespace', '')}/{meta.get('name', '')}")

@@ -438,3 +438,22 @@ def test_doctor_with_a_cluster_passes_when_mdev_handling_is_off(
     )
     _, check = doctor_kubevirt(node)
     assert check["status"] == "fail"
+
+
+def test_doctor_with_two_kubevirt_crs_asks_which_one(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """Which of two KubeVirt CRs rules this node is not known: the check fails and says how
+    to choose (the same words the plan uses)."""
+    node = cluster_node(tmp_path, emu)
+    emu.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubevirt"}})
+    emu.seed(kubevirt_cr("kubevirt"))
+    rc, check = doctor_kubevirt(node)
+    assert rc == 1
+    assert check == {
+        "check": "kubevirt",
+        "status": "fail",
+        "found": "found 2 KubeVirt CRs in any namespace (harvester-system/kubevirt, "
+        "kubevirt/kubevirt): pass --kubevirt-namespace to choose one",
+        "fix": "",
+    }
