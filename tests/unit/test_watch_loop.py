@@ -24,6 +24,7 @@ from reconciler.cli.options import GlobalOptions
 from reconciler.engine import NodePorts
 from reconciler.model import Inventory, ReconcilerError
 from reconciler.sim import SimHost, hold, init_host, reboot, release
+from reconciler.sim.state import locked
 from reconciler.watch.loop import WatchLoop, WatchSettings
 from reconciler.watch.metrics import DRIFT_SOURCES, ERROR_KINDS, RESULTS, WatchMetrics
 from reconciler.watch.signature import HostSignature
@@ -264,6 +265,24 @@ def test_device_plugins_that_fail_are_counted_and_never_fail_a_reconcile(
 
 def test_after_a_reboot_every_vgpu_comes_back_with_its_uuid(tmp_path: Path) -> None:
     node = make_node(tmp_path, seed_text())
+    # A real host is never observed half rebooted (the agent goes down with it); the simulated
+    # reboot empties the tree in place, under the simulator's lock. Observations take that lock
+    # here, so a rescan sees the host before or after the reboot, never in between: in between,
+    # the observation failed (a VF gone under it), the gap went unadvertised and this test
+    # failed about once in six runs on a loaded machine, before this change too.
+    inner = node.ports
+
+    def whole_observations() -> NodePorts:
+        built = inner()
+        observe = built.observe_host
+
+        def observe_whole(*, availability: bool = True) -> Inventory:
+            with locked(node.host.sysfs_root):
+                return observe(availability=availability)
+
+        return replace(built, observe_host=observe_whole)
+
+    node.ports = whole_observations
     with running(node.loop):
         wait_for(converged(node), "the first reconcile")
         before = node.vgpus()
