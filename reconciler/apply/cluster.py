@@ -61,8 +61,15 @@ from reconciler.model.cluster import (
     object_name,
 )
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.clustertext import ClusterTextError
 from reconciler.model.nodestate import stamped
 from reconciler.model.record import field, record, replace
+from reconciler.model.retiring import (
+    KUBEVIRT_RETIRING_ANNOTATION,
+    format_marks,
+    parse_marks,
+    seconds,
+)
 
 SKIPPED_NOT_CLUSTER = "skipped: not a cluster action"
 
@@ -129,10 +136,11 @@ def execute_cluster(
     ``mandate`` (every apply and watch run passes one) is what the run may write: this node's
     objects vgpuctl manages (or adopts), and the KubeVirt entries it added.
 
-    ``versions`` (resourceVersion planned from → the one a write of this run made; filled in
-    here) lets a KubeVirt write planned from the version an earlier write of the same run
-    replaced (the plan's kubevirt-update after its kubevirt-allow) go ahead without counting
-    that as a conflict: any other version is one.
+    ``versions`` (resourceVersion planned from → the one a write of this run made directly
+    over it, its patch testing that version; filled in here) lets the removals of a KubeVirt
+    write planned from the version an earlier write of the same run replaced (the plan's
+    kubevirt-update after its kubevirt-allow) go ahead: against any other version than the
+    planned one or that, removals wait for the next run (``_Writer._kubevirt``).
 
     Raises :class:`ApplyError` before writing anything when an action's fields do not fit
     together, :class:`MandateError` when an action is outside the mandate.
@@ -200,8 +208,8 @@ def _object_kind(action: CrCreate | CrUpdate | CrDelete) -> str:
 def _problem(a: Action) -> str | None:
     """What does not fit together in a cluster action (its types are the codec's concern)."""
     match a:
-        case KubevirtAllow() if a.remove or a.remove_pci:
-            return "a kubevirt-allow only adds: its removals belong in a kubevirt-update"
+        case KubevirtAllow() if a.remove or a.remove_pci or a.retire:
+            return "a kubevirt-allow only adds: its removals and marks belong in a kubevirt-update"
         case KubevirtUpdate():
             for key, value in (
                 ("namespace", a.namespace),
@@ -379,33 +387,29 @@ class _Writer:
     # -- KubeVirt --------------------------------------------------------------------------------
 
     def _kubevirt(self, action: KubevirtUpdate) -> tuple[OutcomeStatus, str]:
+        """Write ``action``'s allow-list change against the CR as read now.
+
+        The plan holds only the change: the patch is computed against what is read, and
+        tests every value it replaces or removes, so a stale read fails it as a conflict
+        (read again, bounded). Removals are decided from the other nodes' summaries as the
+        plan read them, so they are written only against the resourceVersion the plan read,
+        or the one this run's own kubevirt-allow wrote directly over it (:attr:`versions`);
+        against any other, they wait for the next run and the outcome says so (the rest,
+        additions, marks and forgetting, is written: it is safe whatever changed)."""
         ns, name = action.namespace, action.name
         what = f"kubevirt/{ns}/{name}"
         planned = action.resource_version
+        ours = {planned, self.versions.get(planned, planned)}
         conflicts = 0
-
-        def conflict() -> None:
-            nonlocal conflicts
-            conflicts += 1
-            if conflicts > self.retries:
-                raise ConflictError(
-                    f"{what} kept changing under us: gave up after {conflicts} conflicts"
-                )
-
-        # The plan holds only the change: read the object and compute the patch against what
-        # was read (a version other than the one planned from is re-planned first). The patch
-        # tests every value it replaces or removes, so a stale read fails it as a conflict.
+        deferred: tuple[str, ...] = ()
         raw = self._read_kubevirt(ns, name)
         while True:
             if raw is None:
                 return OutcomeStatus.NOOP, f"{what} no longer exists: no allow-list to update"
             read = _resource_version(raw)
-            if read != planned and self.versions.get(planned) == read:
-                planned = read  # this run's own write since the plan (its kubevirt-allow)
-            if read != planned:
-                conflict()
-                planned = read
-                continue
+            if read not in ours and (action.remove or action.remove_pci):
+                deferred = (*action.remove, *action.remove_pci)
+                action = replace(action, remove=(), remove_pci=())
             change = allow_list_patch(
                 raw,
                 add=[e.to_json() for e in action.add],
@@ -414,18 +418,27 @@ class _Writer:
                 add_pci=[e.to_json() for e in action.add_pci],
                 remove_pci=action.remove_pci,
                 owned_pci=action.owned_pci,
+                retire=action.retire,
+                unmark=action.unmark,
+                now=self.now(),
             )
+            waiting = _deferred(deferred)
             if change is None:
                 lists = "mediatedDevices" + (
                     " and pciHostDevices"
                     if action.add_pci or action.remove_pci or action.owned_pci
                     else ""
                 )
-                return OutcomeStatus.NOOP, f"{what}: {lists} already as planned" + _after(conflicts)
+                return OutcomeStatus.NOOP, (
+                    f"{what}: {lists} already as planned" + waiting + _after(conflicts)
+                )
             ops, summary = change
-            if action.remove or action.remove_pci:
-                # A profile leaves the allow-list only as decided from this version of the CR
-                # (issue 12): any write to it since, and the patch fails and is re-planned.
+            # A removal only from the version read (issue 12), and the allow step's write from
+            # the version planned when it can (its version then stands for the planned one,
+            # for this run's removals): a write since, and the patch fails (read again).
+            removes = bool(action.remove or action.remove_pci)
+            tested = removes or (isinstance(action, KubevirtAllow) and read == planned)
+            if tested:
                 ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": read}, *ops]
             try:
                 written = self.api.patch_object(
@@ -437,12 +450,17 @@ class _Writer:
                     patch=ops,
                 )
             except ConflictError:
-                conflict()
+                conflicts += 1
+                if conflicts > self.retries:
+                    raise ConflictError(
+                        f"{what} kept changing under us: gave up after {conflicts} conflicts"
+                    ) from None
                 raw = self._read_kubevirt(ns, name)
-                planned = _resource_version(raw or {})
                 continue
-            self.versions[action.resource_version] = _resource_version(written)
-            return OutcomeStatus.DONE, f"{what}: {summary}" + _after(conflicts)
+            if read == planned and tested:
+                # Only a write made directly over the planned version stands for it.
+                self.versions[planned] = _resource_version(written)
+            return OutcomeStatus.DONE, f"{what}: {summary}" + waiting + _after(conflicts)
 
     def _read_kubevirt(self, ns: str, name: str) -> dict[str, Any] | None:
         return self.api.get_object(
@@ -452,6 +470,17 @@ class _Writer:
             name=name,
             namespace=ns,
         )
+
+
+def _deferred(removals: Sequence[str]) -> str:
+    """The outcome's words for removals not written: the CR changed since the plan."""
+    if not removals:
+        return ""
+    return (
+        "; the CR changed since the plan: removal of "
+        + ", ".join(removals)
+        + " waits for the next run"
+    )
 
 
 def _resource_version(raw: Mapping[str, Any]) -> str:
@@ -489,12 +518,17 @@ def allow_list_change(
     add_pci: Sequence[Mapping[str, Any]] = (),
     remove_pci: Sequence[str] = (),
     owned_pci: Sequence[str] = (),
+    retire: Sequence[str] = (),
+    unmark: Sequence[str] = (),
+    now: str = "",
 ) -> tuple[dict[str, Any], str] | None:
     """The KubeVirt CR with ``add`` entries appended to ``mediatedDevices`` (unless an entry
     for the selector is there already) and ``remove`` selectors dropped (only entries the
     ownership annotation says are ours), the same for ``pciHostDevices`` by resourceName
-    (``add_pci``, ``remove_pci``, ``owned_pci``, their own annotation), plus a summary; None
-    when that changes nothing (pure).
+    (``add_pci``, ``remove_pci``, ``owned_pci``, their own annotation), and the retiring marks
+    (``model.retiring``) of ``unmark`` and of the removed selectors cleared, those of
+    ``retire`` set to ``now`` (an owned entry still there, not marked already), plus a
+    summary; None when that changes nothing (pure).
 
     Owned afterwards = (owned as read ∪ added ∪ ``owned``) ∩ keys present, minus removed:
     another vgpuctl's concurrent addition stays owned. A list that does not change is left
@@ -517,6 +551,10 @@ def allow_list_change(
         if side is not None:
             changed = True
             parts.extend(side)
+    marked = _marks_change(annotations, permitted, retire=retire, unmark=unmark, now=now)
+    if marked is not None:
+        changed = True
+        parts.extend(marked)
     if not changed:
         return None
     if not parts:
@@ -570,6 +608,49 @@ def _side_change(
     return parts
 
 
+def _marks_change(
+    annotations: dict[str, Any],
+    permitted: Mapping[str, Any],
+    *,
+    retire: Sequence[str],
+    unmark: Sequence[str],
+    now: str,
+) -> list[str] | None:
+    """:func:`allow_list_change` on the retiring marks, in place, after the lists changed: a
+    mark is kept only on an owned mediatedDevices entry still there and not unmarked; a
+    ``retire`` selector without a readable mark gets ``now``. A text that cannot be read
+    counts as no mark (it is rewritten; the patch tests it as read). None: nothing changes."""
+    before = annotations.get(KUBEVIRT_RETIRING_ANNOTATION)
+    try:
+        marks = parse_marks(before)
+    except ClusterTextError:
+        marks = {}
+    owned = set(_split(annotations.get(KUBEVIRT_OWNED_ANNOTATION, "")))
+    present = {_key_of(e, "mdevNameSelector") for e in permitted.get("mediatedDevices") or []}
+    mine = owned & present
+    after = {k: v for k, v in marks.items() if k in mine and k not in unmark}
+    newly = [r for r in dict.fromkeys(retire) if r in mine and seconds(after.get(r, "")) is None]
+    after.update(dict.fromkeys(newly, now))
+    text = format_marks(after)
+    if text == before or (text is None and before is None):
+        return None
+    if text is None:
+        annotations.pop(KUBEVIRT_RETIRING_ANNOTATION, None)
+    else:
+        annotations[KUBEVIRT_RETIRING_ANNOTATION] = text
+    cleared = sorted(k for k in marks if k not in after and k in set(unmark))
+    parts = []
+    if newly:
+        parts.append("marked " + ", ".join(newly) + " retiring")
+    if cleared:
+        parts.append("cleared the retiring mark of " + ", ".join(cleared))
+    return parts
+
+
+def _split(text: object) -> list[str]:
+    return [s.strip() for s in str(text or "").split(",") if s.strip()]
+
+
 def allow_list_patch(
     kubevirt: Mapping[str, Any],
     *,
@@ -579,12 +660,16 @@ def allow_list_patch(
     add_pci: Sequence[Mapping[str, Any]] = (),
     remove_pci: Sequence[str] = (),
     owned_pci: Sequence[str] = (),
+    retire: Sequence[str] = (),
+    unmark: Sequence[str] = (),
+    now: str = "",
 ) -> tuple[list[dict[str, Any]], str] | None:
     """The JSON patch (RFC 6902 operations) that makes :func:`allow_list_change`'s change to
     ``kubevirt`` as read, plus its summary; None when nothing changes (pure).
 
-    The patch names only ``mediatedDevices`` and ``pciHostDevices`` entries and the ownership
-    annotations. Every entry removed and each annotation's old value is tested first (a
+    The patch names only ``mediatedDevices`` and ``pciHostDevices`` entries, the ownership
+    annotations and the retiring marks' annotation. Every entry removed and each annotation's
+    old value is tested first (a
     missing parent or key as ``null``: the API server's JSON patch, evanphx/json-patch v4,
     passes a ``null`` test of a missing key), so the patch fails, and writes nothing, if any
     of them changed since ``kubevirt`` was read. Entries are appended; removals go from the
@@ -599,6 +684,9 @@ def allow_list_patch(
         add_pci=add_pci,
         remove_pci=remove_pci,
         owned_pci=owned_pci,
+        retire=retire,
+        unmark=unmark,
+        now=now,
     )
     if change is None:
         return None
@@ -644,24 +732,22 @@ def allow_list_patch(
     annotations_before = _at(kubevirt, ("metadata", "annotations"))
     annotations_after = _at(after, ("metadata", "annotations")) or {}
     new_annotations: dict[str, Any] = {}
-    for allow in _ALLOW_LISTS:
-        owned_before = (
-            annotations_before.get(allow.annotation)
-            if isinstance(annotations_before, Mapping)
-            else None
+    for key in (*(a.annotation for a in _ALLOW_LISTS), KUBEVIRT_RETIRING_ANNOTATION):
+        value_before = (
+            annotations_before.get(key) if isinstance(annotations_before, Mapping) else None
         )
-        owned_after = annotations_after.get(allow.annotation)
-        if owned_after == owned_before:
+        value_after = annotations_after.get(key)
+        if value_after == value_before:
             continue
         if not isinstance(annotations_before, Mapping):
-            new_annotations[allow.annotation] = owned_after
+            new_annotations[key] = value_after
             continue
-        pointer = _pointer("metadata", "annotations", allow.annotation)
-        tests.append({"op": "test", "path": pointer, "value": owned_before})
-        if owned_after is None:
+        pointer = _pointer("metadata", "annotations", key)
+        tests.append({"op": "test", "path": pointer, "value": value_before})
+        if value_after is None:
             writes.append({"op": "remove", "path": pointer})
         else:
-            writes.append({"op": "add", "path": pointer, "value": owned_after})
+            writes.append({"op": "add", "path": pointer, "value": value_after})
     if new_annotations:
         pointer = _pointer("metadata", "annotations")
         tests.append({"op": "test", "path": pointer, "value": None})

@@ -3,7 +3,9 @@
 The planner never plans an action on a GPU the desired state does not name, on a device that
 is not an NVIDIA vGPU GPU, on a vGPU in use, on a cluster object that is not vgpuctl's own on
 this node, or on a KubeVirt allow-list entry (mediated or PCI host device) vgpuctl did not
-add. The objects of a GPU the desired state does not name are written only as the host has
+add (nor marks one retiring: ``model.retiring``; a kubevirt-allow may name an entry that is
+there already only to make sure of it before a create, which adds nothing while it is there).
+The objects of a GPU the desired state does not name are written only as the host has
 that GPU (their spec its layout), and deleted only once the GPU or VF is gone from the host.
 The executors do not take that on trust: a plan may come from a file someone edited
 (``plan --out``), or from a bug.
@@ -28,6 +30,7 @@ from reconciler.model import (
     CrDelete,
     CrUpdate,
     Inventory,
+    KubevirtAllow,
     KubevirtUpdate,
     PciAddress,
 )
@@ -290,12 +293,21 @@ class ClusterMandate:
                     "nvidia.com/<profile>, externalResourceProvider: true}",
                 )
             if selector in present:
+                if isinstance(action, KubevirtAllow) and selector in action.unmark:
+                    continue  # made sure of before a create: added only if gone at apply
                 raise refused(
                     action,
                     f"the allow-list already has an entry for {excerpt(selector)}",
                     "entries vgpuctl did not add are never touched",
                 )
             added.add(selector)
+        for selector in action.retire:
+            if selector not in kv.owned:
+                raise refused(
+                    action,
+                    f"it marks {excerpt(str(selector))} retiring, an entry vgpuctl did not add",
+                    "only the entries vgpuctl added are retired",
+                )
         for selector in action.remove:
             if selector not in kv.owned:
                 raise refused(

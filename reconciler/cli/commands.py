@@ -352,6 +352,7 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
             ),
             catalog=host.catalog,
             adopt=ns.adopt,
+            allow_list_grace=host.options.allow_list_grace,
         )
     plans = fleet.plans
     # Where Harvester's pcidevices-controller runs (or may), apply and watch on each node refuse

@@ -337,6 +337,7 @@ class Host:
             vgpu_modes=self.vgpu_modes,
             kubevirt_host=self.kubevirt_sighting,
             unsafe_kubevirt_allow_listed=self.options.kubevirt_allow_listed,
+            allow_list_grace=self.options.allow_list_grace,
         )
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
+from reconciler.model.errors import UsageError
 from reconciler.model.record import record
+from reconciler.model.retiring import DEFAULT_ALLOW_LIST_GRACE
 
 DEFAULT_SYSFS_ROOT = "/sys"
 DEFAULT_SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
@@ -90,6 +93,17 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
         "any namespace, e.g. harvester-system or kubevirt)",
     )
     group.add_argument(
+        "--allow-list-grace",
+        metavar="DURATION",
+        default=dflt(None),
+        help="with a cluster, how long a KubeVirt allow-list entry vgpuctl added and no node "
+        "has or wants vGPUs of any more stays marked retiring before a run removes it: "
+        "900s, 15m, 1h, 1h30m (env VGPUCTL_ALLOW_LIST_GRACE; default 15m). It must exceed the "
+        "longest run of any node, from its allow-list check to its VGPUNodeState write. 0 "
+        "removes on the first run that finds no node using the type: UNSAFE with more than "
+        "one node (another node's first vGPU of the type may be swept by virt-handler)",
+    )
+    group.add_argument(
         "--kubelet-dir",
         metavar="PATH",
         default=dflt(None),
@@ -141,6 +155,8 @@ class GlobalOptions:
     nvidia_smi: str | None = None  # None: the default (or the simulator's)
     #: ``--unsafe-kubevirt-allow-listed`` (a flag only: no environment variable sets it).
     kubevirt_allow_listed: bool = False
+    #: ``--allow-list-grace``, in seconds (``model.retiring``).
+    allow_list_grace: float = DEFAULT_ALLOW_LIST_GRACE
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> GlobalOptions:
@@ -160,4 +176,31 @@ class GlobalOptions:
             assume_no_hidden_holders=bool(ns.unsafe_assume_no_hidden_holders),
             nvidia_smi=ns.nvidia_smi or _env("NVIDIA_SMI"),
             kubevirt_allow_listed=bool(ns.unsafe_kubevirt_allow_listed),
+            allow_list_grace=_grace(ns.allow_list_grace or _env("ALLOW_LIST_GRACE")),
         )
+
+
+#: A duration as ``--allow-list-grace`` takes it: seconds alone, or hours, minutes and
+#: seconds each with its unit, in that order (``900``, ``15m``, ``1h30m``, ``90s``).
+_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a duration (``15m`` → 900.0); ValueError naming the text otherwise."""
+    text = text.strip()
+    if text.isdigit():
+        return float(text)
+    match = _DURATION.fullmatch(text)
+    if not text or match is None:
+        raise ValueError(f"{text!r} is not a duration (900, 900s, 15m, 1h30m)")
+    hours, minutes, secs = (int(g) if g else 0 for g in match.groups())
+    return float(hours * 3600 + minutes * 60 + secs)
+
+
+def _grace(text: str | None) -> float:
+    if text is None:
+        return DEFAULT_ALLOW_LIST_GRACE
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise UsageError(f"--allow-list-grace: {e}") from None

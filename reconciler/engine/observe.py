@@ -97,6 +97,7 @@ def observe_and_plan(
             adopt=adopt,
             partial=partial,
             mdev_creates_blocked=blocked_by,
+            allow_list_grace=ports.allow_list_grace,
         )
 
     plan = plan_from(planned_from)

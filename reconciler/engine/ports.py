@@ -17,6 +17,7 @@ from reconciler.catalog import Catalog
 from reconciler.model import Inventory, PciAddress
 from reconciler.model.cluster import ClusterState
 from reconciler.model.record import record
+from reconciler.model.retiring import DEFAULT_ALLOW_LIST_GRACE
 
 if TYPE_CHECKING:
     from reconciler.apply.cluster import EventSink
@@ -65,6 +66,9 @@ class NodePorts:
     #: ``--unsafe-kubevirt-allow-listed``: the operator says every type vgpuctl creates here is
     #: allow-listed by hand; creates then run, and the plan says on whose word.
     unsafe_kubevirt_allow_listed: bool = False
+    #: ``--allow-list-grace``: seconds an owned KubeVirt allow-list entry no node keeps stays
+    #: marked retiring before a run removes it (``model.retiring``; 0: at once, unsafe).
+    allow_list_grace: float = DEFAULT_ALLOW_LIST_GRACE
 
 
 class DevicePlugins(Protocol):

@@ -286,6 +286,13 @@ class KubeVirtConfig:
     #: resourceNames of the pciHostDevices entries vgpuctl added
     #: (from :data:`KUBEVIRT_OWNED_PCI_ANNOTATION`).
     owned_pci: frozenset[str] = frozenset()
+    #: mdevNameSelector → RFC 3339 time it was marked retiring
+    #: (``model.retiring.KUBEVIRT_RETIRING_ANNOTATION``; none when it cannot be read: a note
+    #: says so, and no entry is then removed before it is marked again).
+    retiring: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "retiring", MappingProxyType(dict(self.retiring)))
 
     @property
     def target(self) -> str:
@@ -305,6 +312,8 @@ class KubeVirtConfig:
             out["pciHostDevices"] = [_plain(e) for e in self.pci_host_devices]
         if self.owned_pci:
             out["ownedPci"] = sorted(self.owned_pci)
+        if self.retiring:
+            out["retiring"] = dict(sorted(self.retiring.items()))
         return out
 
     @classmethod
@@ -317,6 +326,7 @@ class KubeVirtConfig:
             owned=frozenset(str(s) for s in raw.get("owned", [])),
             pci_host_devices=tuple(dict(e) for e in raw.get("pciHostDevices", [])),
             owned_pci=frozenset(str(s) for s in raw.get("ownedPci", [])),
+            retiring={str(k): str(v) for k, v in (raw.get("retiring") or {}).items()},
         )
 
 
@@ -428,6 +438,10 @@ class ClusterState:
     )
     #: Why parts could not be read (e.g. "KubeVirt CR not found"): shown in the plan's notes.
     notes: tuple[str, ...] = ()
+    #: When the other nodes' VGPUNodeStates were read (RFC 3339; "" when not known: no
+    #: retiring mark is then old enough), after the KubeVirt CR: the time retiring marks are
+    #: judged against (``model.retiring``), so the planner never reads a clock.
+    observed_at: str = ""
 
     def __post_init__(self) -> None:
         for name in ("sriov_gpu_devices", "vgpu_devices", "device_uses", "vmi_resources"):
@@ -464,6 +478,7 @@ class ClusterState:
             "deviceUses": [self.device_uses[d].to_json() for d in sorted(self.device_uses)],
             "vmiResources": {k: list(self.vmi_resources[k]) for k in sorted(self.vmi_resources)},
             "notes": list(self.notes),
+            **({"observedAt": self.observed_at} if self.observed_at else {}),
         }
 
     @classmethod
@@ -487,6 +502,7 @@ class ClusterState:
                 str(k): tuple(str(r) for r in v) for k, v in (raw.get("vmiResources") or {}).items()
             },
             notes=tuple(str(n) for n in raw.get("notes", [])),
+            observed_at=str(raw.get("observedAt") or ""),
         )
 
 

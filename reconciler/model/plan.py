@@ -264,10 +264,13 @@ class PciHostDevice:
 
 @record(frozen=True, slots=True, kw_only=True)
 class KubevirtUpdate(_Step):
-    """Add ``add`` to the mediated-devices allow-list of KubeVirt CR ``namespace``/``name``,
-    remove the entries of the ``remove`` selectors; ``owned`` are the selectors vgpuctl owns
-    afterwards. The same for the PCI host devices allow-list, by resourceName: ``add_pci``,
-    ``remove_pci``, ``owned_pci``."""
+    """Add ``add`` to the mediated-devices allow-list of KubeVirt CR ``namespace``/``name``
+    (each unless an entry for its selector is there), remove the entries of the ``remove``
+    selectors and their retiring marks, mark the ``retire`` selectors retiring (the executor
+    stamps the time it writes), clear the marks of the ``unmark`` selectors; ``owned`` are the
+    selectors vgpuctl owns afterwards (``model.retiring``: an owned entry is marked before it
+    is removed). The same for the PCI host devices allow-list, by resourceName: ``add_pci``,
+    ``remove_pci``, ``owned_pci`` (not swept by virt-handler: removed without a mark)."""
 
     kind: ClassVar[ActionKind] = ActionKind.KUBEVIRT_UPDATE
     namespace: str
@@ -279,14 +282,20 @@ class KubevirtUpdate(_Step):
     add_pci: tuple[PciHostDevice, ...] = ()
     remove_pci: tuple[str, ...] = ()
     owned_pci: tuple[str, ...] = ()
+    retire: tuple[str, ...] = ()
+    unmark: tuple[str, ...] = ()
 
 
 @record(frozen=True, slots=True, kw_only=True)
 class KubevirtAllow(KubevirtUpdate):
-    """A :class:`KubevirtUpdate` that only adds (``remove`` and ``remove_pci`` empty), run in
-    the allow-list phase, before any host action: KubeVirt's virt-handler removes every mdev
-    whose type is not allow-listed (docs/domain.md §10), so a type is listed before its first
-    vGPU is created. Removals wait for the cluster phase's ``kubevirt-update``."""
+    """A :class:`KubevirtUpdate` that only adds and unmarks (``remove``, ``remove_pci`` and
+    ``retire`` empty), run in the allow-list phase, before any host action: KubeVirt's
+    virt-handler removes every mdev whose type is not allow-listed (docs/domain.md §10), so a
+    type is listed before its first vGPU is created. Every mdev type the host phase creates is
+    in ``add`` and ``unmark`` even when listed and unmarked at plan time: at apply the step
+    re-reads the CR, adds it if it went missing and clears a retiring mark another node wrote
+    meanwhile, a write that makes that node's removal patch (which tests the mark) fail.
+    Removals and marks wait for the cluster phase's ``kubevirt-update``."""
 
     kind: ClassVar[ActionKind] = ActionKind.KUBEVIRT_ALLOW
 

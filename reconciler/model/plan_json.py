@@ -153,6 +153,11 @@ def _encode(action: Action, *, with_seq: bool) -> dict[str, Any]:
                 out["removePci"] = list(action.remove_pci)
             if action.owned_pci:
                 out["ownedPci"] = list(action.owned_pci)
+            # The retiring marks only when there are some: a plan without them reads as before.
+            if action.retire:
+                out["retire"] = list(action.retire)
+            if action.unmark:
+                out["unmark"] = list(action.unmark)
         case SriovGpuDeviceEnable() | SriovGpuDeviceDisable():
             out["node"] = action.node
             out["gpu"] = str(action.gpu)
@@ -502,6 +507,7 @@ def _kubevirt_allow(r: _Read, seq: int, target: str, reason: str) -> Action:
         owned=r.strings("owned"),
         add_pci=r.pci_host_devices(),
         owned_pci=r.strings("ownedPci", optional=True),
+        unmark=r.strings("unmark", optional=True),
     )
 
 
@@ -519,6 +525,8 @@ def _kubevirt_update(r: _Read, seq: int, target: str, reason: str) -> Action:
         add_pci=r.pci_host_devices(),
         remove_pci=r.strings("removePci", optional=True),
         owned_pci=r.strings("ownedPci", optional=True),
+        retire=r.strings("retire", optional=True),
+        unmark=r.strings("unmark", optional=True),
     )
 
 
@@ -600,7 +608,7 @@ _HARVESTER_VF_FIELDS = ("node", "gpu", "vf", "vfIndex", "resourceVersion", "type
 _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] = {
     ActionKind.KUBEVIRT_ALLOW: (
         ("namespace", "name", "resourceVersion", "add", "owned"),
-        ("addPci", "ownedPci"),
+        ("addPci", "ownedPci", "unmark"),
         _kubevirt_allow,
     ),
     ActionKind.VGPU_REMOVE: (_VGPU_FIELDS, ("replacedBy",), _vgpu_remove),
@@ -617,7 +625,7 @@ _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] 
     ActionKind.CR_DELETE: (("objectKind", "resourceVersion"), (), _cr_delete),
     ActionKind.KUBEVIRT_UPDATE: (
         ("namespace", "name", "resourceVersion", "add", "remove", "owned"),
-        ("addPci", "removePci", "ownedPci"),
+        ("addPci", "removePci", "ownedPci", "retire", "unmark"),
         _kubevirt_update,
     ),
     ActionKind.VGPUDEVICE_DISABLE: (_HARVESTER_VF_FIELDS, ("replacedBy",), _vgpudevice_disable),

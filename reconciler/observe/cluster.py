@@ -26,7 +26,8 @@ that are normal are notes: KubeVirt not installed, no KubeVirt CR, no checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -66,6 +67,8 @@ from reconciler.model.clustertext import ClusterTextError, bounded_text
 from reconciler.model.errors import excerpt
 from reconciler.model.nodestate import configured_profiles
 from reconciler.model.record import field, record
+from reconciler.model.retiring import KUBEVIRT_RETIRING_ANNOTATION as _RETIRING
+from reconciler.model.retiring import parse_marks, rfc3339
 from reconciler.observe.checkpoint import CheckpointEntry, checkpoint_file, read_checkpoint
 from reconciler.observe.parse import parse_type_name
 
@@ -86,8 +89,12 @@ def observe_cluster(
     node: str,
     kubevirt_namespace: str | None = None,
     kubelet_dir: Path | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ClusterState:
     """Everything the cluster says about ``node``'s vGPUs.
+
+    The KubeVirt CR is read before the VGPUNodeStates, and ``clock`` (seconds since the
+    epoch) is read right after them: ``ClusterState.observed_at``.
 
     ``kubelet_dir`` (the node's ``/var/lib/kubelet``) enables the checkpoint join; without it
     every vGPU resource a VM on the node requests counts as possibly in use
@@ -101,8 +108,12 @@ def observe_cluster(
     selector = f"{NODE_LABEL}={node}"
     sriov = _our_objects(api, SRIOV_GPU_KIND, label_selector=selector)
     vgpus = _our_objects(api, VGPU_KIND, label_selector=selector)
-    states = _our_objects(api, NODE_STATE_KIND)
+    # The KubeVirt CR before the summaries, and the time they were read: a retiring mark the
+    # CR shows was written before that time, which is what it is judged against
+    # (model.retiring; docs/architecture.md, "The KubeVirt allow-list").
     kubevirt, notes = _kubevirt(api, kubevirt_namespace)
+    states = _our_objects(api, NODE_STATE_KIND)
+    observed_at = rfc3339(clock())
     vmis = _vmis(api, label_selector=f"{VMI_NODE_LABEL}={node}")
     entries: list[CheckpointEntry] | None = None
     if kubelet_dir is not None:
@@ -124,18 +135,23 @@ def observe_cluster(
         device_uses=uses.device_uses,
         vmi_resources=uses.vmi_resources,
         notes=tuple(notes),
+        observed_at=observed_at,
     )
 
 
 def observe_nodes_from_cluster(
-    api: ClusterApi, nodes: Sequence[str], *, kubevirt_namespace: str | None = None
+    api: ClusterApi,
+    nodes: Sequence[str],
+    *,
+    kubevirt_namespace: str | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> dict[str, tuple[Inventory, ClusterState] | ObserveError]:
     """Cluster-only planning: each node's inventory from its VGPUNodeState and its Harvester
     objects, and its cluster state, from one list call per kind however many nodes, grouped by
     node once. A node that cannot be read so (no VGPUNodeState yet, a malformed one) maps to
     the error saying why (:class:`FleetReader`, whose reads begin when it is made).
     """
-    return FleetReader(api, kubevirt_namespace=kubevirt_namespace).observe(nodes)
+    return FleetReader(api, kubevirt_namespace=kubevirt_namespace, clock=clock).observe(nodes)
 
 
 class FleetReader:
@@ -155,9 +171,16 @@ class FleetReader:
     requests counts as possibly in use on that VM's node.
     """
 
-    def __init__(self, api: ClusterApi, *, kubevirt_namespace: str | None = None) -> None:
+    def __init__(
+        self,
+        api: ClusterApi,
+        *,
+        kubevirt_namespace: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._api = api
         self._kubevirt_namespace = kubevirt_namespace
+        self._clock = clock
         self._vgpus = in_background(lambda: _our_objects(api, VGPU_KIND), name="vgpuctl-list")
 
     def observe(
@@ -167,9 +190,11 @@ class FleetReader:
         api = self._api
         wanted = set(nodes)
         sriov = _by_node(_our_objects(api, SRIOV_GPU_KIND), wanted)
-        all_states = _our_objects(api, NODE_STATE_KIND)
-        states = {o.name: o for o in all_states if o.name in wanted and _node_of(o) == o.name}
+        # The KubeVirt CR before the summaries, then the time (as observe_cluster).
         kubevirt, notes = _kubevirt(api, self._kubevirt_namespace)
+        all_states = _our_objects(api, NODE_STATE_KIND)
+        observed_at = rfc3339(self._clock())
+        states = {o.name: o for o in all_states if o.name in wanted and _node_of(o) == o.name}
         configured = {o.name: _configured(o, notes) for o in all_states if o.managed_by_us}
         vmis = _vmis(api)
         vgpus = _by_node(self._vgpus.result(), wanted)
@@ -182,6 +207,7 @@ class FleetReader:
             kubevirt=kubevirt,
             notes=notes,
             vmis=vmis,
+            observed_at=observed_at,
         )
 
 
@@ -195,6 +221,7 @@ def _observations(
     kubevirt: KubeVirtConfig | None,
     notes: list[str],
     vmis: Sequence[Mapping[str, Any]],
+    observed_at: str = "",
 ) -> dict[str, tuple[Inventory, ClusterState] | ObserveError]:
     """Each node's inventory and cluster state from the fleet's objects, grouped (pure)."""
     wanted = set(nodes)
@@ -224,6 +251,7 @@ def _observations(
             device_uses=uses.device_uses,
             vmi_resources=uses.vmi_resources,
             notes=tuple(notes),
+            observed_at=observed_at,
         )
         try:
             inventory = inventory_from_cluster(node, states.get(node), own_sriov, own_vgpus)
@@ -479,7 +507,15 @@ def _kubevirt(api: ClusterApi, namespace: str | None) -> tuple[KubeVirtConfig | 
             f"no KubeVirt CR found {_where(namespace)}: its mediated-device allow-list is not "
             "managed"
         ]
-    return kubevirt_config(cr), []
+    config = kubevirt_config(cr)
+    try:
+        parse_marks(((cr.get("metadata") or {}).get("annotations") or {}).get(_RETIRING))
+    except ClusterTextError as e:
+        return config, [
+            f"KubeVirt CR {config.namespace}/{config.name}: annotation {_RETIRING} {e}: read as "
+            "no retiring marks (no entry is removed before it is marked again)"
+        ]
+    return config, []
 
 
 def kubevirt_config(raw: Mapping[str, Any]) -> KubeVirtConfig:
@@ -497,7 +533,16 @@ def kubevirt_config(raw: Mapping[str, Any]) -> KubeVirtConfig:
         owned=_owned(annotations, KUBEVIRT_OWNED_ANNOTATION),
         pci_host_devices=_entries(permitted, "pciHostDevices", name),
         owned_pci=_owned(annotations, KUBEVIRT_OWNED_PCI_ANNOTATION),
+        retiring=_marks(annotations),
     )
+
+
+def _marks(annotations: Mapping[str, Any]) -> dict[str, str]:
+    """The retiring marks (``model.retiring``); none when the annotation cannot be read."""
+    try:
+        return parse_marks(annotations.get(_RETIRING))
+    except ClusterTextError:
+        return {}
 
 
 def _entries(permitted: object, key: str, name: str) -> tuple[dict[str, Any], ...]:

@@ -78,6 +78,7 @@ from reconciler.model.clustertext import ClusterTextError, parse_json
 from reconciler.model.errors import excerpt
 from reconciler.model.plan import Drift, FieldChange
 from reconciler.model.record import field, record
+from reconciler.model.retiring import DEFAULT_ALLOW_LIST_GRACE, expired, seconds
 from reconciler.plan.changes import section_changes
 from reconciler.plan.predict import likely_interface
 from reconciler.plan.render import LAST_APPLIED_ANNOTATION, AsStored
@@ -102,6 +103,18 @@ class ClusterPlan:
     notes: list[str] = field(default_factory=list)
 
 
+@record(frozen=True, slots=True)
+class Retiring:
+    """What the allow-list's two-phase retirement needs besides the CR (``model.retiring``)."""
+
+    #: Seconds a retiring mark must be old before its entry is removed (0: removed unmarked).
+    grace: float = DEFAULT_ALLOW_LIST_GRACE
+    #: When the other nodes' VGPUNodeStates were read (``ClusterState.observed_at``).
+    observed_at: str = ""
+    #: The mdev types the host phase creates vGPUs of: made sure of before it, marks cleared.
+    created: frozenset[str] = frozenset()
+
+
 def plan_cluster(
     rendered: Sequence[KubeObject | AsStored],
     cluster: ClusterState,
@@ -112,6 +125,8 @@ def plan_cluster(
     adopt: bool = False,
     unmanaged: frozenset[PciAddress] = frozenset(),
     observed: Inventory | None = None,
+    grace: float = DEFAULT_ALLOW_LIST_GRACE,
+    created: frozenset[str] = frozenset(),
 ) -> ClusterPlan:
     """Steps that take ``cluster`` to ``rendered`` (the node's CRs as they should be, from the
     predicted ``inventory``; those already stored so, :class:`AsStored`, are up to date), and
@@ -122,7 +137,9 @@ def plan_cluster(
     additions in :attr:`ClusterPlan.before_host`, removals among the cluster actions (see the
     module docstring). ``desired`` also words the reasons of deletes; ``unmanaged`` are those of
     its GPUs it holds as the host has them (their spec follows the host, and an update says
-    so)."""
+    so). ``created``: the mdev types the host phase creates vGPUs of (each made sure of by the
+    kubevirt-allow); ``grace``: how old a retiring mark must be, at ``cluster.observed_at``,
+    for its entry to be removed."""
     plan = ClusterPlan()
     # Read through Harvester's view when compared (an AsStored object needs no comparing).
     stored = {**cluster.sriov_gpu_devices, **cluster.vgpu_devices}
@@ -181,7 +198,11 @@ def plan_cluster(
         plan.notes.append(KUBEVIRT_MISSING)
     else:
         plan.notes.extend(_unselectable_notes(cluster.kubevirt, needed))
-        before, after = _kubevirt_steps(cluster.kubevirt, needed=needed, keep=keep)
+        retiring = Retiring(grace=grace, observed_at=cluster.observed_at, created=created)
+        before, after, waiting = _kubevirt_steps(
+            cluster.kubevirt, needed=needed, keep=keep, retiring=retiring
+        )
+        plan.notes.extend(waiting)
         if before is None and after is None:
             listed = ", ".join(sorted({p.name for p in needed})) or "none"
             plan.noops.append(
@@ -511,19 +532,30 @@ def _kubevirt_steps(
     *,
     needed: frozenset[ConfiguredProfile],
     keep: frozenset[ConfiguredProfile],
-) -> tuple[KubevirtAllow | None, KubevirtUpdate | None]:
+    retiring: Retiring,
+) -> tuple[KubevirtAllow | None, KubevirtUpdate | None, list[str]]:
     """The allow-list's additions before the host phase (every ``needed`` profile missing:
     mediatedDevices entries for those on mdev GPUs, pciHostDevices entries for those on vfio
-    GPUs) and its removals after it (the entries vgpuctl owns whose profile is not in
-    ``keep``, a subset of ``needed``), each None when there is none. Owned entries someone
-    removed are forgotten by whichever step writes; by the second when neither adds."""
+    GPUs; and every mdev type the host phase creates, listed or not, its mark cleared), its
+    retirements after it (the mdev entries vgpuctl owns whose profile is not in ``keep``, a
+    subset of ``needed``: marked, or removed once marked long enough; the pci ones removed),
+    each None when there is none, and a note per entry still waiting out its grace. Owned
+    entries someone removed are forgotten by whichever step writes; by the second when
+    neither adds. Marks of entries kept again or gone are cleared by the second."""
     present = {str(e.get("mdevNameSelector", "")) for e in kubevirt.mediated_devices}
     mine = kubevirt.owned & present
     need_m = frozenset(p.name for p in needed if not p.vfio)
     keep_m = frozenset(p.name for p in keep if not p.vfio)
-    added = sorted(need_m - present)
+    ensured = retiring.created
+    added = sorted((need_m - present) | ensured)
     add = tuple(MediatedDevice(selector=p, resource_name=resource_name(p)) for p in added)
-    remove = sorted(mine - keep_m)
+    marks = kubevirt.retiring
+    leaving = mine - keep_m
+    when, grace = retiring.observed_at, retiring.grace
+    remove = sorted(s for s in leaving if expired(marks.get(s), when, grace))
+    retire = sorted(s for s in leaving - set(remove) if seconds(marks.get(s, "")) is None)
+    waiting = sorted(leaving - set(remove) - set(retire))
+    unmark = sorted(set(marks) - leaving - ensured)
 
     present_pci = {str(e.get("resourceName", "")) for e in kubevirt.pci_host_devices}
     mine_pci = kubevirt.owned_pci & present_pci
@@ -534,32 +566,34 @@ def _kubevirt_steps(
 
     before: KubevirtAllow | None = None
     if add or add_pci:
-        parts = []
-        wanted = "(a node has or wants vGPUs of it)"
-        if add:
-            parts.append(f"mediated devices allow-list: add {', '.join(added)} {wanted}")
-        if add_pci:
-            listed = ", ".join(f"{r} ({pci[r]})" for r in added_pci)
-            parts.append(f"PCI host devices allow-list: add {listed} {wanted}")
         before = KubevirtAllow(
             target=kubevirt.target,
-            reason="; ".join(parts),
+            reason=_allow_reason(
+                sorted(need_m - present), sorted(ensured), present, added_pci, pci
+            ),
             namespace=kubevirt.namespace,
             name=kubevirt.name,
             resource_version=kubevirt.resource_version,
             add=add,
-            owned=tuple(sorted(mine | set(added))),
+            owned=tuple(sorted(mine | (set(added) - present))),
             add_pci=add_pci,
             owned_pci=tuple(sorted(mine_pci | set(added_pci))),
+            unmark=tuple(sorted(ensured)),
         )
+    notes = [
+        f"KubeVirt allow-list: {s} retiring since {marks[s]} (no node has or wants vGPUs of "
+        f"it): removed by a run at least {_duration(retiring.grace)} after that, if still so"
+        for s in waiting
+    ]
     # Owned entries no longer present are forgotten by any write; say so when only this one.
     forget = sorted(kubevirt.owned - present) if before is None else []
     forget_pci = sorted(kubevirt.owned_pci - present_pci) if before is None else []
-    if not (remove or remove_pci or forget or forget_pci):
-        return before, None
+    if not (remove or retire or unmark or remove_pci or forget or forget_pci):
+        return before, None, notes
     parts = []
-    if remove or forget:
-        parts.append("mediated devices allow-list: " + "; ".join(_why(remove, forget)))
+    if remove or retire or unmark or forget:
+        why = _why(remove, forget, retire=retire, unmark=unmark, grace=retiring.grace)
+        parts.append("mediated devices allow-list: " + "; ".join(why))
     if remove_pci or forget_pci:
         parts.append("PCI host devices allow-list: " + "; ".join(_why(remove_pci, forget_pci)))
     after = KubevirtUpdate(
@@ -572,14 +606,64 @@ def _kubevirt_steps(
         owned=tuple(sorted(mine - set(remove))),
         remove_pci=tuple(remove_pci),
         owned_pci=tuple(sorted(mine_pci - set(remove_pci))),
+        retire=tuple(retire),
+        unmark=tuple(unmark),
     )
-    return before, after
+    return before, after, notes
 
 
-def _why(removed: Sequence[str], forgotten: Sequence[str]) -> list[str]:
+def _allow_reason(
+    missing: Sequence[str],
+    ensured: Sequence[str],
+    present: set[str],
+    added_pci: Sequence[str],
+    pci: Mapping[str, str],
+) -> str:
+    """Why the kubevirt-allow: the entries it adds, and the types it makes sure of."""
+    parts = []
+    wanted = "(a node has or wants vGPUs of it)"
+    if missing:
+        parts.append(f"mediated devices allow-list: add {', '.join(missing)} {wanted}")
+    listed = [s for s in ensured if s in present]
+    if listed:
+        parts.append(
+            f"mediated devices allow-list: {', '.join(listed)} listed now; made sure of at apply "
+            "(added if gone, its retiring mark cleared) before this run creates vGPUs of it"
+        )
+    if added_pci:
+        shown = ", ".join(f"{r} ({pci[r]})" for r in added_pci)
+        parts.append(f"PCI host devices allow-list: add {shown} {wanted}")
+    return "; ".join(parts)
+
+
+def _duration(grace: float) -> str:
+    """``15m``, ``90s``, ``2h``: a grace period as people write it."""
+    whole = int(grace)
+    for unit, size in (("h", 3600), ("m", 60)):
+        if whole and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+def _why(
+    removed: Sequence[str],
+    forgotten: Sequence[str],
+    *,
+    retire: Sequence[str] = (),
+    unmark: Sequence[str] = (),
+    grace: float = 0.0,
+) -> list[str]:
     why: list[str] = []
+    if retire:
+        why.append(
+            "mark " + ", ".join(retire) + " retiring (no node has or wants vGPUs of it; "
+            f"removed after {_duration(grace)} if still so)"
+        )
     if removed:
-        why.append("remove " + ", ".join(removed) + " (no node has or wants vGPUs of it)")
+        long = f", retiring for {_duration(grace)} or more" if grace > 0 else ""
+        why.append("remove " + ", ".join(removed) + f" (no node has or wants vGPUs of it{long})")
+    if unmark:
+        why.append("clear the retiring mark of " + ", ".join(unmark) + " (kept again, or gone)")
     if forgotten:
         why.append("forget entries removed by hand: " + ", ".join(forgotten))
     return why

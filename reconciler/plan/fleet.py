@@ -38,6 +38,7 @@ from reconciler.catalog import Catalog
 from reconciler.model import DesiredNode, Inventory, Plan, ReconcilerError
 from reconciler.model.cluster import ClusterState
 from reconciler.model.record import record
+from reconciler.model.retiring import DEFAULT_ALLOW_LIST_GRACE
 from reconciler.plan.planner import plan_node
 
 
@@ -60,9 +61,13 @@ class FleetPlan:
 
 
 def plan_fleet(
-    members: Iterable[FleetMember], *, catalog: Catalog, adopt: bool = False
+    members: Iterable[FleetMember],
+    *,
+    catalog: Catalog,
+    adopt: bool = False,
+    allow_list_grace: float = DEFAULT_ALLOW_LIST_GRACE,
 ) -> FleetPlan:
-    """Plan every member (see the module's description)."""
+    """Plan every member (see the module's description; ``allow_list_grace``: plan_node's)."""
     plans: list[Plan] = []
     failures: dict[str, ReconcilerError] = {}
     with collector_batch():
@@ -74,6 +79,7 @@ def plan_fleet(
                     catalog=catalog,
                     cluster=member.cluster,
                     adopt=adopt,
+                    allow_list_grace=allow_list_grace,
                 )
             except ReconcilerError as exc:
                 failures[member.inventory.node] = exc

@@ -18,7 +18,7 @@ one note per such GPU.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from reconciler.catalog import Catalog
 from reconciler.model import (
@@ -37,11 +37,13 @@ from reconciler.model import (
     PlanError,
     Problem,
     Vf,
+    VgpuCreate,
     VgpuMode,
 )
-from reconciler.model.cluster import ClusterState
+from reconciler.model.cluster import ClusterState, is_type_name
 from reconciler.model.plan import Drift
 from reconciler.model.record import field, record
+from reconciler.model.retiring import DEFAULT_ALLOW_LIST_GRACE
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
 from reconciler.plan.diff import diff_gpu
@@ -67,6 +69,7 @@ def plan_node(
     adopt: bool = False,
     partial: bool = False,
     mdev_creates_blocked: str | None = None,
+    allow_list_grace: float = DEFAULT_ALLOW_LIST_GRACE,
 ) -> Plan:
     """The plan that takes ``inventory`` (and, when given, ``cluster``) to ``node``'s desired
     state.
@@ -78,7 +81,10 @@ def plan_node(
     ``mdev_creates_blocked``: why no vGPU may be made on a GPU whose VFs use (or, SR-IOV off,
     will likely use) the mdev interface: each such create is blocked with it (KubeVirt's
     virt-handler would remove it: ``observe/kubevirt.py``), and the removals that only make
-    room for them wait too. Raises :class:`PlanError` carrying every problem found.
+    room for them wait too. ``allow_list_grace``: how long (seconds) an owned KubeVirt
+    allow-list entry no node keeps stays marked retiring before a run removes it
+    (``model.retiring``; 0 removes it at once, unsafe with several nodes). Raises
+    :class:`PlanError` carrying every problem found.
     """
     if cluster is not None and not inventory.vf_availability:
         # The cluster's objects and the node summary show each VF's creatable types: a scan
@@ -144,6 +150,8 @@ def plan_node(
             adopt=adopt,
             unmanaged=frozenset(kept),
             observed=inventory,
+            grace=allow_list_grace,
+            created=_mdev_created(actions, predicted),
         )
         node_state = plan_node_state(
             render_node_state(
@@ -198,6 +206,21 @@ def plan_node(
         notes=tuple(notes),
         drift=tuple(drift),
     )
+
+
+def _mdev_created(actions: Sequence[Action], predicted: Inventory) -> frozenset[str]:
+    """The types of the vGPUs ``actions`` create on GPUs that are not on NVIDIA's vfio
+    interface (as predicted): mdevs, which virt-handler sweeps unless allow-listed."""
+    out = set()
+    for action in actions:
+        if isinstance(action, VgpuCreate) and is_type_name(action.type_name):
+            gpu = predicted.gpu(action.gpu)
+            interface = Interface.NONE if gpu is None else gpu.interface
+            if interface is Interface.NONE:
+                interface = likely_interface(predicted)  # as configured_here has it
+            if interface is not Interface.VFIO:
+                out.add(action.type_name)
+    return frozenset(out)
 
 
 def _group_notes(node: DesiredNode | None) -> list[str]:

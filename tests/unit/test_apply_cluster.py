@@ -27,6 +27,7 @@ from reconciler.model import (
     CrCreate,
     CrDelete,
     CrUpdate,
+    KubevirtAllow,
     KubevirtUpdate,
     MediatedDevice,
     PciAddress,
@@ -44,6 +45,7 @@ from reconciler.model.cluster import (
     VGPU_KIND,
     KubeObject,
 )
+from reconciler.model.retiring import KUBEVIRT_RETIRING_ANNOTATION
 from tests.doubles import jsonpatch
 from tests.doubles.cluster import FakeCluster, Key
 
@@ -677,10 +679,13 @@ def test_kubevirt_add_leaves_a_concurrent_change_elsewhere_alone() -> None:
     assert not any(op["path"] == "/metadata/resourceVersion" for op in fake.patches[0])
 
 
-def test_kubevirt_removal_is_written_with_the_version_it_was_decided_from() -> None:
-    """A profile leaves the allow-list only as decided from the CR's version (issue 12): a
-    change anywhere in the CR since it was read fails the patch, which is re-planned from the
-    CR as it now is, and the other change is left alone."""
+def test_kubevirt_removal_waits_when_the_cr_changed_since_the_plan() -> None:
+    """A profile leaves the allow-list only as decided from the CR's version (issue 12; the
+    retiring marks, model.retiring): a change anywhere in the CR since it was read fails the
+    patch, which writes nothing; read again, the CR has another version than the plan's, so
+    the removal waits for the next run (decided from summaries read before the change), the
+    outcome says so, and the other change is left alone. (Before, the removal was re-planned
+    against the new version and written.)"""
     fake = FakeCluster()
     theirs = entry("GRID T4-2Q")
     planned = fake.put(
@@ -691,22 +696,95 @@ def test_kubevirt_removal_is_written_with_the_version_it_was_decided_from() -> N
     action = kubevirt_update(planned, add=[], remove=["NVIDIA A2-4Q"], owned=[])
     result = execute_cluster([action], api=fake)
     assert result.ok
+    assert result.outcomes[0].status is OutcomeStatus.NOOP
     assert result.outcomes[0].message == (
-        "kubevirt/harvester-system/kubevirt: removed NVIDIA A2-4Q (after 1 conflict: re-read "
-        "and re-planned)"
+        "kubevirt/harvester-system/kubevirt: mediatedDevices already as planned; the CR changed "
+        "since the plan: removal of NVIDIA A2-4Q waits for the next run (after 1 conflict: "
+        "re-read and re-planned)"
     )
     after = stored_kubevirt(fake)
     assert after["spec"]["imageRegistry"] == "registry.example/kubevirt"
-    assert after["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == [
-        {**theirs, "resourceName": "nvidia.com/T4"}
-    ]
-    assert [c[0] for c in fake.calls] == ["get", "patch", "get", "patch"]
-    first, second = fake.patches
+    assert selectors(fake) == ["GRID T4-2Q", "NVIDIA A2-4Q"]
+    assert [c[0] for c in fake.calls] == ["get", "patch", "get"]
+    (first,) = fake.patches
     assert first[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": version}
-    assert second[0]["path"] == "/metadata/resourceVersion" and second[0]["value"] != version
+
+
+def test_kubevirt_removal_read_at_another_version_is_not_written_but_the_rest_is() -> None:
+    """The CR read at apply has another resourceVersion than the plan's (another node wrote
+    it between the plan and this write): the removal is not written, not even tried; the
+    marks and unmarks of the same action are (they are safe whatever changed)."""
+    fake = FakeCluster()
+    cr = kubevirt_cr([A2_4Q, entry("NVIDIA A2-8Q")], "NVIDIA A2-4Q,NVIDIA A2-8Q")
+    planned = fake.put("kubevirts", cr, "harvester-system")
+    edited = copy.deepcopy(cr)
+    edited["spec"]["imageRegistry"] = "registry.example/kubevirt"
+    fake.put("kubevirts", edited, "harvester-system")
+    action = replace(
+        kubevirt_update(planned, add=[], remove=["NVIDIA A2-4Q"], owned=["NVIDIA A2-8Q"]),
+        retire=("NVIDIA A2-8Q",),
+    )
+    result = execute_cluster([action], api=fake, now=lambda: "2026-12-07T19:00:00Z")
+    assert result.ok
+    assert result.outcomes[0].status is OutcomeStatus.DONE
+    assert result.outcomes[0].message == (
+        "kubevirt/harvester-system/kubevirt: marked NVIDIA A2-8Q retiring; the CR changed since "
+        "the plan: removal of NVIDIA A2-4Q waits for the next run"
+    )
+    assert selectors(fake) == ["NVIDIA A2-4Q", "NVIDIA A2-8Q"]
+    annotations = stored_kubevirt(fake)["metadata"]["annotations"]
+    assert json.loads(annotations[KUBEVIRT_RETIRING_ANNOTATION]) == {
+        "NVIDIA A2-8Q": "2026-12-07T19:00:00Z"
+    }
+    assert annotations[KUBEVIRT_OWNED_ANNOTATION] == "NVIDIA A2-4Q,NVIDIA A2-8Q"
+    (patch,) = fake.patches
+    assert all(op["path"] != "/metadata/resourceVersion" for op in patch)
+
+
+def test_kubevirt_removal_after_this_runs_own_allow_write_goes_ahead() -> None:
+    """The plan's kubevirt-allow wrote the CR directly over the planned version (its patch
+    tested it): the kubevirt-update planned from that version finds the allow's version, its
+    own run's, and removes. An allow written over another version (someone wrote between the
+    plan and it) records nothing: the removal then waits."""
+    for foreign_first in (False, True):
+        fake = FakeCluster()
+        cr = kubevirt_cr([A2_4Q], "NVIDIA A2-4Q")
+        planned = fake.put("kubevirts", cr, "harvester-system")
+        if foreign_first:
+            edited = copy.deepcopy(cr)
+            edited["spec"]["imageRegistry"] = "registry.example/kubevirt"
+            fake.put("kubevirts", edited, "harvester-system")
+        allow = KubevirtAllow(
+            seq=1, target="kubevirt/harvester-system/kubevirt", reason="r",
+            namespace="harvester-system", name="kubevirt", resource_version=planned,
+            add=(MediatedDevice("NVIDIA A2-8Q", "nvidia.com/NVIDIA_A2-8Q"),),
+            owned=("NVIDIA A2-4Q", "NVIDIA A2-8Q"), unmark=("NVIDIA A2-8Q",),
+        )  # fmt: skip
+        update = replace(
+            kubevirt_update(planned, add=[], remove=["NVIDIA A2-4Q"], owned=["NVIDIA A2-8Q"]),
+            seq=2,
+        )
+        versions: dict[str, str] = {}
+        first = execute_cluster([allow], api=fake, versions=versions)
+        allowed = stored_kubevirt(fake)["metadata"]["resourceVersion"]
+        second = execute_cluster([update], api=fake, versions=versions)
+        assert first.ok and second.ok
+        if foreign_first:
+            assert versions == {}
+            assert selectors(fake) == ["NVIDIA A2-4Q", "NVIDIA A2-8Q"]
+            assert "waits for the next run" in second.outcomes[0].message
+        else:
+            assert versions[planned] == allowed
+            assert selectors(fake) == ["NVIDIA A2-8Q"]
+            assert fake.patches[0][0] == {
+                "op": "test", "path": "/metadata/resourceVersion", "value": planned,
+            }  # fmt: skip
 
 
 def test_kubevirt_patch_fails_cleanly_when_an_entry_it_removes_changed() -> None:
+    """Our entry is edited between the read and the removal's patch: the patch (which tests
+    it) fails whole and writes nothing; the CR read again is not the planned one, so the
+    removal waits for the next run."""
     fake = FakeCluster()
     planned = fake.put(
         "kubevirts", kubevirt_cr([entry("GRID T4-2Q"), A2_4Q], "NVIDIA A2-4Q"), "harvester-system"
@@ -721,15 +799,83 @@ def test_kubevirt_patch_fails_cleanly_when_an_entry_it_removes_changed() -> None
     fake.before_write = edit_our_entry  # before every write: the tested entry never matches
     action = kubevirt_update(planned, add=[], remove=["NVIDIA A2-4Q"], owned=[])
     result = execute_cluster([action], api=fake, max_conflict_retries=2)
-    assert result.failed is not None
-    assert result.failed.message == (
-        "kubevirt/harvester-system/kubevirt kept changing under us: gave up after 3 conflicts"
-    )
-    # Each patch failed whole: the edited entry is there, nothing of the patch was written.
+    assert result.ok
+    assert "removal of NVIDIA A2-4Q waits for the next run" in result.outcomes[0].message
+    # The patch failed whole: the edited entry is there, nothing of the patch was written.
     assert selectors(fake) == ["GRID T4-2Q", "NVIDIA A2-4Q"]
     after = stored_kubevirt(fake)
     assert after["metadata"]["annotations"][KUBEVIRT_OWNED_ANNOTATION] == "NVIDIA A2-4Q"
-    assert [c[0] for c in fake.calls] == ["get", "patch"] * 3
+    assert [c[0] for c in fake.calls] == ["get", "patch", "get"]
+
+
+def _marked(cr: dict[str, Any], marks: dict[str, str]) -> dict[str, Any]:
+    cr["metadata"]["annotations"][KUBEVIRT_RETIRING_ANNOTATION] = json.dumps(marks)
+    return cr
+
+
+def test_an_allow_step_clears_the_mark_of_a_type_it_creates_and_adds_it_if_gone() -> None:
+    """The kubevirt-allow names every type its run creates: at apply a mark another node wrote
+    since is cleared (a write: that node's removal, testing the mark, then fails), and an
+    entry gone is added again; an entry there and unmarked is left as it is (no write)."""
+    marks = {"NVIDIA A2-4Q": "2026-12-07T18:00:00Z", "NVIDIA A2-8Q": "2026-12-07T18:01:00Z"}
+    cases = {
+        "marked": kubevirt_cr([A2_4Q, entry("NVIDIA A2-8Q")], "NVIDIA A2-4Q,NVIDIA A2-8Q"),
+        "gone": kubevirt_cr([entry("NVIDIA A2-8Q")], "NVIDIA A2-8Q"),
+        "as is": kubevirt_cr([A2_4Q], "NVIDIA A2-4Q"),
+    }
+    _marked(cases["marked"], marks)
+    for case, cr in cases.items():
+        fake = FakeCluster()
+        planned = fake.put("kubevirts", cr, "harvester-system")
+        allow = KubevirtAllow(
+            seq=1, target="kubevirt/harvester-system/kubevirt", reason="r",
+            namespace="harvester-system", name="kubevirt", resource_version=planned,
+            add=(MediatedDevice("NVIDIA A2-4Q", "nvidia.com/NVIDIA_A2-4Q"),),
+            owned=("NVIDIA A2-4Q",), unmark=("NVIDIA A2-4Q",),
+        )  # fmt: skip
+        result = execute_cluster([allow], api=fake)
+        assert result.ok, case
+        annotations = stored_kubevirt(fake)["metadata"]["annotations"]
+        if case == "as is":
+            assert result.outcomes[0].status is OutcomeStatus.NOOP
+            assert fake.patches == []
+            continue
+        assert "NVIDIA A2-4Q" in selectors(fake)
+        if case == "marked":
+            assert result.outcomes[0].message.endswith("cleared the retiring mark of NVIDIA A2-4Q")
+            assert json.loads(annotations[KUBEVIRT_RETIRING_ANNOTATION]) == {
+                "NVIDIA A2-8Q": "2026-12-07T18:01:00Z"
+            }
+            # The mark's old value is tested: a concurrent change of it fails the patch.
+            assert {
+                "op": "test",
+                "path": "/metadata/annotations/" + KUBEVIRT_RETIRING_ANNOTATION.replace("/", "~1"),
+                "value": json.dumps(marks),
+            } in fake.patches[0]
+        else:
+            assert result.outcomes[0].message.endswith("allowed NVIDIA A2-4Q")
+            assert KUBEVIRT_RETIRING_ANNOTATION not in annotations
+
+
+def test_a_removal_takes_the_mark_with_it_and_fails_if_the_mark_was_cleared() -> None:
+    """A removal patch tests the marks' annotation as read: another node's allow step that
+    cleared the mark in between (it is about to create vGPUs of the type) fails it whole."""
+    marks = {"NVIDIA A2-4Q": "2026-12-07T18:00:00Z"}
+    cr = _marked(kubevirt_cr([A2_4Q], "NVIDIA A2-4Q"), marks)
+    ops = allow_list_patch(cr, add=[], remove=["NVIDIA A2-4Q"])
+    assert ops is not None
+    patch, summary = ops
+    assert summary == "removed NVIDIA A2-4Q"
+    pointer = "/metadata/annotations/" + KUBEVIRT_RETIRING_ANNOTATION.replace("/", "~1")
+    assert {"op": "test", "path": pointer, "value": json.dumps(marks)} in patch
+    assert {"op": "remove", "path": pointer} in patch
+    cleared = copy.deepcopy(cr)
+    del cleared["metadata"]["annotations"][KUBEVIRT_RETIRING_ANNOTATION]
+    with pytest.raises(jsonpatch.JsonPatchError):
+        jsonpatch.apply(cleared, patch)
+    removed = jsonpatch.apply(cr, patch)
+    assert removed["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] == []
+    assert KUBEVIRT_RETIRING_ANNOTATION not in removed["metadata"]["annotations"]
 
 
 def test_allow_list_patch_creates_the_levels_that_are_missing() -> None:

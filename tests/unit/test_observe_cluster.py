@@ -38,6 +38,7 @@ from reconciler.model.cluster import (
     KubeObject,
     object_name,
 )
+from reconciler.model.retiring import KUBEVIRT_RETIRING_ANNOTATION as _RETIRING
 from reconciler.observe.checkpoint import checkpoint_file
 from reconciler.observe.cluster import (
     FleetReader,
@@ -224,20 +225,22 @@ def kubelet_with(tmp_path: Path, fixture: str) -> Path:
 
 
 def test_a_node_without_vms_costs_five_list_calls_its_own_objects_selected() -> None:
+    """Five lists; the KubeVirt CR before the VGPUNodeStates (a retiring mark it shows was
+    written before the summaries were read: model.retiring)."""
     api = cluster()
     state = observe_cluster(api, node=NODE)
     assert api.calls == [
         ("list", "sriovgpudevices", None),
         ("list", "vgpudevices", None),
-        ("list", "vgpunodestates", None),
         ("list", "kubevirts", None),
+        ("list", "vgpunodestates", None),
         ("list", "virtualmachineinstances", None),
     ]
     assert api.lists == [
         ListCall(GROUP, "v1beta1", "sriovgpudevices", None, f"nodename={NODE}", ""),
         ListCall(GROUP, "v1beta1", "vgpudevices", None, f"nodename={NODE}", ""),
-        ListCall("vgpu.reconciler.dev", "v1alpha1", "vgpunodestates", None, "", ""),
         ListCall("kubevirt.io", "v1", "kubevirts", None, "", ""),
+        ListCall("vgpu.reconciler.dev", "v1alpha1", "vgpunodestates", None, "", ""),
         ListCall(
             "kubevirt.io", "v1", "virtualmachineinstances", None, f"kubevirt.io/nodeName={NODE}", ""
         ),
@@ -270,6 +273,35 @@ def test_kubevirt_allow_list_and_owned_annotation() -> None:
     assert (kv.namespace, kv.name, kv.resource_version) == ("harvester-system", "kubevirt", "42")
     assert [e["mdevNameSelector"] for e in kv.mediated_devices] == ["NVIDIA A2-4Q"]
     assert kv.owned == frozenset({"NVIDIA A2-4Q", "NVIDIA A2-8Q"})
+
+
+def test_the_retiring_marks_and_the_time_the_summaries_were_read() -> None:
+    """The marks (model.retiring) are read from their annotation; ``observed_at`` is the
+    injected clock's time, read once the summaries are (the planner reads no clock); a mark
+    annotation that cannot be read is no marks, and a note."""
+    marks = {"NVIDIA A2-4Q": "2026-12-07T18:00:00Z"}
+    api = cluster(
+        kv=[kubevirt(**{KUBEVIRT_OWNED_ANNOTATION: "NVIDIA A2-4Q", _RETIRING: json.dumps(marks)})]
+    )
+    read: list[str] = []
+
+    def clock() -> float:
+        read.append(api.calls[-1][1])  # what was listed last when the time was taken
+        return 1_796_670_000.0
+
+    state = observe_cluster(api, node=NODE, clock=clock)
+    assert state.kubevirt is not None and dict(state.kubevirt.retiring) == marks
+    assert state.observed_at == "2026-12-07T19:00:00Z"
+    assert read == ["vgpunodestates"]
+    unreadable = observe_cluster(
+        cluster(kv=[kubevirt(**{_RETIRING: "[not an object]"})]), node=NODE
+    )
+    assert unreadable.kubevirt is not None and dict(unreadable.kubevirt.retiring) == {}
+    assert any(_RETIRING in n and "no retiring marks" in n for n in unreadable.notes)
+    # The fleet reader reads them so too.
+    (observed,) = FleetReader(api, clock=lambda: 1_796_670_000.0).observe([NODE]).values()
+    assert not isinstance(observed, Exception)
+    assert observed[1].observed_at == "2026-12-07T19:00:00Z"
 
 
 # -- which kind of GPU a profile is configured on, per the other nodes' summaries --------------
@@ -477,8 +509,8 @@ def test_vmi_active_pods_and_checkpoint_join_into_device_uses(tmp_path: Path) ->
     assert [c[1] for c in api.calls] == [
         "sriovgpudevices",
         "vgpudevices",
-        "vgpunodestates",
         "kubevirts",
+        "vgpunodestates",
         "virtualmachineinstances",
     ]
     assert state.device_uses == {

@@ -24,6 +24,8 @@ from reconciler.model import (
     Gpu,
     Interface,
     Inventory,
+    KubevirtAllow,
+    KubevirtUpdate,
     PciAddress,
     Plan,
     PlanError,
@@ -42,6 +44,7 @@ from reconciler.model.nodestate import stamped
 from reconciler.model.plan_json import action_to_json, plan_from_json, plan_to_json
 from reconciler.plan import plan_node
 from reconciler.plan.cluster import KUBEVIRT_MISSING
+from reconciler.plan.compare import effect
 from reconciler.plan.planner import NO_CLUSTER
 from reconciler.plan.render import render_objects
 
@@ -259,16 +262,132 @@ def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones
         plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
     )
     assert fields["add"] == [_entry("NVIDIA A2-4Q")]
-    # A2-2B was ours and is configured nowhere; A2-8Q is not ours (kept although configured
-    # elsewhere only); L4-6Q is ours and still configured on another node; A2-1B was ours but
-    # someone removed its entry: forgotten.
-    assert fields["remove"] == ["NVIDIA A2-2B"]
-    assert fields["owned"] == ["NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA L4-6Q"]
+    # A2-2B was ours and is configured nowhere: marked retiring (removed by a later run, its
+    # mark old enough: test_an_owned_entry_no_node_keeps_is_marked_then_removed_after_the_grace);
+    # A2-8Q is not ours (kept although configured elsewhere only); L4-6Q is ours and still
+    # configured on another node; A2-1B was ours but someone removed its entry: forgotten.
+    assert fields["remove"] == []
+    (update,) = [
+        a
+        for a in plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster).actions
+        if isinstance(a, KubevirtUpdate) and a.kind is ActionKind.KUBEVIRT_UPDATE
+    ]
+    assert update.retire == ("NVIDIA A2-2B",) and update.unmark == ()
+    assert fields["owned"] == ["NVIDIA A2-2B", "NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA L4-6Q"]
     assert (fields["namespace"], fields["name"], fields["resourceVersion"]) == (
         "kubevirt",
         "kubevirt",
         "5",
     )
+
+
+# -- two-phase retirement: marked, then removed once the mark is older than the grace --------
+
+OBSERVED_AT = "2026-12-07T19:00:00Z"
+
+
+def _retiring_plan(
+    marks: dict[str, str],
+    *,
+    grace: float = 900.0,
+    elsewhere: frozenset[ConfiguredProfile] = frozenset(),
+    observed_at: str = OBSERVED_AT,
+) -> tuple[KubevirtAllow | None, KubevirtUpdate | None, Plan]:
+    """The seed node, unchanged, its allow-list owning A2-2B (no node has or wants it) beside
+    its own two types, with ``marks`` on the CR."""
+    inventory = Inventory(NODE, (_a2(SEED),))
+    owned = ["NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA A2-2B"]
+    kubevirt = replace(_kubevirt(owned, owned), retiring=marks)
+    cluster = _synced(
+        _desired(SEED),
+        inventory,
+        kubevirt=kubevirt,
+        profiles_elsewhere=elsewhere,
+        observed_at=observed_at,
+    )
+    plan = plan_node(
+        _desired(SEED), inventory, catalog=CATALOG, cluster=cluster, allow_list_grace=grace
+    )
+    allow = [a for a in plan.actions if isinstance(a, KubevirtAllow)]
+    update = [
+        a
+        for a in plan.actions
+        if isinstance(a, KubevirtUpdate) and a.kind is ActionKind.KUBEVIRT_UPDATE
+    ]
+    return (allow or [None])[0], (update or [None])[0], plan
+
+
+def test_an_owned_entry_no_node_keeps_is_marked_then_removed_after_the_grace() -> None:
+    """Unmarked: marked (the executor stamps the time). Marked less than the grace before the
+    summaries were read: left, with a note. Marked the grace or longer before: removed, its
+    mark with it. A mark that cannot be read is written again. (Before: removed at once.)"""
+    _, update, _ = _retiring_plan({})
+    assert update is not None
+    assert (update.retire, update.remove, update.unmark) == (("NVIDIA A2-2B",), (), ())
+    assert "mark NVIDIA A2-2B retiring" in update.reason and "after 15m" in update.reason
+
+    _, update, plan = _retiring_plan({"NVIDIA A2-2B": "2026-12-07T18:45:01Z"})
+    assert update is None
+    assert any("NVIDIA A2-2B retiring since 2026-12-07T18:45:01Z" in n for n in plan.notes)
+
+    _, update, _ = _retiring_plan({"NVIDIA A2-2B": "2026-12-07T18:45:00Z"})
+    assert update is not None
+    assert (update.retire, update.remove, update.unmark) == ((), ("NVIDIA A2-2B",), ())
+    assert update.owned == ("NVIDIA A2-4A", "NVIDIA A2-4Q")
+
+    _, update, _ = _retiring_plan({"NVIDIA A2-2B": "yesterday"})
+    assert update is not None and update.retire == ("NVIDIA A2-2B",) and update.remove == ()
+
+
+def test_a_mark_is_never_old_enough_when_the_observation_time_is_unknown() -> None:
+    _, update, _ = _retiring_plan({"NVIDIA A2-2B": "2020-01-01T00:00:00Z"}, observed_at="")
+    assert update is None
+
+
+def test_a_grace_of_zero_removes_at_once_unmarked() -> None:
+    _, update, _ = _retiring_plan({}, grace=0)
+    assert update is not None
+    assert (update.retire, update.remove) == ((), ("NVIDIA A2-2B",))
+
+
+def test_a_mark_on_a_type_kept_again_or_gone_is_cleared() -> None:
+    """Another node shows A2-2B again: its mark is cleared, nothing retires; a mark on a
+    selector that is no owned entry any more is cleared too."""
+    marks = {"NVIDIA A2-2B": "2026-12-07T18:00:00Z", "NVIDIA A2-1B": "2026-12-07T18:00:00Z"}
+    _, update, _ = _retiring_plan(marks, elsewhere=frozenset({ConfiguredProfile("NVIDIA A2-2B")}))
+    assert update is not None
+    assert (update.retire, update.remove) == ((), ())
+    assert update.unmark == ("NVIDIA A2-1B", "NVIDIA A2-2B")
+    assert "clear the retiring mark of NVIDIA A2-1B, NVIDIA A2-2B" in update.reason
+
+
+def test_every_mdev_type_the_host_phase_creates_is_made_sure_of_before_it() -> None:
+    """A2-4Q is listed and unmarked, A2-4C listed but marked by another node, A2-4A missing:
+    the plan creates vGPUs of all three, so its kubevirt-allow names all three (the listed
+    ones added only if gone at apply) and clears their marks, before the first host action.
+    The saved form of this step is the same whether or not they were listed at plan time.
+    (Before: only the missing A2-4A, and a marked type was created unprotected.)"""
+    inventory = Inventory(NODE, (_a2({}),))
+    wanted = {0: "NVIDIA A2-4Q", 1: "NVIDIA A2-4C", 2: "NVIDIA A2-4A"}
+    kubevirt = replace(
+        _kubevirt(["NVIDIA A2-4Q", "NVIDIA A2-4C"], ["NVIDIA A2-4Q", "NVIDIA A2-4C"]),
+        retiring={"NVIDIA A2-4C": "2026-12-07T18:00:00Z"},
+    )
+    cluster = ClusterState(NODE, kubevirt=kubevirt, observed_at=OBSERVED_AT)
+    plan = plan_node(_desired(wanted), inventory, catalog=CATALOG, cluster=cluster)
+    allow = plan.actions[0]
+    assert isinstance(allow, KubevirtAllow) and allow.seq == 1
+    assert [e.selector for e in allow.add] == ["NVIDIA A2-4A", "NVIDIA A2-4C", "NVIDIA A2-4Q"]
+    assert allow.unmark == ("NVIDIA A2-4A", "NVIDIA A2-4C", "NVIDIA A2-4Q")
+    assert allow.owned == ("NVIDIA A2-4A", "NVIDIA A2-4C", "NVIDIA A2-4Q")
+    assert "NVIDIA A2-4C, NVIDIA A2-4Q listed now; made sure of at apply" in allow.reason
+    assert not any(a.kind is ActionKind.KUBEVIRT_UPDATE for a in plan.actions)
+    # Listed or gone at plan time, the step does the same (a saved plan compares equal).
+    gone = replace(kubevirt, mediated_devices=(), owned=frozenset())
+    fresh = plan_node(
+        _desired(wanted), inventory, catalog=CATALOG, cluster=replace(cluster, kubevirt=gone)
+    )
+    assert effect(fresh.actions[0]) == effect(allow)
 
 
 def test_a_complete_allow_list_is_a_noop_and_a_missing_kubevirt_cr_a_note() -> None:
@@ -392,7 +511,10 @@ def test_an_unnamed_gpus_objects_follow_the_host_and_its_profiles_stay_configure
         )
     )  # fmt: skip
     now = Inventory(NODE, (_a2({0: "unknown", 2: "NVIDIA A2-4A"}),))
-    plan = plan_node(DesiredNode(NODE, ()), now, catalog=CATALOG, cluster=synced)
+    # A grace of 0: the entry goes at once (the two-phase retirement is tested above).
+    plan = plan_node(
+        DesiredNode(NODE, ()), now, catalog=CATALOG, cluster=synced, allow_list_grace=0
+    )
     updates = {a.target: a for a in plan.actions if isinstance(a, CrUpdate) and a.target != NODE}
     assert sorted(updates) == ["n1-000008004", "n1-000008005", "n1-000008006"]
     assert not [a for a in plan.actions if a.kind is ActionKind.CR_DELETE]

@@ -107,7 +107,7 @@ FULL = {
         namespace="harvester-system", name="kubevirt", resource_version="7",
         add=(MediatedDevice("NVIDIA A2-4Q", "nvidia.com/NVIDIA_A2-4Q"),), owned=("NVIDIA A2-4Q",),
         add_pci=(PciHostDevice("10DE:26B9", "nvidia.com/NVIDIA_L40S-8Q"),),
-        owned_pci=("nvidia.com/NVIDIA_L40S-8Q",),
+        owned_pci=("nvidia.com/NVIDIA_L40S-8Q",), unmark=("NVIDIA A2-4Q",),
     ),
     ActionKind.KUBEVIRT_UPDATE: KubevirtUpdate(
         seq=1, target="kubevirt/harvester-system/kubevirt", reason="r",
@@ -116,6 +116,7 @@ FULL = {
         remove=("NVIDIA A2-4A",), owned=("NVIDIA A2-4Q",),
         add_pci=(PciHostDevice("10DE:26B9", "nvidia.com/NVIDIA_L40S-8Q"),),
         remove_pci=("nvidia.com/NVIDIA_L40S-4Q",), owned_pci=("nvidia.com/NVIDIA_L40S-8Q",),
+        retire=("NVIDIA A2-8Q",), unmark=("NVIDIA A2-2Q",),
     ),
     ActionKind.VGPUDEVICE_DISABLE: VgpuDeviceDisable(
         seq=1, target="n1-000008004", reason="r", node="n1", gpu=GPU,
@@ -143,8 +144,14 @@ OPTIONAL: dict[ActionKind, dict[str, Any]] = {
     ActionKind.VGPU_REMOVE: {"replaced_by": None},
     ActionKind.VGPU_CREATE: {"replaces": None},
     ActionKind.CR_UPDATE: {"adopt": False},
-    ActionKind.KUBEVIRT_UPDATE: {"add_pci": (), "remove_pci": (), "owned_pci": ()},
-    ActionKind.KUBEVIRT_ALLOW: {"add_pci": (), "owned_pci": ()},
+    ActionKind.KUBEVIRT_UPDATE: {
+        "add_pci": (),
+        "remove_pci": (),
+        "owned_pci": (),
+        "retire": (),
+        "unmark": (),
+    },
+    ActionKind.KUBEVIRT_ALLOW: {"add_pci": (), "owned_pci": (), "unmark": ()},
     ActionKind.VGPUDEVICE_DISABLE: {"replaced_by": None},
     ActionKind.VGPUDEVICE_ENABLE: {"replaces": None},
 }
@@ -220,7 +227,10 @@ def test_a_blocked_host_action_is_the_action_without_seq(kind: ActionKind) -> No
 def test_a_kubevirt_update_of_an_older_vgpuctl_has_no_pci_side() -> None:
     """A plan written before the PCI host devices allow-list (no addPci, removePci, ownedPci)
     reads as changing mediatedDevices only; one with nothing on the PCI side is written so."""
-    mdev_only = replace(FULL[ActionKind.KUBEVIRT_UPDATE], add_pci=(), remove_pci=(), owned_pci=())
+    mdev_only = replace(
+        FULL[ActionKind.KUBEVIRT_UPDATE],
+        add_pci=(), remove_pci=(), owned_pci=(), retire=(), unmark=(),
+    )  # fmt: skip
     old = {
         "seq": 1, "kind": "kubevirt-update", "phase": "cluster",
         "target": "kubevirt/harvester-system/kubevirt", "namespace": "harvester-system",
@@ -416,6 +426,7 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
                 owned=tuple(draw(st.lists(_names, max_size=3, unique=True))),
                 add_pci=tuple(PciHostDevice("10DE:" + d, r) for d, r in pci),
                 owned_pci=tuple(draw(st.lists(resources, max_size=2, unique=True))),
+                unmark=tuple(draw(st.lists(_names, max_size=2, unique=True))),
             )
         case ActionKind.KUBEVIRT_UPDATE:
             added = draw(st.lists(_names, max_size=3, unique=True))
@@ -433,6 +444,8 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
                 add_pci=tuple(PciHostDevice("10DE:" + d, r) for d, r in pci),
                 remove_pci=tuple(draw(st.lists(resources, max_size=2))),
                 owned_pci=tuple(draw(st.lists(resources, max_size=2, unique=True))),
+                retire=tuple(draw(st.lists(_names, max_size=2, unique=True))),
+                unmark=tuple(draw(st.lists(_names, max_size=2, unique=True))),
             )
         case ActionKind.DEVICE_PLUGIN_REFRESH:
             name = draw(_names)
