@@ -11,6 +11,7 @@ files say.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,9 @@ def test_a_type_the_files_no_longer_name_stays_listed_while_a_vgpu_of_it_exists(
     """A VM holds an A2-4A vGPU; the file turns every VF to A2-4Q. The held vGPU cannot be
     removed, and its type stays allow-listed, so the heartbeat leaves it to its VM. (Before
     issue 29 the entry went as soon as no file named the type, and the heartbeat removed the
-    VM's vGPU.) Once the VM lets go, the vGPU is replaced and only then does the entry go."""
+    VM's vGPU.) Once the VM lets go, the vGPU is replaced and only then does the entry go: it
+    is marked retiring by that run, and removed by the first run at least the grace period
+    later (here 1 s: reconciler/model/retiring.py)."""
     node = cluster_node(tmp_path, emu)
     node.ok("apply", SEED, "--yes")
     held_vf, (held_type, held_uuid) = "0000:08:00.4", _vgpus(node)["0000:08:00.4"]
@@ -154,7 +157,11 @@ def test_a_type_the_files_no_longer_name_stays_listed_while_a_vgpu_of_it_exists(
     assert _vgpus(node)[held_vf] == (held_type, held_uuid)
 
     node.ok("sim", "release", node.dir, held_uuid)
-    node.ok("apply", all_4q, "--yes")
+    node.ok("apply", all_4q, "--yes", "--allow-list-grace", "1s")
+    assert "NVIDIA A2-4A" in _selectors(emu)  # marked retiring, not yet removed
+    assert _heartbeat(node) == 0
+    time.sleep(2.1)  # marks are stamped to the second
+    node.ok("apply", all_4q, "--yes", "--allow-list-grace", "1s")
     assert "NVIDIA A2-4A" not in _selectors(emu)
     assert "GRID T4-2Q" in _selectors(emu)  # someone else's entry: never touched
     assert _heartbeat(node) == 0

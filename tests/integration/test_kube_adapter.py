@@ -507,8 +507,9 @@ def test_observe_cluster_end_to_end(
     assert emu.requests == [
         Request("list", GROUP, "sriovgpudevices", None, None, None),
         Request("list", GROUP, "vgpudevices", None, None, None),
-        Request("list", "vgpu.reconciler.dev", "vgpunodestates", None, None, None),
+        # The KubeVirt CR before the summaries (a retiring mark: reconciler/model/retiring.py).
         Request("list", "kubevirt.io", "kubevirts", None, None, None),
+        Request("list", "vgpu.reconciler.dev", "vgpunodestates", None, None, None),
         Request("list", "kubevirt.io", "virtualmachineinstances", None, None, None),
     ]
 

@@ -185,11 +185,15 @@ def test_the_kubevirt_write_names_only_our_entries_and_a_change_elsewhere_surviv
     selectors = [e["mdevNameSelector"] for e in mediated(emu)]
     assert selectors == ["GRID T4-2Q", "NVIDIA A2-4A", "NVIDIA A2-4Q"]
     assert mediated(emu)[0]["resourceName"] == "nvidia.com/GRID_T4-2Q"
-    # One JSON patch, its operations all on our entries and our annotation.
-    assert kubevirt_writes(emu) == ["patch"]
-    ((_, ops),) = emu.patches
-    assert ops, "an empty patch"
-    assert all(op["path"] == OWNED or op["path"].startswith(f"{ENTRIES}/") for op in ops), ops
+    # JSON patches only, their operations all on our entries and our annotation. The
+    # allow-list write tests the version it read (so this run's removals can tell its write
+    # from another's): the edit in between fails the first, which wrote nothing, and the
+    # second, on the CR as edited, goes through.
+    assert kubevirt_writes(emu) == ["patch", "patch"]
+    (_, first), (_, second) = emu.patches
+    assert first[0]["path"] == "/metadata/resourceVersion" and first[0]["op"] == "test"
+    assert second, "an empty patch"
+    assert all(op["path"] == OWNED or op["path"].startswith(f"{ENTRIES}/") for op in second)
 
 
 def test_a_change_to_an_entry_the_agent_removes_fails_its_patch_cleanly(
@@ -215,18 +219,19 @@ def test_a_change_to_an_entry_the_agent_removes_fails_its_patch_cleanly(
     no_a2_4q.write_text(
         "\n".join(line for line in SEED.read_text().splitlines() if "A2-4Q" not in line) + "\n"
     )
-    res = node.run("apply", no_a2_4q, "--yes")
+    # A grace of 0: the removal is planned at once (the two-phase retirement is
+    # tests/integration/test_allow_list_race.py's).
+    res = node.run("apply", no_a2_4q, "--yes", "--allow-list-grace", "0")
     emu.on_before_write(None)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "kubevirt/harvester-system/kubevirt kept changing under us" in res.stdout + res.stderr
     assert "Traceback" not in res.stderr
-    # Every attempt was a patch testing the entry as read; none wrote anything of its own.
-    assert emu.patches and all(
-        any(op["op"] == "test" and op["path"].startswith(f"{ENTRIES}/") for op in ops)
-        for _, ops in emu.patches
-    )
+    # The patch tested the entry as read and wrote nothing; read again, the CR is no longer
+    # the version the removal was decided from: it waits for the next run.
+    assert "removal of NVIDIA A2-4Q waits for the next run" in res.stdout + res.stderr
+    assert res.returncode == 1, res.stdout + res.stderr  # not converged: the removal remains
+    ((_, ops),) = emu.patches
+    assert any(op["op"] == "test" and op["path"].startswith(f"{ENTRIES}/") for op in ops)
     entry = next(e for e in mediated(emu) if e["mdevNameSelector"] == "NVIDIA A2-4Q")
-    assert entry["resourceName"] == "nvidia.com/NVIDIA_A2-4Q" + "x" * len(emu.patches)
+    assert entry["resourceName"] == "nvidia.com/NVIDIA_A2-4Qx"
     owned = stored_kubevirt(emu)["metadata"]["annotations"]["vgpu.reconciler.dev/mediated-devices"]
     assert owned == "NVIDIA A2-4A,NVIDIA A2-4Q"
 
@@ -248,6 +253,8 @@ def test_a_change_to_an_entry_the_agent_removes_fails_its_patch_cleanly(
         (("spec", "configuration", "permittedHostDevices", "usb"), [{"vendor": "46d"}]),
         (("spec", "configuration", "developerConfiguration", "featureGates"), ["Root"]),
         (("metadata", "annotations", "kubevirt.io/latest-observed-api-version"), "v9"),
+        # vgpuctl's prefix does not open the metadata: only its three annotations are its own.
+        (("metadata", "annotations", "vgpu.reconciler.dev/anything"), "x"),
     ],
 )  # fmt: skip
 def test_the_agents_token_cannot_change_the_kubevirt_cr_beyond_its_allow_list(
@@ -306,6 +313,32 @@ def test_the_agents_token_may_allow_list_a_vfio_profile_as_a_pci_host_device(
         stored["metadata"]["annotations"]["vgpu.reconciler.dev/pci-host-devices"]
         == "nvidia.com/NVIDIA_L40S-24Q"
     )
+
+
+def test_the_agents_token_may_mark_and_unmark_an_entry_retiring(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """The two-phase retirement (reconciler/model/retiring.py) writes its marks in one more
+    annotation of vgpuctl's, vgpu.reconciler.dev/retiring: the policy admits setting it,
+    changing it and removing it from the agent's token (and nothing else of the metadata, the
+    test above). (Before, the policy refused it.)"""
+    pointer = "/metadata/annotations/vgpu.reconciler.dev~1retiring"
+    marks = json.dumps({"NVIDIA A2-4Q": "2026-12-07T19:00:00Z"})
+    for op in (
+        {"op": "add", "path": pointer, "value": marks},
+        {"op": "replace", "path": pointer, "value": "{}"},
+        {"op": "remove", "path": pointer},
+    ):
+        with as_user(emu, tmp_path, agent(), "agent") as api:
+            api.patch_object(
+                group="kubevirt.io", version="v1", plural="kubevirts", name="kubevirt",
+                namespace=KV_NS, patch=[op],
+            )  # fmt: skip
+        stored = stored_kubevirt(emu)["metadata"].get("annotations") or {}
+        if op["op"] == "remove":
+            assert "vgpu.reconciler.dev/retiring" not in stored
+        else:
+            assert stored["vgpu.reconciler.dev/retiring"] == op["value"]
 
 
 def test_the_agents_token_cannot_create_or_delete_a_kubevirt_cr(
