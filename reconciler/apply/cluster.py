@@ -17,7 +17,10 @@ the action change, and the ownership annotations with them. It is written with a
 (RFC 6902) that names only those paths, each guarded by a ``test`` of the value it was computed
 from: a change elsewhere in the object (image registry, someone else's entry) is neither carried
 nor overwritten, and a change to what we touch fails the patch (a conflict: read again and
-re-plan). The admission policy in deploy/ refuses the agent any other change to the object.
+re-plan). Removals are written only against the resourceVersion the plan read (or the one
+this run's own kubevirt-allow wrote directly over it): otherwise they wait for the next run.
+Retiring marks (``model.retiring``) are stamped with the time of the write. The admission
+policy in deploy/ refuses the agent any other change to the object.
 Outcomes reuse the host executor's :class:`Outcome`/:class:`ApplyResult`.
 """
 

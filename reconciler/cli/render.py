@@ -27,6 +27,7 @@ from reconciler.model import (
     HostAction,
     Interface,
     Inventory,
+    KubevirtAllow,
     KubevirtUpdate,
     PciAddress,
     Plan,
@@ -258,10 +259,7 @@ def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
                 out.append(
                     f"    {style.yellow('~')} KubeVirt {safe(a.target.removeprefix('kubevirt/'))}"
                 )
-                for entry in a.add:
-                    out.append(style.green(f"        + mediatedDevices: {safe(entry.selector)}"))
-                for selector in a.remove:
-                    out.append(style.red(f"        - mediatedDevices: {safe(selector)}"))
+                out.extend(_mediated_lines(a, style))
                 for pci in a.add_pci:
                     out.append(
                         style.green(
@@ -278,6 +276,26 @@ def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
             case _:
                 continue
         out.append(style.dim(f"        {safe(a.reason)}"))
+    return out
+
+
+def _mediated_lines(a: KubevirtUpdate, style: Style) -> list[str]:
+    """The mediatedDevices side of a KubeVirt write: entries added (or, for a type the run
+    creates, made sure of: added if gone, its retiring mark cleared), marked retiring,
+    unmarked, removed (reconciler/model/retiring.py)."""
+    out = []
+    ensured = set(a.unmark) if isinstance(a, KubevirtAllow) else set()
+    for entry in a.add:
+        sure = " (made sure of: added if gone, not retiring)" if entry.selector in ensured else ""
+        out.append(style.green(f"        + mediatedDevices: {safe(entry.selector)}{sure}"))
+    for selector in a.retire:
+        out.append(style.yellow(f"        ~ mediatedDevices: {safe(selector)} marked retiring"))
+    for selector in a.unmark if not ensured else ():
+        out.append(
+            style.yellow(f"        ~ mediatedDevices: {safe(selector)} retiring mark cleared")
+        )
+    for selector in a.remove:
+        out.append(style.red(f"        - mediatedDevices: {safe(selector)}"))
     return out
 
 

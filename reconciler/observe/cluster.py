@@ -13,7 +13,10 @@ Each reader is a list call plus a pure interpretation of its items:
   as vgpuctl checks its own host's (a type name that can be a resource name, four hex digits):
   one that fails is left out with a note naming the object and field, the rest is used.
 - The KubeVirt CR, wherever it lives (``harvester-system`` on Harvester, ``kubevirt``
-  upstream), unless a namespace is pinned.
+  upstream), unless a namespace is pinned; read *before* the VGPUNodeStates, whose read time
+  is recorded (``ClusterState.observed_at``, an injected clock): a retiring mark the CR shows
+  was written before the summaries were read, and is judged against that time
+  (``model.retiring``; docs/architecture.md, "The KubeVirt allow-list").
 - VMIs on the node and the kubelet's device-plugin checkpoint, joined by pod UID (a VMI's
   ``status.activePods`` maps its launcher pods' UIDs to their nodes, KubeVirt's
   ``VirtualMachineInstanceStatus.ActivePods``): which vGPU (device ID) a VM was given. Pods

@@ -23,17 +23,23 @@ heartbeat, each mdev whose type is not allow-listed, in use or not (docs/domain.
   in the allow-list phase before any host action, adds every profile that this host has a vGPU
   of now or will have once the host phase is done, that this node's desired state names, or
   that another node's VGPUNodeState shows (a vGPU it has, or a profile it wants);
-- an entry is **removed after** the host phase, by the cluster phase's ``kubevirt-update``, and
+- every mdev type the host phase **creates** vGPUs of is named by that ``kubevirt-allow`` even
+  when listed at plan time: at apply it is added again if gone and its retiring mark cleared;
+- an entry is **retired after** the host phase, by the cluster phase's ``kubevirt-update``, and
   only when no node has a vGPU of it any more: not this host as the host phase leaves it, not
   another node per its VGPUNodeState (what it has or wants), and no desired state of this node
-  names it. A vGPU this run cannot remove (a VM holds it) keeps its entry, whatever the files
-  say. The host phase failing, or the host not as predicted, stops the run before the cluster
-  phase: no removal is ever decided from a host that was not reached.
+  names it. Retired in two runs (``model.retiring``): marked first, removed by a run that finds
+  the mark at least the grace period older than its read of the other nodes' summaries
+  (``ClusterState.observed_at``); a mark on a type kept again is cleared. A vGPU this run
+  cannot remove (a VM holds it) keeps its entry, whatever the files say. The host phase
+  failing, or the host not as predicted, stops the run before the cluster phase: no removal is
+  ever decided from a host that was not reached.
 Entries someone else added are never touched. A profile on an mdev GPU is a
 ``mediatedDevices`` entry (by mdevNameSelector, the profile's name); one on NVIDIA's
 vendor-specific VFIO interface, where the VF itself is the vGPU, a ``pciHostDevices`` entry
 selecting the VFs' PCI device id (owned by resourceName: the selector is every profile's of
-that GPU model). Only mdevs are swept; vfio profiles' entries follow the same rule, harmlessly.
+that GPU model). Only mdevs are swept; vfio profiles' entries follow the same rule, harmlessly,
+and are removed without a mark.
 """
 
 from __future__ import annotations

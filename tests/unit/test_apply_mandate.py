@@ -494,6 +494,30 @@ def test_kubevirt_entries_vgpuctl_did_not_add_are_never_claimed_or_removed() -> 
     )
 
 
+def test_only_vgpuctls_own_entries_are_marked_retiring_and_a_present_one_only_made_sure_of() -> (
+    None
+):
+    """The retirement (reconciler/model/retiring.py): a mark only on an entry vgpuctl added; an
+    entry that is there may be named by a kubevirt-allow only to make sure of it before a
+    create (its selector in unmark: nothing is added while it is there), never by a
+    kubevirt-update's add. (Before, a present entry in an add was always refused.)"""
+    update, mandate = _kubevirt_case()
+    marking = KubevirtUpdate(
+        seq=9, target=update.target, reason="r", namespace=update.namespace, name=update.name,
+        resource_version=update.resource_version, retire=("GRID T4-2Q",),
+    )  # fmt: skip
+    _refused(mandate, marking, "it marks GRID T4-2Q retiring, an entry vgpuctl did not add")
+    theirs = MediatedDevice("GRID T4-2Q", "nvidia.com/GRID_T4-2Q")
+    ensure = replace(update, add=(*update.add, theirs), unmark=("GRID T4-2Q",))
+    mandate.check([ensure])
+    _refused(mandate, replace(ensure, unmark=()), "the allow-list already has an entry for")
+    _refused(
+        mandate,
+        replace(ensure, owned=(*ensure.owned, "GRID T4-2Q")),
+        "it claims GRID T4-2Q as vgpuctl's",
+    )
+
+
 L40S_8Q = "nvidia.com/NVIDIA_L40S-8Q"
 L40S_4Q = "nvidia.com/NVIDIA_L40S-4Q"
 

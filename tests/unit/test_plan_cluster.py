@@ -944,3 +944,26 @@ def test_a_host_scanned_without_availability_is_not_planned_against_a_cluster() 
         plan_node(desired, inventory, catalog=CATALOG, cluster=ClusterState(NODE))
     # Without a cluster it is what plans read.
     assert plan_node(desired, inventory, catalog=CATALOG).actions == ()
+
+
+def test_the_plan_text_shows_marks_unmarks_and_the_types_made_sure_of() -> None:
+    """What a person reads of the retirement (cli/render.py): the allow step's types made sure
+    of, an entry marked retiring, a mark cleared, an entry removed."""
+    from reconciler.cli.render import plan_text
+
+    _, marking, plan = _retiring_plan({"NVIDIA A2-1B": "2026-12-07T18:00:00Z"})
+    assert marking is not None
+    text = plan_text(plan)
+    assert "        ~ mediatedDevices: NVIDIA A2-2B marked retiring\n" in text
+    assert "        ~ mediatedDevices: NVIDIA A2-1B retiring mark cleared\n" in text
+    _, _, removing = _retiring_plan({"NVIDIA A2-2B": "2026-12-07T18:00:00Z"})
+    assert "        - mediatedDevices: NVIDIA A2-2B\n" in plan_text(removing)
+    inventory = Inventory(NODE, (_a2({}),))
+    cluster = ClusterState(
+        NODE, kubevirt=_kubevirt(["NVIDIA A2-4Q"], ["NVIDIA A2-4Q"]), observed_at=OBSERVED_AT
+    )
+    creating = plan_node(_desired({0: "NVIDIA A2-4Q"}), inventory, catalog=CATALOG, cluster=cluster)
+    assert (
+        "        + mediatedDevices: NVIDIA A2-4Q (made sure of: added if gone, not retiring)\n"
+        in plan_text(creating)
+    )
