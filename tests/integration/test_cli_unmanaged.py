@@ -164,7 +164,9 @@ def test_a_gpu_the_desired_state_stops_naming_keeps_its_objects_until_it_leaves_
     assert "VF 0000:09:00.4 does not exist (SR-IOV off on GPU 0000:09:00.0)" in plan.stdout
     assert "- SRIOVGPUDevice" not in plan.stdout
     assert plan.stdout.count(NOTE) == 1
-    node.ok("apply", one, "--yes")
+    # A grace of 0: the entry goes in this run (its two-phase retirement is
+    # test_allow_list_race.py's).
+    node.ok("apply", one, "--yes", "--allow-list-grace", "0")
     assert _names(emu, VGPUS, "09") == []
     assert stored(emu, SRIOV, KEPT)["spec"] == {
         "address": "0000:09:00.0",
