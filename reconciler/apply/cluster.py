@@ -61,10 +61,13 @@ from reconciler.model.cluster import (
     SRIOV_GPU_KIND,
     VGPU_KIND,
     KubeObject,
+    lists_external,
     object_name,
+    served_by_kubevirt,
 )
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.clustertext import ClusterTextError
+from reconciler.model.errors import excerpt
 from reconciler.model.nodestate import stamped
 from reconciler.model.record import field, record, replace
 from reconciler.model.retiring import (
@@ -501,13 +504,18 @@ class _AllowList:
     annotation: str
     #: How the summary names its entries.
     label: str
+    #: Whether an entry counts as listed the way virt-handler reads it (mediatedDevices:
+    #: spaces → ``_``, external, vgpuctl's resourceName) rather than by its key alone.
+    as_kubevirt_reads: bool = False
 
 
 #: Where the mediated-devices allow-list lives in the KubeVirt CR, as JSON pointer tokens.
 MEDIATED_DEVICES_PATH = ("spec", "configuration", "permittedHostDevices", "mediatedDevices")
 #: Where the PCI host devices allow-list lives (NVIDIA's vfio interface: the VF is the vGPU).
 PCI_HOST_DEVICES_PATH = ("spec", "configuration", "permittedHostDevices", "pciHostDevices")
-_MEDIATED = _AllowList(MEDIATED_DEVICES_PATH, "mdevNameSelector", KUBEVIRT_OWNED_ANNOTATION, "")
+_MEDIATED = _AllowList(
+    MEDIATED_DEVICES_PATH, "mdevNameSelector", KUBEVIRT_OWNED_ANNOTATION, "", as_kubevirt_reads=True
+)
 _PCI = _AllowList(PCI_HOST_DEVICES_PATH, "resourceName", KUBEVIRT_OWNED_PCI_ANNOTATION, "PCI ")
 _ALLOW_LISTS = (_MEDIATED, _PCI)
 
@@ -586,6 +594,20 @@ def _side_change(
     added = []
     for entry in add:
         key = str(entry[allow.key])
+        if allow.as_kubevirt_reads:
+            mapped = [e for e in entries if isinstance(e, Mapping)]
+            theirs = served_by_kubevirt(mapped, key)
+            if theirs is not None:
+                # Written since the plan (which blocks such a type's creates): fail the step,
+                # so no host action runs on an allow-list vgpuctl cannot complete.
+                raise ApplyError(
+                    f"{excerpt(key)} is now in the KubeVirt CR's {name} without "
+                    "externalResourceProvider: true (resourceName "
+                    f"{excerpt(str(theirs.get('resourceName', '')))}): KubeVirt serves it "
+                    "itself; vgpuctl adds no entry beside it, and nothing was written"
+                )
+            if lists_external(mapped, key):
+                continue
         if key not in present:
             entries.append(_plain(entry))
             present.add(key)

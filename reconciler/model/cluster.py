@@ -9,7 +9,7 @@ them (``spec``/``status`` bodies), wrapped with what the planner needs to diff t
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -299,6 +299,16 @@ class KubeVirtConfig:
         """How plans name this CR: ``kubevirt/<namespace>/<name>``."""
         return f"kubevirt/{self.namespace}/{self.name}"
 
+    def lists_external(self, profile: str) -> bool:
+        """Whether a ``mediatedDevices`` entry already does what vgpuctl's entry for ``profile``
+        would (:func:`lists_external`)."""
+        return lists_external(self.mediated_devices, profile)
+
+    def served_by_kubevirt(self, profile: str) -> Mapping[str, Any] | None:
+        """The ``mediatedDevices`` entry through which KubeVirt serves ``profile`` itself
+        (:func:`served_by_kubevirt`), None when there is none."""
+        return served_by_kubevirt(self.mediated_devices, profile)
+
     def to_json(self) -> dict[str, Any]:
         """The PCI fields only when not empty (a document of an older vgpuctl has none)."""
         out: dict[str, Any] = {
@@ -530,6 +540,55 @@ def is_resource_name(name: str) -> bool:
 def is_pci_device_id(text: str) -> bool:
     """Whether ``text`` is a PCI device id of four hex digits (``26b9``), nothing around it."""
     return _PCI_DEVICE_ID.fullmatch(text) is not None
+
+
+def kubevirt_selector(type_name: str) -> str:
+    """A vGPU type's name as KubeVirt's virt-handler compares it with an ``mdevNameSelector``
+    (both sides alike): every space turned into ``_``, then surrounding whitespace trimmed
+    (kubevirt pkg/virt-handler/device-manager/device_controller.go ``removeSelectorSpaces``,
+    mediated_devices_types.go ``shouldRemoveMDEV``). ``NVIDIA A2-4Q`` and ``NVIDIA_A2-4Q``
+    select the same mdevs."""
+    return type_name.replace(" ", "_").strip()
+
+
+def lists_external(entries: Sequence[Mapping[str, Any]], profile: str) -> bool:
+    """Whether ``entries`` (a KubeVirt CR's ``mediatedDevices``) hold an entry that does what
+    vgpuctl's entry for ``profile`` does: ``externalResourceProvider: true`` (virt-handler
+    spares the type's mdevs and runs no device plugin of its own for them), a selector that
+    selects ``profile`` as KubeVirt compares them, and vgpuctl's resourceName (the one its
+    device plugin advertises, which KubeVirt must permit a VM to ask for). Whoever wrote it."""
+    wanted = kubevirt_selector(profile)
+    resource = resource_name(profile)
+    return any(
+        e.get("externalResourceProvider") is True
+        and isinstance(e.get("mdevNameSelector"), str)
+        and kubevirt_selector(e["mdevNameSelector"]) == wanted
+        and e.get("resourceName") == resource
+        for e in entries
+    )
+
+
+def served_by_kubevirt(
+    entries: Sequence[Mapping[str, Any]], profile: str
+) -> Mapping[str, Any] | None:
+    """The first of ``entries`` (a KubeVirt CR's ``mediatedDevices``) that selects ``profile``
+    without ``externalResourceProvider: true``, None when there is none.
+
+    Such an entry hands the type to KubeVirt: virt-handler runs its own device plugin for
+    those mdevs (device_controller.go ``updatePermittedHostDevicePlugins``: a plugin for every
+    entry that is not external) and its sweep spares them only when
+    ``mediatedDevicesConfiguration`` asks for the type. Another vgpuctl entry beside it would
+    have two device plugins hand out the same vGPUs: vgpuctl does not manage such a type."""
+    wanted = kubevirt_selector(profile)
+    for e in entries:
+        selector = e.get("mdevNameSelector")
+        if (
+            isinstance(selector, str)
+            and kubevirt_selector(selector) == wanted
+            and e.get("externalResourceProvider") is not True
+        ):
+            return e
+    return None
 
 
 def resource_name(type_name: str) -> str:

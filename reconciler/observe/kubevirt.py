@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from reconciler.model.cluster import kubevirt_selector
 from reconciler.model.errors import excerpt
 from reconciler.model.record import record
 
@@ -230,21 +231,17 @@ def not_allow_listed(kubevirt: Mapping[str, Any], types: Iterable[str]) -> list[
     """The mdev ``types`` (names as the host shows them) virt-handler would remove under this
     KubeVirt CR: those no ``permittedHostDevices.mediatedDevices`` entry with
     ``externalResourceProvider: true`` selects, compared as KubeVirt compares them (spaces →
-    ``_``: ``removeSelectorSpaces``), sorted (pure)."""
+    ``_``, trimmed: :func:`kubevirt_selector`), sorted (pure)."""
     configuration = _mapping(_mapping(kubevirt.get("spec")).get("configuration"))
     entries = _mapping(configuration.get("permittedHostDevices")).get("mediatedDevices")
     external = {
-        _spaceless(e["mdevNameSelector"])
+        kubevirt_selector(e["mdevNameSelector"])
         for e in (entries if isinstance(entries, list) else [])
         if isinstance(e, dict)
         and e.get("externalResourceProvider") is True
         and isinstance(e.get("mdevNameSelector"), str)
     }
-    return sorted({t for t in types if _spaceless(t) not in external})
-
-
-def _spaceless(name: str) -> str:
-    return name.replace(" ", "_")
+    return sorted({t for t in types if kubevirt_selector(t) not in external})
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

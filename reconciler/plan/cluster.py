@@ -78,6 +78,7 @@ from reconciler.model.cluster import (
     KubeVirtConfig,
     harvester_view,
     is_type_name,
+    kubevirt_selector,
     resource_name,
 )
 from reconciler.model.clustertext import ClusterTextError, parse_json
@@ -204,6 +205,7 @@ def plan_cluster(
         plan.notes.append(KUBEVIRT_MISSING)
     else:
         plan.notes.extend(_unselectable_notes(cluster.kubevirt, needed))
+        plan.notes.extend(_served_by_kubevirt_notes(cluster.kubevirt, needed))
         retiring = Retiring(grace=grace, observed_at=cluster.observed_at, created=created)
         before, after, waiting = _kubevirt_steps(
             cluster.kubevirt, needed=needed, keep=keep, retiring=retiring
@@ -533,6 +535,59 @@ def _unselectable_notes(
     ]
 
 
+def served_by_kubevirt_blocks(kubevirt: KubeVirtConfig) -> dict[str, str]:
+    """Why vGPUs of a type KubeVirt serves itself are not made, by the type as KubeVirt
+    compares it (:func:`~reconciler.model.cluster.kubevirt_selector`): one reason per
+    ``mediatedDevices`` entry without ``externalResourceProvider: true`` (the first of several
+    for one type). Such a type gets no entry of vgpuctl's: KubeVirt's device plugin and
+    vgpuctl's would hand out the same vGPUs, and virt-handler's sweep spares them only when
+    its own ``mediatedDevicesConfiguration`` asks for the type (docs/domain.md §10)."""
+    out: dict[str, str] = {}
+    for entry in kubevirt.mediated_devices:
+        selector = entry.get("mdevNameSelector")
+        if not isinstance(selector, str) or entry.get("externalResourceProvider") is True:
+            continue
+        out.setdefault(
+            kubevirt_selector(selector),
+            f"KubeVirt serves {excerpt(selector)} itself: the {kubevirt.target} "
+            "mediatedDevices entry for it (resourceName "
+            f"{excerpt(str(entry.get('resourceName', '')))}) is not externalResourceProvider: "
+            "true, so virt-handler runs its own device plugin for these vGPUs and removes "
+            "them unless its mediatedDevicesConfiguration asks for the type; make that entry "
+            "external (or remove it) for vgpuctl to manage the type",
+        )
+    return out
+
+
+def _served_by_kubevirt_notes(
+    kubevirt: KubeVirtConfig, needed: frozenset[ConfiguredProfile]
+) -> list[str]:
+    """A note per mdev profile a node has or wants that KubeVirt serves itself (vgpuctl lists
+    no entry for it and makes none of it: :func:`served_by_kubevirt_blocks`), or whose
+    selector another entry holds under another resourceName (vgpuctl's is not added)."""
+    reasons = served_by_kubevirt_blocks(kubevirt)
+    notes = []
+    for name in sorted({p.name for p in needed if not p.vfio}):
+        if kubevirt_selector(name) in reasons:
+            notes.append(
+                f"{reasons[kubevirt_selector(name)]}. vgpuctl adds no allow-list entry for "
+                f"{excerpt(name)} and makes no vGPU of it"
+            )
+            continue
+        if kubevirt.lists_external(name):
+            continue
+        for entry in kubevirt.mediated_devices:
+            if entry.get("mdevNameSelector") == name:
+                notes.append(
+                    f"the {kubevirt.target} mediatedDevices entry for {excerpt(name)} names "
+                    f"resourceName {excerpt(str(entry.get('resourceName', '')))}, not "
+                    f"{resource_name(name)} that vgpuctl advertises: left as it is (an entry "
+                    "vgpuctl did not add is never changed)"
+                )
+                break
+    return notes
+
+
 def _kubevirt_steps(
     kubevirt: KubeVirtConfig,
     *,
@@ -552,8 +607,19 @@ def _kubevirt_steps(
     mine = kubevirt.owned & present
     need_m = frozenset(p.name for p in needed if not p.vfio)
     keep_m = frozenset(p.name for p in keep if not p.vfio)
+    # Listed is as KubeVirt reads the list (spaces → _, external, vgpuctl's resourceName),
+    # whoever wrote the entry; a type KubeVirt serves itself gets no entry of vgpuctl's beside
+    # it (served_by_kubevirt_blocks: its creates are blocked, a note says why). An entry is
+    # vgpuctl's by its selector, so none is added where the same selector is (a note says so).
+    missing = sorted(
+        p
+        for p in need_m - present
+        if not kubevirt.lists_external(p) and kubevirt.served_by_kubevirt(p) is None
+    )
+    # Every type created is made sure of, listed or not: the step is the same either way.
     ensured = retiring.created
-    added = sorted((need_m - present) | ensured)
+    added = sorted(set(missing) | ensured)
+    claimed = {p for p in added if p not in present and not kubevirt.lists_external(p)}
     add = tuple(MediatedDevice(selector=p, resource_name=resource_name(p)) for p in added)
     marks = kubevirt.retiring
     leaving = mine - keep_m
@@ -574,14 +640,12 @@ def _kubevirt_steps(
     if add or add_pci:
         before = KubevirtAllow(
             target=kubevirt.target,
-            reason=_allow_reason(
-                sorted(need_m - present), sorted(ensured), present, added_pci, pci
-            ),
+            reason=_allow_reason(missing, sorted(ensured), added_pci, pci),
             namespace=kubevirt.namespace,
             name=kubevirt.name,
             resource_version=kubevirt.resource_version,
             add=add,
-            owned=tuple(sorted(mine | (set(added) - present))),
+            owned=tuple(sorted(mine | claimed)),
             add_pci=add_pci,
             owned_pci=tuple(sorted(mine_pci | set(added_pci))),
             unmark=tuple(sorted(ensured)),
@@ -621,7 +685,6 @@ def _kubevirt_steps(
 def _allow_reason(
     missing: Sequence[str],
     ensured: Sequence[str],
-    present: set[str],
     added_pci: Sequence[str],
     pci: Mapping[str, str],
 ) -> str:
@@ -630,7 +693,7 @@ def _allow_reason(
     wanted = "(a node has or wants vGPUs of it)"
     if missing:
         parts.append(f"mediated devices allow-list: add {', '.join(missing)} {wanted}")
-    listed = [s for s in ensured if s in present]
+    listed = [s for s in ensured if s not in missing]
     if listed:
         parts.append(
             f"mediated devices allow-list: {', '.join(listed)} listed now; made sure of at apply "

@@ -6,7 +6,7 @@ its removal is blocked, and so is everything that needs it gone (the replacement
 GPU's SR-IOV disable, creates that would not fit beside it).
 
 No change breaks what it cannot rebuild: when no create of a GPU can run (each waits for a
-vGPU in use, or all are blocked for a reason the caller gives: ``creates_blocked``), the
+vGPU in use, or is blocked for a reason the caller gives: ``creates_blocked``), the
 removals that would only make room for them are deferred with the same cause, so the GPU
 keeps its working vGPUs until the change can be made whole. Removals the desired state wants
 for their own sake (a type it still wants, fewer times; SR-IOV disabled) still run.
@@ -33,6 +33,7 @@ from reconciler.model import (
     VgpuCreate,
     VgpuRemove,
 )
+from reconciler.model.cluster import kubevirt_selector
 from reconciler.model.record import field, record, replace
 from reconciler.plan.offer import Offer, TypeFacts
 from reconciler.plan.uuids import vgpu_uuid
@@ -43,6 +44,26 @@ _S = TypeVar("_S", bound=HostAction)
 def vf_order(step: HostAction) -> int:
     """A step's VF index; -1 for a GPU-level step (SR-IOV)."""
     return step.vf_index if isinstance(step, VgpuRemove | VgpuCreate) else -1
+
+
+@record(frozen=True, slots=True)
+class CreateBlocks:
+    """Why vGPU creates must wait, from outside the GPU: every create (``every``: KubeVirt's
+    sweep with no cluster to allow-list through), or the creates of a type (``by_selector``:
+    the type's name as KubeVirt compares it, :func:`kubevirt_selector` → why: a type KubeVirt
+    serves itself)."""
+
+    every: str | None = None
+    by_selector: Mapping[str, str] = field(default_factory=dict)
+
+    def reason(self, type_name: str) -> str | None:
+        """Why a create of ``type_name`` waits, None when it need not."""
+        if self.every is not None:
+            return self.every
+        return self.by_selector.get(kubevirt_selector(type_name)) if self.by_selector else None
+
+    def __bool__(self) -> bool:
+        return self.every is not None or bool(self.by_selector)
 
 
 @record(frozen=True, slots=True)
@@ -65,13 +86,14 @@ def diff_gpu(
     node: str,
     interface: Interface,
     partial: bool = False,
-    creates_blocked: str | None = None,
+    creates_blocked: CreateBlocks | None = None,
 ) -> GpuDiff:
     """Steps that take ``gpu`` to ``profiles`` (VF index → profile; absent: no vGPU).
     ``interface``: the one its VFs show, or will once SR-IOV is on; it says how a new vGPU is
     named (an mdev UUID; on vfio, its VF's address). ``partial``: run the removals that only
-    make room for creates that must wait (module docstring). ``creates_blocked``: why no vGPU
-    may be made on this GPU now (every create that could otherwise run is blocked with it)."""
+    make room for creates that must wait (module docstring). ``creates_blocked``: why vGPUs
+    may not be made on this GPU now (every create it names that could otherwise run is blocked
+    with its reason)."""
     diff = GpuDiff()
     pf = gpu.address
     if not sriov:
@@ -162,9 +184,10 @@ def diff_gpu(
                 creates.append(create)
 
     run, waiting = _hold_back(creates, held, kept, offer)
-    if creates_blocked is not None and run:
-        waiting = [*waiting, *(replace(s, reason=creates_blocked) for s in run)]
-        run = []
+    if creates_blocked and run:
+        stopped = [(s, creates_blocked.reason(s.type_name)) for s in run]
+        waiting = [*waiting, *(replace(s, reason=why) for s, why in stopped if why is not None)]
+        run = [s for s, why in stopped if why is None]
     blocked_creates = [*waiting, *(s for s in diff.blocked if isinstance(s, VgpuCreate))]
     if blocked_creates and not run and not partial:
         _defer_room_making(diff, blocked_creates, wanted=frozenset(profiles.values()))

@@ -46,7 +46,7 @@ from reconciler.model.record import field, record
 from reconciler.model.retiring import DEFAULT_ALLOW_LIST_GRACE
 from reconciler.plan.assign import vf_profiles
 from reconciler.plan.check import Want, check_gpu, located, vf_slots
-from reconciler.plan.diff import diff_gpu
+from reconciler.plan.diff import CreateBlocks, diff_gpu
 from reconciler.plan.groups import resolve
 from reconciler.plan.guard import blocked_all, hands_off, left_alone, not_drivable
 from reconciler.plan.mode import with_mode_step
@@ -81,10 +81,11 @@ def plan_node(
     ``mdev_creates_blocked``: why no vGPU may be made on a GPU whose VFs use (or, SR-IOV off,
     will likely use) the mdev interface: each such create is blocked with it (KubeVirt's
     virt-handler would remove it: ``observe/kubevirt.py``), and the removals that only make
-    room for them wait too. ``allow_list_grace``: how long (seconds) an owned KubeVirt
-    allow-list entry no node keeps stays marked retiring before a run removes it
-    (``model.retiring``; 0 removes it at once, unsafe with several nodes). Raises
-    :class:`PlanError` carrying every problem found.
+    room for them wait too. With a cluster, so are the creates of a type KubeVirt serves
+    itself (``plan.cluster.served_by_kubevirt_blocks``). ``allow_list_grace``: how long
+    (seconds) an owned KubeVirt allow-list entry no node keeps stays marked retiring before a
+    run removes it (``model.retiring``; 0 removes it at once, unsafe with several nodes).
+    Raises :class:`PlanError` carrying every problem found.
     """
     if cluster is not None and not inventory.vf_availability:
         # The cluster's objects and the node summary show each VF's creatable types: a scan
@@ -106,13 +107,13 @@ def plan_node(
     observed = inventory
     if cluster is not None:
         inventory = mark_cluster_uses(inventory, cluster)
-    host = _plan_host(
-        node,
-        inventory,
-        catalog=catalog,
-        partial=partial,
-        mdev_creates_blocked=mdev_creates_blocked,
-    )
+    served: Mapping[str, str] = {}
+    if cluster is not None and cluster.kubevirt is not None:
+        from reconciler.plan.cluster import served_by_kubevirt_blocks
+
+        served = served_by_kubevirt_blocks(cluster.kubevirt)
+    blocks = CreateBlocks(every=mdev_creates_blocked, by_selector=served)
+    host = _plan_host(node, inventory, catalog=catalog, partial=partial, mdev_blocks=blocks)
     actions: list[Action] = [s.numbered(i) for i, s in enumerate(host.actions, start=1)]
     noops = list(host.noops)
     # What the observation itself had to say (holders it could not see, a removal under way,
@@ -256,7 +257,7 @@ def _plan_host(
     *,
     catalog: Catalog,
     partial: bool = False,
-    mdev_creates_blocked: str | None = None,
+    mdev_blocks: CreateBlocks | None = None,
 ) -> _HostPlan:
     by_address = {g.address: g for g in inventory.gpus}
     managed: dict[PciAddress, tuple[DesiredGpu, tuple[Vf, ...], Offer, tuple[Want, ...]]] = {}
@@ -334,7 +335,7 @@ def _plan_host(
             node=inventory.node,
             interface=interface,
             partial=partial,
-            creates_blocked=mdev_creates_blocked if interface is Interface.MDEV else None,
+            creates_blocked=mdev_blocks if interface is Interface.MDEV else None,
         )
         if desired.sriov:
             diff = with_mode_step(gpu, diff, wanted=desired.mode, offer=offer)

@@ -5,15 +5,20 @@ heartbeat (about every 1–2 minutes) and on every change of the KubeVirt CR,
 ``refreshMediatedDeviceTypes`` (pkg/virt-handler/device-manager/device_controller.go) calls
 ``updateMDEVTypesConfiguration``, whose ``removeUndesiredMDEVs``
 (pkg/virt-handler/device-manager/mediated_devices_types.go) removes every mdev under
-``/sys/bus/mdev/devices`` whose type name, spaces turned into ``_``, is neither
+``/sys/bus/mdev/devices`` whose type name, and then whose type id (the ``mdev_type`` link's
+target, ``nvidia-745``), each with spaces turned into ``_`` and trimmed (``shouldRemoveMDEV``),
+is neither
 
-- a type ``spec.configuration.mediatedDevicesConfiguration`` wants on that node (its
-  ``mediatedDeviceTypes``, the deprecated ``mediatedDevicesTypes``, and the
-  ``nodeMediatedDeviceTypes`` entries whose ``nodeSelector`` the node's labels match), nor
-- the ``mdevNameSelector`` (spaces turned into ``_``) of a
+- a type ``spec.configuration.mediatedDevicesConfiguration`` wants on that node
+  (pkg/virt-config/virt-config.go ``GetDesiredMDEVTypes``: the ``nodeMediatedDeviceTypes``
+  entries whose ``nodeSelector`` the node's labels match, when they name any, else the global
+  list; ``mediatedDeviceTypes``, or the deprecated ``mediatedDevicesTypes`` when it is empty;
+  taken as written), nor
+- the ``mdevNameSelector`` (spaces turned into ``_``, trimmed: ``removeSelectorSpaces``) of a
   ``spec.configuration.permittedHostDevices.mediatedDevices`` entry with
   ``externalResourceProvider: true``.
 
+An mdev whose ``mdev_type`` link cannot be read is left alone.
 There is no in-use check: a VM's vGPU is removed too, the removal blocking in the kernel until
 QEMU lets go (``vfio_unregister_group_dev``, docs/domain.md §9; the simulated kernel,
 :mod:`reconciler.sim.kernel`, blocks the same way). Nothing is swept when
@@ -35,6 +40,7 @@ write does; ``wait=False`` leaves a held vGPU's removal unstarted (counted in
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -74,24 +80,42 @@ class Sweep:
 
 
 def underscored(name: str) -> str:
-    """A type name as the sweep compares it: every space turned into ``_``."""
-    return name.replace(" ", "_")
+    """A type name as the sweep compares it: every space turned into ``_``, then surrounding
+    whitespace trimmed (device_controller.go ``removeSelectorSpaces``; mediated_devices_types.go
+    ``shouldRemoveMDEV`` does the same to the mdev's type name and type id)."""
+    return name.replace(" ", "_").strip()
 
 
-def kept_types(kubevirt: Mapping[str, Any], node_labels: Mapping[str, str]) -> frozenset[str]:
-    """The type names (spaces → ``_``) the sweep leaves alone on a node with ``node_labels``,
-    from the KubeVirt CR ``kubevirt`` (pure)."""
+def desired_types(kubevirt: Mapping[str, Any], node_labels: Mapping[str, str]) -> frozenset[str]:
+    """The types ``mediatedDevicesConfiguration`` wants on a node with ``node_labels``, as
+    pkg/virt-config/virt-config.go ``GetDesiredMDEVTypes`` reads them: the union of the
+    ``nodeMediatedDeviceTypes`` entries whose ``nodeSelector`` the node matches (``canSelectNode``),
+    when that is not empty; else the global list. Each list is ``mediatedDeviceTypes``, or the
+    deprecated ``mediatedDevicesTypes`` when the first is empty. Taken as written: no spaces
+    turned into ``_`` (``updateMDEVTypesConfiguration`` keys them as they are)."""
     config = _mapping(_mapping(kubevirt.get("spec")).get("configuration"))
-    out: set[str] = set()
     mdev_config = _mapping(config.get("mediatedDevicesConfiguration"))
-    for key in ("mediatedDeviceTypes", "mediatedDevicesTypes"):
-        out.update(underscored(str(t)) for t in _listed(mdev_config.get(key)))
+    per_node: set[str] = set()
     for raw in _listed(mdev_config.get("nodeMediatedDeviceTypes")):
         entry = _mapping(raw)
         selector = _mapping(entry.get("nodeSelector"))
         if all(node_labels.get(str(k)) == str(v) for k, v in selector.items()):
-            for key in ("mediatedDeviceTypes", "mediatedDevicesTypes"):
-                out.update(underscored(str(t)) for t in _listed(entry.get(key)))
+            per_node.update(_types_of(entry))
+    return frozenset(per_node) if per_node else frozenset(_types_of(mdev_config))
+
+
+def _types_of(entry: Mapping[str, Any]) -> list[str]:
+    types = _listed(entry.get("mediatedDeviceTypes"))
+    return [str(t) for t in (types or _listed(entry.get("mediatedDevicesTypes")))]
+
+
+def kept_types(kubevirt: Mapping[str, Any], node_labels: Mapping[str, str]) -> frozenset[str]:
+    """What the sweep leaves alone on a node with ``node_labels``, under the KubeVirt CR
+    ``kubevirt`` (pure): :func:`desired_types`, and the ``mdevNameSelector`` (:func:`underscored`)
+    of each ``permittedHostDevices.mediatedDevices`` entry with ``externalResourceProvider:
+    true`` (device_controller.go ``getExternallyProvidedMdevs``)."""
+    config = _mapping(_mapping(kubevirt.get("spec")).get("configuration"))
+    out = set(desired_types(kubevirt, node_labels))
     permitted = _mapping(config.get("permittedHostDevices"))
     for raw in _listed(permitted.get("mediatedDevices")):
         entry = _mapping(raw)
@@ -131,9 +155,12 @@ def sweep(
     removed: dict[str, str] = {}
     held: dict[str, str] = {}
     writer = SimSysfsWriter(root)
-    for uuid, type_name in _mdevs(root):
-        if underscored(type_name) in allowed:
+    for uuid, raw_name, type_id in _mdevs(root):
+        # shouldRemoveMDEV: kept by its type's name as read, else by its type's id (the
+        # mdev_type link's target); an mdev whose link cannot be read is left alone.
+        if type_id is None or underscored(raw_name) in allowed or underscored(type_id) in allowed:
             continue
+        type_name = raw_name.strip()
         if uuid in state.held:
             held[uuid] = type_name
             if not wait:
@@ -166,18 +193,24 @@ def heartbeat(
     return sweep(directory, items[0], node_labels=labels, wait=wait)
 
 
-def _mdevs(root: Path) -> Iterable[tuple[str, str]]:
-    """(UUID, type name) of each mdev under the simulated ``/sys/bus/mdev/devices``."""
+def _mdevs(root: Path) -> Iterable[tuple[str, str, str | None]]:
+    """(UUID, type name, type id) of each mdev under the simulated ``/sys/bus/mdev/devices``;
+    the type name "" when its ``mdev_type/name`` cannot be read, the type id (the
+    ``mdev_type`` link's last component) None when the link cannot be read."""
     devices = root / MDEV_DEVICES
     if not devices.is_dir():
         return []
-    out = []
+    out: list[tuple[str, str, str | None]] = []
     for link in sorted(devices.iterdir()):
         try:
-            name = (link / "mdev_type" / "name").read_text().strip()
+            name = (link / "mdev_type" / "name").read_text()
         except OSError:
-            continue  # vanishing (a removal under way)
-        out.append((link.name, name))
+            name = ""
+        try:
+            type_id: str | None = os.path.basename(os.readlink(link / "mdev_type"))
+        except OSError:
+            type_id = None  # vanishing (a removal under way)
+        out.append((link.name, name, type_id))
     return out
 
 

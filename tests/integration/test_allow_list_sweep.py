@@ -174,3 +174,60 @@ def _fresh_cluster(emu: ApiServerEmulator) -> None:
     register_crds(emu)
     emu.seed({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBEVIRT_NS}})
     emu.seed(kubevirt_cr())
+
+
+def test_a_type_kubevirt_serves_itself_gets_no_vgpu_and_loses_none_to_the_sweep(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """Someone lists NVIDIA A2-4C in the KubeVirt CR without ``externalResourceProvider: true``:
+    KubeVirt's own device plugin serves those mdevs and its sweep does not spare them
+    (device_controller.go ``updatePermittedHostDevicePlugins``, ``getExternallyProvidedMdevs``).
+    vgpuctl neither adds its entry beside it nor makes an A2-4C: the create is blocked with the
+    reason, the A2-4A it would replace stays, a heartbeat takes nothing. (Before, the entry
+    counted as listed by its selector: the A2-4C was made and the next heartbeat removed it.)"""
+    node = cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    kv = _kubevirt(emu)
+    entries = kv["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+    entries.append({"mdevNameSelector": "NVIDIA A2-4C", "resourceName": "nvidia.com/kv-a2-4c"})
+    emu.seed(kv)
+    before = _vgpus(node)
+    desired = _desired(tmp_path, NEW_TYPE)
+    plan = json.loads(node.ok("plan", desired, "-o", "json").stdout)
+    assert [a["kind"] for a in plan["actions"] if a["kind"].startswith("vgpu")] == []
+    (blocked,) = [b for b in plan["blocked"] if b["kind"] == "vgpu-create"]
+    assert blocked["type"] == "NVIDIA A2-4C"
+    assert blocked["reason"].startswith("KubeVirt serves NVIDIA A2-4C itself"), blocked
+    assert any("vgpuctl adds no allow-list entry for NVIDIA A2-4C" in n for n in plan["notes"])
+    res = node.run("apply", desired, "--yes")
+    assert res.returncode == 2, res.stdout + res.stderr  # blocked
+    assert "NVIDIA A2-4C" in _selectors(emu)  # theirs, left as it is
+    assert sum(1 for s in _selectors(emu) if s == "NVIDIA A2-4C") == 1
+    assert _heartbeat(node) == 0
+    assert _vgpus(node) == before
+
+
+def test_an_entry_kubevirt_reads_as_ours_is_not_written_twice(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """An external entry spelt ``NVIDIA_A2-4C`` (KubeVirt turns spaces into ``_`` on both sides)
+    with vgpuctl's resourceName already lists A2-4C: no second entry is added, and the new
+    vGPU survives the heartbeat. (Before, the selector was compared as written: a duplicate
+    ``NVIDIA A2-4C`` entry was added.)"""
+    node = cluster_node(tmp_path, emu)
+    node.ok("apply", SEED, "--yes")
+    kv = _kubevirt(emu)
+    entries = kv["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+    entries.append(
+        {
+            "mdevNameSelector": "NVIDIA_A2-4C",
+            "resourceName": "nvidia.com/NVIDIA_A2-4C",
+            "externalResourceProvider": True,
+        }
+    )
+    emu.seed(kv)
+    node.ok("apply", _desired(tmp_path, NEW_TYPE), "--yes")
+    selectors = _selectors(emu)
+    assert "NVIDIA A2-4C" not in selectors and "NVIDIA_A2-4C" in selectors, selectors
+    assert _heartbeat(node) == 0
+    assert _vgpus(node)["0000:08:00.4"][0] == "NVIDIA A2-4C"

@@ -937,6 +937,24 @@ def test_allow_list_never_removes_what_is_not_ours() -> None:
     assert allow_list_change(cr, add=[], remove=["NVIDIA A2-4Q"]) is None
 
 
+def test_allow_list_counts_an_entry_as_kubevirt_reads_it_and_refuses_one_it_serves() -> None:
+    # KubeVirt compares selectors with spaces turned into "_" (removeSelectorSpaces): an
+    # external entry spelt so, with vgpuctl's resourceName, already does what vgpuctl's would.
+    spelt = {**entry("NVIDIA A2-4Q"), "mdevNameSelector": "NVIDIA_A2-4Q"}
+    assert (
+        allow_list_change(kubevirt_cr([spelt], ""), add=[entry("NVIDIA A2-4Q")], remove=[]) is None
+    )
+    # One KubeVirt serves itself (not external), written since the plan: nothing is written and
+    # the step fails (the host phase after it does not run).
+    theirs = {"mdevNameSelector": "NVIDIA_A2-4Q", "resourceName": "nvidia.com/kv"}
+    with pytest.raises(ApplyError, match="KubeVirt serves it itself"):
+        allow_list_change(kubevirt_cr([theirs], ""), add=[entry("NVIDIA A2-4Q")], remove=[])
+    # An external entry under another resourceName does not admit vgpuctl's resource: added.
+    other = {**spelt, "resourceName": "nvidia.com/other"}
+    change = allow_list_change(kubevirt_cr([other], ""), add=[entry("NVIDIA A2-4Q")], remove=[])
+    assert change is not None and change[1] == "allowed NVIDIA A2-4Q"
+
+
 def test_allow_list_forgets_owned_entries_removed_by_hand() -> None:
     cr = kubevirt_cr([], "NVIDIA A2-4Q")
     change = allow_list_change(cr, add=[], remove=[], owned=[])

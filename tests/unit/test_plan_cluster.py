@@ -31,6 +31,7 @@ from reconciler.model import (
     PlanError,
     Vf,
     VfKey,
+    VgpuCreate,
     VGPUType,
 )
 from reconciler.model.cluster import (
@@ -413,6 +414,37 @@ def test_a_complete_allow_list_is_a_noop_and_a_missing_kubevirt_cr_a_note() -> N
         ),
     )
     assert missing.notes == (KUBEVIRT_MISSING, "x")  # the observer's note is not repeated
+
+
+def test_only_the_creates_of_a_type_kubevirt_serves_itself_are_blocked() -> None:
+    """A2-4Q is listed without externalResourceProvider (KubeVirt's own device plugin serves
+    it, its sweep spares it only if mediatedDevicesConfiguration asks): the new A2-4Q is
+    blocked with why, the new A2-4A is made, and vgpuctl adds no A2-4Q entry beside it."""
+    inventory = Inventory(NODE, (_a2(SEED),))
+    theirs = {"mdevNameSelector": "NVIDIA_A2-4Q", "resourceName": "nvidia.com/kv-4q"}
+    kubevirt = KubeVirtConfig(
+        "kubevirt", "kubevirt", "5", (_entry("NVIDIA A2-4A"), theirs), frozenset()
+    )
+    wanted = _desired({**SEED, 2: "NVIDIA A2-4Q", 3: "NVIDIA A2-4A"})
+    cluster = _synced(_desired(SEED), inventory, kubevirt=kubevirt)
+    plan = plan_node(wanted, inventory, catalog=CATALOG, cluster=cluster)
+    creates = [(a.target, a.type_name) for a in plan.actions if isinstance(a, VgpuCreate)]
+    assert creates == [(str(_a2({}).vfs[3].address), "NVIDIA A2-4A")]
+    (blocked,) = [b.action for b in plan.blocked]
+    assert isinstance(blocked, VgpuCreate) and blocked.type_name == "NVIDIA A2-4Q"
+    assert blocked.reason.startswith(
+        "KubeVirt serves NVIDIA_A2-4Q itself: the kubevirt/kubevirt/kubevirt mediatedDevices "
+        "entry for it (resourceName nvidia.com/kv-4q) is not externalResourceProvider: true"
+    )
+    # The allow step only makes sure of the A2-4A it creates (listed: someone else's entry,
+    # not claimed); nothing of A2-4Q.
+    (allow,) = [a for a in plan.actions if isinstance(a, KubevirtAllow)]
+    assert [e.selector for e in allow.add] == ["NVIDIA A2-4A"] == list(allow.unmark)
+    assert allow.owned == ()
+    assert [n for n in plan.notes if "vgpuctl adds no allow-list entry" in n] == [
+        f"{blocked.reason}. vgpuctl adds no allow-list entry for NVIDIA A2-4Q and makes no "
+        "vGPU of it"
+    ]
 
 
 # -- the PCI host devices allow-list: profiles on NVIDIA's vendor-specific VFIO interface ------

@@ -37,9 +37,34 @@ def test_only_external_entries_and_the_wanted_types_of_this_node_are_kept() -> N
             },
         }
     )
-    assert kept_types(cr, {"gpu": "a2"}) == {"NVIDIA_A2-4Q", "nvidia-745", "GRID_T4-2Q"}
+    # A node some nodeMediatedDeviceTypes entry selects gets that entry's types instead of the
+    # global list, taken as written (virt-config.go GetDesiredMDEVTypes): "GRID T4-2Q" keeps
+    # its space, so it keeps no mdev (shouldRemoveMDEV compares "GRID_T4-2Q").
+    assert kept_types(cr, {"gpu": "a2"}) == {"NVIDIA_A2-4Q", "GRID T4-2Q"}
     assert kept_types(cr, {}) == {"NVIDIA_A2-4Q", "nvidia-745"}
     assert kept_types({}, {}) == frozenset()
+    # The deprecated spelling counts only when the current one is empty.
+    both = _cr(
+        {
+            "mediatedDevicesConfiguration": {
+                "mediatedDeviceTypes": ["nvidia-745"],
+                "mediatedDevicesTypes": ["nvidia-746"],
+            }
+        }
+    )
+    assert kept_types(both, {}) == {"nvidia-745"}
+    old = _cr({"mediatedDevicesConfiguration": {"mediatedDevicesTypes": ["nvidia-746"]}})
+    assert kept_types(old, {}) == {"nvidia-746"}
+    # A selector has its spaces turned into "_", then is trimmed (removeSelectorSpaces): a
+    # space at an end becomes "_" first, a newline is trimmed.
+    padded = [
+        {"mdevNameSelector": " NVIDIA A2-4Q", "externalResourceProvider": True},
+        {"mdevNameSelector": "NVIDIA A2-8Q\n", "externalResourceProvider": True},
+    ]
+    assert kept_types(_cr({"permittedHostDevices": {"mediatedDevices": padded}}), {}) == {
+        "_NVIDIA_A2-4Q",
+        "NVIDIA_A2-8Q",
+    }
 
 
 def test_handling_is_off_only_by_the_enabled_flag_or_the_feature_gate() -> None:
@@ -122,3 +147,19 @@ def test_a_sweep_removes_every_mdev_not_kept_held_or_not_and_no_vfio_vgpu(tmp_pa
     assert sweep(directory, off).skipped == "mediatedDevicesConfiguration.enabled is false"
     assert sweep(directory, None).skipped == "no KubeVirt CR"
     assert len(load_state(directory / "sys").vgpus) == len(before) - 1
+
+
+def test_a_type_wanted_by_id_keeps_its_mdevs_and_a_selector_by_name_keeps_none_of_them(
+    tmp_path: Path,
+) -> None:
+    # shouldRemoveMDEV keeps an mdev whose type name, else whose type id (the mdev_type link's
+    # target), is kept: mediatedDevicesConfiguration names types by id (nvidia-751 is the
+    # simulated A2's A2-4A).
+    directory, before = _host(tmp_path)
+    by_id = _cr({"mediatedDevicesConfiguration": {"mediatedDeviceTypes": ["nvidia-751"]}})
+    found = sweep(directory, by_id)
+    assert sorted(found.removed.values()) == ["NVIDIA A2-4Q"]
+    assert found.held == {}
+    left = {u: r.type for u, r in load_state(directory / "sys").vgpus.items()}
+    assert sorted(left.values()) == ["NVIDIA A2-4A", "NVIDIA A2-4A", "NVIDIA A2-4A"]
+    assert len(before) == 4
