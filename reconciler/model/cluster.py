@@ -449,8 +449,9 @@ class ClusterState:
     #: Why parts could not be read (e.g. "KubeVirt CR not found"): shown in the plan's notes.
     notes: tuple[str, ...] = ()
     #: When the other nodes' VGPUNodeStates were read (RFC 3339; "" when not known: no
-    #: retiring mark is then old enough), after the KubeVirt CR: the time retiring marks are
-    #: judged against (``model.retiring``), so the planner never reads a clock.
+    #: retiring mark is then old enough): taken after the KubeVirt CR was read and before the
+    #: summaries were, so no later than they were; the time retiring marks are judged against
+    #: (``model.retiring``), so the planner never reads a clock.
     observed_at: str = ""
 
     def __post_init__(self) -> None:

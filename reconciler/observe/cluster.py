@@ -13,10 +13,10 @@ Each reader is a list call plus a pure interpretation of its items:
   as vgpuctl checks its own host's (a type name that can be a resource name, four hex digits):
   one that fails is left out with a note naming the object and field, the rest is used.
 - The KubeVirt CR, wherever it lives (``harvester-system`` on Harvester, ``kubevirt``
-  upstream), unless a namespace is pinned; read *before* the VGPUNodeStates, whose read time
-  is recorded (``ClusterState.observed_at``, an injected clock): a retiring mark the CR shows
-  was written before the summaries were read, and is judged against that time
-  (``model.retiring``; docs/architecture.md, "The KubeVirt allow-list").
+  upstream), unless a namespace is pinned; read *before* the VGPUNodeStates, and the time
+  taken between the two (``ClusterState.observed_at``, an injected clock, no later than the
+  summaries are read): a retiring mark the CR shows was written before it, and is judged
+  against it (``model.retiring``; docs/architecture.md, "The KubeVirt allow-list").
 - VMIs on the node and the kubelet's device-plugin checkpoint, joined by pod UID (a VMI's
   ``status.activePods`` maps its launcher pods' UIDs to their nodes, KubeVirt's
   ``VirtualMachineInstanceStatus.ActivePods``): which vGPU (device ID) a VM was given. Pods
@@ -97,7 +97,8 @@ def observe_cluster(
     """Everything the cluster says about ``node``'s vGPUs.
 
     The KubeVirt CR is read before the VGPUNodeStates, and ``clock`` (seconds since the
-    epoch) is read right after them: ``ClusterState.observed_at``.
+    epoch) between the two: ``ClusterState.observed_at``, a time no later than the summaries
+    were read (a retiring mark is judged against it: the safe side).
 
     ``kubelet_dir`` (the node's ``/var/lib/kubelet``) enables the checkpoint join; without it
     every vGPU resource a VM on the node requests counts as possibly in use
@@ -111,12 +112,13 @@ def observe_cluster(
     selector = f"{NODE_LABEL}={node}"
     sriov = _our_objects(api, SRIOV_GPU_KIND, label_selector=selector)
     vgpus = _our_objects(api, VGPU_KIND, label_selector=selector)
-    # The KubeVirt CR before the summaries, and the time they were read: a retiring mark the
-    # CR shows was written before that time, which is what it is judged against
-    # (model.retiring; docs/architecture.md, "The KubeVirt allow-list").
+    # The KubeVirt CR, then the time, then the summaries: a retiring mark the CR shows was
+    # written before that time, and the summaries are read no earlier than it, which is what
+    # the mark is judged against (model.retiring; docs/architecture.md, "The KubeVirt
+    # allow-list").
     kubevirt, notes = _kubevirt(api, kubevirt_namespace)
-    states = _our_objects(api, NODE_STATE_KIND)
     observed_at = rfc3339(clock())
+    states = _our_objects(api, NODE_STATE_KIND)
     vmis = _vmis(api, label_selector=f"{VMI_NODE_LABEL}={node}")
     entries: list[CheckpointEntry] | None = None
     if kubelet_dir is not None:
@@ -193,10 +195,10 @@ class FleetReader:
         api = self._api
         wanted = set(nodes)
         sriov = _by_node(_our_objects(api, SRIOV_GPU_KIND), wanted)
-        # The KubeVirt CR before the summaries, then the time (as observe_cluster).
+        # The KubeVirt CR, the time, then the summaries (as observe_cluster).
         kubevirt, notes = _kubevirt(api, self._kubevirt_namespace)
-        all_states = _our_objects(api, NODE_STATE_KIND)
         observed_at = rfc3339(self._clock())
+        all_states = _our_objects(api, NODE_STATE_KIND)
         states = {o.name: o for o in all_states if o.name in wanted and _node_of(o) == o.name}
         configured = {o.name: _configured(o, notes) for o in all_states if o.managed_by_us}
         vmis = _vmis(api)

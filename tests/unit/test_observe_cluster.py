@@ -277,7 +277,8 @@ def test_kubevirt_allow_list_and_owned_annotation() -> None:
 
 def test_the_retiring_marks_and_the_time_the_summaries_were_read() -> None:
     """The marks (model.retiring) are read from their annotation; ``observed_at`` is the
-    injected clock's time, read once the summaries are (the planner reads no clock); a mark
+    injected clock's time, taken after the KubeVirt CR is read and before the summaries are
+    (no later than they are read: the safe side; the planner reads no clock); a mark
     annotation that cannot be read is no marks, and a note."""
     marks = {"NVIDIA A2-4Q": "2026-12-07T18:00:00Z"}
     api = cluster(
@@ -292,7 +293,7 @@ def test_the_retiring_marks_and_the_time_the_summaries_were_read() -> None:
     state = observe_cluster(api, node=NODE, clock=clock)
     assert state.kubevirt is not None and dict(state.kubevirt.retiring) == marks
     assert state.observed_at == "2026-12-07T19:00:00Z"
-    assert read == ["vgpunodestates"]
+    assert read == ["kubevirts"]
     unreadable = observe_cluster(
         cluster(kv=[kubevirt(**{_RETIRING: "[not an object]"})]), node=NODE
     )
