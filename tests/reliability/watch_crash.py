@@ -47,6 +47,7 @@ to do: it had finished before the kill).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import statistics
@@ -504,6 +505,16 @@ class _Run:
         result.converged = ready and not left
         if ready and left:
             result.not_converged = [f"ready, yet not converged: {p}" for p in left[:3]]
+            if plan is not None:
+                # What vgpuctl still plans, and why, beside the watches' logs in the run's kept
+                # tree: watch said converged, so the two disagree (the plan has the reasons
+                # and each update's changed fields).
+                text = json.dumps(plan, indent=1, sort_keys=True)
+                (self.directory / "plan-after-restart.json").write_text(text)
+                result.not_converged += [
+                    f"{a.get('kind')} {a.get('target')}: {a.get('reason')}"
+                    for a in plan.get("actions", [])[:3]
+                ]
         if ready and plan is not None:
             self.check_metrics(watch, plan)
         failed = watch.metric("vgpuctl_reconciles_total", result="failed")
