@@ -35,7 +35,10 @@ VFIO interface is not under ``/sys/bus/mdev/devices``.
 ``vgpuctl sim virt-handler`` runs it in a loop, and the reliability suite calls it between the
 steps of a run. A removal goes through the simulated kernel's ``remove`` file as virt-handler's
 write does; ``wait=False`` leaves a held vGPU's removal unstarted (counted in
-:attr:`Sweep.held`, a VM that would lose its GPU) so a test does not block on it.
+:attr:`Sweep.held`, a VM that would lose its GPU) so a test does not block on it, and
+``dry_run=True`` removes nothing (what it would remove is in :attr:`Sweep.removed`): a test that
+holds the simulator's host lock to see the host at one instant decides so (the removals take the
+lock themselves), and carries them out once it has let go.
 """
 
 from __future__ import annotations
@@ -141,9 +144,12 @@ def sweep(
     *,
     node_labels: Mapping[str, str] | None = None,
     wait: bool = True,
+    dry_run: bool = False,
 ) -> Sweep:
     """One ``removeUndesiredMDEVs`` over the simulated host in ``directory`` (its ``sys`` tree),
-    under the KubeVirt CR ``kubevirt`` (None: KubeVirt is not there, nothing is swept)."""
+    under the KubeVirt CR ``kubevirt`` (None: KubeVirt is not there, nothing is swept).
+    ``dry_run``: nothing is written; :attr:`Sweep.removed` is what the sweep would remove
+    (held vGPUs too when ``wait``)."""
     if kubevirt is None:
         return Sweep(skipped="no KubeVirt CR")
     why = handling_disabled(kubevirt)
@@ -165,6 +171,9 @@ def sweep(
             held[uuid] = type_name
             if not wait:
                 continue
+        if dry_run:
+            removed[uuid] = type_name
+            continue
         try:
             writer.write(str(MDEV_DEVICES / uuid / "remove"), "1")
         except FileNotFoundError:

@@ -18,9 +18,9 @@ would remove (``vgpuctl sim hold``); random one-shot faults are armed with ``vgp
 
 Every run has a cluster (the API-server emulator, with a KubeVirt CR allow-listing the types
 the host starts with, as a node reconciled before would have it), and KubeVirt's virt-handler
-beside it (:mod:`reconciler.sim.virt_handler`): a heartbeat after every vgpuctl process, its
-sweep of mdevs whose type is not allow-listed counted (``sweeper``: vGPUs lost, held ones
-among them; both must be 0).
+beside it (:mod:`reconciler.sim.virt_handler`, run by ``sweeper.py``, as ``watch_crash.py``
+runs it too): a heartbeat after every vgpuctl process, its sweep of mdevs whose type is not
+allow-listed counted (``sweeper``: vGPUs lost, held ones among them; both must be 0).
 
 Faults left unused are cleared, and apply runs again (at most ``MAX_RERUNS`` times) until the
 tests' oracle (``tests/oracle.py``: the tree against the desired file) finds the host converged,
@@ -48,12 +48,9 @@ import yaml
 
 from reconciler.desired import load_desired
 from reconciler.model import Plan, VgpuRemove
-from reconciler.model.cluster import KUBEVIRT_OWNED_ANNOTATION, resource_name
 from reconciler.observe import observe_host
 from reconciler.plan import plan_node
 from reconciler.sim import SimHost, build_host
-from reconciler.sim.state import load_state
-from reconciler.sim.virt_handler import sweep
 from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.holds import asked
 from tests.reliability.faults import emulator as cluster_emulator
@@ -72,10 +69,10 @@ from tests.reliability.hosts import (
     safety,
 )
 from tests.reliability.sizes import Context
+from tests.reliability.sweeper import Sweeps, seed_cluster
+from tests.reliability.sweeper import figures as sweeper_figures
 
 NODE = "crash-node"
-KUBEVIRT = ("kubevirt.io", "v1", "kubevirts", "kubevirt")
-NAMESPACE = "harvester-system"
 MAX_RERUNS = 4
 #: ``--verify-timeout``: the simulator's effects are immediate, so a short wait is plenty, and a
 #: silent sriov-manage failure costs seconds, not the default two minutes.
@@ -121,25 +118,19 @@ class Result(Findings):
     reruns: int | None = None  # None: never converged
     rerun_outcomes: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    #: virt-handler heartbeats run, and the vGPUs their sweeps took (UUID → type; held: a VM's).
-    heartbeats: int = 0
-    swept: dict[str, str] = field(default_factory=dict)
-    swept_held: dict[str, str] = field(default_factory=dict)
+    #: virt-handler heartbeats run, and the vGPUs their sweeps took.
+    sweeps: Sweeps = field(default_factory=Sweeps)
     #: allow-list kills: whether the allow-list write came (and the kill with it).
     allow_write_seen: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.reruns is not None and not self.problems() and not self.swept_any
-
-    @property
-    def swept_any(self) -> bool:
-        return bool(self.swept or self.swept_held)
+        return self.reruns is not None and not self.problems() and not self.sweeps.lost
 
     def failure(self) -> str:
         parts = self.problems()
-        if self.swept_any:
-            parts.insert(0, f"virt-handler swept {self.swept} (held: {self.swept_held})")
+        if self.sweeps.lost:
+            parts.insert(0, self.sweeps.describe())
         if self.reruns is None:
             parts.insert(0, f"not converged after {MAX_RERUNS} reruns {self.rerun_outcomes}")
         head = (
@@ -245,39 +236,6 @@ def _killed_at_the_allow_list_write(
         emu.on_before_write(None)
 
 
-def _heartbeat(result: Result, node: SimNode, emu: ApiServerEmulator) -> None:
-    """One virt-handler heartbeat: its sweep under the KubeVirt CR as the emulator has it (a
-    held vGPU's removal is counted, not started: the run must not block on its VM)."""
-    with kernel_quiet(node.sysfs_root):
-        found = sweep(node.dir, emu.get_object(*KUBEVIRT, namespace=NAMESPACE), wait=False)
-    result.heartbeats += 1
-    result.swept.update({u: t for u, t in found.removed.items() if u not in found.held})
-    result.swept_held.update(found.held)
-
-
-def seed_cluster(emu: ApiServerEmulator, directory: Path, host_dir: Path) -> tuple[str, ...]:
-    """The emulator's KubeVirt CR allow-listing (as vgpuctl's) the types the host starts with,
-    and the global flags for it."""
-    types = sorted({v.type for v in load_state(host_dir / "sys").vgpus.values()})
-    entries = [
-        {"mdevNameSelector": t, "resourceName": resource_name(t), "externalResourceProvider": True}
-        for t in types
-    ]
-    kubevirt: dict[str, Any] = {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "KubeVirt",
-        "metadata": {"name": KUBEVIRT[-1], "namespace": NAMESPACE},
-        "spec": {"configuration": {"permittedHostDevices": {"mediatedDevices": entries}}},
-    }
-    if types:
-        kubevirt["metadata"]["annotations"] = {KUBEVIRT_OWNED_ANNOTATION: ",".join(types)}
-    emu.seed(kubevirt)
-    kubelet = directory / "kubelet"
-    (kubelet / "device-plugins").mkdir(parents=True)
-    kubeconfig = emu.kubeconfig(directory / "kubeconfig")
-    return ("--kubeconfig", str(kubeconfig), "--kubelet-dir", str(kubelet))
-
-
 def run_case(case: Case, directory: Path) -> Result:
     with cluster_emulator(kubevirt=False) as emu:
         return _run_case(case, directory, emu)
@@ -319,7 +277,7 @@ def _run_case(case: Case, directory: Path, emu: ApiServerEmulator) -> Result:
     if case.sriov:
         fail_args += ["--sriov", case.sriov]
         result.armed["sriov"] = case.sriov
-    _heartbeat(result, node, emu)  # the host as it starts: its types are listed
+    result.sweeps.heartbeat(node, emu)  # the host as it starts: its types are listed
     if case.kill == "crash-after":
         result.crash_after = 1 + int(case.pick * result.actions)
         fail_args += ["--crash-after", str(result.crash_after)]
@@ -341,14 +299,14 @@ def _run_case(case: Case, directory: Path, emu: ApiServerEmulator) -> Result:
     calls_after = node.stats()
     result.host_calls = sum(calls_after[k] - calls_before[k] for k in calls_after)
     result.left_unused = disarm_faults(node.sysfs_root)
-    _heartbeat(result, node, emu)
+    result.sweeps.heartbeat(node, emu)
     _check(result, first, node, gpus, held)
 
     for attempt in range(1, MAX_RERUNS + 1):
         rerun = node.run("apply", desired_file, *APPLY, timeout=APPLY_TIMEOUT)
         result.rerun_outcomes.append(rerun.outcome())
         result.strays += len(reap_strays(node.sriov_manage))
-        _heartbeat(result, node, emu)
+        result.sweeps.heartbeat(node, emu)
         _check(result, rerun, node, gpus, held)
         left = node.converged(desired_file, held)
         if not left:
@@ -436,11 +394,7 @@ def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str
             "sriov_silent": sum(1 for r in results if r.armed.get("sriov") == "silent"),
             "runs_with_faults_left_unused_at_death": sum(1 for r in results if r.left_unused),
         },
-        "sweeper": {
-            "heartbeats": sum(r.heartbeats for r in results),
-            "vgpus_lost": sum(len(r.swept) + len(r.swept_held) for r in results),
-            "in_use_removed": sum(len(r.swept_held) for r in results),
-        },
+        "sweeper": sweeper_figures([r.sweeps for r in results]),
         "kill_points": {
             "allow_list_write": {
                 "runs": len(at_allow),

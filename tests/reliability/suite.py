@@ -9,9 +9,11 @@ figures, with ``ok`` (every invariant held) and ``seconds``. Sizes and time budg
 kill points; timing-driven outcomes (an outside SIGKILL, a race) vary with the machine.
 
 Scenarios: ``crash_safety`` and ``watch_crash_safety`` (SIGKILLed applies and watches, then
-restarted: counted together in ``summary``), ``bad_input``, ``concurrency`` (racing applies) and
-``watch_concurrency`` (two applies racing a watch), ``faults_survived`` (under apply) and
-``watch_faults_survived`` (while watch runs, with a kubelet restart).
+restarted, against the API-server emulator with KubeVirt's virt-handler sweeping beside them:
+counted together in ``summary``, the vGPUs the sweeps took included), ``bad_input``,
+``concurrency`` (racing applies) and ``watch_concurrency`` (two applies racing a watch),
+``faults_survived`` (under apply) and ``watch_faults_survived`` (while watch runs, with a
+kubelet restart).
 
 Exit status: 0 when every scenario's invariants held, 1 otherwise. Scratch trees go under
 ``$TMPDIR`` (``/dev/shm`` when it is unset and writable); they are removed unless ``--keep`` is
@@ -73,7 +75,7 @@ def summary(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
         }
         swept = [f["sweeper"] for f in crash if "sweeper" in f]
         if swept:
-            # KubeVirt's virt-handler beside the runs (crash_safety's): what its sweeps took.
+            # KubeVirt's virt-handler beside the runs (both scenarios'): what its sweeps took.
             out["killed_and_restarted"]["sweeper"] = {
                 "heartbeats": sum(f["heartbeats"] for f in swept),
                 "vgpus_lost": sum(f["vgpus_lost"] for f in swept),

@@ -11,11 +11,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from reconciler.sim import build_host
+from reconciler.sim import build_host, hold
 from tests.reliability.bad_input import line_form, samples
+from tests.reliability.faults import emulator
 from tests.reliability.generators import draw_examples, has_work, host_and_desired
 from tests.reliability.hosts import (
     REPO,
@@ -29,6 +31,8 @@ from tests.reliability.hosts import (
     reap_strays,
     safety,
 )
+from tests.reliability.suite import summary
+from tests.reliability.sweeper import KUBEVIRT, NAMESPACE, Sweeps, seed_cluster
 
 GPU = "0000:08:00.0"
 U1, U2, U3 = (f"{n}0000000-0000-4000-8000-000000000000" for n in (1, 2, 3))
@@ -141,3 +145,55 @@ def test_reap_strays_kills_only_what_outlives_the_wait(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_a_heartbeat_counts_and_removes_what_the_sweep_takes(tmp_path: Path) -> None:
+    """The scenarios' virt-handler heartbeat removes a vGPU whose type is not allow-listed and
+    counts it, a held one counted and left: without blocking on the simulator's host lock,
+    which it holds while it reads (a sweep that found something to remove used to wait for
+    ever on that lock, so a loss hung the suite instead of being counted)."""
+    spec = {
+        "gpus": [{"model": "A2", "address": GPU,
+                  "vgpus": {0: {"type": "NVIDIA A2-4Q", "uuid": U1},
+                            1: {"type": "NVIDIA A2-4A", "uuid": U2},
+                            2: {"type": "NVIDIA A2-4A", "uuid": U3}}}],
+        "extraDevices": False,
+    }  # fmt: skip
+    host = tmp_path / "h"
+    build_host(host, spec)
+    hold(host, U3)
+    with emulator(kubevirt=False) as emu:
+        node = SimNode(host, "n", extra=seed_cluster(emu, tmp_path, host))
+        sweeps = Sweeps()
+        sweeps.heartbeat(node, emu)  # every type the host starts with is listed
+        assert (sweeps.heartbeats, sweeps.lost) == (1, 0)
+        cr = emu.get_object(*KUBEVIRT, namespace=NAMESPACE)
+        entries = cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
+        cr["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"] = [
+            e for e in entries if e["mdevNameSelector"] != "NVIDIA A2-4A"
+        ]
+        emu.seed(cr)
+        beat = threading.Thread(target=sweeps.heartbeat, args=(node, emu), daemon=True)
+        beat.start()
+        beat.join(timeout=30)
+        assert not beat.is_alive(), "the heartbeat blocked"
+    assert sweeps.heartbeats == 2
+    assert sweeps.swept == {U2: "NVIDIA A2-4A"}
+    assert sweeps.swept_held == {U3: "NVIDIA A2-4A"}
+    assert sweeps.lost == 2
+    assert sorted(v.uuid for v in read_truth(host / "sys", [GPU]).vgpus) == sorted([U1, U3])
+
+
+def test_the_summary_adds_up_both_crash_scenarios_sweeps() -> None:
+    def figures(runs: int, beats: int, lost: int, held: int) -> dict[str, object]:
+        sweeper = {"heartbeats": beats, "vgpus_lost": lost, "in_use_removed": held}
+        return {"runs": runs, "converged": runs, "sweeper": sweeper}
+
+    both = {"crash_safety": figures(8, 25, 0, 0), "watch_crash_safety": figures(4, 90, 2, 1)}
+    out = summary(both)
+    assert out["killed_and_restarted"]["runs"] == 12
+    assert out["killed_and_restarted"]["sweeper"] == {
+        "heartbeats": 115,
+        "vgpus_lost": 2,
+        "in_use_removed": 1,
+    }

@@ -2,7 +2,8 @@
 
 The full size runs in the suite; here the scenario runs small and must still hold every
 invariant, and must have exercised what it is about: a watch killed in the middle of a
-reconcile, and VMs holding vGPUs the desired state would remove.
+reconcile, and VMs holding vGPUs the desired state would remove, with KubeVirt's virt-handler
+sweeping beside it and taking nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def test_watch_killed_and_restarted_converges_and_loses_nothing(ctx: Context) ->
     assert f["first_watch"] == {"killed": f["runs"]}, show(f)  # never ended on its own
     assert f["sigterm_exit"] == {"exit 0": f["runs"]}, show(f)
     assert f["restart_to_ready_s"]["max"] is not None, show(f)
+    # KubeVirt's virt-handler swept beside every watch (after each start, while waited on,
+    # after the kill, after the restart): it took nothing.
+    assert f["sweeper"]["heartbeats"] >= f["runs"] * 4, show(f)
+    assert f["sweeper"]["vgpus_lost"] == 0, show(f)
+    assert f["sweeper"]["in_use_removed"] == 0, show(f)
     # It tested what it is about: watch died mid-reconcile, at its start and after an edit,
     # with VMs holding vGPUs.
     assert f["kill_points"]["killed_mid_reconcile"] >= 1, show(f)

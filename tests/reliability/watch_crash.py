@@ -30,6 +30,14 @@ within a bound. Over the whole run: no UUID twice, no VF with two vGPUs, no dang
 every held vGPU still on its VF with its type, no orphan, unmanaged GPUs untouched, no traceback
 or internal error in either watch's log, no hung process, no ``sriov-manage`` left running.
 
+Every run has a cluster, as ``crash.py``'s runs have (``sweeper.py``): the API-server emulator
+with a KubeVirt CR allow-listing the types the host starts with, every watch (and ``plan``)
+pointed at it, and KubeVirt's virt-handler beside them (:mod:`reconciler.sim.virt_handler`).
+Its heartbeat runs after each watch starts, every ``HEARTBEAT_EVERY`` seconds while the harness
+waits on a watch (to be ready, to settle, to log an action done), after the kill, once the
+restarted watch is ready and after it exited; what its sweeps of mdevs not allow-listed took is
+counted (``sweeper``: vGPUs lost, held ones among them; both must be 0).
+
 A kill is classed by what it interrupted, from the tree after it: *mid-reconcile* (host work was
 left and the dying reconcile had logged an action done, or the simulator killed it at a change),
 *before the first action* (work left, nothing done yet) or *after the reconcile* (nothing left
@@ -39,6 +47,7 @@ to do: it had finished before the kill).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import statistics
@@ -55,8 +64,10 @@ from hypothesis import strategies as st
 from reconciler.model import VgpuRemove
 from reconciler.sim import SimHost, build_host
 from tests import oracle
+from tests.doubles.emulator import ApiServerEmulator
 from tests.holds import asked
 from tests.reliability.crash import plan_in_process
+from tests.reliability.faults import emulator as cluster_emulator
 from tests.reliability.generators import (
     CATALOG,
     MODELS,
@@ -82,6 +93,8 @@ from tests.reliability.hosts import (
     safety,
 )
 from tests.reliability.sizes import Context
+from tests.reliability.sweeper import Sweeps, seed_cluster
+from tests.reliability.sweeper import figures as sweeper_figures
 from tests.reliability.watching import WatchProcess
 
 NODE = "watch-crash-node"
@@ -91,6 +104,9 @@ SETTLE_TIMEOUT = 90.0  # a reconcile that is to die gets that far
 EXIT_TIMEOUT = 30.0  # a killed process is gone; a SIGTERMed one has exited
 #: Idle kills land this many seconds (at most) after watch settled.
 IDLE_DELAY = 1.5
+#: Seconds between virt-handler heartbeats while the harness waits on a watch (KubeVirt's come
+#: every minute or two: these are many more, for the sweeps to land in a reconcile).
+HEARTBEAT_EVERY = 0.25
 #: Figures keep this many failure descriptions.
 FAILURES_SHOWN = 10
 PHASES = ("start", "edit", "idle")
@@ -182,6 +198,8 @@ class Result(Findings):
     converged: bool = False  # restarted, ready, and plan -o json agrees
     sigterm: str = ""
     metrics_wrong: list[str] = field(default_factory=list)
+    #: virt-handler heartbeats run, and the vGPUs their sweeps took.
+    sweeps: Sweeps = field(default_factory=Sweeps)
     seconds: float = 0.0
 
     @property
@@ -191,10 +209,13 @@ class Result(Findings):
             and self.sigterm == "exit 0"
             and not self.metrics_wrong
             and not self.problems()
+            and not self.sweeps.lost
         )
 
     def failure(self) -> str:
         parts = [*self.problems(), *self.metrics_wrong]
+        if self.sweeps.lost:
+            parts.insert(0, self.sweeps.describe())
         if not self.converged:
             parts.insert(0, "not converged after the restart")
         if self.sigterm != "exit 0":
@@ -288,6 +309,7 @@ def _wait(watch: WatchProcess, mark: int, want: str, *, timeout: float) -> bool:
             return True
         if not watch.alive():
             return False
+        watch.tick()
         time.sleep(0.005)
     return False
 
@@ -303,6 +325,7 @@ class _Run:
     gpus: list[str]
     desired_file: Path
     rng: random.Random
+    emu: ApiServerEmulator
     held: dict[str, Held] = field(default_factory=dict)
     watches: list[WatchProcess] = field(default_factory=list)
     #: The host when the final desired state took over (an edit: once A had converged).
@@ -320,9 +343,22 @@ class _Run:
         return {g: truth.snapshot(g) for g in gpus}
 
     def watch(self, label: str) -> WatchProcess:
-        w = WatchProcess(self.node, self.desired_file, out_dir=self.directory, label=label)
+        """A watch started on the desired file, a heartbeat right after, and more while the
+        harness waits on it."""
+        w = WatchProcess(
+            self.node, self.desired_file, out_dir=self.directory, label=label, tick=self.tick
+        )
         self.watches.append(w)
+        self.heartbeat()
         return w
+
+    def heartbeat(self) -> None:
+        """One virt-handler heartbeat beside the node."""
+        self.result.sweeps.heartbeat(self.node, self.emu)
+
+    def tick(self) -> None:
+        """A waiting loop's poll: a heartbeat when the last is old enough."""
+        self.result.sweeps.every(HEARTBEAT_EVERY, self.node, self.emu)
 
     # -- setting the stage -----------------------------------------------------------------
 
@@ -459,6 +495,7 @@ class _Run:
         ready = watch.wait_ready(timeout=READY_TIMEOUT)
         if ready:
             result.restart_ready = round(time.monotonic() - started, 3)
+            self.heartbeat()  # converged: the allow-list has every type the host has
         else:
             result.errors.append(
                 f"restarted watch not ready within {READY_TIMEOUT:.0f} s: "
@@ -468,6 +505,16 @@ class _Run:
         result.converged = ready and not left
         if ready and left:
             result.not_converged = [f"ready, yet not converged: {p}" for p in left[:3]]
+            if plan is not None:
+                # What vgpuctl still plans, and why, beside the watches' logs in the run's kept
+                # tree: watch said converged, so the two disagree (the plan has the reasons
+                # and each update's changed fields).
+                text = json.dumps(plan, indent=1, sort_keys=True)
+                (self.directory / "plan-after-restart.json").write_text(text)
+                result.not_converged += [
+                    f"{a.get('kind')} {a.get('target')}: {a.get('reason')}"
+                    for a in plan.get("actions", [])[:3]
+                ]
         if ready and plan is not None:
             self.check_metrics(watch, plan)
         failed = watch.metric("vgpuctl_reconciles_total", result="failed")
@@ -475,6 +522,7 @@ class _Run:
         term = watch.terminate(timeout=EXIT_TIMEOUT)
         result.sigterm = term.outcome()
         result.strays += len(reap_strays(self.node.sriov_manage))
+        self.heartbeat()
         self.check(term, watch)
 
     def check_metrics(self, watch: WatchProcess, plan: dict[str, Any]) -> None:
@@ -491,6 +539,11 @@ class _Run:
 
 
 def run_case(case: Case, directory: Path) -> Result:
+    with cluster_emulator(kubevirt=False) as emu:
+        return _run_case(case, directory, emu)
+
+
+def _run_case(case: Case, directory: Path, emu: ApiServerEmulator) -> Result:
     started = time.monotonic()
     host_dir = directory / "host"
     build_host(host_dir, case.host, catalog=CATALOG)
@@ -502,10 +555,11 @@ def run_case(case: Case, directory: Path) -> Result:
         case=case,
         directory=directory,
         result=Result(case.index, case.phase, case.kill, [g["model"] for g in case.host["gpus"]]),
-        node=SimNode(host_dir, NODE),
+        node=SimNode(host_dir, NODE, extra=seed_cluster(emu, directory, host_dir)),
         gpus=[g["address"] for g in case.host["gpus"]],
         desired_file=desired_file,
         rng=random.Random(case.seed),  # noqa: S311 - reproducible choices, not cryptography
+        emu=emu,
     )
     try:
         _run(run)
@@ -561,6 +615,7 @@ def _run(run: _Run) -> None:
     calls_after = node.stats()
     result.host_calls = sum(calls_after[k] - calls_before[k] for k in calls_after)
     result.left_unused = disarm_faults(node.sysfs_root)
+    run.heartbeat()  # the host as the kill left it
     run.check(first, watch)
     run.classify(watch)
 
@@ -679,6 +734,7 @@ def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str
         "edit_runs_without_host_work": sum(
             1 for r in results if r.phase == "edit" and not r.actions
         ),
+        "sweeper": sweeper_figures([r.sweeps for r in results]),
         "gpu_models": dict(Counter(m for r in results for m in r.gpus).most_common()),
         "seconds": round(seconds, 1),
         "seconds_per_run": round(seconds / len(results), 2) if results else None,

@@ -4,7 +4,8 @@
 logs going to a file and an ephemeral operations port (``--listen 127.0.0.1:0``; the bound
 address is read from its first log line). The scenarios read it the way an operator's tools
 do: ``/readyz``, ``/metrics``, the log lines. Every wait is bounded; a process that outlives
-its stop is SIGKILLed with its group and reported as hung, never waited for.
+its stop is SIGKILLed with its group and reported as hung, never waited for. A waiting loop
+calls the ``tick`` it was given at each poll (the crash scenario's virt-handler heartbeats).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class WatchProcess:
         extra: tuple[str, ...] = (),
         rescan_interval: float = RESCAN_INTERVAL,
         debounce: float = DEBOUNCE,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         args: list[object] = [
             "watch", target, "--listen", "127.0.0.1:0",
@@ -68,6 +70,9 @@ class WatchProcess:
         self._started = Started([*args, *node.flags], out_dir=out_dir, label=label)
         self._err = out_dir / f"{label}.stderr"
         self.url: str | None = None
+        #: Called at each poll of a waiting loop (something to do beside the process while
+        #: it runs: ``watch_crash``'s virt-handler heartbeats).
+        self.tick = tick or (lambda: None)
 
     @property
     def pid(self) -> int:
@@ -125,6 +130,7 @@ class WatchProcess:
                 return any(match(d) for d in self.logs())
             if time.monotonic() >= deadline:
                 return False
+            self.tick()
             time.sleep(0.01)
 
     def wait_listening(self, *, timeout: float = 30.0) -> bool:
@@ -160,6 +166,7 @@ class WatchProcess:
                 return True
             if not self.alive():
                 return False
+            self.tick()
             time.sleep(0.05)
         return False
 
