@@ -171,6 +171,21 @@ class Host:
             inventory = replace(inventory, notes=(*inventory.notes, *notes))
         return inventory
 
+    def vfio_known_types(self) -> TypeNames:
+        """The vfio type names known now: the record's, and what the driver named so far."""
+        return self._known_types(self.type_record.read().names)
+
+    def learn_vfio_types(self, inventory: Inventory) -> bool:
+        """Ask the driver about every GPU of ``inventory`` with a type shown by its id only
+        (``_ask_driver``); whether it named anything new (then scan again)."""
+        unnamed = _unnamed_types(inventory)
+        if not unnamed:
+            return False
+        learnt, _ = self._ask_driver(inventory, unnamed)
+        new = any(self._driver_names.get(k) != v for k, v in learnt.items())
+        self._driver_names.update(learnt)
+        return new
+
     def _known_types(self, recorded: TypeNames) -> TypeNames:
         """The vfio type names known without reading the host: the driver's, then the record's."""
         return {**self._driver_names, **recorded}
