@@ -197,8 +197,8 @@ def read_supported_types(
     what = " ".join(("nvidia-smi", *args))
     try:
         result = runner.run([*nvidia_smi, *args], timeout=timeout)
-    except ApplyError as e:
-        return SupportedTypes(problem=f"{what}: {e.message}")
+    except ApplyError as e:  # not found, not executable, timed out
+        return SupportedTypes(problem=f"{what}: {e.message}", ran=False)
     if result.returncode != 0:
         output = tail(result.stderr) or tail(result.stdout) or "no output"
         return SupportedTypes(problem=f"{what}: exit {result.returncode}: {excerpt(output, 200)}")

@@ -48,6 +48,8 @@ class Host:
     #: vfio type names the driver gave (``nvidia-smi vgpu -s -v``) for ids nothing else named,
     #: kept for this process's life (a watch asks once, not at every rescan).
     _driver_names: dict[tuple[PciAddress, str], str] = field(default_factory=dict, repr=False)
+    #: The NVIDIA driver version ``_driver_names`` are of.
+    _names_driver: str = field(default="", repr=False)
 
     @cached_property
     def catalog(self) -> Catalog:
@@ -144,6 +146,11 @@ class Host:
             )
 
         record = self.type_record.read()
+        version = self._driver_version()
+        if version != self._names_driver:
+            # Type ids are a driver branch's: what another driver named names nothing now.
+            self._driver_names.clear()
+            self._names_driver = version
         inventory = scan(self._known_types(record.names))
         notes: list[str] = []
         unnamed = _unnamed_types(inventory)
@@ -170,6 +177,11 @@ class Host:
         if notes:
             inventory = replace(inventory, notes=(*inventory.notes, *notes))
         return inventory
+
+    def _driver_version(self) -> str:
+        from reconciler.apply.typerecord import driver_version
+
+        return driver_version(self.options.sysfs_root)
 
     def vfio_known_types(self) -> TypeNames:
         """The vfio type names known now: the record's, and what the driver named so far."""
@@ -198,15 +210,19 @@ class Host:
         its answer could not be used ("" when it could)."""
         from reconciler.apply.runner import SubprocessRunner
         from reconciler.apply.sriov import read_supported_types
-        from reconciler.observe.vgputypes import check_against_lists
+        from reconciler.observe.vgputypes import SupportedTypes, check_against_lists
 
         runner, argv = SubprocessRunner(), self.nvidia_smi_argv
         learnt: dict[tuple[PciAddress, str], str] = {}
         notes: list[str] = []
+        failed: SupportedTypes | None = None  # a command that could not run: not run again
         for address in gpus:
             gpu = inventory.gpu(address)
             listed = {t.type_id: t.name for t in gpu.types if t.type_id} if gpu else {}
-            answer = check_against_lists(read_supported_types(runner, argv, address), listed)
+            asked = failed or read_supported_types(runner, argv, address)
+            if not asked.ran:
+                failed = asked
+            answer = check_against_lists(asked, listed)
             if answer.problem is not None:
                 notes.append(f"GPU {address}: its vGPU types could not be named: {answer.problem}")
                 continue

@@ -67,6 +67,9 @@ class SupportedTypes:
     #: Why the answer tells nothing (the command could not run, failed, or said something
     #: unexpected); None when it was read.
     problem: str | None = None
+    #: False when the command could not be run or did not finish in time: asking about
+    #: another GPU in the same scan would fare no better.
+    ran: bool = True
 
 
 def supported_types_argv(gpu: PciAddress) -> list[str]:
