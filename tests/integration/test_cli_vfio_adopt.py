@@ -22,7 +22,7 @@ import yaml
 
 from reconciler.sim import build_host
 from reconciler.sim.state import load_state
-from tests.simnode import NODE, SimNode
+from tests.simnode import NODE, SimNode, run_vgpuctl
 
 GPU = "0000:08:00.0"
 #: The first VFs of a simulated GPU (VF 0 at function 4).
@@ -194,3 +194,24 @@ def test_a_type_the_driver_cannot_name_either_blocks_its_gpu(tmp_path: Path) -> 
         assert "'nvidia-smi vgpu -q' shows each vGPU's type name" in b["reason"]
     (note,) = [n for n in plan["notes"] if "could not be named" in n]
     assert "nvidia-smi vgpu -s -v -i 00000000:08:00.0" in note
+
+
+def test_an_adopted_vgpu_a_vm_holds_is_never_removed(tmp_path: Path) -> None:
+    """Adopted is not owned: a VM holding one of the L40-24Q the simulator made keeps it, and
+    what the equal-size rule ties to it waits, blocked (the other 24Q's removal too: it would
+    only make room for 12Q that cannot come yet)."""
+    node = host(tmp_path, "L40", {0: "NVIDIA L40-24Q", 1: "NVIDIA L40-24Q"})
+    res = run_vgpuctl("sim", "hold", node.dir, VFS[0])
+    assert res.returncode == 0, res.stderr
+    before = currents(node)
+    change = desired(tmp_path, {"profiles": {"NVIDIA L40-12Q": 4}}, "other.yaml")
+    res = node.run("apply", change, "--yes")
+    assert res.returncode != 0  # blocked: not converged
+    assert currents(node) == before
+    plan = json.loads(node.run("plan", change, "-o", "json").stdout)
+    assert plan["actions"] == [] or all(
+        a["kind"] not in ("vgpu-create", "vgpu-remove") for a in plan["actions"]
+    )
+    removals = {b["target"]: b["reason"] for b in plan["blocked"] if b["kind"] == "vgpu-remove"}
+    assert "in use by simulated VM" in removals[VFS[0]]
+    assert "deferred" in removals[VFS[1]]
