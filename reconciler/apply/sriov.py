@@ -29,6 +29,11 @@ from reconciler.apply.sysfs import SysfsReader
 from reconciler.model import ApplyError, PciAddress, VgpuMode
 from reconciler.model.errors import excerpt
 from reconciler.observe.vgpumode import ModeReading, parse_vgpu_modes
+from reconciler.observe.vgputypes import (
+    SupportedTypes,
+    parse_supported_types,
+    supported_types_argv,
+)
 
 #: ``--nvidia-smi``'s default: where NVIDIA's host driver package installs it.
 DEFAULT_NVIDIA_SMI = "/usr/bin/nvidia-smi"
@@ -103,6 +108,12 @@ class SriovHost:
     def vgpu_modes(self) -> ModeReading:
         return read_vgpu_modes(self._runner, self._nvidia_smi, timeout=self._query_timeout)
 
+    def supported_types(self, gpu: PciAddress) -> SupportedTypes:
+        """The driver's names of ``gpu``'s vGPU type ids (``observe/vgputypes.py``)."""
+        return read_supported_types(
+            self._runner, self._nvidia_smi, gpu, timeout=self._query_timeout
+        )
+
     def _write_failed(self, e: OSError, what: str) -> ApplyError:
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return DriverRefusedError(
@@ -170,6 +181,28 @@ def read_vgpu_modes(
         output = tail(result.stderr) or tail(result.stdout) or "no output"
         return ModeReading(problem=f"exit {result.returncode}: {output}")
     return ModeReading(MappingProxyType(parse_vgpu_modes(result.stdout)))
+
+
+def read_supported_types(
+    runner: CommandRunner,
+    nvidia_smi: Sequence[str],
+    gpu: PciAddress,
+    *,
+    timeout: float = DEFAULT_QUERY_TIMEOUT,
+) -> SupportedTypes:
+    """``gpu``'s supported vGPU types as ``nvidia-smi vgpu -s -v -i <gpu>`` names them (one
+    call, bounded in time as the mode read is, its output in size by the parser); a call that
+    cannot run or fails tells nothing, and says why."""
+    args = supported_types_argv(gpu)
+    what = " ".join(("nvidia-smi", *args))
+    try:
+        result = runner.run([*nvidia_smi, *args], timeout=timeout)
+    except ApplyError as e:  # not found, not executable, timed out
+        return SupportedTypes(problem=f"{what}: {e.message}", ran=False)
+    if result.returncode != 0:
+        output = tail(result.stderr) or tail(result.stdout) or "no output"
+        return SupportedTypes(problem=f"{what}: exit {result.returncode}: {excerpt(output, 200)}")
+    return parse_supported_types(result.stdout, gpu)
 
 
 def errno_text(e: OSError) -> str:

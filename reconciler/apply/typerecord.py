@@ -1,8 +1,12 @@
-"""The record of the vGPU types vgpuctl configured on NVIDIA's vendor-specific VFIO interface.
+"""The record of the vGPU types vgpuctl has seen on NVIDIA's vendor-specific VFIO interface.
 
 A VF's ``nvidia/current_vgpu_type`` says only a type id, and once the lists narrow (a GPU at a
 profile's maximum: one L40S-48Q, two L40S-24Q) no VF names that id any more (docs/domain.md
-§3b). So every type vgpuctl configures is recorded, ``<state_dir>/<node>.vfio-types.json``:
+§3b). So before its first write on a GPU, the host driver (``apply/vfio.py``) records the name
+of every type any of the GPU's VFs lists, not only the one it writes, and of every id it had to
+ask the driver about (``observe/vgputypes.py``: ``nvidia-smi vgpu -s -v``): a crash right after
+the write never leaves an id vgpuctl cannot name, and a record that was lost is written again
+from the driver's answer. The record is ``<state_dir>/<node>.vfio-types.json``:
 
     {"formatVersion": 1,
      "types": [{"driver": "550.54.10", "gpu": "0000:08:00.0", "id": "1156",
@@ -12,8 +16,9 @@ Type ids are a driver branch's, so each entry carries the NVIDIA driver's versio
 (``module/nvidia/version``) and only the running driver's entries are used. The file is in the
 state directory, so it is opened as ``state.py`` says and read as untrusted input: bounded in
 size, every entry checked (a PCI address, a decimal id, a type name as a driver prints one), a
-malformed file or entry ignored with a note. Ignoring is the safe side: a type nobody can
-name keeps its GPU's changes blocked (``plan.guard``). Writes (under the node lock) replace the
+malformed file or entry ignored with a note. Ignoring is the safe side: a type the record does
+not name is asked of the driver, and one nobody can name keeps its GPU's changes blocked
+(``plan.guard``). Writes (under the node lock) replace the
 file whole (a new file renamed over it), so a reader never sees half of one.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from reconciler.apply.state import node_file, open_node_file, open_state_dir, replace_node_file
@@ -88,13 +94,30 @@ class TypeRecord:
     def add(self, gpu: PciAddress, type_id: str, name: str) -> None:
         """Record that type ``type_id`` of ``gpu`` is ``name`` under the running driver (the
         caller holds the node lock). Raises ``ApplyError`` when the file cannot be written."""
+        self.remember(gpu, {type_id: name})
+
+    def remember(self, gpu: PciAddress, names: Mapping[str, str]) -> None:
+        """Record every type id → name of ``gpu`` in ``names`` under the running driver (the
+        caller holds the node lock), before the write that could make one of them unlisted:
+        the file is rewritten only when an entry is new or changed. Raises ``ApplyError`` when
+        the file cannot be written."""
         entries, _ = self._entries()  # a malformed record is replaced
-        new = RecordedType(self.driver, gpu, type_id, name)
-        kept = [e for e in entries if (e.driver, e.gpu, e.type_id) != (self.driver, gpu, type_id)]
+        have = {(e.driver, e.gpu, e.type_id): e.name for e in entries}
+        new = [
+            RecordedType(self.driver, gpu, type_id, name)
+            for type_id, name in sorted(names.items())
+            if have.get((self.driver, gpu, type_id)) != name
+        ]
+        if not new:
+            return
+        replaced = {(e.driver, e.gpu, e.type_id) for e in new}
+        kept = [e for e in entries if (e.driver, e.gpu, e.type_id) not in replaced]
         # Another driver's entries go first when the record is full: they name nothing now.
         kept.sort(key=lambda e: e.driver == self.driver)
-        kept = [*kept, new][-MAX_ENTRIES:]
-        doc = {"formatVersion": FORMAT_VERSION, "types": [e.to_json() for e in kept]}
+        self._write([*kept, *new][-MAX_ENTRIES:])
+
+    def _write(self, entries: list[RecordedType]) -> None:
+        doc = {"formatVersion": FORMAT_VERSION, "types": [e.to_json() for e in entries]}
         body = (json.dumps(doc, indent=1) + "\n").encode()
         dir_fd = open_state_dir(self.state_dir)
         try:

@@ -11,16 +11,22 @@ VF address where mdev has the UUID, and this driver refuses any other.
 
 Type ids are facts of a card and driver branch, so a type is written by the id the VF lists
 for its name *now* (never one stored elsewhere). The name of a type in use is not listed any
-more (the lists narrow to what can still be created): it is read back through the other VFs'
-lists, then through the ids this driver has written, then through the record of earlier runs
-(``known_types``); a type none of them names reads as ``type <id>``
+more (the lists narrow to what can still be created): it is read back through the ids this
+driver has written and the names it was given (``known_types``: the record of earlier runs,
+and what the scan asked the driver), then through the other VFs' lists, then by asking the
+driver (``nvidia-smi vgpu -s -v -i <GPU>``, once per GPU, checked against the lists:
+``observe/vgputypes.py``); a type none of them names reads as ``type <id>``
 (:func:`~reconciler.model.type_shown_by_id`).
+
+Before its first write of a type id on a GPU, the driver hands every id → name it knows of
+that GPU (every VF's list, and the names above) to ``on_seen`` (``TypeRecord.remember``): once
+the write has narrowed the lists, a crash still leaves nothing vgpuctl cannot name.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final, NoReturn
 
@@ -35,6 +41,7 @@ from reconciler.apply.sriov import DEFAULT_NVIDIA_SMI, SriovHost, errno_text
 from reconciler.model import ApplyError, PciAddress, TypeNames, type_shown_by_id
 from reconciler.model.errors import excerpt
 from reconciler.observe.parse import parse_creatable_types
+from reconciler.observe.vgputypes import check_against_lists
 
 CREATABLE = "nvidia/creatable_vgpu_types"
 CURRENT = "nvidia/current_vgpu_type"
@@ -62,6 +69,7 @@ class VfioDriver(SriovHost):
         nvidia_smi: Sequence[str] = (DEFAULT_NVIDIA_SMI,),
         known_types: TypeNames | None = None,
         on_configured: Callable[[PciAddress, str, str], None] | None = None,
+        on_seen: Callable[[PciAddress, Mapping[str, str]], None] | None = None,
     ) -> None:
         super().__init__(
             sysfs_root=sysfs_root,
@@ -74,6 +82,11 @@ class VfioDriver(SriovHost):
         #: (GPU, type id) → name: the record of earlier runs, then what this driver wrote.
         self._names: dict[tuple[PciAddress, str], str] = dict(known_types or {})
         self._on_configured = on_configured
+        self._on_seen = on_seen
+        #: GPUs whose types were handed to ``on_seen`` (before the first write on each).
+        self._remembered: set[PciAddress] = set()
+        #: GPUs whose supported types the driver was asked (at most once each).
+        self._asked: set[PciAddress] = set()
 
     # -- vGPUs ------------------------------------------------------------------------------
 
@@ -100,6 +113,7 @@ class VfioDriver(SriovHost):
             raise DriverRefusedError(
                 f"{type_name} is not creatable on {vf} now; its {CREATABLE} lists: {names}"
             )
+        self._remember(gpu)
         try:
             self._writer.write(
                 f"bus/pci/devices/{vf}/{CURRENT}", type_id, device=SysfsDevice(gpu, vf)
@@ -226,20 +240,55 @@ class VfioDriver(SriovHost):
         return dict(entries)
 
     def _name(self, vf: PciAddress, type_id: str) -> str:
-        """The name of type ``type_id`` on ``vf``'s GPU: what this driver wrote or the record of
-        earlier runs holds (the same driver's ids: no read), else a list of any of its VFs
-        (a configured VF's own list never names its type), else ``type <id>``."""
+        """The name of type ``type_id`` on ``vf``'s GPU: what this driver wrote or was given
+        (the same driver's ids: no read), else a list of any of its VFs (a configured VF's own
+        list never names its type), else the driver's answer (asked once per GPU), else
+        ``type <id>``."""
         gpu = self._gpu_of(vf)
         if gpu is None:
             return type_shown_by_id(type_id)
         known = self._names.get((gpu, type_id))
         if known is not None:
             return known
-        for other in self.vf_addresses(gpu):
-            listed = self._listed(other) or {}
-            if type_id in listed:
-                return listed[type_id]
-        return type_shown_by_id(type_id)
+        listed = self._gpu_listed(gpu)
+        if type_id in listed:
+            return listed[type_id]
+        self._ask_driver(gpu, listed)
+        return self._names.get((gpu, type_id)) or type_shown_by_id(type_id)
+
+    def _gpu_listed(self, gpu: PciAddress) -> dict[str, str]:
+        """Type id → name as any of ``gpu``'s VFs lists them now."""
+        listed: dict[str, str] = {}
+        for vf in self.vf_addresses(gpu):
+            listed.update(self._listed(vf) or {})
+        return listed
+
+    def _ask_driver(self, gpu: PciAddress, listed: Mapping[str, str]) -> None:
+        """Learn the names of ``gpu``'s supported types from the driver, once per GPU: only an
+        answer that agrees with every VF's list is used (``observe/vgputypes.py``)."""
+        if gpu in self._asked:
+            return
+        self._asked.add(gpu)
+        answer = check_against_lists(self.supported_types(gpu), listed)
+        for type_id, name in answer.names.items():
+            self._names.setdefault((gpu, type_id), name)
+
+    def _remember(self, gpu: PciAddress) -> None:
+        """Hand every type id → name known of ``gpu`` to ``on_seen``, once, before the first
+        write on it: every VF's list, what this driver was told or learnt, and the name of
+        each configured VF's type (asking the driver when nothing else names one)."""
+        if self._on_seen is None or gpu in self._remembered:
+            return
+        listed = self._gpu_listed(gpu)
+        for vf in self.vf_addresses(gpu):
+            if self._read.exists(f"bus/pci/devices/{vf}/{CURRENT}"):
+                current = self._current(vf)
+                if current != "0" and current not in listed:
+                    self._name(vf, current)  # asks the driver when nothing else names it
+        names = {t: n for (g, t), n in self._names.items() if g == gpu}
+        names.update(listed)
+        self._on_seen(gpu, names)
+        self._remembered.add(gpu)
 
     def _gpu_of(self, vf: PciAddress) -> PciAddress | None:
         link = f"bus/pci/devices/{vf}/physfn"

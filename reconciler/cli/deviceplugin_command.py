@@ -79,6 +79,7 @@ def cmd_device_plugin(ns: argparse.Namespace, options: GlobalOptions) -> int:
         hold_probe=None,  # the plugins need no holders: no /proc scan per rescan
         rescan_interval=ns.rescan_interval,
         stop_event=stop,
-        known_types=lambda: host.type_record.read().names,
+        known_types=host.vfio_known_types,
+        name_unknown=host.learn_vfio_types,
     )
     return 0

@@ -45,6 +45,11 @@ class Host:
     options: GlobalOptions
     #: The bounded sysfs writers made so far, by write timeout (see :meth:`driver`).
     _writers: dict[float, BoundedWriter] = field(default_factory=dict, repr=False)
+    #: vfio type names the driver gave (``nvidia-smi vgpu -s -v``) for ids nothing else named,
+    #: kept for this process's life (a watch asks once, not at every rescan).
+    _driver_names: dict[tuple[PciAddress, str], str] = field(default_factory=dict, repr=False)
+    #: The NVIDIA driver version ``_driver_names`` are of.
+    _names_driver: str = field(default="", repr=False)
 
     @cached_property
     def catalog(self) -> Catalog:
@@ -141,17 +146,89 @@ class Host:
             )
 
         record = self.type_record.read()
-        inventory = scan(record.names)
+        version = self._driver_version()
+        if version != self._names_driver:
+            # Type ids are a driver branch's: what another driver named names nothing now.
+            self._driver_names.clear()
+            self._names_driver = version
+        inventory = scan(self._known_types(record.names))
+        notes: list[str] = []
+        unnamed = _unnamed_types(inventory)
+        if unnamed:
+            # An id no list and no record names (a vGPU vgpuctl did not make, or a record
+            # lost): ask the driver, once per GPU, and look again with its names.
+            learnt, notes = self._ask_driver(inventory, unnamed)
+            if learnt:
+                self._driver_names.update(learnt)
+                inventory = scan(self._known_types(record.names))
         api = self.cluster_api if _unnamed_types(inventory) else None
         if api is not None:
-            # Rare (a lost state directory): the node's summary may still name them. One read,
-            # only then: an idle node's rescans make no API call for it.
+            # Rare (the driver could not say either): the node's summary may still name them.
+            # One read, only then: an idle node's rescans make no API call for it.
             from reconciler.observe.cluster import summary_type_names
 
-            inventory = scan({**summary_type_names(api, self.options.node), **record.names})
+            inventory = scan(
+                {**summary_type_names(api, self.options.node), **self._known_types(record.names)}
+            )
+        still = _unnamed_types(inventory)
+        notes = [n for gpu, n in zip(unnamed, notes, strict=True) if gpu in still and n]
         if record.note is not None:
-            inventory = replace(inventory, notes=(*inventory.notes, record.note))
+            notes.append(record.note)
+        if notes:
+            inventory = replace(inventory, notes=(*inventory.notes, *notes))
         return inventory
+
+    def _driver_version(self) -> str:
+        from reconciler.apply.typerecord import driver_version
+
+        return driver_version(self.options.sysfs_root)
+
+    def vfio_known_types(self) -> TypeNames:
+        """The vfio type names known now: the record's, and what the driver named so far."""
+        return self._known_types(self.type_record.read().names)
+
+    def learn_vfio_types(self, inventory: Inventory) -> bool:
+        """Ask the driver about every GPU of ``inventory`` with a type shown by its id only
+        (``_ask_driver``); whether it named anything new (then scan again)."""
+        unnamed = _unnamed_types(inventory)
+        if not unnamed:
+            return False
+        learnt, _ = self._ask_driver(inventory, unnamed)
+        new = any(self._driver_names.get(k) != v for k, v in learnt.items())
+        self._driver_names.update(learnt)
+        return new
+
+    def _known_types(self, recorded: TypeNames) -> TypeNames:
+        """The vfio type names known without reading the host: the driver's, then the record's."""
+        return {**self._driver_names, **recorded}
+
+    def _ask_driver(
+        self, inventory: Inventory, gpus: tuple[PciAddress, ...]
+    ) -> tuple[dict[tuple[PciAddress, str], str], list[str]]:
+        """The names the driver gives each of ``gpus``' supported types, each answer checked
+        against what the GPU's VFs list (``observe/vgputypes.py``); and per GPU, in order, why
+        its answer could not be used ("" when it could)."""
+        from reconciler.apply.runner import SubprocessRunner
+        from reconciler.apply.sriov import read_supported_types
+        from reconciler.observe.vgputypes import SupportedTypes, check_against_lists
+
+        runner, argv = SubprocessRunner(), self.nvidia_smi_argv
+        learnt: dict[tuple[PciAddress, str], str] = {}
+        notes: list[str] = []
+        failed: SupportedTypes | None = None  # a command that could not run: not run again
+        for address in gpus:
+            gpu = inventory.gpu(address)
+            listed = {t.type_id: t.name for t in gpu.types if t.type_id} if gpu else {}
+            asked = failed or read_supported_types(runner, argv, address)
+            if not asked.ran:
+                failed = asked
+            answer = check_against_lists(asked, listed)
+            if answer.problem is not None:
+                notes.append(f"GPU {address}: its vGPU types could not be named: {answer.problem}")
+                continue
+            notes.append("")
+            learnt.update({(address, t): n for t, n in answer.names.items()})
+        return learnt, notes
 
     def observe_all(self) -> Inventory:
         """:meth:`observe`, with the vGPU mode of every GPU whose SR-IOV is on (one
@@ -302,8 +379,9 @@ class Host:
                 sriov_manage=argv,
                 command_timeout=command_timeout,
                 nvidia_smi=smi,
-                known_types=self.type_record.read().names,
+                known_types=self._known_types(self.type_record.read().names),
                 on_configured=self.type_record.add,
+                on_seen=self.type_record.remember,
             ),
             reader=SysfsReader(root),
         )
@@ -341,10 +419,14 @@ class Host:
         )
 
 
-def _unnamed_types(inventory: Inventory) -> bool:
-    """Whether a vGPU's type is shown by its id only (vfio: no list and no record names it)."""
-    return any(
-        vf.vgpu is not None and unresolved_type_id(vf.vgpu.type_name) is not None
+def _unnamed_types(inventory: Inventory) -> tuple[PciAddress, ...]:
+    """The GPUs with a vGPU whose type is shown by its id only (vfio: no list, no record and
+    not the driver names it)."""
+    return tuple(
+        gpu.address
         for gpu in inventory.gpus
-        for vf in gpu.vfs
+        if any(
+            vf.vgpu is not None and unresolved_type_id(vf.vgpu.type_name) is not None
+            for vf in gpu.vfs
+        )
     )

@@ -47,6 +47,7 @@ from reconciler.model import (
     PciAddress,
     ReconcilerError,
     TypeNames,
+    unresolved_type_id,
 )
 from reconciler.model.record import field, record
 from reconciler.observe import HoldProbe, SysfsTree, observe_host
@@ -523,11 +524,15 @@ def run_standalone(
     kubelet_socket: Path | None = None,
     backoff: Backoff = Backoff(),
     known_types: Callable[[], TypeNames] | None = None,
+    name_unknown: Callable[[Inventory], bool] | None = None,
 ) -> None:
     """Run the node's device plugins until ``stop_event`` is set.
 
     ``known_types`` reads the record of the vfio types vgpuctl configured (asked at every
     rescan: an apply may add to it), which names a type in use that no VF lists any more.
+    ``name_unknown`` is asked when a scan still shows a vfio type by its id only (a vGPU
+    vgpuctl did not make): it asks the driver (``nvidia-smi vgpu -s -v``) and says whether it
+    learnt names, and the scan is then made again with them, so such vGPUs are advertised too.
 
     Every ``rescan_interval`` seconds: read the apply journal's records appended since (their
     structured removals: removed on purpose), observe the host, update the plugins. Raises
@@ -551,8 +556,9 @@ def run_standalone(
         scanned = False
         while not stop_event.is_set():
             removed = tail.new_removals()
-            try:
-                inventory = observe_host(
+
+            def scan() -> Inventory:
+                return observe_host(
                     sysfs_root,
                     node=node,
                     catalog=catalog,
@@ -562,6 +568,11 @@ def run_standalone(
                     # not theirs to say, and is most of a scan's reads.
                     availability=False,
                 )
+
+            try:
+                inventory = scan()
+                if name_unknown is not None and _shown_by_id(inventory) and name_unknown(inventory):
+                    inventory = scan()
             except ObserveError as exc:
                 if not scanned:
                     raise
@@ -572,3 +583,12 @@ def run_standalone(
                 scanned = True
             stop_event.wait(rescan_interval)
         log.info("device plugins for node %s stopping", node)
+
+
+def _shown_by_id(inventory: Inventory) -> bool:
+    """Whether a vGPU's type is shown by its id only (vfio: nothing named it)."""
+    return any(
+        vf.vgpu is not None and unresolved_type_id(vf.vgpu.type_name) is not None
+        for gpu in inventory.gpus
+        for vf in gpu.vfs
+    )

@@ -6,10 +6,12 @@ Each VF of such a GPU has ``nvidia/creatable_vgpu_types`` (a header ``ID    : vG
 the VF itself is the vGPU, handed to a VM as a PCI device, so its address is its identity.
 
 ``apply.vfio`` drives it. The name of a type in use is not listed any more (the list narrows to
-what can still be created), so it is resolved through the other VFs' lists; one no list names is
-shown by its id (:func:`~reconciler.model.type_shown_by_id`), and the planner changes nothing on
-that GPU. This interface publishes no ``description``: sizes and maxima come from the catalogue,
-or from the name.
+what can still be created), so it is resolved through the other VFs' lists, then through
+``known_types`` (vgpuctl's record, and what the driver named when asked: ``cli/host.py``,
+``observe/vgputypes.py``); one none of them names is shown by its id
+(:func:`~reconciler.model.type_shown_by_id`), and the planner changes nothing on that GPU.
+This interface publishes no ``description``: sizes and maxima come from the catalogue, or from
+the name.
 
 Mixed-size placements (docs/domain.md §4, docs/host.md): a VF's ``nvidia/placement_id`` (newer
 drivers) is read where present: a decimal ID, or ``Not Applicable`` where the VF has none (the
@@ -91,8 +93,8 @@ class VendorVfioReader:
                 if name is None:
                     name = type_shown_by_id(current)
                     notes.append(
-                        f"VF {vf.address} has vGPU type {current}, which no VF lists any more "
-                        "and vgpuctl has no record of: shown by its id"
+                        f"VF {vf.address} has vGPU type {current}, which no VF lists any more, "
+                        "vgpuctl has no record of and the driver did not name: shown by its id"
                     )
                 vgpu = VGPU(uuid=str(vf.address), type_name=name)
             vfs.append(

@@ -51,7 +51,7 @@ def parse_vgpu_modes(output: str) -> dict[PciAddress, VgpuMode]:
     current: PciAddress | None = None
     for line in output[:MAX_OUTPUT].splitlines():
         if not line.startswith(" "):
-            current = _section(line.strip())
+            current = parse_section(line.strip())
             continue
         if current is None:
             continue
@@ -65,7 +65,7 @@ def parse_vgpu_modes(output: str) -> dict[PciAddress, VgpuMode]:
     return modes
 
 
-def _section(line: str) -> PciAddress | None:
+def parse_section(line: str) -> PciAddress | None:
     """The GPU a ``GPU 00000000:08:00.0`` line opens (nvidia-smi prints a 32-bit domain)."""
     m = _SECTION.fullmatch(line)
     if m is None:

@@ -9,9 +9,10 @@ Two kinds of GPU are listed in the desired state yet must not be acted on:
   says why (when the desired state asks for any change).
 - **not drivable**: the GPU is ours, but vgpuctl cannot make or remove its vGPUs now. Its VFs
   expose no vGPU interface at all, or (NVIDIA's vendor-specific VFIO) a VF has a vGPU type
-  whose id no list and no record names: its profile, and so its size, is unknown, and every
-  rule of the GPU depends on it. Every change is planned as usual, then blocked with the
-  reason: the plan shows what would change, and nothing runs.
+  whose id no list, no record and not the driver itself (``nvidia-smi vgpu -s -v``) names: its
+  profile, and so its size, is unknown, and every rule of the GPU depends on it. Every change
+  is planned as usual, then blocked with the reason: the plan shows what would change, and
+  nothing runs.
 
 Either way the plan is not ``applyable``, and the rest of the node is planned as usual.
 """
@@ -53,10 +54,11 @@ def not_drivable(gpu: Gpu) -> str | None:
         more = f" (and {len(unknown) - 1} more VFs)" if len(unknown) > 1 else ""
         return (
             f"GPU {gpu.address}: VF {vf.address}{more} has vGPU type {type_id}, which no VF's "
-            "nvidia/creatable_vgpu_types lists any more and vgpuctl has no record of (it did "
-            "not configure it): its profile and size are unknown, so nothing on this GPU is "
-            f"changed (once no VM uses it, writing 0 to {vf.address}'s "
-            "nvidia/current_vgpu_type by hand frees it)"
+            "nvidia/creatable_vgpu_types lists any more, vgpuctl has no record of, and the "
+            "driver did not name (nvidia-smi vgpu -s -v: see the notes): its profile and size "
+            "are unknown, so nothing on this GPU is changed ('nvidia-smi vgpu -q' shows each "
+            "vGPU's type name; once no VM uses it, writing 0 to "
+            f"{vf.address}'s nvidia/current_vgpu_type by hand frees it)"
         )
     if gpu.interface is Interface.NONE and gpu.vfs:
         return (

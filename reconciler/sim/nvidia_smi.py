@@ -1,7 +1,8 @@
-"""The simulator's ``nvidia-smi``: only what vgpuctl needs of it, a GPU's vGPU mode (set, read).
+"""The simulator's ``nvidia-smi``: only what vgpuctl needs of it, a GPU's vGPU mode (set, read)
+and the names of its vGPU types.
 
 ``DIR/bin/nvidia-smi`` (written by :func:`install_script`, as ``sriov-manage`` is) runs
-:func:`main` on ``DIR/sys``. It implements two commands. ``nvidia-smi vgpu -i <GPU> -shm 0|1``
+:func:`main` on ``DIR/sys``. It implements three commands. ``nvidia-smi vgpu -i <GPU> -shm 0|1``
 (docs/domain.md §4): ``-shm 1`` puts the GPU in mixed-size mode, ``-shm 0`` back in equal-size
 mode. ``<GPU>`` is its PCI address, as ``0000:08:00.0`` or as nvidia-smi prints bus ids
 (``00000000:08:00.0``); a GPU index or UUID is not simulated. The driver's rules: the mode is
@@ -29,6 +30,18 @@ or an error) is the simulator's own, and so are the exit codes' meanings beyond 
 failure" (2: a bad argument, 3: the operation is not available now, after nvidia-smi's
 documented return values; which one the real driver returns for each refusal is not documented
 to us). Nothing may parse these messages; the ``-q`` report is what is meant to be parsed.
+
+``nvidia-smi vgpu -s -v -i <GPU>`` lists the GPU's *supported* vGPU types (NVML's
+``nvmlDeviceGetSupportedVgpus``: every type of its model the simulator offers, whatever is
+hosted or creatable now) in the layout of a public capture of the real command
+(bigstack-oss/cubecos, ``core/sdk_sh/tests/test_gpu_sriov_vgpu_count_limit.sh``, driver
+580.105.06; see ``observe/vgputypes.py``): ``GPU 00000000:08:00.0``, then per type
+``vGPU Type ID`` in **hexadecimal** (``0x47b``; sysfs prints the same id in decimal) at one
+level and its ``Name``, ``GPU Instance Profile ID`` (``N/A``: time-sliced), ``Max Instances``
+and ``FB Memory`` one level deeper, keys padded to column 42 as in ``-q``. The real command
+prints more keys (``Class``, ``Max Instances Per VM``…); they are left out, as nothing reads
+them. A call counts in the state's ``nvidiaSmiTypeQueries`` counter and changes nothing else;
+``-s`` without ``-v``, or without ``-i``, is not simulated.
 """
 
 from __future__ import annotations
@@ -49,10 +62,11 @@ from reconciler.sim.tree import DRIVER_VERSION, SysfsTree
 
 USAGE = (
     "usage: nvidia-smi vgpu -i <GPU PCI address> -shm <0|1>\n"
+    "       nvidia-smi vgpu -s -v -i <GPU PCI address>\n"
     "       nvidia-smi -q [-i <GPU PCI address>]"
 )
 #: What is simulated, for the message that refuses anything else.
-_SIMULATED = "'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]'"
+SIMULATED = "'vgpu -i <GPU> -shm 0|1', 'vgpu -s -v -i <GPU>' and '-q [-i <GPU>]'"
 
 EXIT_OK = 0
 #: A supplied argument or flag is invalid.
@@ -65,6 +79,8 @@ _MODES = {"0": VgpuMode.EQUAL_SIZE, "1": VgpuMode.MIXED_SIZE}
 
 #: The state counter a query increments (``-shm`` calls count in ``nvidiaSmiCalls``).
 QUERY_COUNTER = "nvidiaSmiQueries"
+#: The state counter ``vgpu -s -v`` increments.
+TYPES_COUNTER = "nvidiaSmiTypeQueries"
 #: Where the kernel module tells its version (relative to the sysfs root).
 _MODULE_VERSION = "module/nvidia/version"
 #: In ``-q``'s report a key (with its indent) is padded to this width, then ``: value``.
@@ -78,6 +94,13 @@ class SetMode:
 
     gpu: PciAddress
     mode: VgpuMode
+
+
+@record(frozen=True, slots=True)
+class SupportedQuery:
+    """``nvidia-smi vgpu -s -v -i <gpu>``, parsed."""
+
+    gpu: PciAddress
 
 
 @record(frozen=True, slots=True)
@@ -108,6 +131,8 @@ def main(
     try:
         if isinstance(parsed, Query):
             return _query(parsed, sysfs_root=sysfs_root, out=out, err=err)
+        if isinstance(parsed, SupportedQuery):
+            return _supported(parsed, sysfs_root=sysfs_root, out=out, err=err)
         return _set_mode(parsed, sysfs_root=sysfs_root, out=out, err=err)
     except OSError as exc:
         where = exc.filename or sysfs_root
@@ -154,6 +179,31 @@ def _query(call: Query, *, sysfs_root: Path, out: TextIO, err: TextIO) -> int:
                 return EXIT_INVALID_ARGUMENT
         report = _report(state, gpus, driver_version=_driver_version(sysfs_root))
     out.write(report)
+    return EXIT_OK
+
+
+def _supported(call: SupportedQuery, *, sysfs_root: Path, out: TextIO, err: TextIO) -> int:
+    """List the GPU's supported vGPU types; nothing changes but the counter."""
+    address = str(call.gpu)
+    with locked(sysfs_root):
+        state = load_state(sysfs_root)
+        state.counters[TYPES_COUNTER] = state.counters.get(TYPES_COUNTER, 0) + 1
+        save_state(sysfs_root, state)
+        gpu = state.gpu(address)
+        if gpu is None:
+            print(f"No GPU with the PCI bus id {address} is found.", file=err)
+            return EXIT_INVALID_ARGUMENT
+        model = state.model_of(gpu)
+    lines = [f"GPU {_smi_bus_id(call.gpu)}"]
+    for t in model.types:
+        lines += [
+            _field(1, "vGPU Type ID", f"{t.type_id:#x}"),
+            _field(2, "Name", t.name),
+            _field(2, "GPU Instance Profile ID", "N/A"),
+            _field(2, "Max Instances", str(t.max_instance)),
+            _field(2, "FB Memory", f"{t.framebuffer_mib} MiB"),
+        ]
+    out.write("".join(f"{line}\n" for line in lines))
     return EXIT_OK
 
 
@@ -209,7 +259,7 @@ def _reason(exc: OSError) -> str:
     return text.split(": ", 1)[1] if ": " in text else text
 
 
-def parse(argv: Sequence[str]) -> SetMode | Query | str:
+def parse(argv: Sequence[str]) -> SetMode | SupportedQuery | Query | str:
     """The call, or an error message ("help" for -h)."""
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
@@ -220,14 +270,16 @@ def parse(argv: Sequence[str]) -> SetMode | Query | str:
         return _parse_query(args)
     if not args or args[0] != "vgpu":
         first = args[0] if args else "nothing"
-        return f"only {_SIMULATED} are simulated, not {first!r}"
-    options = _options(args[1:], flags=(), valued=("-i", "-shm"))
+        return f"only {SIMULATED} are simulated, not {first!r}"
+    options = _options(args[1:], flags=("-s", "-v"), valued=("-i", "-shm"))
     if isinstance(options, str):
         return options
     gpu = options.get("-i")
     shm = options.get("-shm")
     if gpu is None:
         return "-i <GPU PCI address> is required"
+    if "-s" in options or "-v" in options:
+        return _parse_supported(options, gpu)
     if shm is None:
         return "-shm 0|1 is required (no other vgpu command is simulated)"
     mode = _MODES.get(shm)
@@ -237,6 +289,15 @@ def parse(argv: Sequence[str]) -> SetMode | Query | str:
     if address is None:
         return _invalid_gpu(gpu)
     return SetMode(address, mode)
+
+
+def _parse_supported(options: dict[str, str], gpu: str) -> SupportedQuery | str:
+    if "-shm" in options:
+        return "-s does not combine with -shm"
+    if "-s" not in options or "-v" not in options:
+        return "only 'vgpu -s -v -i <GPU>' is simulated of the type listings"
+    address = _bus_id(gpu)
+    return SupportedQuery(address) if address is not None else _invalid_gpu(gpu)
 
 
 def _parse_query(args: Sequence[str]) -> Query | str:
@@ -297,7 +358,5 @@ def install_script(directory: Path) -> Path:
         directory,
         "nvidia-smi",
         module=__name__,
-        summary=(
-            "Simulated nvidia-smi (vgpuctl sim): only 'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]'."
-        ),
+        summary=(f"Simulated nvidia-smi (vgpuctl sim): only {SIMULATED}."),
     )

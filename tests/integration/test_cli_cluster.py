@@ -613,8 +613,9 @@ def test_a_lost_record_of_vfio_types_is_made_good_from_the_nodes_summary(
     tmp_path: Path, emu: ApiServerEmulator
 ) -> None:
     """One L40S-48Q: every list is a header only, so only vgpuctl's record names its type id.
-    With the state directory lost, the node's VGPUNodeState (which lists the GPU's types with
-    their ids) names it: nothing is blocked, and the plan has no change."""
+    With the state directory lost and a driver that cannot say (nvidia-smi fails), the node's
+    VGPUNodeState (which lists the GPU's types with their ids) names it: nothing is blocked,
+    and the plan has no change."""
     node = _vfio_node(tmp_path, emu)
     whole = _vfio_desired(tmp_path, {"NVIDIA L40S-48Q": 1}, "whole.yaml")
     node.ok("apply", whole, "--yes")
@@ -622,13 +623,17 @@ def test_a_lost_record_of_vfio_types_is_made_good_from_the_nodes_summary(
     (gpu,) = stored(emu, NODE_STATES, NODE)["status"]["gpus"]
     assert gpu["interface"] == "vfio"
     shutil.rmtree(node.dir / "state")  # the record with it
-    status = json.loads(node.ok("status", "-o", "json").stdout)
+    mute = ["--nvidia-smi", "/bin/false"]  # the driver's answer: none
+    status = json.loads(node.ok("status", "-o", "json", *mute).stdout)
     hosted = [v["vgpu"]["type"] for v in status["gpus"][0]["vfs"] if v["vgpu"]]
     assert hosted == ["NVIDIA L40S-48Q"]
-    res = node.run("plan", whole, "--detailed-exitcode")
+    res = node.run("plan", whole, "--detailed-exitcode", *mute)
     assert res.returncode == 0, res.stdout + res.stderr
-    # Without the cluster there is nothing left to name it by: shown by its id, and blocked.
+    # Without the cluster nor the driver there is nothing left to name it by: shown by its
+    # id, and blocked; the simulated driver's nvidia-smi names it again.
     local = [a for a in node.flags if a not in (str(node.kubeconfig), "--kubeconfig")]
-    res = run_vgpuctl("plan", whole, "-o", "json", *local)
+    res = run_vgpuctl("plan", whole, "-o", "json", *local, *mute)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["applyable"] is False
+    res = run_vgpuctl("plan", whole, "--detailed-exitcode", *local)
+    assert res.returncode == 0, res.stdout + res.stderr

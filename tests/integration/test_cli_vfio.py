@@ -118,14 +118,20 @@ def test_a_size_change_clears_every_vf_then_writes_the_new_id(tmp_path: Path) ->
     status = json.loads(node.ok("status", "-o", "json").stdout)
     hosted = [v["vgpu"]["type"] for v in status["gpus"][0]["vfs"] if v["vgpu"]]
     assert hosted == ["NVIDIA L40S-48Q"]
-    # Without the record (another state directory) the type is shown by its id, and the GPU's
-    # changes are blocked rather than guessed.
+    # Without the record (another state directory) the driver names the type (nvidia-smi
+    # vgpu -s -v): still no change.
     other = ["--state-dir", str(tmp_path / "elsewhere")]
-    res = node.run("plan", whole, *other, "-o", "json")
+    res = node.run("plan", whole, *other, "--detailed-exitcode")
+    assert res.returncode == 0, res.stdout + res.stderr
+    # When the driver cannot say either, the type is shown by its id, and the GPU's changes
+    # are blocked rather than guessed, saying how to find out.
+    res = node.run("plan", whole, *other, "--nvidia-smi", "/bin/false", "-o", "json")
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)
     assert plan["applyable"] is False
     assert all(f"has vGPU type {configured[1]}" in b["reason"] for b in plan["blocked"])
+    assert all("'nvidia-smi vgpu -q'" in b["reason"] for b in plan["blocked"])
+    assert any("its vGPU types could not be named" in n for n in plan["notes"])
 
 
 def test_after_a_reboot_the_same_profile_comes_back_on_the_same_vf(tmp_path: Path) -> None:

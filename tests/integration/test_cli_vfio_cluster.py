@@ -122,3 +122,47 @@ def test_mixed_size_converges_with_the_cluster(tmp_path: Path, emu: ApiServerEmu
     emu.requests.clear()
     node.ok("apply", mixed, "--yes")
     assert [r for r in emu.requests if r.verb not in ("get", "list", "watch")] == []
+
+
+def test_vgpus_vgpuctl_did_not_make_show_by_name_in_the_cluster_objects(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """Two L40-24Q the simulator made (no record; at the maximum no VF lists the type): the
+    driver names them, so the same layout writes only the node's objects, each VGPUDevice and
+    the node summary naming the type, never its id; and an apply after that writes nothing."""
+    from reconciler.sim import build_host
+    from tests.cluster_node import NODE_STATES, VGPUS
+
+    made = {0: "NVIDIA L40-24Q", 1: "NVIDIA L40-24Q"}
+    spec: dict[str, Any] = {
+        "interface": "vfio",
+        "gpus": [{"model": "L40", "address": GPU, "vgpus": made}],
+    }
+    build_host(tmp_path / "host", spec)
+    node = ClusterNode(tmp_path / "host", NODE)
+    node.kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
+    node.kubelet_dir = tmp_path / "kubelet"
+    (node.kubelet_dir / "device-plugins").mkdir(parents=True)
+    ids = {p.read_text().strip() for p in (tmp_path / "host" / "sys").glob(
+        "devices/**/nvidia/current_vgpu_type")} - {"0"}  # fmt: skip
+    (type_id,) = ids
+    same = desired(tmp_path, {"profiles": {"NVIDIA L40-24Q": 2}}, "same.yaml")
+    plan = json.loads(node.ok("plan", same, "-o", "json").stdout)
+    assert plan["blocked"] == [] and plan["applyable"]
+    host_kinds = {"vgpu-create", "vgpu-remove", "sriov-enable", "sriov-disable"}
+    assert [a for a in plan["actions"] if a["kind"] in host_kinds] == []
+    node.ok("apply", same, "--yes")
+    devices = {
+        d["spec"]["address"]: d
+        for d in emu.objects(*VGPUS)
+        if d["metadata"].get("labels", {}).get("nodename") == NODE
+    }
+    for vf in (VF0, VF1):
+        assert devices[vf]["spec"]["vGPUTypeName"] == "NVIDIA L40-24Q"
+        assert devices[vf]["status"]["configureVGPUTypeName"] == "NVIDIA L40-24Q"
+    (summary,) = [s for s in emu.objects(*NODE_STATES) if s["metadata"]["name"] == NODE]
+    assert f"type {type_id}" not in json.dumps(summary)
+    assert f"type {type_id}" not in json.dumps(list(devices.values()))
+    emu.requests.clear()
+    node.ok("apply", same, "--yes")
+    assert [r for r in emu.requests if r.verb not in ("get", "list", "watch")] == []

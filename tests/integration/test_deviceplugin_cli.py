@@ -180,3 +180,50 @@ def test_device_plugin_cli_missing_plugin_dir_is_a_clear_error(
     assert str(missing) in res.stderr
     assert "does not exist" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_device_plugin_cli_advertises_vfio_vgpus_vgpuctl_did_not_make(
+    kubelet: FakeKubelet, plugin_dir: Path, tmp_path: Path
+) -> None:
+    """Two L40-24Q the simulator made on NVIDIA's vendor-specific VFIO interface: vgpuctl has
+    no record of them and, at the type's maximum, no VF lists the type. The device plugins
+    ask the driver (``nvidia-smi vgpu -s -v``) and advertise both, under the type's name."""
+    spec = {
+        "interface": "vfio",
+        "gpus": [
+            {
+                "model": "L40",
+                "address": "0000:08:00.0",
+                "vgpus": {0: "NVIDIA L40-24Q", 1: "NVIDIA L40-24Q"},
+            }
+        ],
+    }
+    host = build_host(tmp_path / "host", spec)
+    node = SimNode(host.directory, NODE)
+    log = (tmp_path / "dp.log").open("w")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUCTL_")}
+    env.pop("NODE_NAME", None)
+    argv = [sys.executable, "-m", "reconciler", "device-plugin", "--plugin-dir", str(plugin_dir)]
+    proc = subprocess.Popen(
+        [*argv, "--rescan-interval", str(RESCAN_S), *node.flags],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        l40_24q = "nvidia.com/NVIDIA_L40-24Q"
+        kubelet.wait_for(
+            lambda: proc.poll() is None and kubelet.allocatable_all() == {l40_24q: 2},
+            timeout=STARTUP_S,
+            what="the two L40-24Q advertised by name",
+        )
+        assert set(kubelet.devices(l40_24q)) == {
+            DeviceState("0000:08:00.4", HEALTHY),
+            DeviceState("0000:08:00.5", HEALTHY),
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        log.close()

@@ -50,6 +50,10 @@ def test_crash_safety_converges_every_time_and_loses_nothing(ctx: Context) -> No
     # It tested what it is about: applies died mid-way, with VMs holding vGPUs.
     assert f["kill_points"]["crash_after"]["killed"] >= 1, show(f)
     assert f["runs_with_held_vgpus"] >= 1, show(f)
+    # ... from hosts with vfio vGPUs vgpuctl has no record of and no list names, and with the
+    # state directory lost between runs (issue 31).
+    assert f["runs_with_unlisted_vfio_vgpus"] >= 1, show(f)
+    assert f["state_dir_deleted"] >= 1, show(f)
     assert f["ok"], show(f)
 
 

@@ -26,7 +26,10 @@ def test_what_is_added_is_read_back_for_the_same_driver(tmp_path: Path) -> None:
     assert r.read().names == {}
     r.add(GPU, "1156", "NVIDIA L40S-48Q")
     r.add(OTHER, "745", "NVIDIA A2-4Q")
-    r.add(GPU, "1156", "NVIDIA L40S-48Q")  # once only
+    path = tmp_path / "state" / f"{NODE}.vfio-types.json"
+    written = os.stat(path)
+    r.add(GPU, "1156", "NVIDIA L40S-48Q")  # once only: the file is not even rewritten
+    assert os.stat(path).st_ino == written.st_ino
     assert record(tmp_path).read().names == {
         (GPU, "1156"): "NVIDIA L40S-48Q",
         (OTHER, "745"): "NVIDIA A2-4Q",
@@ -35,13 +38,13 @@ def test_what_is_added_is_read_back_for_the_same_driver(tmp_path: Path) -> None:
     assert doc == {
         "formatVersion": 1,
         "types": [
-            {"driver": "550.127.06", "gpu": "0000:41:00.0", "id": "745", "name": "NVIDIA A2-4Q"},
             {
                 "driver": "550.127.06",
                 "gpu": "0000:08:00.0",
                 "id": "1156",
                 "name": "NVIDIA L40S-48Q",
             },
+            {"driver": "550.127.06", "gpu": "0000:41:00.0", "id": "745", "name": "NVIDIA A2-4Q"},
         ],
     }
     assert os.stat(tmp_path / "state" / f"{NODE}.vfio-types.json").st_mode & 0o777 == 0o600

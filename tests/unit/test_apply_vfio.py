@@ -184,6 +184,47 @@ def test_a_type_in_use_no_list_names_is_named_by_what_vgpuctl_knows(tmp_path: Pa
     assert recorded.vgpu_on(VF0) == HostedVGPU(str(VF0), "NVIDIA A2-16Q")
 
 
+def test_a_type_nothing_else_names_is_asked_of_the_driver_once(tmp_path: Path) -> None:
+    """The simulator made the A2-16Q (no record, no list names it): the host driver asks
+    nvidia-smi (``vgpu -s -v -i``) once for the GPU, and only then."""
+    from reconciler.sim.state import load_state
+
+    sim = a2(tmp_path, vgpus={0: "NVIDIA A2-16Q"})
+    assert all(listed(sim, vf) == {} for vf in (VF0, VF1, VF2))
+    smi = [str(sim.sysfs_root.parent / "bin" / "nvidia-smi")]
+    driver = vfio_driver(sim, nvidia_smi=smi)
+    assert driver.vgpu_on(VF0) == HostedVGPU(str(VF0), "NVIDIA A2-16Q")
+    assert driver.vgpu_on(VF0) == HostedVGPU(str(VF0), "NVIDIA A2-16Q")
+    assert load_state(sim.sysfs_root).counters["nvidiaSmiTypeQueries"] == 1
+    # An answer not in the expected shape (a decimal id) is not believed: the id stays unnamed.
+    sixteen_q = current(sim, VF0)
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\necho 'GPU 00000000:08:00.0'\n"
+        f"echo '    vGPU Type ID : {sixteen_q}'\necho '        Name : NVIDIA A2-16Q'\n"
+    )
+    fake.chmod(0o755)
+    muddled = vfio_driver(sim, nvidia_smi=[str(fake)])
+    assert muddled.vgpu_on(VF0) == HostedVGPU(str(VF0), f"type {sixteen_q}")
+
+
+def test_every_listed_type_is_remembered_before_the_first_write(tmp_path: Path) -> None:
+    """Before it writes an id on a GPU, the driver hands every id → name any of the GPU's VFs
+    lists (not only the one it writes) to ``on_seen``: a crash right after the write leaves
+    none unnamed. Once per GPU."""
+    sim = a2(tmp_path)
+    everything = listed(sim, VF0)
+    seen: list[tuple[PciAddress, dict[str, str], str]] = []
+    driver = vfio_driver(
+        sim, on_seen=lambda gpu, names: seen.append((gpu, dict(names), current(sim, VF0)))
+    )
+    driver.create_vgpu(gpu=GPU, vf=VF0, vf_index=0, type_name="NVIDIA A2-16Q", uuid=str(VF0))
+    assert seen == [(GPU, {i: n for n, i in everything.items()}, "0")]  # VF 0 still empty
+    driver.remove_vgpu(gpu=GPU, vf=VF0, uuid=str(VF0))
+    driver.create_vgpu(gpu=GPU, vf=VF1, vf_index=1, type_name="NVIDIA A2-4Q", uuid=str(VF1))
+    assert len(seen) == 1
+
+
 def test_a_vf_of_the_other_interface_is_not_ready_for_this_driver(tmp_path: Path) -> None:
     mdev = a2(tmp_path, interface="mdev")
     with pytest.raises(DriverRefusedError, match="is an mdev parent"):

@@ -148,8 +148,10 @@ def test_a_vfio_type_nobody_can_name_blocks_every_change_of_its_gpu() -> None:
     for b in p.blocked:
         assert b.reason.startswith(
             "GPU 0000:08:00.0: VF 0000:08:00.6 has vGPU type 1147, which no VF's "
-            "nvidia/creatable_vgpu_types lists any more and vgpuctl has no record of"
+            "nvidia/creatable_vgpu_types lists any more, vgpuctl has no record of, and the "
+            "driver did not name (nvidia-smi vgpu -s -v: see the notes)"
         )
+        assert "'nvidia-smi vgpu -q' shows each vGPU's type name" in b.reason
     assert not p.applyable
     # Wanting A2-4Q there is no better: type 1147 may be anything, so it is never taken for
     # the desired profile, nor replaced blindly.

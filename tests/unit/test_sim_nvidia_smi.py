@@ -9,12 +9,14 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from reconciler.model.mode import VgpuMode
 from reconciler.sim import SimHost, build_host, hold, init_host, reboot
+from reconciler.sim.nvidia_smi import SIMULATED
 from reconciler.sim.state import load_state
 
 PF = "0000:08:00.0"
@@ -71,7 +73,10 @@ def test_the_script_sits_beside_sriov_manage(l40s: SimHost) -> None:
     assert l40s.nvidia_smi == l40s.directory / "bin" / "nvidia-smi"
     assert l40s.nvidia_smi.parent == l40s.sriov_manage.parent
     assert l40s.nvidia_smi.stat().st_mode & 0o111
-    assert "only 'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]'" in l40s.nvidia_smi.read_text()
+    assert (
+        "only 'vgpu -i <GPU> -shm 0|1', 'vgpu -s -v -i <GPU>' and '-q [-i <GPU>]'"
+        in l40s.nvidia_smi.read_text()
+    )
 
 
 def test_mixed_size_mode_lets_an_8q_and_a_16q_share_an_l40s(l40s: SimHost) -> None:
@@ -232,8 +237,12 @@ def test_build_host_refuses_a_bad_mode(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((), "only 'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]' are simulated, not 'nothing'"),
-        (("-i", PF), "only 'vgpu -i <GPU> -shm 0|1' and '-q [-i <GPU>]' are simulated, not '-i'"),
+        ((), f"only {SIMULATED} are simulated, not 'nothing'"),
+        (("-i", PF), f"only {SIMULATED} are simulated, not '-i'"),
+        (("vgpu", "-s", "-i", PF), "only 'vgpu -s -v -i <GPU>' is simulated"),
+        (("vgpu", "-s", "-v"), "-i <GPU PCI address> is required"),
+        (("vgpu", "-s", "-v", "-i", PF, "-shm", "1"), "-s does not combine with -shm"),
+        (("vgpu", "-s", "-v", "-i", "0"), "invalid GPU '0'"),
         (("vgpu", "-shm", "1"), "-i <GPU PCI address> is required"),
         (("vgpu", "-i", PF), "-shm 0|1 is required"),
         (("vgpu", "-i", PF, "-shm", "2"), "-shm takes 0 or 1, not '2'"),
@@ -486,5 +495,48 @@ def test_help_names_the_query(l40s: SimHost) -> None:
     assert r.returncode == 0
     assert r.stdout == (
         "usage: nvidia-smi vgpu -i <GPU PCI address> -shm <0|1>\n"
+        "       nvidia-smi vgpu -s -v -i <GPU PCI address>\n"
         "       nvidia-smi -q [-i <GPU PCI address>]\n"
     )
+
+
+# -- vgpu -s -v -i <GPU>: the GPU's supported types ------------------------------------------
+
+
+def test_supported_types_name_every_id_the_vfs_write_even_at_the_maximum(l40s: SimHost) -> None:
+    """``vgpu -s -v`` lists every type of the GPU whatever it hosts, in the public capture's
+    layout, its ids in hex: read back with vgpuctl's own parser they are the ids sysfs
+    prints, even once no VF lists the one in use (one L40S-48Q: every list a header only)."""
+    from reconciler.model import PciAddress
+    from reconciler.observe.parse import parse_creatable_types
+    from reconciler.observe.vgputypes import parse_supported_types
+
+    text = (l40s.sysfs_root / "bus/pci/devices" / VF0 / "nvidia/creatable_vgpu_types").read_text()
+    listed = dict(parse_creatable_types(text)[0])
+    before = smi(l40s, "vgpu", "-s", "-v", "-i", "00000000:08:00.0")
+    assert before.returncode == 0, before.stderr
+    lines = before.stdout.splitlines()
+    assert lines[0] == "GPU 00000000:08:00.0"
+    assert lines[1] == "    vGPU Type ID                          : 0x479"  # 1145
+    assert lines[2] == "        Name                              : NVIDIA L40S-1B"
+    answer = parse_supported_types(before.stdout, PciAddress.parse(PF))
+    assert answer.problem is None
+    assert dict(answer.names) == listed
+    l40s.writer().write(current(VF0), answer_id(answer.names, "NVIDIA L40S-48Q"))
+    assert creatable_names(l40s, VF1) == set()
+    after = smi(l40s, "vgpu", "-s", "-v", "-i", PF)
+    assert after.returncode == 0
+    assert after.stdout == before.stdout  # supported, not creatable: nothing narrows
+    assert load_state(l40s.sysfs_root).counters["nvidiaSmiTypeQueries"] == 2
+
+
+def answer_id(names: Mapping[str, str], name: str) -> str:
+    (type_id,) = [t for t, n in names.items() if n == name]
+    return type_id
+
+
+def test_supported_types_of_an_unknown_gpu_exit_2(l40s: SimHost) -> None:
+    r = smi(l40s, "vgpu", "-s", "-v", "-i", "0000:09:00.0")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert "No GPU with the PCI bus id 0000:09:00.0 is found." in r.stderr
