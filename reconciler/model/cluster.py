@@ -88,13 +88,27 @@ NVIDIA_PCI_VENDOR = "10DE"
 #: The prefix of the Kubernetes resource names vGPUs are advertised as.
 RESOURCE_PREFIX = "nvidia.com/"
 #: What a vGPU type's name may be: it becomes a Kubernetes resource name (``NVIDIA A2-4Q`` →
-#: ``nvidia.com/NVIDIA_A2-4Q``, spaces, ``/`` and ``.`` made ``_``), whose name part must be a
+#: ``nvidia.com/NVIDIA_A2-4Q``, each run of spaces made one ``_``, each ``/`` and ``.`` a ``_``:
+#: :func:`resource_name`), whose name part must be a
 #: qualified name: at most 63 characters, letters, digits, ``-``, ``_`` and ``.``, a letter or
 #: digit at each end. NVIDIA's names (``NVIDIA A2-4Q``, ``GRID A100D-4C``, ``NVIDIA L40S-3B``)
 #: all are; anything else is a name vgpuctl will not publish to the kubelet or KubeVirt.
 #: deploy/admission-policy.yaml says the same in CEL (tests/security/
 #: test_admission_allow_list.py holds the two equal).
 _TYPE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9 ._/-]{0,61}[A-Za-z0-9])?")
+#: What Go's ``strings.TrimSpace`` trims (``unicode.IsSpace``: Latin-1's ``\t\n\v\f\r``,
+#: space, U+0085 and U+00A0, and Unicode's White_Space above it). Python's ``str.strip()``
+#: also trims U+001C-U+001F, which Go does not: :func:`resource_name` uses this set.
+_GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+    "\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+#: A run of what Go's ``regexp`` calls ``\s`` (RE2's Perl class ``[\t\n\f\r ]``: no ``\v``).
+_GO_SPACE_RUN = re.compile(r"[\t\n\f\r ]+")
+#: pcidevices' last regexp, ``^a-zA-Z0-9_-.]+``, as Go reads it: ``]`` outside a class is a
+#: literal, so this is the text ``a-zA-Z0-9_-``, any character but ``\n``, then ``]`` (one or
+#: more).
+_HARVESTER_PREFIX = re.compile(r"\Aa-zA-Z0-9_-.\]+")
 #: A PCI device id as a VGPUNodeState's ``sriov.vfDevice`` holds it (``26b9``).
 _PCI_DEVICE_ID = re.compile(r"[0-9a-fA-F]{4}")
 #: Metadata other controllers may put on an object that a PUT without them would drop: every
@@ -593,9 +607,28 @@ def served_by_kubevirt(
 
 
 def resource_name(type_name: str) -> str:
-    """``NVIDIA A2-4Q`` → ``nvidia.com/NVIDIA_A2-4Q`` (docs/domain.md §7): whitespace, ``/`` and
-    ``.`` become ``_``; no upper-casing."""
-    out = []
-    for ch in type_name.strip():
-        out.append("_" if ch.isspace() or ch in "/." else ch)
-    return RESOURCE_PREFIX + "".join(out)
+    r"""``NVIDIA A2-4Q`` → ``nvidia.com/NVIDIA_A2-4Q`` (docs/domain.md §7): the resource name
+    Harvester gives a vGPU type, which VMs on Harvester ask for, by its rule as its code has it
+    (harvester/pcidevices ``pkg/util/common/common.go`` ``GeneratevGPUDeviceName``, bdd8025):
+
+    1. surrounding whitespace trimmed (``strings.TrimSpace``: Go's ``unicode.IsSpace``);
+    2. each ``/`` made ``_``, then each ``.``;
+    3. each *run* of whitespace made one ``_`` (``regexp`` ``\s+``: Go's ``\s`` is the ASCII
+       ``[\t\n\f\r ]``), so ``NVIDIA  A2-4Q`` (two spaces) is ``nvidia.com/NVIDIA_A2-4Q``
+       too, and ``a / b`` is ``a___b`` (the ``/`` was made ``_`` first);
+    4. a leading ``a-zA-Z0-9_-``, any one character and one or more ``]`` removed: written
+       ``^a-zA-Z0-9_-.]+``, the regexp is a character class missing its ``[``, so it matches
+       only that literal text, never in a name vgpuctl's name check passes;
+
+    no upper-casing. For every name that passes vgpuctl's name check (:func:`is_type_name`,
+    the only names vgpuctl publishes to the kubelet or KubeVirt) the result is Harvester's
+    exactly, and a valid resource name. Harvester's rule alone is not always one: a ``\v``, a
+    no-break space or another non-ASCII space inside a name is no ``\s`` to Go and stays in
+    its result (as does any other character). vgpuctl keeps its own safety there, as before:
+    any whitespace left after the four steps is made ``_``, one per character, so no resource
+    name it computes holds whitespace (such a name fails the name check anyway)."""
+    name = type_name.strip(_GO_SPACE)
+    name = name.replace("/", "_").replace(".", "_")
+    name = _GO_SPACE_RUN.sub("_", name)
+    name = _HARVESTER_PREFIX.sub("", name, count=1)
+    return RESOURCE_PREFIX + "".join("_" if ch.isspace() else ch for ch in name)

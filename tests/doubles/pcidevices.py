@@ -125,7 +125,7 @@ def device_name(address: str, node: str) -> str:
 
 def resource_name_of_type(type_name: str) -> str:
     """pkg/util/common/common.go ``GeneratevGPUDeviceName`` (its second regexp, written
-    ``^a-zA-Z0-9_-.]+``, only matches that literal text: it removes nothing)."""
+    ``^a-zA-Z0-9_-.]+``, only matches that literal text, which no type name here holds)."""
     name = " ".join(type_name.split()).replace("/", "_").replace(".", "_")
     return "nvidia.com/" + name.replace(" ", "_")
 

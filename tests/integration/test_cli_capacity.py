@@ -133,3 +133,25 @@ def test_without_a_cluster_it_says_so(tmp_path: Path) -> None:
     res = run_vgpuctl("capacity")
     assert res.returncode == 1
     assert "capacity reads the cluster: pass --kubeconfig" in res.stderr
+
+
+def test_a_type_harvester_names_with_a_run_of_spaces_is_counted_under_its_resource(
+    emu: ApiServerEmulator, tmp_path: Path
+) -> None:
+    """Harvester keeps a type's name as the driver printed it (``configureVGPUTypeName``) and
+    advertises it under pcidevices' ``GeneratevGPUDeviceName``, where a run of whitespace is
+    one ``_``: two VGPUDevices of ``NVIDIA  A2-4Q`` (two spaces) are two vGPUs of
+    ``nvidia.com/NVIDIA_A2-4Q``, the resource the node's allocatable shows. vgpuctl counted
+    them under ``nvidia.com/NVIDIA__A2-4Q``, a resource nothing offers, and the node's A2-4Q
+    as none configured."""
+    emu.seed(node("node-c", {Q: "2"}))
+    for fn in (4, 5):
+        emu.seed(vgpu_device("node-c", fn, "NVIDIA  A2-4Q"))
+    res = capacity(emu.kubeconfig(tmp_path / "kubeconfig"))
+    assert res.returncode == 0, res.stderr
+    rows = [line.split() for line in res.stdout.splitlines()]
+    assert rows == [
+        ["NODE", "RESOURCE", "CONFIGURED", "ALLOCATABLE", "REQUESTED", "FREE"],
+        ["node-c", Q, "2", "2", "0", "2"],
+        ["(cluster)", Q, "2", "2", "0", "2"],
+    ]

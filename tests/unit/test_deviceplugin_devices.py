@@ -105,6 +105,22 @@ def test_device_sets_group_vgpus_by_resource_in_pci_order() -> None:
     assert sets[A4] == (dev(2, A2_1, 1, group="41"),)
 
 
+def test_a_type_named_with_a_run_of_spaces_is_advertised_under_harvesters_name() -> None:
+    """harvester/pcidevices ``GeneratevGPUDeviceName`` makes a run of whitespace one ``_``: a
+    type the driver names ``NVIDIA  A2-4Q`` (two spaces) is ``nvidia.com/NVIDIA_A2-4Q`` there,
+    the resource a VM on Harvester asks for; vgpuctl advertised ``nvidia.com/NVIDIA__A2-4Q``."""
+    inventory = make_inventory({A2_1: {0: ("NVIDIA  A2-4Q", uuid(1), "40")}})
+
+    ((resource, devices),) = device_sets(inventory).items()
+
+    assert resource == Q4 == "nvidia.com/NVIDIA_A2-4Q"
+    # Its socket and the variable virt-launcher reads follow from it.
+    assert socket_name(resource) == "vgpuctl-nvidia.com_NVIDIA_A2-4Q.sock"
+    assert allocation(resource, [uuid(1)], devices).envs == {
+        "MDEV_PCI_RESOURCE_NVIDIA_COM_NVIDIA_A2-4Q": uuid(1)
+    }
+
+
 def test_a_host_without_vgpus_has_no_device_set() -> None:
     assert device_sets(make_inventory({A2_1: {}})) == {}
     assert device_sets(Inventory(node="n")) == {}

@@ -172,6 +172,35 @@ def test_a_running_vmi_of_the_profile_may_hold_any_configured_vf_of_it() -> None
     assert dict(_node(vmis=[elsewhere]).used_by) == {}
 
 
+def test_a_running_vmi_holds_a_vf_whose_type_has_a_run_of_spaces_by_harvesters_name() -> None:
+    """A type named ``NVIDIA  A2-4Q`` (two spaces) is the resource ``nvidia.com/NVIDIA_A2-4Q``
+    on Harvester (pcidevices ``GeneratevGPUDeviceName``: a run of whitespace is one ``_``), and
+    that is what a VMI asks for. vgpuctl compared with ``nvidia.com/NVIDIA__A2-4Q`` and missed
+    the VMI: the VF counted as free, and could be disabled under the VM."""
+    vmi = {
+        "metadata": {"name": "db", "namespace": "prod"},
+        "spec": {"domain": {"devices": {"hostDevices": [{"name": "g", "deviceName":
+                 "nvidia.com/NVIDIA_A2-4Q"}]}}},
+        "status": {"phase": "Running", "nodeName": NODE},
+    }  # fmt: skip
+    node = harvester_node(
+        NODE,
+        [gpu_object(vfAddresses=["0000:08:00.4", "0000:08:00.5"])],
+        [
+            vf_object(
+                4,
+                enabled=True,
+                type_name="NVIDIA  A2-4Q",
+                vGPUStatus="vGPUConfigured",
+                configureVGPUTypeName="NVIDIA  A2-4Q",
+            ),
+            vf_object(5),
+        ],
+        vmis=[vmi],
+    )
+    assert dict(node.used_by) == {f"{NODE}-000008004": "VM prod/db (running; allocation unknown)"}
+
+
 def test_an_unreadable_annotation_counts_every_configured_vf_as_used() -> None:
     node = _node(vms=[vm("odd", "{not json")])
     held = "VM default/odd (allocation annotation unreadable)"

@@ -649,6 +649,51 @@ def test_a_profile_on_a_vfio_gpu_is_allowed_as_a_pci_host_device() -> None:
     )
 
 
+def test_a_profile_named_with_a_run_of_spaces_is_allow_listed_under_harvesters_name() -> None:
+    """Another node has ``NVIDIA  A2-8Q`` (two spaces) on mdev and ``NVIDIA  L40S-4Q`` on vfio:
+    their entries carry the resource Harvester names them by (pcidevices
+    ``GeneratevGPUDeviceName``: a run of whitespace is one ``_``), which vgpuctl's device
+    plugin advertises and a VM asks for; vgpuctl wrote ``nvidia.com/NVIDIA__A2-8Q``. An entry
+    written by hand with Harvester's name lists the type: nothing added, nothing noted."""
+    mdev, vfio = "NVIDIA  A2-8Q", "NVIDIA  L40S-4Q"
+    elsewhere = frozenset(
+        {ConfiguredProfile(mdev), ConfiguredProfile(vfio, Interface.VFIO, "26b9")}
+    )
+    fields = _kubevirt_update(_vfio_plan(_allow_lists([], [], [L40S_8Q], [L40S_8Q]), elsewhere))
+    assert fields["add"] == [
+        {
+            "mdevNameSelector": "NVIDIA  A2-8Q",
+            "resourceName": "nvidia.com/NVIDIA_A2-8Q",
+            "externalResourceProvider": True,
+        }
+    ]
+    assert fields["addPci"] == [
+        {
+            "pciVendorSelector": "10DE:26B9",
+            "resourceName": "nvidia.com/NVIDIA_L40S-4Q",
+            "externalResourceProvider": True,
+        }
+    ]
+    by_hand = {
+        "mdevNameSelector": "NVIDIA  A2-8Q",
+        "resourceName": "nvidia.com/NVIDIA_A2-8Q",
+        "externalResourceProvider": True,
+    }
+    pci_by_hand = {**_pci_entry(L40S_8Q), "resourceName": "nvidia.com/NVIDIA_L40S-4Q"}
+    listed = KubeVirtConfig(
+        "kubevirt",
+        "kubevirt",
+        "5",
+        (by_hand,),
+        frozenset(),
+        (_pci_entry(L40S_8Q), pci_by_hand),
+        frozenset({"nvidia.com/NVIDIA_L40S-8Q"}),
+    )
+    plan = _vfio_plan(listed, elsewhere)
+    assert [a for a in plan.actions if a.kind is ActionKind.KUBEVIRT_ALLOW] == []
+    assert not any("resourceName" in note for note in plan.notes), plan.notes
+
+
 def test_a_vfio_entry_stays_while_another_node_has_the_profile_on_vfio_and_goes_after() -> None:
     inventory = Inventory(NODE, (_a2(SEED),))
     kubevirt = _allow_lists(
