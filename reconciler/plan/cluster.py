@@ -578,11 +578,16 @@ def _served_by_kubevirt_notes(
             continue
         for entry in kubevirt.mediated_devices:
             if entry.get("mdevNameSelector") == name:
+                whose = (
+                    "vgpuctl changes none of its entries in place: remove it by hand and the "
+                    "next run writes it anew"
+                    if name in kubevirt.owned
+                    else "an entry vgpuctl did not add is never changed"
+                )
                 notes.append(
                     f"the {kubevirt.target} mediatedDevices entry for {excerpt(name)} names "
                     f"resourceName {excerpt(str(entry.get('resourceName', '')))}, not "
-                    f"{resource_name(name)} that vgpuctl advertises: left as it is (an entry "
-                    "vgpuctl did not add is never changed)"
+                    f"{resource_name(name)} that vgpuctl advertises: left as it is ({whose})"
                 )
                 break
     return notes

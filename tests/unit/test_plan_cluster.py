@@ -1044,3 +1044,32 @@ def test_the_plan_text_shows_marks_unmarks_and_the_types_made_sure_of() -> None:
         "        + mediatedDevices: NVIDIA A2-4Q (made sure of: added if gone, not retiring)\n"
         in plan_text(creating)
     )
+
+
+@pytest.mark.parametrize(
+    ("owned", "whose"),
+    [
+        (False, "an entry vgpuctl did not add is never changed"),
+        (True, "vgpuctl changes none of its entries in place: remove it by hand and the next run "
+         "writes it anew"),
+    ],
+)  # fmt: skip
+def test_an_entry_of_the_profiles_selector_under_another_resource_name_is_noted(
+    owned: bool, whose: str
+) -> None:
+    inventory = Inventory(NODE, (_a2(SEED),))
+    other = {**_entry("NVIDIA A2-4Q"), "resourceName": "nvidia.com/old"}
+    kubevirt = KubeVirtConfig(
+        "kubevirt",
+        "kubevirt",
+        "5",
+        (_entry("NVIDIA A2-4A"), other),
+        frozenset({"NVIDIA A2-4Q"} if owned else set()),
+    )
+    cluster = _synced(_desired(SEED), inventory, kubevirt=kubevirt)
+    plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
+    assert [n for n in plan.notes if "names resourceName" in n] == [
+        "the kubevirt/kubevirt/kubevirt mediatedDevices entry for NVIDIA A2-4Q names "
+        "resourceName nvidia.com/old, not nvidia.com/NVIDIA_A2-4Q that vgpuctl advertises: "
+        f"left as it is ({whose})"
+    ]
