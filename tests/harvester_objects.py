@@ -16,7 +16,11 @@ TYPES = {"NVIDIA A2-2Q": "nvidia-743", "NVIDIA A2-4Q": "nvidia-744"}
 
 def vf_object(enabled: bool, type_name: str, configured: bool) -> dict[str, Any]:
     status: dict[str, Any] = (
-        {"vGPUStatus": "vGPUConfigured", "configureVGPUTypeName": type_name}
+        {
+            "vGPUStatus": "vGPUConfigured",
+            "configureVGPUTypeName": type_name,
+            "uuid": TYPES.get(type_name, "nvidia-0"),
+        }
         if configured
         else {"availableTypes": dict(TYPES)}
     )

@@ -12,11 +12,15 @@ For each step, bounded by ``timeout`` (long enough for a node resync, about 30 s
    value (so a concurrent edit is a conflict, "plan again", while the controller's own status
    writes, which bump ``resourceVersion``, are not), then sets it.
 3. **After**, until the controller reports the step: ``vGPUStatus: vGPUConfigured`` with
-   ``configureVGPUTypeName`` the profile; ``vGPUStatus`` empty; the GPU's ``VGPUDevice``
-   objects listed in its status; its ``vfAddresses`` gone.
+   ``configureVGPUTypeName`` the profile and a ``uuid``; ``vGPUStatus`` empty; the GPU's
+   ``VGPUDevice`` objects listed in its status; its ``vfAddresses`` gone.
 
-A step already in effect is a no-op. A webhook's denial is reported with its words, and stops
-the run, as any failure does: the steps after it are not run.
+A step already in effect is a no-op. A step whose spec is written but whose status does not
+show it (``pending``, or an earlier run's write the controller has not carried out) is not
+written again: only its wait runs, and when that is over the failure says what the status
+shows (the controller writes no Events or conditions to read a cause from). A webhook's denial
+is reported with its words, and stops the run, as any failure does: the steps after it are not
+run.
 """
 
 from __future__ import annotations
@@ -135,7 +139,8 @@ class DelegateExecutor:
     def _enable_vf(self, a: VgpuDeviceEnable) -> tuple[OutcomeStatus, str]:
         vf = self._vf(a.target)
         if vf.enabled and vf.type_name == a.type_name:
-            if vf.configured and vf.configured_type == a.type_name:
+            # Written already (by an earlier run, or pending): never written again, waited for.
+            if vf.hosts == a.type_name:
                 return OutcomeStatus.NOOP, f"already hosts {a.type_name}"
         elif vf.enabled:
             raise StepFailed(
@@ -160,12 +165,8 @@ class DelegateExecutor:
             )
         self._wait(
             lambda: self._vf(a.target),
-            lambda v: v.configured and v.configured_type == a.type_name,
-            lambda v: (
-                f"pcidevices-controller did not configure {a.type_name} on {a.target} within "
-                f"{self.timeout:g} s (status.vGPUStatus: {_status(v)}, "
-                f"configureVGPUTypeName: {v.configured_type or 'empty'})"
-            ),
+            lambda v: v.hosts == a.type_name,
+            lambda v: _not_carried_out(v, f"the enable of {a.type_name}", self.timeout),
         )
         return OutcomeStatus.DONE, f"enabled {a.type_name}"
 
@@ -179,10 +180,7 @@ class DelegateExecutor:
         self._wait(
             lambda: self._vf(a.target),
             lambda v: not v.configured,
-            lambda v: (
-                f"pcidevices-controller did not remove the vGPU of {a.target} within "
-                f"{self.timeout:g} s (status.vGPUStatus is still vGPUConfigured)"
-            ),
+            lambda v: _not_carried_out(v, "the disable", self.timeout),
         )
         return OutcomeStatus.DONE, f"disabled ({a.type_name} removed)"
 
@@ -294,6 +292,26 @@ class DelegateExecutor:
                 raise StepFailed(why(value), transient=True)
             self.sleep(delay)
         raise AssertionError("unreachable: poll_delays never ends")  # pragma: no cover
+
+
+def _not_carried_out(vf: HarvesterVf, what: str, timeout: float) -> str:
+    """Why a VF's step is not done after its wait: the most specific cause vgpuctl can read.
+    pcidevices-controller (bdd8025) writes no Events and no conditions: when ``enableVGPU`` or
+    ``disableVGPU`` (pkg/controller/gpudevice/vgpu_controller.go) fails, it returns the error
+    to wrangler, which logs it and retries, and the status stays as it was."""
+    other = vf.hosts if vf.enabled and vf.hosts != vf.type_name else ""
+    hint = (
+        f"; it hosts {other}: pcidevices-controller ignores a type change on an enabled "
+        "VGPUDevice (disable it first)"
+        if other
+        else "; pcidevices-controller writes no Events or conditions: its log names the error"
+    )
+    return (
+        f"pcidevices-controller has not carried out {what} on {vf.name} after {timeout:g} s "
+        f"(spec.enabled: {str(vf.enabled).lower()}; status.vGPUStatus: {_status(vf)}, "
+        f"configureVGPUTypeName: {vf.configured_type or 'empty'}, uuid: {vf.uuid or 'empty'})"
+        f"{hint}"
+    )
 
 
 def _status(vf: HarvesterVf) -> str:

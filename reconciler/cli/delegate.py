@@ -91,9 +91,11 @@ def cmd_assert_delegate(ns: argparse.Namespace, host: Host) -> int:
     for p in planned.plans:
         if p.has_changes:
             s = p.summary
+            pending = sum(getattr(a, "pending", False) for a in p.actions)
+            waiting = f" ({pending} pending: written, not carried out)" if pending else ""
             _out(
                 f"node {safe(p.node)} has drifted: {s.create} to create, {s.change} to change, "
-                f"{s.remove} to remove, {s.blocked} blocked\n"
+                f"{s.remove} to remove, {s.blocked} blocked{waiting}\n"
             )
         else:
             _out(f"node {safe(p.node)} matches the desired state\n")

@@ -231,6 +231,8 @@ def _delegate_vf_line(a: VgpuDeviceEnable | VgpuDeviceDisable, style: Style) -> 
     else:
         symbol, what = style.red("-"), safe(a.type_name)
     order = 1 if isinstance(a, VgpuDeviceEnable) else 0
+    if a.pending:  # written already: the controller's work is what is left
+        where += "  pending"
     return Line(symbol, f"vgpu {safe(a.vf)}  {what}  {where}", safe(a.reason), order)
 
 

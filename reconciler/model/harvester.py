@@ -59,6 +59,25 @@ class HarvesterVf:
     def __post_init__(self) -> None:
         object.__setattr__(self, "available", MappingProxyType(dict(self.available)))
 
+    @property
+    def hosts(self) -> str:
+        """The profile the VF hosts as its status says (the truth: docs/domain.md §6, "An
+        admitted write is not a done step"): ``vGPUStatus`` configured, a ``uuid`` and
+        ``configureVGPUTypeName``; "" otherwise. pcidevices' ``enableVGPU`` writes the three in
+        one status write, only once the vGPU is made; a spec it could not carry out leaves them
+        as they were (and a node resync after a reboot clears ``vGPUStatus`` and ``uuid``)."""
+        if self.configured and self.uuid and self.configured_type:
+            return self.configured_type
+        return ""
+
+    @property
+    def pending(self) -> bool:
+        """The spec asks what the status does not show: a write pcidevices-controller has not
+        carried out (yet, or ever: it retries a failed enable forever, writing no status)."""
+        if self.enabled:
+            return bool(self.type_name) and self.hosts != self.type_name
+        return self.configured
+
 
 @record(frozen=True, slots=True)
 class HarvesterNode:

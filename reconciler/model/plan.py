@@ -338,6 +338,10 @@ class _HarvesterVfStep(_Step):
     vf_index: int
     resource_version: str
     type_name: str
+    #: The spec already says it, the status does not: nothing to write, only pcidevices-
+    #: controller's work to wait for (apply waits again; a VF counts as hosting a profile only
+    #: once its status says so).
+    pending: bool = False
 
 
 @record(frozen=True, slots=True, kw_only=True)

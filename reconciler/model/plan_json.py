@@ -173,6 +173,8 @@ def _encode(action: Action, *, with_seq: bool) -> dict[str, Any]:
                 out["replaces"] = action.replaces
             if isinstance(action, VgpuDeviceDisable) and action.replaced_by is not None:
                 out["replacedBy"] = action.replaced_by
+            if action.pending:
+                out["pending"] = True
         case DevicePluginRefresh():
             out["resource"] = action.resource
             out["type"] = action.type_name
@@ -316,6 +318,10 @@ class _Read:
 
     def flag(self, key: str) -> bool:
         return _bool(self.doc, key, self.where)
+
+    def opt_flag(self, key: str) -> bool:
+        """An optional boolean: false when absent."""
+        return key in self.doc and _bool(self.doc, key, self.where)
 
     def gpu(self) -> PciAddress:
         return self.address("gpu")
@@ -571,6 +577,7 @@ def _vgpudevice_enable(r: _Read, seq: int, target: str, reason: str) -> Action:
         resource_version=r.text("resourceVersion"),
         type_name=r.text("type"),
         replaces=r.opt_text("replaces"),
+        pending=r.opt_flag("pending"),
     )
 
 
@@ -588,6 +595,7 @@ def _vgpudevice_disable(r: _Read, seq: int, target: str, reason: str) -> Action:
         resource_version=r.text("resourceVersion"),
         type_name=r.text("type"),
         replaced_by=r.opt_text("replacedBy"),
+        pending=r.opt_flag("pending"),
     )
 
 
@@ -628,7 +636,11 @@ _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] 
         ("addPci", "removePci", "ownedPci", "retire", "unmark"),
         _kubevirt_update,
     ),
-    ActionKind.VGPUDEVICE_DISABLE: (_HARVESTER_VF_FIELDS, ("replacedBy",), _vgpudevice_disable),
+    ActionKind.VGPUDEVICE_DISABLE: (
+        _HARVESTER_VF_FIELDS,
+        ("replacedBy", "pending"),
+        _vgpudevice_disable,
+    ),
     ActionKind.SRIOVGPUDEVICE_DISABLE: (
         ("node", "gpu", "resourceVersion"),
         (),
@@ -639,7 +651,11 @@ _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] 
         (),
         _harvester_gpu(SriovGpuDeviceEnable),
     ),
-    ActionKind.VGPUDEVICE_ENABLE: (_HARVESTER_VF_FIELDS, ("replaces",), _vgpudevice_enable),
+    ActionKind.VGPUDEVICE_ENABLE: (
+        _HARVESTER_VF_FIELDS,
+        ("replaces", "pending"),
+        _vgpudevice_enable,
+    ),
     ActionKind.DEVICE_PLUGIN_REFRESH: (("resource", "type", "devices"), (), _device_plugin_refresh),
 }
 

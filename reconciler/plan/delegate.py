@@ -12,8 +12,12 @@ and per-size rules, what an in-use vGPU blocks — and its steps become spec wri
   disabled → ``sriovgpudevice-enable``, its VFs planned once their ``VGPUDevice`` objects exist
   (their addresses are not known before: the plan says so in a note).
 
-What a VF hosts is what its spec asks (``enabled`` with ``vGPUTypeName``): that is what the
-controller converges to, and what a write changes. What it can take is its
+The node-local planner is given what each VF's spec asks (``enabled`` with ``vGPUTypeName``):
+that is what the controller converges to, and what a write changes, so a later run never writes
+the same spec again. But a VF *hosts* a profile only when its status says so (``vGPUStatus``
+configured, ``configureVGPUTypeName``, a ``uuid``: docs/domain.md §6): a spec the controller
+has not carried out is a *pending* step (``pending``: nothing to write; apply waits for the
+status again), so the node is not converged until the status catches up. What it can take is its
 ``status.availableTypes``, and its GPU's types are the catalogue's, found from the desired
 ``model`` or from the profile names the objects carry. A VF a VM uses (its allocation
 annotation, or a running VMI of the profile) counts as in use: never disabled.
@@ -164,6 +168,15 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
             step = _translate(held, node, objects, by_gpu)
             if step is not None:
                 blocked.append(Blocked(step))
+    # Status is the truth: a VF whose spec asks what its status does not show has a pending
+    # step (written, not carried out), unless the plan already has one for it.
+    planned_gpus = {want.address for want in planned}
+    touched = {a.target for a in actions} | {b.action.target for b in blocked}
+    actions.extend(
+        _pending(vf, node, observed)
+        for vf in observed.vfs
+        if vf.parent in planned_gpus and vf.name not in touched and vf.pending
+    )
     if observed.notes and actions:
         # Some object could not be read: nothing is written on half a picture.
         unread = "some of the node's objects could not be read (see the notes)"
@@ -304,6 +317,50 @@ def _as_vf(vf: HarvesterVf, index: int, observed: HarvesterNode) -> Vf:
         holder=holder,
     )
     return Vf(vf.address, index, hosted)
+
+
+#: How a pending step's reason starts (``plan`` shows it; the step is marked ``pending``).
+PENDING = "pending: pcidevices-controller has not carried out the spec"
+
+
+def _pending(vf: HarvesterVf, node: str, observed: HarvesterNode) -> DelegateAction:
+    """The step a VF's spec asks that its status does not show: nothing to write (the
+    executor waits for the status again), the status in its reason."""
+    index = observed.vfs_of(vf.parent).index(vf)
+    shown = (
+        f"status.vGPUStatus: {'vGPUConfigured' if vf.configured else 'empty'}, "
+        f"configureVGPUTypeName: {vf.configured_type or 'empty'}, uuid: {vf.uuid or 'empty'}"
+    )
+    if vf.enabled:
+        other = vf.hosts
+        why = (
+            f"; it hosts {other}: pcidevices-controller ignores a type change on an enabled "
+            "VGPUDevice"
+            if other
+            else ""
+        )
+        return VgpuDeviceEnable(
+            target=vf.name,
+            reason=f"{PENDING} (enabled: true, vGPUTypeName: {vf.type_name}; {shown}){why}",
+            node=node,
+            gpu=vf.parent,
+            vf=vf.address,
+            vf_index=index,
+            resource_version=vf.resource_version,
+            type_name=vf.type_name,
+            pending=True,
+        )
+    return VgpuDeviceDisable(
+        target=vf.name,
+        reason=f"{PENDING} (enabled: false; {shown})",
+        node=node,
+        gpu=vf.parent,
+        vf=vf.address,
+        vf_index=index,
+        resource_version=vf.resource_version,
+        type_name=vf.configured_type or vf.type_name or f"type id {vf.uuid or 'unknown'}",
+        pending=True,
+    )
 
 
 def _translate(

@@ -24,6 +24,29 @@ The controller (:class:`PciDevicesController`)
     is kept in ``errors`` and its key waits for :meth:`retry` (wrangler's rate-limited requeue;
     :meth:`resync` retries too). :meth:`start`/:meth:`stop` run the same in a thread.
 
+    Two behaviours a test switches on (docs/domain.md §6, "An admitted write is not a done
+    step"):
+
+    - ``refuse_enable`` (an errno): the host refuses the write of a VF's
+      ``nvidia/current_vgpu_type`` that ``enableVGPU`` (vgpu_controller.go) makes after
+      ``submitPCIDeviceClaim``: the webhook has admitted the spec, which stays ``enabled:
+      true``; ``enableVGPU`` returns ``error writing to create file for vgpu <name>: ...``
+      before its ``UpdateStatus``, so the status is not written (no ``vGPUStatus``, ``uuid``
+      or ``configureVGPUTypeName``), and ``OnVGPUChange`` (registered by ``Register`` in
+      gpu_controller.go with wrangler's ``OnChange``) returns it: wrangler logs it and
+      requeues the key, and the handler tries again, forever, with no vGPU. The controller
+      writes no Event and no condition (bdd8025 has no event recorder, and its types no
+      conditions: pkg/apis/devices.harvesterhci.io/v1beta1/sriovgpudevice.go
+      ``VGPUDeviceStatus``). Set it back to None and the next retry makes the vGPU (a fixed
+      controller). The other failures after admission take the same path (the PCIDevice
+      missing in ``submitPCIDeviceClaim``; after a reboot, ``reconcileVGPUSetup`` clears
+      ``vGPUStatus`` and ``uuid`` but keeps ``configureVGPUTypeName``, and the re-enable may
+      fail so).
+    - ``informer_lag`` (seconds): a change reaches the handlers only that long after the API
+      server stored it (client-go's reflector, DeltaFIFO and wrangler's work queue between
+      the watch event and ``OnVGPUChange``/``OnGPUChange``), so a status is written a little
+      after the spec it answers: in between, the spec says what the status does not.
+
 The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
     is the validating webhook ``pcidevices.harvesterhci.io`` of the configuration
     ``pcidevices-validator`` (pkg/webhook/server.go, failurePolicy Ignore), for the two
@@ -45,7 +68,9 @@ readiness check (the executor runs sriov-manage directly), the PCIDeviceClaim co
 are created and deleted, never acted on), device plugins, USB and SR-IOV NIC devices, the
 management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object, pci.ids names (a
 PCIDevice's description and resource name take ghw's unknown-product forms), the other
-validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and informer lag.
+validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and a cache that lags behind
+the store for the handlers' reads (``informer_lag`` delays when a handler runs; what it reads
+then is current).
 """
 
 from __future__ import annotations
@@ -56,6 +81,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -342,6 +368,13 @@ class PciDevicesController:
         self.conflicts: list[str] = []
         #: Every sriov-manage command line run, as the executor would run it.
         self.sriov_manage_calls: list[list[str]] = []
+        #: An errno the host refuses ``enableVGPU``'s ``current_vgpu_type`` write with (None:
+        #: it does not): the enable fails after admission and is retried (module docstring).
+        self.refuse_enable: int | None = None
+        #: Seconds between a change in the store and its key reaching the work queue.
+        self.informer_lag = 0.0
+        #: When each changed key was first seen, while it waits out ``informer_lag``.
+        self._arriving: dict[str, float] = {}
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -455,17 +488,25 @@ class PciDevicesController:
 
     def _observe(self) -> None:
         """The informers' events: every SRIOVGPUDevice and VGPUDevice (any node: the handlers
-        filter) whose resourceVersion changed, or that vanished, is queued."""
+        filter) whose resourceVersion changed, or that vanished, is queued, once it has been
+        so for ``informer_lag`` seconds."""
         current: dict[str, str] = {}
         for plural, res in (("sriovgpudevices", SRIOVGPUS), ("vgpudevices", VGPUS)):
             for obj in self._emu.objects(*res):
                 current[f"{plural}/{_name(obj)}"] = str(obj["metadata"].get("resourceVersion"))
-        for key, rv in current.items():
-            if self._seen.get(key) != rv:
-                self._queue.add(key)
-        for key in self._seen.keys() - current.keys():
+        changed = {k for k, rv in current.items() if self._seen.get(k) != rv}
+        changed |= self._seen.keys() - current.keys()
+        now = time.monotonic()
+        self._arriving = {k: t for k, t in self._arriving.items() if k in changed}
+        for key in sorted(changed, key=lambda k: self._arriving.setdefault(k, now)):
+            if now - self._arriving[key] < self.informer_lag:
+                continue
+            del self._arriving[key]
             self._queue.add(key)
-        self._seen = current
+            if key in current:
+                self._seen[key] = current[key]
+            else:
+                self._seen.pop(key, None)
 
     # -- OnGPUChange: pkg/controller/gpudevice/gpu_controller.go --
 
@@ -598,8 +639,10 @@ class PciDevicesController:
 
     def _write_current_type(self, vgpu: JsonObject, address: str, value: str) -> None:
         """``os.WriteFile(<SysDevRoot>/<VF>/nvidia/current_vgpu_type)`` through the simulator's
-        kernel emulation."""
+        kernel emulation; a type id (not ``0``) is refused with ``refuse_enable`` when set."""
         try:
+            if value != "0" and self.refuse_enable is not None:
+                raise OSError(self.refuse_enable, os.strerror(self.refuse_enable))
             self.host.writer().write(f"bus/pci/devices/{address}/nvidia/current_vgpu_type", value)
         except OSError as error:
             raise _GoError(

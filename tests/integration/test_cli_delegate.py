@@ -10,6 +10,7 @@ functions 4-7) and docs/domain.md §5-6; the host is judged from its own files.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ from tests.harvester_node import (
     vm_holds,
 )
 from tests.simnode import run_vgpuctl
+from tests.watch_agent import wait_for
 
 CRD_SETS = ("harvester",)  # the emu fixture serves Harvester's own CRDs (tests/conftest.py)
 
@@ -291,3 +293,69 @@ def test_a_model_harvesters_objects_cannot_tell_is_not_guessed(
         "tell them apart here; match it by deviceId or address"
     ) in res.stderr
     assert harvester.types() == {}
+
+
+# --- issue 30, item 1: status is the truth --------------------------------------------------
+
+
+def _patches(emu: ApiServerEmulator, name: str) -> int:
+    """How many JSON patches of the VGPUDevice ``name`` the API server received."""
+    return sum(1 for r, _ in emu.patches if r.resource == "vgpudevices" and r.name == name)
+
+
+def test_an_enable_the_controller_fails_after_admission_is_pending_not_converged(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    one = layout(tmp_path, {VFS[0]: "NVIDIA A2-4A"})
+    name = f"{NODE}-000008004"
+    # The host refuses the vGPU (enableVGPU's current_vgpu_type write), after the webhook
+    # admitted the spec: the spec stays enabled: true, the status says nothing, it is retried.
+    harvester.ctl.refuse_enable = errno.EPERM
+    res = harvester.run("apply", one, "--yes", "--timeout", "4")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert (
+        f"pcidevices-controller has not carried out the enable of NVIDIA A2-4A on {name} after "
+        "4 s (spec.enabled: true; status.vGPUStatus: empty"
+    ) in res.stderr
+    assert harvester.types() == {}
+    assert any(
+        e.message.startswith(f"error writing to create file for vgpu {name}")
+        for e in harvester.ctl.errors
+    )
+    # Not converged: assert says so (exit 2), plan shows the step as pending.
+    res = harvester.run("assert", one)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert (
+        f"node {NODE} has drifted: 1 to create, 0 to change, 0 to remove, 0 blocked "
+        "(1 pending: written, not carried out)"
+    ) in res.stdout
+    shown = harvester.run("plan", one).stdout
+    assert f"+ vgpu {VFS[0]}  NVIDIA A2-4A  (VGPUDevice {name})  pending" in shown
+    assert "pending: pcidevices-controller has not carried out the spec" in shown
+    # A later apply waits again: it does not write the same spec a second time.
+    assert harvester.run("apply", one, "--yes", "--timeout", "2").returncode == 1
+    assert _patches(harvester.emu, name) == 1
+    # The controller is fixed: its next retry makes the vGPU; vgpuctl wrote the spec once.
+    harvester.ctl.refuse_enable = None
+    wait_for(lambda: harvester.types() == {VFS[0]: "751"}, "the controller's retry", 60)
+    wait_for(lambda: harvester.run("assert", one).returncode == 0, "assert converged", 60)
+    assert _patches(harvester.emu, name) == 1
+
+
+def test_a_status_the_controller_writes_late_is_pending_until_it_does(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    one = layout(tmp_path / "one", {VFS[0]: "NVIDIA A2-4A"})
+    two = layout(tmp_path / "two", {VFS[0]: "NVIDIA A2-4A", VFS[1]: "NVIDIA A2-4A"})
+    harvester.ok("apply", one, "--yes")
+    # The controller's informers deliver changes late (longer than apply waits, here).
+    harvester.ctl.informer_lag = 600.0
+    assert harvester.run("apply", two, "--yes", "--timeout", "2").returncode == 1
+    res = harvester.run("assert", two)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "(1 pending: written, not carried out)" in res.stdout
+    harvester.ctl.informer_lag = 0.0
+    wait_for(lambda: harvester.run("assert", two).returncode == 0, "the late status", 60)
+    assert harvester.types() == {VFS[0]: "751", VFS[1]: "751"}
+    assert _patches(harvester.emu, f"{NODE}-000008005") == 1

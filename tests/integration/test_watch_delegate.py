@@ -11,6 +11,7 @@ holder), and who wrote what as the emulator recorded it per user.
 
 from __future__ import annotations
 
+import errno
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +23,16 @@ import pytest
 from tests import rbac
 from tests.doubles.admission import UserInfo
 from tests.doubles.emulator import ApiServerEmulator, Request
-from tests.harvester_node import NODE, SEED, VFS, Cluster, harvester_node, seed_with, vm_holds
+from tests.harvester_node import (
+    NODE,
+    SEED,
+    VFS,
+    Cluster,
+    harvester_node,
+    layout,
+    seed_with,
+    vm_holds,
+)
 from tests.simnode import run_vgpuctl
 from tests.watch_agent import Watch, wait_for
 
@@ -328,5 +338,67 @@ def test_a_replica_that_cannot_create_its_lease_acts_on_nothing_and_is_not_ready
         assert a.metric("vgpuctl_leader") == 0
         assert [r for r in writers.writes("replica-a") if r.resource != "leases"] == []
         assert harvester.types() == {}
+    finally:
+        a.kill()
+
+
+def test_an_enable_the_controller_fails_after_admission_is_never_converged_nor_rewritten(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    """Issue 30, item 1: the host refuses the vGPU after pcidevices' webhook admitted the spec
+    (enableVGPU fails, is retried; no status). The watch stays not converged and says why (log,
+    metric, /readyz, a Warning Event), waits again at every retry without writing the spec a
+    second time, and converges once the controller is fixed."""
+    writers = Writers()
+    harvester.emu.authorize_with(writers)
+    desired = tmp_path / "desired"
+    desired.mkdir()
+    layout(desired, {VFS[0]: "NVIDIA A2-4A"}).rename(desired / "harvester-kgd9c.yaml")
+    name = f"{NODE}-000008004"
+    cause = (
+        f"pcidevices-controller has not carried out the enable of NVIDIA A2-4A on {name} after 3 s"
+    )
+    harvester.ctl.refuse_enable = errno.EPERM
+    a = start(harvester, tmp_path, "a", desired, "--delegate", "harvester", "--timeout", "3")
+    try:
+
+        def failures() -> int:
+            return sum(
+                str(d.get("msg", "")).startswith("reconcile failed: ")
+                and cause in str(d.get("msg", ""))
+                for d in a.logs()
+            )
+
+        # Two reconciles failed on it: the second planned it pending and waited again.
+        wait_for(lambda: failures() >= 2, "two failed reconciles", CONVERGE)
+        messages = [str(d.get("msg", "")) for d in a.logs()]
+        assert not any(m.startswith("converged") for m in messages)
+        assert a.metric("vgpuctl_converged") == 0
+        assert a.metric("vgpuctl_errors_total", kind="apply") >= 2
+        code, body = a.get("/readyz")
+        assert code == 503 and cause in body
+        events = [
+            e
+            for e in harvester.emu.objects("", "v1", "events", "default")
+            if e["involvedObject"]["name"] == name
+        ]
+        assert {(e["involvedObject"]["kind"], e["reason"], e["type"]) for e in events} == {
+            ("VGPUDevice", "StepFailed", "Warning")
+        }
+        assert all(e["message"].startswith(cause) for e in events)
+
+        def vf_patches() -> list[str | None]:
+            return [
+                r.name
+                for r in writers.writes("replica-a")
+                if r.verb == "patch" and r.resource == "vgpudevices"
+            ]
+
+        assert vf_patches() == [name]
+        # Fixed: the controller's next retry makes the vGPU, the watch converges, one write.
+        harvester.ctl.refuse_enable = None
+        wait_for(lambda: harvester.types() == {VFS[0]: "751"}, "the vGPU", CONVERGE)
+        said(a, "converged: every node matches the desired state")
+        assert vf_patches() == [name]
     finally:
         a.kill()

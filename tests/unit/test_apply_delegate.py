@@ -7,6 +7,7 @@ webhook, drives the end-to-end tests.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
@@ -40,7 +41,7 @@ class Controller:
                 spec = obj["spec"]
                 if spec["enabled"] and status.get("vGPUStatus") != "vGPUConfigured":
                     status.clear()
-                    status.update(vGPUStatus="vGPUConfigured",
+                    status.update(vGPUStatus="vGPUConfigured", uuid=TYPES[spec["vGPUTypeName"]],
                                   configureVGPUTypeName=spec["vGPUTypeName"])  # fmt: skip
                 elif not spec["enabled"] and status.get("vGPUStatus"):
                     status.clear()  # first status write: vGPUStatus cleared
@@ -101,7 +102,11 @@ def test_an_enable_is_one_patch_then_waits_for_the_controller() -> None:
         ]
     ]
     status = stored(api, "vgpudevices", f"{NODE}-000008004")["status"]
-    assert status == {"vGPUStatus": "vGPUConfigured", "configureVGPUTypeName": "NVIDIA A2-4Q"}
+    assert status == {
+        "vGPUStatus": "vGPUConfigured",
+        "configureVGPUTypeName": "NVIDIA A2-4Q",
+        "uuid": "nvidia-744",
+    }
 
 
 def test_a_profile_change_waits_for_the_types_before_enabling_again() -> None:
@@ -117,6 +122,7 @@ def test_a_profile_change_waits_for_the_types_before_enabling_again() -> None:
     assert stored(api, "vgpudevices", f"{NODE}-000008004")["status"] == {
         "vGPUStatus": "vGPUConfigured",
         "configureVGPUTypeName": "NVIDIA A2-2Q",
+        "uuid": "nvidia-743",
     }
 
 
@@ -150,8 +156,10 @@ def test_a_controller_that_never_acts_fails_the_step_when_the_wait_runs_out() ->
     (outcome,) = result.outcomes
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient
     assert outcome.message == (
-        f"pcidevices-controller did not configure NVIDIA A2-4Q on {NODE}-000008004 within 30 s "
-        "(status.vGPUStatus: empty, configureVGPUTypeName: empty)"
+        f"pcidevices-controller has not carried out the enable of NVIDIA A2-4Q on "
+        f"{NODE}-000008004 after 30 s (spec.enabled: true; status.vGPUStatus: empty, "
+        "configureVGPUTypeName: empty, uuid: empty); pcidevices-controller writes no Events or "
+        "conditions: its log names the error"
     )
 
 
@@ -202,3 +210,33 @@ def test_a_wait_reads_again_soon_then_once_a_poll() -> None:
     # 50 ms, doubling up to the poll, so a wait neither costs a whole second nor hammers.
     assert list(islice(poll_delays(1.0), 7)) == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
     assert list(islice(poll_delays(0.01), 3)) == [0.01, 0.01, 0.01]
+
+
+def test_an_enable_written_before_is_waited_for_again_never_written_twice() -> None:
+    # Issue 30, item 1: an earlier run's enable that pcidevices-controller has not carried
+    # out (spec enabled: true, no status): the step waits for the status, writes nothing.
+    api = FakeCluster()
+    obj = vf_object(True, "NVIDIA A2-4Q", configured=False)
+    api.seed("vgpudevices", [obj])
+    result, _ = run(api, replace(enable("NVIDIA A2-4Q"), pending=True), stalls=True)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.FAILED and outcome.transient
+    assert outcome.message.startswith(
+        f"pcidevices-controller has not carried out the enable of NVIDIA A2-4Q on {NODE}-000008004"
+        " after 30 s (spec.enabled: true; status.vGPUStatus: empty"
+    )
+    assert api.patches == []
+    # The controller carries it out: done, still without a write.
+    result, _ = run(api, replace(enable("NVIDIA A2-4Q"), pending=True))
+    assert [o.status for o in result.outcomes] == [OutcomeStatus.DONE]
+    assert api.patches == []
+
+
+def test_a_configured_status_without_a_uuid_is_not_a_done_enable() -> None:
+    api = FakeCluster()
+    obj = vf_object(True, "NVIDIA A2-4Q", configured=True)
+    del obj["status"]["uuid"]
+    api.seed("vgpudevices", [obj])
+    result, _ = run(api, enable("NVIDIA A2-4Q"), stalls=True)
+    assert [o.status for o in result.outcomes] == [OutcomeStatus.FAILED]
+    assert api.patches == []

@@ -121,7 +121,7 @@ FULL = {
     ActionKind.VGPUDEVICE_DISABLE: VgpuDeviceDisable(
         seq=1, target="n1-000008004", reason="r", node="n1", gpu=GPU,
         vf=PciAddress.parse("0000:08:00.4"), vf_index=0, resource_version="12",
-        type_name="NVIDIA A2-4A", replaced_by="NVIDIA A2-4Q",
+        type_name="NVIDIA A2-4A", replaced_by="NVIDIA A2-4Q", pending=True,
     ),
     ActionKind.SRIOVGPUDEVICE_DISABLE: SriovGpuDeviceDisable(
         seq=1, target="n1-000008000", reason="r", node="n1", gpu=GPU, resource_version="9",
@@ -132,7 +132,7 @@ FULL = {
     ActionKind.VGPUDEVICE_ENABLE: VgpuDeviceEnable(
         seq=1, target="n1-000008004", reason="r", node="n1", gpu=GPU,
         vf=PciAddress.parse("0000:08:00.4"), vf_index=0, resource_version="12",
-        type_name="NVIDIA A2-4Q", replaces="NVIDIA A2-4A",
+        type_name="NVIDIA A2-4Q", replaces="NVIDIA A2-4A", pending=True,
     ),
     ActionKind.DEVICE_PLUGIN_REFRESH: DevicePluginRefresh(
         seq=1, target="nvidia.com/NVIDIA_A2-4Q", reason="r", resource="nvidia.com/NVIDIA_A2-4Q",
@@ -152,8 +152,8 @@ OPTIONAL: dict[ActionKind, dict[str, Any]] = {
         "unmark": (),
     },
     ActionKind.KUBEVIRT_ALLOW: {"add_pci": (), "owned_pci": (), "unmark": ()},
-    ActionKind.VGPUDEVICE_DISABLE: {"replaced_by": None},
-    ActionKind.VGPUDEVICE_ENABLE: {"replaces": None},
+    ActionKind.VGPUDEVICE_DISABLE: {"replaced_by": None, "pending": False},
+    ActionKind.VGPUDEVICE_ENABLE: {"replaces": None, "pending": False},
 }
 
 

@@ -69,6 +69,7 @@ def harvester(
                 type_name=profile or "",
                 configured=profile is not None,
                 configured_type=profile or "",
+                uuid=A2_TYPES[profile] if profile else "",
                 available={} if profile else left,
             )
         )
@@ -234,3 +235,62 @@ def test_an_unreadable_object_blocks_every_write_of_the_node() -> None:
     assert p.actions == ()
     assert [b.kind.value for b in p.blocked] == ["vgpudevice-enable"]
     assert "could not be read" in p.blocked[0].reason
+
+
+def _with_status(observed: HarvesterNode, index: int, **status: object) -> HarvesterNode:
+    """``observed`` with VF ``index``'s object changed (its status as the controller left it)."""
+    vfs = tuple(
+        replace(v, **status) if v.address == vf_address(index) else v  # type: ignore[arg-type]
+        for v in observed.vfs
+    )
+    return replace(observed, vfs=vfs)
+
+
+# Issue 30, item 1: status is the truth. pcidevices' enableVGPU (vgpu_controller.go) writes
+# vGPUStatus, uuid and configureVGPUTypeName in one UpdateStatus once the vGPU is made; when it
+# fails after the webhook admitted the spec, the spec stays enabled: true with no status.
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        # The enable failed after admission (or has not run yet): no status at all.
+        {"configured": False, "configured_type": "", "uuid": ""},
+        # After a reboot reconcileVGPUSetup clears vGPUStatus and uuid, keeps the type name.
+        {"configured": False, "uuid": ""},
+        # No uuid: not what enableVGPU writes.
+        {"uuid": ""},
+    ],
+)
+def test_an_enabled_spec_the_status_does_not_show_is_a_pending_step(
+    status: dict[str, object],
+) -> None:
+    observed = _with_status(harvester(vgpus={0: "NVIDIA A2-4Q"}), 0, **status)
+    p = plan(want(vgpus={0: "A2-4Q"}), observed=observed)
+    assert steps(p) == [("vgpudevice-enable", f"{NODE}-000008004", "NVIDIA A2-4Q")]
+    (step,) = p.actions
+    assert isinstance(step, VgpuDeviceEnable) and step.pending
+    assert step.reason.startswith("pending: pcidevices-controller has not carried out the spec")
+    assert p.has_changes  # not converged: assert exits 2
+    assert plan_from_json(plan_to_json(p)) == p
+    # The count form keeps the VF too: the pending VF is not traded for another.
+    p = plan(want(profiles={"A2-4Q": 1}), observed=observed)
+    assert steps(p) == [("vgpudevice-enable", f"{NODE}-000008004", "NVIDIA A2-4Q")]
+
+
+def test_a_type_change_the_controller_ignores_is_pending_and_says_so() -> None:
+    # The spec says 4Q, the VF hosts 2Q: enableVGPU never runs on a configured VF.
+    observed = _with_status(
+        harvester(vgpus={0: "NVIDIA A2-4Q"}), 0, configured_type="NVIDIA A2-2Q", uuid="nvidia-743"
+    )
+    (step,) = plan(want(vgpus={0: "A2-4Q"}), observed=observed).actions
+    assert isinstance(step, VgpuDeviceEnable) and step.pending
+    assert "it hosts NVIDIA A2-2Q: pcidevices-controller ignores a type change" in step.reason
+
+
+def test_a_disabled_spec_whose_vgpu_is_still_there_is_a_pending_disable() -> None:
+    observed = _with_status(harvester(vgpus={0: "NVIDIA A2-4Q"}), 0, enabled=False)
+    p = plan(want(vgpus={}), observed=observed)
+    (step,) = p.actions
+    assert isinstance(step, VgpuDeviceDisable) and step.pending
+    assert (step.target, step.type_name) == (f"{NODE}-000008004", "NVIDIA A2-4Q")
