@@ -34,6 +34,8 @@ from reconciler.model import Plan
 from reconciler.observe import observe_host
 from reconciler.plan import plan_node
 from reconciler.sim import SimHost
+from reconciler.sim.nvidia_smi import TYPES_COUNTER
+from reconciler.sim.state import load_state
 from tests import oracle
 from tests.reliability.generators import CATALOG
 
@@ -280,6 +282,11 @@ class SimNode:
     def stats(self) -> dict[str, int]:
         host = SimHost.open(self.sysfs_root)
         return host.stats() if host is not None else {}
+
+    def driver_type_queries(self) -> int:
+        """How many times the simulator's ``nvidia-smi vgpu -s -v`` was asked to name vfio
+        types (``nvidiaSmiTypeQueries``): vgpuctl asks only for an id no list or record names."""
+        return load_state(self.sysfs_root).counters.get(TYPES_COUNTER, 0)
 
     def converged(self, desired: Path, held: Iterable[str] = ()) -> list[str]:
         """What is left between the host and ``desired`` (empty: converged; vGPUs in ``held``,

@@ -54,5 +54,6 @@ def test_watch_killed_and_restarted_converges_and_loses_nothing(ctx: Context) ->
     assert f["runs_with_unlisted_vfio_vgpus"] >= 1, show(f)
     assert f["runs_unrecorded_on_both_interfaces"] >= 1, show(f)
     assert f["state_dir_deleted"] >= 1, show(f)
+    assert f["driver_asked_for_type_names"]["first_watch"] >= 1, show(f)  # nvidia-smi named them
     assert f["failures"] == [], show(f)
     assert f["ok"], show(f)

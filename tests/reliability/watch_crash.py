@@ -51,7 +51,9 @@ vfio vGPUs no list names at the start (``unrecorded_mdev_vgpus_at_start``,
 ``unlisted_vfio_vgpus_at_start``), the runs with the latter, with both
 (``runs_unrecorded_on_both_interfaces``), the deletions (``state_dir_deleted``) and the restarts
 that then found vfio vGPUs no list named
-(``restarts_without_record_with_unlisted_vfio_vgpus``).
+(``restarts_without_record_with_unlisted_vfio_vgpus``), and the runs whose first or restarted
+watch asked the driver to name a type (``driver_asked_for_type_names``: the simulator's
+``nvidiaSmiTypeQueries``).
 
 A kill is classed by what it interrupted, from the tree after it: *mid-reconcile* (host work was
 left and the dying reconcile had logged an action done, or the simulator killed it at a change),
@@ -232,6 +234,10 @@ class Result(Findings):
     #: vfio vGPUs whose type no VF listed that the restarted watch then found.
     forgot: bool = False
     unlisted_at_restart: int = 0
+    #: ``nvidia-smi vgpu -s -v`` calls (vgpuctl asking the driver to name a vfio type id no
+    #: list or record names): by the first watch, and by the restarted one.
+    driver_asked: int = 0
+    driver_asked_on_restart: int = 0
     seconds: float = 0.0
 
     @property
@@ -663,12 +669,14 @@ def _run(run: _Run) -> None:
     run.heartbeat()  # the host as the kill left it
     run.check(first, watch)
     run.classify(watch)
+    result.driver_asked = node.driver_type_queries()
     if case.forget:
         # The node lost its disk: no record of the vfio types either watch wrote.
         result.forgot = node.forget()
         result.unlisted_at_restart = unlisted_vfio_vgpus(node.sysfs_root, run.gpus)
 
     run.restart()
+    result.driver_asked_on_restart = node.driver_type_queries() - result.driver_asked
 
     after = read_truth(node.sysfs_root, run.gpus)
     result.orphans = orphans(after, case.final["spec"]["nodes"][NODE]["gpus"], set(run.held))
@@ -771,6 +779,10 @@ def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str
         "restarts_without_record_with_unlisted_vfio_vgpus": sum(
             1 for r in results if r.forgot and r.unlisted_at_restart
         ),
+        "driver_asked_for_type_names": {
+            "first_watch": sum(1 for r in results if r.driver_asked),
+            "restarted_watch": sum(1 for r in results if r.driver_asked_on_restart),
+        },
         "first_watch": histogram(r.first for r in results),
         "kill_landed": histogram(r.landed for r in results),
         "kill_points": _kill_points(results),
