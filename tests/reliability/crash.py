@@ -23,11 +23,13 @@ runs it too): a heartbeat after every vgpuctl process, its sweep of mdevs whose 
 allow-listed counted (``sweeper``: vGPUs lost, held ones among them; both must be 0).
 
 Every host is built by the simulator directly (``build_host``), so vgpuctl has no record of the
-vGPUs it starts with: on a GPU of NVIDIA's vendor-specific VFIO interface at a type's maximum
-no VF lists their type any more, and only the driver names it (``nvidia-smi vgpu -s -v``,
-issue 31; counted as ``unlisted_vfio_vgpus_at_start``). In some runs (``full``) one GPU is
-made a vfio GPU at a type's maximum before the host is built, so that every such run starts
-with vGPUs whose type no list names. In some runs (``forget``) the state
+vGPUs it starts with (its mdev ones are counted as ``unrecorded_mdev_vgpus_at_start``): on a GPU
+of NVIDIA's vendor-specific VFIO interface at a type's maximum no VF lists their type any more,
+and only the driver names it (``nvidia-smi vgpu -s -v``, issue 31; counted as
+``unlisted_vfio_vgpus_at_start``; runs with both kinds as ``runs_unrecorded_on_both_interfaces``).
+In some runs (``full``) one GPU is made a vfio GPU at a type's maximum
+(``generators.at_a_maximum``, shared with ``watch_crash.py``) before the host is built, so that
+every such run starts with vGPUs whose type no list names. In some runs (``forget``) the state
 directory (the record of vfio types, the journal) is deleted after the killed apply, before the
 reruns, as a node whose disk was lost would have it (``state_dir_deleted``).
 
@@ -44,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -56,16 +57,18 @@ from typing import Any
 
 import yaml
 
-from reconciler.desired import load_desired
-from reconciler.model import Plan, VgpuRemove
-from reconciler.observe import observe_host
-from reconciler.plan import plan_node
+from reconciler.model import VgpuRemove
 from reconciler.sim import SimHost, build_host
-from tests import oracle
 from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.holds import asked
 from tests.reliability.faults import emulator as cluster_emulator
-from tests.reliability.generators import CATALOG, draw_examples, has_work, host_and_desired
+from tests.reliability.generators import (
+    CATALOG,
+    at_a_maximum,
+    draw_examples,
+    has_work,
+    host_and_desired,
+)
 from tests.reliability.hosts import (
     Findings,
     Run,
@@ -74,10 +77,12 @@ from tests.reliability.hosts import (
     histogram,
     kernel_quiet,
     orphans,
+    plan_in_process,
     read_truth,
     reap_strays,
     run_cases,
     safety,
+    unlisted_vfio_vgpus,
 )
 from tests.reliability.sizes import Context
 from tests.reliability.sweeper import Sweeps, seed_cluster
@@ -139,6 +144,8 @@ class Result(Findings):
     allow_write_seen: bool = False
     #: vfio vGPUs the host started with whose type id no VF listed (only the driver names it).
     unlisted_at_start: int = 0
+    #: mdev vGPUs the host started with (the simulator made them: vgpuctl has no record).
+    mdev_at_start: int = 0
     #: Whether the state directory was deleted before the reruns (and existed then).
     forgot: bool = False
     #: Whether the host started with a vfio GPU at a type's maximum (``Case.full``).
@@ -188,52 +195,6 @@ def make_cases(ctx: Context) -> list[Case]:
                 case = replace(case, host=full, full=True)
         cases.append(case)
     return cases
-
-
-def at_a_maximum(host: dict[str, Any], rng: random.Random) -> dict[str, Any] | None:
-    """``host`` with one GPU (a random one) on NVIDIA's vendor-specific VFIO interface, SR-IOV
-    on, filled with one time-sliced profile to its maximum: as pcidevices-controller or a hand
-    would leave it, no VF lists that type any more (None: no model offers such a profile)."""
-    gpus = [dict(g) for g in host["gpus"]]
-    order = rng.sample(range(len(gpus)), len(gpus))
-    for i in order:
-        model = CATALOG.model(gpus[i]["model"])
-        if model is None:
-            continue
-        fits = [p for p in model.time_sliced_profiles if p.max_instances <= min(model.vfs, 8)]
-        if not fits:
-            continue
-        profile = rng.choice(fits)
-        gpus[i].update(
-            interface="vfio",
-            sriov="enabled",
-            vgpus=dict.fromkeys(range(profile.max_instances), profile.name),
-        )
-        return {**host, "gpus": gpus}
-    return None
-
-
-def plan_in_process(node: SimNode, desired_file: Path) -> Plan:
-    """The plan for ``node`` now, made in this process (no CLI start-up cost). vfio type ids no
-    list names are named as the driver would (the CLI asks ``nvidia-smi vgpu -s -v``; here the
-    oracle reads the simulator's own word), so the vGPUs of a GPU at a maximum are planned."""
-    sim = SimHost.open(node.sysfs_root)
-    assert sim is not None
-    desired = load_desired([desired_file], catalog=CATALOG).node(node.node)
-    known = {
-        (gpu.address, type_id): name
-        for gpu in sim.gpus()
-        if gpu.interface == "vfio"
-        for type_id, name in oracle.vfio_type_names(node.sysfs_root, str(gpu.address), ()).items()
-    }
-    inventory = observe_host(
-        node.sysfs_root,
-        node=node.node,
-        catalog=CATALOG,
-        hold_probe=sim.hold_probe(),
-        known_types=known,
-    )
-    return plan_node(desired, inventory, catalog=CATALOG)
 
 
 def _delay(case: Case, actions: int) -> float:
@@ -325,6 +286,7 @@ def _run_case(case: Case, directory: Path, emu: ApiServerEmulator) -> Result:
             result.errors.append(f"sim hold {uuid}: {held_run.messages()}")
     before = read_truth(node.sysfs_root, gpus)
     result.unlisted_at_start = unlisted_vfio_vgpus(node.sysfs_root, gpus)
+    result.mdev_at_start = sum(1 for v in before.vgpus if not v.whole_vf)
     sim = SimHost.open(node.sysfs_root)
     assert sim is not None
     held = before.held(sim.hold_probe().scan(asked(*(v.uuid for v in before.vgpus))).held)
@@ -365,9 +327,7 @@ def _run_case(case: Case, directory: Path, emu: ApiServerEmulator) -> Result:
     _check(result, first, node, gpus, held)
     if case.forget:
         # The node lost its disk: no record of the vfio types the killed apply wrote.
-        state = host_dir / "state"
-        result.forgot = state.is_dir()
-        shutil.rmtree(state, ignore_errors=True)
+        result.forgot = node.forget()
 
     for attempt in range(1, MAX_RERUNS + 1):
         rerun = node.run("apply", desired_file, *APPLY, timeout=APPLY_TIMEOUT)
@@ -389,27 +349,6 @@ def _run_case(case: Case, directory: Path, emu: ApiServerEmulator) -> Result:
     ]
     result.seconds = time.monotonic() - started
     return result
-
-
-def unlisted_vfio_vgpus(sysfs_root: Path, gpus: list[str]) -> int:
-    """How many VFs of ``gpus`` on NVIDIA's vendor-specific VFIO interface have a type id that
-    no VF of their GPU lists (read from the files: ``current_vgpu_type``,
-    ``creatable_vgpu_types``)."""
-    devices = sysfs_root / "bus" / "pci" / "devices"
-    count = 0
-    for gpu in gpus:
-        vf_dirs = [devices / gpu / n for n in os.listdir(devices / gpu) if n.startswith("virtfn")]
-        listed: set[str] = set()
-        currents: list[str] = []
-        for vf in vf_dirs:
-            nvidia = vf / "nvidia"
-            if not (nvidia / "current_vgpu_type").is_file():
-                continue
-            currents.append((nvidia / "current_vgpu_type").read_text().strip())
-            lines = (nvidia / "creatable_vgpu_types").read_text().splitlines()[1:]
-            listed |= {ln.split(":", 1)[0].strip() for ln in lines if ":" in ln}
-        count += sum(1 for c in currents if c != "0" and c not in listed)
-    return count
 
 
 def _check(result: Result, run: Run, node: SimNode, gpus: list[str], held: Any) -> None:
@@ -475,6 +414,10 @@ def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str
         "held_vgpus": sum(r.holds for r in results),
         "unlisted_vfio_vgpus_at_start": sum(r.unlisted_at_start for r in results),
         "runs_with_unlisted_vfio_vgpus": sum(1 for r in results if r.unlisted_at_start),
+        "unrecorded_mdev_vgpus_at_start": sum(r.mdev_at_start for r in results),
+        "runs_unrecorded_on_both_interfaces": sum(
+            1 for r in results if r.unlisted_at_start and r.mdev_at_start
+        ),
         "state_dir_deleted": sum(1 for r in results if r.forgot),
         "runs_starting_at_a_maximum": sum(1 for r in results if r.full),
         "runs_with_held_vgpus": sum(1 for r in results if r.holds),

@@ -13,13 +13,14 @@ then runs them in parallel, and the same seed gives the same list.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, seed, settings
 from hypothesis import strategies as st
 
-from reconciler.catalog import GpuModel, default_catalog
+from reconciler.catalog import GpuModel, Profile, default_catalog
 from reconciler.model import PciAddress
 from reconciler.sim.rules import SimModel
 from tests.strategies import gpu_config
@@ -127,6 +128,74 @@ def has_work(case: tuple[dict[str, Any], dict[str, Any]]) -> bool:
             ):
                 return True
     return False
+
+
+# --- hosts vgpuctl has no record of (issue 31) ---------------------------------------------------
+#
+# Every host is built by the simulator directly, so vgpuctl has no record of the vGPUs it starts
+# with. These make sure some hosts start with such vGPUs on both interfaces: vfio vGPUs whose
+# type no VF lists any more (only the driver names it: ``nvidia-smi vgpu -s -v``), and mdev
+# vGPUs. Drawn from a run's own ``random.Random`` after its other choices, so the rest of a
+# seed's runs stay what they were.
+
+
+def at_a_maximum(host: dict[str, Any], rng: random.Random) -> dict[str, Any] | None:
+    """``host`` with one GPU (a random one) on NVIDIA's vendor-specific VFIO interface, SR-IOV
+    on, filled with one time-sliced profile to its maximum: as pcidevices-controller or a hand
+    would leave it, no VF lists that type any more (None: no model offers such a profile)."""
+    gpus = [dict(g) for g in host["gpus"]]
+    return {**host, "gpus": gpus} if _fill_vfio(gpus, rng) is not None else None
+
+
+def unrecorded_on_both(host: dict[str, Any], rng: random.Random) -> dict[str, Any] | None:
+    """``host`` with vGPUs vgpuctl has no record of on both interfaces: one GPU made a vfio
+    GPU at a type's maximum (as :func:`at_a_maximum`) and, unless another GPU has mdev vGPUs
+    already, another GPU (a random one that can) made an mdev GPU with SR-IOV on and one to
+    its maximum of a time-sliced profile's vGPUs on random VFs. A host of one GPU gets the vfio
+    one only. None: no GPU can be made a full vfio GPU."""
+    gpus = [dict(g) for g in host["gpus"]]
+    full = _fill_vfio(gpus, rng)
+    if full is None:
+        return None
+    rest = [i for i in range(len(gpus)) if i != full]
+    if any(gpus[i].get("interface", "mdev") == "mdev" and gpus[i]["vgpus"] for i in rest):
+        return {**host, "gpus": gpus}
+    for i in rng.sample(rest, len(rest)):
+        found = _one_profile(gpus[i], rng)
+        if found is None:
+            continue
+        model, profile = found
+        vfs = sorted(rng.sample(range(model.vfs), rng.randint(1, profile.max_instances)))
+        gpus[i].update(interface="mdev", sriov="enabled", vgpus=dict.fromkeys(vfs, profile.name))
+        break
+    return {**host, "gpus": gpus}
+
+
+def _fill_vfio(gpus: list[dict[str, Any]], rng: random.Random) -> int | None:
+    """Make one of ``gpus`` (in place) a vfio GPU at a type's maximum; its index (None: none
+    can be)."""
+    for i in rng.sample(range(len(gpus)), len(gpus)):
+        found = _one_profile(gpus[i], rng)
+        if found is None:
+            continue
+        _, profile = found
+        gpus[i].update(
+            interface="vfio",
+            sriov="enabled",
+            vgpus=dict.fromkeys(range(profile.max_instances), profile.name),
+        )
+        return i
+    return None
+
+
+def _one_profile(gpu: dict[str, Any], rng: random.Random) -> tuple[GpuModel, Profile] | None:
+    """``gpu``'s model and a random time-sliced profile of it whose maximum its VFs hold (at
+    most 8 vGPUs); None when it has none."""
+    model = CATALOG.model(gpu["model"])
+    if model is None:
+        return None
+    fits = [p for p in model.time_sliced_profiles if p.max_instances <= min(model.vfs, 8)]
+    return (model, rng.choice(fits)) if fits else None
 
 
 class StopDrawing(Exception):

@@ -3,9 +3,11 @@ host, and the host's truth read straight from its sysfs tree.
 
 The invariants are judged from the tree itself (``virtfn`` links, mdev directories and their
 ``mdev_type``, ``bus/mdev/devices``), never through ``reconciler.observe``: the code under test
-does not grade itself. So is convergence: ``SimNode.converged`` asks the tests' own oracle
-(``tests/oracle.py``), the tree against the desired file; a fresh ``vgpuctl plan`` is only an
-extra check that may add a finding (it covers the cluster, which the oracle does not read).
+does not grade itself (``plan_in_process``, vgpuctl's planner run in this process, only stages a
+run: which vGPUs a VM holds, what a kill point ranges over). So is convergence:
+``SimNode.converged`` asks the tests' own oracle (``tests/oracle.py``), the tree against the
+desired file; a fresh ``vgpuctl plan`` is only an extra check that may add a finding (it covers
+the cluster, which the oracle does not read).
 Every subprocess has a timeout; a process that outlives it is killed with its whole process
 group and reported, never waited for.
 """
@@ -27,8 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from reconciler.desired import load_desired
+from reconciler.model import Plan
+from reconciler.observe import observe_host
+from reconciler.plan import plan_node
 from reconciler.sim import SimHost
+from reconciler.sim.nvidia_smi import TYPES_COUNTER
+from reconciler.sim.state import load_state
 from tests import oracle
+from tests.reliability.generators import CATALOG
 
 REPO = Path(__file__).resolve().parents[2]
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -253,6 +262,19 @@ class SimNode:
     def start(self, *args: object, out_dir: Path, label: str) -> Started:
         return Started([*args, *self.flags], out_dir=out_dir, label=label)
 
+    @property
+    def state_dir(self) -> Path:
+        """vgpuctl's state directory on the simulator (the record of vfio types, the journal,
+        the lock): ``DIR/state``."""
+        return self.dir / "state"
+
+    def forget(self) -> bool:
+        """Delete the state directory, as a node whose disk was lost would have it (no record
+        of the vfio types vgpuctl wrote); whether there was one."""
+        existed = self.state_dir.is_dir()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        return existed
+
     def sim(self, command: str, *args: object) -> Run:
         """``vgpuctl sim COMMAND DIR ARGS`` (hold, release, fail, reboot)."""
         return vgpuctl("sim", command, self.dir, *args, timeout=60)
@@ -260,6 +282,11 @@ class SimNode:
     def stats(self) -> dict[str, int]:
         host = SimHost.open(self.sysfs_root)
         return host.stats() if host is not None else {}
+
+    def driver_type_queries(self) -> int:
+        """How many times the simulator's ``nvidia-smi vgpu -s -v`` was asked to name vfio
+        types (``nvidiaSmiTypeQueries``): vgpuctl asks only for an id no list or record names."""
+        return load_state(self.sysfs_root).counters.get(TYPES_COUNTER, 0)
 
     def converged(self, desired: Path, held: Iterable[str] = ()) -> list[str]:
         """What is left between the host and ``desired`` (empty: converged; vGPUs in ``held``,
@@ -295,6 +322,31 @@ class SimNode:
             return run, json.loads(run.stdout) if run.returncode == 0 else None
         except ValueError:
             return run, None
+
+
+def plan_in_process(node: SimNode, desired_file: Path) -> Plan:
+    """The plan for ``node`` now, made in this process (no CLI start-up cost): what the harness
+    stages a run with (which vGPUs a VM holds, how many actions a kill point ranges over),
+    never what it judges by. vfio type ids no list names are named as the driver would (the
+    CLI asks ``nvidia-smi vgpu -s -v``; here the oracle reads the simulator's own word), so the
+    vGPUs of a GPU at a maximum are planned."""
+    sim = SimHost.open(node.sysfs_root)
+    assert sim is not None
+    desired = load_desired([desired_file], catalog=CATALOG).node(node.node)
+    known = {
+        (gpu.address, type_id): name
+        for gpu in sim.gpus()
+        if gpu.interface == "vfio"
+        for type_id, name in oracle.vfio_type_names(node.sysfs_root, str(gpu.address), ()).items()
+    }
+    inventory = observe_host(
+        node.sysfs_root,
+        node=node.node,
+        catalog=CATALOG,
+        hold_probe=sim.hold_probe(),
+        known_types=known,
+    )
+    return plan_node(desired, inventory, catalog=CATALOG)
 
 
 @contextlib.contextmanager
@@ -457,6 +509,27 @@ def read_truth(sysfs_root: Path, gpus: Iterable[str]) -> Truth:
         for entry in (os.listdir(bus_dir) if bus_dir.is_dir() else [])
     }
     return Truth(vfs, tuple(vgpus), bus)
+
+
+def unlisted_vfio_vgpus(sysfs_root: Path, gpus: Iterable[str]) -> int:
+    """How many VFs of ``gpus`` on NVIDIA's vendor-specific VFIO interface have a type id that
+    no VF of their GPU lists (read from the files: ``current_vgpu_type``,
+    ``creatable_vgpu_types``): vGPUs only the driver (or vgpuctl's record) names."""
+    devices = sysfs_root / "bus" / "pci" / "devices"
+    count = 0
+    for gpu in gpus:
+        vf_dirs = [devices / gpu / n for n in os.listdir(devices / gpu) if n.startswith("virtfn")]
+        listed: set[str] = set()
+        currents: list[str] = []
+        for vf in vf_dirs:
+            nvidia = vf / "nvidia"
+            if not (nvidia / "current_vgpu_type").is_file():
+                continue
+            currents.append((nvidia / "current_vgpu_type").read_text().strip())
+            lines = (nvidia / "creatable_vgpu_types").read_text().splitlines()[1:]
+            listed |= {ln.split(":", 1)[0].strip() for ln in lines if ":" in ln}
+        count += sum(1 for c in currents if c != "0" and c not in listed)
+    return count
 
 
 # --- invariants ---------------------------------------------------------------------------------

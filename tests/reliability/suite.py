@@ -72,6 +72,15 @@ def summary(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "orphaned": sum(f.get("orphaned", 0) for f in crash),
             "duplicates": sum(f.get("duplicates", 0) for f in crash),
             "in_use_removed": sum(f.get("in_use_removed", 0) for f in crash),
+            # Issue 31: runs from hosts with vGPUs vgpuctl has no record of (vfio ones whose
+            # type no VF lists; also mdev ones), and runs that lost the state directory.
+            "runs_with_unlisted_vfio_vgpus": sum(
+                f.get("runs_with_unlisted_vfio_vgpus", 0) for f in crash
+            ),
+            "runs_unrecorded_on_both_interfaces": sum(
+                f.get("runs_unrecorded_on_both_interfaces", 0) for f in crash
+            ),
+            "state_dir_deleted": sum(f.get("state_dir_deleted", 0) for f in crash),
         }
         swept = [f["sweeper"] for f in crash if "sweeper" in f]
         if swept:

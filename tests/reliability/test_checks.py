@@ -7,6 +7,7 @@ output line that breaks its invariant, and one that does not.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,13 @@ from pathlib import Path
 from reconciler.sim import build_host, hold
 from tests.reliability.bad_input import line_form, samples
 from tests.reliability.faults import emulator
-from tests.reliability.generators import draw_examples, has_work, host_and_desired
+from tests.reliability.generators import (
+    at_a_maximum,
+    draw_examples,
+    has_work,
+    host_and_desired,
+    unrecorded_on_both,
+)
 from tests.reliability.hosts import (
     REPO,
     Held,
@@ -30,6 +37,7 @@ from tests.reliability.hosts import (
     read_truth,
     reap_strays,
     safety,
+    unlisted_vfio_vgpus,
 )
 from tests.reliability.suite import summary
 from tests.reliability.sweeper import KUBEVIRT, NAMESPACE, Sweeps, seed_cluster
@@ -129,6 +137,41 @@ def test_generators_are_reproducible_and_varied() -> None:
     assert len(kinds) >= 15, kinds
 
 
+def _rng(n: int) -> random.Random:
+    return random.Random(n)  # noqa: S311 - reproducible choices, not cryptography
+
+
+def test_unrecorded_hosts_have_unlisted_vfio_vgpus_and_mdev_ones(tmp_path: Path) -> None:
+    """``unrecorded_on_both`` fills a vfio GPU to a type's maximum (no VF lists the type any
+    more: ``unlisted_vfio_vgpus`` counts them all) and gives another GPU mdev vGPUs; a host
+    of one GPU gets the vfio one only; the same seed, the same host."""
+    two = {
+        "gpus": [
+            {"model": "A2", "address": GPU, "sriov": "disabled", "vgpus": {}, "interface": "mdev"},
+            {"model": "A2", "address": "0000:41:00.0", "sriov": "disabled", "vgpus": {},
+             "interface": "vfio"},
+        ],
+        "extraDevices": False,
+    }  # fmt: skip
+    seen: set[str] = set()
+    for n in range(2):  # seeds 0 and 1 fill one GPU each way
+        filled = unrecorded_on_both(two, _rng(n))
+        assert filled is not None and filled == unrecorded_on_both(two, _rng(n))
+        build_host(tmp_path / f"h{n}", filled)
+        sysfs = tmp_path / f"h{n}" / "sys"
+        truth = read_truth(sysfs, [g["address"] for g in two["gpus"]])
+        (vfio,) = [g for g in filled["gpus"] if g["interface"] == "vfio" and g["vgpus"]]
+        seen.add(vfio["address"])
+        assert unlisted_vfio_vgpus(sysfs, [vfio["address"]]) == len(vfio["vgpus"]) > 0
+        assert sum(1 for v in truth.vgpus if v.whole_vf) == len(vfio["vgpus"])
+        assert any(not v.whole_vf for v in truth.vgpus), filled
+    assert len(seen) == 2  # either GPU may be the full vfio one
+    one = {**two, "gpus": two["gpus"][:1]}
+    alone = unrecorded_on_both(one, _rng(0))
+    assert alone is not None and alone == at_a_maximum(one, _rng(0))
+    assert alone["gpus"][0]["interface"] == "vfio"
+
+
 def test_reap_strays_kills_only_what_outlives_the_wait(tmp_path: Path) -> None:
     program = tmp_path / "bin" / "sriov-manage"
     program.parent.mkdir()
@@ -190,8 +233,17 @@ def test_the_summary_adds_up_both_crash_scenarios_sweeps() -> None:
         return {"runs": runs, "converged": runs, "sweeper": sweeper}
 
     both = {"crash_safety": figures(8, 25, 0, 0), "watch_crash_safety": figures(4, 90, 2, 1)}
+    both["crash_safety"].update(
+        runs_with_unlisted_vfio_vgpus=3, runs_unrecorded_on_both_interfaces=2, state_dir_deleted=4
+    )
+    both["watch_crash_safety"].update(
+        runs_with_unlisted_vfio_vgpus=2, runs_unrecorded_on_both_interfaces=2, state_dir_deleted=2
+    )
     out = summary(both)
     assert out["killed_and_restarted"]["runs"] == 12
+    assert out["killed_and_restarted"]["runs_with_unlisted_vfio_vgpus"] == 5
+    assert out["killed_and_restarted"]["runs_unrecorded_on_both_interfaces"] == 4
+    assert out["killed_and_restarted"]["state_dir_deleted"] == 6
     assert out["killed_and_restarted"]["sweeper"] == {
         "heartbeats": 115,
         "vgpus_lost": 2,

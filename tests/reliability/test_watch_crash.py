@@ -3,7 +3,8 @@
 The full size runs in the suite; here the scenario runs small and must still hold every
 invariant, and must have exercised what it is about: a watch killed in the middle of a
 reconcile, and VMs holding vGPUs the desired state would remove, with KubeVirt's virt-handler
-sweeping beside it and taking nothing.
+sweeping beside it and taking nothing; hosts whose vGPUs vgpuctl has no record of, on both
+interfaces, and a state directory lost before the restart (issue 31).
 """
 
 from __future__ import annotations
@@ -47,5 +48,12 @@ def test_watch_killed_and_restarted_converges_and_loses_nothing(ctx: Context) ->
     assert f["kill_points"]["start"]["runs"] >= 1, show(f)
     assert f["kill_points"]["edit"]["runs"] >= 1, show(f)
     assert f["runs_with_held_vgpus"] >= 1, show(f)
+    # ... from hosts with vGPUs vgpuctl has no record of on both interfaces (mdev ones, and
+    # vfio ones at a type's maximum whose type no VF lists), and with the state directory lost
+    # between the killed watch and its restart (issue 31).
+    assert f["runs_with_unlisted_vfio_vgpus"] >= 1, show(f)
+    assert f["runs_unrecorded_on_both_interfaces"] >= 1, show(f)
+    assert f["state_dir_deleted"] >= 1, show(f)
+    assert f["driver_asked_for_type_names"]["first_watch"] >= 1, show(f)  # nvidia-smi named them
     assert f["failures"] == [], show(f)
     assert f["ok"], show(f)

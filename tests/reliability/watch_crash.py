@@ -38,6 +38,23 @@ waits on a watch (to be ready, to settle, to log an action done), after the kill
 restarted watch is ready and after it exited; what its sweeps of mdevs not allow-listed took is
 counted (``sweeper``: vGPUs lost, held ones among them; both must be 0).
 
+Every host is built by the simulator directly (``build_host``), so vgpuctl has no record of the
+vGPUs it starts with. Half the runs (``unrecorded``) start from a host with such vGPUs on both
+interfaces (``generators.unrecorded_on_both``, shared with ``crash.py``'s ``at_a_maximum``): one
+GPU made a vfio GPU filled to a type's maximum, so no VF lists that type any more and only the
+driver names it (``nvidia-smi vgpu -s -v``, issue 31), and another (if the host has one) an mdev
+GPU with vGPUs the simulator made. Half the runs (``forget``) delete the state directory (the
+record of vfio types, the journal) between the killed watch and its restart, as a node whose
+disk was lost would have it: after an edit, the record the first watch wrote on A is gone too.
+The two rotate against the phases and kill methods (``make_cases``). Counted: mdev vGPUs and
+vfio vGPUs no list names at the start (``unrecorded_mdev_vgpus_at_start``,
+``unlisted_vfio_vgpus_at_start``), the runs with the latter, with both
+(``runs_unrecorded_on_both_interfaces``), the deletions (``state_dir_deleted``) and the restarts
+that then found vfio vGPUs no list named
+(``restarts_without_record_with_unlisted_vfio_vgpus``), and the runs whose first or restarted
+watch asked the driver to name a type (``driver_asked_for_type_names``: the simulator's
+``nvidiaSmiTypeQueries``).
+
 A kill is classed by what it interrupted, from the tree after it: *mid-reconcile* (host work was
 left and the dying reconcile had logged an action done, or the simulator killed it at a change),
 *before the first action* (work left, nothing done yet) or *after the reconcile* (nothing left
@@ -54,7 +71,7 @@ import statistics
 import subprocess
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +83,6 @@ from reconciler.sim import SimHost, build_host
 from tests import oracle
 from tests.doubles.emulator import ApiServerEmulator
 from tests.holds import asked
-from tests.reliability.crash import plan_in_process
 from tests.reliability.faults import emulator as cluster_emulator
 from tests.reliability.generators import (
     CATALOG,
@@ -76,6 +92,7 @@ from tests.reliability.generators import (
     draw_examples,
     has_work,
     host_and_desired,
+    unrecorded_on_both,
 )
 from tests.reliability.hosts import (
     Findings,
@@ -87,10 +104,12 @@ from tests.reliability.hosts import (
     histogram,
     kernel_quiet,
     orphans,
+    plan_in_process,
     read_truth,
     reap_strays,
     run_cases,
     safety,
+    unlisted_vfio_vgpus,
 )
 from tests.reliability.sizes import Context
 from tests.reliability.sweeper import Sweeps, seed_cluster
@@ -165,6 +184,11 @@ class Case:
     pick: float
     anchor: str  # trigger | first-action
     seed: str
+    #: Whether :func:`unrecorded_on_both` filled the host: a vfio GPU at a type's maximum and
+    #: an mdev GPU with vGPUs, none of which vgpuctl has a record of.
+    unrecorded: bool = False
+    #: Delete the state directory between the killed watch and its restart.
+    forget: bool = False
 
     @property
     def final(self) -> dict[str, Any]:
@@ -200,6 +224,20 @@ class Result(Findings):
     metrics_wrong: list[str] = field(default_factory=list)
     #: virt-handler heartbeats run, and the vGPUs their sweeps took.
     sweeps: Sweeps = field(default_factory=Sweeps)
+    #: The host as built (vgpuctl has no record of any of it): mdev vGPUs, and vfio vGPUs
+    #: whose type id no VF listed (only the driver names it).
+    mdev_at_start: int = 0
+    unlisted_at_start: int = 0
+    #: Whether :func:`unrecorded_on_both` filled the host (``Case.unrecorded``).
+    unrecorded: bool = False
+    #: Whether the state directory was deleted before the restart (and existed then), and the
+    #: vfio vGPUs whose type no VF listed that the restarted watch then found.
+    forgot: bool = False
+    unlisted_at_restart: int = 0
+    #: ``nvidia-smi vgpu -s -v`` calls (vgpuctl asking the driver to name a vfio type id no
+    #: list or record names): by the first watch, and by the restarted one.
+    driver_asked: int = 0
+    driver_asked_on_restart: int = 0
     seconds: float = 0.0
 
     @property
@@ -231,7 +269,13 @@ class Result(Findings):
 def make_cases(ctx: Context) -> list[Case]:
     """The runs: phases and kill methods alternate (every four runs cover start and edit,
     crash-after and an outside SIGKILL; about one run in twelve is an idle kill); kill points,
-    faults and holds are drawn per run."""
+    faults and holds are drawn per run.
+
+    Half the runs start from a host :func:`unrecorded_on_both` filled (vGPUs vgpuctl has no
+    record of on both interfaces, a vfio GPU's at a type's maximum), and half lose the state
+    directory before the restart: the two rotate against the phases and kill methods, so every
+    four runs have two of each, and every sixteen each pairing of the two with each phase and
+    kill method."""
     count = ctx.size.watch_crash_runs
     examples = draw_examples(
         host_and_two_desired(NODE), count=count, seed_value=ctx.seed, keep=_keep
@@ -241,22 +285,25 @@ def make_cases(ctx: Context) -> list[Case]:
         host, first, second = examples[i % len(examples)]
         rng = ctx.rng("watch-crash", i)
         phase = "idle" if rng.random() < 1 / 12 else ("start", "edit")[i % 2]
-        cases.append(
-            Case(
-                index=i,
-                host=host,
-                first=first,
-                second=second,
-                phase=phase,
-                kill="sigkill" if phase == "idle" else ("crash-after", "sigkill")[i // 2 % 2],
-                writes=rng.choice((0, 0, 0, 0, 0, 0, 1, 2, 3)),
-                sriov=rng.choice((None, None, None, None, None, None, "error", "silent")),
-                holds=rng.choice((0, 1, 1, 2)),
-                pick=rng.uniform(0.0, 1.15),
-                anchor=rng.choice(ANCHORS),
-                seed=f"{ctx.seed}:watch-crash-run:{i}",
-            )
+        turn = (i + i // 4) % 4
+        case = Case(
+            index=i,
+            host=host,
+            first=first,
+            second=second,
+            phase=phase,
+            kill="sigkill" if phase == "idle" else ("crash-after", "sigkill")[i // 2 % 2],
+            writes=rng.choice((0, 0, 0, 0, 0, 0, 1, 2, 3)),
+            sriov=rng.choice((None, None, None, None, None, None, "error", "silent")),
+            holds=rng.choice((0, 1, 1, 2)),
+            pick=rng.uniform(0.0, 1.15),
+            anchor=rng.choice(ANCHORS),
+            seed=f"{ctx.seed}:watch-crash-run:{i}",
+            forget=turn in (0, 1),
         )
+        if turn in (0, 3) and (filled := unrecorded_on_both(host, rng)) is not None:
+            case = replace(case, host=filled, unrecorded=True)
+        cases.append(case)
     return cases
 
 
@@ -561,6 +608,10 @@ def _run_case(case: Case, directory: Path, emu: ApiServerEmulator) -> Result:
         rng=random.Random(case.seed),  # noqa: S311 - reproducible choices, not cryptography
         emu=emu,
     )
+    result, truth = run.result, read_truth(run.node.sysfs_root, run.gpus)
+    result.unrecorded = case.unrecorded
+    result.mdev_at_start = sum(1 for v in truth.vgpus if not v.whole_vf)
+    result.unlisted_at_start = unlisted_vfio_vgpus(run.node.sysfs_root, run.gpus)
     try:
         _run(run)
     finally:
@@ -618,8 +669,14 @@ def _run(run: _Run) -> None:
     run.heartbeat()  # the host as the kill left it
     run.check(first, watch)
     run.classify(watch)
+    result.driver_asked = node.driver_type_queries()
+    if case.forget:
+        # The node lost its disk: no record of the vfio types either watch wrote.
+        result.forgot = node.forget()
+        result.unlisted_at_restart = unlisted_vfio_vgpus(node.sysfs_root, run.gpus)
 
     run.restart()
+    result.driver_asked_on_restart = node.driver_type_queries() - result.driver_asked
 
     after = read_truth(node.sysfs_root, run.gpus)
     result.orphans = orphans(after, case.final["spec"]["nodes"][NODE]["gpus"], set(run.held))
@@ -711,6 +768,21 @@ def _figures(ctx: Context, results: list[Result], *, seconds: float) -> dict[str
         "unmanaged_gpus_touched": sum(len(r.unmanaged_touched) for r in results),
         "held_vgpus": sum(r.holds for r in results),
         "runs_with_held_vgpus": sum(1 for r in results if r.holds),
+        "unrecorded_mdev_vgpus_at_start": sum(r.mdev_at_start for r in results),
+        "unlisted_vfio_vgpus_at_start": sum(r.unlisted_at_start for r in results),
+        "runs_with_unlisted_vfio_vgpus": sum(1 for r in results if r.unlisted_at_start),
+        "runs_unrecorded_on_both_interfaces": sum(
+            1 for r in results if r.unlisted_at_start and r.mdev_at_start
+        ),
+        "runs_filled_unrecorded": sum(1 for r in results if r.unrecorded),
+        "state_dir_deleted": sum(1 for r in results if r.forgot),
+        "restarts_without_record_with_unlisted_vfio_vgpus": sum(
+            1 for r in results if r.forgot and r.unlisted_at_restart
+        ),
+        "driver_asked_for_type_names": {
+            "first_watch": sum(1 for r in results if r.driver_asked),
+            "restarted_watch": sum(1 for r in results if r.driver_asked_on_restart),
+        },
         "first_watch": histogram(r.first for r in results),
         "kill_landed": histogram(r.landed for r in results),
         "kill_points": _kill_points(results),
