@@ -256,21 +256,33 @@ def test_a_node_killed_after_its_first_create_of_a_type_keeps_it_listed_by_its_i
 def test_the_run_after_one_that_published_intent_plans_nothing(
     tmp_path: Path, emu: ApiServerEmulator
 ) -> None:
-    """A run creating its first vGPU of X publishes its intent, then writes its summary as the
-    planner renders it: the next plan is "No changes" (the intent leaves nothing behind that
+    """A run creating its first vGPU of X publishes its intent (every plan carries it: on the
+    node, from the cluster alone, saved), then writes its summary as the planner renders it:
+    the next plan is "No changes" (the intent leaves nothing behind that
     the planner would write again), and B's summary shows X as a vGPU it has."""
     b = cluster_node(tmp_path, emu, name=OTHER)
     b.ok("apply", _desired(tmp_path, OTHER, {VF4: Y}, "b-without-x"), "--yes")
     b_with_x = _desired(tmp_path, OTHER, {VF4: Y, VF5: X}, "b-with-x")
-    plan = json.loads(b.ok("plan", b_with_x, "-o", "json").stdout)
-    first = plan["actions"][0]
-    assert first["kind"] == "kubevirt-allow"
-    assert first["intent"] == {"node": OTHER, "profiles": [{"name": X, "wanted": 1}]}
+    intent = {"node": OTHER, "profiles": [{"name": X, "wanted": 1}]}
+    # Planned on the node and from the cluster alone (fleet planning), and saved.
+    for observed in ((), ("--observed", "cluster")):
+        plan = json.loads(b.ok("plan", b_with_x, *observed, "-o", "json").stdout)
+        if "plans" in plan:
+            (plan,) = [p for p in plan["plans"] if p["node"] == OTHER]
+        first = plan["actions"][0]
+        assert first["kind"] == "kubevirt-allow", observed
+        assert first["intent"] == intent, observed
     text = b.ok("plan", b_with_x).stdout
     assert f"VGPUNodeState {OTHER}: intent published first: {X} (wanted 1)" in text
+    saved = tmp_path / "b-plan.json"
+    b.ok("plan", b_with_x, "--out", saved)
+    assert json.loads(saved.read_text())["actions"][0]["intent"] == intent
 
-    applied = b.ok("apply", b_with_x, "--yes")
+    applied = b.ok("apply", saved, "--yes")
     assert "Converged" in applied.stdout
+    assert f"vgpunodestates/{OTHER}: intent to create {X} (wanted 1) published" in (
+        applied.stdout + applied.stderr
+    )
     assert "No changes" in b.ok("plan", b_with_x).stdout
     state = emu.get_object("vgpu.reconciler.dev", "v1alpha1", "vgpunodestates", OTHER)
     assert state is not None
