@@ -42,6 +42,7 @@ from reconciler.model import (
     CrCreate,
     CrDelete,
     CrUpdate,
+    Intent,
     KubevirtAllow,
     KubevirtUpdate,
     PciAddress,
@@ -55,7 +56,9 @@ from reconciler.model.cluster import (
     KUBEVIRT_OWNED_PCI_ANNOTATION,
     KUBEVIRT_PLURAL,
     KUBEVIRT_VERSION,
+    MANAGED_BY,
     MANAGED_BY_LABEL,
+    NODE_LABEL,
     NODE_STATE_KIND,
     PLURALS,
     SRIOV_GPU_KIND,
@@ -63,6 +66,7 @@ from reconciler.model.cluster import (
     KubeObject,
     lists_external,
     object_name,
+    resource_name,
     served_by_kubevirt,
 )
 from reconciler.model.clusterapi import ClusterApi
@@ -259,6 +263,7 @@ class _Writer:
     def run(self, action: ClusterAction) -> tuple[OutcomeStatus, str]:
         if isinstance(action, KubevirtUpdate):
             return self._kubevirt(action)
+        action = self._over_intent(action)
         what = f"{PLURALS[_object_kind(action)]}/{action.target}"
         conflicts = 0
         # What was written so far: a create can succeed and its status write then conflict.
@@ -338,12 +343,13 @@ class _Writer:
 
     def _write_status(
         self, kind: str, name: str, stored: Mapping[str, Any], status: Mapping[str, Any]
-    ) -> None:
-        """PUT ``/status`` on top of what the server just returned (its resourceVersion)."""
+    ) -> dict[str, Any]:
+        """PUT ``/status`` on top of what the server just returned (its resourceVersion);
+        the object as the server then has it."""
         group, version = GROUP_VERSIONS[kind]
         body = _plain(stored)
         body["status"] = _plain(status)
-        self.api.replace_status(
+        return self.api.replace_status(
             group=group, version=version, plural=PLURALS[kind], name=name, body=body
         )
 
@@ -390,6 +396,91 @@ class _Writer:
             self.mandate.check_rewrite(nxt)
         return nxt
 
+    # -- intent -----------------------------------------------------------------------------------
+
+    def _over_intent(
+        self, action: CrCreate | CrUpdate | CrDelete
+    ) -> CrCreate | CrUpdate | CrDelete:
+        """``action`` over this run's own intent write (:meth:`_publish`): a VGPUNodeState
+        write planned from the version that write replaced (or, for a create, from no object)
+        carries the version it made instead. Only our intent changed in between, and the
+        planned write replaces the whole status: it is what would have been written."""
+        if action.kind is ActionKind.CR_DELETE or _object_kind(action) != NODE_STATE_KIND:
+            return action
+        if isinstance(action, CrUpdate):
+            made = self.versions.get(_intent_key(action.target, action.resource_version))
+            return action if made is None else replace(action, resource_version=made)
+        if isinstance(action, CrCreate):
+            made = self.versions.get(_intent_key(action.target, ""))
+            if made is None:
+                return action
+            created = _intent_object(action.target)
+            obj = action.object
+            return CrUpdate(
+                seq=action.seq,
+                target=action.target,
+                reason=action.reason,
+                resource_version=made,
+                object=obj,
+                # The intent's create wrote the labels and spec; PUT again only if they differ.
+                spec_changed=bool(obj.annotations)
+                or dict(obj.labels) != created["metadata"]["labels"]
+                or dict(obj.spec) != created["spec"],
+                status_changed=True,
+            )
+        return action
+
+    def _publish(self, intent: Intent) -> str:
+        """Write ``intent`` in the node's VGPUNodeState before the allow-list is read: the
+        stored status with each profile's ``wanted`` set (every other field as stored), or,
+        with no object yet, one created with just those profiles, its times stamped as any
+        VGPUNodeState's. Written with the resourceVersion read; a conflict reads it again
+        (bounded). Raises when it cannot be written: the allow step fails, no host action
+        runs. The version made is recorded (:attr:`versions`) for the cluster phase's write
+        of the same object (:meth:`_over_intent`)."""
+        group, version = GROUP_VERSIONS[NODE_STATE_KIND]
+        plural = PLURALS[NODE_STATE_KIND]
+        name = intent.node
+        what = f"{plural}/{name}"
+        shown = ", ".join(f"{p.name} (wanted {p.wanted})" for p in intent.profiles)
+        conflicts = 0
+        while True:
+            raw = self.api.get_object(group=group, version=version, plural=plural, name=name)
+            try:
+                if raw is None:
+                    created = self.api.create_object(
+                        group=group, version=version, plural=plural, body=_intent_object(name)
+                    )
+                    status = stamped(intent_status({}, intent), self.now())
+                    written = self._write_status(NODE_STATE_KIND, name, created, status)
+                    self.versions[_intent_key(name, "")] = _resource_version(written)
+                    return f"{what}: created with the intent to create {shown}" + _after(conflicts)
+                current = KubeObject.from_json({**raw, "kind": NODE_STATE_KIND})
+                if not current.managed_by_us or current.labels.get(NODE_LABEL) != name:
+                    raise ApplyError(
+                        f"{what} is not vgpuctl's VGPUNodeState of node {name}: the intent to "
+                        f"create {shown} cannot be published, and nothing else is written"
+                    )
+                before = _plain(raw.get("status") or {})
+                status = intent_status(before, intent)
+                if status == before:
+                    return f"{what} already shows {shown}" + _after(conflicts)
+                read = _resource_version(raw)
+                body = _plain(raw)
+                body["status"] = stamped(status, self.now())
+                stored = self.api.replace_status(
+                    group=group, version=version, plural=plural, name=name, body=body
+                )
+                self.versions[_intent_key(name, read)] = _resource_version(stored)
+                return f"{what}: intent to create {shown} published" + _after(conflicts)
+            except ConflictError:
+                conflicts += 1
+                if conflicts > self.retries:
+                    raise ConflictError(
+                        f"{what} kept changing under us: gave up after {conflicts} conflicts; "
+                        f"the intent to create {shown} is not published"
+                    ) from None
+
     # -- KubeVirt --------------------------------------------------------------------------------
 
     def _kubevirt(self, action: KubevirtUpdate) -> tuple[OutcomeStatus, str]:
@@ -404,6 +495,12 @@ class _Writer:
         additions, marks and forgetting, is written: it is safe whatever changed)."""
         ns, name = action.namespace, action.name
         what = f"kubevirt/{ns}/{name}"
+        # This run's intent first, then the CR read: a node that reads the summaries after
+        # this write keeps the types listed; one that read them before wrote its mark before
+        # (docs/architecture.md, "The KubeVirt allow-list").
+        intent = ""
+        if isinstance(action, KubevirtAllow) and action.intent is not None:
+            intent = self._publish(action.intent) + "; "
         planned = action.resource_version
         ours = {planned, self.versions.get(planned, planned)}
         conflicts = 0
@@ -411,7 +508,9 @@ class _Writer:
         raw = self._read_kubevirt(ns, name)
         while True:
             if raw is None:
-                return OutcomeStatus.NOOP, f"{what} no longer exists: no allow-list to update"
+                return OutcomeStatus.DONE if intent else OutcomeStatus.NOOP, (
+                    f"{intent}{what} no longer exists: no allow-list to update"
+                )
             read = _resource_version(raw)
             if read not in ours and (action.remove or action.remove_pci):
                 deferred = (*action.remove, *action.remove_pci)
@@ -435,8 +534,9 @@ class _Writer:
                     if action.add_pci or action.remove_pci or action.owned_pci
                     else ""
                 )
-                return OutcomeStatus.NOOP, (
-                    f"{what}: {lists} already as planned" + waiting + _after(conflicts)
+                status = OutcomeStatus.DONE if intent else OutcomeStatus.NOOP
+                return status, (
+                    f"{intent}{what}: {lists} already as planned" + waiting + _after(conflicts)
                 )
             ops, summary = change
             # A removal only from the version read (issue 12), and the allow step's write from
@@ -466,7 +566,7 @@ class _Writer:
             if read == planned and tested:
                 # Only a write made directly over the planned version stands for it.
                 self.versions[planned] = _resource_version(written)
-            return OutcomeStatus.DONE, f"{what}: {summary}" + waiting + _after(conflicts)
+            return OutcomeStatus.DONE, f"{intent}{what}: {summary}" + waiting + _after(conflicts)
 
     def _read_kubevirt(self, ns: str, name: str) -> dict[str, Any] | None:
         return self.api.get_object(
@@ -476,6 +576,53 @@ class _Writer:
             name=name,
             namespace=ns,
         )
+
+
+def _intent_object(node: str) -> dict[str, Any]:
+    """The VGPUNodeState of ``node`` an intent write creates when there is none: labelled and
+    specified as the planner renders it (``plan.nodestate``), its status written next."""
+    group, version = GROUP_VERSIONS[NODE_STATE_KIND]
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": NODE_STATE_KIND,
+        "metadata": {"name": node, "labels": {NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY}},
+        "spec": {"nodeName": node},
+    }
+
+
+def _intent_key(node: str, resource_version: str) -> str:
+    """:attr:`_Writer.versions`' key for the VGPUNodeState of ``node`` at ``resource_version``
+    ("": none yet), apart from the KubeVirt CR's (keyed by its version alone)."""
+    return f"{NODE_STATE_KIND}/{node}@{resource_version}"
+
+
+def intent_status(status: Mapping[str, Any], intent: Intent) -> dict[str, Any]:
+    """``status`` (a VGPUNodeState's, as stored) with ``intent`` published: each of its
+    profiles' ``wanted`` in ``profiles`` set (an entry added, its other counts 0, when there is
+    none), every other field as it is; the profiles sorted by name as the planner renders them
+    (pure)."""
+    out = _plain(status)
+    listed = out.get("profiles")
+    entries = (
+        [dict(e) for e in listed if isinstance(e, Mapping)] if isinstance(listed, list) else []
+    )
+    by_name = {e.get("name"): e for e in entries}
+    for p in intent.profiles:
+        entry = by_name.get(p.name)
+        if entry is None:
+            entry = {
+                "name": p.name,
+                "resourceName": resource_name(p.name),
+                "wanted": 0,
+                "vgpus": 0,
+                "inUse": 0,
+                "creatable": 0,
+            }
+            entries.append(entry)
+            by_name[p.name] = entry
+        entry["wanted"] = p.wanted
+    out["profiles"] = sorted(entries, key=lambda e: str(e.get("name", "")))
+    return out
 
 
 def _deferred(removals: Sequence[str]) -> str:

@@ -4,7 +4,8 @@ The planner never plans an action on a GPU the desired state does not name, on a
 is not an NVIDIA vGPU GPU, on a vGPU in use, on a cluster object that is not vgpuctl's own on
 this node, or on a KubeVirt allow-list entry (mediated or PCI host device) vgpuctl did not
 add (nor marks one retiring: ``model.retiring``; a kubevirt-allow may name an entry that is
-there already only to make sure of it before a create, which adds nothing while it is there).
+there already only to make sure of it before a create, which adds nothing while it is there),
+nor publishes intent anywhere but in this node's own VGPUNodeState, vgpuctl's.
 The objects of a GPU the desired state does not name are written only as the host has
 that GPU (their spec its layout), and deleted only once the GPU or VF is gone from the host.
 The executors do not take that on trust: a plan may come from a file someone edited
@@ -29,6 +30,7 @@ from reconciler.model import (
     CrCreate,
     CrDelete,
     CrUpdate,
+    Intent,
     Inventory,
     KubevirtAllow,
     KubevirtUpdate,
@@ -44,6 +46,7 @@ from reconciler.model.cluster import (
     ClusterState,
     KubeObject,
     KubeVirtConfig,
+    is_type_name,
     object_name,
     resource_name,
 )
@@ -323,6 +326,34 @@ class ClusterMandate:
                     "vgpuctl owns only the entries it added",
                 )
         self._check_pci(action, kv)
+        if isinstance(action, KubevirtAllow) and action.intent is not None:
+            self._check_intent(action, action.intent)
+
+    def _check_intent(self, action: KubevirtAllow, intent: Intent) -> None:
+        """The intent is published in this node's own VGPUNodeState (vgpuctl's, or none yet),
+        for vGPU types, each wanted at least once. (A type the run does not create is
+        harmless there: it only keeps an entry listed until the node's next summary.)"""
+        if intent.node != self.node:
+            raise refused(
+                action,
+                f"it publishes intent in the {NODE_STATE_KIND} of {excerpt(intent.node)}",
+                "a run writes only its own node's VGPUNodeState",
+            )
+        stored = self.node_state
+        if stored is not None and not stored.managed_by_us:
+            who = stored.labels.get(MANAGED_BY_LABEL) or "another controller"
+            raise refused(
+                action,
+                f"{NODE_STATE_KIND} {stored.name} is managed by {excerpt(who)}",
+                "vgpuctl writes only the VGPUNodeState it manages",
+            )
+        for profile in intent.profiles:
+            if not is_type_name(profile.name) or profile.wanted < 1:
+                raise refused(
+                    action,
+                    f"it publishes intent for {excerpt(profile.name)} (wanted {profile.wanted})",
+                    "intent names vGPU types, each wanted on at least one VF",
+                )
 
     def _check_pci(self, action: KubevirtUpdate, kv: KubeVirtConfig) -> None:
         """The pciHostDevices side, by resourceName: only entries vgpuctl writes are added

@@ -98,8 +98,9 @@ def add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> No
         default=dflt(None),
         help="with a cluster, how long a KubeVirt allow-list entry vgpuctl added and no node "
         "has or wants vGPUs of any more stays marked retiring before a run removes it: "
-        "900s, 15m, 1h, 1h30m (env VGPUCTL_ALLOW_LIST_GRACE; default 15m). It must exceed the "
-        "longest run of any node, from its allow-list check to its VGPUNodeState write. 0 "
+        "900s, 15m, 1h, 1h30m (env VGPUCTL_ALLOW_LIST_GRACE; default 15m). Any length above 0 "
+        "is safe (a node publishes the types it is about to create before its allow-list "
+        "check); a longer one avoids removing an entry another node takes up again soon. 0 "
         "removes on the first run that finds no node using the type: UNSAFE with more than "
         "one node (another node's first vGPU of the type may be swept by virt-handler)",
     )

@@ -286,6 +286,13 @@ def _mediated_lines(a: KubevirtUpdate, style: Style) -> list[str]:
     creates, made sure of: added if gone, its retiring mark cleared), marked retiring,
     unmarked, removed (reconciler/model/retiring.py)."""
     out = []
+    if isinstance(a, KubevirtAllow) and a.intent is not None:
+        wanted = ", ".join(f"{safe(p.name)} (wanted {p.wanted})" for p in a.intent.profiles)
+        out.append(
+            style.yellow(
+                f"        ~ VGPUNodeState {safe(a.intent.node)}: intent published first: {wanted}"
+            )
+        )
     ensured = set(a.unmark) if isinstance(a, KubevirtAllow) else set()
     for entry in a.add:
         sure = " (made sure of: added if gone, not retiring)" if entry.selector in ensured else ""

@@ -12,7 +12,9 @@ host again → cluster phase → device plugins → verify.
 - **Allow-list phase**: the plan's ``kubevirt-allow``, the KubeVirt allow-list's additions,
   through the cluster executor and its mandate, before any host action: KubeVirt's
   virt-handler removes every mdev whose type is not allow-listed (docs/domain.md §10), so a
-  type is listed before its first vGPU is created. If it fails, nothing else runs. (Removals
+  type is listed before its first vGPU is created; first of all, the types it creates that
+  the node's VGPUNodeState does not show are published there (its ``intent``). If it fails,
+  nothing else runs. (Removals
   wait for the cluster phase, after the host phase: ``plan/cluster.py``.)
 - **Host phase**: the host actions, through the host executor and its mandate.
 - **The host again**: the cluster actions were rendered from the host as the host actions were

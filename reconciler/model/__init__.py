@@ -62,6 +62,7 @@ from reconciler.model.plan import (
     DelegateAction,
     DevicePluginRefresh,
     HostAction,
+    Intent,
     KubevirtAllow,
     KubevirtUpdate,
     MediatedDevice,
@@ -80,6 +81,7 @@ from reconciler.model.plan import (
     VgpuDeviceEnable,
     VgpuModeSet,
     VgpuRemove,
+    WantedProfile,
 )
 
 __all__ = [
@@ -113,6 +115,7 @@ __all__ = [
     "GpuRef",
     "GroupGpu",
     "HostAction",
+    "Intent",
     "Interface",
     "Inventory",
     "KubevirtAllow",
@@ -151,6 +154,7 @@ __all__ = [
     "VgpuMode",
     "VgpuModeSet",
     "VgpuRemove",
+    "WantedProfile",
     "type_shown_by_id",
     "unresolved_type_id",
 ]

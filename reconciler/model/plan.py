@@ -286,6 +286,32 @@ class KubevirtUpdate(_Step):
     unmark: tuple[str, ...] = ()
 
 
+@record(frozen=True, slots=True)
+class WantedProfile:
+    """A profile a run publishes its intent for: ``wanted`` VFs the desired state gives it."""
+
+    name: str
+    wanted: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "wanted": self.wanted}
+
+
+@record(frozen=True, slots=True)
+class Intent:
+    """What a run publishes in its own VGPUNodeState (named ``node``) before the allow-list
+    check: the mdev types it will create vGPUs of that the stored status does not show
+    configured, each with its ``wanted`` count (``status.profiles``; every other field kept as
+    stored). Another node's run that reads the summaries after this write keeps the types
+    listed (docs/architecture.md, "The KubeVirt allow-list")."""
+
+    node: str
+    profiles: tuple[WantedProfile, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "profiles": [p.to_json() for p in self.profiles]}
+
+
 @record(frozen=True, slots=True, kw_only=True)
 class KubevirtAllow(KubevirtUpdate):
     """A :class:`KubevirtUpdate` that only adds and unmarks (``remove``, ``remove_pci`` and
@@ -295,9 +321,13 @@ class KubevirtAllow(KubevirtUpdate):
     in ``add`` and ``unmark`` even when listed and unmarked at plan time: at apply the step
     re-reads the CR, adds it if it went missing and clears a retiring mark another node wrote
     meanwhile, a write that makes that node's removal patch (which tests the mark) fail.
-    Removals and marks wait for the cluster phase's ``kubevirt-update``."""
+    Removals and marks wait for the cluster phase's ``kubevirt-update``.
+
+    ``intent`` (None: none to publish): written in the node's VGPUNodeState before the CR is
+    read; if that write fails, so does the step, and no host action runs."""
 
     kind: ClassVar[ActionKind] = ActionKind.KUBEVIRT_ALLOW
+    intent: Intent | None = None
 
 
 @record(frozen=True, slots=True, kw_only=True)

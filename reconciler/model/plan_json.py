@@ -38,6 +38,7 @@ from reconciler.model.plan import (
     Drift,
     FieldChange,
     HostAction,
+    Intent,
     KubevirtAllow,
     KubevirtUpdate,
     MediatedDevice,
@@ -54,6 +55,7 @@ from reconciler.model.plan import (
     VgpuDeviceEnable,
     VgpuModeSet,
     VgpuRemove,
+    WantedProfile,
 )
 
 #: The interfaces a plan may name.
@@ -158,6 +160,8 @@ def _encode(action: Action, *, with_seq: bool) -> dict[str, Any]:
                 out["retire"] = list(action.retire)
             if action.unmark:
                 out["unmark"] = list(action.unmark)
+            if isinstance(action, KubevirtAllow) and action.intent is not None:
+                out["intent"] = action.intent.to_json()
         case SriovGpuDeviceEnable() | SriovGpuDeviceDisable():
             out["node"] = action.node
             out["gpu"] = str(action.gpu)
@@ -371,6 +375,28 @@ class _Read:
             )
         return tuple(out)
 
+    def intent(self) -> Intent | None:
+        """``intent`` ({node, profiles: [{name, wanted}]}, at least one profile); absent is
+        None."""
+        if "intent" not in self.doc:
+            return None
+        where = f"{self.where}.intent"
+        doc = _mapping(self.doc["intent"], where)
+        _keys(doc, where, required=("node", "profiles"))
+        profiles = []
+        for i, raw in enumerate(_list(doc, "profiles", where)):
+            at = f"{where}.profiles[{i}]"
+            entry = _mapping(raw, at)
+            _keys(entry, at, required=("name", "wanted"))
+            profiles.append(
+                WantedProfile(
+                    name=_str(entry, "name", at), wanted=_int(entry, "wanted", at, minimum=1)
+                )
+            )
+        if not profiles:
+            raise PlanFormatError(f"{where}.profiles: expected at least one profile")
+        return Intent(node=_str(doc, "node", where), profiles=tuple(profiles))
+
     def pci_host_devices(self) -> tuple[PciHostDevice, ...]:
         """``addPci``; absent (a plan with no PCI side) is empty."""
         out = []
@@ -514,6 +540,7 @@ def _kubevirt_allow(r: _Read, seq: int, target: str, reason: str) -> Action:
         add_pci=r.pci_host_devices(),
         owned_pci=r.strings("ownedPci", optional=True),
         unmark=r.strings("unmark", optional=True),
+        intent=r.intent(),
     )
 
 
@@ -616,7 +643,7 @@ _HARVESTER_VF_FIELDS = ("node", "gpu", "vf", "vfIndex", "resourceVersion", "type
 _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] = {
     ActionKind.KUBEVIRT_ALLOW: (
         ("namespace", "name", "resourceVersion", "add", "owned"),
-        ("addPci", "ownedPci", "unmark"),
+        ("addPci", "ownedPci", "unmark", "intent"),
         _kubevirt_allow,
     ),
     ActionKind.VGPU_REMOVE: (_VGPU_FIELDS, ("replacedBy",), _vgpu_remove),

@@ -3,13 +3,15 @@
 KubeVirt's virt-handler removes, on every node, every mdev whose type its CR does not
 allow-list, in use or not (docs/domain.md §10). A node learns that another node has (or is
 about to have) vGPUs of a type only from that node's VGPUNodeState, which the other node
-writes after its host phase: a node that removed an entry as soon as no summary showed the
-type could race another node's first create of it. So an entry vgpuctl owns and no node keeps
+writes after its host phase (and, for a type it is about to create first, its intent before
+its allow-list check): a node that removed an entry as soon as no summary showed the type
+could race another node's first create of it. So an entry vgpuctl owns and no node keeps
 is first *marked* retiring (an annotation on the KubeVirt CR: selector → the RFC 3339 time the
 mark was written, stamped by the cluster executor), and removed by a later run only when it is
 still kept by no node and the mark is older than the grace period, judged against the time the
 run read the other nodes' summaries (``ClusterState.observed_at``); a run that creates vGPUs of
-a type clears its mark before its host phase (docs/architecture.md, "The KubeVirt allow-list").
+a type its own summary does not show publishes that intent in it, then clears the type's mark,
+before its host phase (docs/architecture.md, "The KubeVirt allow-list").
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from reconciler.model.clustertext import ClusterTextError, parse_json
 #: Annotation on the KubeVirt CR: a JSON object, mdevNameSelector → RFC 3339 time its mark was
 #: written (the prefix of :data:`reconciler.model.cluster.KUBEVIRT_OWNED_ANNOTATION`).
 KUBEVIRT_RETIRING_ANNOTATION = "vgpu.reconciler.dev/retiring"
-#: The grace period's default, in seconds: longer than any run, from its allow-list check to
-#: its VGPUNodeState write.
+#: The grace period's default, in seconds. Any grace above 0 is safe (a run publishes the types
+#: it is about to create in its VGPUNodeState before its allow-list check); the length only
+#: keeps an entry a node drops from churning when another takes the type up soon after.
 DEFAULT_ALLOW_LIST_GRACE = 15 * 60.0
 _FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 

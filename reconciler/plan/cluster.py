@@ -25,6 +25,11 @@ heartbeat, each mdev whose type is not allow-listed, in use or not (docs/domain.
   that another node's VGPUNodeState shows (a vGPU it has, or a profile it wants);
 - every mdev type the host phase **creates** vGPUs of is named by that ``kubevirt-allow`` even
   when listed at plan time: at apply it is added again if gone and its retiring mark cleared;
+- those of them the node's stored VGPUNodeState does not show configured are its **intent**
+  (:func:`intent_for`), which the ``kubevirt-allow`` publishes in that VGPUNodeState (their
+  ``wanted`` counts) before it reads the CR: another node reading the summaries after that
+  keeps them listed, and one that read them before had read the CR before too, so the check
+  finds its mark (docs/architecture.md, "The KubeVirt allow-list");
 - an entry is **retired after** the host phase, by the cluster phase's ``kubevirt-update``, and
   only when no node has a vGPU of it any more: not this host as the host phase leaves it, not
   another node per its VGPUNodeState (what it has or wants), and no desired state of this node
@@ -55,6 +60,7 @@ from reconciler.model import (
     CrDelete,
     CrUpdate,
     DesiredGpu,
+    Intent,
     Interface,
     Inventory,
     KubevirtAllow,
@@ -63,6 +69,7 @@ from reconciler.model import (
     Noop,
     PciAddress,
     PciHostDevice,
+    WantedProfile,
     unresolved_type_id,
 )
 from reconciler.model.cluster import (
@@ -83,6 +90,7 @@ from reconciler.model.cluster import (
 )
 from reconciler.model.clustertext import ClusterTextError, parse_json
 from reconciler.model.errors import excerpt
+from reconciler.model.nodestate import configured_profiles
 from reconciler.model.plan import Drift, FieldChange
 from reconciler.model.record import field, record
 from reconciler.model.retiring import DEFAULT_ALLOW_LIST_GRACE, expired, seconds
@@ -134,6 +142,7 @@ def plan_cluster(
     observed: Inventory | None = None,
     grace: float = DEFAULT_ALLOW_LIST_GRACE,
     created: frozenset[str] = frozenset(),
+    wanted_counts: Mapping[str, int] | None = None,
 ) -> ClusterPlan:
     """Steps that take ``cluster`` to ``rendered`` (the node's CRs as they should be, from the
     predicted ``inventory``; those already stored so, :class:`AsStored`, are up to date), and
@@ -146,7 +155,9 @@ def plan_cluster(
     its GPUs it holds as the host has them (their spec follows the host, and an update says
     so). ``created``: the mdev types the host phase creates vGPUs of (each made sure of by the
     kubevirt-allow); ``grace``: how old a retiring mark must be, at ``cluster.observed_at``,
-    for its entry to be removed."""
+    for its entry to be removed; ``wanted_counts``: VFs the desired state gives each profile (the
+    summary's ``wanted``), the counts of the intent the kubevirt-allow publishes first for
+    the ``created`` types the stored VGPUNodeState does not show (:func:`intent_for`)."""
     plan = ClusterPlan()
     # Read through Harvester's view when compared (an AsStored object needs no comparing).
     stored = {**cluster.sriov_gpu_devices, **cluster.vgpu_devices}
@@ -208,7 +219,11 @@ def plan_cluster(
         plan.notes.extend(_served_by_kubevirt_notes(cluster.kubevirt, needed))
         retiring = Retiring(grace=grace, observed_at=cluster.observed_at, created=created)
         before, after, waiting = _kubevirt_steps(
-            cluster.kubevirt, needed=needed, keep=keep, retiring=retiring
+            cluster.kubevirt,
+            needed=needed,
+            keep=keep,
+            retiring=retiring,
+            intent=intent_for(cluster.node, cluster.node_state, created, wanted_counts or {}),
         )
         plan.notes.extend(waiting)
         if before is None and after is None:
@@ -225,6 +240,23 @@ def plan_cluster(
             plan.actions.append(after)
     plan.actions.sort(key=lambda s: s.kind.order)  # stable: the order above within a kind
     return plan
+
+
+def intent_for(
+    node: str, stored: KubeObject | None, created: frozenset[str], wanted: Mapping[str, int]
+) -> Intent | None:
+    """The intent a run that creates vGPUs of the mdev types ``created`` publishes in its
+    VGPUNodeState (``stored``, as observed) before its allow-list check: each type the stored
+    status does not show configured (``wanted`` or ``vgpus`` above 0), with its ``wanted``
+    count (at least 1). None when there is none, or when the stored object is another
+    controller's (vgpuctl writes no summary there, and no node reads one from it)."""
+    if stored is not None and not stored.managed_by_us:
+        return None
+    shown = configured_profiles(stored.status) if stored is not None else frozenset()
+    names = sorted(created - shown)
+    if not names:
+        return None
+    return Intent(node, tuple(WantedProfile(n, max(wanted.get(n, 0), 1)) for n in names))
 
 
 def plan_node_state(intended: KubeObject, current: KubeObject | None) -> CrCreate | CrUpdate | Noop:
@@ -599,6 +631,7 @@ def _kubevirt_steps(
     needed: frozenset[ConfiguredProfile],
     keep: frozenset[ConfiguredProfile],
     retiring: Retiring,
+    intent: Intent | None = None,
 ) -> tuple[KubevirtAllow | None, KubevirtUpdate | None, list[str]]:
     """The allow-list's additions before the host phase (every ``needed`` profile missing:
     mediatedDevices entries for those on mdev GPUs, pciHostDevices entries for those on vfio
@@ -607,7 +640,8 @@ def _kubevirt_steps(
     subset of ``needed``: marked, or removed once marked long enough; the pci ones removed),
     each None when there is none, and a note per entry still waiting out its grace. Owned
     entries someone removed are forgotten by whichever step writes; by the second when
-    neither adds. Marks of entries kept again or gone are cleared by the second."""
+    neither adds. Marks of entries kept again or gone are cleared by the second. ``intent``
+    (of types among those created, so only with a first step) is published by the first."""
     present = {str(e.get("mdevNameSelector", "")) for e in kubevirt.mediated_devices}
     mine = kubevirt.owned & present
     need_m = frozenset(p.name for p in needed if not p.vfio)
@@ -654,6 +688,7 @@ def _kubevirt_steps(
             add_pci=add_pci,
             owned_pci=tuple(sorted(mine_pci | set(added_pci))),
             unmark=tuple(sorted(ensured)),
+            intent=intent,
         )
     notes = [
         f"KubeVirt allow-list: {s} retiring since {marks[s]} (no node has or wants vGPUs of "

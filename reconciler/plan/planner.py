@@ -153,6 +153,7 @@ def plan_node(
             observed=inventory,
             grace=allow_list_grace,
             created=_mdev_created(actions, predicted),
+            wanted_counts=_wanted(host.assignments),
         )
         node_state = plan_node_state(
             render_node_state(
@@ -207,6 +208,15 @@ def plan_node(
         notes=tuple(notes),
         drift=tuple(drift),
     )
+
+
+def _wanted(assignments: Mapping[PciAddress, Mapping[int, str]]) -> dict[str, int]:
+    """Profile → VFs the desired state gives it (the node summary's ``wanted``)."""
+    out: dict[str, int] = {}
+    for profiles in assignments.values():
+        for name in profiles.values():
+            out[name] = out.get(name, 0) + 1
+    return out
 
 
 def _mdev_created(actions: Sequence[Action], predicted: Inventory) -> frozenset[str]:

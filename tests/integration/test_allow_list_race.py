@@ -211,3 +211,115 @@ def test_a_saved_plan_made_while_the_type_was_listed_lists_it_again_before_its_c
     assert X in _selectors(emu)
     assert _vgpus(b) == {VF4: Y, VF5: X}
     assert dict(sweep(b.dir, _kubevirt(emu), wait=False).removed) == {}
+
+
+def test_a_node_killed_after_its_first_create_of_a_type_keeps_it_listed_by_its_intent(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """B's allow check runs before A's mark, and B is killed right after its first create of
+    X, before its VGPUNodeState write; B is not run again. A, dropping X, plans and applies,
+    then runs again with its clock past the grace period. On the old code B's summary never
+    showed X: A marked X, then removed it, and the heartbeat on B took B's new vGPU. Now B
+    published its intent (X wanted) before its allow check: A keeps X listed, nothing is
+    lost."""
+    a = cluster_node(tmp_path, emu)
+    b = cluster_node(tmp_path, emu, name=OTHER)
+    a.ok("apply", _desired(tmp_path, NODE, {VF4: X}, "a-with-x"), "--yes")
+    b.ok("apply", _desired(tmp_path, OTHER, {VF4: Y}, "b-without-x"), "--yes")
+    assert X in _selectors(emu)
+
+    # B: its allow check (X listed, unmarked), its create of X on .5, killed there.
+    b.ok("sim", "fail", b.dir, "--crash-after", "1")
+    killed = b.run("apply", _desired(tmp_path, OTHER, {VF4: Y, VF5: X}, "b-with-x"), "--yes")
+    assert killed.returncode < 0, killed.stdout + killed.stderr  # SIGKILLed
+    assert _vgpus(b) == {VF4: Y, VF5: X}
+
+    # A drops X (removes its own vGPU, retires what no node keeps), then runs again past the
+    # grace period.
+    host, ports, wanted = _in_process(a, _desired(tmp_path, NODE, {VF4: Y}, "a-without-x"))
+    for ahead in (0, 16 * 60):
+        result = reconcile(
+            replace(ports, observe_cluster=_later(host, a, ahead)),
+            wanted,
+            settings=RunSettings(verify_timeout=5.0),
+        )
+        assert result.ok, result
+    assert _vgpus(a) == {VF4: Y}
+
+    # virt-handler's heartbeat on B takes nothing: X is still listed.
+    swept = sweep(b.dir, _kubevirt(emu), wait=False)
+    assert dict(swept.removed) == {}, f"the sweep took B's vGPUs: {dict(swept.removed)}"
+    assert _vgpus(b) == {VF4: Y, VF5: X}
+    assert X in _selectors(emu)
+
+
+def test_the_run_after_one_that_published_intent_plans_nothing(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """A run creating its first vGPU of X publishes its intent (every plan carries it: on the
+    node, from the cluster alone, saved), then writes its summary as the planner renders it:
+    the next plan is "No changes" (the intent leaves nothing behind that
+    the planner would write again), and B's summary shows X as a vGPU it has."""
+    b = cluster_node(tmp_path, emu, name=OTHER)
+    b.ok("apply", _desired(tmp_path, OTHER, {VF4: Y}, "b-without-x"), "--yes")
+    b_with_x = _desired(tmp_path, OTHER, {VF4: Y, VF5: X}, "b-with-x")
+    intent = {"node": OTHER, "profiles": [{"name": X, "wanted": 1}]}
+    # Planned on the node and from the cluster alone (fleet planning), and saved.
+    for observed in ((), ("--observed", "cluster")):
+        plan = json.loads(b.ok("plan", b_with_x, *observed, "-o", "json").stdout)
+        if "plans" in plan:
+            (plan,) = [p for p in plan["plans"] if p["node"] == OTHER]
+        first = plan["actions"][0]
+        assert first["kind"] == "kubevirt-allow", observed
+        assert first["intent"] == intent, observed
+    text = b.ok("plan", b_with_x).stdout
+    assert f"VGPUNodeState {OTHER}: intent published first: {X} (wanted 1)" in text
+    saved = tmp_path / "b-plan.json"
+    b.ok("plan", b_with_x, "--out", saved)
+    assert json.loads(saved.read_text())["actions"][0]["intent"] == intent
+
+    applied = b.ok("apply", saved, "--yes")
+    assert "Converged" in applied.stdout
+    assert f"vgpunodestates/{OTHER}: intent to create {X} (wanted 1) published" in (
+        applied.stdout + applied.stderr
+    )
+    assert "No changes" in b.ok("plan", b_with_x).stdout
+    state = emu.get_object("vgpu.reconciler.dev", "v1alpha1", "vgpunodestates", OTHER)
+    assert state is not None
+    profiles = {p["name"]: p for p in state["status"]["profiles"]}
+    assert (profiles[X]["wanted"], profiles[X]["vgpus"]) == (1, 1)
+    # A type the stored summary shows already: no intent.
+    again = json.loads(b.ok("plan", b_with_x, "-o", "json").stdout)
+    assert not [a for a in again["actions"] if a.get("intent")]
+
+
+def test_an_intent_the_api_server_refuses_stops_the_run_before_the_allow_list_and_the_host(
+    tmp_path: Path, emu: ApiServerEmulator
+) -> None:
+    """B's VGPUNodeState cannot be written (a webhook refuses it): the kubevirt-allow fails
+    at its intent, before the KubeVirt CR is written, and no host action runs: no vGPU of X
+    exists that no summary would show."""
+    from tests.doubles.admission import Attributes
+    from tests.doubles.emulator import WebhookDenial
+
+    b = cluster_node(tmp_path, emu, name=OTHER)
+    b.ok("apply", _desired(tmp_path, OTHER, {VF4: Y}, "b-without-x"), "--yes")
+    kubevirt_before = _kubevirt(emu)
+
+    def deny(a: Attributes) -> WebhookDenial | None:
+        return WebhookDenial("not now", code=403, reason="Forbidden")
+
+    rule = {
+        "operations": ["CREATE", "UPDATE"],
+        "apiGroups": ["vgpu.reconciler.dev"],
+        "apiVersions": ["v1alpha1"],
+        "resources": ["vgpunodestates", "vgpunodestates/status"],
+        "scope": "Cluster",
+    }
+    emu.register_webhook("deny.test", deny, rules=[rule])
+    res = b.run("apply", _desired(tmp_path, OTHER, {VF4: Y, VF5: X}, "b-with-x"), "--yes")
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "not now" in res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert _vgpus(b) == {VF4: Y}
+    assert _kubevirt(emu) == kubevirt_before

@@ -104,9 +104,11 @@ def test_apply_planfile_makes_exactly_the_writes_of_the_saved_plans_cluster_acti
     before = len(emu.requests)
     applied = node.ok("apply", planfile, "--yes")
     assert "Converged" in applied.stdout
-    # kubevirt-allow: one PATCH, before the host actions; cr-update with spec and status
+    # kubevirt-allow: the intent to create A2-4C published in the node's VGPUNodeState (PUT
+    # /status), then one PATCH, before the host actions; cr-update with spec and status
     # changed: PUT, PUT /status; the node state's status alone: PUT /status.
     assert writes(emu, before) == [
+        ("update", "vgpunodestates", NODE, "status"),
         ("patch", "kubevirts", "kubevirt", None),
         ("update", "vgpudevices", "harvester-kgd9c-000008004", None),
         ("update", "vgpudevices", "harvester-kgd9c-000008004", "status"),
@@ -163,9 +165,13 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
     # Each cr-create: POST (to the collection: no name), then PUT /status when its status has
     # a field: the four VFs with a vGPU (.4 to .7) do; the twelve others have none and nothing
     # creatable (four 4 GB vGPUs are the A2's maximum), so an empty status (Harvester's
-    # omitempty). The kubevirt-allow first: one PATCH; last the node state's status again.
+    # omitempty). The kubevirt-allow first: the node's VGPUNodeState created with the intent
+    # (POST, PUT /status), then one PATCH; the node state's cr-create, over the intent's
+    # object, writes its status (PUT /status); last the node state's status again.
     with_vgpu = set(vfs[:4])
     assert writes(emu, before) == [
+        ("create", "vgpunodestates", "", None),
+        ("update", "vgpunodestates", NODE, "status"),
         ("patch", "kubevirts", "kubevirt", None),
         ("create", "sriovgpudevices", "", None),
         ("update", "sriovgpudevices", pf, "status"),
@@ -177,13 +183,20 @@ def test_a_first_apply_writes_the_statuses_shown_then_what_only_the_driver_could
                 *([("update", "vgpudevices", name, "status")] if name in with_vgpu else []),
             )
         ),
-        ("create", "vgpunodestates", "", None),
         ("update", "vgpunodestates", NODE, "status"),
         ("update", "vgpunodestates", NODE, "status"),
     ]
-    # The status first written is the one the plan showed, blank type ids and all (and the
-    # times the write stamped).
-    (first,) = at_refresh
+    # The intent: the profiles the run creates, wanted, and nothing else. The status the
+    # cluster phase wrote is the one the plan showed, blank type ids and all (and the times
+    # the write stamped).
+    intent, first = at_refresh
+    assert intent == {
+        "profiles": [
+            {"name": p, "resourceName": "nvidia.com/" + p.replace(" ", "_"), "wanted": 2,
+             "vgpus": 0, "inUse": 0, "creatable": 0}
+            for p in ("NVIDIA A2-4A", "NVIDIA A2-4Q")
+        ]
+    }  # fmt: skip
     assert first["gpus"] == shown_status["gpus"]
     final = emu.get_object(*NODE_STATES, NODE)
     assert final is not None
@@ -260,9 +273,17 @@ def test_the_engine_stops_before_any_cluster_write_when_the_host_is_not_as_predi
     assert "No cluster object was written" in result.mismatch.message
     assert not result.ok
     assert result.cluster is None and result.verification is None
-    # Only the allow-list's addition, made before the host actions (A2-4C's entry).
+    # Only the intent to create A2-4C and the allow-list's addition, made before the host
+    # actions; the intent stays published (other nodes keep A2-4C listed) until a run writes
+    # the node's summary.
     assert result.allow_list is not None and result.allow_list.ok
-    assert writes(emu, before) == [("patch", "kubevirts", "kubevirt", None)]
+    assert writes(emu, before) == [
+        ("update", "vgpunodestates", NODE, "status"),
+        ("patch", "kubevirts", "kubevirt", None),
+    ]
+    published = emu.get_object(*NODE_STATES, NODE)
+    assert published is not None
+    assert {p["name"]: p["wanted"] for p in published["status"]["profiles"]}["NVIDIA A2-4C"] == 1
     assert event_writes(emu, before) == []
     # The plugins learn the host as it is: U4 removed on purpose (and created again), U5 gone.
     assert len(told) == 1
@@ -317,6 +338,11 @@ def test_apply_says_it_stopped_and_exits_1(tmp_path: Path, emu: ApiServerEmulato
         f"{stranger}, the plan predicted no vGPU. No cluster object was written"
     ) in res.stderr
     assert "Traceback" not in res.stderr
-    # Only the allow-list's additions, made before the host actions.
-    assert writes(emu, before) == [("patch", "kubevirts", "kubevirt", None)]
+    # Only the intent (the node's VGPUNodeState created with it) and the allow-list's
+    # additions, made before the host actions.
+    assert writes(emu, before) == [
+        ("create", "vgpunodestates", "", None),
+        ("update", "vgpunodestates", NODE, "status"),
+        ("patch", "kubevirts", "kubevirt", None),
+    ]
     assert event_writes(emu, before) == []

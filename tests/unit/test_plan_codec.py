@@ -28,6 +28,7 @@ from reconciler.model import (
     CrDelete,
     CrUpdate,
     DevicePluginRefresh,
+    Intent,
     KubevirtAllow,
     KubevirtUpdate,
     MediatedDevice,
@@ -47,6 +48,7 @@ from reconciler.model import (
     VgpuMode,
     VgpuModeSet,
     VgpuRemove,
+    WantedProfile,
 )
 from reconciler.model.cluster import KubeObject, object_name
 from reconciler.model.plan import Drift, FieldChange
@@ -108,6 +110,7 @@ FULL = {
         add=(MediatedDevice("NVIDIA A2-4Q", "nvidia.com/NVIDIA_A2-4Q"),), owned=("NVIDIA A2-4Q",),
         add_pci=(PciHostDevice("10DE:26B9", "nvidia.com/NVIDIA_L40S-8Q"),),
         owned_pci=("nvidia.com/NVIDIA_L40S-8Q",), unmark=("NVIDIA A2-4Q",),
+        intent=Intent("node-1", (WantedProfile("NVIDIA A2-4Q", 2),)),
     ),
     ActionKind.KUBEVIRT_UPDATE: KubevirtUpdate(
         seq=1, target="kubevirt/harvester-system/kubevirt", reason="r",
@@ -151,7 +154,7 @@ OPTIONAL: dict[ActionKind, dict[str, Any]] = {
         "retire": (),
         "unmark": (),
     },
-    ActionKind.KUBEVIRT_ALLOW: {"add_pci": (), "owned_pci": (), "unmark": ()},
+    ActionKind.KUBEVIRT_ALLOW: {"add_pci": (), "owned_pci": (), "unmark": (), "intent": None},
     ActionKind.VGPUDEVICE_DISABLE: {"replaced_by": None, "pending": False},
     ActionKind.VGPUDEVICE_ENABLE: {"replaces": None, "pending": False},
 }
@@ -427,6 +430,18 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
                 add_pci=tuple(PciHostDevice("10DE:" + d, r) for d, r in pci),
                 owned_pci=tuple(draw(st.lists(resources, max_size=2, unique=True))),
                 unmark=tuple(draw(st.lists(_names, max_size=2, unique=True))),
+                intent=draw(
+                    st.none()
+                    | st.builds(
+                        Intent,
+                        _names,
+                        st.lists(
+                            st.builds(WantedProfile, _names, st.integers(1, 64)),
+                            min_size=1,
+                            max_size=2,
+                        ).map(tuple),
+                    )
+                ),
             )
         case ActionKind.KUBEVIRT_UPDATE:
             added = draw(st.lists(_names, max_size=3, unique=True))
