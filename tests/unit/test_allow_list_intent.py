@@ -31,8 +31,8 @@ from reconciler.model.cluster import (
 )
 from reconciler.plan import plan_node
 from reconciler.plan.cluster import intent_for
+from tests.cluster_a2 import CATALOG, NODE, a2_desired, kubevirt_config, mdev_a2
 from tests.doubles.cluster import FakeCluster
-from tests.unit.test_plan_cluster import CATALOG, NODE, _a2, _desired, _kubevirt
 
 X, Y = "NVIDIA A2-4C", "NVIDIA A2-4Q"
 STATES = "vgpunodestates"
@@ -116,9 +116,11 @@ def test_intent_only_for_created_types_the_stored_summary_does_not_show_configur
 def test_the_plan_publishes_intent_in_its_kubevirt_allow_and_not_once_the_summary_shows_it() -> (
     None
 ):
-    inventory = Inventory(NODE, (_a2({}),))
-    desired = _desired({0: X, 1: X, 2: Y})
-    cluster = ClusterState(NODE, kubevirt=_kubevirt([], []), observed_at="2026-12-07T19:00:00Z")
+    inventory = Inventory(NODE, (mdev_a2({}),))
+    desired = a2_desired({0: X, 1: X, 2: Y})
+    cluster = ClusterState(
+        NODE, kubevirt=kubevirt_config([], []), observed_at="2026-12-07T19:00:00Z"
+    )
     plan = plan_node(desired, inventory, catalog=CATALOG, cluster=cluster)
     allow = plan.actions[0]
     assert isinstance(allow, KubevirtAllow)

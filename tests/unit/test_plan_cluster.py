@@ -12,7 +12,6 @@ from typing import Any
 import jsonschema
 import pytest
 
-from reconciler.catalog import default_catalog
 from reconciler.model import (
     VGPU,
     ActionKind,
@@ -48,62 +47,12 @@ from reconciler.plan.cluster import KUBEVIRT_MISSING
 from reconciler.plan.compare import effect
 from reconciler.plan.planner import NO_CLUSTER
 from reconciler.plan.render import render_objects
+from tests.cluster_a2 import CATALOG, NODE, a2_desired, allow_entry, kubevirt_config, mdev_a2
 
-CATALOG = default_catalog()
-NODE = "n1"
-A2 = PciAddress.parse("0000:08:00.0")
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "schemas" / "plan.schema.json").read_text("utf-8")
 )
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
-
-
-def _a2(vgpus: Mapping[int, str], *, held: Mapping[int, str] | None = None) -> Gpu:
-    """An A2 with SR-IOV on, ``vgpus`` by VF index (``held``: index → host holder)."""
-    held = held or {}
-    model = CATALOG.model("A2")
-    assert model is not None
-    types = tuple(
-        VGPUType(p.name, f"nvidia-{742 + i}", p.framebuffer_mib, p.max_instances)
-        for i, p in enumerate(model.time_sliced_profiles)
-    )
-    base = Gpu(
-        A2,
-        "10de",
-        "25b6",
-        model="NVIDIA A2",
-        total_vfs=16,
-        num_vfs=16,
-        vf_offset=4,
-        driver="nvidia",
-    )
-    vfs = tuple(
-        Vf(
-            base.predicted_vf_address(i),
-            i,
-            VGPU(f"uuid-{i}", vgpus[i], i in held, held.get(i, "")) if i in vgpus else None,
-        )
-        for i in range(16)
-    )
-    return replace(base, interface=Interface.MDEV, vfs=vfs, types=types)
-
-
-def _desired(vgpus: Mapping[int, str]) -> DesiredNode:
-    keyed: dict[VfKey, str] = dict(vgpus.items())
-    return DesiredNode(NODE, (DesiredGpu(A2, True, vgpus=keyed),))
-
-
-def _entry(profile: str) -> dict[str, Any]:
-    return {
-        "mdevNameSelector": profile,
-        "resourceName": "nvidia.com/" + profile.replace(" ", "_"),
-        "externalResourceProvider": True,
-    }
-
-
-def _kubevirt(selectors: list[str], owned: list[str]) -> KubeVirtConfig:
-    entries = tuple(_entry(s) for s in selectors)
-    return KubeVirtConfig("kubevirt", "kubevirt", "5", entries, frozenset(owned))
 
 
 def _synced(desired: DesiredNode, inventory: Inventory, **kwargs: Any) -> ClusterState:
@@ -142,18 +91,18 @@ SEED = {0: "NVIDIA A2-4A", 1: "NVIDIA A2-4Q"}
 
 
 def test_without_a_cluster_the_host_plan_says_cluster_actions_were_skipped() -> None:
-    inventory = Inventory(NODE, (_a2(SEED),))
-    plan = plan_node(_desired({**SEED, 2: "NVIDIA A2-4Q"}), inventory, catalog=CATALOG)
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
+    plan = plan_node(a2_desired({**SEED, 2: "NVIDIA A2-4Q"}), inventory, catalog=CATALOG)
     assert plan.notes == (NO_CLUSTER,) == ("cluster actions skipped: no cluster configured",)
     assert [a.kind for a in plan.actions] == [
         ActionKind.VGPU_CREATE,
         ActionKind.DEVICE_PLUGIN_REFRESH,
     ]
     with_cluster = plan_node(
-        _desired({**SEED, 2: "NVIDIA A2-4Q"}),
+        a2_desired({**SEED, 2: "NVIDIA A2-4Q"}),
         inventory,
         catalog=CATALOG,
-        cluster=_synced(_desired(SEED), inventory),
+        cluster=_synced(a2_desired(SEED), inventory),
     )
     assert with_cluster.actions[:1] == plan.actions[:1]
     assert with_cluster.actions[-1].kind is ActionKind.DEVICE_PLUGIN_REFRESH
@@ -163,23 +112,23 @@ def test_without_a_cluster_the_host_plan_says_cluster_actions_were_skipped() -> 
 def test_cluster_state_of_another_node_is_refused() -> None:
     with pytest.raises(PlanError, match="cluster state is for node other"):
         plan_node(
-            _desired(SEED),
-            Inventory(NODE, (_a2(SEED),)),
+            a2_desired(SEED),
+            Inventory(NODE, (mdev_a2(SEED),)),
             catalog=CATALOG,
             cluster=ClusterState("other"),
         )
 
 
 def test_a_kubelet_allocation_blocks_removal_naming_the_vm_and_wins_over_the_hosts_word() -> None:
-    inventory = Inventory(NODE, (_a2(SEED, held={1: "process 4242 (qemu)"}),))
+    inventory = Inventory(NODE, (mdev_a2(SEED, held={1: "process 4242 (qemu)"}),))
     cluster = _synced(
-        _desired(SEED),
+        a2_desired(SEED),
         inventory,
         device_uses={
             "uuid-1": DeviceUse("uuid-1", "nvidia.com/NVIDIA_A2-4Q", "VM vdi/win11 (pod p)")
         },
     )
-    plan = plan_node(_desired({0: "NVIDIA A2-4A"}), inventory, catalog=CATALOG, cluster=cluster)
+    plan = plan_node(a2_desired({0: "NVIDIA A2-4A"}), inventory, catalog=CATALOG, cluster=cluster)
     (blocked,) = plan.blocked
     assert blocked.kind is ActionKind.VGPU_REMOVE
     assert "in use by VM vdi/win11 (pod p)" in blocked.reason
@@ -188,7 +137,9 @@ def test_a_kubelet_allocation_blocks_removal_naming_the_vm_and_wins_over_the_hos
 
 
 def test_a_running_vmi_with_unknown_allocation_holds_every_vgpu_of_its_profile() -> None:
-    inventory = Inventory(NODE, (_a2({0: "NVIDIA A2-4Q", 1: "NVIDIA A2-4Q", 2: "NVIDIA A2-4A"}),))
+    inventory = Inventory(
+        NODE, (mdev_a2({0: "NVIDIA A2-4Q", 1: "NVIDIA A2-4Q", 2: "NVIDIA A2-4A"}),)
+    )
     cluster = ClusterState(
         NODE,
         vmi_resources={
@@ -196,7 +147,7 @@ def test_a_running_vmi_with_unknown_allocation_holds_every_vgpu_of_its_profile()
             "vdi/a": ("nvidia.com/NVIDIA_A2-4Q", "nvidia.com/other"),
         },
     )
-    plan = plan_node(_desired({}), inventory, catalog=CATALOG, cluster=cluster)
+    plan = plan_node(a2_desired({}), inventory, catalog=CATALOG, cluster=cluster)
     removable = {a.target for a in plan.actions if a.kind is ActionKind.VGPU_REMOVE}
     assert removable == {"0000:08:00.6"}  # the A2-4A: no VMI asks for that profile
     reasons = [b.reason for b in plan.blocked if b.kind is ActionKind.VGPU_REMOVE]
@@ -246,13 +197,13 @@ def _kubevirt_update(plan: Plan) -> Mapping[str, Any]:
 
 
 def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones() -> None:
-    inventory = Inventory(NODE, (_a2(SEED),))
-    kubevirt = _kubevirt(
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
+    kubevirt = kubevirt_config(
         ["NVIDIA A2-4A", "NVIDIA A2-8Q", "NVIDIA A2-2B", "NVIDIA L4-6Q"],
         ["NVIDIA A2-4A", "NVIDIA A2-2B", "NVIDIA L4-6Q", "NVIDIA A2-1B"],
     )
     cluster = _synced(
-        _desired(SEED),
+        a2_desired(SEED),
         inventory,
         kubevirt=kubevirt,
         profiles_elsewhere=frozenset(
@@ -260,9 +211,9 @@ def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones
         ),
     )
     fields = _kubevirt_update(
-        plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
+        plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
     )
-    assert fields["add"] == [_entry("NVIDIA A2-4Q")]
+    assert fields["add"] == [allow_entry("NVIDIA A2-4Q")]
     # A2-2B was ours and is configured nowhere: marked retiring (removed by a later run, its
     # mark old enough: test_an_owned_entry_no_node_keeps_is_marked_then_removed_after_the_grace);
     # A2-8Q is not ours (kept although configured elsewhere only); L4-6Q is ours and still
@@ -270,7 +221,7 @@ def test_allow_list_gains_configured_profiles_and_loses_only_its_own_unused_ones
     assert fields["remove"] == []
     (update,) = [
         a
-        for a in plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster).actions
+        for a in plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=cluster).actions
         if isinstance(a, KubevirtUpdate) and a.kind is ActionKind.KUBEVIRT_UPDATE
     ]
     assert update.retire == ("NVIDIA A2-2B",) and update.unmark == ()
@@ -296,18 +247,18 @@ def _retiring_plan(
 ) -> tuple[KubevirtAllow | None, KubevirtUpdate | None, Plan]:
     """The seed node, unchanged, its allow-list owning A2-2B (no node has or wants it) beside
     its own two types, with ``marks`` on the CR."""
-    inventory = Inventory(NODE, (_a2(SEED),))
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
     owned = ["NVIDIA A2-4A", "NVIDIA A2-4Q", "NVIDIA A2-2B"]
-    kubevirt = replace(_kubevirt(owned, owned), retiring=marks)
+    kubevirt = replace(kubevirt_config(owned, owned), retiring=marks)
     cluster = _synced(
-        _desired(SEED),
+        a2_desired(SEED),
         inventory,
         kubevirt=kubevirt,
         profiles_elsewhere=elsewhere,
         observed_at=observed_at,
     )
     plan = plan_node(
-        _desired(SEED), inventory, catalog=CATALOG, cluster=cluster, allow_list_grace=grace
+        a2_desired(SEED), inventory, catalog=CATALOG, cluster=cluster, allow_list_grace=grace
     )
     allow = [a for a in plan.actions if isinstance(a, KubevirtAllow)]
     update = [
@@ -368,14 +319,14 @@ def test_every_mdev_type_the_host_phase_creates_is_made_sure_of_before_it() -> N
     ones added only if gone at apply) and clears their marks, before the first host action.
     The saved form of this step is the same whether or not they were listed at plan time.
     (Before: only the missing A2-4A, and a marked type was created unprotected.)"""
-    inventory = Inventory(NODE, (_a2({}),))
+    inventory = Inventory(NODE, (mdev_a2({}),))
     wanted = {0: "NVIDIA A2-4Q", 1: "NVIDIA A2-4C", 2: "NVIDIA A2-4A"}
     kubevirt = replace(
-        _kubevirt(["NVIDIA A2-4Q", "NVIDIA A2-4C"], ["NVIDIA A2-4Q", "NVIDIA A2-4C"]),
+        kubevirt_config(["NVIDIA A2-4Q", "NVIDIA A2-4C"], ["NVIDIA A2-4Q", "NVIDIA A2-4C"]),
         retiring={"NVIDIA A2-4C": "2026-12-07T18:00:00Z"},
     )
     cluster = ClusterState(NODE, kubevirt=kubevirt, observed_at=OBSERVED_AT)
-    plan = plan_node(_desired(wanted), inventory, catalog=CATALOG, cluster=cluster)
+    plan = plan_node(a2_desired(wanted), inventory, catalog=CATALOG, cluster=cluster)
     allow = plan.actions[0]
     assert isinstance(allow, KubevirtAllow) and allow.seq == 1
     assert [e.selector for e in allow.add] == ["NVIDIA A2-4A", "NVIDIA A2-4C", "NVIDIA A2-4Q"]
@@ -386,19 +337,19 @@ def test_every_mdev_type_the_host_phase_creates_is_made_sure_of_before_it() -> N
     # Listed or gone at plan time, the step does the same (a saved plan compares equal).
     gone = replace(kubevirt, mediated_devices=(), owned=frozenset())
     fresh = plan_node(
-        _desired(wanted), inventory, catalog=CATALOG, cluster=replace(cluster, kubevirt=gone)
+        a2_desired(wanted), inventory, catalog=CATALOG, cluster=replace(cluster, kubevirt=gone)
     )
     assert effect(fresh.actions[0]) == effect(allow)
 
 
 def test_a_complete_allow_list_is_a_noop_and_a_missing_kubevirt_cr_a_note() -> None:
-    inventory = Inventory(NODE, (_a2(SEED),))
-    complete = _kubevirt(["NVIDIA A2-4A", "NVIDIA A2-4Q"], ["NVIDIA A2-4Q"])
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
+    complete = kubevirt_config(["NVIDIA A2-4A", "NVIDIA A2-4Q"], ["NVIDIA A2-4Q"])
     plan = plan_node(
-        _desired(SEED),
+        a2_desired(SEED),
         inventory,
         catalog=CATALOG,
-        cluster=_synced(_desired(SEED), inventory, kubevirt=complete),
+        cluster=_synced(a2_desired(SEED), inventory, kubevirt=complete),
     )
     assert plan.actions == () and plan.drift == ()
     assert [n.reason for n in plan.noops[-2:]] == [
@@ -406,11 +357,13 @@ def test_a_complete_allow_list_is_a_noop_and_a_missing_kubevirt_cr_a_note() -> N
         "VGPUNodeState up to date",
     ]
     missing = plan_node(
-        _desired(SEED),
+        a2_desired(SEED),
         inventory,
         catalog=CATALOG,
         cluster=_synced(
-            _desired(SEED), inventory, notes=("KubeVirt CR not found: allow-list not updated", "x")
+            a2_desired(SEED),
+            inventory,
+            notes=("KubeVirt CR not found: allow-list not updated", "x"),
         ),
     )
     assert missing.notes == (KUBEVIRT_MISSING, "x")  # the observer's note is not repeated
@@ -420,16 +373,16 @@ def test_only_the_creates_of_a_type_kubevirt_serves_itself_are_blocked() -> None
     """A2-4Q is listed without externalResourceProvider (KubeVirt's own device plugin serves
     it, its sweep spares it only if mediatedDevicesConfiguration asks): the new A2-4Q is
     blocked with why, the new A2-4A is made, and vgpuctl adds no A2-4Q entry beside it."""
-    inventory = Inventory(NODE, (_a2(SEED),))
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
     theirs = {"mdevNameSelector": "NVIDIA_A2-4Q", "resourceName": "nvidia.com/kv-4q"}
     kubevirt = KubeVirtConfig(
-        "kubevirt", "kubevirt", "5", (_entry("NVIDIA A2-4A"), theirs), frozenset()
+        "kubevirt", "kubevirt", "5", (allow_entry("NVIDIA A2-4A"), theirs), frozenset()
     )
-    wanted = _desired({**SEED, 2: "NVIDIA A2-4Q", 3: "NVIDIA A2-4A"})
-    cluster = _synced(_desired(SEED), inventory, kubevirt=kubevirt)
+    wanted = a2_desired({**SEED, 2: "NVIDIA A2-4Q", 3: "NVIDIA A2-4A"})
+    cluster = _synced(a2_desired(SEED), inventory, kubevirt=kubevirt)
     plan = plan_node(wanted, inventory, catalog=CATALOG, cluster=cluster)
     creates = [(a.target, a.type_name) for a in plan.actions if isinstance(a, VgpuCreate)]
-    assert creates == [(str(_a2({}).vfs[3].address), "NVIDIA A2-4A")]
+    assert creates == [(str(mdev_a2({}).vfs[3].address), "NVIDIA A2-4A")]
     (blocked,) = [b.action for b in plan.blocked]
     assert isinstance(blocked, VgpuCreate) and blocked.type_name == "NVIDIA A2-4Q"
     assert blocked.reason.startswith(
@@ -494,7 +447,7 @@ def _allow_lists(
         "kubevirt",
         "kubevirt",
         "5",
-        tuple(_entry(s) for s in mdev),
+        tuple(allow_entry(s) for s in mdev),
         frozenset(owned),
         tuple(_pci_entry(p) for p in pci),
         frozenset("nvidia.com/" + p.replace(" ", "_") for p in owned_pci),
@@ -538,11 +491,11 @@ def test_an_unnamed_gpus_objects_follow_the_host_and_its_profiles_stay_configure
     object says what the host has (VF 0: a vGPU, its type not named), nothing is deleted, and
     A2-4A stays allow-listed while A2-4Q, on no VF of any node now, leaves it."""
     synced = _synced(
-        _desired(SEED), Inventory(NODE, (_a2(SEED),)), kubevirt=_kubevirt(
+        a2_desired(SEED), Inventory(NODE, (mdev_a2(SEED),)), kubevirt=kubevirt_config(
             ["NVIDIA A2-4A", "NVIDIA A2-4Q"], ["NVIDIA A2-4A", "NVIDIA A2-4Q"]
         )
     )  # fmt: skip
-    now = Inventory(NODE, (_a2({0: "unknown", 2: "NVIDIA A2-4A"}),))
+    now = Inventory(NODE, (mdev_a2({0: "unknown", 2: "NVIDIA A2-4A"}),))
     # A grace of 0: the entry goes at once (the two-phase retirement is tested above).
     plan = plan_node(
         DesiredNode(NODE, ()), now, catalog=CATALOG, cluster=synced, allow_list_grace=0
@@ -581,8 +534,8 @@ def test_another_controllers_objects_of_an_unnamed_gpu_are_left_alone_unless_ado
     objects are kept. Its GPU's object vgpuctl's but its VFs' another controller's: the GPU is
     kept, and the VFs' objects are left alone unless --adopt, which takes them over as they
     are (their spec is already what the host has)."""
-    inventory = Inventory(NODE, (_a2(SEED), _l40s_vfio(VFIO_SEED)))
-    both = DesiredNode(NODE, (*_desired(SEED).gpus, *_vfio_desired(VFIO_SEED).gpus))
+    inventory = Inventory(NODE, (mdev_a2(SEED), _l40s_vfio(VFIO_SEED)))
+    both = DesiredNode(NODE, (*a2_desired(SEED).gpus, *_vfio_desired(VFIO_SEED).gpus))
     synced = _synced(both, inventory)
     l40s = [
         o
@@ -607,7 +560,7 @@ def test_another_controllers_objects_of_an_unnamed_gpu_are_left_alone_unless_ado
 
     theirs = stored_as([_foreign(o) for o in l40s])
     for adopt in (False, True):
-        plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=theirs, adopt=adopt)
+        plan = plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=theirs, adopt=adopt)
         assert [a.target for a in plan.actions if a.target.startswith("n1-000018")] == []
         assert unnamed_note not in plan.notes
         noop = next(n for n in plan.noops if n.target == "n1-000018000")
@@ -617,12 +570,12 @@ def test_another_controllers_objects_of_an_unnamed_gpu_are_left_alone_unless_ado
         )
 
     mixed = stored_as([o if o.kind == "SRIOVGPUDevice" else _foreign(o) for o in l40s])
-    plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=mixed)
+    plan = plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=mixed)
     assert [a.target for a in plan.actions if a.target.startswith("n1-000018")] == []
     assert unnamed_note in plan.notes
     noop = next(n for n in plan.noops if n.target == "n1-000018004")
     assert noop.reason == "managed by another controller: not touched (use --adopt)"
-    adopted = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=mixed, adopt=True)
+    adopted = plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=mixed, adopt=True)
     taken = [a for a in adopted.actions if a.target.startswith("n1-000018")]
     assert len(taken) == 32
     assert all(isinstance(a, CrUpdate) and a.adopt and not a.drift for a in taken)
@@ -695,17 +648,17 @@ def test_a_profile_named_with_a_run_of_spaces_is_allow_listed_under_harvesters_n
 
 
 def test_a_vfio_entry_stays_while_another_node_has_the_profile_on_vfio_and_goes_after() -> None:
-    inventory = Inventory(NODE, (_a2(SEED),))
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
     kubevirt = _allow_lists(
         ["NVIDIA A2-4A", "NVIDIA A2-4Q"], ["NVIDIA A2-4Q"], [L40S_8Q], [L40S_8Q]
     )
     on_vfio = ConfiguredProfile(L40S_8Q, Interface.VFIO, "26b9")
     kept = plan_node(
-        _desired(SEED),
+        a2_desired(SEED),
         inventory,
         catalog=CATALOG,
         cluster=_synced(
-            _desired(SEED), inventory, kubevirt=kubevirt, profiles_elsewhere=frozenset({on_vfio})
+            a2_desired(SEED), inventory, kubevirt=kubevirt, profiles_elsewhere=frozenset({on_vfio})
         ),
     )
     assert kept.actions == ()
@@ -716,10 +669,10 @@ def test_a_vfio_entry_stays_while_another_node_has_the_profile_on_vfio_and_goes_
     # No node has it any more: the entry vgpuctl added goes, and the mdev side is untouched.
     gone = _kubevirt_update(
         plan_node(
-            _desired(SEED),
+            a2_desired(SEED),
             inventory,
             catalog=CATALOG,
-            cluster=_synced(_desired(SEED), inventory, kubevirt=kubevirt),
+            cluster=_synced(a2_desired(SEED), inventory, kubevirt=kubevirt),
         )
     )
     assert gone["removePci"] == ["nvidia.com/NVIDIA_L40S-8Q"]
@@ -733,18 +686,20 @@ def test_a_vfio_entry_stays_while_another_node_has_the_profile_on_vfio_and_goes_
     # mdev entry comes.
     moved = _kubevirt_update(
         plan_node(
-            _desired(SEED),
+            a2_desired(SEED),
             inventory,
             catalog=CATALOG,
             cluster=_synced(
-                _desired(SEED),
+                a2_desired(SEED),
                 inventory,
                 kubevirt=kubevirt,
                 profiles_elsewhere=frozenset({ConfiguredProfile(L40S_8Q)}),
             ),
         )
     )
-    assert moved["add"] == [_entry(L40S_8Q)] and moved["removePci"] == ["nvidia.com/NVIDIA_L40S-8Q"]
+    assert moved["add"] == [allow_entry(L40S_8Q)] and moved["removePci"] == [
+        "nvidia.com/NVIDIA_L40S-8Q"
+    ]
 
 
 def test_pci_entries_someone_else_added_are_never_touched() -> None:
@@ -778,7 +733,7 @@ def test_one_profile_on_mdev_here_and_on_vfio_elsewhere_gets_an_entry_of_each_ki
     fields = _kubevirt_update(
         plan_node(_vfio_desired(VFIO_SEED), inventory, catalog=CATALOG, cluster=cluster)
     )
-    assert fields["add"] == [_entry(L40S_8Q)]
+    assert fields["add"] == [allow_entry(L40S_8Q)]
     assert fields["addPci"] == [_pci_entry(L40S_8Q)]
     assert (fields["owned"], fields["ownedPci"]) == ([L40S_8Q], ["nvidia.com/NVIDIA_L40S-8Q"])
     assert fields["reason"] == (
@@ -810,7 +765,7 @@ def test_a_vfio_profile_whose_vf_device_id_is_unknown_gets_a_note_not_an_entry()
 
 
 def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_deleted() -> None:
-    inventory = Inventory(NODE, (_a2(SEED),))
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
     theirs = KubeObject(
         "SRIOVGPUDevice",
         "n1-000009000",
@@ -825,15 +780,15 @@ def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_delet
         spec={"address": "0000:0a:00.0"},
     )
     cluster = replace(
-        _synced(_desired(SEED), inventory),
+        _synced(a2_desired(SEED), inventory),
         sriov_gpu_devices={
-            **_synced(_desired(SEED), inventory).sriov_gpu_devices,
+            **_synced(a2_desired(SEED), inventory).sriov_gpu_devices,
             theirs.name: theirs,
             ours_gone.name: ours_gone,
         },
     )
     for adopt in (False, True):
-        plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster, adopt=adopt)
+        plan = plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=cluster, adopt=adopt)
         # The node's VGPUNodeState records the change; the only Harvester object written is ours.
         assert [(a.kind, a.target, a.reason) for a in plan.actions] == [
             (ActionKind.CR_UPDATE, NODE, "VGPUNodeState for node n1: status differs from the host"),
@@ -853,12 +808,12 @@ def test_objects_of_another_controller_for_gpus_we_do_not_render_are_never_delet
 
 
 def test_a_label_value_names_the_other_controller() -> None:
-    inventory = Inventory(NODE, (_a2(SEED),))
-    synced = _synced(_desired(SEED), inventory)
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
+    synced = _synced(a2_desired(SEED), inventory)
     pf = next(iter(synced.sriov_gpu_devices.values()))
     theirs = replace(pf, labels={**pf.labels, "app.kubernetes.io/managed-by": "pcidevices"})
     cluster = replace(synced, sriov_gpu_devices={pf.name: theirs})
-    plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
+    plan = plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
     assert plan.actions == ()
     assert any(n.reason == "managed by pcidevices: not touched (use --adopt)" for n in plan.noops)
     assert plan.notes == (
@@ -869,8 +824,8 @@ def test_a_label_value_names_the_other_controller() -> None:
 
 def _busy_plan() -> Plan:
     """Every cluster kind: a create, updates (one drifted), deletes, a KubeVirt update."""
-    inventory = Inventory(NODE, (_a2(SEED),))
-    synced = _synced(_desired({**SEED, 2: "NVIDIA A2-4A"}), inventory)
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
+    synced = _synced(a2_desired({**SEED, 2: "NVIDIA A2-4A"}), inventory)
     vgpus = dict(synced.vgpu_devices)
     first = vgpus.pop("n1-000008004")
     vgpus["n1-000008004"] = replace(first, spec={**first.spec, "enabled": False})  # by hand
@@ -878,9 +833,9 @@ def _busy_plan() -> Plan:
     stray = replace(first, name="n1-000008099", spec={**first.spec, "address": "0000:08:09.1"})
     vgpus[stray.name] = stray
     cluster = replace(
-        synced, vgpu_devices=vgpus, kubevirt=_kubevirt([], []), profiles_elsewhere=frozenset()
+        synced, vgpu_devices=vgpus, kubevirt=kubevirt_config([], []), profiles_elsewhere=frozenset()
     )
-    return plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
+    return plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
 
 
 def test_summary_counts_cluster_actions_by_kind() -> None:
@@ -998,7 +953,9 @@ def _l40s_node() -> tuple[DesiredNode, Inventory]:
 def test_cluster_planning_of_a_256_vf_node() -> None:
     """Correct at scale (its speed is measured by `just bench`, never asserted here)."""
     node, inventory = _l40s_node()
-    cluster = _synced(node, inventory, kubevirt=_kubevirt(["NVIDIA L40S-8Q"], ["NVIDIA L40S-8Q"]))
+    cluster = _synced(
+        node, inventory, kubevirt=kubevirt_config(["NVIDIA L40S-8Q"], ["NVIDIA L40S-8Q"])
+    )
     assert sum(len(g.vfs) for g in inventory.gpus) == 256
     in_sync = plan_node(node, inventory, catalog=CATALOG, cluster=cluster)
     assert in_sync.actions == ()
@@ -1015,8 +972,8 @@ def test_cluster_planning_of_a_256_vf_node() -> None:
 def test_a_host_scanned_without_availability_is_not_planned_against_a_cluster() -> None:
     # Its VFs' creatable sets were not read: the VGPUDevices' availableTypes and the summary's
     # counts would show "nothing creatable" for what is only unknown.
-    inventory = Inventory(NODE, (_a2({0: "NVIDIA A2-4Q"}),), vf_availability=False)
-    desired = _desired({0: "NVIDIA A2-4Q"})
+    inventory = Inventory(NODE, (mdev_a2({0: "NVIDIA A2-4Q"}),), vf_availability=False)
+    desired = a2_desired({0: "NVIDIA A2-4Q"})
     with pytest.raises(PlanError, match="scanned without each VF's available types"):
         plan_node(desired, inventory, catalog=CATALOG, cluster=ClusterState(NODE))
     # Without a cluster it is what plans read.
@@ -1035,11 +992,13 @@ def test_the_plan_text_shows_marks_unmarks_and_the_types_made_sure_of() -> None:
     assert "        ~ mediatedDevices: NVIDIA A2-1B retiring mark cleared\n" in text
     _, _, removing = _retiring_plan({"NVIDIA A2-2B": "2026-12-07T18:00:00Z"})
     assert "        - mediatedDevices: NVIDIA A2-2B\n" in plan_text(removing)
-    inventory = Inventory(NODE, (_a2({}),))
+    inventory = Inventory(NODE, (mdev_a2({}),))
     cluster = ClusterState(
-        NODE, kubevirt=_kubevirt(["NVIDIA A2-4Q"], ["NVIDIA A2-4Q"]), observed_at=OBSERVED_AT
+        NODE, kubevirt=kubevirt_config(["NVIDIA A2-4Q"], ["NVIDIA A2-4Q"]), observed_at=OBSERVED_AT
     )
-    creating = plan_node(_desired({0: "NVIDIA A2-4Q"}), inventory, catalog=CATALOG, cluster=cluster)
+    creating = plan_node(
+        a2_desired({0: "NVIDIA A2-4Q"}), inventory, catalog=CATALOG, cluster=cluster
+    )
     assert (
         "        + mediatedDevices: NVIDIA A2-4Q (made sure of: added if gone, not retiring)\n"
         in plan_text(creating)
@@ -1057,17 +1016,17 @@ def test_the_plan_text_shows_marks_unmarks_and_the_types_made_sure_of() -> None:
 def test_an_entry_of_the_profiles_selector_under_another_resource_name_is_noted(
     owned: bool, whose: str
 ) -> None:
-    inventory = Inventory(NODE, (_a2(SEED),))
-    other = {**_entry("NVIDIA A2-4Q"), "resourceName": "nvidia.com/old"}
+    inventory = Inventory(NODE, (mdev_a2(SEED),))
+    other = {**allow_entry("NVIDIA A2-4Q"), "resourceName": "nvidia.com/old"}
     kubevirt = KubeVirtConfig(
         "kubevirt",
         "kubevirt",
         "5",
-        (_entry("NVIDIA A2-4A"), other),
+        (allow_entry("NVIDIA A2-4A"), other),
         frozenset({"NVIDIA A2-4Q"} if owned else set()),
     )
-    cluster = _synced(_desired(SEED), inventory, kubevirt=kubevirt)
-    plan = plan_node(_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
+    cluster = _synced(a2_desired(SEED), inventory, kubevirt=kubevirt)
+    plan = plan_node(a2_desired(SEED), inventory, catalog=CATALOG, cluster=cluster)
     assert [n for n in plan.notes if "names resourceName" in n] == [
         "the kubevirt/kubevirt/kubevirt mediatedDevices entry for NVIDIA A2-4Q names "
         "resourceName nvidia.com/old, not nvidia.com/NVIDIA_A2-4Q that vgpuctl advertises: "
