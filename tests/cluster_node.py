@@ -53,6 +53,19 @@ def register_crds(emu: ApiServerEmulator, *, harvester: bool = False) -> None:
     )
 
 
+def stored_kubevirt(emu: ApiServerEmulator, namespace: str = "harvester-system") -> dict[str, Any]:
+    """The KubeVirt CR ``kubevirt`` as the emulator stores it."""
+    kv = emu.get_object(*KUBEVIRTS, "kubevirt", namespace)
+    assert kv is not None
+    return kv
+
+
+def mdev_selectors(emu: ApiServerEmulator, namespace: str = "harvester-system") -> list[str]:
+    """The mdevNameSelectors of the stored KubeVirt CR's mediatedDevices allow-list, in order."""
+    permitted = stored_kubevirt(emu, namespace)["spec"]["configuration"]["permittedHostDevices"]
+    return [e["mdevNameSelector"] for e in permitted["mediatedDevices"]]
+
+
 def kubevirt_cr(namespace: str = "harvester-system") -> dict[str, Any]:
     return {
         "apiVersion": "kubevirt.io/v1",

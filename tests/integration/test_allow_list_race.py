@@ -34,11 +34,10 @@ from reconciler.engine import RunSettings, reconcile
 from reconciler.engine.ports import NodePorts
 from reconciler.sim import SimHost
 from reconciler.sim.virt_handler import sweep
-from tests.cluster_node import KUBEVIRTS, ClusterNode, cluster_node
+from tests.cluster_node import ClusterNode, cluster_node, mdev_selectors, stored_kubevirt
 from tests.doubles.emulator import ApiServerEmulator
 from tests.simnode import NODE, SEED
 
-KUBEVIRT_NS = "harvester-system"
 OTHER = "harvester-b"
 #: The type the two nodes race over; the one both keep.
 X, Y = "NVIDIA A2-4C", "NVIDIA A2-4Q"
@@ -53,17 +52,6 @@ def _desired(tmp_path: Path, node: str, vgpus: dict[str, str], name: str) -> Pat
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def _kubevirt(emu: ApiServerEmulator) -> dict[str, Any]:
-    kv = emu.get_object(*KUBEVIRTS, "kubevirt", KUBEVIRT_NS)
-    assert kv is not None
-    return kv
-
-
-def _selectors(emu: ApiServerEmulator) -> list[str]:
-    permitted = _kubevirt(emu)["spec"]["configuration"]["permittedHostDevices"]
-    return [e["mdevNameSelector"] for e in permitted["mediatedDevices"]]
 
 
 def _vgpus(node: ClusterNode) -> dict[str, str]:
@@ -123,7 +111,7 @@ def test_a_removal_planned_while_another_node_creates_its_first_vgpu_of_the_type
     b = cluster_node(tmp_path, emu, name=OTHER)
     a.ok("apply", _desired(tmp_path, NODE, {VF4: X}, "a-with-x"), "--yes")
     b.ok("apply", _desired(tmp_path, OTHER, {VF4: Y}, "b-without-x"), "--yes")
-    assert X in _selectors(emu)
+    assert X in mdev_selectors(emu)
     b_with_x = _desired(tmp_path, OTHER, {VF4: Y, VF5: X}, "b-with-x")
 
     # A drops X. Its plan is made before B's run; B's whole run happens during A's host
@@ -152,17 +140,19 @@ def test_a_removal_planned_while_another_node_creates_its_first_vgpu_of_the_type
     assert _vgpus(b)[VF5] == X
 
     # virt-handler's heartbeat on B: X must still be listed.
-    swept = sweep(b.dir, _kubevirt(emu), wait=False)
+    swept = sweep(b.dir, stored_kubevirt(emu), wait=False)
     assert dict(swept.removed) == {}, f"the sweep took B's vGPUs: {dict(swept.removed)}"
     assert _vgpus(b) == {VF4: Y, VF5: X}
-    assert X in _selectors(emu)
+    assert X in mdev_selectors(emu)
 
     # B drops X: no node has or wants it. Within the grace period it stays listed...
     b_without_x = _desired(tmp_path, OTHER, {VF4: Y}, "b-without-x-again")
     b.ok("apply", b_without_x, "--yes")
     assert _vgpus(b) == {VF4: Y}
-    assert X in _selectors(emu)
-    marks = json.loads(_kubevirt(emu)["metadata"]["annotations"]["vgpu.reconciler.dev/retiring"])
+    assert X in mdev_selectors(emu)
+    marks = json.loads(
+        stored_kubevirt(emu)["metadata"]["annotations"]["vgpu.reconciler.dev/retiring"]
+    )
     assert set(marks) == {X}
     # ...and a run whose clock is past it (A's, with nothing to do on its host) removes it.
     host, ports, wanted = _in_process(a, _desired(tmp_path, NODE, {VF4: Y}, "a-without-x-2"))
@@ -172,11 +162,11 @@ def test_a_removal_planned_while_another_node_creates_its_first_vgpu_of_the_type
         settings=RunSettings(verify_timeout=5.0),
     )
     assert later.cluster is None or later.cluster.ok
-    assert X not in _selectors(emu)
-    assert "vgpu.reconciler.dev/retiring" not in _kubevirt(emu)["metadata"]["annotations"]
-    assert "GRID T4-2Q" in _selectors(emu)  # someone else's entry: never touched
-    assert dict(sweep(b.dir, _kubevirt(emu), wait=False).removed) == {}
-    assert dict(sweep(a.dir, _kubevirt(emu), wait=False).removed) == {}
+    assert X not in mdev_selectors(emu)
+    assert "vgpu.reconciler.dev/retiring" not in stored_kubevirt(emu)["metadata"]["annotations"]
+    assert "GRID T4-2Q" in mdev_selectors(emu)  # someone else's entry: never touched
+    assert dict(sweep(b.dir, stored_kubevirt(emu), wait=False).removed) == {}
+    assert dict(sweep(a.dir, stored_kubevirt(emu), wait=False).removed) == {}
 
 
 def test_a_saved_plan_made_while_the_type_was_listed_lists_it_again_before_its_create(
@@ -204,13 +194,13 @@ def test_a_saved_plan_made_while_the_type_was_listed_lists_it_again_before_its_c
             wanted,
             settings=RunSettings(verify_timeout=5.0),
         )
-    assert X not in _selectors(emu)
+    assert X not in mdev_selectors(emu)
 
     applied = b.ok("apply", saved, "--yes")
     assert "allowed " + X in applied.stdout + applied.stderr
-    assert X in _selectors(emu)
+    assert X in mdev_selectors(emu)
     assert _vgpus(b) == {VF4: Y, VF5: X}
-    assert dict(sweep(b.dir, _kubevirt(emu), wait=False).removed) == {}
+    assert dict(sweep(b.dir, stored_kubevirt(emu), wait=False).removed) == {}
 
 
 def test_a_node_killed_after_its_first_create_of_a_type_keeps_it_listed_by_its_intent(
@@ -226,7 +216,7 @@ def test_a_node_killed_after_its_first_create_of_a_type_keeps_it_listed_by_its_i
     b = cluster_node(tmp_path, emu, name=OTHER)
     a.ok("apply", _desired(tmp_path, NODE, {VF4: X}, "a-with-x"), "--yes")
     b.ok("apply", _desired(tmp_path, OTHER, {VF4: Y}, "b-without-x"), "--yes")
-    assert X in _selectors(emu)
+    assert X in mdev_selectors(emu)
 
     # B: its allow check (X listed, unmarked), its create of X on .5, killed there.
     b.ok("sim", "fail", b.dir, "--crash-after", "1")
@@ -247,10 +237,10 @@ def test_a_node_killed_after_its_first_create_of_a_type_keeps_it_listed_by_its_i
     assert _vgpus(a) == {VF4: Y}
 
     # virt-handler's heartbeat on B takes nothing: X is still listed.
-    swept = sweep(b.dir, _kubevirt(emu), wait=False)
+    swept = sweep(b.dir, stored_kubevirt(emu), wait=False)
     assert dict(swept.removed) == {}, f"the sweep took B's vGPUs: {dict(swept.removed)}"
     assert _vgpus(b) == {VF4: Y, VF5: X}
-    assert X in _selectors(emu)
+    assert X in mdev_selectors(emu)
 
 
 def test_the_run_after_one_that_published_intent_plans_nothing(
@@ -304,7 +294,7 @@ def test_an_intent_the_api_server_refuses_stops_the_run_before_the_allow_list_an
 
     b = cluster_node(tmp_path, emu, name=OTHER)
     b.ok("apply", _desired(tmp_path, OTHER, {VF4: Y}, "b-without-x"), "--yes")
-    kubevirt_before = _kubevirt(emu)
+    kubevirt_before = stored_kubevirt(emu)
 
     def deny(a: Attributes) -> WebhookDenial | None:
         return WebhookDenial("not now", code=403, reason="Forbidden")
@@ -322,4 +312,4 @@ def test_an_intent_the_api_server_refuses_stops_the_run_before_the_allow_list_an
     assert "not now" in res.stdout + res.stderr
     assert "Traceback" not in res.stderr
     assert _vgpus(b) == {VF4: Y}
-    assert _kubevirt(emu) == kubevirt_before
+    assert stored_kubevirt(emu) == kubevirt_before

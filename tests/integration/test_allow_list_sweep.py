@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from reconciler.sim.virt_handler import sweep
-from tests.cluster_node import KUBEVIRTS, ClusterNode, cluster_node
+from tests.cluster_node import ClusterNode, cluster_node, mdev_selectors, stored_kubevirt
 from tests.doubles.emulator import ApiServerEmulator
 from tests.simnode import NODE, SEED
 
@@ -31,17 +30,6 @@ def _desired(tmp_path: Path, vgpus: dict[str, str], name: str = "desired.yaml") 
     path = tmp_path / name
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def _kubevirt(emu: ApiServerEmulator) -> dict[str, Any]:
-    kv = emu.get_object(*KUBEVIRTS, "kubevirt", KUBEVIRT_NS)
-    assert kv is not None
-    return kv
-
-
-def _selectors(emu: ApiServerEmulator) -> list[str]:
-    permitted = _kubevirt(emu)["spec"]["configuration"]["permittedHostDevices"]
-    return [e["mdevNameSelector"] for e in permitted["mediatedDevices"]]
 
 
 def _vgpus(node: ClusterNode) -> dict[str, tuple[str, str]]:
@@ -122,7 +110,7 @@ def test_a_crash_before_or_after_the_first_create_of_a_new_type_loses_nothing_to
             killed = node.run("apply", desired, "--yes")
             assert killed.returncode < 0, killed.stdout + killed.stderr  # SIGKILLed
             assert _heartbeat(node) == 0, f"crash after {crash_after}: the sweep took a vGPU"
-            assert "NVIDIA A2-4C" in _selectors(fresh)
+            assert "NVIDIA A2-4C" in mdev_selectors(fresh)
             after_crash = _vgpus(node)
             # The three untouched vGPUs are all still there, as they were.
             for vf in ("0000:08:00.5", "0000:08:00.6", "0000:08:00.7"):
@@ -151,19 +139,19 @@ def test_a_type_the_files_no_longer_name_stays_listed_while_a_vgpu_of_it_exists(
     res = node.run("apply", all_4q, "--yes")
     assert res.returncode in (0, 2), res.stdout + res.stderr  # blocked: the VM holds .4
     # One heartbeat, without waiting on the VM: the held vGPU would be lost if swept.
-    swept = sweep(node.dir, _kubevirt(emu), wait=False)
+    swept = sweep(node.dir, stored_kubevirt(emu), wait=False)
     assert (dict(swept.removed), dict(swept.held)) == ({}, {})
-    assert "NVIDIA A2-4A" in _selectors(emu)
+    assert "NVIDIA A2-4A" in mdev_selectors(emu)
     assert _vgpus(node)[held_vf] == (held_type, held_uuid)
 
     node.ok("sim", "release", node.dir, held_uuid)
     node.ok("apply", all_4q, "--yes", "--allow-list-grace", "1s")
-    assert "NVIDIA A2-4A" in _selectors(emu)  # marked retiring, not yet removed
+    assert "NVIDIA A2-4A" in mdev_selectors(emu)  # marked retiring, not yet removed
     assert _heartbeat(node) == 0
     time.sleep(2.1)  # marks are stamped to the second
     node.ok("apply", all_4q, "--yes", "--allow-list-grace", "1s")
-    assert "NVIDIA A2-4A" not in _selectors(emu)
-    assert "GRID T4-2Q" in _selectors(emu)  # someone else's entry: never touched
+    assert "NVIDIA A2-4A" not in mdev_selectors(emu)
+    assert "GRID T4-2Q" in mdev_selectors(emu)  # someone else's entry: never touched
     assert _heartbeat(node) == 0
     assert {t for t, _ in _vgpus(node).values()} == {"NVIDIA A2-4Q"}
 
@@ -187,7 +175,7 @@ def test_a_type_kubevirt_serves_itself_gets_no_vgpu_and_loses_none_to_the_sweep(
     counted as listed by its selector: the A2-4C was made and the next heartbeat removed it.)"""
     node = cluster_node(tmp_path, emu)
     node.ok("apply", SEED, "--yes")
-    kv = _kubevirt(emu)
+    kv = stored_kubevirt(emu)
     entries = kv["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
     entries.append({"mdevNameSelector": "NVIDIA A2-4C", "resourceName": "nvidia.com/kv-a2-4c"})
     emu.seed(kv)
@@ -201,8 +189,8 @@ def test_a_type_kubevirt_serves_itself_gets_no_vgpu_and_loses_none_to_the_sweep(
     assert any("vgpuctl adds no allow-list entry for NVIDIA A2-4C" in n for n in plan["notes"])
     res = node.run("apply", desired, "--yes")
     assert res.returncode == 2, res.stdout + res.stderr  # blocked
-    assert "NVIDIA A2-4C" in _selectors(emu)  # theirs, left as it is
-    assert sum(1 for s in _selectors(emu) if s == "NVIDIA A2-4C") == 1
+    assert "NVIDIA A2-4C" in mdev_selectors(emu)  # theirs, left as it is
+    assert sum(1 for s in mdev_selectors(emu) if s == "NVIDIA A2-4C") == 1
     assert _heartbeat(node) == 0
     assert _vgpus(node) == before
 
@@ -216,7 +204,7 @@ def test_an_entry_kubevirt_reads_as_ours_is_not_written_twice(
     ``NVIDIA A2-4C`` entry was added.)"""
     node = cluster_node(tmp_path, emu)
     node.ok("apply", SEED, "--yes")
-    kv = _kubevirt(emu)
+    kv = stored_kubevirt(emu)
     entries = kv["spec"]["configuration"]["permittedHostDevices"]["mediatedDevices"]
     entries.append(
         {
@@ -227,7 +215,7 @@ def test_an_entry_kubevirt_reads_as_ours_is_not_written_twice(
     )
     emu.seed(kv)
     node.ok("apply", _desired(tmp_path, NEW_TYPE), "--yes")
-    selectors = _selectors(emu)
+    selectors = mdev_selectors(emu)
     assert "NVIDIA A2-4C" not in selectors and "NVIDIA_A2-4C" in selectors, selectors
     assert _heartbeat(node) == 0
     assert _vgpus(node)["0000:08:00.4"][0] == "NVIDIA A2-4C"
