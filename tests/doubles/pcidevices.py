@@ -494,10 +494,14 @@ class PciDevicesController:
         for plural, res in (("sriovgpudevices", SRIOVGPUS), ("vgpudevices", VGPUS)):
             for obj in self._emu.objects(*res):
                 current[f"{plural}/{_name(obj)}"] = str(obj["metadata"].get("resourceVersion"))
-        changed = {k for k, rv in current.items() if self._seen.get(k) != rv}
-        changed |= self._seen.keys() - current.keys()
+        # In the store's order, then the vanished in the order seen: keys that arrive together
+        # are queued so (sorted() is stable), never in a set's hash order, which varies from
+        # process to process (PYTHONHASHSEED) and made the handlers' order, and a test, flaky.
+        changed = [k for k, rv in current.items() if self._seen.get(k) != rv]
+        changed += [k for k in self._seen if k not in current]
+        pending = set(changed)
         now = time.monotonic()
-        self._arriving = {k: t for k, t in self._arriving.items() if k in changed}
+        self._arriving = {k: t for k, t in self._arriving.items() if k in pending}
         for key in sorted(changed, key=lambda k: self._arriving.setdefault(k, now)):
             if now - self._arriving[key] < self.informer_lag:
                 continue
