@@ -49,8 +49,8 @@ def pending_cause(vf: HarvesterVf) -> str:
     if hosted:
         return (
             f"the spec asks {vf.type_name} over the {hosted} it hosts: pcidevices-controller "
-            "ignores a type change on an enabled VGPUDevice (vgpuctl apply makes it a disable, "
-            "then an enable)"
+            "ignores a type change on an enabled VGPUDevice (vgpuctl apply disables and enables "
+            "it again, or sets the spec back when the profile it hosts is the desired one)"
         )
     if vf.enabled:
         return (

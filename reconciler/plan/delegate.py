@@ -364,8 +364,11 @@ def _pending(vf: HarvesterVf, node: str, observed: HarvesterNode) -> DelegateAct
     if hosted:
         return VgpuDeviceEnable(
             target=vf.name,
-            reason=f"it hosts {hosted}, as desired: spec.vGPUTypeName set back to it"
-            + _ignored_cause(vf),
+            reason=(
+                f"spec.vGPUTypeName {vf.type_name} is not carried out: it hosts {hosted}, as "
+                "desired, and pcidevices-controller ignores a type change on an enabled "
+                f"VGPUDevice: the spec is set back to {hosted}"
+            ),
             node=node,
             gpu=vf.parent,
             vf=vf.address,

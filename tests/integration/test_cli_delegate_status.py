@@ -156,7 +156,8 @@ def test_a_type_change_the_controller_ignores_shows_as_pending_with_its_cause(
     assert (
         f"  PENDING {VF1}: the spec asks NVIDIA A2-4A over the NVIDIA A2-4Q it hosts: "
         "pcidevices-controller ignores a type change on an enabled VGPUDevice (vgpuctl apply "
-        "makes it a disable, then an enable)"
+        "disables and enables it again, or sets the spec back when the profile it hosts is the "
+        "desired one)"
     ) in out.splitlines()
 
 
