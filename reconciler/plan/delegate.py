@@ -21,6 +21,12 @@ status again), so the node is not converged until the status catches up. What it
 ``status.availableTypes``, and its GPU's types are the catalogue's, found from the desired
 ``model`` or from the profile names the objects carry. A VF a VM uses (its allocation
 annotation, or a running VMI of the profile) counts as in use: never disabled.
+
+One spec is not given as it asks: a type change the controller ignores (an enabled VF whose
+``vGPUTypeName`` is not the profile its status hosts: :func:`ignored_change`), which would be a
+pending step forever. The VF is given as hosting what its status says, so another desired
+profile is a profile change as any (disable, then enable; blocked while a VM uses it), and the
+hosted one, desired, is a ``vgpudevice-enable`` that sets the spec back (:func:`_pending`).
 """
 
 from __future__ import annotations
