@@ -18,6 +18,10 @@ For each step, bounded by ``timeout`` (long enough for a node resync, about 30 s
    ``configureVGPUTypeName`` the profile and a ``uuid``; ``vGPUStatus`` empty; the GPU's
    ``VGPUDevice`` objects listed in its status; its ``vfAddresses`` gone.
 
+A ``vgpudevice-enable`` of the profile an enabled VF hosts while its spec asks another (a type
+change the controller ignores) writes the spec back to that profile: one JSON patch testing
+``enabled`` and the type it replaces, no wait (the status already shows it).
+
 A step already in effect is a no-op. A step whose spec is written but whose status does not
 show it (``pending``, or an earlier run's write the controller has not carried out) is not
 written again: only its wait runs, and when that is over the failure says what the status
@@ -147,6 +151,19 @@ class DelegateExecutor:
             # Written already (by an earlier run, or pending): never written again, waited for.
             if vf.hosts == a.type_name:
                 return OutcomeStatus.NOOP, f"already hosts {a.type_name}"
+        elif vf.enabled and vf.type_name and vf.hosts == a.type_name:
+            # A type change pcidevices-controller ignores (plan/delegate.py ``ignored_change``)
+            # over the profile the plan keeps: the spec is set back to it, the vGPU untouched.
+            self._patch(
+                VGPU_PLURAL,
+                a.target,
+                [
+                    {"op": "test", "path": "/spec/enabled", "value": True},
+                    {"op": "test", "path": "/spec/vGPUTypeName", "value": vf.type_name},
+                    {"op": "replace", "path": "/spec/vGPUTypeName", "value": a.type_name},
+                ],
+            )
+            return OutcomeStatus.DONE, f"spec set back to {a.type_name}, which it hosts"
         elif vf.enabled:
             raise StepFailed(
                 f"{a.target} is enabled with {vf.type_name or 'no profile'}, but the plan expects "

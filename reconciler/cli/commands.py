@@ -627,15 +627,37 @@ def _add_status(sub: Subparsers) -> argparse.ArgumentParser:
         help="show the node's GPUs, VFs and vGPUs",
         description="Observe the host. 'table' is the 'kubectl get vgpudevices' view; 'json' is "
         "the inventory contract (schemas/inventory.schema.json); 'crds' prints the "
-        "SRIOVGPUDevice and VGPUDevice objects vgpuctl writes for what the host has now.",
+        "SRIOVGPUDevice and VGPUDevice objects vgpuctl writes for what the host has now. In "
+        "delegate mode (--delegate harvester, or auto where pcidevices-controller runs): the "
+        "nodes' vGPUs as Harvester's objects show them, every node that has any (or the NODEs "
+        "named), each VF's spec, what its status says it hosts, whether the spec is PENDING "
+        "(not carried out) and why, and which VM uses it; 'json' is "
+        "schemas/delegate-status.schema.json. Reads only.",
     )
     p.add_argument("-o", "--output", choices=("table", "json", "yaml", "crds"), default="table")
+    p.add_argument(
+        "nodes",
+        metavar="NODE",
+        nargs="*",
+        help="delegate mode: only these nodes (default: every node with an SRIOVGPUDevice or "
+        "VGPUDevice object)",
+    )
+    add_delegate_option(p)
     p.set_defaults(handler=cmd_status)
     return p
 
 
 def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
+    if delegating(ns, host):
+        from reconciler.cli.delegate_status import cmd_status_delegate
+
+        return cmd_status_delegate(ns, host)
+    if ns.nodes:
+        raise UsageError(
+            "status NODE …: node names select nodes of the delegate view (--delegate harvester); "
+            "node-local status shows this node's host (--node names it)"
+        )
     inventory = host.observe_all()
     if ns.output == "crds":
         import yaml

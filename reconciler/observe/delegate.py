@@ -32,11 +32,15 @@ VM_PLURAL = "virtualmachines"
 VMI_PLURAL = "virtualmachineinstances"
 
 
-def observe_harvester_nodes(api: ClusterApi, nodes: Iterable[str]) -> dict[str, HarvesterNode]:
-    """Each of ``nodes`` as Harvester's objects show it (a node without objects is empty)."""
-    wanted = sorted(set(nodes))
+def observe_harvester_nodes(
+    api: ClusterApi, nodes: Iterable[str] | None
+) -> dict[str, HarvesterNode]:
+    """Each of ``nodes`` as Harvester's objects show it (a node without objects is empty);
+    ``None``: every node that has an ``SRIOVGPUDevice`` or a ``VGPUDevice`` (``status
+    --delegate``)."""
     gpus = _by_node(api.list_objects(group=GROUP, version=VERSION, plural=SRIOV_GPU_PLURAL))
     vfs = _by_node(api.list_objects(group=GROUP, version=VERSION, plural=VGPU_PLURAL))
+    wanted = sorted(set(nodes) if nodes is not None else {*gpus, *vfs})
     vms = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VM_PLURAL)
     vmis = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VMI_PLURAL)
     devices = _pci_devices(api)

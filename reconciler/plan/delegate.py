@@ -23,6 +23,12 @@ status again), so the node is not converged until the status catches up. What it
 ``status.availableTypes``, and its GPU's types are the catalogue's, found from the desired
 ``model`` or from the profile names the objects carry. A VF a VM uses (its allocation
 annotation, or a running VMI of the profile) counts as in use: never disabled.
+
+One spec is not given as it asks: a type change the controller ignores (an enabled VF whose
+``vGPUTypeName`` is not the profile its status hosts: :func:`ignored_change`), which would be a
+pending step forever. The VF is given as hosting what its status says, so another desired
+profile is a profile change as any (disable, then enable; blocked while a VM uses it), and the
+hosted one, desired, is a ``vgpudevice-enable`` that sets the spec back (:func:`_pending`).
 """
 
 from __future__ import annotations
@@ -315,7 +321,8 @@ def _as_vf(vf: HarvesterVf, index: int, observed: HarvesterNode) -> Vf:
     holder = observed.used_by.get(vf.name, "")
     hosted = VGPU(
         uuid=vf.uuid or vf.name,
-        type_name=vf.type_name or vf.configured_type,
+        # A type change the controller ignores: the VF hosts what its status says.
+        type_name=ignored_change(vf) or vf.type_name or vf.configured_type,
         in_use=bool(holder),
         holder=holder,
     )
@@ -326,25 +333,67 @@ def _as_vf(vf: HarvesterVf, index: int, observed: HarvesterNode) -> Vf:
 PENDING = "pending: pcidevices-controller has not carried out the spec"
 
 
+def ignored_change(vf: HarvesterVf) -> str:
+    """The profile ``vf`` hosts while its spec, enabled, asks another ("" otherwise): a type
+    change pcidevices-controller ignores. Its ``OnVGPUChange`` (pkg/controller/gpudevice/
+    vgpu_controller.go, bdd8025) calls ``enableVGPU`` only when sysfs shows no vGPU on the VF
+    and ``disableVGPU`` only when ``spec.enabled`` is false; an enabled VF that hosts a vGPU
+    gets a status refresh (``uuid``, ``vGPUStatus``, ``availableTypes``) and nothing more, so
+    a ``vGPUTypeName`` written over a hosted profile (Harvester's UI, kubectl) is never carried
+    out. The node-local planner is given the hosted profile (the truth), so a profile change
+    is planned as any other: ``vgpudevice-disable``, then ``vgpudevice-enable`` once
+    ``availableTypes`` lists the profile (and blocked while a VM uses the VF)."""
+    hosted = vf.hosts
+    if vf.enabled and vf.type_name and hosted and hosted != vf.type_name:
+        return hosted
+    return ""
+
+
+def _ignored_cause(vf: HarvesterVf) -> str:
+    """What a step of a VF with an ignored type change adds to its reason ("" for others)."""
+    hosted = ignored_change(vf)
+    if not hosted:
+        return ""
+    return (
+        f" (spec.vGPUTypeName {vf.type_name} is not carried out: it hosts {hosted}, and "
+        "pcidevices-controller ignores a type change on an enabled VGPUDevice)"
+    )
+
+
 def _pending(vf: HarvesterVf, node: str, observed: HarvesterNode) -> DelegateAction:
     """The step a VF's spec asks that its status does not show: nothing to write (the
-    executor waits for the status again), the status in its reason."""
+    executor waits for the status again), the status in its reason.
+
+    An ignored type change (:func:`ignored_change`) left here is one whose hosted profile the
+    plan keeps: waiting would never end, so its step writes the spec back to the profile it
+    hosts (one write, no vGPU touched: safe while a VM uses it; the webhook checks no type
+    change on an enabled VGPUDevice, pkg/webhook/vgpu.go ``Update``)."""
     index = observed.vfs_of(vf.parent).index(vf)
+    hosted = ignored_change(vf)
+    if hosted:
+        return VgpuDeviceEnable(
+            target=vf.name,
+            reason=(
+                f"spec.vGPUTypeName {vf.type_name} is not carried out: it hosts {hosted}, as "
+                "desired, and pcidevices-controller ignores a type change on an enabled "
+                f"VGPUDevice: the spec is set back to {hosted}"
+            ),
+            node=node,
+            gpu=vf.parent,
+            vf=vf.address,
+            vf_index=index,
+            resource_version=vf.resource_version,
+            type_name=hosted,
+            replaces=vf.type_name,
+        )
     shown = (
         f"status.vGPUStatus: {'vGPUConfigured' if vf.configured else 'empty'}, "
         f"configureVGPUTypeName: {vf.configured_type or 'empty'}, uuid: {vf.uuid or 'empty'}"
     )
     if vf.enabled:
-        other = vf.hosts
-        why = (
-            f"; it hosts {other}: pcidevices-controller ignores a type change on an enabled "
-            "VGPUDevice"
-            if other
-            else ""
-        )
         return VgpuDeviceEnable(
             target=vf.name,
-            reason=f"{PENDING} (enabled: true, vGPUTypeName: {vf.type_name}; {shown}){why}",
+            reason=f"{PENDING} (enabled: true, vGPUTypeName: {vf.type_name}; {shown})",
             node=node,
             gpu=vf.parent,
             vf=vf.address,
@@ -380,18 +429,18 @@ def _translate(
             if isinstance(action, VgpuRemove):
                 return VgpuDeviceDisable(
                     target=vf.name,
-                    reason=action.reason,
+                    reason=action.reason + _ignored_cause(vf),
                     node=node,
                     gpu=action.gpu,
                     vf=vf.address,
                     vf_index=action.vf_index,
                     resource_version=vf.resource_version,
-                    type_name=vf.type_name or action.type_name,
+                    type_name=ignored_change(vf) or vf.type_name or action.type_name,
                     replaced_by=action.replaced_by,
                 )
             return VgpuDeviceEnable(
                 target=vf.name,
-                reason=action.reason,
+                reason=action.reason + _ignored_cause(vf),
                 node=node,
                 gpu=action.gpu,
                 vf=vf.address,

@@ -13,8 +13,11 @@ The controller (:class:`PciDevicesController`)
     through the unmodified ``kubernetes`` client over HTTP, one request per Go client call
     (``Create``, ``Update``, ``UpdateStatus``, ``Delete``), with the objects shaped as Go's JSON
     encoding of its types shapes them (spec fields always present, status fields ``omitempty``).
-    Its informer caches are the emulator's store read directly (``get_object``/``objects``): a
-    cache that is never stale, and reads the API server never sees, as with a real informer.
+    Its informer caches are the emulator's store read directly (``get_object``/``objects``),
+    reads the API server never sees, as with a real informer; but the object a handler is
+    given is the one its informer last delivered (below), as lasso's ``syncHandler``
+    (rancher/lasso pkg/controller/controller.go) takes it from the informer's store by key
+    when the key is processed.
 
     It is driven step by step: :meth:`~PciDevicesController.resync` is the node controller's
     periodic reconcile (``reconcileNodeDevices``, every 30 s in the real one: PCIDevices, then
@@ -45,7 +48,12 @@ The controller (:class:`PciDevicesController`)
     - ``informer_lag`` (seconds): a change reaches the handlers only that long after the API
       server stored it (client-go's reflector, DeltaFIFO and wrangler's work queue between
       the watch event and ``OnVGPUChange``/``OnGPUChange``), so a status is written a little
-      after the spec it answers: in between, the spec says what the status does not.
+      after the spec it answers: in between, the spec says what the status does not. A key
+      handled in between for another reason (``reconcileDisabledVGPUStatus``'s ``Enqueue``
+      of a sibling, a retry) is handled on the object as last delivered: its ``UpdateStatus``
+      carries that object's resourceVersion, the API server answers 409 Conflict, and the
+      key is requeued (lasso ``processSingleItem``: ``AddRateLimited``, the error not logged
+      for a conflict: :data:`CONFLICT`); the change, once delivered, queues it again.
 
 The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
     is the validating webhook ``pcidevices.harvesterhci.io`` of the configuration
@@ -68,9 +76,9 @@ readiness check (the executor runs sriov-manage directly), the PCIDeviceClaim co
 are created and deleted, never acted on), device plugins, USB and SR-IOV NIC devices, the
 management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object, pci.ids names (a
 PCIDevice's description and resource name take ghw's unknown-product forms), the other
-validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and a cache that lags behind
-the store for the handlers' reads (``informer_lag`` delays when a handler runs; what it reads
-then is current).
+validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and caches that lag behind the
+store for the handlers' other reads (the VGPUDevice list of ``reconcileDisabledVGPUStatus``,
+the PCIDevice and SRIOVGPUDevice gets, and the node resync's lists read the store).
 """
 
 from __future__ import annotations
@@ -375,6 +383,9 @@ class PciDevicesController:
         self.informer_lag = 0.0
         #: When each changed key was first seen, while it waits out ``informer_lag``.
         self._arriving: dict[str, float] = {}
+        #: Each key's object as its informer last delivered it (lasso's ``syncHandler`` gives
+        #: a handler the informer store's object): what the handlers act on and write over.
+        self._cache: dict[str, JsonObject] = {}
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -419,12 +430,13 @@ class PciDevicesController:
             if not self._queue.keys:
                 return None
             key = self._queue.keys.popleft()
-            kind, _, name = key.partition("/")
+            kind = key.partition("/")[0]
+            cached = copy.deepcopy(self._cache.get(key))
             try:
                 if kind == "sriovgpudevices":
-                    self.on_gpu_change(self._emu.get_object(*SRIOVGPUS, name))
+                    self.on_gpu_change(cached)
                 else:
-                    self.on_vgpu_change(self._emu.get_object(*VGPUS, name))
+                    self.on_vgpu_change(cached)
             except _GoError as error:
                 self._failed(HandlerError(key, str(error)))
                 self._queue.waiting.append(key)
@@ -491,9 +503,12 @@ class PciDevicesController:
         filter) whose resourceVersion changed, or that vanished, is queued, once it has been
         so for ``informer_lag`` seconds."""
         current: dict[str, str] = {}
+        stored: dict[str, JsonObject] = {}
         for plural, res in (("sriovgpudevices", SRIOVGPUS), ("vgpudevices", VGPUS)):
             for obj in self._emu.objects(*res):
-                current[f"{plural}/{_name(obj)}"] = str(obj["metadata"].get("resourceVersion"))
+                key = f"{plural}/{_name(obj)}"
+                current[key] = str(obj["metadata"].get("resourceVersion"))
+                stored[key] = obj
         # In the store's order, then the vanished in the order seen: keys that arrive together
         # are queued so (sorted() is stable), never in a set's hash order, which varies from
         # process to process (PYTHONHASHSEED) and made the handlers' order, and a test, flaky.
@@ -509,8 +524,10 @@ class PciDevicesController:
             self._queue.add(key)
             if key in current:
                 self._seen[key] = current[key]
+                self._cache[key] = copy.deepcopy(stored[key])
             else:
                 self._seen.pop(key, None)
+                self._cache.pop(key, None)
 
     # -- OnGPUChange: pkg/controller/gpudevice/gpu_controller.go --
 

@@ -182,6 +182,30 @@ def test_an_object_edited_since_the_plan_is_a_conflict() -> None:
     assert "run plan again" in outcome.message and api.patches == []
 
 
+def test_an_ignored_type_change_over_the_kept_profile_sets_the_spec_back() -> None:
+    # Issue 30, item 2: the spec asks 2Q over the 4Q it hosts (pcidevices-controller ignores a
+    # type change on an enabled VGPUDevice); the plan keeps the 4Q: one patch sets the spec's
+    # type back, testing what it replaces, and waits for nothing (the status shows it).
+    api = FakeCluster()
+    obj = vf_object(True, "NVIDIA A2-4Q", configured=True)
+    obj["spec"]["vGPUTypeName"] = "NVIDIA A2-2Q"
+    api.seed("vgpudevices", [obj])
+    result, _ = run(api, enable("NVIDIA A2-4Q", "NVIDIA A2-2Q"), used="VM default/win11")
+    assert [(o.status, o.message) for o in result.outcomes] == [
+        (OutcomeStatus.DONE, "spec set back to NVIDIA A2-4Q, which it hosts")
+    ]
+    assert api.patches == [
+        [
+            {"op": "test", "path": "/spec/enabled", "value": True},
+            {"op": "test", "path": "/spec/vGPUTypeName", "value": "NVIDIA A2-2Q"},
+            {"op": "replace", "path": "/spec/vGPUTypeName", "value": "NVIDIA A2-4Q"},
+        ]
+    ]
+    assert stored(api, "vgpudevices", f"{NODE}-000008004")["spec"]["vGPUTypeName"] == (
+        "NVIDIA A2-4Q"
+    )
+
+
 def test_a_gpu_enable_waits_until_its_vgpudevices_exist() -> None:
     api = FakeCluster()
     api.seed(

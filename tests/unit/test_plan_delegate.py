@@ -343,14 +343,74 @@ def test_an_enabled_spec_the_status_does_not_show_is_a_pending_step(
     assert steps(p) == [("vgpudevice-enable", f"{NODE}-000008004", "NVIDIA A2-4Q")]
 
 
-def test_a_type_change_the_controller_ignores_is_pending_and_says_so() -> None:
-    # The spec says 4Q, the VF hosts 2Q: enableVGPU never runs on a configured VF.
-    observed = _with_status(
-        harvester(vgpus={0: "NVIDIA A2-4Q"}), 0, configured_type="NVIDIA A2-2Q", uuid="nvidia-743"
+# Issue 30, item 2: an ignored type change. pcidevices' OnVGPUChange (vgpu_controller.go) makes
+# a vGPU only when sysfs shows none and removes it only when spec.enabled is false: a
+# vGPUTypeName written over an enabled VF's vGPU (the UI, kubectl) is never carried out.
+
+#: VF 0's spec asks 4Q (enabled), its status says it hosts 2Q (type id 743 here).
+IGNORED = "pcidevices-controller ignores a type change on an enabled VGPUDevice"
+
+
+def _ignored(used: Mapping[int, str] | None = None) -> HarvesterNode:
+    return _with_status(
+        harvester(vgpus={0: "NVIDIA A2-4Q"}, used=used),
+        0,
+        configured_type="NVIDIA A2-2Q",
+        uuid="nvidia-743",
     )
-    (step,) = plan(want(vgpus={0: "A2-4Q"}), observed=observed).actions
-    assert isinstance(step, VgpuDeviceEnable) and step.pending
-    assert "it hosts NVIDIA A2-2Q: pcidevices-controller ignores a type change" in step.reason
+
+
+def test_a_type_change_the_controller_ignores_is_carried_out_by_a_disable_and_an_enable() -> None:
+    p = plan(want(vgpus={0: "A2-4Q"}), observed=_ignored())
+    vf = f"{NODE}-000008004"
+    # The profile change as vgpuctl always makes it: the 2Q it hosts off, then 4Q on.
+    assert steps(p) == [
+        ("vgpudevice-disable", vf, "NVIDIA A2-2Q"),
+        ("vgpudevice-enable", vf, "NVIDIA A2-4Q"),
+    ]
+    disable, enable = p.actions
+    assert isinstance(disable, VgpuDeviceDisable) and disable.replaced_by == "NVIDIA A2-4Q"
+    assert isinstance(enable, VgpuDeviceEnable) and enable.replaces == "NVIDIA A2-2Q"
+    assert not disable.pending and not enable.pending  # both are writes
+    for step in p.actions:
+        assert (
+            "spec.vGPUTypeName NVIDIA A2-4Q is not carried out: it hosts NVIDIA A2-2Q"
+            in step.reason
+        )
+        assert IGNORED in step.reason
+    assert plan_from_json(plan_to_json(p)) == p
+
+
+def test_an_ignored_type_change_on_a_vf_a_vm_uses_is_blocked_naming_the_vm() -> None:
+    p = plan(want(vgpus={0: "A2-4Q"}), observed=_ignored(used={0: "VM default/win11"}))
+    assert p.actions == ()
+    assert [(b.kind.value, b.target) for b in p.blocked] == [
+        ("vgpudevice-disable", f"{NODE}-000008004"),
+        ("vgpudevice-enable", f"{NODE}-000008004"),
+    ]
+    assert "VM default/win11" in p.blocked[0].reason
+    assert IGNORED in p.blocked[0].reason
+
+
+@pytest.mark.parametrize("desired", [want(vgpus={0: "A2-2Q"}), want(profiles={"A2-2Q": 1})])
+def test_an_ignored_type_change_over_the_desired_profile_sets_the_spec_back(
+    desired: DesiredGpu,
+) -> None:
+    # The VF hosts the desired 2Q: nothing to do on the host, but its spec's 4Q would be made
+    # at the next enable (a reboot's re-enable): the spec is written back to 2Q, not waited on.
+    p = plan(desired, observed=_ignored())
+    (step,) = p.actions
+    assert isinstance(step, VgpuDeviceEnable)
+    assert (step.target, step.type_name, step.replaces) == (
+        f"{NODE}-000008004",
+        "NVIDIA A2-2Q",
+        "NVIDIA A2-4Q",
+    )
+    assert not step.pending
+    assert IGNORED in step.reason
+    # Even while a VM uses it: no vGPU is touched.
+    (step,) = plan(desired, observed=_ignored(used={0: "VM default/win11"})).actions
+    assert step.type_name == "NVIDIA A2-2Q" and p.blocked == ()
 
 
 def test_a_disabled_spec_whose_vgpu_is_still_there_is_a_pending_disable() -> None:
