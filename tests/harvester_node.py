@@ -1,6 +1,7 @@
 """A Harvester node for delegate-mode tests: the API-server emulator serving Harvester's CRDs,
 the double of pcidevices-controller and its webhook (``tests/doubles/pcidevices.py``) running in
-its thread on a simulated A2 (NVIDIA's vendor-specific VFIO interface), and the seed's node.
+its thread on a simulated A2 (NVIDIA's vendor-specific VFIO interface; or another model, such as
+a MIG-capable A100), and the seed's node.
 
 Shared by ``tests/integration/test_cli_delegate.py`` and ``test_watch_delegate.py``.
 """
@@ -61,11 +62,15 @@ def layout(tmp_path: Path, vgpus: dict[str, str]) -> Path:
 
 
 @contextmanager
-def harvester_node(emu: ApiServerEmulator, tmp_path: Path) -> Iterator[Cluster]:
-    """The seed's node on Harvester, SR-IOV off, pcidevices-controller running."""
+def harvester_node(
+    emu: ApiServerEmulator, tmp_path: Path, *, model: str = "A2"
+) -> Iterator[Cluster]:
+    """The seed's node on Harvester, SR-IOV off, pcidevices-controller running; its GPU at
+    0000:08:00.0 is an A2 unless ``model`` names another simulator model (``A100``: an
+    A100 40GB, MIG-capable)."""
     install(emu)
     emu.seed(node_object(NODE))
-    gpu = {"model": "A2", "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
+    gpu = {"model": model, "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
     host = build_host(tmp_path / "host", {"gpus": [gpu]})
     kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
     with PciDevicesController(emu, host, NODE, kubeconfig) as ctl:
