@@ -12,11 +12,12 @@ import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
+from reconciler.catalog import Catalog, default_catalog
 from reconciler.sim import SimHost, build_host
 from tests.doubles.emulator import ApiServerEmulator
 from tests.doubles.pcidevices import PciDevicesController, install, node_object, vm
@@ -63,15 +64,31 @@ def layout(tmp_path: Path, vgpus: dict[str, str]) -> Path:
 
 @contextmanager
 def harvester_node(
-    emu: ApiServerEmulator, tmp_path: Path, *, model: str = "A2"
+    emu: ApiServerEmulator,
+    tmp_path: Path,
+    *,
+    vf_offset: int | None = None,
+    model: str = "A2",
 ) -> Iterator[Cluster]:
     """The seed's node on Harvester, SR-IOV off, pcidevices-controller running; its GPU at
     0000:08:00.0 is an A2 unless ``model`` names another simulator model (``A100``: an
-    A100 40GB, MIG-capable)."""
+    A100 40GB, MIG-capable).
+
+    ``vf_offset``: the GPU's ``sriov_offset`` on this host when not the catalogue's (4). The
+    First VF Offset is the device's own (its SR-IOV capability, which the kernel reads), and
+    the catalogue only records what public captures showed (docs/domain.md §1: VF addresses
+    cannot be computed reliably; some boards show 2): a board or firmware that differs makes
+    its VFs, and so pcidevices-controller's VGPUDevice names, other than predicted."""
     install(emu)
     emu.seed(node_object(NODE))
     gpu = {"model": model, "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
-    host = build_host(tmp_path / "host", {"gpus": [gpu]})
+    catalog = default_catalog()
+    if vf_offset is not None:
+        chosen = catalog.model(model)
+        catalog = Catalog(
+            tuple(replace(m, vf_offset=vf_offset) if m is chosen else m for m in catalog.models)
+        )
+    host = build_host(tmp_path / "host", {"gpus": [gpu]}, catalog=catalog)
     kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
     with PciDevicesController(emu, host, NODE, kubeconfig) as ctl:
         ctl.resync()

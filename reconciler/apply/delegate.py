@@ -7,7 +7,10 @@ For each step, bounded by ``timeout`` (long enough for a node resync, about 30 s
    waits until the VF hosts nothing (``status.vGPUStatus`` empty) and its
    ``status.availableTypes`` lists the profile; a ``vgpudevice-disable`` or
    ``sriovgpudevice-disable`` first asks who uses the device *now* (VMs and VMIs read again) and
-   never writes while anything does.
+   never writes while anything does. A ``vgpudevice-enable`` planned ahead, on an object not
+   made yet (``object_exists`` False: its GPU's SR-IOV was off), first waits for its
+   ``VGPUDevice`` to appear and checks it is the one predicted (name, VF address, parent GPU,
+   VF index), else fails naming both, before anything is written to it.
 2. **The write**: a JSON patch that tests the spec field it changes still holds the planned
    value (so a concurrent edit is a conflict, "plan again", while the controller's own status
    writes, which bump ``resourceVersion``, are not), then sets it.
@@ -39,7 +42,7 @@ from reconciler.model import (
     VgpuDeviceDisable,
     VgpuDeviceEnable,
 )
-from reconciler.model.cluster import GROUP, SRIOV_GPU_PLURAL, VERSION, VGPU_PLURAL
+from reconciler.model.cluster import GROUP, SRIOV_GPU_PLURAL, VERSION, VGPU_PLURAL, object_name
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.harvester import HarvesterGpu, HarvesterVf
 from reconciler.model.record import record
@@ -137,6 +140,8 @@ class DelegateExecutor:
         return OutcomeStatus.SKIPPED, "skipped: not a delegate step"
 
     def _enable_vf(self, a: VgpuDeviceEnable) -> tuple[OutcomeStatus, str]:
+        if not a.object_exists:
+            self._made_as_predicted(a)
         vf = self._vf(a.target)
         if vf.enabled and vf.type_name == a.type_name:
             # Written already (by an earlier run, or pending): never written again, waited for.
@@ -169,6 +174,49 @@ class DelegateExecutor:
             lambda v: _not_carried_out(v, f"the enable of {a.type_name}", self.timeout),
         )
         return OutcomeStatus.DONE, f"enabled {a.type_name}"
+
+    def _made_as_predicted(self, a: VgpuDeviceEnable) -> None:
+        """A step planned ahead (``object_exists`` False): waits until the GPU's status lists
+        its VGPUDevices (pcidevices-controller makes them at a node resync after the enable,
+        ``status.vGPUDevices`` all at once: gpuhelper.go ``GenerateGPUStatus``) and the
+        predicted one exists, then checks it is the object predicted: its name listed, its
+        ``spec.address`` and ``spec.parentGPUDeviceAddress`` the planned VF and GPU, and its
+        place among the GPU's VFs (address order) the planned VF index. Otherwise the VFs are
+        not where the catalogue put them, and the step fails before anything is written."""
+        parent = object_name(a.node, str(a.gpu))
+        gpu = self._wait(
+            lambda: self._gpu(parent),
+            lambda g: (
+                bool(g.vgpu_devices) and (a.target not in g.vgpu_devices or self._exists(a.target))
+            ),
+            lambda g: (
+                f"pcidevices-controller made no VGPUDevice {a.target} (VF {a.vf}) within "
+                f"{self.timeout:g} s (status.vGPUDevices of {parent}: "
+                f"{_names(g.vgpu_devices) if g.vgpu_devices else 'none yet'})"
+            ),
+        )
+        predicted = (
+            f"the plan predicted VGPUDevice {a.target} for VF {a.vf} (VF {a.vf_index} of GPU "
+            f"{a.gpu}, from the catalogue's VF offset and stride)"
+        )
+        again = "nothing was written to it: run plan again, which plans from the objects made"
+        if a.target not in gpu.vgpu_devices:
+            raise StepFailed(
+                f"{predicted}, but pcidevices-controller made other VGPUDevices: "
+                f"{_names(gpu.vgpu_devices)} (status.vGPUDevices of {parent}); {again}",
+                transient=True,
+            )
+        vf = self._vf(a.target)
+        order = sorted(gpu.vf_addresses)
+        index = order.index(vf.address) if vf.address in order else None
+        if (vf.address, vf.parent, index) != (a.vf, a.gpu, a.vf_index):
+            found = f"VF {index}" if index is not None else "not listed in status.vfAddresses"
+            raise StepFailed(
+                f"{predicted}, but the object made is VF {vf.address} of GPU {vf.parent} "
+                f"({found} of {parent}'s {len(order)}, first {order[0] if order else 'none'}); "
+                f"{again}",
+                transient=True,
+            )
 
     def _disable_vf(self, a: VgpuDeviceDisable) -> tuple[OutcomeStatus, str]:
         vf = self._vf(a.target)
@@ -312,6 +360,13 @@ def _not_carried_out(vf: HarvesterVf, what: str, timeout: float) -> str:
         f"configureVGPUTypeName: {vf.configured_type or 'empty'}, uuid: {vf.uuid or 'empty'})"
         f"{hint}"
     )
+
+
+def _names(names: Sequence[str], shown: int = 4) -> str:
+    """The first ``shown`` of ``names`` (read from the API server), and how many in all."""
+    names = sorted(names)  # status order is virtfn glob order; names sort as addresses do
+    head = ", ".join(names[:shown])
+    return head if len(names) <= shown else f"{head}, … ({len(names)} in all)"
 
 
 def _status(vf: HarvesterVf) -> str:

@@ -220,6 +220,11 @@ def _action_lines(actions: Sequence[Action], style: Style) -> dict[str, list[Lin
     return per_gpu
 
 
+#: How a step on a VGPUDevice that pcidevices-controller makes only after its GPU's enable is
+#: marked (``objectExists: false`` in JSON).
+NOT_MADE_YET = "(after the enable; VGPUDevice not made yet)"
+
+
 def _delegate_vf_line(a: VgpuDeviceEnable | VgpuDeviceDisable, style: Style) -> Line:
     """A VGPUDevice spec write, as its host counterpart is shown: ``+``/``-``/``-/+`` and the
     VF, then the object written."""
@@ -233,6 +238,8 @@ def _delegate_vf_line(a: VgpuDeviceEnable | VgpuDeviceDisable, style: Style) -> 
     order = 1 if isinstance(a, VgpuDeviceEnable) else 0
     if a.pending:  # written already: the controller's work is what is left
         where += "  pending"
+    if isinstance(a, VgpuDeviceEnable) and not a.object_exists:  # planned ahead
+        where += f"  {NOT_MADE_YET}"
     return Line(symbol, f"vgpu {safe(a.vf)}  {what}  {where}", safe(a.reason), order)
 
 

@@ -4,11 +4,12 @@ the one pipeline ``apply --delegate harvester`` and ``watch --delegate harvester
 
 :func:`plan_all` observes every node of the desired state from its ``SRIOVGPUDevice`` and
 ``VGPUDevice`` objects (six cluster-wide lists, whatever the number of nodes) and plans each.
-:func:`converge` applies such plans in rounds: a GPU's VF steps can be planned only once
-pcidevices-controller has made their ``VGPUDevice`` objects, so after each round the nodes are
-read and planned again, until nothing is left to do, only steps a VM blocks remain, a round
-changes nothing, or :data:`MAX_ROUNDS` rounds ran. When a GPU was enabled and its objects are
-not there yet, it waits for them (bounded by the step timeout).
+:func:`converge` applies such plans in rounds: a GPU's VF steps are planned ahead of its enable
+where the catalogue knows where its VFs appear (``plan/delegate.py`` ``plan_ahead``: one round
+then), else only once pcidevices-controller has made their ``VGPUDevice`` objects, so after
+each round the nodes are read and planned again, until nothing is left to do, only steps a VM
+blocks remain, a round changes nothing, or :data:`MAX_ROUNDS` rounds ran. When a GPU was
+enabled and its objects are not there yet, it waits for them (bounded by the step timeout).
 
 It writes nothing itself: each node's steps go through
 :class:`~reconciler.apply.delegate.DelegateExecutor`, which asks ``guard`` before every write

@@ -379,10 +379,18 @@ class VgpuDeviceEnable(_HarvesterVfStep):
     """``vGPUTypeName: type_name, enabled: true``; written once the VF's
     ``status.availableTypes`` lists the profile (what the webhook admits), done once its
     ``vGPUStatus`` says configured with that type. ``replaces``: half of a profile change (the
-    profile the disable before it took off)."""
+    profile the disable before it took off).
+
+    ``object_exists`` False: planned ahead, on a GPU whose SR-IOV is off. Its ``VGPUDevice`` is
+    made by pcidevices-controller only after the GPU's ``sriovgpudevice-enable`` (at its node
+    resync), under the name and VF address it will have (``<node>-<VF address without ':' and
+    '.'>``, pcidevices ``generateVGPUDevice``) and the VF index the catalogue's VF layout puts it
+    at; ``resource_version`` is then "". Apply waits for the object and checks it is the one
+    predicted before anything is written."""
 
     kind: ClassVar[ActionKind] = ActionKind.VGPUDEVICE_ENABLE
     replaces: str | None = None
+    object_exists: bool = True
 
     @property
     def is_replacement(self) -> bool:

@@ -175,6 +175,8 @@ def _encode(action: Action, *, with_seq: bool) -> dict[str, Any]:
             out["type"] = action.type_name
             if isinstance(action, VgpuDeviceEnable) and action.replaces is not None:
                 out["replaces"] = action.replaces
+            if isinstance(action, VgpuDeviceEnable) and not action.object_exists:
+                out["objectExists"] = False
             if isinstance(action, VgpuDeviceDisable) and action.replaced_by is not None:
                 out["replacedBy"] = action.replaced_by
             if action.pending:
@@ -593,6 +595,14 @@ def _harvester_gpu(kind: type[SriovGpuDeviceEnable | SriovGpuDeviceDisable]) -> 
 def _vgpudevice_enable(r: _Read, seq: int, target: str, reason: str) -> Action:
     node, vf = r.text("node"), r.address("vf")
     _own_object(r, target, node, vf)
+    # An object not made yet (planned ahead, objectExists false) has no resourceVersion: "".
+    exists = "objectExists" not in r.doc or r.flag("objectExists")
+    version = _text(r.doc.get("resourceVersion"), _at(r.where, "resourceVersion"), empty=True)
+    if exists != bool(version):
+        raise PlanFormatError(
+            f"{_at(r.where, 'resourceVersion')}: expected "
+            + ("non-empty text" if exists else '"" (objectExists is false: no object yet)')
+        )
     return VgpuDeviceEnable(
         seq=seq,
         target=target,
@@ -601,10 +611,11 @@ def _vgpudevice_enable(r: _Read, seq: int, target: str, reason: str) -> Action:
         gpu=r.gpu(),
         vf=vf,
         vf_index=r.integer("vfIndex", 0),
-        resource_version=r.text("resourceVersion"),
+        resource_version=version,
         type_name=r.text("type"),
         replaces=r.opt_text("replaces"),
         pending=r.opt_flag("pending"),
+        object_exists=exists,
     )
 
 
@@ -680,7 +691,7 @@ _DECODERS: Mapping[ActionKind, tuple[tuple[str, ...], tuple[str, ...], _Build]] 
     ),
     ActionKind.VGPUDEVICE_ENABLE: (
         _HARVESTER_VF_FIELDS,
-        ("replaces", "pending"),
+        ("replaces", "pending", "objectExists"),
         _vgpudevice_enable,
     ),
     ActionKind.DEVICE_PLUGIN_REFRESH: (("resource", "type", "devices"), (), _device_plugin_refresh),

@@ -9,8 +9,10 @@ and per-size rules, what an in-use vGPU blocks — and its steps become spec wri
 
 - a vgpu-remove → ``vgpudevice-disable``; a vgpu-create → ``vgpudevice-enable``;
 - an sriov-disable → ``sriovgpudevice-disable``; a GPU desired on whose ``SRIOVGPUDevice`` is
-  disabled → ``sriovgpudevice-enable``, its VFs planned once their ``VGPUDevice`` objects exist
-  (their addresses are not known before: the plan says so in a note).
+  disabled → ``sriovgpudevice-enable``, then its VFs' ``vgpudevice-enable`` steps planned ahead
+  (:func:`plan_ahead`) on the ``VGPUDevice`` objects pcidevices-controller will make, where the
+  catalogue knows where its VFs appear; otherwise they are planned once the objects exist (the
+  plan says so in a note, and why).
 
 The node-local planner is given what each VF's spec asks (``enabled`` with ``vGPUTypeName``):
 that is what the controller converges to, and what a write changes, so a later run never writes
@@ -54,8 +56,9 @@ from reconciler.model import (
     VgpuMode,
     VgpuRemove,
 )
+from reconciler.model.cluster import object_name
 from reconciler.model.harvester import HarvesterGpu, HarvesterNode, HarvesterVf
-from reconciler.model.record import replace
+from reconciler.model.record import record, replace
 from reconciler.plan.check import located
 from reconciler.plan.groups import GpuIdentity, resolve_on
 from reconciler.plan.mig import catalogue_reason, mig_capable, mig_problems
@@ -128,10 +131,10 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
         if want.sriov and not hg.enabled:
             first.append(_gpu_step(SriovGpuDeviceEnable, hg, node, "SR-IOV is off; desired on"))
             if want.vgpus or want.profiles:
-                notes.append(
-                    f"GPU {want.address}: its VFs are planned once pcidevices-controller has made "
-                    "their VGPUDevice objects (after the enable, within a node resync: about 30 s)"
-                )
+                ahead = plan_ahead(want, hg, vfs, observed, catalog, desired=desired.name)
+                first.extend(ahead.steps)
+                notes.extend(ahead.notes)
+                problems.extend(ahead.problems)
             continue
         if want.sriov and not vfs:
             if want.vgpus or want.profiles:
@@ -438,3 +441,134 @@ def _translate(
             hg = by_gpu.get(action.gpu)
             return None if hg is None else _gpu_step(SriovGpuDeviceDisable, hg, node, action.reason)
     return None
+
+
+# -- a GPU whose SR-IOV is off: its VFs planned ahead -------------------------------------------
+
+
+@record(frozen=True, slots=True)
+class Ahead:
+    """What :func:`plan_ahead` found for one GPU whose SR-IOV is off: its VFs' steps (each on
+    an object not made yet), or notes saying why they wait for the objects, or problems."""
+
+    steps: tuple[VgpuDeviceEnable, ...] = ()
+    notes: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()
+
+
+#: The note of a GPU whose VFs cannot be planned before their objects exist (and why, after it).
+LATER = (
+    "its VFs are planned once pcidevices-controller has made their VGPUDevice objects (after "
+    "the enable, within a node resync: about 30 s)"
+)
+
+
+def plan_ahead(
+    want: DesiredGpu,
+    hg: HarvesterGpu,
+    vfs: Sequence[HarvesterVf],
+    observed: HarvesterNode,
+    catalog: Catalog,
+    *,
+    desired: str,
+) -> Ahead:
+    """The ``vgpudevice-enable`` steps of GPU ``hg``, whose SR-IOV is off, planned before the
+    ``VGPUDevice`` objects of its VFs exist (``object_exists`` False: after its enable).
+
+    ``sriov-manage -e`` enables all of a GPU's VFs (docs/domain.md §2); the kernel puts VF
+    ``i`` at the PF's routing id + ``sriov_offset`` + i × ``sriov_stride`` (§1), values the
+    catalogue has for a model seen on real hosts (``vf_offset`` None: not known, nothing
+    predicted). pcidevices-controller then makes one ``VGPUDevice`` per VF, named
+    ``<node>-<VF address without ':' and '.'>`` (pcidevices bdd8025
+    pkg/util/gpuhelper/gpuhelper.go ``generateVGPUDevice``, through
+    pkg/apis/devices.harvesterhci.io/v1beta1/pcidevice.go ``PCIDeviceNameForHostname``), its
+    ``spec.parentGPUDeviceAddress`` the PF, disabled, offering the model's time-sliced profiles.
+    That node is planned by the node-local planner as an existing one is, so both forms
+    (``vgpus``, ``profiles``) decide as they will once the objects exist; the executor checks
+    each object against the prediction before writing it (``apply/delegate.py``)."""
+    checked = _check_model(want, observed, catalog)
+    if isinstance(checked, Problem):
+        return Ahead(problems=(checked,))
+    found = _ahead_model(want, observed, catalog)
+    if isinstance(found, str):
+        return Ahead(notes=(*filter(None, (checked,)), f"GPU {want.address}: {LATER}: {found}"))
+    if vfs:
+        why = (
+            f"{len(vfs)} VGPUDevice objects of it are still there (pcidevices-controller "
+            "removes them once its SR-IOV is off)"
+        )
+        return Ahead(notes=(*filter(None, (checked,)), f"GPU {want.address}: {LATER}: {why}"))
+    try:
+        predicted = predicted_vfs(hg, found, observed.node)
+    except ValueError:  # beyond bus 0xff: the catalogue's layout cannot be this GPU's
+        why = f"{found.name}'s VF layout (catalogue) puts its VFs beyond bus ff from {hg.address}"
+        return Ahead(notes=(*filter(None, (checked,)), f"GPU {want.address}: {LATER}: {why}"))
+    try:
+        local = plan_node(
+            DesiredNode(desired, (want,)),
+            Inventory(observed.node, (_as_gpu(hg, predicted, observed, found),)),
+            catalog=catalog,
+        )
+    except PlanError as e:
+        return Ahead(problems=e.problems or (Problem(e.message),))
+    objects = {(vf.parent, vf.address): vf for vf in predicted}
+    steps = [
+        replace(step, object_exists=False)
+        for action in local.actions
+        if isinstance(action, VgpuCreate)
+        for step in (_translate(action, observed.node, objects, {}),)
+        if isinstance(step, VgpuDeviceEnable)
+    ]
+    notes = [n for n in local.notes if n != NO_CLUSTER]
+    return Ahead(steps=tuple(steps), notes=(*filter(None, (checked,)), *notes))
+
+
+def predicted_vfs(hg: HarvesterGpu, model: GpuModel, node: str) -> tuple[HarvesterVf, ...]:
+    """The ``VGPUDevice`` objects pcidevices-controller will make for ``hg``'s VFs once its
+    SR-IOV is on (:func:`plan_ahead`), in address (index) order: disabled, no status but the
+    model's time-sliced profiles (their type keys unknown yet), no ``resourceVersion``.
+    Raises ValueError when the layout reaches beyond bus ff."""
+    if model.vf_offset is None:  # pragma: no cover - plan_ahead checks it
+        raise ValueError(f"{model.name}: VF offset not known")
+    offered = {p.name: "" for p in model.time_sliced_profiles}
+    out = []
+    for i in range(model.vfs):
+        address = PciAddress.from_routing_id(
+            hg.address.domain, hg.address.routing_id + model.vf_offset + i * model.vf_stride
+        )
+        out.append(
+            HarvesterVf(
+                name=object_name(node, str(address)),
+                resource_version="",
+                address=address,
+                parent=hg.address,
+                enabled=False,
+                available=offered,
+            )
+        )
+    return tuple(out)
+
+
+def _ahead_model(want: DesiredGpu, observed: HarvesterNode, catalog: Catalog) -> GpuModel | str:
+    """The catalogue model whose VF layout the GPU's VFs are predicted from: the desired
+    ``model`` (checked against the ``PCIDevice`` ids by :func:`_check_model`), else the model
+    of the desired profiles, else the one model the ``PCIDevice`` ids name; or why none can
+    be (words for the note)."""
+    model = _model(want, (), catalog)
+    ids = observed.pci_ids.get(want.address)
+    if ids is not None:
+        named = [m for m in catalog.models if any((i.vendor, i.device) == ids for i in m.pci_ids)]
+        if model is None and len(named) == 1:
+            model = named[0]
+        elif model is not None and model not in named:
+            return (
+                f"the desired profiles are {model.name}'s, but its PCIDevice is {ids[0]}:{ids[1]}"
+            )
+    if model is None:
+        return "the catalogue cannot tell its model (give the GPU's model in the desired state)"
+    if model.vf_offset is None:
+        return (
+            f"the catalogue does not know where {model.name}'s VFs appear (its SR-IOV VF offset "
+            "was not seen on a real host)"
+        )
+    return model

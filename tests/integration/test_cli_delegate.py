@@ -56,11 +56,21 @@ def test_the_seeds_node_converges_through_pcidevices_controller(harvester: Clust
         "| `+` | 0000:08:00.0 | sriov 0000:08:00.0  enable  (SRIOVGPUDevice "
         "harvester-kgd9c-000008000) | SR-IOV is off; desired on |"
     ) in md.splitlines()
-    assert "its VFs are planned once pcidevices-controller has made" in plan.stdout
+    # The whole plan ahead of time (issue 30, item 3): each VF's profile on the VGPUDevice
+    # pcidevices-controller will make after the enable, named after the VF (docs/domain.md §5).
+    for vf, name, profile in AHEAD:
+        assert (
+            f"+ vgpu {vf}  {profile}  (VGPUDevice {name})  (after the enable; VGPUDevice not "
+            "made yet)"
+        ) in plan.stdout
+    assert "its VFs are planned once" not in plan.stdout
+    assert "Plan: 5 to create, 0 to change, 0 to remove, 0 blocked." in plan.stdout
     # The double made the A2's PCIDevice (10de:25b6): the seed's "model: NVIDIA A2" is checked.
     assert "not checked" not in plan.stdout
 
-    harvester.ok("apply", SEED, "--yes")
+    applied = harvester.ok("apply", SEED, "--yes")
+    # One round: the VF steps were planned with the enable, and nothing is left after it.
+    assert "round 1" in applied.stderr and "round 2" not in applied.stderr
     # The A2's type ids (docs/domain.md §4: 742-756 on this branch; the double lists them in
     # the simulator's order): 4A is 751, 4Q 746.
     assert harvester.types() == {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
@@ -72,6 +82,117 @@ def test_the_seeds_node_converges_through_pcidevices_controller(harvester: Clust
     assert "No changes" in harvester.ok("plan", SEED).stdout
     assert harvester.run("assert", SEED).returncode == 0
     assert harvester.ctl.errors == []
+
+
+#: The seed's four vGPUs, by hand from docs/domain.md §1 and §5: the A2's VF i is function
+#: 4 + i of 0000:08:00 (its SR-IOV VF offset 4, stride 1), and pcidevices-controller names its
+#: VGPUDevice <node>-<VF address without ':' and '.'> (gpuhelper.go generateVGPUDevice).
+AHEAD = [
+    ("0000:08:00.4", "harvester-kgd9c-000008004", "NVIDIA A2-4A"),
+    ("0000:08:00.5", "harvester-kgd9c-000008005", "NVIDIA A2-4Q"),
+    ("0000:08:00.6", "harvester-kgd9c-000008006", "NVIDIA A2-4A"),
+    ("0000:08:00.7", "harvester-kgd9c-000008007", "NVIDIA A2-4Q"),
+]
+
+
+def test_the_plan_of_a_gpu_whose_sriov_is_off_has_its_vfs_too(harvester: Cluster) -> None:
+    """Issue 30, item 3: plan -o json, -o markdown and text show the enable, then each VF's
+    profile on the VGPUDevice that does not exist yet; apply converges in one run; a plan
+    after it finds nothing to do."""
+    doc = json.loads(harvester.ok("plan", SEED, "-o", "json").stdout)
+    (node_plan,) = doc["plans"]
+    first, *vfs = node_plan["actions"]
+    assert (first["seq"], first["kind"], first["target"], first["gpu"]) == (
+        1, "sriovgpudevice-enable", "harvester-kgd9c-000008000", "0000:08:00.0"
+    )  # fmt: skip
+    assert [
+        (a["seq"], a["kind"], a["target"], a["node"], a["gpu"], a["vf"], a["vfIndex"], a["type"],
+         a["objectExists"], a["resourceVersion"])
+        for a in vfs
+    ] == [
+        (2 + i, "vgpudevice-enable", name, NODE, "0000:08:00.0", vf, i, profile, False, "")
+        for i, (vf, name, profile) in enumerate(AHEAD)
+    ]  # fmt: skip
+    assert doc["summary"] == {"nodes": 1, "nodesWithChanges": 1, "create": 5, "change": 0,
+                              "remove": 0, "blocked": 0}  # fmt: skip
+    assert node_plan["notes"] == []
+    md = harvester.ok("plan", SEED, "-o", "markdown").stdout.splitlines()
+    for vf, name, profile in AHEAD:
+        assert (
+            f"| `+` | 0000:08:00.0 | vgpu {vf}  {profile}  (VGPUDevice {name})  (after the "
+            f"enable; VGPUDevice not made yet) | VF {vf} has no vGPU; desired {profile} |"
+        ) in md
+
+    applied = harvester.ok("apply", SEED, "--yes")
+    assert "round 2" not in applied.stderr
+    for i, (_vf, name, profile) in enumerate(AHEAD, start=2):
+        assert f"{i} vgpudevice-enable {name}: enabled {profile}" in applied.stderr
+    assert harvester.types() == {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
+    assert harvester.ok("assert", SEED).returncode == 0
+    doc = json.loads(harvester.ok("plan", SEED, "-o", "json").stdout)
+    assert doc["plans"][0]["actions"] == [] and doc["summary"]["create"] == 0
+    # Each VF's spec was written once (a JSON patch), the GPU's once.
+    written = [(r.resource, r.name) for r, _ in harvester.emu.patches]
+    assert written == [
+        ("sriovgpudevices", "harvester-kgd9c-000008000"),
+        *(("vgpudevices", name) for _vf, name, _p in AHEAD),
+    ]
+    assert harvester.ctl.errors == []
+
+
+def test_the_count_form_is_planned_ahead_too(harvester: Cluster, tmp_path: Path) -> None:
+    # profiles: two A2-4Q, no VF named: the first free VFs in index order, 0 and 1.
+    doc = yaml.safe_load(SEED.read_text())
+    gpu = doc["spec"]["nodes"][NODE]["gpus"][0]
+    del gpu["vgpus"]
+    gpu["profiles"] = {"NVIDIA A2-4Q": 2}
+    counted = tmp_path / "counted.yaml"
+    counted.write_text(yaml.safe_dump(doc))
+    plan = json.loads(harvester.ok("plan", counted, "-o", "json").stdout)
+    assert [
+        (a["kind"], a["target"], a.get("vf"), a.get("type"), a.get("objectExists"))
+        for a in plan["plans"][0]["actions"]
+    ] == [
+        ("sriovgpudevice-enable", "harvester-kgd9c-000008000", None, None, None),
+        ("vgpudevice-enable", "harvester-kgd9c-000008004", VFS[0], "NVIDIA A2-4Q", False),
+        ("vgpudevice-enable", "harvester-kgd9c-000008005", VFS[1], "NVIDIA A2-4Q", False),
+    ]
+    applied = harvester.ok("apply", counted, "--yes")
+    assert "round 2" not in applied.stderr
+    assert harvester.types() == {VFS[0]: "746", VFS[1]: "746"}
+    assert harvester.ok("assert", counted).returncode == 0
+    assert "No changes" in harvester.ok("plan", counted).stdout
+
+
+def test_vfs_made_elsewhere_than_predicted_fail_the_step_and_nothing_is_written(
+    emu: ApiServerEmulator, tmp_path: Path
+) -> None:
+    """A board whose SR-IOV VF offset is 8, not the catalogue's 4: its VFs are 0000:08:01.0
+    onwards (0x800 + 8 = 0x808), so pcidevices-controller makes harvester-kgd9c-000008010 …,
+    never the VGPUDevices the plan predicted. Apply fails at the first VF step, naming both,
+    and writes no VGPUDevice; planned again from the objects made, the count form converges."""
+    with harvester_node(emu, tmp_path, vf_offset=8) as cluster:
+        res = cluster.run("apply", SEED, "--yes")
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert (
+            "error: vgpudevice-enable harvester-kgd9c-000008004: the plan predicted VGPUDevice "
+            "harvester-kgd9c-000008004 for VF 0000:08:00.4 (VF 0 of GPU 0000:08:00.0, from the "
+            "catalogue's VF offset and stride), but pcidevices-controller made other "
+            "VGPUDevices: harvester-kgd9c-000008010, harvester-kgd9c-000008011, "
+            "harvester-kgd9c-000008012, harvester-kgd9c-000008013, … (16 in all) "
+            "(status.vGPUDevices of harvester-kgd9c-000008000); nothing was written to it: run "
+            "plan again, which plans from the objects made"
+        ) in res.stderr
+        assert cluster.types() == {}
+        assert [r.resource for r, _ in cluster.emu.patches] == ["sriovgpudevices"]
+        doc = yaml.safe_load(SEED.read_text())
+        gpu = doc["spec"]["nodes"][NODE]["gpus"][0]
+        del gpu["vgpus"]
+        gpu["profiles"] = {"NVIDIA A2-4Q": 2}
+        counted = tmp_path / "counted.yaml"
+        counted.write_text(yaml.safe_dump(doc))
+        cluster.ok("apply", counted, "--yes")
+        assert cluster.types() == {"0000:08:01.0": "746", "0000:08:01.1": "746"}
 
 
 def test_kubectl_get_vgpudevices_shows_the_result(harvester: Cluster) -> None:
@@ -138,8 +259,8 @@ def test_a_profile_change_and_a_shrink(harvester: Cluster, tmp_path: Path) -> No
 def test_later_rounds_apply_the_desired_state_that_was_confirmed(
     harvester: Cluster, tmp_path: Path
 ) -> None:
-    # The GPU enable is round 1; its VFs' steps come in round 2. The file is edited the moment
-    # the enable is written: round 2 still plans from the state the user confirmed.
+    # The GPU enable and its VFs' steps (planned ahead) are round 1. The file is edited the
+    # moment the enable is written: the VF steps are still the state the user confirmed.
     desired = tmp_path / "desired.yaml"
     desired.write_text(SEED.read_text())
     edited: list[bool] = []

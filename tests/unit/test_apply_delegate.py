@@ -240,3 +240,91 @@ def test_a_configured_status_without_a_uuid_is_not_a_done_enable() -> None:
     result, _ = run(api, enable("NVIDIA A2-4Q"), stalls=True)
     assert [o.status for o in result.outcomes] == [OutcomeStatus.FAILED]
     assert api.patches == []
+
+
+# --- issue 30, item 3: steps planned ahead, on objects not made yet -------------------------
+
+
+def ahead(type_name: str) -> Action:
+    """VF 0's enable as planned while its GPU's SR-IOV was off: its object not made yet."""
+    return replace(enable(type_name), resource_version="", object_exists=False)
+
+
+def gpu_object(enabled: bool, vfs: list[str] | None = None) -> dict[str, Any]:
+    """The A2's SRIOVGPUDevice; ``vfs``: the VF addresses its status lists (and their names)."""
+    status = (
+        {"vfAddresses": vfs, "vGPUDevices": [f"{NODE}-0000{a[5:7]}{a[8:10]}{a[11]}" for a in vfs]}
+        if vfs
+        else {}
+    )
+    return {
+        "metadata": {"name": f"{NODE}-000008000", "labels": {"nodename": NODE}},
+        "spec": {"address": str(GPU), "nodeName": NODE, "enabled": enabled},
+        "status": status,
+    }
+
+
+def test_a_step_planned_ahead_waits_for_its_object_then_enables_it() -> None:
+    api = FakeCluster()
+    api.seed("sriovgpudevices", [gpu_object(False)])
+    gpu = SriovGpuDeviceEnable(
+        target=f"{NODE}-000008000", reason="r", node=NODE, gpu=GPU, resource_version="1"
+    )
+    result, _ = run(api, gpu, ahead("NVIDIA A2-4Q"))
+    assert [o.status for o in result.outcomes] == [OutcomeStatus.DONE, OutcomeStatus.DONE]
+    assert [op[-1] for op in api.patches] == [
+        {"op": "replace", "path": "/spec/enabled", "value": True},  # the GPU
+        {"op": "replace", "path": "/spec/enabled", "value": True},  # its VF 0, once made
+    ]
+    assert stored(api, "vgpudevices", f"{NODE}-000008004")["status"]["uuid"] == "nvidia-744"
+
+
+def test_a_step_planned_ahead_whose_object_was_made_under_another_name_writes_nothing() -> None:
+    # The GPU's VFs came at function 0 of slot 1 (an SR-IOV VF offset of 8, not 4): the
+    # controller made n1-000008010, never the predicted n1-000008004.
+    api = FakeCluster()
+    other = vf_object(False, "", configured=False)
+    other["metadata"]["name"] = f"{NODE}-000008010"
+    other["spec"]["address"] = "0000:08:01.0"
+    api.seed("sriovgpudevices", [gpu_object(True, ["0000:08:01.0", "0000:08:01.1"])])
+    api.seed("vgpudevices", [other])
+    result, _ = run(api, ahead("NVIDIA A2-4Q"), stalls=True)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.FAILED
+    assert outcome.message == (
+        f"the plan predicted VGPUDevice {NODE}-000008004 for VF 0000:08:00.4 (VF 0 of GPU "
+        "0000:08:00.0, from the catalogue's VF offset and stride), but pcidevices-controller "
+        f"made other VGPUDevices: {NODE}-000008010, {NODE}-000008011 (status.vGPUDevices of "
+        f"{NODE}-000008000); nothing was written to it: run plan again, which plans from the "
+        "objects made"
+    )
+    assert api.patches == []
+
+
+def test_a_step_planned_ahead_whose_object_is_another_vf_index_writes_nothing() -> None:
+    # An SR-IOV VF offset of 2: 0000:08:00.4 exists, but as VF 2, so a plan made for VF 0
+    # (the count form, an index key) would put the profile on another VF than planned.
+    api = FakeCluster()
+    api.seed("sriovgpudevices", [gpu_object(True, ["0000:08:00.2", "0000:08:00.3", str(VF0)])])
+    api.seed("vgpudevices", [vf_object(False, "", configured=False)])
+    result, _ = run(api, ahead("NVIDIA A2-4Q"), stalls=True)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.FAILED
+    assert (
+        "but the object made is VF 0000:08:00.4 of GPU 0000:08:00.0 (VF 2 of "
+        f"{NODE}-000008000's 3, first 0000:08:00.2)"
+    ) in outcome.message
+    assert api.patches == []
+
+
+def test_a_step_planned_ahead_whose_object_never_comes_fails_when_the_wait_ends() -> None:
+    api = FakeCluster()
+    api.seed("sriovgpudevices", [gpu_object(True)])
+    result, _ = run(api, ahead("NVIDIA A2-4Q"), stalls=True)
+    (outcome,) = result.outcomes
+    assert outcome.status is OutcomeStatus.FAILED and outcome.transient
+    assert outcome.message == (
+        f"pcidevices-controller made no VGPUDevice {NODE}-000008004 (VF 0000:08:00.4) within "
+        f"30 s (status.vGPUDevices of {NODE}-000008000: none yet)"
+    )
+    assert api.patches == []

@@ -134,8 +134,8 @@ FULL = {
     ),
     ActionKind.VGPUDEVICE_ENABLE: VgpuDeviceEnable(
         seq=1, target="n1-000008004", reason="r", node="n1", gpu=GPU,
-        vf=PciAddress.parse("0000:08:00.4"), vf_index=0, resource_version="12",
-        type_name="NVIDIA A2-4Q", replaces="NVIDIA A2-4A", pending=True,
+        vf=PciAddress.parse("0000:08:00.4"), vf_index=0, resource_version="",
+        type_name="NVIDIA A2-4Q", replaces="NVIDIA A2-4A", pending=True, object_exists=False,
     ),
     ActionKind.DEVICE_PLUGIN_REFRESH: DevicePluginRefresh(
         seq=1, target="nvidia.com/NVIDIA_A2-4Q", reason="r", resource="nvidia.com/NVIDIA_A2-4Q",
@@ -156,7 +156,13 @@ OPTIONAL: dict[ActionKind, dict[str, Any]] = {
     },
     ActionKind.KUBEVIRT_ALLOW: {"add_pci": (), "owned_pci": (), "unmark": (), "intent": None},
     ActionKind.VGPUDEVICE_DISABLE: {"replaced_by": None, "pending": False},
-    ActionKind.VGPUDEVICE_ENABLE: {"replaces": None, "pending": False},
+    # An object that exists has a resourceVersion (one not made yet has "").
+    ActionKind.VGPUDEVICE_ENABLE: {
+        "replaces": None,
+        "pending": False,
+        "object_exists": True,
+        "resource_version": "12",
+    },
 }
 
 
@@ -385,9 +391,13 @@ def _actions(draw: st.DrawFn, kind: ActionKind, seq: int) -> Any:
                 gpu=gpu,
                 vf=vf,
                 vf_index=draw(st.integers(0, 255)),
-                resource_version=draw(_versions),
                 type_name=draw(_names),
                 **half,
+                **(
+                    {"resource_version": "", "object_exists": False}
+                    if kind is ActionKind.VGPUDEVICE_ENABLE and draw(st.booleans())
+                    else {"resource_version": draw(_versions)}
+                ),
             )
         case ActionKind.CR_CREATE:
             name = draw(_object_names)
@@ -645,6 +655,33 @@ def test_a_delegate_step_writes_only_the_object_named_after_its_device(kind: Act
     doc["target"] = "n1-000009004"
     with pytest.raises(PlanFormatError, match="target: text 'n1-000009004' is not n1-0000080"):
         action_from_json(doc)
+
+
+@pytest.mark.parametrize(
+    ("exists", "version", "message"),
+    [
+        (None, "", "resourceVersion: expected non-empty text"),
+        (False, "12", 'resourceVersion: expected "" (objectExists is false: no object yet)'),
+        (False, 12, "resourceVersion: expected text, got the number 12"),
+    ],
+)
+def test_a_step_on_an_object_not_made_yet_has_no_resource_version(
+    exists: bool | None, version: object, message: str
+) -> None:
+    """A vgpudevice-enable planned ahead (objectExists false) is written over no object: its
+    resourceVersion is "", and only then (the schema says the same)."""
+    ahead = action_to_json(FULL[ActionKind.VGPUDEVICE_ENABLE])
+    assert (ahead["objectExists"], ahead["resourceVersion"]) == (False, "")
+    assert action_from_json(ahead) == FULL[ActionKind.VGPUDEVICE_ENABLE]
+    doc = {k: v for k, v in ahead.items() if k != "objectExists"}
+    if exists is not None:
+        doc["objectExists"] = exists
+    doc["resourceVersion"] = version
+    with pytest.raises(PlanFormatError) as info:
+        action_from_json(doc)
+    assert message in info.value.message
+    assert VALIDATOR.is_valid({**_doc(), "actions": [ahead], "blocked": []})
+    assert not VALIDATOR.is_valid({**_doc(), "actions": [doc], "blocked": []})
 
 
 def test_a_blocked_cluster_action_is_refused() -> None:

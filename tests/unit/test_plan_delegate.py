@@ -101,11 +101,76 @@ def steps(p: Plan) -> list[tuple[str, str, str]]:
     return out
 
 
-def test_a_disabled_gpu_is_enabled_first_and_its_vfs_wait_for_their_objects() -> None:
+def ahead(p: Plan) -> list[tuple[str, str, int, str, str]]:
+    """Each VF step: its object, VF, index, profile, and resourceVersion (planned ahead: "")."""
+    return [
+        (a.target, str(a.vf), a.vf_index, a.type_name, a.resource_version)
+        for a in p.actions
+        if isinstance(a, VgpuDeviceEnable) and not a.object_exists
+    ]
+
+
+def test_a_disabled_gpu_is_enabled_first_then_its_vfs_planned_ahead() -> None:
+    # The A2's VF i appears at function 4 + i (its SR-IOV VF offset 4, stride 1), and
+    # pcidevices names its VGPUDevice <node>-<address without ':' and '.'>: the count form
+    # fills VFs 0 and 1, as it will once the objects exist.
     p = plan(want(profiles={"A2-4Q": 2}), observed=harvester(enabled=False))
-    assert steps(p) == [("sriovgpudevice-enable", f"{NODE}-000008000", "")]
+    assert steps(p) == [
+        ("sriovgpudevice-enable", f"{NODE}-000008000", ""),
+        ("vgpudevice-enable", f"{NODE}-000008004", "NVIDIA A2-4Q"),
+        ("vgpudevice-enable", f"{NODE}-000008005", "NVIDIA A2-4Q"),
+    ]
+    assert ahead(p) == [
+        (f"{NODE}-000008004", "0000:08:00.4", 0, "NVIDIA A2-4Q", ""),
+        (f"{NODE}-000008005", "0000:08:00.5", 1, "NVIDIA A2-4Q", ""),
+    ]
     assert p.interface == "harvester"
-    assert any("planned once pcidevices-controller has made" in n for n in p.notes)
+    assert not any("planned once" in n for n in p.notes)
+    assert p.summary.create == 3
+    # Saved and read back (plan -o json, a saved plan), the steps keep their mark.
+    assert plan_from_json(plan_to_json(p)) == p
+
+
+def test_the_vgpus_form_is_planned_ahead_by_index_and_by_address() -> None:
+    # VF 9 is 0x800 + 4 + 9 = 0x80d: 0000:08:01.5.
+    p = plan(
+        want(vgpus={9: "A2-4A", PciAddress.parse("0000:08:00.6"): "A2-4Q"}),
+        observed=harvester(enabled=False),
+    )
+    assert ahead(p) == [
+        (f"{NODE}-000008006", "0000:08:00.6", 2, "NVIDIA A2-4Q", ""),
+        (f"{NODE}-000008015", "0000:08:01.5", 9, "NVIDIA A2-4A", ""),
+    ]
+
+
+def test_a_gpu_planned_ahead_is_refused_as_it_would_be_once_its_objects_exist() -> None:
+    # Three 8 GB vGPUs on a 16 GB A2: refused before the enable is written, not after.
+    with pytest.raises(PlanError) as info:
+        plan(want(profiles={"A2-8Q": 3}, line=4), observed=harvester(enabled=False))
+    assert "d.yaml:4:11:" in info.value.lines()[0]
+    assert "allows at most 2 per NVIDIA A2" in info.value.lines()[0]
+
+
+@pytest.mark.parametrize(
+    ("desired", "ids", "why"),
+    [
+        # The A16's VF offset was never seen on a real host (catalogue vfOffset absent).
+        ({"A16-4Q": 2}, None, "the catalogue does not know where NVIDIA A16's VFs appear"),
+        ({"A2-4Q": 2}, ("10de", "2236"), "the desired profiles are NVIDIA A2's, but its PCIDevice"),
+    ],
+)
+def test_vfs_that_cannot_be_predicted_wait_for_their_objects_and_the_note_says_why(
+    desired: dict[str, int], ids: tuple[str, str] | None, why: str
+) -> None:
+    observed = replace(harvester(enabled=False), pci_ids={A2: ids} if ids else {})
+    p = plan(want(profiles=desired), observed=observed)
+    assert steps(p) == [("sriovgpudevice-enable", f"{NODE}-000008000", "")]
+    (note,) = [n for n in p.notes if "planned once" in n]
+    assert note.startswith(
+        "GPU 0000:08:00.0: its VFs are planned once pcidevices-controller has made their "
+        "VGPUDevice objects (after the enable, within a node resync: about 30 s): "
+    )
+    assert why in note
 
 
 def test_a_gpu_whose_objects_are_not_made_yet_waits_and_is_not_converged() -> None:
