@@ -1,6 +1,7 @@
 """A Harvester node for delegate-mode tests: the API-server emulator serving Harvester's CRDs,
 the double of pcidevices-controller and its webhook (``tests/doubles/pcidevices.py``) running in
-its thread on a simulated A2 (NVIDIA's vendor-specific VFIO interface), and the seed's node.
+its thread on a simulated A2 (NVIDIA's vendor-specific VFIO interface; or another model, such as
+a MIG-capable A100), and the seed's node.
 
 Shared by ``tests/integration/test_cli_delegate.py`` and ``test_watch_delegate.py``.
 """
@@ -63,25 +64,29 @@ def layout(tmp_path: Path, vgpus: dict[str, str]) -> Path:
 
 @contextmanager
 def harvester_node(
-    emu: ApiServerEmulator, tmp_path: Path, *, vf_offset: int | None = None
+    emu: ApiServerEmulator,
+    tmp_path: Path,
+    *,
+    vf_offset: int | None = None,
+    model: str = "A2",
 ) -> Iterator[Cluster]:
-    """The seed's node on Harvester, SR-IOV off, pcidevices-controller running.
+    """The seed's node on Harvester, SR-IOV off, pcidevices-controller running; its GPU at
+    0000:08:00.0 is an A2 unless ``model`` names another simulator model (``A100``: an
+    A100 40GB, MIG-capable).
 
-    ``vf_offset``: the A2's ``sriov_offset`` on this host when not the catalogue's 4. The
+    ``vf_offset``: the GPU's ``sriov_offset`` on this host when not the catalogue's (4). The
     First VF Offset is the device's own (its SR-IOV capability, which the kernel reads), and
     the catalogue only records what public captures showed (docs/domain.md §1: VF addresses
     cannot be computed reliably; some boards show 2): a board or firmware that differs makes
     its VFs, and so pcidevices-controller's VGPUDevice names, other than predicted."""
     install(emu)
     emu.seed(node_object(NODE))
-    gpu = {"model": "A2", "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
+    gpu = {"model": model, "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
     catalog = default_catalog()
     if vf_offset is not None:
+        chosen = catalog.model(model)
         catalog = Catalog(
-            tuple(
-                replace(m, vf_offset=vf_offset) if m.name == "NVIDIA A2" else m
-                for m in catalog.models
-            )
+            tuple(replace(m, vf_offset=vf_offset) if m is chosen else m for m in catalog.models)
         )
     host = build_host(tmp_path / "host", {"gpus": [gpu]}, catalog=catalog)
     kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")

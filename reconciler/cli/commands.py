@@ -142,6 +142,15 @@ def _add_validate(sub: Subparsers) -> argparse.ArgumentParser:
         help="with --explain: the node's GPUs, as 'vgpuctl status -o json' prints them on "
         "it; each is then named with the entry that configures it",
     )
+    p.add_argument(
+        "--delegate",
+        choices=("harvester", "none"),
+        default="none",
+        help="harvester: also apply delegate mode's offline rules (no cluster needed): "
+        "MIG-backed profiles are refused, and time-sliced ones on a MIG-capable GPU "
+        "(pcidevices-controller turns MIG mode on when it enables SR-IOV); none (default): "
+        "the rules every mode shares",
+    )
     p.set_defaults(handler=cmd_validate)
     return p
 
@@ -162,6 +171,16 @@ def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
         inventory = read_inventory(Path(ns.inventory))
     host = Host(options)
     desired = load(ns.files, host)
+    if ns.delegate == "harvester":
+        from reconciler.plan.mig import offline_problems
+
+        refused = offline_problems(desired, host.catalog)
+        if refused:
+            count = len(refused)
+            raise ValidationError(
+                f"desired state is invalid in delegate mode: {count} problem{'s' * (count != 1)}",
+                sorted(refused, key=lambda p: (p.file or "", p.line or 0, p.column or 0)),
+            )
     gpus = sum(len(n.gpus) for n in desired.nodes.values())
     vgpus = 0
     for n in desired.nodes.values():

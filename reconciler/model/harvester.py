@@ -101,6 +101,10 @@ class HarvesterNode:
     pci_ids: Mapping[PciAddress, tuple[str, str]] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    #: The names of this node's ``SRIOVGPUDevice``s that have a ``MigConfiguration`` of the same
+    #: name: pcidevices-controller found the GPU MIG-capable and turned MIG mode on
+    #: (gpu_controller.go ``setupMigConfiguration``; ``plan/mig.py``).
+    mig_configured: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "used_by", MappingProxyType(dict(self.used_by)))

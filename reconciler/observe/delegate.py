@@ -1,7 +1,8 @@
 """Delegate mode's observation: every node of the desired state, as Harvester's objects show it
-(docs/delegate.md). Five lists for the whole cluster, whatever the number of nodes — the
+(docs/delegate.md). Six lists for the whole cluster, whatever the number of nodes — the
 ``SRIOVGPUDevice``s, the ``VGPUDevice``s, KubeVirt's ``VirtualMachine``s and
-``VirtualMachineInstance``s, and Harvester's ``PCIDevice``s (to check a desired ``model``) —
+``VirtualMachineInstance``s, Harvester's ``PCIDevice``s (to check a desired ``model``) and its
+``MigConfiguration``s (which GPUs pcidevices-controller switched to MIG mode) —
 grouped by node here; the values are read by
 ``harvester_devices`` (pure). Raises the port's ``ClusterError`` subclasses (unreachable,
 forbidden, Harvester's CRDs missing), so nothing is planned on what could not be read.
@@ -30,6 +31,7 @@ from reconciler.observe.harvester_devices import harvester_node
 PCI_DEVICE_PLURAL = "pcidevices"
 VM_PLURAL = "virtualmachines"
 VMI_PLURAL = "virtualmachineinstances"
+MIG_CONFIGURATION_PLURAL = "migconfigurations"
 
 
 def observe_harvester_nodes(
@@ -44,6 +46,7 @@ def observe_harvester_nodes(
     vms = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VM_PLURAL)
     vmis = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VMI_PLURAL)
     devices = _pci_devices(api)
+    migs = _mig_configurations(api)
     return {
         node: harvester_node(
             node,
@@ -52,6 +55,7 @@ def observe_harvester_nodes(
             vms=vms,
             vmis=vmis,
             pci_devices=devices.get(node, ()),
+            mig_configurations=migs,
         )
         for node in wanted
     }
@@ -82,6 +86,16 @@ def _pci_devices(api: ClusterApi) -> dict[str, list[dict[str, Any]]]:
         if isinstance(node, str) and node:
             out[node].append(obj)
     return out
+
+
+def _mig_configurations(api: ClusterApi) -> list[dict[str, Any]]:
+    """Harvester's ``MigConfiguration`` objects (cluster-scoped; pcidevices names each as its
+    GPU's ``SRIOVGPUDevice``, with no ``nodename`` label): where the resource is not served
+    (a Harvester before MIG support), none."""
+    try:
+        return api.list_objects(group=GROUP, version=VERSION, plural=MIG_CONFIGURATION_PLURAL)
+    except ResourceMissingError:
+        return []
 
 
 def _by_node(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -140,9 +140,11 @@ def harvester_node(
     vms: Iterable[Mapping[str, Any]] = (),
     vmis: Iterable[Mapping[str, Any]] = (),
     pci_devices: Iterable[Mapping[str, Any]] = (),
+    mig_configurations: Iterable[Mapping[str, Any]] = (),
 ) -> HarvesterNode:
     """Node ``node`` from its objects (already selected by the ``nodename`` label), the
-    cluster's VMs, this node's VMIs and its ``PCIDevice`` objects."""
+    cluster's VMs, this node's VMIs, its ``PCIDevice`` objects and the cluster's
+    ``MigConfiguration`` objects (those named as one of its GPUs' objects count)."""
     notes: list[str] = []
     gpus: list[HarvesterGpu] = []
     for raw in gpu_objects:
@@ -184,6 +186,7 @@ def harvester_node(
             if vf.configured and resource_name(vf.configured_type) in wanted:
                 used.setdefault(vf.name, f"VM {_vm_name(vmi)} (running; allocation unknown)")
     ids = dict(found for raw in pci_devices if (found := pci_ids(raw)) is not None)
+    migs = {mig for raw in mig_configurations if (mig := object_name(raw)) is not None}
     return HarvesterNode(
         node=node,
         gpus=tuple(sorted(gpus, key=lambda g: g.address)),
@@ -192,7 +195,17 @@ def harvester_node(
         notes=tuple(notes),
         unread_holders=tuple(unread),
         pci_ids=ids,
+        mig_configured=frozenset(g.name for g in gpus if g.name in migs),
     )
+
+
+def object_name(raw: Mapping[str, Any]) -> str | None:
+    """An object's ``metadata.name``; None when it is not a name (what a ``MigConfiguration``
+    is read for: pcidevices names it as the GPU's ``SRIOVGPUDevice``, gpu_controller.go
+    ``setupMigConfiguration``, and its existence is what says the GPU is MIG-capable)."""
+    metadata = raw.get("metadata") if isinstance(raw, Mapping) else None
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    return name if isinstance(name, str) and 0 < len(name) <= _MAX_NAME else None
 
 
 def could_hold(

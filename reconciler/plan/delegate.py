@@ -67,6 +67,7 @@ from reconciler.model.harvester import HarvesterGpu, HarvesterNode, HarvesterVf
 from reconciler.model.record import record, replace
 from reconciler.plan.check import located
 from reconciler.plan.groups import GpuIdentity, resolve_on
+from reconciler.plan.mig import catalogue_reason, mig_capable, mig_problems
 from reconciler.plan.planner import NO_CLUSTER, plan_node
 
 #: A plan's ``interface`` in delegate mode.
@@ -121,6 +122,10 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
                     want.location,
                 )
             )
+            continue
+        refused = _mig_refusals(want, hg, observed, catalog)
+        if refused:
+            problems.extend(refused)
             continue
         vfs = observed.vfs_of(want.address)
         if not want.sriov and not hg.enabled and not any(v.enabled for v in vfs):
@@ -289,6 +294,38 @@ def _model(want: DesiredGpu, vfs: Sequence[HarvesterVf], catalog: Catalog) -> Gp
         if known is not None:
             return known[0]
     return None
+
+
+def _mig_refusals(
+    want: DesiredGpu, hg: HarvesterGpu, observed: HarvesterNode, catalog: Catalog
+) -> list[Problem]:
+    """The profiles of ``want`` delegate mode refuses (``plan/mig.py``): MIG-backed ones, and
+    time-sliced ones on a MIG-capable GPU, before anything is written for it."""
+    group = f" (node group '{want.group}')" if want.group is not None else ""
+    ref = f"{want.address} on node {observed.node}{group}"
+    return mig_problems(
+        want, ref, capable=_mig_capable(want, hg, observed, catalog), catalog=catalog
+    )
+
+
+def _mig_capable(
+    want: DesiredGpu, hg: HarvesterGpu, observed: HarvesterNode, catalog: Catalog
+) -> str | None:
+    """Why the GPU is MIG-capable, or None when nothing says so: Harvester's MigConfiguration
+    of it (pcidevices-controller made one: its nvidia-smi said so), else the catalogue's model
+    of its PCIDevice ids (every model they may name), else the model :func:`_model` finds."""
+    if hg.name in observed.mig_configured:
+        return (
+            f"Harvester has a MigConfiguration {hg.name} for it (pcidevices-controller found it "
+            "MIG-capable)"
+        )
+    ids = observed.pci_ids.get(want.address)
+    named = {m.name: m for m in catalog.models for i in m.pci_ids if ids == (i.vendor, i.device)}
+    if named:
+        capable = [m for m in named.values() if mig_capable(m)]
+        return catalogue_reason(capable[0]) if len(capable) == len(named) else None
+    model = _model(want, observed.vfs_of(want.address), catalog)
+    return catalogue_reason(model) if model is not None and mig_capable(model) else None
 
 
 def _as_gpu(

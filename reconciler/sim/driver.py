@@ -44,7 +44,7 @@ def enable_vfs(state: SimState, tree: SysfsTree, gpu: GpuRecord) -> bool:
         model=model,
         vfs=[(v.address, v.iommu_group) for v in gpu.vfs],
         interface=gpu.interface,
-        creatable=creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode),
+        creatable=creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode, mig=gpu.mig_mode),
     )
     return True
 
@@ -99,7 +99,7 @@ def set_vgpu_mode(state: SimState, tree: SysfsTree, gpu: GpuRecord, mode: VgpuMo
     if gpu.vgpu_mode is mode:
         return False
     model = state.model_of(gpu)
-    before = creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode)
+    before = creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode, mig=gpu.mig_mode)
     gpu.vgpu_mode = mode
     _refresh(state, tree, gpu, model, before)
     if gpu.interface == "vfio":
@@ -108,6 +108,29 @@ def set_vgpu_mode(state: SimState, tree: SysfsTree, gpu: GpuRecord, mode: VgpuMo
             vfs=[v.address for v in gpu.vfs],
             text=_placements(state, gpu, model),
         )
+    return True
+
+
+def set_mig_mode(state: SimState, tree: SysfsTree, gpu: GpuRecord, on: bool) -> bool:
+    """``nvidia-smi -i <GPU> -mig 0|1``: the GPU's MIG mode, at once (a real GPU may need a
+    reset before the mode is current: not modelled). EINVAL for a model without MIG; EPERM
+    while it hosts a vGPU (the GPU is in use); False if it is in that mode already. In MIG
+    mode its VFs offer no time-sliced type (:func:`rules.creatable`)."""
+    model = state.model_of(gpu)
+    if not model.mig:
+        raise refusal(errno.EINVAL, f"GPU {gpu.address} ({model.name}) does not support MIG")
+    on_gpu = state.vgpus_on(gpu)
+    if on_gpu:
+        raise refusal(
+            errno.EPERM,
+            f"GPU {gpu.address} hosts {len(on_gpu)} vGPU{'s' if len(on_gpu) != 1 else ''}: "
+            "its MIG mode changes only while it is not in use",
+        )
+    if gpu.mig_mode is on:
+        return False
+    before = creatable(model, state.hosted(gpu), mode=gpu.vgpu_mode, mig=gpu.mig_mode)
+    gpu.mig_mode = on
+    _refresh(state, tree, gpu, model, before)
     return True
 
 
@@ -125,13 +148,15 @@ def create_vgpu(state: SimState, tree: SysfsTree, *, vf: str, type_name: str, vg
     model = state.model_of(gpu)
     hosted = state.hosted(gpu)
     placed = tuple(state.placed(gpu).values())
-    reason = create_refusal(model, hosted, vf, type_name, mode=gpu.vgpu_mode, placed=placed)
+    reason = create_refusal(
+        model, hosted, vf, type_name, mode=gpu.vgpu_mode, placed=placed, mig=gpu.mig_mode
+    )
     if reason is not None:
         raise refusal(errno.EINVAL, reason)
     vgpu_type = model.type_named(type_name)
     if vgpu_type is None:  # create_refusal has said so already; this keeps the types exact
         raise refusal(errno.EINVAL, f"no vGPU type {type_name!r}")
-    before = creatable(model, hosted, mode=gpu.vgpu_mode, placed=placed)
+    before = creatable(model, hosted, mode=gpu.vgpu_mode, placed=placed, mig=gpu.mig_mode)
     # Mixed-size mode: the lowest creatable placement (rules.py's model of the driver's choice).
     placement = (
         creatable_placements(model, vgpu_type, placed)[0]
@@ -193,7 +218,11 @@ def remove_vgpu(
         raise refusal(errno.ENODEV, f"vGPU {vgpu_id} sits on {rec.vf}, which is no enabled VF")
     model = state.model_of(gpu)
     before = creatable(
-        model, state.hosted(gpu), mode=gpu.vgpu_mode, placed=state.placed(gpu).values()
+        model,
+        state.hosted(gpu),
+        mode=gpu.vgpu_mode,
+        placed=state.placed(gpu).values(),
+        mig=gpu.mig_mode,
     )
     del state.vgpus[vgpu_id]
     state.held.pop(vgpu_id, None)
@@ -230,7 +259,11 @@ def _refresh(
         interface=gpu.interface,
         before=before,
         after=creatable(
-            model, state.hosted(gpu), mode=gpu.vgpu_mode, placed=state.placed(gpu).values()
+            model,
+            state.hosted(gpu),
+            mode=gpu.vgpu_mode,
+            placed=state.placed(gpu).values(),
+            mig=gpu.mig_mode,
         ),
     )
     if gpu.interface == "vfio":
@@ -263,11 +296,12 @@ def _vf_group(gpu: GpuRecord, vf: str) -> int:
 
 
 def power_cycle(state: SimState, tree: SysfsTree) -> None:
-    """A reboot: every VF and vGPU gone, every GPU equal-size, holds and faults cleared; PFs and
-    the rest unchanged."""
+    """A reboot: every VF and vGPU gone, every GPU equal-size and out of MIG mode, holds and
+    faults cleared; PFs and the rest unchanged."""
     for gpu in state.gpus:
         disable_vfs(state, tree, gpu, force=True)
         gpu.vgpu_mode = VgpuMode.EQUAL_SIZE
+        gpu.mig_mode = False
     state.vgpus.clear()
     state.held.clear()
     state.hidden.clear()

@@ -790,8 +790,8 @@ def fail(
 
 
 def reboot(directory: Path) -> None:
-    """Power-cycle: every VF and vGPU gone, every GPU equal-size, holds and faults cleared; PFs
-    and the rest stay."""
+    """Power-cycle: every VF and vGPU gone, every GPU equal-size and out of MIG mode, holds and
+    faults cleared; PFs and the rest stay."""
     root = _root_of(directory)
     with locked(root):
         state = load_state(root)

@@ -41,7 +41,22 @@ level and its ``Name``, ``GPU Instance Profile ID`` (``N/A``: time-sliced), ``Ma
 and ``FB Memory`` one level deeper, keys padded to column 42 as in ``-q``. The real command
 prints more keys (``Class``, ``Max Instances Per VM``…); they are left out, as nothing reads
 them. A call counts in the state's ``nvidiaSmiTypeQueries`` counter and changes nothing else;
-``-s`` without ``-v``, or without ``-i``, is not simulated.
+``-s`` without ``-v``, or without ``-i``, is not simulated. In MIG mode it lists nothing (no
+MIG-backed type is simulated).
+
+MIG, as Harvester's pcidevices-controller drives it (pkg/util/gpuhelper/mig.go, bdd8025; docs/
+domain.md §10), for models the catalogue lists with MIG-backed profiles:
+``nvidia-smi -i <GPU> --query-gpu=mig.mode.current --format=csv,noheader`` prints ``Enabled`` or
+``Disabled``, and ``[N/A]`` for a GPU without MIG (nvidia-smi's CSV query output; the words as
+in pcidevices' capture, mig_test.go ``migStatusSupported``/``migStatusUnsupported``).
+``nvidia-smi -i <GPU> -mig 0|1`` sets MIG mode at once (a real GPU may need a reset first: not
+modelled): from then on its VFs offer no time-sliced type, and no MIG-backed one either, since
+no GPU instance exists (none is ever made here). ``nvidia-smi mig -i <GPU> -lgip`` lists the
+model's GPU instance profiles (``rules.GPU_INSTANCE_PROFILES``) in the table layout of
+pcidevices' capture (mig_test.go ``availableProfiles``), every one free; ``nvidia-smi mig -i
+<GPU> -lgi`` says ``No GPU instances found: Not Found`` and exits 6 (nvidia-smi's "a query to
+find an object was unsuccessful"): there are none. Both refuse a GPU not in MIG mode. A call
+counts in the state's ``nvidiaSmiMigCalls`` counter.
 """
 
 from __future__ import annotations
@@ -56,6 +71,7 @@ from reconciler.model import PciAddress
 from reconciler.model.mode import VgpuMode
 from reconciler.model.record import record
 from reconciler.sim import driver
+from reconciler.sim.rules import GPU_INSTANCE_PROFILES, GpuInstanceProfile
 from reconciler.sim.scripts import install_program
 from reconciler.sim.state import GpuRecord, SimState, load_state, locked, save_state
 from reconciler.sim.tree import DRIVER_VERSION, SysfsTree
@@ -63,16 +79,27 @@ from reconciler.sim.tree import DRIVER_VERSION, SysfsTree
 USAGE = (
     "usage: nvidia-smi vgpu -i <GPU PCI address> -shm <0|1>\n"
     "       nvidia-smi vgpu -s -v -i <GPU PCI address>\n"
-    "       nvidia-smi -q [-i <GPU PCI address>]"
+    "       nvidia-smi -q [-i <GPU PCI address>]\n"
+    "       nvidia-smi -i <GPU PCI address> --query-gpu=mig.mode.current --format=csv,noheader\n"
+    "       nvidia-smi -i <GPU PCI address> -mig <0|1>\n"
+    "       nvidia-smi mig -i <GPU PCI address> -lgip|-lgi"
 )
 #: What is simulated, for the message that refuses anything else.
-SIMULATED = "'vgpu -i <GPU> -shm 0|1', 'vgpu -s -v -i <GPU>' and '-q [-i <GPU>]'"
+SIMULATED = (
+    "'vgpu -i <GPU> -shm 0|1', 'vgpu -s -v -i <GPU>', '-q [-i <GPU>]', "
+    "'-i <GPU> --query-gpu=mig.mode.current --format=csv,noheader', '-i <GPU> -mig 0|1' and "
+    "'mig -i <GPU> -lgip|-lgi'"
+)
 
 EXIT_OK = 0
 #: A supplied argument or flag is invalid.
 EXIT_INVALID_ARGUMENT = 2
 #: The requested operation is not available on the target device (now).
 EXIT_NOT_AVAILABLE = 3
+#: A query to find an object was unsuccessful (``-lgi`` with no GPU instance).
+EXIT_NOT_FOUND = 6
+#: The state counter the MIG commands increment.
+MIG_COUNTER = "nvidiaSmiMigCalls"
 
 #: ``-shm`` values → the mode they set.
 _MODES = {"0": VgpuMode.EQUAL_SIZE, "1": VgpuMode.MIXED_SIZE}
@@ -110,6 +137,15 @@ class Query:
     gpu: PciAddress | None
 
 
+@record(frozen=True, slots=True)
+class MigCall:
+    """A MIG command, parsed: ``query`` (``--query-gpu=mig.mode.current``), ``enable`` or
+    ``disable`` (``-mig 1|0``), ``profiles`` (``mig -lgip``), ``instances`` (``mig -lgi``)."""
+
+    gpu: PciAddress
+    what: str
+
+
 def main(
     argv: Sequence[str],
     *,
@@ -133,6 +169,8 @@ def main(
             return _query(parsed, sysfs_root=sysfs_root, out=out, err=err)
         if isinstance(parsed, SupportedQuery):
             return _supported(parsed, sysfs_root=sysfs_root, out=out, err=err)
+        if isinstance(parsed, MigCall):
+            return _mig(parsed, sysfs_root=sysfs_root, out=out, err=err)
         return _set_mode(parsed, sysfs_root=sysfs_root, out=out, err=err)
     except OSError as exc:
         where = exc.filename or sysfs_root
@@ -194,8 +232,9 @@ def _supported(call: SupportedQuery, *, sysfs_root: Path, out: TextIO, err: Text
             print(f"No GPU with the PCI bus id {address} is found.", file=err)
             return EXIT_INVALID_ARGUMENT
         model = state.model_of(gpu)
+        mig = gpu.mig_mode
     lines = [f"GPU {_smi_bus_id(call.gpu)}"]
-    for t in model.types:
+    for t in () if mig else model.types:
         lines += [
             _field(1, "vGPU Type ID", f"{t.type_id:#x}"),
             _field(2, "Name", t.name),
@@ -205,6 +244,70 @@ def _supported(call: SupportedQuery, *, sysfs_root: Path, out: TextIO, err: Text
         ]
     out.write("".join(f"{line}\n" for line in lines))
     return EXIT_OK
+
+
+def _mig(call: MigCall, *, sysfs_root: Path, out: TextIO, err: TextIO) -> int:
+    """One MIG command (the module docstring); only ``-mig`` changes the state."""
+    address = str(call.gpu)
+    with locked(sysfs_root):
+        state = load_state(sysfs_root)
+        state.counters[MIG_COUNTER] = state.counters.get(MIG_COUNTER, 0) + 1
+        save_state(sysfs_root, state)
+        gpu = state.gpu(address)
+        if gpu is None:
+            print(f"No GPU with the PCI bus id {address} is found.", file=err)
+            return EXIT_INVALID_ARGUMENT
+        model = state.model_of(gpu)
+        if call.what == "query":
+            out.write(f"{('Enabled' if gpu.mig_mode else 'Disabled') if model.mig else '[N/A]'}\n")
+            return EXIT_OK
+        if call.what in ("enable", "disable"):
+            on = call.what == "enable"
+            try:
+                driver.set_mig_mode(state, SysfsTree(sysfs_root), gpu, on)
+            except OSError as exc:
+                save_state(sysfs_root, state)
+                print(f"Unable to {call.what} MIG Mode for GPU {address}: {_reason(exc)}", file=err)
+                return EXIT_NOT_AVAILABLE
+            save_state(sysfs_root, state)
+            out.write(
+                f"{'Enabled' if on else 'Disabled'} MIG Mode for GPU {_smi_bus_id(call.gpu)}\n"
+                "All done.\n"
+            )
+            return EXIT_OK
+        if not gpu.mig_mode:
+            print(f"GPU {address} is not in MIG mode.", file=err)
+            return EXIT_NOT_AVAILABLE
+        if call.what == "instances":
+            print("No GPU instances found: Not Found", file=err)
+            return EXIT_NOT_FOUND
+        out.write(_gpu_instance_profiles(GPU_INSTANCE_PROFILES.get(model.name, ())))
+        return EXIT_OK
+
+
+def _gpu_instance_profiles(profiles: Sequence[GpuInstanceProfile]) -> str:
+    """``nvidia-smi mig -lgip``'s table (GPU 0: a one-GPU call), every instance free."""
+    rule = "+" + "-" * 77 + "+"
+    lines = [
+        rule,
+        f"| {'GPU instance profiles:':<76}|",
+        "| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |",
+        "|                              Free/Total   GiB              CE    JPEG  OFA  |",
+        "|" + "=" * 77 + "|",
+    ]
+    for i, p in enumerate(profiles):
+        if i:
+            lines.append(rule)
+        sm, dec, enc, ce, jpeg, ofa = p.engines
+        count = f"{p.instances}/{p.instances}"
+        first = (
+            f"|   0  MIG {p.name:<12}{p.profile_id:>4}     {count:<11}{p.memory_gib:<11}No"
+            f"     {sm:<7}{dec:<6}{enc:<4}|"
+        )
+        lines.append(first)
+        lines.append(f"|{'':<61}{ce:<6}{jpeg:<6}{ofa:<4}|")
+    lines.append(rule)
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _driver_version(sysfs_root: Path) -> str:
@@ -259,11 +362,13 @@ def _reason(exc: OSError) -> str:
     return text.split(": ", 1)[1] if ": " in text else text
 
 
-def parse(argv: Sequence[str]) -> SetMode | SupportedQuery | Query | str:
+def parse(argv: Sequence[str]) -> SetMode | SupportedQuery | Query | MigCall | str:
     """The call, or an error message ("help" for -h)."""
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
         return "help"
+    if args[:1] == ["mig"] or "-mig" in args or any(a.startswith("--query-gpu") for a in args):
+        return _parse_mig(args)
     if "-q" in args:
         if "vgpu" in args or "-shm" in args:
             return "-q does not combine with 'vgpu' or -shm: a query sets nothing"
@@ -298,6 +403,40 @@ def _parse_supported(options: dict[str, str], gpu: str) -> SupportedQuery | str:
         return "only 'vgpu -s -v -i <GPU>' is simulated of the type listings"
     address = _bus_id(gpu)
     return SupportedQuery(address) if address is not None else _invalid_gpu(gpu)
+
+
+def _parse_mig(args: Sequence[str]) -> MigCall | str:
+    """The MIG commands pcidevices runs (mig.go's ``generate…Command``), exactly so."""
+    sub = args[:1] == ["mig"]
+    rest = [a for a in (args[1:] if sub else args) if not a.startswith("--")]
+    long = [a for a in args if a.startswith("--")]
+    flags = ("-lgip", "-lgi") if sub else ()
+    options = _options(rest, flags=flags, valued=("-i",) if sub else ("-i", "-mig"))
+    if isinstance(options, str):
+        return options
+    gpu = options.get("-i")
+    if gpu is None:
+        return "-i <GPU PCI address> is required"
+    address = _bus_id(gpu)
+    if address is None:
+        return _invalid_gpu(gpu)
+    if sub:
+        listed = [f for f in flags if f in options]
+        if len(listed) != 1 or long:
+            return "only 'mig -i <GPU> -lgip' and 'mig -i <GPU> -lgi' are simulated"
+        return MigCall(address, "profiles" if listed[0] == "-lgip" else "instances")
+    if "-mig" in options:
+        if long:
+            return "-mig does not combine with a query"
+        value = options["-mig"]
+        if value not in ("0", "1"):
+            return f"-mig takes 0 or 1, not {value!r}"
+        return MigCall(address, "enable" if value == "1" else "disable")
+    if sorted(long) != ["--format=csv,noheader", "--query-gpu=mig.mode.current"]:
+        return (
+            "only '--query-gpu=mig.mode.current --format=csv,noheader' is simulated of the queries"
+        )
+    return MigCall(address, "query")
 
 
 def _parse_query(args: Sequence[str]) -> Query | str:

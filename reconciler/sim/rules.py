@@ -137,14 +137,19 @@ class SimModel:
     types: tuple[SimType, ...]
     #: The GPU's framebuffer (MiB): what mixed-size mode's vGPUs share.
     framebuffer_mib: int
+    #: MIG-capable (the catalogue lists MIG-backed profiles for the model): ``nvidia-smi -mig 1``
+    #: turns MIG mode on, and ``--query-gpu=mig.mode.current`` answers Disabled/Enabled, not
+    #: ``[N/A]``. Its GPU instance profiles are :data:`GPU_INSTANCE_PROFILES`'.
+    mig: bool = False
 
     @classmethod
     def from_catalog(cls, model: GpuModel) -> SimModel:
         ids = model.pci_ids[0]
         device = int(ids.device, 16)
         first_id = TYPE_ID_BASES.get(model.name, DEFAULT_TYPE_ID_BASE)
-        # MIG-backed profiles are never offered: MIG mode is off on simulated GPUs. Ids still
-        # count every catalogue profile, so an id names the same profile whatever is offered.
+        # MIG-backed profiles are never offered: no simulated GPU has a GPU instance (in MIG
+        # mode it offers nothing). Ids still count every catalogue profile, so an id names the
+        # same profile whatever is offered.
         types = tuple(
             SimType(
                 type_id=first_id + i,
@@ -172,6 +177,7 @@ class SimModel:
             gpus_per_board=model.gpus_per_board,
             types=types,
             framebuffer_mib=model.framebuffer_mib,
+            mig=any(p.mig for p in model.profiles),
         )
 
     def type_named(self, name: str) -> SimType | None:
@@ -200,6 +206,7 @@ class SimModel:
             "gpusPerBoard": self.gpus_per_board,
             "types": [t.to_json() for t in self.types],
             "framebufferMiB": self.framebuffer_mib,
+            **({"mig": True} if self.mig else {}),  # only where true: other models' JSON unchanged
         }
 
     @classmethod
@@ -225,7 +232,39 @@ class SimModel:
                 if total is not None
                 else max((t.framebuffer_mib for t in types), default=0)
             ),
+            mig=raw.get("mig") is True,
         )
+
+
+@record(frozen=True, slots=True)
+class GpuInstanceProfile:
+    """One row of ``nvidia-smi mig -lgip``: a GPU instance profile of a MIG-capable model."""
+
+    name: str  # "1g.5gb" (printed as "MIG 1g.5gb")
+    profile_id: int
+    instances: int  # Free/Total on a GPU without instances: instances/instances
+    memory_gib: str  # "4.75"
+    #: SM, DEC, ENC (the row's first line), CE, JPEG, OFA (its second line).
+    engines: tuple[int, int, int, int, int, int]
+
+
+#: The GPU instance profiles of the MIG-capable models the tests use: NVIDIA's MIG user guide
+#: ("Supported MIG Profiles", A100-SXM4-40GB: 1g.5gb ×7, 1g.5gb+me ×1, 1g.10gb ×4, 2g.10gb ×3,
+#: 3g.20gb ×2, 4g.20gb ×1, 7g.40gb ×1, with these profile ids), in the row layout and with the
+#: values of harvester/pcidevices' capture of ``nvidia-smi mig -lgip`` on an A100 40GB
+#: (pkg/util/gpuhelper/mig_test.go ``availableProfiles``). A MIG-capable model not here lists
+#: no profile (only the models tests need are kept).
+GPU_INSTANCE_PROFILES: dict[str, tuple[GpuInstanceProfile, ...]] = {
+    "NVIDIA A100 40GB": (
+        GpuInstanceProfile("1g.5gb", 19, 7, "4.75", (14, 0, 0, 1, 0, 0)),
+        GpuInstanceProfile("1g.5gb+me", 20, 1, "4.75", (14, 1, 0, 1, 1, 1)),
+        GpuInstanceProfile("1g.10gb", 15, 4, "9.75", (14, 1, 0, 1, 0, 0)),
+        GpuInstanceProfile("2g.10gb", 14, 3, "9.75", (28, 1, 0, 2, 0, 0)),
+        GpuInstanceProfile("3g.20gb", 9, 2, "19.62", (42, 2, 0, 3, 0, 0)),
+        GpuInstanceProfile("4g.20gb", 5, 1, "19.62", (56, 2, 0, 4, 0, 0)),
+        GpuInstanceProfile("7g.40gb", 0, 1, "39.50", (98, 5, 0, 7, 1, 1)),
+    ),
+}
 
 
 def vf_addresses(pf: PciAddress, *, total: int, offset: int, stride: int) -> tuple[PciAddress, ...]:
@@ -246,8 +285,12 @@ def creatable(
     *,
     mode: VgpuMode = VgpuMode.EQUAL_SIZE,
     placed: Iterable[tuple[str, int]] = (),
+    mig: bool = False,
 ) -> dict[str, frozenset[str]]:
     """Per VF of one GPU, the names of the types whose ``available_instances`` is 1 now.
+
+    In MIG mode (``mig``) none: a GPU in MIG mode offers MIG-backed types only, for the GPU
+    instances that exist, and no simulated GPU has one (docs/domain.md §10).
 
     ``hosted`` maps every VF address of the GPU to the type name of its vGPU (or None). A type
     is creatable on a VF iff the VF hosts nothing and fewer vGPUs of the type's framebuffer size
@@ -255,6 +298,8 @@ def creatable(
     maximum where known), and: in equal-size mode, the GPU hosts nothing or only vGPUs of that
     size; in mixed-size mode, the hosted vGPUs' framebuffer and the type's fit the GPU's.
     """
+    if mig:
+        return {vf: frozenset() for vf in hosted}
     by_name = {t.name: t for t in model.types}
     sizes: dict[int, int] = {}
     for type_name in hosted.values():
@@ -351,12 +396,19 @@ def create_refusal(
     *,
     mode: VgpuMode = VgpuMode.EQUAL_SIZE,
     placed: Iterable[tuple[str, int]] = (),
+    mig: bool = False,
 ) -> str | None:
     """Why the driver would refuse to create ``type_name`` on ``vf`` now; None if it would not
-    (``placed``: in mixed-size mode, the hosted vGPUs' type and placement ID)."""
+    (``placed``: in mixed-size mode, the hosted vGPUs' type and placement ID; ``mig``: the GPU
+    is in MIG mode)."""
     t = model.type_named(type_name)
     if t is None:
         return f"{model.name} does not offer vGPU type {type_name!r}"
+    if mig:
+        return (
+            f"the GPU is in MIG mode: it offers MIG-backed vGPU types only, for GPU instances "
+            f"that exist, and has none ({type_name} is time-sliced)"
+        )
     if vf not in hosted:
         return f"{vf} is not a VF of this {model.name}"
     current = hosted[vf]

@@ -67,6 +67,12 @@ class GpuRecord:
     #: Its vGPU mode: mixed-size after ``nvidia-smi vgpu -i <GPU> -shm 1`` (only while its VFs
     #: are on and it hosts no vGPU); ``sriov-manage -d`` and a reboot make it equal-size again.
     vgpu_mode: VgpuMode = VgpuMode.EQUAL_SIZE
+    #: MIG mode, after ``nvidia-smi -i <GPU> -mig 1`` (a MIG-capable model only): its VFs then
+    #: offer no time-sliced type. Kept by ``sriov-manage -d`` (whether the real script resets it
+    #: is not known to us; nvidia-smi's setting lasts until it is changed or the GPU reset) and
+    #: cleared by a reboot (on a vGPU host MIG mode does not survive one: NVIDIA/gpu-operator
+    #: PR 2603).
+    mig_mode: bool = False
 
 
 @record(slots=True)
@@ -231,6 +237,7 @@ class SimState:
                     "vgpuVfs": g.vgpu_vfs,
                     "interface": g.interface,
                     "vgpuMode": str(g.vgpu_mode),
+                    **({"migMode": True} if g.mig_mode else {}),
                 }
                 for g in self.gpus
             ],
@@ -289,6 +296,7 @@ class SimState:
                     vgpu_vfs=bool(g.get("vgpuVfs", True)),
                     interface=str(g.get("interface", host_interface)),
                     vgpu_mode=_vgpu_mode(g.get("vgpuMode")),
+                    mig_mode=g.get("migMode") is True,
                 )
                 for g in raw["gpus"]
             ],

@@ -29,6 +29,9 @@ pcidevices-controller double: what it models
   write each), ``reconcileDisabledVGPUStatus``, ``submitPCIDeviceClaim``,
   ``cleanupRelatedPCIDeviceObjects``, and gpuhelper.go ``FetchVGPUStatus``/``IdentifyVGPU``/
   ``parseCurrentVGPUTypes``.
+- ``gpu_controller.go`` ``reconcileMIGConfiguration``/``setupMigConfiguration`` and its delete
+  branch, with mig.go's commands (``nvidia-smi`` through ``/bin/sh -c`` on the simulated host,
+  as the driver pod's executor runs them) and parsing; the MigConfiguration it creates.
 
 ``PciDevicesWebhook`` (registered by ``pcidevices.install``) follows ``pkg/webhook/vgpu.go`` and
 ``pkg/webhook/sriovgpudevices.go`` (Update and Delete), ``indexer.go`` ``isNodeDeleted`` and
@@ -36,10 +39,11 @@ pcidevices-controller double: what it models
 ``AdmissionHandler`` turning their errors into 500 InternalError denials.
 
 Not modelled: the mdev interface (pre-v1.8 Harvester; at bdd8025 an mdev host fails the vGPU
-setup, and the double fails it the same way), MIG, the NVIDIA driver pod and its readiness
-check, the PCIDeviceClaim controller and device plugins (claims are written, never acted on),
-USB and SR-IOV NIC devices and the management-NIC skip list, pci.ids names, the
-devices.harvesterhci.io Node object, the other validators of the same webhook (PCIDeviceClaim, VM,
-USB, MIG), the mutating webhook, and informer lag (the double's caches are the emulator's store,
-always current).
+setup, and the double fails it the same way), MIG's own handler (``OnMIGChange``: GPU
+instances for an enabled MigConfiguration, which vgpuctl never writes), the NVIDIA driver pod
+and its readiness check, the PCIDeviceClaim controller and device plugins (claims are
+written, never acted on), USB and SR-IOV NIC devices and the management-NIC skip list, pci.ids
+names, the devices.harvesterhci.io Node object, the other validators of the same webhook
+(PCIDeviceClaim, VM, USB, MIG), the mutating webhook, and informer lag (the double's caches are
+the emulator's store, always current).
 """

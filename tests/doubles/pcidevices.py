@@ -23,7 +23,8 @@ The controller (:class:`PciDevicesController`)
     periodic reconcile (``reconcileNodeDevices``, every 30 s in the real one: PCIDevices, then
     SRIOVGPUDevices, then VGPUDevices, then the node label); :meth:`reconcile_once` is one pass
     of a wrangler worker (the informers' changes are queued, then one key is handled by
-    ``OnGPUChange`` or ``OnVGPUChange``); :meth:`run_until_idle` repeats it. A handler's error
+    ``OnGPUChange`` and ``reconcileMIGConfiguration``, or ``OnVGPUChange``);
+    :meth:`run_until_idle` repeats it. A handler's error
     is kept in ``errors`` and its key waits for :meth:`retry` (wrangler's rate-limited requeue;
     :meth:`resync` retries too). :meth:`start`/:meth:`stop` run the same in a thread.
 
@@ -69,16 +70,27 @@ The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
     name under ``hostdevices`` (pkg/util/common/common.go ``VMByHostDeviceName``: ``gpus`` is not
     looked at), on a KubeVirt ``VirtualMachine`` in any namespace.
 
+MIG (:meth:`~PciDevicesController.reconcile_mig_configuration`)
+    ``reconcileMIGConfiguration``, the second handler ``Register`` puts on SRIOVGPUDevices:
+    when one is enabled, ``setupMigConfiguration`` asks the host's nvidia-smi whether the GPU
+    has MIG (the simulator answers ``[N/A]`` for a model without MIG-backed profiles in the
+    catalogue), turns MIG mode on (``-mig 1``: the simulated GPU's VFs then offer no type) and
+    creates the MigConfiguration named as the GPU (its profiles from ``mig -lgip``); when one
+    is disabled, that MigConfiguration is deleted. The commands run through ``/bin/sh -c`` as
+    the driver pod's remote executor runs them.
+
 Not modelled (see also tests/doubles/__init__.py): the mdev interface (Harvester before v1.8;
 at bdd8025 a VF without ``nvidia/current_vgpu_type`` makes the vGPU setup fail, and so it does
-here), MIG (``reconcileMIGConfiguration``, MigConfiguration objects), the driver pod and its
-readiness check (the executor runs sriov-manage directly), the PCIDeviceClaim controller (claims
-are created and deleted, never acted on), device plugins, USB and SR-IOV NIC devices, the
-management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object, pci.ids names (a
-PCIDevice's description and resource name take ghw's unknown-product forms), the other
-validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and caches that lag behind the
-store for the handlers' other reads (the VGPUDevice list of ``reconcileDisabledVGPUStatus``,
-the PCIDevice and SRIOVGPUDevice gets, and the node resync's lists read the store).
+here), the MigConfiguration's own handler (``OnMIGChange``, which makes GPU instances for a
+MigConfiguration someone enabled: vgpuctl never writes one) and its validator, the driver
+pod and its readiness check (the executor runs sriov-manage directly), the PCIDeviceClaim
+controller (claims are created and deleted, never acted on), device plugins, USB and SR-IOV
+NIC devices, the management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object,
+pci.ids names (a PCIDevice's description and resource name take ghw's unknown-product forms),
+the other validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and caches that lag
+behind the store for the handlers' other reads (the VGPUDevice list of
+``reconcileDisabledVGPUStatus``, the PCIDevice and SRIOVGPUDevice gets, and the node resync's
+lists read the store).
 """
 
 from __future__ import annotations
@@ -113,6 +125,7 @@ SRIOVGPUS = (GROUP, VERSION, "sriovgpudevices")
 VGPUS = (GROUP, VERSION, "vgpudevices")
 PCIDEVICES = (GROUP, VERSION, "pcidevices")
 PCIDEVICECLAIMS = (GROUP, VERSION, "pcideviceclaims")
+MIGCONFIGURATIONS = (GROUP, VERSION, "migconfigurations")
 VMS = ("kubevirt.io", "v1", "virtualmachines")
 NODES = ("", "v1", "nodes")
 
@@ -130,6 +143,9 @@ PCI_DEVICE_DRIVER = "harvesterhci.io/pcideviceDriver"
 SYS_DEV_ROOT = "/sys/bus/pci/devices/"
 #: pkg/controller/gpudevice/gpu_controller.go ``sriovManageCommand`` (in the driver pod).
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
+#: pkg/util/gpuhelper/mig.go ``NA`` and ``MigPrefix``.
+MIG_NA = "[N/A]"
+MIG_PREFIX = "MIG"
 #: pkg/controller/gpudevice/vgpu_controller.go ``defaultUser``.
 CLAIM_USER = "admin"
 
@@ -147,6 +163,11 @@ _CRDS = (
     / "fixtures"
     / "harvester-pcidevices"
     / "pcideviceclaims.devices.harvesterhci.io.yaml",
+    _REPO
+    / "tests"
+    / "fixtures"
+    / "harvester-pcidevices"
+    / "migconfigurations.devices.harvesterhci.io.yaml",
 )
 #: ghw's vendor names (pci.ids) for the vendors the simulator's hosts have.
 _VENDORS = {"10de": "NVIDIA Corporation", "8086": "Intel Corporation"}
@@ -376,6 +397,8 @@ class PciDevicesController:
         self.conflicts: list[str] = []
         #: Every sriov-manage command line run, as the executor would run it.
         self.sriov_manage_calls: list[list[str]] = []
+        #: Every nvidia-smi command the MIG handler ran, as the executor runs it (one string).
+        self.nvidia_smi_calls: list[str] = []
         #: An errno the host refuses ``enableVGPU``'s ``current_vgpu_type`` write with (None:
         #: it does not): the enable fails after admission and is retried (module docstring).
         self.refuse_enable: int | None = None
@@ -431,12 +454,27 @@ class PciDevicesController:
                 return None
             key = self._queue.keys.popleft()
             kind = key.partition("/")[0]
-            cached = copy.deepcopy(self._cache.get(key))
+            if kind == "sriovgpudevices":
+                # gpu_controller.go ``Register``: two handlers on the kind, ``on-gpu-change``
+                # then ``gpu-mig-reconcillation``; lasso's SharedHandler runs every handler of a
+                # key in that order, the next one even after an error, and requeues the key
+                # once if any failed (rancher/lasso pkg/controller/sharedhandler.go). Each gets
+                # the object the informer last delivered (lasso passes a handler's returned
+                # object on to the next; the double's handlers return none, so each gets that
+                # one).
+                handlers = (self.on_gpu_change, self.reconcile_mig_configuration)
+                failed = False
+                for handler in handlers:
+                    try:
+                        handler(copy.deepcopy(self._cache.get(key)))
+                    except _GoError as error:
+                        self._failed(HandlerError(key, str(error)))
+                        failed = True
+                if failed:
+                    self._queue.waiting.append(key)
+                return key
             try:
-                if kind == "sriovgpudevices":
-                    self.on_gpu_change(cached)
-                else:
-                    self.on_vgpu_change(cached)
+                self.on_vgpu_change(copy.deepcopy(self._cache.get(key)))
             except _GoError as error:
                 self._failed(HandlerError(key, str(error)))
                 self._queue.waiting.append(key)
@@ -582,6 +620,131 @@ class PciDevicesController:
         ]
         names = [device_name(vf, self.node) for vf in vfs] or None
         return count > 0, {"vfAddresses": vfs, "vGPUDevices": names}
+
+    # -- reconcileMIGConfiguration: pkg/controller/gpudevice/gpu_controller.go --
+
+    def reconcile_mig_configuration(self, gpu: JsonObject | None) -> None:
+        """``reconcileMIGConfiguration`` (``gpu-mig-reconcillation``, on every SRIOVGPUDevice
+        change, after ``OnGPUChange``): ``spec.enabled`` true → ``setupMigConfiguration``;
+        false → the MigConfiguration named as the GPU deleted, if there is one.
+
+        Unlike ``OnGPUChange`` it checks neither the node nor a deletion: every node's
+        controller runs it for every GPU, asking its own host's nvidia-smi about that PCI
+        address, and so does the double. A vanished object (nil) is skipped here: the Go
+        dereferences it."""
+        if gpu is None:
+            return
+        spec = _gpu_spec(gpu)
+        if spec["enabled"]:
+            self._setup_mig_configuration(gpu, spec)
+            return
+        if self._emu.get_object(*MIGCONFIGURATIONS, _name(gpu)) is None:
+            return  # IsNotFound: nothing to do
+        self._delete(MIGCONFIGURATIONS, _name(gpu))
+
+    def _setup_mig_configuration(self, gpu: JsonObject, spec: JsonObject) -> None:
+        """``setupMigConfiguration``: ``IsMigConfigurationNeeded`` (mig.go: the answer of
+        ``--query-gpu=mig.mode.current`` holds no ``[N/A]``), then ``EnableMIGMode`` (``-mig
+        1``, every time: idempotent), then, when no MigConfiguration of the GPU's name exists,
+        ``GenerateMIGConfiguration`` (``spec.enabled`` false, ``gpuAddress``, ``profileSpec``
+        from ``-lgip`` with ``requested: 0``), ``GenerateMIGConfigurationStatus`` (``-lgi`` and
+        ``-lgip``), ``spec.nodeName``, ``spec.enabled`` true only if an instance exists, an
+        owner reference to the GPU (the cached object's apiVersion, kind, name and uid), one
+        ``Create`` and one ``UpdateStatus``.
+
+        The MigConfiguration's own handler (``OnMIGChange``, mig_controller.go) is not
+        modelled: with ``spec.enabled`` false and no instance it only requeues itself (every 5
+        minutes); it makes GPU instances only for a MigConfiguration someone enabled, and
+        vgpuctl never writes one."""
+        pf, name = spec["address"], _name(gpu)
+        try:
+            answer = self._nvidia_smi(
+                f"nvidia-smi -i {pf} --query-gpu=mig.mode.current --format=csv,noheader"
+            )
+        except _GoError as error:
+            raise _GoError(f"error checking if GPU supports MIG instances: {error}") from None
+        if MIG_NA in answer:
+            return  # isMigSupported: false
+        try:
+            self._nvidia_smi(f"nvidia-smi -i {pf} -mig 1")
+        except _GoError as error:
+            raise _GoError(f"error enable MIG Mode: {error}") from None
+        if self._emu.get_object(*MIGCONFIGURATIONS, name) is not None:
+            return
+        profile_command = f"nvidia-smi mig -i {pf} -lgip"
+        try:
+            profiles = _mig_profiles(self._nvidia_smi(profile_command))
+        except _GoError as error:
+            raise _GoError(f"error generating MIG Configuration: {error}") from None
+        try:
+            instances = self._nvidia_smi(f"nvidia-smi mig -i {pf} -lgi || exit 0")
+            statuses = _mig_profiles(self._nvidia_smi(profile_command))
+        except _GoError as error:
+            raise _GoError(f"error generating MIG configuration status: {error}") from None
+        by_profile = _mig_instances(instances)
+        profile_status: list[JsonObject] = []
+        for p in statuses:
+            entry = {"name": p["name"], "id": p["id"], "available": p["free"], "total": p["total"]}
+            if p["id"] in by_profile:
+                entry["vGPUID"] = by_profile[p["id"]]
+            profile_status.append(entry)
+        count = sum(len(ids) for ids in by_profile.values())
+        meta = gpu["metadata"]
+        body: JsonObject = {
+            "apiVersion": API_VERSION,
+            "kind": "MigConfiguration",
+            "metadata": {
+                "name": name,
+                "ownerReferences": [
+                    {
+                        "apiVersion": gpu.get("apiVersion", ""),
+                        "kind": gpu.get("kind", ""),
+                        "name": name,
+                        "uid": meta.get("uid", ""),
+                    }
+                ],
+            },
+            "spec": {
+                "enabled": count > 0,
+                "gpuAddress": pf,
+                "nodeName": spec["nodeName"],
+                "profileSpec": [
+                    {"name": p["name"], "id": p["id"], "requested": 0} for p in profiles
+                ]
+                or None,
+            },
+        }
+        if body["spec"]["profileSpec"] is None:
+            del body["spec"]["profileSpec"]  # omitempty
+        created = self._create(MIGCONFIGURATIONS, body)
+        # MigConfigurationStatus: profileStatus omitempty, status always, message omitempty.
+        status: JsonObject = {"status": ""}
+        if profile_status:
+            status = {"profileStatus": profile_status, **status}
+        self._update_status(MIGCONFIGURATIONS, created, status)
+
+    def _nvidia_smi(self, command: str) -> str:
+        """The driver pod's executor (pkg/util/executor/remote.go ``Run``): ``/bin/sh -c
+        "<command> "`` there, its stdout; a non-zero exit is ``error during command execution:
+        command terminated with exit code N`` (kubectl exec's words), which mig.go wraps as
+        ``error executing <command>: …``. Here the shell runs on the simulated host, its
+        ``DIR/bin/nvidia-smi`` first on the PATH."""
+        self.nvidia_smi_calls.append(command)
+        path = f"{self.host.nvidia_smi.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        done = subprocess.run(
+            ["/bin/sh", "-c", f"{command} "],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+            env={**os.environ, "PATH": path},
+        )
+        if done.returncode != 0:
+            raise _GoError(
+                f"error executing {command}: error during command execution: command "
+                f"terminated with exit code {done.returncode}"
+            )
+        return done.stdout
 
     # -- OnVGPUChange: pkg/controller/gpudevice/vgpu_controller.go --
 
@@ -1176,6 +1339,43 @@ def _pci_status(
     return status
 
 
+def _mig_lines(text: str) -> list[list[str]]:
+    """mig.go ``parseMigInfo`` and the cleaning its callers do: each line holding ``MIG``,
+    its ``|`` removed, trimmed, split at runs of whitespace."""
+    return [line.replace("|", "").split() for line in text.splitlines() if MIG_PREFIX in line]
+
+
+def _mig_profiles(text: str) -> list[JsonObject]:
+    """mig.go ``generateProfile`` over ``-lgip``'s rows: ``name`` is ``MIG <profile>`` (the
+    second and third fields), ``id`` the fourth, Free/Total the fifth."""
+    out = []
+    for fields in _mig_lines(text):
+        try:
+            free, _, total = fields[4].partition("/")
+            out.append(
+                {
+                    "name": f"{fields[1]} {fields[2]}",
+                    "id": int(fields[3]),
+                    "free": int(free),
+                    "total": int(total),
+                }
+            )
+        except (IndexError, ValueError) as error:
+            raise _GoError(f"error converting profile id: {error}") from None
+    return out
+
+
+def _mig_instances(text: str) -> dict[int, list[str]]:
+    """mig.go ``generateMIGInstanceInfo``: ``-lgi``'s rows, profile id (fourth field) → the
+    instance ids (fifth)."""
+    found: dict[int, list[str]] = {}
+    for fields in _mig_lines(text):
+        ids = found.setdefault(int(fields[3]), [])
+        if fields[4] not in ids:
+            ids.append(fields[4])
+    return found
+
+
 def _owner(obj: Mapping[str, Any], kind: str) -> JsonObject:
     meta = obj["metadata"]
     return {"apiVersion": API_VERSION, "kind": kind, "name": meta["name"], "uid": meta.get("uid")}
@@ -1217,6 +1417,7 @@ def node_object(name: str) -> JsonObject:
 
 
 __all__ = [
+    "MIGCONFIGURATIONS",
     "PciDevicesController",
     "PciDevicesWebhook",
     "device_name",

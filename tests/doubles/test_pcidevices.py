@@ -13,6 +13,7 @@ error).
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from kubernetes import client, config
 from reconciler.sim import SimHost, build_host
 from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.doubles.pcidevices import (
+    MIGCONFIGURATIONS,
     NODES,
     PCIDEVICECLAIMS,
     PCIDEVICES,
@@ -538,3 +540,125 @@ def test_the_thread_mode_reacts_to_a_change_on_its_own(harvester: Harvester) -> 
     finally:
         h.ctl.stop()
     assert h.ctl.sriov_manage_calls == [[SRIOV_MANAGE, "-e", "0000:08:00.0"]]
+
+
+# --- MIG (gpu_controller.go reconcileMIGConfiguration) -----------------------------------------
+
+A100_PF = "0000:08:00.0"
+#: What the handler runs, in order, for a GPU it finds MIG-capable and has no MigConfiguration
+#: of (mig.go: IsMigConfigurationNeeded, EnableMIGMode, GenerateMIGConfiguration,
+#: GenerateMIGConfigurationStatus).
+MIG_SETUP = [
+    f"nvidia-smi -i {A100_PF} --query-gpu=mig.mode.current --format=csv,noheader",
+    f"nvidia-smi -i {A100_PF} -mig 1",
+    f"nvidia-smi mig -i {A100_PF} -lgip",
+    f"nvidia-smi mig -i {A100_PF} -lgi || exit 0",
+    f"nvidia-smi mig -i {A100_PF} -lgip",
+]
+#: The A100 40GB's GPU instance profiles (NVIDIA's MIG user guide), named as generateProfile
+#: names them (the row's "MIG" and the profile), every one free.
+A100_GI = [
+    ("MIG 1g.5gb", 19, 7),
+    ("MIG 1g.5gb+me", 20, 1),
+    ("MIG 1g.10gb", 15, 4),
+    ("MIG 2g.10gb", 14, 3),
+    ("MIG 3g.20gb", 9, 2),
+    ("MIG 4g.20gb", 5, 1),
+    ("MIG 7g.40gb", 0, 1),
+]
+
+
+@pytest.fixture
+def a100(emu: ApiServerEmulator, tmp_path: Path) -> Iterator[Harvester]:
+    """A node with one A100 40GB (SR-IOV off, MIG mode off) whose double has run its first
+    resync."""
+    install(emu)
+    emu.seed(node_object(NODE))
+    spec = {"model": "A100", "address": A100_PF, "interface": "vfio", "sriov": "disabled"}
+    host = build_host(tmp_path / "host", {"gpus": [spec]})
+    kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
+    api = new_client_from_config(config_file=str(kubeconfig))
+    with PciDevicesController(emu, host, NODE, kubeconfig) as ctl:
+        ctl.resync()
+        ctl.run_until_idle()
+        yield Harvester(emu, host, ctl, client.CustomObjectsApi(api))
+    api.close()
+
+
+def mig_mode(host: SimHost) -> str:
+    done = subprocess.run(
+        [str(host.nvidia_smi), "-i", A100_PF, "--query-gpu=mig.mode.current",
+         "--format=csv,noheader"],
+        check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_enabling_an_a100_turns_mig_mode_on_and_creates_its_mig_configuration(
+    a100: Harvester,
+) -> None:
+    """As Harvester's UI would: the SRIOVGPUDevice enabled. OnGPUChange enables SR-IOV, then
+    the MIG handler finds the GPU MIG-capable, turns MIG mode on and records a
+    MigConfiguration named as the GPU, disabled, every profile requested 0."""
+    assert mig_mode(a100.host) == "Disabled"
+    gpu = a100.stored(SRIOVGPUS, GPU)
+    a100.patch(SRIOVGPUS, GPU, {"enabled": True})
+    a100.ctl.run_until_idle()
+    assert a100.ctl.errors == []
+    assert a100.ctl.sriov_manage_calls == [[SRIOV_MANAGE, "-e", A100_PF]]
+    assert a100.ctl.nvidia_smi_calls[:5] == MIG_SETUP
+    assert mig_mode(a100.host) == "Enabled"
+    mig = a100.stored(MIGCONFIGURATIONS, GPU)
+    assert mig["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "devices.harvesterhci.io/v1beta1",
+            "kind": "SRIOVGPUDevice",
+            "name": GPU,
+            "uid": gpu["metadata"]["uid"],
+        }
+    ]
+    assert mig["spec"] == {
+        "enabled": False,
+        "gpuAddress": A100_PF,
+        "nodeName": NODE,
+        "profileSpec": [{"name": n, "id": i, "requested": 0} for n, i, _ in A100_GI],
+    }
+    assert mig["status"] == {
+        "profileStatus": [
+            {"name": n, "id": i, "available": total, "total": total} for n, i, total in A100_GI
+        ],
+        "status": "",
+    }
+    # Later changes of the GPU find MIG mode on and the object there: -mig 1 again, no write.
+    assert a100.ctl.nvidia_smi_calls[5:7] == MIG_SETUP[:2]
+    # Its VFs, in MIG mode without a GPU instance, offer nothing: no time-sliced type.
+    a100.ctl.resync()
+    a100.ctl.run_until_idle()
+    vgpus = a100.emu.objects(*VGPUS)
+    assert [v["metadata"]["name"] for v in vgpus] == VGPU_NAMES
+    assert all((v.get("status") or {}).get("availableTypes") is None for v in vgpus)
+    assert a100.vf_file("0000:08:00.4", "creatable_vgpu_types") == "ID    : vGPU Name\n"
+    assert a100.ctl.errors == []
+
+
+def test_disabling_the_a100_deletes_its_mig_configuration_and_mig_mode_stays(
+    a100: Harvester,
+) -> None:
+    a100.patch(SRIOVGPUS, GPU, {"enabled": True})
+    a100.ctl.run_until_idle()
+    assert a100.emu.get_object(*MIGCONFIGURATIONS, GPU) is not None
+    a100.patch(SRIOVGPUS, GPU, {"enabled": False})
+    a100.ctl.run_until_idle()
+    assert a100.ctl.sriov_manage_calls[-1] == [SRIOV_MANAGE, "-d", A100_PF]
+    assert a100.emu.get_object(*MIGCONFIGURATIONS, GPU) is None
+    assert mig_mode(a100.host) == "Enabled"  # nothing in pcidevices turns it off
+    assert a100.ctl.errors == []
+
+
+def test_an_a2_gets_no_mig_configuration(enabled: Harvester) -> None:
+    """nvidia-smi answers [N/A] for a GPU without MIG: the handler stops there."""
+    assert enabled.emu.objects(*MIGCONFIGURATIONS) == []
+    query = "nvidia-smi -i 0000:08:00.0 --query-gpu=mig.mode.current --format=csv,noheader"
+    assert enabled.ctl.nvidia_smi_calls
+    assert set(enabled.ctl.nvidia_smi_calls) == {query}
+    assert enabled.ctl.errors == []

@@ -241,7 +241,7 @@ def test_a_damaged_object_is_left_out_with_a_note() -> None:
     )
 
 
-def test_every_node_is_read_from_five_lists_whatever_their_number() -> None:
+def test_every_node_is_read_from_six_lists_whatever_their_number() -> None:
     from reconciler.observe.delegate import observe_harvester_nodes
     from tests.doubles.cluster import FakeCluster
 
@@ -263,6 +263,11 @@ def test_every_node_is_read_from_five_lists_whatever_their_number() -> None:
           "status": {"address": "0000:08:00.0", "vendorId": "10de", "deviceId": "25B6",
                      "nodeName": NODE}}],
     )  # fmt: skip
+    # pcidevices names a MigConfiguration as its GPU's SRIOVGPUDevice (gpu_controller.go
+    # setupMigConfiguration), with no nodename label: the other node's GPU has one here; an
+    # object without a name says nothing.
+    api.seed("migconfigurations", [{"metadata": {"name": f"{other}-000008000"}},
+                                   {"metadata": {"name": 7}}])  # fmt: skip
     nodes = observe_harvester_nodes(api, [NODE, other, "empty-node"])
     assert sorted(nodes) == ["empty-node", NODE, other]
     assert [g.name for g in nodes[NODE].gpus] == [f"{NODE}-000008000"]
@@ -271,7 +276,10 @@ def test_every_node_is_read_from_five_lists_whatever_their_number() -> None:
     assert dict(nodes[NODE].used_by) == {f"{NODE}-000008004": "VM default/win11"}
     assert dict(nodes[NODE].pci_ids) == {GPU: ("10de", "25b6")}
     assert dict(nodes[other].pci_ids) == {}
+    assert nodes[other].mig_configured == {f"{other}-000008000"}
+    assert nodes[NODE].mig_configured == frozenset()
     assert sorted(c.plural for c in api.lists) == [
+        "migconfigurations",
         "pcidevices",
         "sriovgpudevices",
         "vgpudevices",

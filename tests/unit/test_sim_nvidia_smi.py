@@ -74,9 +74,10 @@ def test_the_script_sits_beside_sriov_manage(l40s: SimHost) -> None:
     assert l40s.nvidia_smi.parent == l40s.sriov_manage.parent
     assert l40s.nvidia_smi.stat().st_mode & 0o111
     assert (
-        "only 'vgpu -i <GPU> -shm 0|1', 'vgpu -s -v -i <GPU>' and '-q [-i <GPU>]'"
-        in l40s.nvidia_smi.read_text()
-    )
+        "only 'vgpu -i <GPU> -shm 0|1', 'vgpu -s -v -i <GPU>', '-q [-i <GPU>]', "
+        "'-i <GPU> --query-gpu=mig.mode.current --format=csv,noheader', '-i <GPU> -mig 0|1' and "
+        "'mig -i <GPU> -lgip|-lgi'"
+    ) in l40s.nvidia_smi.read_text()
 
 
 def test_mixed_size_mode_lets_an_8q_and_a_16q_share_an_l40s(l40s: SimHost) -> None:
@@ -497,6 +498,10 @@ def test_help_names_the_query(l40s: SimHost) -> None:
         "usage: nvidia-smi vgpu -i <GPU PCI address> -shm <0|1>\n"
         "       nvidia-smi vgpu -s -v -i <GPU PCI address>\n"
         "       nvidia-smi -q [-i <GPU PCI address>]\n"
+        "       nvidia-smi -i <GPU PCI address> --query-gpu=mig.mode.current "
+        "--format=csv,noheader\n"
+        "       nvidia-smi -i <GPU PCI address> -mig <0|1>\n"
+        "       nvidia-smi mig -i <GPU PCI address> -lgip|-lgi\n"
     )
 
 
