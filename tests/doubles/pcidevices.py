@@ -47,6 +47,16 @@ The controller (:class:`PciDevicesController`)
       the watch event and ``OnVGPUChange``/``OnGPUChange``), so a status is written a little
       after the spec it answers: in between, the spec says what the status does not.
 
+    The NVIDIA driver pod (gpu_controller.go ``setupRemoteExecutor``, pkg/util/executor): the
+    pod informer's changes reach :meth:`~PciDevicesController.setup_remote_executor`, which
+    makes a ``harvester-system`` pod labelled ``app=nvidia-driver-daemonset`` on this node the
+    executor (``executor_pod``), and a pod being deleted hands back to the local one.
+    ``manageGPU`` runs the executor's readiness check first
+    (:meth:`~PciDevicesController.check_ready`): with a driver pod whose first container does
+    not run, it fails with ``error during readiness check: ...`` and the SRIOVGPUDevice key is
+    requeued (as any handler error), until a retry finds the container running. Create one
+    with :func:`driver_pod` and seed it (``tests/harvester_node.py``).
+
 The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
     is the validating webhook ``pcidevices.harvesterhci.io`` of the configuration
     ``pcidevices-validator`` (pkg/webhook/server.go, failurePolicy Ignore), for the two
@@ -63,8 +73,9 @@ The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
 
 Not modelled (see also tests/doubles/__init__.py): the mdev interface (Harvester before v1.8;
 at bdd8025 a VF without ``nvidia/current_vgpu_type`` makes the vGPU setup fail, and so it does
-here), MIG (``reconcileMIGConfiguration``, MigConfiguration objects), the driver pod and its
-readiness check (the executor runs sriov-manage directly), the PCIDeviceClaim controller (claims
+here), MIG (``reconcileMIGConfiguration``, MigConfiguration objects), running commands inside the
+driver pod (sriov-manage runs directly, whichever executor is chosen), the PCIDeviceClaim
+controller (claims
 are created and deleted, never acted on), device plugins, USB and SR-IOV NIC devices, the
 management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object, pci.ids names (a
 PCIDevice's description and resource name take ghw's unknown-product forms), the other
@@ -122,6 +133,11 @@ PCI_DEVICE_DRIVER = "harvesterhci.io/pcideviceDriver"
 SYS_DEV_ROOT = "/sys/bus/pci/devices/"
 #: pkg/controller/gpudevice/gpu_controller.go ``sriovManageCommand`` (in the driver pod).
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
+PODS = ("", "v1", "pods")
+#: pkg/apis/devices.harvesterhci.io/v1beta1/sriovgpudevice.go ``DefaultNamespace`` and
+#: ``NvidiaDriverLabel``: the driver pods ``setupRemoteExecutor`` follows.
+DRIVER_NAMESPACE = "harvester-system"
+DRIVER_LABEL = ("app", "nvidia-driver-daemonset")
 #: pkg/controller/gpudevice/vgpu_controller.go ``defaultUser``.
 CLAIM_USER = "admin"
 
@@ -368,6 +384,9 @@ class PciDevicesController:
         self.conflicts: list[str] = []
         #: Every sriov-manage command line run, as the executor would run it.
         self.sriov_manage_calls: list[list[str]] = []
+        #: The driver pod the executor runs commands in (``setupRemoteExecutor``), as
+        #: (namespace, name); None: the local executor.
+        self.executor_pod: tuple[str, str] | None = None
         #: An errno the host refuses ``enableVGPU``'s ``current_vgpu_type`` write with (None:
         #: it does not): the enable fails after admission and is retried (module docstring).
         self.refuse_enable: int | None = None
@@ -423,6 +442,9 @@ class PciDevicesController:
             try:
                 if kind == "sriovgpudevices":
                     self.on_gpu_change(self._emu.get_object(*SRIOVGPUS, name))
+                elif kind == "pods":
+                    namespace, _, pod = name.partition("/")
+                    self.setup_remote_executor(self._emu.get_object(*PODS, pod, namespace))
                 else:
                     self.on_vgpu_change(self._emu.get_object(*VGPUS, name))
             except _GoError as error:
@@ -494,6 +516,9 @@ class PciDevicesController:
         for plural, res in (("sriovgpudevices", SRIOVGPUS), ("vgpudevices", VGPUS)):
             for obj in self._emu.objects(*res):
                 current[f"{plural}/{_name(obj)}"] = str(obj["metadata"].get("resourceVersion"))
+        for pod in self._emu.objects(*PODS):  # the pod informer (``Register``: every pod)
+            key = f"pods/{pod['metadata'].get('namespace', '')}/{_name(pod)}"
+            current[key] = str(pod["metadata"].get("resourceVersion"))
         # In the store's order, then the vanished in the order seen: keys that arrive together
         # are queued so (sorted() is stable), never in a set's hash order, which varies from
         # process to process (PYTHONHASHSEED) and made the handlers' order, and a test, flaky.
@@ -534,8 +559,13 @@ class PciDevicesController:
             self._update_status(SRIOVGPUS, gpu, _gpu_status_json(status))
 
     def _manage_gpu(self, gpu: JsonObject, spec: JsonObject) -> None:
-        """``manageGPU``: ``sriov-manage -e|-d <PF>``, then the status from sysfs in one write."""
+        """``manageGPU``: the executor's readiness check (:meth:`check_ready`), then
+        ``sriov-manage -e|-d <PF>``, then the status from sysfs in one write."""
         args = ["-e" if spec["enabled"] else "-d", spec["address"]]
+        try:
+            self.check_ready()
+        except _GoError as error:
+            raise _GoError(f"error during readiness check: {error}") from None
         argv = [str(self.host.sriov_manage), *args]
         self.sriov_manage_calls.append([SRIOV_MANAGE, *args])
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
@@ -565,6 +595,57 @@ class PciDevicesController:
         ]
         names = [device_name(vf, self.node) for vf in vfs] or None
         return count > 0, {"vfAddresses": vfs, "vGPUDevices": names}
+
+    # -- the driver pod: gpu_controller.go setupRemoteExecutor, pkg/util/executor --
+
+    def setup_remote_executor(self, pod: JsonObject | None) -> None:
+        """``setupRemoteExecutor`` (registered by ``Register`` on every Pod change, as
+        ``watch-driver-pods``): a pod of ``harvester-system`` labelled
+        ``app=nvidia-driver-daemonset`` on this node becomes the executor
+        (``NewRemoteCommandExecutor``) whatever its phase; one being deleted
+        (``deletionTimestamp`` set) resets it to the local executor. A pod that is gone is
+        handed over as nil and changes nothing (the Go returns early on a nil pod)."""
+        if pod is None or pod["metadata"].get("namespace") != DRIVER_NAMESPACE:
+            return
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(DRIVER_LABEL[0]) != DRIVER_LABEL[1]:  # ``isNotDriverPod``
+            return
+        if _str(_spec(pod).get("nodeName")) != self.node:
+            return
+        self.executor_pod = None if _deleting(pod) else (DRIVER_NAMESPACE, _name(pod))
+
+    def check_ready(self) -> None:
+        """The executor's ``CheckReady`` (pkg/util/executor): locally (no driver pod)
+        ``/host/usr/bin/file /host/usr/lib/nvidia/sriov-manage``, which passes (file(1) exits 0
+        even for a missing file); remotely ``/usr/bin/file /tmp/ready`` run by ``Run``
+        (remote.go: a ``kubectl exec`` of ``/bin/sh -c`` into the pod's first container), which
+        fails as the exec does, wrapped ``error during command execution: ...``: the pod gone
+        (``pods "<name>" not found``), a completed pod (kubectl's ``ExecOptions.Run``: ``cannot
+        exec into a container in a completed pod; current phase is <phase>``), or its first
+        container not running (the kubelet's ``unable to upgrade connection: container not
+        found ("<container>")``, as kubectl reports it). A running container passes, whether
+        or not ``/tmp/ready`` exists."""
+        if self.executor_pod is None:
+            return
+        namespace, name = self.executor_pod
+        pod = self._emu.get_object(*PODS, name, namespace)
+        if pod is None:
+            raise _GoError(f'error during command execution: pods "{name}" not found')
+        phase = _str(_status(pod).get("phase"))
+        if phase in ("Succeeded", "Failed"):
+            raise _GoError(
+                "error during command execution: cannot exec into a container in a completed "
+                f"pod; current phase is {phase}"
+            )
+        containers = _spec(pod).get("containers") or [{}]
+        container = _str(containers[0].get("name"))
+        statuses = _status(pod).get("containerStatuses") or []
+        state = next((c.get("state") or {} for c in statuses if c.get("name") == container), {})
+        if "running" not in state:
+            raise _GoError(
+                "error during command execution: unable to upgrade connection: container not "
+                f'found ("{container}")'
+            )
 
     # -- OnVGPUChange: pkg/controller/gpudevice/vgpu_controller.go --
 
@@ -1194,6 +1275,49 @@ def vm(name: str, namespace: str, *, hostdevices: Mapping[str, list[str]]) -> Js
     }
 
 
+def driver_pod(name: str, node: str, *, running: bool) -> JsonObject:
+    """A pod of Harvester's NVIDIA driver DaemonSet (harvester/charts nvidia-driver-runtime:
+    label ``app: nvidia-driver-daemonset``, one container ``nvidia-driver-ctr``, no readiness
+    probe) on ``node``, as the kubelet reports it: its container ``running`` (phase Running,
+    Ready True), or crash-looping (phase Running, Ready False: ContainersNotReady, the
+    container waiting in CrashLoopBackOff)."""
+    container = "nvidia-driver-ctr"
+    if running:
+        ready = {"type": "Ready", "status": "True"}
+        state: JsonObject = {"running": {"startedAt": "2026-12-07T00:00:00Z"}}
+    else:
+        ready = {
+            "type": "Ready",
+            "status": "False",
+            "reason": "ContainersNotReady",
+            "message": f"containers with unready status: [{container}]",
+        }
+        state = {"waiting": {"reason": "CrashLoopBackOff"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": DRIVER_NAMESPACE,
+            "labels": {
+                DRIVER_LABEL[0]: DRIVER_LABEL[1],
+                "app.kubernetes.io/name": "nvidia-driver-runtime",
+            },
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": container, "image": "rancher/harvester-nvidia-driver-toolkit"}],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [ready],
+            "containerStatuses": [
+                {"name": container, "ready": running, "restartCount": 0, "state": state}
+            ],
+        },
+    }
+
+
 def node_object(name: str) -> JsonObject:
     """A core Node: the webhook admits deletes once it is gone; the controller labels it."""
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}}}
@@ -1203,6 +1327,7 @@ __all__ = [
     "PciDevicesController",
     "PciDevicesWebhook",
     "device_name",
+    "driver_pod",
     "install",
     "node_object",
     "resource_name_of_type",
