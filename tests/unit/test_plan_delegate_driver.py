@@ -78,13 +78,15 @@ def plan(observed: HarvesterNode, **wanted: object) -> Plan:
 def test_the_sriov_enable_of_a_node_whose_driver_pod_is_not_ready_is_blocked() -> None:
     p = plan(node(enabled=False, driver=POD), profiles={"A2-4Q": 2})
     assert p.actions == ()
-    (blocked,) = p.blocked
+    blocked = p.blocked[0]
     assert isinstance(blocked.action, SriovGpuDeviceEnable)
     assert blocked.reason == NOT_READY + GATED
+    # Any VF step planned ahead of the enable waits for the same pod.
+    assert all(b.reason.startswith(NOT_READY) for b in p.blocked)
     assert p.has_changes  # not converged: assert exits 2
     assert plan_from_json(plan_to_json(p)) == p
     # Ready (no DriverPod): the same node's enable is a step to write, as before.
-    (step,) = plan(node(enabled=False), profiles={"A2-4Q": 2}).actions
+    step = plan(node(enabled=False), profiles={"A2-4Q": 2}).actions[0]
     assert isinstance(step, SriovGpuDeviceEnable) and step.reason == "SR-IOV is off; desired on"
 
 
