@@ -96,10 +96,11 @@ class DriverPod:
     readiness check (``CheckReady``: ``/usr/bin/file /tmp/ready`` in the pod) before
     ``sriov-manage``; when it fails the ``SRIOVGPUDevice`` is requeued, and so on while it
     fails. file(1) exits 0 for a missing file, so what fails in practice is the exec itself: a
-    container that is not running. A pod being deleted turns the controller back to the host's
-    own ``/usr/lib/nvidia/sriov-manage``, which a driver installed by the pod is not. The
-    vGPUs themselves (``enableVGPU``/``disableVGPU``, vgpu_controller.go) are sysfs writes that
-    check nothing, but the NVIDIA host driver the pod installs is what carries them out."""
+    container that is not running. A pod being deleted turns the controller back to its local
+    executor, the host's own ``/usr/lib/nvidia/sriov-manage`` (which a driver the pod installed
+    does not provide): counted as not ready too. The vGPUs themselves
+    (``enableVGPU``/``disableVGPU``, vgpu_controller.go) are sysfs writes that use neither the
+    executor nor the check, but the NVIDIA host driver the pod installs carries them out."""
 
     name: str
     #: What its status says: being deleted, its phase, its ``Ready`` condition, its first
