@@ -20,12 +20,14 @@ import yaml
 from reconciler.catalog import Catalog, default_catalog
 from reconciler.sim import SimHost, build_host
 from tests.doubles.emulator import ApiServerEmulator
-from tests.doubles.pcidevices import PciDevicesController, install, node_object, vm
+from tests.doubles.pcidevices import PciDevicesController, driver_pod, install, node_object, vm
 from tests.simnode import REPO, run_vgpuctl
 
 NODE = "harvester-kgd9c"
 SEED = REPO / "desired-state" / "harvester-kgd9c.yaml"
 VFS = ["0000:08:00.4", "0000:08:00.5", "0000:08:00.6", "0000:08:00.7"]
+#: The node's pod of Harvester's NVIDIA driver DaemonSet (:func:`driver_pod_on`).
+DRIVER_POD = "nvidia-driver-runtime-x7k2p"
 
 
 @dataclass
@@ -112,3 +114,11 @@ def vm_holds(cluster: Cluster, vf: str) -> str:
     name = f"{NODE}-0000{vf[5:7]}{vf[8:10]}{vf[11]}"
     cluster.emu.seed(vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [name]}))
     return name
+
+
+def driver_pod_on(cluster: Cluster, *, running: bool) -> str:
+    """The node's NVIDIA driver pod (``harvester-system/``:data:`DRIVER_POD`), its container
+    running or crash-looping (``tests/doubles/pcidevices.py`` ``driver_pod``), created or
+    changed; the controller's pod informer makes it its executor. Returns its name."""
+    cluster.emu.seed(driver_pod(DRIVER_POD, NODE, running=running))
+    return DRIVER_POD

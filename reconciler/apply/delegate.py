@@ -48,7 +48,7 @@ from reconciler.model import (
 )
 from reconciler.model.cluster import GROUP, SRIOV_GPU_PLURAL, VERSION, VGPU_PLURAL, object_name
 from reconciler.model.clusterapi import ClusterApi
-from reconciler.model.harvester import HarvesterGpu, HarvesterVf
+from reconciler.model.harvester import DriverPod, HarvesterGpu, HarvesterVf
 from reconciler.model.record import record
 from reconciler.observe.harvester_devices import ObjectError, parse_gpu, parse_vf
 
@@ -97,6 +97,9 @@ class DelegateExecutor:
     #: Asked right before every write; raises (a :class:`ReconcilerError`) to stop the run
     #: there (the watch's leadership: a replica that lost its Lease writes nothing more).
     guard: Callable[[], None] | None = None
+    #: The node's NVIDIA driver pod when it is not ready, read again when a wait times out:
+    #: the cause its message names then (None: not read).
+    driver: Callable[[], DriverPod | None] | None = None
 
     def run(self, plan: Plan, *, run_id: str = "") -> ApplyResult:
         outcomes: list[Outcome] = []
@@ -177,6 +180,7 @@ class DelegateExecutor:
                     f"{a.target} never offered {a.type_name} within {self.timeout:g} s "
                     f"(status.availableTypes: {', '.join(sorted(v.available)) or 'none'}"
                     f"{'; it still hosts a vGPU' if v.configured else ''})"
+                    f"{self._driver_cause(a.node, sriov=False, lead='; ')}"
                 ),
             )
             self._set_enabled(
@@ -188,7 +192,12 @@ class DelegateExecutor:
         self._wait(
             lambda: self._vf(a.target),
             lambda v: v.hosts == a.type_name,
-            lambda v: _not_carried_out(v, f"the enable of {a.type_name}", self.timeout),
+            lambda v: _not_carried_out(
+                v,
+                f"the enable of {a.type_name}",
+                self.timeout,
+                self._driver_cause(a.node, sriov=False, lead="; "),
+            ),
         )
         return OutcomeStatus.DONE, f"enabled {a.type_name}"
 
@@ -245,7 +254,9 @@ class DelegateExecutor:
         self._wait(
             lambda: self._vf(a.target),
             lambda v: not v.configured,
-            lambda v: _not_carried_out(v, "the disable", self.timeout),
+            lambda v: _not_carried_out(
+                v, "the disable", self.timeout, self._driver_cause(a.node, sriov=False, lead="; ")
+            ),
         )
         return OutcomeStatus.DONE, f"disabled ({a.type_name} removed)"
 
@@ -261,7 +272,8 @@ class DelegateExecutor:
             lambda g: (
                 f"pcidevices-controller made no VGPUDevices for {a.target} within "
                 f"{self.timeout:g} s (VFs: {len(g.vf_addresses)}, VGPUDevices listed: "
-                f"{len(g.vgpu_devices)}; it makes them at a node resync)"
+                f"{len(g.vgpu_devices)}"
+                f"{self._driver_cause(a.node, sriov=True, lead='): ') or RESYNC}"
             ),
         )
         return OutcomeStatus.DONE, f"enabled ({len(done.vgpu_devices)} VGPUDevices)"
@@ -279,6 +291,7 @@ class DelegateExecutor:
             lambda g: (
                 f"pcidevices-controller did not disable SR-IOV on {a.target} within "
                 f"{self.timeout:g} s ({len(g.vf_addresses)} VFs still listed)"
+                f"{self._driver_cause(a.node, sriov=True, lead=': ')}"
             ),
         )
         return OutcomeStatus.DONE, "disabled"
@@ -342,6 +355,15 @@ class DelegateExecutor:
                     f"{name} is in use by {used[name]} now: not disabled", transient=True
                 )
 
+    def _driver_cause(self, node: str, *, sriov: bool, lead: str) -> str:
+        """Why a wait on ``node`` timed out when its NVIDIA driver pod is not ready now
+        (``lead`` before it), else ""."""
+        try:
+            pod = self.driver() if self.driver is not None else None
+        except ReconcilerError:  # the timeout's own message is said then
+            pod = None
+        return "" if pod is None else lead + pod.blocks(node, sriov=sriov)
+
     def _wait(
         self,
         read: Callable[[], _T],
@@ -359,17 +381,23 @@ class DelegateExecutor:
         raise AssertionError("unreachable: poll_delays never ends")  # pragma: no cover
 
 
-def _not_carried_out(vf: HarvesterVf, what: str, timeout: float) -> str:
+#: How a wait for an enabled GPU's VGPUDevices ends its message when nothing more is known.
+RESYNC = "; it makes them at a node resync)"
+
+
+def _not_carried_out(vf: HarvesterVf, what: str, timeout: float, driver: str = "") -> str:
     """Why a VF's step is not done after its wait: the most specific cause vgpuctl can read.
     pcidevices-controller (bdd8025) writes no Events and no conditions: when ``enableVGPU`` or
     ``disableVGPU`` (pkg/controller/gpudevice/vgpu_controller.go) fails, it returns the error
-    to wrangler, which logs it and retries, and the status stays as it was."""
+    to wrangler, which logs it and retries, and the status stays as it was. ``driver``: the
+    node's NVIDIA driver pod is not ready, said in place of the log hint."""
     other = vf.hosts if vf.enabled and vf.hosts != vf.type_name else ""
     hint = (
         f"; it hosts {other}: pcidevices-controller ignores a type change on an enabled "
         "VGPUDevice (disable it first)"
         if other
-        else "; pcidevices-controller writes no Events or conditions: its log names the error"
+        else driver
+        or "; pcidevices-controller writes no Events or conditions: its log names the error"
     )
     return (
         f"pcidevices-controller has not carried out {what} on {vf.name} after {timeout:g} s "

@@ -34,7 +34,7 @@ from reconciler.catalog import Catalog
 from reconciler.model import Desired, Plan, ReconcilerError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.record import record
-from reconciler.observe.delegate import devices_in_use, observe_harvester_nodes
+from reconciler.observe.delegate import devices_in_use, driver_not_ready, observe_harvester_nodes
 from reconciler.observe.nodes import all_node_labels
 from reconciler.plan.delegate import plan_delegate, waits_for_controller
 
@@ -89,7 +89,8 @@ class Result(enum.Enum):
 
     #: Every node matches the desired state.
     CONVERGED = "converged"
-    #: Every step that could run ran; the rest wait for a VM to let its vGPU go.
+    #: Every step that could run ran; the rest wait for a VM to let its vGPU go, or for a
+    #: node's NVIDIA driver pod to be ready.
     BLOCKED = "blocked"
     #: A step failed (its outcome says why: a webhook's denial, a wait that timed out, …).
     FAILED = "failed"
@@ -126,7 +127,7 @@ class Converged:
                 return "converged: every node matches the desired state"
             case Result.BLOCKED:
                 n = plans.blocked
-                return f"converged but for {n} blocked step{'s' * (n != 1)} (in use)"
+                return f"converged but for {n} blocked step{'s' * (n != 1)} (plan says why)"
             case Result.FAILED:
                 f = self.failed
                 return "a step failed" if f is None else (
@@ -183,6 +184,7 @@ def converge(
                 sleep=sleep,
                 on_outcome=on_outcome,
                 guard=guard,
+                driver=partial(driver_not_ready, api, plan.node),
             )
             result = executor.run(plan)
             outcomes.extend(result.outcomes)

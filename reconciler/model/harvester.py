@@ -17,6 +17,11 @@ from reconciler.model.record import field, record
 
 #: ``status.vGPUStatus`` of a VF that hosts a vGPU (pcidevices ``VGPUEnabled``); empty otherwise.
 VGPU_CONFIGURED = "vGPUConfigured"
+#: Where pcidevices-controller looks for the NVIDIA driver pod of its node, and by which label
+#: (pkg/apis/devices.harvesterhci.io/v1beta1/sriovgpudevice.go ``DefaultNamespace``,
+#: ``NvidiaDriverLabel``; Harvester's nvidia-driver-runtime chart labels its DaemonSet's pods so).
+DRIVER_NAMESPACE = "harvester-system"
+DRIVER_LABEL = "app=nvidia-driver-daemonset"
 
 
 @record(frozen=True, slots=True)
@@ -80,6 +85,45 @@ class HarvesterVf:
 
 
 @record(frozen=True, slots=True)
+class DriverPod:
+    """A node's NVIDIA driver pod that is not ready, and why (docs/delegate.md, "The NVIDIA
+    driver pod").
+
+    pcidevices-controller (bdd8025, pkg/controller/gpudevice/gpu_controller.go) follows the
+    pods of :data:`DRIVER_NAMESPACE` labelled :data:`DRIVER_LABEL` on its node
+    (``setupRemoteExecutor``): from the moment one exists, every host command runs in its first
+    container (pkg/util/executor/remote.go, a ``kubectl exec``), and ``manageGPU`` runs the
+    readiness check (``CheckReady``: ``/usr/bin/file /tmp/ready`` in the pod) before
+    ``sriov-manage``; when it fails the ``SRIOVGPUDevice`` is requeued, and so on while it
+    fails. file(1) exits 0 for a missing file, so what fails in practice is the exec itself: a
+    container that is not running. A pod being deleted turns the controller back to its local
+    executor, the host's own ``/usr/lib/nvidia/sriov-manage`` (which a driver the pod installed
+    does not provide): counted as not ready too. The vGPUs themselves
+    (``enableVGPU``/``disableVGPU``, vgpu_controller.go) are sysfs writes that use neither the
+    executor nor the check, but the NVIDIA host driver the pod installs carries them out."""
+
+    name: str
+    #: What its status says: being deleted, its phase, its ``Ready`` condition, its first
+    #: container's state (each read from the object, bounded).
+    why: str
+
+    def blocks(self, node: str, *, sriov: bool) -> str:
+        """Why a step of ``node`` that needs the controller's host work waits (``sriov``: an
+        ``SRIOVGPUDevice`` step, which the readiness check gates; else a ``VGPUDevice`` one)."""
+        pod = f"the NVIDIA driver pod {DRIVER_NAMESPACE}/{self.name} on node {node}"
+        if sriov:
+            return (
+                f"{pod} is not ready ({self.why}): pcidevices-controller waits for it before "
+                "any host work (gpu_controller.go manageGPU → executor CheckReady)"
+            )
+        return (
+            f"{pod} is not ready ({self.why}): the vGPUs are made by the NVIDIA host driver it "
+            "installs, and pcidevices-controller does no SR-IOV work until it is ready "
+            "(gpu_controller.go manageGPU → executor CheckReady)"
+        )
+
+
+@record(frozen=True, slots=True)
 class HarvesterNode:
     """One node's GPUs and VFs as pcidevices-controller publishes them, and who uses which."""
 
@@ -105,6 +149,13 @@ class HarvesterNode:
     #: name: pcidevices-controller found the GPU MIG-capable and turned MIG mode on
     #: (gpu_controller.go ``setupMigConfiguration``; ``plan/mig.py``).
     mig_configured: frozenset[str] = frozenset()
+    #: The node's NVIDIA driver pod when it is not ready (:class:`DriverPod`): the steps that
+    #: need pcidevices-controller's host work wait for it. None when it is ready, when there is
+    #: none (the controller then runs the host's own driver tools) or when it was not read.
+    driver: DriverPod | None = None
+    #: What could not be read of the driver pods, and why (the list refused, a pod's fields):
+    #: said in the plan; it blocks nothing (the steps are planned as without a pod).
+    driver_notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "used_by", MappingProxyType(dict(self.used_by)))

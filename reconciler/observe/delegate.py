@@ -6,6 +6,11 @@
 grouped by node here; the values are read by
 ``harvester_devices`` (pure). Raises the port's ``ClusterError`` subclasses (unreachable,
 forbidden, Harvester's CRDs missing), so nothing is planned on what could not be read.
+
+Besides, one list of the NVIDIA driver pods in ``harvester-system`` (read by ``driver_pods``,
+pure): a node whose pod is not ready has the steps that need pcidevices-controller's host work
+blocked. That list alone may be refused (403: a role from before it) without failing anything:
+each node then says so in a note.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from reconciler.model import ResourceMissingError
+from reconciler.model import ForbiddenError, ResourceMissingError
 from reconciler.model.cluster import (
     GROUP,
     KUBEVIRT_GROUP,
@@ -25,7 +30,9 @@ from reconciler.model.cluster import (
     VGPU_PLURAL,
 )
 from reconciler.model.clusterapi import ClusterApi
-from reconciler.model.harvester import HarvesterNode
+from reconciler.model.harvester import DRIVER_LABEL, DRIVER_NAMESPACE, DriverPod, HarvesterNode
+from reconciler.model.record import replace
+from reconciler.observe.driver_pods import driver_pods
 from reconciler.observe.harvester_devices import harvester_node
 
 PCI_DEVICE_PLURAL = "pcidevices"
@@ -47,7 +54,7 @@ def observe_harvester_nodes(
     vmis = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VMI_PLURAL)
     devices = _pci_devices(api)
     migs = _mig_configurations(api)
-    return {
+    found = {
         node: harvester_node(
             node,
             gpus.get(node, ()),
@@ -59,6 +66,7 @@ def observe_harvester_nodes(
         )
         for node in wanted
     }
+    return _with_driver_pods(api, found)
 
 
 def devices_in_use(api: ClusterApi, node: str) -> Mapping[str, str]:
@@ -109,3 +117,48 @@ def _by_node(objects: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         if isinstance(node, str) and node:
             out[node].append(obj)
     return out
+
+
+def driver_not_ready(api: ClusterApi, node: str) -> DriverPod | None:
+    """``node``'s NVIDIA driver pod when it is not ready, read now (one list): what a wait that
+    timed out blames. None when it is ready, absent or cannot be read."""
+    try:
+        pods = _list_driver_pods(api)
+    except ForbiddenError:
+        return None
+    return driver_pods(pods, (node,))[node][0]
+
+
+def _with_driver_pods(api: ClusterApi, found: dict[str, HarvesterNode]) -> dict[str, HarvesterNode]:
+    """``found`` with each node's NVIDIA driver pod, when it is not ready (one list of the pods
+    of ``harvester-system`` labelled ``app=nvidia-driver-daemonset``: pcidevices-controller's
+    own choice, gpu_controller.go ``setupRemoteExecutor``). A list the role does not allow
+    (403) blocks nothing: each node says so in a note and is planned as without a pod
+    (deploy/harvester/rbac.yaml grants it; an older role may not). Any other failure is raised
+    as the other lists' are."""
+    if not found:
+        return found
+    try:
+        pods = _list_driver_pods(api)
+    except ForbiddenError as e:
+        note = (
+            f"the NVIDIA driver pods in {DRIVER_NAMESPACE} could not be read ({e.message}): "
+            "steps are planned without knowing whether pcidevices-controller can carry them out "
+            "(deploy/harvester/rbac.yaml grants the list)"
+        )
+        return {node: replace(h, driver_notes=(note,)) for node, h in found.items()}
+    drivers = driver_pods(pods, found)
+    return {
+        node: replace(h, driver=drivers[node][0], driver_notes=drivers[node][1])
+        for node, h in found.items()
+    }
+
+
+def _list_driver_pods(api: ClusterApi) -> list[dict[str, Any]]:
+    return api.list_objects(
+        group="",
+        version="v1",
+        plural="pods",
+        namespace=DRIVER_NAMESPACE,
+        label_selector=DRIVER_LABEL,
+    )

@@ -196,6 +196,9 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
         unread = "some of the node's objects could not be read (see the notes)"
         blocked = [*(Blocked(replace(a, reason=unread)) for a in actions), *blocked]
         actions = []
+    if observed.driver is not None:
+        actions, blocked = _wait_for_driver(observed, actions, blocked)
+    notes.extend(observed.driver_notes)
     actions.sort(key=lambda a: a.kind.order)
     blocked.sort(key=lambda b: b.kind.order)
     return Plan(
@@ -450,6 +453,25 @@ def _pending(vf: HarvesterVf, node: str, observed: HarvesterNode) -> DelegateAct
         type_name=vf.configured_type or vf.type_name or f"type id {vf.uuid or 'unknown'}",
         pending=True,
     )
+
+
+def _wait_for_driver(
+    observed: HarvesterNode, actions: list[DelegateAction], blocked: list[Blocked]
+) -> tuple[list[DelegateAction], list[Blocked]]:
+    """A node whose NVIDIA driver pod is not ready (``observed.driver``): every step is blocked
+    with that cause (pcidevices-controller does no host work until the pod is ready, so a write
+    now would only time out), a pending one keeping what its status shows."""
+    driver = observed.driver
+    if driver is None or not actions:
+        return actions, blocked
+    waits = []
+    for a in actions:
+        why = driver.blocks(
+            observed.node, sriov=isinstance(a, SriovGpuDeviceEnable | SriovGpuDeviceDisable)
+        )
+        pending = getattr(a, "pending", False)
+        waits.append(Blocked(replace(a, reason=f"{a.reason}; {why}" if pending else why)))
+    return [], [*waits, *blocked]
 
 
 def _translate(

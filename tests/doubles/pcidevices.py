@@ -56,6 +56,16 @@ The controller (:class:`PciDevicesController`)
       key is requeued (lasso ``processSingleItem``: ``AddRateLimited``, the error not logged
       for a conflict: :data:`CONFLICT`); the change, once delivered, queues it again.
 
+    The NVIDIA driver pod (gpu_controller.go ``setupRemoteExecutor``, pkg/util/executor): the
+    pod informer's changes reach :meth:`~PciDevicesController.setup_remote_executor`, which
+    makes a ``harvester-system`` pod labelled ``app=nvidia-driver-daemonset`` on this node the
+    executor (``executor_pod``), and a pod being deleted hands back to the local one.
+    ``manageGPU`` runs the executor's readiness check first
+    (:meth:`~PciDevicesController.check_ready`): with a driver pod whose first container does
+    not run, it fails with ``error during readiness check: ...`` and the SRIOVGPUDevice key is
+    requeued (as any handler error), until a retry finds the container running. Create one
+    with :func:`driver_pod` and seed it (``tests/harvester_node.py``).
+
 The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
     is the validating webhook ``pcidevices.harvesterhci.io`` of the configuration
     ``pcidevices-validator`` (pkg/webhook/server.go, failurePolicy Ignore), for the two
@@ -82,15 +92,15 @@ MIG (:meth:`~PciDevicesController.reconcile_mig_configuration`)
 Not modelled (see also tests/doubles/__init__.py): the mdev interface (Harvester before v1.8;
 at bdd8025 a VF without ``nvidia/current_vgpu_type`` makes the vGPU setup fail, and so it does
 here), the MigConfiguration's own handler (``OnMIGChange``, which makes GPU instances for a
-MigConfiguration someone enabled: vgpuctl never writes one) and its validator, the driver
-pod and its readiness check (the executor runs sriov-manage directly), the PCIDeviceClaim
-controller (claims are created and deleted, never acted on), device plugins, USB and SR-IOV
-NIC devices, the management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object,
-pci.ids names (a PCIDevice's description and resource name take ghw's unknown-product forms),
-the other validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and caches that lag
-behind the store for the handlers' other reads (the VGPUDevice list of
-``reconcileDisabledVGPUStatus``, the PCIDevice and SRIOVGPUDevice gets, and the node resync's
-lists read the store).
+MigConfiguration someone enabled: vgpuctl never writes one) and its validator, running
+commands inside the driver pod (they run on the simulated host, whichever executor is chosen;
+the pod's state decides only whether the exec fails), the PCIDeviceClaim controller (claims
+are created and deleted, never acted on), device plugins, USB and SR-IOV NIC devices, the
+management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object, pci.ids names (a
+PCIDevice's description and resource name take ghw's unknown-product forms), the other
+validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and caches that lag behind the
+store for the handlers' other reads (the VGPUDevice list of ``reconcileDisabledVGPUStatus``,
+the PCIDevice and SRIOVGPUDevice gets, and the node resync's lists read the store).
 """
 
 from __future__ import annotations
@@ -146,6 +156,11 @@ SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
 #: pkg/util/gpuhelper/mig.go ``NA`` and ``MigPrefix``.
 MIG_NA = "[N/A]"
 MIG_PREFIX = "MIG"
+PODS = ("", "v1", "pods")
+#: pkg/apis/devices.harvesterhci.io/v1beta1/sriovgpudevice.go ``DefaultNamespace`` and
+#: ``NvidiaDriverLabel``: the driver pods ``setupRemoteExecutor`` follows.
+DRIVER_NAMESPACE = "harvester-system"
+DRIVER_LABEL = ("app", "nvidia-driver-daemonset")
 #: pkg/controller/gpudevice/vgpu_controller.go ``defaultUser``.
 CLAIM_USER = "admin"
 
@@ -399,6 +414,9 @@ class PciDevicesController:
         self.sriov_manage_calls: list[list[str]] = []
         #: Every nvidia-smi command the MIG handler ran, as the executor runs it (one string).
         self.nvidia_smi_calls: list[str] = []
+        #: The driver pod the executor runs commands in (``setupRemoteExecutor``), as
+        #: (namespace, name); None: the local executor.
+        self.executor_pod: tuple[str, str] | None = None
         #: An errno the host refuses ``enableVGPU``'s ``current_vgpu_type`` write with (None:
         #: it does not): the enable fails after admission and is retried (module docstring).
         self.refuse_enable: int | None = None
@@ -474,7 +492,11 @@ class PciDevicesController:
                     self._queue.waiting.append(key)
                 return key
             try:
-                self.on_vgpu_change(copy.deepcopy(self._cache.get(key)))
+                if kind == "pods":
+                    namespace, _, pod = key.partition("/")[2].partition("/")
+                    self.setup_remote_executor(self._emu.get_object(*PODS, pod, namespace))
+                else:
+                    self.on_vgpu_change(copy.deepcopy(self._cache.get(key)))
             except _GoError as error:
                 self._failed(HandlerError(key, str(error)))
                 self._queue.waiting.append(key)
@@ -547,6 +569,10 @@ class PciDevicesController:
                 key = f"{plural}/{_name(obj)}"
                 current[key] = str(obj["metadata"].get("resourceVersion"))
                 stored[key] = obj
+        for pod in self._emu.objects(*PODS):  # the pod informer (``Register``: every pod)
+            key = f"pods/{pod['metadata'].get('namespace', '')}/{_name(pod)}"
+            current[key] = str(pod["metadata"].get("resourceVersion"))
+            stored[key] = pod
         # In the store's order, then the vanished in the order seen: keys that arrive together
         # are queued so (sorted() is stable), never in a set's hash order, which varies from
         # process to process (PYTHONHASHSEED) and made the handlers' order, and a test, flaky.
@@ -589,8 +615,13 @@ class PciDevicesController:
             self._update_status(SRIOVGPUS, gpu, _gpu_status_json(status))
 
     def _manage_gpu(self, gpu: JsonObject, spec: JsonObject) -> None:
-        """``manageGPU``: ``sriov-manage -e|-d <PF>``, then the status from sysfs in one write."""
+        """``manageGPU``: the executor's readiness check (:meth:`check_ready`), then
+        ``sriov-manage -e|-d <PF>``, then the status from sysfs in one write."""
         args = ["-e" if spec["enabled"] else "-d", spec["address"]]
+        try:
+            self.check_ready()
+        except _GoError as error:
+            raise _GoError(f"error during readiness check: {error}") from None
         argv = [str(self.host.sriov_manage), *args]
         self.sriov_manage_calls.append([SRIOV_MANAGE, *args])
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
@@ -730,6 +761,9 @@ class PciDevicesController:
         ``error executing <command>: …``. Here the shell runs on the simulated host, its
         ``DIR/bin/nvidia-smi`` first on the PATH."""
         self.nvidia_smi_calls.append(command)
+        refused = self._exec_error()  # the driver pod's exec fails as in check_ready
+        if refused is not None:
+            raise _GoError(f"error executing {command}: error during command execution: {refused}")
         path = f"{self.host.nvidia_smi.parent}{os.pathsep}{os.environ.get('PATH', '')}"
         done = subprocess.run(
             ["/bin/sh", "-c", f"{command} "],
@@ -745,6 +779,59 @@ class PciDevicesController:
                 f"terminated with exit code {done.returncode}"
             )
         return done.stdout
+
+    # -- the driver pod: gpu_controller.go setupRemoteExecutor, pkg/util/executor --
+
+    def setup_remote_executor(self, pod: JsonObject | None) -> None:
+        """``setupRemoteExecutor`` (registered by ``Register`` on every Pod change, as
+        ``watch-driver-pods``): a pod of ``harvester-system`` labelled
+        ``app=nvidia-driver-daemonset`` on this node becomes the executor
+        (``NewRemoteCommandExecutor``) whatever its phase; one being deleted
+        (``deletionTimestamp`` set) resets it to the local executor. A pod that is gone is
+        handed over as nil and changes nothing (the Go returns early on a nil pod)."""
+        if pod is None or pod["metadata"].get("namespace") != DRIVER_NAMESPACE:
+            return
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(DRIVER_LABEL[0]) != DRIVER_LABEL[1]:  # ``isNotDriverPod``
+            return
+        if _str(_spec(pod).get("nodeName")) != self.node:
+            return
+        self.executor_pod = None if _deleting(pod) else (DRIVER_NAMESPACE, _name(pod))
+
+    def check_ready(self) -> None:
+        """The executor's ``CheckReady`` (pkg/util/executor): locally (no driver pod)
+        ``/host/usr/bin/file /host/usr/lib/nvidia/sriov-manage``, which passes (file(1) exits 0
+        even for a missing file); remotely ``/usr/bin/file /tmp/ready`` run by ``Run``
+        (remote.go: a ``kubectl exec`` of ``/bin/sh -c`` into the pod's first container), which
+        fails as the exec does, wrapped ``error during command execution: ...``: the pod gone
+        (``pods "<name>" not found``), a completed pod (kubectl's ``ExecOptions.Run``: ``cannot
+        exec into a container in a completed pod; current phase is <phase>``), or its first
+        container not running (the kubelet's ``unable to upgrade connection: container not
+        found ("<container>")``, as kubectl reports it). A running container passes, whether
+        or not ``/tmp/ready`` exists."""
+        error = self._exec_error()
+        if error is not None:
+            raise _GoError(f"error during command execution: {error}")
+
+    def _exec_error(self) -> str | None:
+        """Why an exec into the executor's pod fails now (``check_ready``), or None: the local
+        executor, or a running first container."""
+        if self.executor_pod is None:
+            return None
+        namespace, name = self.executor_pod
+        pod = self._emu.get_object(*PODS, name, namespace)
+        if pod is None:
+            return f'pods "{name}" not found'
+        phase = _str(_status(pod).get("phase"))
+        if phase in ("Succeeded", "Failed"):
+            return f"cannot exec into a container in a completed pod; current phase is {phase}"
+        containers = _spec(pod).get("containers") or [{}]
+        container = _str(containers[0].get("name"))
+        statuses = _status(pod).get("containerStatuses") or []
+        state = next((c.get("state") or {} for c in statuses if c.get("name") == container), {})
+        if "running" not in state:
+            return f'unable to upgrade connection: container not found ("{container}")'
+        return None
 
     # -- OnVGPUChange: pkg/controller/gpudevice/vgpu_controller.go --
 
@@ -1411,6 +1498,49 @@ def vm(name: str, namespace: str, *, hostdevices: Mapping[str, list[str]]) -> Js
     }
 
 
+def driver_pod(name: str, node: str, *, running: bool) -> JsonObject:
+    """A pod of Harvester's NVIDIA driver DaemonSet (harvester/charts nvidia-driver-runtime:
+    label ``app: nvidia-driver-daemonset``, one container ``nvidia-driver-ctr``, no readiness
+    probe) on ``node``, as the kubelet reports it: its container ``running`` (phase Running,
+    Ready True), or crash-looping (phase Running, Ready False: ContainersNotReady, the
+    container waiting in CrashLoopBackOff)."""
+    container = "nvidia-driver-ctr"
+    if running:
+        ready = {"type": "Ready", "status": "True"}
+        state: JsonObject = {"running": {"startedAt": "2026-12-07T00:00:00Z"}}
+    else:
+        ready = {
+            "type": "Ready",
+            "status": "False",
+            "reason": "ContainersNotReady",
+            "message": f"containers with unready status: [{container}]",
+        }
+        state = {"waiting": {"reason": "CrashLoopBackOff"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": DRIVER_NAMESPACE,
+            "labels": {
+                DRIVER_LABEL[0]: DRIVER_LABEL[1],
+                "app.kubernetes.io/name": "nvidia-driver-runtime",
+            },
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": container, "image": "rancher/harvester-nvidia-driver-toolkit"}],
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [ready],
+            "containerStatuses": [
+                {"name": container, "ready": running, "restartCount": 0, "state": state}
+            ],
+        },
+    }
+
+
 def node_object(name: str) -> JsonObject:
     """A core Node: the webhook admits deletes once it is gone; the controller labels it."""
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}}}
@@ -1421,6 +1551,7 @@ __all__ = [
     "PciDevicesController",
     "PciDevicesWebhook",
     "device_name",
+    "driver_pod",
     "install",
     "node_object",
     "resource_name_of_type",

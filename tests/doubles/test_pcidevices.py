@@ -34,6 +34,7 @@ from tests.doubles.pcidevices import (
     VGPUS,
     VMS,
     PciDevicesController,
+    driver_pod,
     install,
     node_object,
     vm,
@@ -226,6 +227,68 @@ def test_enabling_a_gpu_runs_sriov_manage_and_its_vgpu_devices_come_with_the_res
     vf_device = harvester.stored(PCIDEVICES, VF4)
     assert vf_device["metadata"]["labels"]["harvesterhci.io/parentSRIOVGPUDevice"] == GPU
     assert harvester.ctl.errors == []
+
+
+DRIVER = "nvidia-driver-runtime-x7k2p"
+
+
+def test_a_driver_pod_whose_container_does_not_run_fails_the_readiness_check_until_it_runs(
+    harvester: Harvester,
+) -> None:
+    """gpu_controller.go ``setupRemoteExecutor``: this node's pod of harvester-system labelled
+    app=nvidia-driver-daemonset becomes the executor; ``manageGPU`` runs its ``CheckReady``
+    (remote.go: an exec into the first container) before sriov-manage, and the key is
+    requeued while it fails."""
+    harvester.emu.seed(driver_pod(DRIVER, NODE, running=False))
+    # Not this node's: another node's driver pod, and the label in another namespace.
+    harvester.emu.seed(driver_pod("nvidia-driver-runtime-b2c4d", "harvester-other", running=True))
+    elsewhere = driver_pod("nvidia-driver-runtime-e5f6g", NODE, running=True)
+    elsewhere["metadata"]["namespace"] = "default"
+    harvester.emu.seed(elsewhere)
+    harvester.ctl.run_until_idle()
+    assert harvester.ctl.executor_pod == ("harvester-system", DRIVER)
+    harvester.patch(SRIOVGPUS, GPU, {"enabled": True})
+    harvester.ctl.run_until_idle()
+    failed = (
+        f"sriovgpudevices/{GPU}",
+        "error during readiness check: error during command execution: unable to upgrade "
+        'connection: container not found ("nvidia-driver-ctr")',
+    )
+    assert [(e.key, e.message) for e in harvester.ctl.errors] == [failed]
+    assert harvester.ctl.sriov_manage_calls == []
+    # Requeued: a retry fails the same way while the container does not run.
+    harvester.ctl.retry()
+    harvester.ctl.run_until_idle()
+    assert [(e.key, e.message) for e in harvester.ctl.errors] == [failed, failed]
+    assert harvester.ctl.sriov_manage_calls == []
+    # The container runs (the kubelet's status update): the next retry proceeds.
+    harvester.emu.seed(driver_pod(DRIVER, NODE, running=True))
+    harvester.ctl.run_until_idle()
+    harvester.ctl.retry()
+    harvester.ctl.run_until_idle()
+    assert harvester.ctl.sriov_manage_calls == [[SRIOV_MANAGE, "-e", "0000:08:00.0"]]
+    pf = harvester.host.sysfs_root / "bus/pci/devices/0000:08:00.0"
+    assert (pf / "sriov_numvfs").read_text().strip() == "16"
+    assert len(harvester.ctl.errors) == 2
+
+
+def test_a_driver_pod_being_deleted_hands_back_to_the_local_executor(
+    harvester: Harvester,
+) -> None:
+    # setupRemoteExecutor: DeletionTimestamp set → NewLocalExecutor, whose CheckReady
+    # (file(1) on the host's sriov-manage) passes.
+    pod = driver_pod(DRIVER, NODE, running=False)
+    harvester.emu.seed(pod)
+    harvester.ctl.run_until_idle()
+    assert harvester.ctl.executor_pod == ("harvester-system", DRIVER)
+    pod["metadata"]["deletionTimestamp"] = "2026-12-07T21:00:00Z"
+    harvester.emu.seed(pod)
+    harvester.ctl.run_until_idle()
+    assert harvester.ctl.executor_pod is None
+    harvester.patch(SRIOVGPUS, GPU, {"enabled": True})
+    harvester.ctl.run_until_idle()
+    assert harvester.ctl.errors == []
+    assert harvester.ctl.sriov_manage_calls == [[SRIOV_MANAGE, "-e", "0000:08:00.0"]]
 
 
 def test_a_gpu_on_an_mdev_host_makes_the_vgpu_setup_fail(

@@ -24,10 +24,12 @@ from kubernetes import client, config
 from tests import rbac
 from tests.doubles.emulator import ApiServerEmulator
 from tests.harvester_node import (
+    DRIVER_POD,
     NODE,
     SEED,
     VFS,
     Cluster,
+    driver_pod_on,
     harvester_node,
     layout,
     seed_with,
@@ -322,6 +324,88 @@ def test_a_vgpu_a_vm_uses_is_never_disabled(harvester: Cluster, tmp_path: Path) 
     res = harvester.run("apply", changed, "--yes")
     assert res.returncode == 2, res.stdout + res.stderr
     assert harvester.types()[VFS[1]] == "746"  # still its 4Q
+
+
+#: Why the seed's node waits while its driver pod crash-loops, from the pod's status as
+#: tests/doubles/pcidevices.py ``driver_pod`` writes it (the kubelet's words).
+DRIVER_NOT_READY = (
+    f"the NVIDIA driver pod harvester-system/{DRIVER_POD} on node {NODE} is not ready "
+    "(phase Running; Ready: False (ContainersNotReady); container nvidia-driver-ctr waiting: "
+    "CrashLoopBackOff)"
+)
+
+
+def test_a_node_whose_driver_pod_is_not_ready_is_blocked_until_it_is(harvester: Cluster) -> None:
+    """Issue 30, item 4: pcidevices-controller runs no sriov-manage while the node's NVIDIA
+    driver pod is not ready (manageGPU's readiness check fails, the key is requeued): plan
+    says so on the step, apply writes nothing and ends at once (not at a wait's timeout),
+    assert reports drift; once the pod runs, apply converges."""
+    driver_pod_on(harvester, running=False)
+    doc = json.loads(harvester.run("plan", SEED, "-o", "json").stdout)
+    (node_plan,) = doc["plans"]
+    assert node_plan["actions"] == []
+    blocked = node_plan["blocked"]
+    assert (blocked[0]["kind"], blocked[0]["target"]) == (
+        "sriovgpudevice-enable",
+        f"{NODE}-000008000",
+    )
+    assert blocked[0]["reason"] == (
+        f"{DRIVER_NOT_READY}: pcidevices-controller waits for it before any host work "
+        "(gpu_controller.go manageGPU → executor CheckReady)"
+    )
+    # Any VF step planned ahead of the enable waits for the same pod.
+    assert all(b["reason"].startswith(DRIVER_NOT_READY) for b in blocked)
+    text = harvester.run("plan", SEED).stdout
+    assert DRIVER_NOT_READY in text
+    # --timeout 20: an apply that wrote the enable would wait for the controller that long.
+    res = harvester.run("apply", SEED, "--yes", "--timeout", "20")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert DRIVER_NOT_READY in res.stdout
+    assert "within 20 s" not in res.stdout + res.stderr
+    gpu = harvester.emu.get_object("devices.harvesterhci.io", "v1beta1", "sriovgpudevices",
+                                   f"{NODE}-000008000")  # fmt: skip
+    assert gpu is not None and gpu["spec"]["enabled"] is False  # nothing written
+    assert harvester.ctl.sriov_manage_calls == []
+    res = harvester.run("assert", SEED)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert (
+        f"node {NODE} has drifted: 0 to create, 0 to change, 0 to remove, {len(blocked)} blocked"
+        in res.stdout
+    )
+    # The pod's container runs: the controller's next retry passes its readiness check.
+    driver_pod_on(harvester, running=True)
+    harvester.ok("apply", SEED, "--yes")
+    assert harvester.types() == {VFS[0]: "751", VFS[1]: "746", VFS[2]: "751", VFS[3]: "746"}
+    assert harvester.run("assert", SEED).returncode == 0
+
+
+def test_a_write_the_controller_cannot_carry_out_for_the_driver_pod_names_it(
+    harvester: Cluster,
+) -> None:
+    """The pod stops running while apply waits for the controller (after its plan): the wait
+    that runs out names the pod, not the node resync."""
+    driver_pod_on(harvester, running=True)
+
+    def crash_on_enable(_attributes: object) -> None:
+        driver_pod_on(harvester, running=False)
+
+    rule = {
+        "operations": ["UPDATE"],
+        "apiGroups": ["devices.harvesterhci.io"],
+        "apiVersions": ["v1beta1"],
+        "resources": ["sriovgpudevices"],
+        "scope": "Cluster",
+    }
+    harvester.emu.register_webhook("crash.test", crash_on_enable, rules=[rule])  # type: ignore[arg-type]
+    res = harvester.run("apply", SEED, "--yes", "--timeout", "3")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert (
+        f"pcidevices-controller made no VGPUDevices for {NODE}-000008000 within 3 s (VFs: 0, "
+        f"VGPUDevices listed: 0): {DRIVER_NOT_READY}: pcidevices-controller waits for it before "
+        "any host work (gpu_controller.go manageGPU → executor CheckReady)"
+    ) in res.stderr
+    assert "node resync" not in res.stderr
+    assert any(e.message.startswith("error during readiness check: ") for e in harvester.ctl.errors)
 
 
 def test_the_delegate_role_is_enough_and_no_more(harvester: Cluster, tmp_path: Path) -> None:

@@ -24,10 +24,12 @@ from tests import rbac
 from tests.doubles.admission import UserInfo
 from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.harvester_node import (
+    DRIVER_POD,
     NODE,
     SEED,
     VFS,
     Cluster,
+    driver_pod_on,
     harvester_node,
     layout,
     seed_with,
@@ -400,5 +402,58 @@ def test_an_enable_the_controller_fails_after_admission_is_never_converged_nor_r
         wait_for(lambda: harvester.types() == {VFS[0]: "751"}, "the vGPU", CONVERGE)
         said(a, "converged: every node matches the desired state")
         assert vf_patches() == [name]
+    finally:
+        a.kill()
+
+
+def test_a_node_whose_driver_pod_is_not_ready_is_reported_blocked_then_converges(
+    harvester: Cluster, tmp_path: Path
+) -> None:
+    """Issue 30, item 4: while the node's NVIDIA driver pod crash-loops, pcidevices-controller
+    runs no sriov-manage (manageGPU's readiness check fails and the key is requeued): the watch
+    writes nothing, reports the step blocked with the pod as its cause (log, metric, /readyz, a
+    Warning Event on the SRIOVGPUDevice), and converges at a rescan once the pod runs."""
+    writers = Writers()
+    harvester.emu.authorize_with(writers)
+    driver_pod_on(harvester, running=False)
+    cause = (
+        f"the NVIDIA driver pod harvester-system/{DRIVER_POD} on node {NODE} is not ready "
+        "(phase Running; Ready: False (ContainersNotReady); container nvidia-driver-ctr "
+        "waiting: CrashLoopBackOff)"
+    )
+    gpu = f"{NODE}-000008000"
+    a = start(harvester, tmp_path, "a", desired_dir(tmp_path))
+    try:
+        a.wait_log(lambda d: "change(s) blocked" in str(d.get("msg", "")), "blocked", CONVERGE)
+        wait_for(lambda: a.metric("vgpuctl_blocked_actions") >= 1, "a blocked step")
+        assert a.metric("vgpuctl_converged") == 0
+        code, body = a.get("/readyz")
+        assert code == 200 and body.startswith("ready: ")
+        assert f"sriovgpudevice-enable {gpu}: {cause}: pcidevices-controller waits" in body
+        wait_for(
+            lambda: any(
+                e["involvedObject"]["name"] == gpu
+                for e in harvester.emu.objects("", "v1", "events", "default")
+            ),
+            "the Event",
+            10,
+        )
+        events = [
+            e
+            for e in harvester.emu.objects("", "v1", "events", "default")
+            if e["involvedObject"]["name"] == gpu
+        ]
+        assert {(e["involvedObject"]["kind"], e["reason"], e["type"]) for e in events} == {
+            ("SRIOVGPUDevice", "Blocked", "Warning")
+        }
+        assert all(e["message"].startswith(cause) for e in events)
+        assert [r for r in writers.writes("replica-a") if r.resource != "events"] == [
+            r for r in writers.writes("replica-a") if r.resource == "leases"
+        ]  # no spec written
+        assert harvester.ctl.sriov_manage_calls == []
+        # The pod runs: the next rescan plans the node again and converges it.
+        driver_pod_on(harvester, running=True)
+        wait_for(lambda: harvester.types() == SEED_TYPES, "the seed's vGPUs", CONVERGE)
+        said(a, "converged: every node matches the desired state")
     finally:
         a.kill()

@@ -99,6 +99,16 @@ def test_the_example_desired_state_is_the_node_agents() -> None:
     assert volume["configMap"]["name"] == ours["metadata"]["name"]
 
 
+def test_pods_are_only_listed_and_only_where_the_driver_pods_run() -> None:
+    """The NVIDIA driver pods pcidevices-controller follows are in harvester-system
+    (pcidevices v1beta1 ``DefaultNamespace``): the role lists pods there, nowhere else, and
+    reads no single pod, nor their logs or exec."""
+    granted = grants(DELEGATE_RBAC, DELEGATE_ACCOUNT)
+    assert {g for g in granted if g.group == "" and g.resource.startswith("pods")} == {
+        Grant("", "pods", "list", "harvester-system")
+    }
+
+
 def test_kustomize_builds_the_delegate_install() -> None:
     built = {(d["kind"], d["metadata"]["name"]) for d in kustomize(HARVESTER)}
     assert built == {
@@ -110,6 +120,8 @@ def test_kustomize_builds_the_delegate_install() -> None:
         ("RoleBinding", "vgpuctl-delegate-lease"),
         ("Role", "vgpuctl-delegate-events"),
         ("RoleBinding", "vgpuctl-delegate-events"),
+        ("Role", "vgpuctl-delegate-driver-pods"),
+        ("RoleBinding", "vgpuctl-delegate-driver-pods"),
         ("ConfigMap", "vgpuctl-desired-state"),
         ("Deployment", "vgpuctl-delegate"),
         ("NetworkPolicy", "vgpuctl-delegate"),
