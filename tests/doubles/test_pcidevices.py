@@ -254,12 +254,22 @@ def test_a_driver_pod_whose_container_does_not_run_fails_the_readiness_check_unt
         "error during readiness check: error during command execution: unable to upgrade "
         'connection: container not found ("nvidia-driver-ctr")',
     )
-    assert [(e.key, e.message) for e in harvester.ctl.errors] == [failed]
+    # The MIG handler runs next on the same key (lasso runs every handler) and its nvidia-smi
+    # goes through the same executor: the exec fails there too (mig.go
+    # IsMigConfigurationNeeded wraps it, gpu_controller.go setupMigConfiguration again).
+    query = "nvidia-smi -i 0000:08:00.0 --query-gpu=mig.mode.current --format=csv,noheader"
+    mig_failed = (
+        f"sriovgpudevices/{GPU}",
+        f"error checking if GPU supports MIG instances: error executing {query}: error during "
+        "command execution: unable to upgrade connection: container not found "
+        '("nvidia-driver-ctr")',
+    )
+    assert [(e.key, e.message) for e in harvester.ctl.errors] == [failed, mig_failed]
     assert harvester.ctl.sriov_manage_calls == []
     # Requeued: a retry fails the same way while the container does not run.
     harvester.ctl.retry()
     harvester.ctl.run_until_idle()
-    assert [(e.key, e.message) for e in harvester.ctl.errors] == [failed, failed]
+    assert [(e.key, e.message) for e in harvester.ctl.errors] == [failed, mig_failed] * 2
     assert harvester.ctl.sriov_manage_calls == []
     # The container runs (the kubelet's status update): the next retry proceeds.
     harvester.emu.seed(driver_pod(DRIVER, NODE, running=True))
@@ -269,7 +279,7 @@ def test_a_driver_pod_whose_container_does_not_run_fails_the_readiness_check_unt
     assert harvester.ctl.sriov_manage_calls == [[SRIOV_MANAGE, "-e", "0000:08:00.0"]]
     pf = harvester.host.sysfs_root / "bus/pci/devices/0000:08:00.0"
     assert (pf / "sriov_numvfs").read_text().strip() == "16"
-    assert len(harvester.ctl.errors) == 2
+    assert len(harvester.ctl.errors) == 4
 
 
 def test_a_driver_pod_being_deleted_hands_back_to_the_local_executor(
