@@ -136,6 +136,14 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
             continue
         if want.sriov and not hg.enabled:
             first.append(_gpu_step(SriovGpuDeviceEnable, hg, node, "SR-IOV is off; desired on"))
+            mig = _mig_capable(want, hg, observed, catalog)
+            if mig is not None:
+                # Nothing refused (no profile asked), but the enable changes the GPU's mode.
+                notes.append(
+                    f"GPU {want.address}: enabling its SR-IOV makes pcidevices-controller turn "
+                    f"MIG mode on ({mig}; gpu_controller.go reconcileMIGConfiguration): only "
+                    "MIG-backed types are offered afterwards"
+                )
             if want.vgpus or want.profiles:
                 ahead = plan_ahead(want, hg, vfs, observed, catalog, desired=desired.name)
                 first.extend(ahead.steps)

@@ -126,6 +126,19 @@ def test_sriov_disabled_on_an_a100_is_still_planned() -> None:
     assert [type(a) for a in plan.actions] == [SriovGpuDeviceDisable]
 
 
+def test_enabling_sriov_alone_on_an_a100_is_planned_with_a_note_that_mig_goes_on() -> None:
+    # No profile asked, so nothing to refuse; but the enable changes the GPU's mode.
+    want = DesiredNode(NODE, (DesiredGpu(address=PF, sriov=True, location=ENTRY),))
+    plan = plan_delegate(want, node(ids=A100_IDS), catalog=CATALOG)
+    assert [type(a) for a in plan.actions] == [SriovGpuDeviceEnable]
+    (note,) = [n for n in plan.notes if "MIG mode on" in n]
+    assert note.startswith(f"GPU {PF}: enabling its SR-IOV makes pcidevices-controller turn MIG")
+    assert "NVIDIA A100 40GB" in note
+    # An A2's enable says nothing of MIG.
+    plan = plan_delegate(want, node(ids=A2_IDS), catalog=CATALOG)
+    assert not [n for n in plan.notes if "MIG" in n]
+
+
 def test_a_node_groups_entry_is_named() -> None:
     message = refusal(desired("GRID A100-10C", group="big"), node(ids=A100_IDS))
     assert message.startswith(f"GPU {PF} on node {NODE} (node group 'big'): GRID A100-10C")
