@@ -36,7 +36,7 @@ from reconciler.model import (
     UsageError,
     ValidationError,
 )
-from reconciler.model.errors import ReconcilerError, excerpt
+from reconciler.model.errors import ClusterUnavailableError, ReconcilerError, excerpt
 from reconciler.model.plan import FORMAT_VERSION
 
 if TYPE_CHECKING:
@@ -668,7 +668,7 @@ def _add_status(sub: Subparsers) -> argparse.ArgumentParser:
 
 def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
-    if delegating(ns, host):
+    if _status_delegating(ns, host):
         from reconciler.cli.delegate_status import cmd_status_delegate
 
         return cmd_status_delegate(ns, host)
@@ -701,6 +701,23 @@ def cmd_status(ns: argparse.Namespace, options: GlobalOptions) -> int:
         for note in inventory.notes:
             _err(f"note: {safe_lines(note)}")
     return EXIT_OK
+
+
+def _status_delegating(ns: argparse.Namespace, host: Host) -> bool:
+    """Whether ``status`` shows Harvester's objects. As every command decides, except that in
+    auto mode a cluster that cannot be reached shows this node's host, with a note: status
+    only reads, and the host is what an operator looks at while the cluster is down (a plan or
+    an apply fails closed there instead, since writing the host could race pcidevices)."""
+    try:
+        return delegating(ns, host)
+    except ClusterUnavailableError as e:
+        if getattr(ns, "delegate", "auto") != "auto":
+            raise
+        _err(
+            f"note: {safe_lines(e.message)}; cannot tell whether pcidevices-controller runs: "
+            "showing this node's host (--delegate harvester: Harvester's objects)"
+        )
+        return False
 
 
 def _pictures(inventory: Inventory, host: Host, *, style: Style) -> str:
