@@ -3,7 +3,8 @@ the one pipeline ``apply --delegate harvester`` and ``watch --delegate harvester
 (docs/delegate.md).
 
 :func:`plan_all` observes every node of the desired state from its ``SRIOVGPUDevice`` and
-``VGPUDevice`` objects (six cluster-wide lists, whatever the number of nodes) and plans each.
+``VGPUDevice`` objects (six cluster-wide lists and one of the driver pods, whatever the number
+of nodes) and plans each.
 :func:`converge` applies such plans in rounds: a GPU's VF steps are planned ahead of its enable
 where the catalogue knows where its VFs appear (``plan/delegate.py`` ``plan_ahead``: one round
 then), else only once pcidevices-controller has made their ``VGPUDevice`` objects, so after

@@ -41,13 +41,15 @@ from reconciler.plan.check import located
 TIME_SLICED_REASON = (
     "pcidevices-controller turns MIG mode on when it enables SR-IOV on a MIG-capable GPU "
     "(gpu_controller.go reconcileMIGConfiguration), after which the driver offers only "
-    "MIG-backed vGPU types; time-sliced vGPUs on this GPU need node-local mode"
+    "MIG-backed vGPU types; time-sliced vGPUs on this GPU are made only in node-local mode, "
+    "on a node where pcidevices-controller does not run (vgpuctl never acts on a host beside it)"
 )
 #: Why a MIG-backed profile is not made in delegate mode.
 MIG_BACKED_REASON = (
     "delegate mode does not make MIG-backed vGPUs: their GPU instances are set up through "
     "Harvester's MigConfiguration, which vgpuctl does not write, and which VF the driver then "
-    "offers them on is not modelled here; use node-local mode, or configure MIG in Harvester's UI"
+    "offers them on is not modelled here; configure MIG in Harvester's UI, or use node-local mode "
+    "on a node where pcidevices-controller does not run"
 )
 
 

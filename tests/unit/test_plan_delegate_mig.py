@@ -116,7 +116,7 @@ def test_a_mig_backed_profile_is_refused_on_any_gpu(ids: tuple[str, str] | None)
     message = refusal(desired("GRID A100-1-5C"), node(ids=ids))
     assert message.startswith(f"GPU {PF} on node {NODE}: GRID A100-1-5C is MIG-backed")
     assert "Harvester's MigConfiguration, which vgpuctl does not write" in message
-    assert "use node-local mode, or configure MIG in Harvester's UI" in message
+    assert "configure MIG in Harvester's UI, or use node-local mode on a node where" in message
 
 
 def test_sriov_disabled_on_an_a100_is_still_planned() -> None:
