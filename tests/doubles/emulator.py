@@ -47,7 +47,8 @@ port (an outage), and a hook can interleave a concurrent change before each writ
 
 Lists in pages (``limit`` and ``continue``, as etcd-backed API servers serve them: every page of
 one list at the first page's resourceVersion, ``remainingItemCount``, 410 Expired once that
-version is compacted).
+version is compacted; a custom resource's last page, or its list not in pages, with
+``"continue": ""``).
 
 Server-side printing: a get or list of a custom resource that asks for a Table (kubectl get
 does) is answered with one built from its CRD's printer columns (``tables.py``); built-in
@@ -1046,6 +1047,13 @@ class ApiServerEmulator:
             if end < len(keys):
                 metadata["continue"] = _continue_token(rv, end)
                 metadata["remainingItemCount"] = len(keys) - end
+            elif not resource.built_in:
+                # A custom resource's list is unstructured: the API server sets its continue
+                # token even when empty (apimachinery unstructured_list.go SetContinue has no
+                # omitempty), so a last page, or a list not in pages, says "continue": "" (as
+                # kube-apiserver v1.37.2 answered in tests/doubles/test_real_agreement.py); a
+                # built-in kind's ListMeta omits it.
+                metadata["continue"] = ""
             page = _Page(
                 kind=f"{resource.kind}List",
                 apiVersion=resource.api_version,

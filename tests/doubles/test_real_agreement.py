@@ -265,5 +265,25 @@ def test_a_list_in_pages_is_the_collection_at_the_first_pages_version(served: Se
         *VGPUS, limit=2, _continue=second["metadata"]["continue"]
     )
     assert names(last) == ["n1-4"]
-    assert not last["metadata"].get("continue")
     assert "remainingItemCount" not in last["metadata"]
+
+
+def test_the_last_page_of_a_custom_resource_list_has_an_empty_continue(served: Served) -> None:
+    """A custom resource's list is an UnstructuredList, whose SetContinue (apimachinery
+    unstructured_list.go) writes the token even when it is empty: the last page, and a list not
+    in pages, say ``"continue": ""``; a built-in kind's ListMeta (``omitempty``) leaves it out."""
+    for i in range(3):
+        served.custom.create_cluster_custom_object(*VGPUS, vgpu(f"n1-{i}"))
+    whole = served.custom.list_cluster_custom_object(*VGPUS)
+    assert whole["metadata"]["continue"] == ""
+    first = served.custom.list_cluster_custom_object(*VGPUS, limit=2)
+    last = served.custom.list_cluster_custom_object(
+        *VGPUS, limit=2, _continue=first["metadata"]["continue"]
+    )
+    assert names(last) == ["n1-2"]
+    assert last["metadata"] == {
+        "continue": "",
+        "resourceVersion": first["metadata"]["resourceVersion"],
+    }
+    answer = client.CoreV1Api(served.api).list_namespace(_preload_content=False)
+    assert "continue" not in json.loads(answer.data)["metadata"]
