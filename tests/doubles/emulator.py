@@ -46,7 +46,8 @@ an RBAC model per user), failed (``fail_next``), the server stopped and restarte
 port (an outage), and a hook can interleave a concurrent change before each write (409 races).
 
 Lists in pages (``limit`` and ``continue``, as etcd-backed API servers serve them: every page of
-one list at the first page's resourceVersion, ``remainingItemCount``, 410 Expired once that
+one list at the first page's resourceVersion, ``remainingItemCount`` unless a label or field
+selector filters, 410 Expired once that
 version is compacted; a custom resource's last page, or its list not in pages, with
 ``"continue": ""``).
 
@@ -1046,7 +1047,12 @@ class ApiServerEmulator:
             metadata: JsonObject = {"resourceVersion": str(rv)}
             if end < len(keys):
                 metadata["continue"] = _continue_token(rv, end)
-                metadata["remainingItemCount"] = len(keys) - end
+                if not selection.labels and not selection.fields:
+                    # k8s.io/apiserver storage/continue.go PrepareContinueToken counts only
+                    # when the predicate is empty (etcd's count includes objects a selector
+                    # drops); a namespace is the key prefix, not the predicate. Real
+                    # kube-apiserver v1.37.2 left it out of a labelSelector page.
+                    metadata["remainingItemCount"] = len(keys) - end
             elif not resource.built_in:
                 # A custom resource's list is unstructured: the API server sets its continue
                 # token even when empty (apimachinery unstructured_list.go SetContinue has no

@@ -287,3 +287,24 @@ def test_the_last_page_of_a_custom_resource_list_has_an_empty_continue(served: S
     }
     answer = client.CoreV1Api(served.api).list_namespace(_preload_content=False)
     assert "continue" not in json.loads(answer.data)["metadata"]
+
+
+def test_a_list_in_pages_with_a_label_selector(served: Served) -> None:
+    """With a label selector, each page still holds ``limit`` matching objects (store.go GetList
+    reads on until it has them) but has no ``remainingItemCount``: storage/continue.go
+    PrepareContinueToken sets it only "if the predicate is empty" (etcd's count would include
+    the objects the selector drops)."""
+    custom = served.custom
+    for i in range(6):
+        obj = vgpu(f"n1-{i}")
+        obj["metadata"]["labels"]["parity"] = "even" if i % 2 == 0 else "odd"
+        custom.create_cluster_custom_object(*VGPUS, obj)
+    first = custom.list_cluster_custom_object(*VGPUS, limit=2, label_selector="parity=even")
+    assert names(first) == ["n1-0", "n1-2"]
+    assert first["metadata"]["continue"]
+    assert "remainingItemCount" not in first["metadata"]
+    last = custom.list_cluster_custom_object(
+        *VGPUS, limit=2, label_selector="parity=even", _continue=first["metadata"]["continue"]
+    )
+    assert names(last) == ["n1-4"]
+    assert last["metadata"]["continue"] == ""
