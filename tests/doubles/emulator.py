@@ -11,7 +11,8 @@ bounded history (410 Gone when too old); 404 NotFound for a resource whose CRD i
 A CRD installed with its ``openAPIV3Schema`` prunes and validates every write to its resource as
 the API server does (``structural.py``): a field the schema does not declare is dropped at any
 depth, a wrong type, a missing required field, a value outside an enum or a pattern is 422
-Invalid naming each field (``spec.address: Invalid value: ...``), and nothing is written.
+Invalid naming each field (``spec.address: Invalid value: ...``; each a ``details.causes``
+entry), and nothing is written.
 
 Patches: JSON merge patch, and JSON patch (RFC 6902) with the API server's semantics
 (``jsonpatch.py``: evanphx/json-patch v4; an operation that does not apply, a failed ``test``
@@ -1600,16 +1601,22 @@ class ApiServerEmulator:
         structural.prune(body, schema)
         causes = structural.validate(body, schema)
         if causes:
-            raise self._invalid(
-                resource, name, causes[0] if len(causes) == 1 else f"[{', '.join(causes)}]"
-            )
+            raise self._invalid(resource, name, *causes)
 
-    def _invalid(self, resource: Resource, name: str, cause: str) -> ApiError:
+    def _invalid(self, resource: Resource, name: str, *causes: str) -> ApiError:
+        """apimachinery ``errors.NewInvalid``: the causes in the message (``[a, b]`` when more
+        than one, as an aggregate prints them) and each in ``details.causes``."""
         qualified_kind = f"{resource.kind}.{resource.group}" if resource.group else resource.kind
+        text = causes[0] if len(causes) == 1 else f"[{', '.join(causes)}]"
         return ApiError(
             422,
-            f'{qualified_kind} "{name}" is invalid: {cause}',
-            details={"name": name, "group": resource.group, "kind": resource.kind},
+            f'{qualified_kind} "{name}" is invalid: {text}',
+            details={
+                "name": name,
+                "group": resource.group,
+                "kind": resource.kind,
+                "causes": [structural.status_cause(c) for c in causes],
+            },
         )
 
     @staticmethod

@@ -114,6 +114,21 @@ def test_a_value_of_the_wrong_type_is_422_naming_the_field(served: Served) -> No
         'VGPUDevice.devices.harvesterhci.io "wrong" is invalid: spec.enabled: Invalid value: '
         '"string": spec.enabled in body must be of type boolean: "string"'
     )
+    # apimachinery errors.NewInvalid: each field error a cause (vgpuctl tells an invalid object
+    # from a JSON patch that did not apply by its name and causes: kube/errors.py).
+    assert status["details"] == {
+        "name": "wrong",
+        "group": GROUP,
+        "kind": "VGPUDevice",
+        "causes": [
+            {
+                "reason": "FieldValueTypeInvalid",
+                "message": 'Invalid value: "string": spec.enabled in body must be of type '
+                'boolean: "string"',
+                "field": "spec.enabled",
+            }
+        ],
+    }
     assert served.custom.list_cluster_custom_object(*VGPUS)["items"] == []
 
 
@@ -135,6 +150,9 @@ def test_a_missing_required_field_is_422_naming_it(served: Served) -> None:
     assert status["message"] == (
         'Addon.harvesterhci.io "pcidevices-controller" is invalid: spec.version: Required value'
     )
+    assert status["details"]["causes"] == [
+        {"reason": "FieldValueRequired", "message": "Required value", "field": "spec.version"}
+    ]
 
 
 # --- JSON patch ------------------------------------------------------------------------------
