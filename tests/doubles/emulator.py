@@ -1233,15 +1233,28 @@ class ApiServerEmulator:
             current = self._existing(resource, target)
             preconditions = options.get("preconditions") or {}
             meta = current["metadata"]
-            for field, label in (("resourceVersion", "ResourceVersion"), ("uid", "UID")):
+            # k8s.io/apiserver pkg/registry/rest/delete.go BeforeDelete: the UID, then the
+            # resourceVersion, a Conflict on the object's Kind (GroupResource{Resource: Kind}),
+            # as kube-apiserver v1.37.2 answered (and v1.34's delete.go words it alike).
+            for field, label, then in (
+                ("uid", "UID", "deleted and then recreated"),
+                ("resourceVersion", "ResourceVersion", "modified"),
+            ):
                 wanted = preconditions.get(field)
                 if wanted is not None and wanted != meta.get(field):
+                    qualified = (
+                        f"{resource.kind}.{resource.group}" if resource.group else resource.kind
+                    )
                     raise ApiError(
                         409,
-                        f'Operation cannot be fulfilled on {resource.qualified} "{target.name}": '
-                        f"Precondition failed: {label} in precondition: {wanted}, {label} in "
-                        f"object meta: {meta.get(field)}",
-                        details=self._details(resource, target.name),
+                        f'Operation cannot be fulfilled on {qualified} "{target.name}": the '
+                        f"{label} in the precondition ({wanted}) does not match the {label} in "
+                        f"record ({meta.get(field)}). The object might have been {then}",
+                        details={
+                            "name": target.name,
+                            "group": resource.group,
+                            "kind": resource.kind,
+                        },
                     )
             self._admit("DELETE", resource, target, user, new=None, old=current)
             removed = self._remove(resource, (target.namespace or "", target.name))
@@ -1556,10 +1569,21 @@ class ApiServerEmulator:
         name = current["metadata"]["name"]
         if not given:
             if required and resource.custom:
-                raise self._invalid(
-                    resource,
-                    name,
-                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                # registry/store.go Update: NewInvalid on GroupKind{Kind: the resource}, the
+                # uint64 0 shown by field.ErrorBody as JSON (``0``), as kube-apiserver v1.37.2
+                # answered (v1.34's store.go and errors.go alike).
+                cause = (
+                    "metadata.resourceVersion: Invalid value: 0: must be specified for an update"
+                )
+                raise ApiError(
+                    422,
+                    f'{resource.qualified} "{name}" is invalid: {cause}',
+                    details={
+                        "name": name,
+                        "group": resource.group,
+                        "kind": resource.plural,
+                        "causes": [structural.status_cause(cause)],
+                    },
                 )
             return
         if given != current["metadata"]["resourceVersion"]:

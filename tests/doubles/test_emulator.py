@@ -135,7 +135,9 @@ def test_delete_honours_resource_version_precondition(custom: Any) -> None:
     stale = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version="1"))
     error = api_error(custom.delete_cluster_custom_object, *CR, "a", body=stale)
     assert error.status == 409
-    assert "Precondition failed" in status_of(error)["message"]
+    assert (
+        "the ResourceVersion in the precondition (1) does not match" in status_of(error)["message"]
+    )
     rv = created["metadata"]["resourceVersion"]
     fresh = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=rv))
     custom.delete_cluster_custom_object(*CR, "a", body=fresh)

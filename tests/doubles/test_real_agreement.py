@@ -250,8 +250,53 @@ def test_a_delete_with_a_stale_resource_version_is_409_conflict(served: Served) 
     )
     error = api_error(served.custom.delete_cluster_custom_object, *VGPUS, "a", body=options)
     assert error.status == 409
-    assert status_of(error)["reason"] == "Conflict"
-    assert served.custom.get_cluster_custom_object(*VGPUS, "a")["spec"]["enabled"] is True
+    current = served.custom.get_cluster_custom_object(*VGPUS, "a")
+    assert current["spec"]["enabled"] is True
+    # k8s.io/apiserver registry/rest/delete.go BeforeDelete: a Conflict on the Kind.
+    status = status_of(error)
+    assert status["reason"] == "Conflict"
+    assert status["message"] == (
+        'Operation cannot be fulfilled on VGPUDevice.devices.harvesterhci.io "a": the '
+        f"ResourceVersion in the precondition ({created['metadata']['resourceVersion']}) does not "
+        f"match the ResourceVersion in record ({current['metadata']['resourceVersion']}). The "
+        "object might have been modified"
+    )
+    assert status["details"] == {"name": "a", "group": GROUP, "kind": "VGPUDevice"}
+
+
+def test_a_delete_with_another_uid_is_409_conflict(served: Served) -> None:
+    created = served.custom.create_cluster_custom_object(*VGPUS, vgpu("a"))
+    options = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(uid="0e0e0e0e-0000-4000-8000-000000000000")
+    )
+    error = api_error(served.custom.delete_cluster_custom_object, *VGPUS, "a", body=options)
+    assert error.status == 409
+    assert status_of(error)["message"] == (
+        'Operation cannot be fulfilled on VGPUDevice.devices.harvesterhci.io "a": the UID in the '
+        "precondition (0e0e0e0e-0000-4000-8000-000000000000) does not match the UID in record "
+        f"({created['metadata']['uid']}). The object might have been deleted and then recreated"
+    )
+
+
+def test_a_put_without_a_resource_version_is_422_on_the_resource(served: Served) -> None:
+    """registry/store.go Update: a custom resource's update must name a resourceVersion; the
+    error is NewInvalid on GroupKind{Kind: <the resource>}, its value the uint64 0."""
+    served.custom.create_cluster_custom_object(*VGPUS, vgpu("a"))
+    error = api_error(served.custom.replace_cluster_custom_object, *VGPUS, "a", vgpu("a"))
+    assert error.status == 422
+    body = "Invalid value: 0: must be specified for an update"
+    status = status_of(error)
+    assert status["message"] == (
+        f'vgpudevices.devices.harvesterhci.io "a" is invalid: metadata.resourceVersion: {body}'
+    )
+    assert status["details"] == {
+        "name": "a",
+        "group": GROUP,
+        "kind": "vgpudevices",
+        "causes": [
+            {"reason": "FieldValueInvalid", "message": body, "field": "metadata.resourceVersion"}
+        ],
+    }
 
 
 # --- lists in pages ------------------------------------------------------------------------------
