@@ -20,8 +20,12 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
+from tests.cluster_node import HARVESTER_CRDS as HARVESTER_KINDS
+from tests.cluster_node import NODE_STATE_CRD, ClusterNode, kubevirt_cr
 from tests.doubles.emulator import ApiServerEmulator
-from tests.real_apiserver import RealApiServer
+from tests.doubles.kubevirt_crd import kubevirt_crd
+from tests.real_apiserver import IDENTITIES, RealApiServer
+from tests.simnode import NODE, make_sim
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -109,7 +113,9 @@ class Served:
 
 def served_emulator(directory: Path) -> tuple[ApiServerEmulator, Served]:
     """A fresh emulator (started: the caller stops it) and its :class:`Served`."""
-    emulator = ApiServerEmulator()
+    # Its default token is an admin's, as the real server's admin kubeconfig is (the
+    # emulator's own default is the agent's service account, which deploy/'s policy judges).
+    emulator = ApiServerEmulator(user=IDENTITIES["admin"][0])
     emulator.start()
     path = emulator.kubeconfig(directory / "kubeconfig-emulator")
     api = new_client_from_config(config_file=str(path))
@@ -150,3 +156,99 @@ def preserving_crd(group: str, version: str, plural: str, kind: str) -> dict[str
             ],
         },
     }
+
+
+def create_ignoring_conflict(create: Any, *args: Any) -> Any:
+    """``create(*args)``; an object already there (the real server is shared by a process's
+    tests) is kept: None."""
+    try:
+        return create(*args)
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+        return None
+
+
+def agent_pod_token(served: Served, node: str) -> str:
+    """A token of the node agent's service account bound to a pod on ``node``, as the kubelet
+    asks for its projected volume: the API server puts the pod's node in the token
+    (``authentication.kubernetes.io/node-name`` in the user's extra, kubernetes
+    pkg/serviceaccount/claims.go, ServiceAccountTokenPodNodeInfo). The real server only: the
+    Node, ServiceAccount and Pod objects are created as its admin (nothing runs the pod)."""
+    core = client.CoreV1Api(served.api)
+    create_ignoring_conflict(core.create_namespace, {"metadata": {"name": "vgpuctl-system"}})
+    create_ignoring_conflict(
+        core.create_namespaced_service_account, "vgpuctl-system", {"metadata": {"name": "vgpuctl"}}
+    )
+    create_ignoring_conflict(core.create_node, {"metadata": {"name": node}})
+    pod = {
+        "metadata": {"name": f"vgpuctl-{node}"},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "vgpuctl",
+            "containers": [{"name": "vgpuctl", "image": "ghcr.io/vgpuctl/vgpuctl:0.1.0"}],
+        },
+    }
+    create_ignoring_conflict(core.create_namespaced_pod, "vgpuctl-system", pod)
+    uid = core.read_namespaced_pod(f"vgpuctl-{node}", "vgpuctl-system").metadata.uid
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=[],
+            bound_object_ref=client.V1BoundObjectReference(
+                kind="Pod", api_version="v1", name=f"vgpuctl-{node}", uid=uid
+            ),
+            expiration_seconds=3600,
+        )
+    )
+    answer = core.create_namespaced_service_account_token("vgpuctl", "vgpuctl-system", request)
+    token: str = answer.status.token
+    return token
+
+
+def harvester_cluster(served: Served) -> None:
+    """Harvester's CRDs for its two kinds, ours for the VGPUNodeState, KubeVirt's CRD and CR
+    (with someone else's allow-list entry), and VirtualMachineInstances (none running)."""
+    for path in sorted(HARVESTER_KINDS.glob("*.yaml")):
+        served.install_crd(yaml.safe_load(path.read_text()))
+    served.install_crd(yaml.safe_load(NODE_STATE_CRD.read_text()))
+    served.install_crd(kubevirt_crd())
+    served.install_crd(
+        preserving_crd("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance")
+    )
+    core = client.CoreV1Api(served.api)
+    try:
+        core.create_namespace({"metadata": {"name": "harvester-system"}})
+    except client.ApiException as error:
+        if error.status != 409:  # the real server is shared by the tests of a process
+            raise
+    served.custom.create_namespaced_custom_object(
+        "kubevirt.io", "v1", "harvester-system", "kubevirts", kubevirt_cr()
+    )
+
+
+def node_of(tmp_path: Path, served: Served) -> ClusterNode:
+    sim = make_sim(tmp_path / "host", ["A2@0000:08:00.0"])
+    node = ClusterNode(sim.dir, NODE)
+    node.kubeconfig = served.kubeconfig_path
+    node.kubelet_dir = tmp_path / "kubelet"
+    (node.kubelet_dir / "device-plugins").mkdir(parents=True)
+    return node
+
+
+def install_rbac(served: Served, path: Path) -> None:
+    """The shipped RBAC objects, created as the admin (already there: kept)."""
+    api = client.RbacAuthorizationV1Api(served.api)
+    create = {
+        "ClusterRole": api.create_cluster_role,
+        "ClusterRoleBinding": api.create_cluster_role_binding,
+        "Role": lambda body: api.create_namespaced_role(body["metadata"]["namespace"], body),
+        "RoleBinding": lambda body: api.create_namespaced_role_binding(
+            body["metadata"]["namespace"], body
+        ),
+    }
+    for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
+        try:
+            create[doc["kind"]](doc)
+        except client.ApiException as error:
+            if error.status != 409:
+                raise

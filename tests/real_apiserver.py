@@ -115,8 +115,9 @@ class RealApiServer:
     logs: dict[str, Path]
     version: dict[str, Any] = field(default_factory=dict)
 
-    def kubeconfig(self, path: Path, identity: str = "admin") -> Path:
-        """Write a kubeconfig for ``identity`` (a key of :data:`IDENTITIES`); returns its path."""
+    def kubeconfig(self, path: Path, identity: str = "admin", *, token: str = "") -> Path:
+        """Write a kubeconfig for ``identity`` (a key of :data:`IDENTITIES`), or with ``token``
+        (a service account's, from a TokenRequest); returns its path."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -126,7 +127,7 @@ class RealApiServer:
                     "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)},
                 }
             ],
-            "users": [{"name": identity, "user": {"token": self.tokens[identity]}}],
+            "users": [{"name": identity, "user": {"token": token or self.tokens[identity]}}],
             "contexts": [{"name": "real", "context": {"cluster": "real", "user": identity}}],
             "current-context": "real",
         }

@@ -11,70 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client
 
 from tests import rbac
-from tests.api_servers import Served, preserving_crd
-from tests.cluster_node import HARVESTER_CRDS, NODE_STATE_CRD, ClusterNode, kubevirt_cr
-from tests.doubles.kubevirt_crd import kubevirt_crd
-from tests.simnode import NODE, REPO, SEED, make_sim
+from tests.api_servers import Served, harvester_cluster, install_rbac, node_of
+from tests.simnode import REPO, SEED
 
 SEED_FIXTURES = REPO / "tests" / "fixtures" / "crds"
 GROUP, VERSION = "devices.harvesterhci.io", "v1beta1"
 
 
-def harvester_cluster(served: Served) -> None:
-    """Harvester's CRDs for its two kinds, ours for the VGPUNodeState, KubeVirt's CRD and CR
-    (with someone else's allow-list entry), and VirtualMachineInstances (none running)."""
-    for path in sorted(HARVESTER_CRDS.glob("*.yaml")):
-        served.install_crd(yaml.safe_load(path.read_text()))
-    served.install_crd(yaml.safe_load(NODE_STATE_CRD.read_text()))
-    served.install_crd(kubevirt_crd())
-    served.install_crd(
-        preserving_crd("kubevirt.io", "v1", "virtualmachineinstances", "VirtualMachineInstance")
-    )
-    core = client.CoreV1Api(served.api)
-    try:
-        core.create_namespace({"metadata": {"name": "harvester-system"}})
-    except client.ApiException as error:
-        if error.status != 409:  # the real server is shared by the tests of a process
-            raise
-    served.custom.create_namespaced_custom_object(
-        "kubevirt.io", "v1", "harvester-system", "kubevirts", kubevirt_cr()
-    )
-
-
-def node_of(tmp_path: Path, served: Served) -> ClusterNode:
-    sim = make_sim(tmp_path / "host", ["A2@0000:08:00.0"])
-    node = ClusterNode(sim.dir, NODE)
-    node.kubeconfig = served.kubeconfig_path
-    node.kubelet_dir = tmp_path / "kubelet"
-    (node.kubelet_dir / "device-plugins").mkdir(parents=True)
-    return node
-
-
 def cluster_object(served: Served, plural: str, name: str) -> dict[str, Any]:
     found: dict[str, Any] = served.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
     return found
-
-
-def install_rbac(served: Served, path: Path) -> None:
-    """The shipped RBAC objects, created as the admin (already there: kept)."""
-    api = client.RbacAuthorizationV1Api(served.api)
-    create = {
-        "ClusterRole": api.create_cluster_role,
-        "ClusterRoleBinding": api.create_cluster_role_binding,
-        "Role": lambda body: api.create_namespaced_role(body["metadata"]["namespace"], body),
-        "RoleBinding": lambda body: api.create_namespaced_role_binding(
-            body["metadata"]["namespace"], body
-        ),
-    }
-    for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
-        try:
-            create[doc["kind"]](doc)
-        except client.ApiException as error:
-            if error.status != 409:
-                raise
 
 
 def test_the_seed_node_plans_applies_and_converges(tmp_path: Path, api_server: Served) -> None:
