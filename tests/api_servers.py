@@ -252,3 +252,8 @@ def install_rbac(served: Served, path: Path) -> None:
         except client.ApiException as error:
             if error.status != 409:
                 raise
+
+
+#: The tests' own resource, served by the real server without a watch cache
+#: (real_apiserver.UNCACHED): (group, version, plural).
+WATCH_PROBES = ("realapi.vgpuctl.invalid", "v1", "watchprobes")

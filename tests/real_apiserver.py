@@ -68,6 +68,10 @@ IDENTITIES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("system:serviceaccounts", "system:serviceaccounts:vgpuctl-system"),
     ),
 }
+#: The resource served without a watch cache (``--watch-cache-sizes``): its watches read etcd,
+#: so a compaction (:meth:`RealApiServer.compact`) makes an older resourceVersion 410 at once,
+#: as the emulator's ``compact`` does (the tests' own CRD, ``api_servers.WATCH_PROBES``).
+UNCACHED = "watchprobes.realapi.vgpuctl.invalid"
 #: How long etcd and the API server may take to become ready on a loaded machine.
 STARTUP_S = 120.0
 
@@ -113,7 +117,21 @@ class RealApiServer:
     ca_file: Path
     tokens: dict[str, str]
     logs: dict[str, Path]
+    etcd_url: str = ""
     version: dict[str, Any] = field(default_factory=dict)
+
+    def compact(self, revision: int) -> None:
+        """Compact etcd's history up to ``revision`` (a resourceVersion: etcd's revision), as
+        the API server's compactor does every five minutes. Watches of :data:`UNCACHED` from an
+        older resourceVersion then get 410; other resources are watched through the watch
+        cache, which keeps its own window of events regardless."""
+        request = urllib.request.Request(  # noqa: S310 (etcd on loopback)
+            self.etcd_url + "/v3/kv/compaction",
+            data=json.dumps({"revision": revision, "physical": True}).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310
+            answer.read()
 
     def kubeconfig(self, path: Path, identity: str = "admin", *, token: str = "") -> Path:
         """Write a kubeconfig for ``identity`` (a key of :data:`IDENTITIES`), or with ``token``
@@ -263,6 +281,7 @@ def real_apiserver(workdir: Path) -> Iterator[RealApiServer]:
                     f"--service-account-key-file={sa_key}",
                     f"--service-account-signing-key-file={sa_key}",
                     "--allow-privileged=true",
+                    f"--watch-cache-sizes={UNCACHED}#0",
                     "--v=0",
                 ],
                 logs["kube-apiserver"],
@@ -273,6 +292,7 @@ def real_apiserver(workdir: Path) -> Iterator[RealApiServer]:
             ca_file=certs / "apiserver.crt",
             tokens=tokens,
             logs=logs,
+            etcd_url=etcd_url,
         )
 
         def ready() -> bool:
