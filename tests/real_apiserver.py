@@ -117,8 +117,35 @@ class RealApiServer:
     ca_file: Path
     tokens: dict[str, str]
     logs: dict[str, Path]
+    audit_log: Path
     etcd_url: str = ""
     version: dict[str, Any] = field(default_factory=dict)
+
+    def audit_mark(self) -> int:
+        """Where the audit log ends now: :meth:`requests` ``since`` it."""
+        return len(self.audit_log.read_text().splitlines())
+
+    def requests(
+        self, identity: str, since: int = 0
+    ) -> list[tuple[str, str, str, str | None, str | None, str | None]]:
+        """Every request ``identity`` (a key of :data:`IDENTITIES`) made, as the API server's
+        audit log records it (level Metadata for every identity but the admin): ``(verb,
+        group, resource, subresource, namespace, name)``, the emulator's ``Request`` fields, in
+        the order they were answered."""
+        user = IDENTITIES[identity][0]
+        out = []
+        seen: set[str] = set()
+        for line in self.audit_log.read_text().splitlines()[since:]:
+            event = json.loads(line)
+            if event.get("user", {}).get("username") != user or event["auditID"] in seen:
+                continue
+            seen.add(event["auditID"])  # a watch has two stages, ResponseStarted and Complete
+            ref = event.get("objectRef") or {}
+            out.append((
+                event["verb"], ref.get("apiGroup", ""), ref.get("resource", ""),
+                ref.get("subresource"), ref.get("namespace"), ref.get("name"),
+            ))  # fmt: skip
+        return out
 
     def compact(self, revision: int) -> None:
         """Compact etcd's history up to ``revision`` (a resourceVersion: etcd's revision), as
@@ -239,6 +266,19 @@ def real_apiserver(workdir: Path) -> Iterator[RealApiServer]:
     with (workdir / "tokens.csv").open("w") as out:
         for name, (user, groups) in IDENTITIES.items():
             out.write(f'{tokens[name]},{user},uid-{name},"{",".join(groups)}"\n')
+    # The requests of every identity but the admin's (the tests' own), as RBAC sees them.
+    (workdir / "audit-policy.json").write_text(
+        json.dumps({
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "None", "users": [IDENTITIES["admin"][0]]},
+                {"level": "Metadata", "users": [u for u, _ in IDENTITIES.values()]},
+                {"level": "None"},
+            ],
+        })
+    )  # fmt: skip
     etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
     etcd_url = f"http://127.0.0.1:{etcd_port}"
     peer_url = f"http://127.0.0.1:{peer_port}"
@@ -282,6 +322,9 @@ def real_apiserver(workdir: Path) -> Iterator[RealApiServer]:
                     f"--service-account-signing-key-file={sa_key}",
                     "--allow-privileged=true",
                     f"--watch-cache-sizes={UNCACHED}#0",
+                    f"--audit-policy-file={workdir / 'audit-policy.json'}",
+                    f"--audit-log-path={workdir / 'audit.log'}",
+                    "--audit-log-mode=blocking",
                     "--v=0",
                 ],
                 logs["kube-apiserver"],
@@ -292,6 +335,7 @@ def real_apiserver(workdir: Path) -> Iterator[RealApiServer]:
             ca_file=certs / "apiserver.crt",
             tokens=tokens,
             logs=logs,
+            audit_log=workdir / "audit.log",
             etcd_url=etcd_url,
         )
 

@@ -14,10 +14,38 @@ import yaml
 
 from tests import rbac
 from tests.api_servers import Served, harvester_cluster, install_rbac, node_of
+from tests.doubles.emulator import Request
 from tests.simnode import REPO, SEED
 
 SEED_FIXTURES = REPO / "tests" / "fixtures" / "crds"
 GROUP, VERSION = "devices.harvesterhci.io", "v1beta1"
+
+
+DEVICES, NODE_STATES = "devices.harvesterhci.io", "vgpu.reconciler.dev"
+#: What the agent's first apply of the seed and its re-plan ask for (verb, group, resource,
+#: subresource), each a use deploy/rbac.yaml's comments give: the pcidevices-controller guard's
+#: three gets, the lists of its node's objects, the KubeVirt CR and VMIs, its objects created and
+#: their status written through the subresource, the allow-list JSON patch, an Event.
+SEED_REQUESTS = {
+    ("get", "harvesterhci.io", "addons", None),
+    ("get", "apps", "daemonsets", None),
+    ("get", "admissionregistration.k8s.io", "validatingwebhookconfigurations", None),
+    ("list", DEVICES, "sriovgpudevices", None),
+    ("list", DEVICES, "vgpudevices", None),
+    ("list", NODE_STATES, "vgpunodestates", None),
+    ("list", "kubevirt.io", "kubevirts", None),
+    ("list", "kubevirt.io", "virtualmachineinstances", None),
+    ("get", "kubevirt.io", "kubevirts", None),
+    ("get", NODE_STATES, "vgpunodestates", None),
+    ("create", DEVICES, "sriovgpudevices", None),
+    ("create", DEVICES, "vgpudevices", None),
+    ("create", NODE_STATES, "vgpunodestates", None),
+    ("update", DEVICES, "sriovgpudevices", "status"),
+    ("update", DEVICES, "vgpudevices", "status"),
+    ("update", NODE_STATES, "vgpunodestates", "status"),
+    ("patch", "kubevirt.io", "kubevirts", None),
+    ("create", "", "events", None),
+}
 
 
 def cluster_object(served: Served, plural: str, name: str) -> dict[str, Any]:
@@ -61,6 +89,7 @@ def test_the_agents_shipped_role_is_enough_for_the_seed(tmp_path: Path, api_serv
     RBAC authorizer (a static token as the agent's service account)."""
     harvester_cluster(api_server)
     node = node_of(tmp_path, api_server)
+    mark = 0
     if api_server.emulator is not None:
         role = rbac.enforce(api_server.emulator)
         node.kubeconfig = api_server.emulator.kubeconfig(tmp_path / "agent", user=role.user)
@@ -73,8 +102,17 @@ def test_the_agents_shipped_role_is_enough_for_the_seed(tmp_path: Path, api_serv
         while api_server.real.get(path, identity="agent")[0] != 200:
             assert time.monotonic() < deadline, "the agent's ClusterRoleBinding never applied"
             time.sleep(0.1)
+        mark = api_server.real.audit_mark()
     assert "Converged" in node.ok("apply", SEED, "--yes").stdout
     again = node.run("plan", SEED, "--detailed-exitcode")
     assert again.returncode == 0, again.stdout + again.stderr
+    # What the agent asked for, as the emulator records it and as the real server's audit log
+    # does (the two agree): every request allowed by the shipped role.
     if api_server.emulator is not None:
-        assert role.refused() == []
+        made = [tuple(r) for r in role.requests]
+    else:
+        assert api_server.real is not None
+        made = list(api_server.real.requests("agent", since=mark))
+    granted = rbac.grants()
+    assert [r for r in made if not rbac.allows(granted, Request(*r))] == []
+    assert {r[:4] for r in made} == SEED_REQUESTS
