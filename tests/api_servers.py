@@ -247,6 +247,8 @@ def install_rbac(served: Served, path: Path) -> None:
         ),
     }
     for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
+        if doc["kind"] == "ServiceAccount":  # its tokens are the static ones (IDENTITIES)
+            continue
         try:
             create[doc["kind"]](doc)
         except client.ApiException as error:

@@ -15,7 +15,7 @@ import yaml
 from tests import rbac
 from tests.api_servers import Served, harvester_cluster, install_rbac, node_of
 from tests.doubles.emulator import Request
-from tests.simnode import REPO, SEED
+from tests.simnode import REPO, SEED, run_vgpuctl
 
 SEED_FIXTURES = REPO / "tests" / "fixtures" / "crds"
 GROUP, VERSION = "devices.harvesterhci.io", "v1beta1"
@@ -116,3 +116,38 @@ def test_the_agents_shipped_role_is_enough_for_the_seed(tmp_path: Path, api_serv
     granted = rbac.grants()
     assert [r for r in made if not rbac.allows(granted, Request(*r))] == []
     assert {r[:4] for r in made} == SEED_REQUESTS
+
+
+def test_the_ci_identity_plans_from_the_cluster_with_only_its_role(
+    tmp_path: Path, api_server: Served
+) -> None:
+    """After the seed's apply, CI's ``plan --observed cluster`` (examples/gitops/ci-rbac.yaml's
+    read-only identity, no host) finds nothing to do, reading only."""
+    harvester_cluster(api_server)
+    node_of(tmp_path, api_server).ok("apply", SEED, "--yes")
+    if api_server.emulator is not None:
+        role = rbac.enforce(api_server.emulator, rbac.CI_RBAC, rbac.CI_ACCOUNT)
+        kubeconfig = api_server.emulator.kubeconfig(tmp_path / "ci", user=role.user)
+    else:
+        assert api_server.real is not None
+        install_rbac(api_server, rbac.CI_RBAC)
+        kubeconfig = api_server.real.kubeconfig(tmp_path / "ci", "ci")
+        deadline = time.monotonic() + 30  # the authorizer's informers see the new binding
+        while api_server.real.get(f"/apis/{GROUP}/{VERSION}/vgpudevices", identity="ci")[0] != 200:
+            assert time.monotonic() < deadline, "the CI ClusterRoleBinding never applied"
+            time.sleep(0.1)
+        mark = api_server.real.audit_mark()
+    res = run_vgpuctl(
+        "plan", SEED, "--observed", "cluster", "--kubeconfig", kubeconfig,
+        "--detailed-exitcode", "--sysfs-root", tmp_path / "no-such-host",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "No changes." in res.stdout
+    if api_server.emulator is not None:
+        made = [tuple(r) for r in role.requests]
+    else:
+        assert api_server.real is not None
+        made = list(api_server.real.requests("ci", since=mark))
+    assert made and {r[0] for r in made} <= {"get", "list"}
+    granted = rbac.grants(rbac.CI_RBAC, rbac.CI_ACCOUNT)
+    assert [r for r in made if not rbac.allows(granted, Request(*r))] == []
