@@ -30,7 +30,8 @@ demo:
     say vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode
     vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode "${host[@]}"
 
-# Lint and type-check, then run the whole test suite. Temporary trees go to tmpfs when there is
+# Lint and type-check, then run the whole test suite, and then the real-API tier (`just
+# test-real`) when its binaries are built (else a line says how to build them). Temporary trees go to tmpfs when there is
 # one: simulated sysfs trees are thousands of small files, and sysfs itself lives in memory.
 # Two workers per core (at most 16): most tests wait on subprocesses, a watch agent or the API
 # emulator, so one worker per core leaves the cores half idle (on 2 cores: 9 min 15 s with 2
@@ -38,7 +39,21 @@ demo:
 test: lint
     if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi; \
     cores=$(nproc 2>/dev/null || echo 2); workers=$(( cores * 2 > 16 ? 16 : cores * 2 )); \
-    {{python}} -m pytest -q -n "$workers" --dist worksteal
+    {{python}} -m pytest -q -n "$workers" --dist worksteal -m "not realapi"
+    if {{python}} -c 'import sys; from tests import real_apiserver as r; sys.exit(not r.built())'; \
+    then just python={{python}} _test-real; \
+    else {{python}} -c 'from tests import real_apiserver as r; print("real-API tier skipped:", r.NOT_BUILT)'; fi
+
+# The first time, tests/realapi/build takes long: README.md, "Against a real API server".
+# The real-API tier: the tests marked `realapi` against a real kube-apiserver and etcd
+# (tests/real_apiserver.py), built first by tests/realapi/build unless its cache has them.
+test-real:
+    tests/realapi/build >/dev/null
+    just python={{python}} _test-real
+
+_test-real:
+    if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi; \
+    VGPUCTL_REQUIRE_REALAPI=1 {{python}} -m pytest -q -m realapi
 
 # ruff, mypy --strict and the import-linter layer contracts.
 lint:

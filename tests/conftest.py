@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests import real_apiserver
+from tests.api_servers import Served, served_emulator, served_real
 from tests.cluster_node import kubevirt_cr, register_crds
 from tests.doubles.emulator import ApiServerEmulator
 from tests.simnode import REPO, SimNode, make_sim
@@ -27,8 +29,10 @@ for _variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
     os.environ.pop(_variable, None)
 # Nor the machine's vgpuctl settings (a VGPUCTL_SYSFS_ROOT, a NODE_NAME): every test names its
 # simulated host, state directory and node itself.
+# (VGPUCTL_REQUIRE_REALAPI is the suite's own: a missing real API server fails the real tier.)
 for _variable in [v for v in os.environ if v.startswith("VGPUCTL_")] + ["NODE_NAME"]:
-    os.environ.pop(_variable, None)
+    if _variable != real_apiserver.REQUIRE:
+        os.environ.pop(_variable, None)
 
 #: What no test may read: the machine's sysfs, kubelet directory and kubeconfigs.
 FORBIDDEN = ("/sys", "/var/lib/kubelet", os.path.expanduser("~/.kube"))
@@ -137,3 +141,61 @@ def vgpuctl_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     (wheel,) = wheels.glob("vgpuctl-*.whl")
     return wheel
+
+
+# --- the real API server (tests/real_apiserver.py, tests/api_servers.py) ---
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Whether the real-API tier can run here, and with which binaries."""
+    if real_apiserver.built():
+        return (
+            f"real API server: kube-apiserver {real_apiserver.KUBERNETES_VERSION}, etcd "
+            f"{real_apiserver.ETCD_VERSION} ({real_apiserver.binaries_dir()})"
+        )
+    return f"real API server: {real_apiserver.NOT_BUILT}"
+
+
+@pytest.fixture(scope="session")
+def real_api(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[real_apiserver.RealApiServer]:
+    """etcd and kube-apiserver, one pair per test process, stopped at its end. Skipped where
+    they are not built (``VGPUCTL_REQUIRE_REALAPI``: failed instead)."""
+    if not real_apiserver.built():
+        if os.environ.get(real_apiserver.REQUIRE):
+            pytest.fail(real_apiserver.NOT_BUILT)
+        pytest.skip(real_apiserver.NOT_BUILT)
+    with real_apiserver.real_apiserver(tmp_path_factory.mktemp("realapi")) as server:
+        line = (
+            f"real API server {server.version.get('gitVersion')} "
+            f"({server.version.get('goVersion')}, etcd {real_apiserver.ETCD_VERSION}) at "
+            f"{server.url}"
+        )
+        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+        capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():  # past the capture of the setup
+                reporter.write_line(f"\n{line}")
+        else:
+            print(line)  # a worker of pytest-xdist: in the captured output
+        yield server
+
+
+@pytest.fixture(params=["emulator", pytest.param("real", marks=pytest.mark.realapi)])
+def api_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    """The test once against the emulator, once against the real API server (``realapi``)."""
+    if request.param == "emulator":
+        emulator, served = served_emulator(tmp_path)
+        try:
+            yield served
+        finally:
+            served.api.close()
+            emulator.stop()
+        return
+    served = served_real(request.getfixturevalue("real_api"), tmp_path)
+    try:
+        yield served
+    finally:
+        served.clean()
+        served.api.close()

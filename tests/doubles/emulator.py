@@ -11,7 +11,8 @@ bounded history (410 Gone when too old); 404 NotFound for a resource whose CRD i
 A CRD installed with its ``openAPIV3Schema`` prunes and validates every write to its resource as
 the API server does (``structural.py``): a field the schema does not declare is dropped at any
 depth, a wrong type, a missing required field, a value outside an enum or a pattern is 422
-Invalid naming each field (``spec.address: Invalid value: ...``), and nothing is written.
+Invalid naming each field (``spec.address: Invalid value: ...``; each a ``details.causes``
+entry), and nothing is written.
 
 Patches: JSON merge patch, and JSON patch (RFC 6902) with the API server's semantics
 (``jsonpatch.py``: evanphx/json-patch v4; an operation that does not apply, a failed ``test``
@@ -46,8 +47,10 @@ an RBAC model per user), failed (``fail_next``), the server stopped and restarte
 port (an outage), and a hook can interleave a concurrent change before each write (409 races).
 
 Lists in pages (``limit`` and ``continue``, as etcd-backed API servers serve them: every page of
-one list at the first page's resourceVersion, ``remainingItemCount``, 410 Expired once that
-version is compacted).
+one list at the first page's resourceVersion, ``remainingItemCount`` unless a label or field
+selector filters, 410 Expired once that
+version is compacted; a custom resource's last page, or its list not in pages, with
+``"continue": ""``).
 
 Server-side printing: a get or list of a custom resource that asks for a Table (kubectl get
 does) is answered with one built from its CRD's printer columns (``tables.py``); built-in
@@ -1045,7 +1048,19 @@ class ApiServerEmulator:
             metadata: JsonObject = {"resourceVersion": str(rv)}
             if end < len(keys):
                 metadata["continue"] = _continue_token(rv, end)
-                metadata["remainingItemCount"] = len(keys) - end
+                if not selection.labels and not selection.fields:
+                    # k8s.io/apiserver storage/continue.go PrepareContinueToken counts only
+                    # when the predicate is empty (etcd's count includes objects a selector
+                    # drops); a namespace is the key prefix, not the predicate. Real
+                    # kube-apiserver v1.37.2 left it out of a labelSelector page.
+                    metadata["remainingItemCount"] = len(keys) - end
+            elif not resource.built_in:
+                # A custom resource's list is unstructured: the API server sets its continue
+                # token even when empty (apimachinery unstructured_list.go SetContinue has no
+                # omitempty), so a last page, or a list not in pages, says "continue": "" (as
+                # kube-apiserver v1.37.2 answered in tests/doubles/test_real_agreement.py); a
+                # built-in kind's ListMeta omits it.
+                metadata["continue"] = ""
             page = _Page(
                 kind=f"{resource.kind}List",
                 apiVersion=resource.api_version,
@@ -1218,15 +1233,28 @@ class ApiServerEmulator:
             current = self._existing(resource, target)
             preconditions = options.get("preconditions") or {}
             meta = current["metadata"]
-            for field, label in (("resourceVersion", "ResourceVersion"), ("uid", "UID")):
+            # k8s.io/apiserver pkg/registry/rest/delete.go BeforeDelete: the UID, then the
+            # resourceVersion, a Conflict on the object's Kind (GroupResource{Resource: Kind}),
+            # as kube-apiserver v1.37.2 answered (and v1.34's delete.go words it alike).
+            for field, label, then in (
+                ("uid", "UID", "deleted and then recreated"),
+                ("resourceVersion", "ResourceVersion", "modified"),
+            ):
                 wanted = preconditions.get(field)
                 if wanted is not None and wanted != meta.get(field):
+                    qualified = (
+                        f"{resource.kind}.{resource.group}" if resource.group else resource.kind
+                    )
                     raise ApiError(
                         409,
-                        f'Operation cannot be fulfilled on {resource.qualified} "{target.name}": '
-                        f"Precondition failed: {label} in precondition: {wanted}, {label} in "
-                        f"object meta: {meta.get(field)}",
-                        details=self._details(resource, target.name),
+                        f'Operation cannot be fulfilled on {qualified} "{target.name}": the '
+                        f"{label} in the precondition ({wanted}) does not match the {label} in "
+                        f"record ({meta.get(field)}). The object might have been {then}",
+                        details={
+                            "name": target.name,
+                            "group": resource.group,
+                            "kind": resource.kind,
+                        },
                     )
             self._admit("DELETE", resource, target, user, new=None, old=current)
             removed = self._remove(resource, (target.namespace or "", target.name))
@@ -1541,10 +1569,21 @@ class ApiServerEmulator:
         name = current["metadata"]["name"]
         if not given:
             if required and resource.custom:
-                raise self._invalid(
-                    resource,
-                    name,
-                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+                # registry/store.go Update: NewInvalid on GroupKind{Kind: the resource}, the
+                # uint64 0 shown by field.ErrorBody as JSON (``0``), as kube-apiserver v1.37.2
+                # answered (v1.34's store.go and errors.go alike).
+                cause = (
+                    "metadata.resourceVersion: Invalid value: 0: must be specified for an update"
+                )
+                raise ApiError(
+                    422,
+                    f'{resource.qualified} "{name}" is invalid: {cause}',
+                    details={
+                        "name": name,
+                        "group": resource.group,
+                        "kind": resource.plural,
+                        "causes": [structural.status_cause(cause)],
+                    },
                 )
             return
         if given != current["metadata"]["resourceVersion"]:
@@ -1586,16 +1625,22 @@ class ApiServerEmulator:
         structural.prune(body, schema)
         causes = structural.validate(body, schema)
         if causes:
-            raise self._invalid(
-                resource, name, causes[0] if len(causes) == 1 else f"[{', '.join(causes)}]"
-            )
+            raise self._invalid(resource, name, *causes)
 
-    def _invalid(self, resource: Resource, name: str, cause: str) -> ApiError:
+    def _invalid(self, resource: Resource, name: str, *causes: str) -> ApiError:
+        """apimachinery ``errors.NewInvalid``: the causes in the message (``[a, b]`` when more
+        than one, as an aggregate prints them) and each in ``details.causes``."""
         qualified_kind = f"{resource.kind}.{resource.group}" if resource.group else resource.kind
+        text = causes[0] if len(causes) == 1 else f"[{', '.join(causes)}]"
         return ApiError(
             422,
-            f'{qualified_kind} "{name}" is invalid: {cause}',
-            details={"name": name, "group": resource.group, "kind": resource.kind},
+            f'{qualified_kind} "{name}" is invalid: {text}',
+            details={
+                "name": name,
+                "group": resource.group,
+                "kind": resource.kind,
+                "causes": [structural.status_cause(c) for c in causes],
+            },
         )
 
     @staticmethod

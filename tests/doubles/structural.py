@@ -204,3 +204,26 @@ def _kind_word(value: Any) -> str:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+#: k8s.io/apimachinery pkg/util/validation/field/errors.go: how a field error's body starts
+#: (its ErrorType's String) and the StatusCause reason that type becomes (its ``CauseType``).
+_CAUSE_REASONS = (
+    ("Required value", "FieldValueRequired"),
+    ("Unsupported value", "FieldValueNotSupported"),
+    ("Too long", "FieldValueTooLong"),
+    ("Too many", "FieldValueTooMany"),
+    ("Invalid value", "FieldValueInvalid"),
+)
+
+
+def status_cause(error: str) -> dict[str, str]:
+    """One error of :func:`validate` (``<field>: <body>``) as a cause of the API server's 422
+    Status: apimachinery pkg/api/errors/errors.go ``NewInvalid`` lists each field error as
+    ``{"reason": <its type>, "message": <its ErrorBody>, "field": <its path>}``. A wrong type
+    is ``FieldValueTypeInvalid`` (as kube-apiserver v1.37.2 answered a string for a boolean)."""
+    field, _, body = error.partition(": ")
+    reason = next((r for start, r in _CAUSE_REASONS if body.startswith(start)), "FieldValueInvalid")
+    if reason == "FieldValueInvalid" and " in body must be of type " in body:
+        reason = "FieldValueTypeInvalid"
+    return {"reason": reason, "message": body, "field": field}

@@ -125,8 +125,10 @@ def table(
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
+        # A Table's ListMeta is typed (omitempty): a custom resource list's empty continue
+        # token is not written here.
         "metadata": {
-            k: v for k, v in list_metadata.items() if k in ("resourceVersion", "continue")
+            k: v for k, v in list_metadata.items() if k in ("resourceVersion", "continue") and v
         },
         "columnDefinitions": [{k: v for k, v in c.items() if k != "jsonPath"} for c in cols],
         "rows": rows,
