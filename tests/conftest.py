@@ -29,9 +29,11 @@ for _variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
     os.environ.pop(_variable, None)
 # Nor the machine's vgpuctl settings (a VGPUCTL_SYSFS_ROOT, a NODE_NAME): every test names its
 # simulated host, state directory and node itself.
-# (VGPUCTL_REQUIRE_REALAPI is the suite's own: a missing real API server fails the real tier.)
+# (VGPUCTL_REQUIRE_* are the suite's own switches, kept: .ci/run sets VGPUCTL_REQUIRE_KUSTOMIZE
+# so a missing kustomize fails its tests instead of skipping them; VGPUCTL_REQUIRE_REALAPI
+# makes a missing real API server fail the real tier.)
 for _variable in [v for v in os.environ if v.startswith("VGPUCTL_")] + ["NODE_NAME"]:
-    if _variable != real_apiserver.REQUIRE:
+    if not _variable.startswith("VGPUCTL_REQUIRE_"):
         os.environ.pop(_variable, None)
 
 #: What no test may read: the machine's sysfs, kubelet directory and kubeconfigs.
