@@ -198,6 +198,7 @@ def converge(
     on_round: Callable[[Plan, int], None] | None = None,
     on_node: Callable[[NodeRun], None] | None = None,
     policy: Rollout | None = None,
+    hold: bool | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Converged:
@@ -210,7 +211,9 @@ def converge(
     ``on_round(plan, n)`` is told before a node's steps of round ``n`` run, ``on_outcome`` of
     each step's outcome and ``on_node`` of each node's end: with one worker as they happen;
     with several, a node's calls are held until it ends and then made together, one node at a
-    time, so what is said of two nodes never interleaves.
+    time, so what is said of two nodes never interleaves. ``hold`` False: always as they happen,
+    from the workers' threads (the watch: each log line is whole and names its object, and
+    each outcome is a heartbeat ``/healthz`` must see when it happens).
     """
     plans = first if first is not None else plan_all(desired, api, catalog)
     if plans.failures:
@@ -218,7 +221,7 @@ def converge(
     work = [p for p in plans.plans if p.actions]
     rollout = pace(policy, len(work))
     workers = min(rollout.parallel, len(work)) or 1
-    live = workers == 1
+    live = workers == 1 if hold is None else not hold
     say = _Say(live, on_outcome, on_round, on_node)
     stop = _Stop(guard)
     node_labels = dict(plans.labels)

@@ -187,6 +187,7 @@ class DelegateWatchLoop(Worker):
                 guard=self._guard,
                 on_outcome=self._outcome,
                 policy=self.rollout.over(desired.rollout),
+                hold=False,
             )
         else:
             done = Converged(Result.BLOCKED if planned.blocked else Result.CONVERGED, planned, ())

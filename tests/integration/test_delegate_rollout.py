@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ import pytest
 from tests.doubles.emulator import ApiServerEmulator
 from tests.doubles.pcidevices import vm
 from tests.harvester_node import VFS, Fleet, harvester_fleet, in_flight_at_once
+from tests.watch_agent import Watch, wait_for
 
 CRD_SETS = ("harvester",)  # the emu fixture serves Harvester's own CRDs (tests/conftest.py)
 
@@ -174,3 +176,49 @@ def test_a_node_a_vm_blocks_is_no_failure_and_holds_nothing_up(
     for node in ("node-b", "node-c"):
         assert fleet3.nodes[node].types() == {**SEED_TYPES, VFS[0]: "746", VFS[1]: "751"}
         assert len(fleet3.writes(node)) > before[node]
+
+
+@dataclass
+class _Replica:
+    flags: list[str]
+    dir: Path
+
+
+def test_the_delegate_watch_follows_spec_rollout(fleet3: Fleet, tmp_path: Path) -> None:
+    _failing(fleet3, "node-a")
+    desired = tmp_path / "desired"
+    desired.mkdir()
+    fleet3.desired(desired / "fleet.yaml", rollout={"canary": 1, "maxParallel": 3})
+    home = tmp_path / "replica"
+    home.mkdir()
+    watch = Watch(
+        _Replica(["--kubeconfig", str(fleet3.kubeconfig)], home),
+        desired,
+        "--delegate",
+        "harvester",
+        "--lease-namespace",
+        "default",
+        "--timeout",
+        "2",
+        "--qps",
+        "1000",
+        "--burst",
+        "1000",
+    )
+    try:
+        failed = watch.wait_log(
+            lambda d: str(d.get("msg", "")).startswith("reconcile failed"), "a failure", 120
+        )
+        # The canary failed: the other two nodes were not started.
+        assert "node-a" in str(failed["msg"]), failed
+        assert fleet3.writes("node-a")
+        assert fleet3.writes("node-b") == [] and fleet3.writes("node-c") == []
+        # The host lets the canary's vGPUs be made: a retry converges it, then the others.
+        fleet3.nodes["node-a"].ctl.refuse_enable = None
+        wait_for(
+            lambda: all(c.types() == SEED_TYPES for c in fleet3.nodes.values()),
+            "every node converged",
+            180,
+        )
+    finally:
+        watch.stop()
