@@ -252,7 +252,9 @@ def converge(
             for done in _bounded(pool, run, canary, workers, lambda: False):
                 runs[done.node] = done
             failed = [n for n in canary if runs[n.node].failed_node]
-            if failed:
+            if stop.raised:
+                stopped = "the run was stopped"
+            elif failed:
                 stopped = (
                     f"the canary node{'s' * (len(canary) != 1)} "
                     f"{', '.join(n.node for n in canary)}: {failed[0].node} failed"
