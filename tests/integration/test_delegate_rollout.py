@@ -222,3 +222,34 @@ def test_the_delegate_watch_follows_spec_rollout(fleet3: Fleet, tmp_path: Path) 
         )
     finally:
         watch.stop()
+
+
+def test_a_watch_asked_to_stop_starts_no_other_node(fleet4: Fleet, tmp_path: Path) -> None:
+    for cluster in fleet4.nodes.values():
+        cluster.ctl.informer_lag = 1.0  # each step waits a second or more for the controller
+    desired = tmp_path / "desired"
+    desired.mkdir()
+    fleet4.desired(desired / "fleet.yaml", rollout={"maxParallel": 2})
+    home = tmp_path / "replica"
+    home.mkdir()
+    watch = Watch(
+        _Replica(["--kubeconfig", str(fleet4.kubeconfig)], home),
+        desired,
+        "--delegate",
+        "harvester",
+        "--lease-namespace",
+        "default",
+        "--qps",
+        "1000",
+        "--burst",
+        "1000",
+    )
+    try:
+        wait_for(lambda: bool(fleet4.writes("node-a")), "node-a's first write", 60)
+    finally:
+        assert watch.stop() == 0
+    # The two nodes under way stopped before their next write (the guard every worker asks);
+    # the other two were never started.
+    assert fleet4.writes("node-c") == [] and fleet4.writes("node-d") == []
+    messages = [str(d.get("msg", "")) for d in watch.logs()]
+    assert any(m.startswith("stopped between two steps") for m in messages), messages
