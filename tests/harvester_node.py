@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import yaml
 
 from reconciler.catalog import Catalog, default_catalog
 from reconciler.sim import SimHost, build_host
-from tests.doubles.emulator import ApiServerEmulator
+from tests.doubles.emulator import ApiServerEmulator, Request
 from tests.doubles.pcidevices import PciDevicesController, driver_pod, install, node_object, vm
 from tests.simnode import REPO, run_vgpuctl
 
@@ -122,3 +122,96 @@ def driver_pod_on(cluster: Cluster, *, running: bool) -> str:
     changed; the controller's pod informer makes it its executor. Returns its name."""
     cluster.emu.seed(driver_pod(DRIVER_POD, NODE, running=running))
     return DRIVER_POD
+
+
+#: The seed's four vGPUs (desired-state/harvester-kgd9c.yaml).
+SEED_VGPUS = {
+    VFS[0]: "NVIDIA A2-4A",
+    VFS[1]: "NVIDIA A2-4Q",
+    VFS[2]: "NVIDIA A2-4A",
+    VFS[3]: "NVIDIA A2-4Q",
+}
+
+
+@dataclass
+class Fleet:
+    """Several Harvester nodes on one API server: each its own simulated A2 host (at
+    0000:08:00.0, SR-IOV off) and its own double of pcidevices-controller, which acts on its
+    own node's objects only (as the real one, which runs on every node)."""
+
+    emu: ApiServerEmulator
+    nodes: dict[str, Cluster]
+    kubeconfig: Path
+
+    def run(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
+        """vgpuctl against the fleet's API server; unless ``--qps`` is given, with a rate limit
+        well above what the emulator and its doubles need (client-go's 5 a second, the
+        default, would make each node's ~70 requests take about 14 s)."""
+        pace = () if "--qps" in args else ("--qps", "1000", "--burst", "1000")
+        return run_vgpuctl(*args, *pace, "--kubeconfig", self.kubeconfig, timeout=300)
+
+    def desired(
+        self,
+        path: Path,
+        vgpus: Mapping[str, str] = SEED_VGPUS,
+        *,
+        rollout: Mapping[str, int] | None = None,
+    ) -> Path:
+        """A desired state giving every node of the fleet the seed's GPU with ``vgpus``."""
+        gpu = {"address": "0000:08:00.0", "model": "NVIDIA A2", "sriov": "enabled"}
+        spec: dict[str, object] = {
+            "nodes": {n: {"gpus": [{**gpu, "vgpus": dict(vgpus)}]} for n in self.nodes}
+        }
+        if rollout is not None:
+            spec["rollout"] = dict(rollout)
+        doc = {
+            "apiVersion": "vgpu.reconciler.dev/v1alpha1",
+            "kind": "VGPUDesiredState",
+            "metadata": {"name": "fleet"},
+            "spec": spec,
+        }
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def writes(self, node: str) -> list[int]:
+        """Where in the emulator's request log vgpuctl wrote ``node``'s objects: the JSON
+        patches on its SRIOVGPUDevices and VGPUDevices (the double of the controller writes
+        statuses with PUTs and never patches). Objects are named ``<node>-<address>``."""
+        return [i for i, r in enumerate(self.emu.requests) if _patches(r, node)]
+
+
+def _patches(r: Request, node: str) -> bool:
+    return (
+        r.verb == "patch"
+        and r.resource in ("sriovgpudevices", "vgpudevices")
+        and r.subresource is None
+        and (r.name or "").startswith(f"{node}-")
+    )
+
+
+def in_flight_at_once(spans: Sequence[tuple[int, int]]) -> int:
+    """The most of ``spans`` (first and last index in a request log) that share an index."""
+    return max(sum(first <= i <= last for first, last in spans) for s in spans for i in s)
+
+
+@contextmanager
+def harvester_fleet(
+    emu: ApiServerEmulator, tmp_path: Path, nodes: Sequence[str]
+) -> Iterator[Fleet]:
+    """:func:`harvester_node` for each of ``nodes`` on one API server."""
+    install(emu)
+    kubeconfig = emu.kubeconfig(tmp_path / "kubeconfig")
+    gpu = {"model": "A2", "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
+    with ExitStack() as stack:
+        clusters: dict[str, Cluster] = {}
+        for node in nodes:
+            emu.seed(node_object(node))
+            host = build_host(tmp_path / node, {"gpus": [gpu]}, catalog=default_catalog())
+            ctl = stack.enter_context(PciDevicesController(emu, host, node, kubeconfig))
+            stack.callback(ctl.stop)
+            ctl.resync()
+            ctl.run_until_idle()
+            clusters[node] = Cluster(emu, host, ctl, kubeconfig)
+        for cluster in clusters.values():
+            cluster.ctl.start(resync_seconds=0.5)
+        yield Fleet(emu, clusters, kubeconfig)

@@ -22,6 +22,10 @@ A ``vgpudevice-enable`` of the profile an enabled VF hosts while its spec asks a
 change the controller ignores) writes the spec back to that profile: one JSON patch testing
 ``enabled`` and the type it replaces, no wait (the status already shows it).
 
+Consecutive ``vgpudevice-enable`` steps on one GPU go out together: each one's checks (1) and
+write (2), then the waits (3), so the first wait covers the others
+(:meth:`DelegateExecutor._enable_together`, which cites why pcidevices allows it).
+
 A step already in effect is a no-op. A step whose spec is written but whose status does not
 show it (``pending``, or an earlier run's write the controller has not carried out) is not
 written again: only its wait runs, and when that is over the failure says what the status
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from reconciler.apply.executor import ApplyResult, Outcome, OutcomeStatus
@@ -104,33 +109,73 @@ class DelegateExecutor:
     def run(self, plan: Plan, *, run_id: str = "") -> ApplyResult:
         outcomes: list[Outcome] = []
         actions = list(plan.actions)
-        for i, action in enumerate(actions):
-            started = self.clock()
-            try:
-                status, message = self._step(action)
-                outcome = Outcome(action, status, message, seconds=self.clock() - started)
-            except StepFailed as e:
-                outcome = Outcome(
-                    action,
-                    OutcomeStatus.FAILED,
-                    e.message,
-                    transient=e.transient,
-                    seconds=self.clock() - started,
-                )
-            except ReconcilerError as e:
-                outcome = Outcome(
-                    action,
-                    OutcomeStatus.FAILED,
-                    e.message,
-                    transient=getattr(e, "transient", False),
-                    seconds=self.clock() - started,
-                )
-            outcomes.append(outcome)
-            if self.on_outcome is not None:
-                self.on_outcome(outcome)
-            if outcome.status is OutcomeStatus.FAILED:
-                return ApplyResult(plan.node, run_id, tuple(outcomes), tuple(actions[i + 1 :]))
+        i = 0
+        while i < len(actions):
+            batch = _enables_together(actions, i)
+            if len(batch) > 1:
+                done = self._enable_together(batch)
+            else:
+                done = [self._outcome(actions[i], self.clock(), partial(self._step, actions[i]))]
+            for outcome in done:
+                outcomes.append(outcome)
+                if self.on_outcome is not None:
+                    self.on_outcome(outcome)
+            failed = next((o for o in done if o.status is OutcomeStatus.FAILED), None)
+            if failed is not None:
+                ran = i + len(done)
+                return ApplyResult(plan.node, run_id, tuple(outcomes), tuple(actions[ran:]))
+            i += max(1, len(batch))
         return ApplyResult(plan.node, run_id, tuple(outcomes))
+
+    def _outcome(
+        self, action: Action, started: float, step: Callable[[], tuple[OutcomeStatus, str]]
+    ) -> Outcome:
+        """``step``'s outcome for ``action``; a failure is an outcome, not an exception."""
+        try:
+            status, message = step()
+            return Outcome(action, status, message, seconds=self.clock() - started)
+        except StepFailed as e:
+            return Outcome(
+                action,
+                OutcomeStatus.FAILED,
+                e.message,
+                transient=e.transient,
+                seconds=self.clock() - started,
+            )
+        except ReconcilerError as e:
+            return Outcome(
+                action,
+                OutcomeStatus.FAILED,
+                e.message,
+                transient=getattr(e, "transient", False),
+                seconds=self.clock() - started,
+            )
+
+    def _enable_together(self, batch: Sequence[VgpuDeviceEnable]) -> list[Outcome]:
+        """Enables of one GPU's VFs written one after the other, then waited for: the webhook
+        admits each against its own object's ``status.availableTypes`` (pkg/webhook/vgpu.go
+        ``Update``, ``validateVGPUProfiles`` on the old object) and the controller carries
+        each out on its own (vgpu_controller.go ``OnVGPUChange``: that object's sysfs status,
+        ``enableVGPU`` of that object), so nothing in pcidevices orders one VF's enable after
+        another's; they share the GPU's size (a delegate layout is equal-size: a plan only
+        lines up enables of the size the GPU ends with), which the driver hosts side by side.
+        Each enable's own checks still run before its write (the object made as predicted,
+        the profile offered), and its wait after all the writes: the first wait covers the
+        others. A failed check or write stops the writes there; the enables written are still
+        waited for and reported, the ones after the failure are not run."""
+        started = self.clock()
+        results: list[Outcome | None] = []
+        for a in batch:
+            first = self._outcome(a, started, partial(self._start_enable, a))
+            if first.status is OutcomeStatus.FAILED:
+                results.append(first)
+                break
+            results.append(None if first.status is OutcomeStatus.SKIPPED else first)
+        # The failed one, if any, is the last: the steps after it are not run.
+        return [
+            self._outcome(a, started, partial(self._finish_enable, a)) if r is None else r
+            for a, r in zip(batch, results, strict=False)
+        ]
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -147,6 +192,14 @@ class DelegateExecutor:
         return OutcomeStatus.SKIPPED, "skipped: not a delegate step"
 
     def _enable_vf(self, a: VgpuDeviceEnable) -> tuple[OutcomeStatus, str]:
+        started = self._start_enable(a)
+        if started[0] is not OutcomeStatus.SKIPPED:
+            return started
+        return self._finish_enable(a)
+
+    def _start_enable(self, a: VgpuDeviceEnable) -> tuple[OutcomeStatus, str]:
+        """An enable's checks and its write; SKIPPED: its wait is left to :meth:`_finish_enable`
+        (written now, or written earlier and not carried out yet)."""
         if not a.object_exists:
             self._made_as_predicted(a)
         vf = self._vf(a.target)
@@ -189,6 +242,10 @@ class DelegateExecutor:
                 True,
                 also=({"op": "add", "path": "/spec/vGPUTypeName", "value": a.type_name},),
             )
+        return OutcomeStatus.SKIPPED, "written"
+
+    def _finish_enable(self, a: VgpuDeviceEnable) -> tuple[OutcomeStatus, str]:
+        """Waits until the VF hosts the enable's profile."""
         self._wait(
             lambda: self._vf(a.target),
             lambda v: v.hosts == a.type_name,
@@ -379,6 +436,21 @@ class DelegateExecutor:
                 raise StepFailed(why(value), transient=True)
             self.sleep(delay)
         raise AssertionError("unreachable: poll_delays never ends")  # pragma: no cover
+
+
+def _enables_together(actions: Sequence[Action], start: int) -> list[VgpuDeviceEnable]:
+    """The enables from ``start`` on that go out together: consecutive ``vgpudevice-enable``
+    steps on one GPU of one node (:meth:`DelegateExecutor._enable_together`); any other step
+    goes alone (``[]`` when ``actions[start]`` is not an enable)."""
+    first = actions[start]
+    if not isinstance(first, VgpuDeviceEnable):
+        return []
+    batch = [first]
+    for a in actions[start + 1 :]:
+        if not isinstance(a, VgpuDeviceEnable) or (a.node, a.gpu) != (first.node, first.gpu):
+            break
+        batch.append(a)
+    return batch
 
 
 #: How a wait for an enabled GPU's VGPUDevices ends its message when nothing more is known.

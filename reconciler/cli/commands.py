@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reconciler.cli.delegation import add_delegate_option, delegating
+from reconciler.cli.delegation import add_delegate_option, add_rollout_options, delegating
 from reconciler.cli.host import DEFAULT_WRITE_TIMEOUT, Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import (
@@ -474,6 +474,7 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
     add_apply_options(p)
     add_delegate_option(p)
+    add_rollout_options(p)
     p.set_defaults(handler=cmd_apply)
     return p
 

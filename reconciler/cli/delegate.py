@@ -23,6 +23,7 @@ from reconciler.cli.commands import (
     _style,
     load,
 )
+from reconciler.cli.delegation import rollout_flags
 from reconciler.cli.host import Host
 from reconciler.cli.render import plan_text, safe
 from reconciler.model import AbsentError, Desired, Plan, UsageError
@@ -31,7 +32,7 @@ from reconciler.model.plan import FORMAT_VERSION
 from reconciler.model.plan_json import plan_to_json
 
 if TYPE_CHECKING:
-    from reconciler.engine.delegate import DelegatePlans
+    from reconciler.engine.delegate import DelegatePlans, Pace
 
 
 def _plan_all(desired: Desired, host: Host, api: ClusterApi) -> DelegatePlans:
@@ -108,7 +109,8 @@ def cmd_assert_delegate(ns: argparse.Namespace, host: Host) -> int:
 
 def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
     from reconciler.apply.delegate import DEFAULT_TIMEOUT
-    from reconciler.engine.delegate import Result, converge
+    from reconciler.apply.throttle import RateLimitedApi, TokenBucket
+    from reconciler.engine.delegate import Result, converge, pace
 
     api = _api(host)
     style = _style(host.options)
@@ -123,19 +125,33 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
         _confirm_all(planned.steps, len([p for p in planned.plans if p.actions]))
 
     timeout = getattr(ns, "timeout", None) or DEFAULT_TIMEOUT
+    policy = rollout_flags(ns).over(desired.rollout)
+    nodes = len([p for p in planned.plans if p.actions])
+    rollout = pace(policy, nodes)
+    if nodes > 1:
+        _err(style.bold(f"Rolling out to {nodes} nodes: {_pace_text(rollout, nodes)}."))
+    limited = RateLimitedApi(api, TokenBucket(ns.qps, ns.burst))
 
     def announce(plan: Plan, round_number: int) -> None:
         _err(style.bold(f"node {safe(plan.node)}, round {round_number}:"))
 
     done = converge(
         desired,
-        api,
+        limited,
         host.catalog,
         first=planned,
         timeout=timeout,
         on_outcome=_progress(style),
         on_round=announce,
+        policy=policy,
     )
+    if done.stopped:
+        _err(f"Rollout stopped: {safe(done.stopped)}.")
+    if done.not_started:
+        names = ", ".join(map(safe, done.not_started))
+        _err(f"Not started ({len(done.not_started)}): {names}.")
+    if len(done.failed_nodes) > 1:
+        _err(f"Failed nodes ({len(done.failed_nodes)}): {', '.join(map(safe, done.failed_nodes))}.")
     match done.result:
         case Result.FAILED:
             _err(f"error: {safe(done.message)}")
@@ -156,6 +172,18 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
             return EXIT_CHANGES
     _err("Converged: every node matches the desired state.")
     return EXIT_OK
+
+
+def _pace_text(rollout: Pace, nodes: int) -> str:
+    parts = [f"at most {min(rollout.parallel, nodes)} at once"]
+    if rollout.canary:
+        parts.append(f"the first {min(rollout.canary, nodes)} first (canary)")
+    parts.append(
+        f"no new node after {rollout.max_failed_nodes + 1} failed"
+        if rollout.max_failed_nodes
+        else "no new node after a failure"
+    )
+    return ", ".join(parts)
 
 
 def _confirm_all(actions: int, nodes: int) -> None:

@@ -10,8 +10,10 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from reconciler.apply.throttle import DEFAULT_BURST, DEFAULT_QPS
 from reconciler.cli.host import Host
 from reconciler.model import UsageError
+from reconciler.model.desired import Rollout
 
 MODES = ("auto", "harvester", "none")
 
@@ -45,7 +47,20 @@ def delegating(
             "--partial is for node-local mode, and this run is in delegate mode "
             "(--delegate none: this node's host)"
         )
+    given = [flag for flag, value in _ROLLOUT_FLAGS.items() if getattr(ns, value, None) is not None]
+    if not chosen and given:
+        raise UsageError(
+            f"{given[0]} paces a rollout across nodes in delegate mode (--delegate harvester); "
+            "this run acts on this node's host alone"
+        )
     return chosen
+
+
+_ROLLOUT_FLAGS = {
+    "--max-parallel": "max_parallel",
+    "--canary": "canary",
+    "--max-failed-nodes": "max_failed_nodes",
+}
 
 
 def _delegating(ns: argparse.Namespace, host: Host, *, announce: Callable[[str], None]) -> bool:
@@ -69,3 +84,82 @@ def _delegating(ns: argparse.Namespace, host: Host, *, announce: Callable[[str],
         "every node of the desired state through its objects (--delegate none: this node's host)"
     )
     return True
+
+
+def add_rollout_options(p: argparse.ArgumentParser) -> None:
+    """A delegate rollout's pace (``apply`` and ``watch`` with ``--delegate harvester``;
+    docs/delegate.md "Rollouts"). A flag given wins over the desired state's ``spec.rollout``,
+    which wins over the default."""
+    g = p.add_argument_group(
+        "delegate rollouts (--delegate harvester)",
+        "How many nodes change at once and when to stop; a flag given here wins over the "
+        "desired state's spec.rollout (docs/delegate.md).",
+    )
+    g.add_argument(
+        "--max-parallel",
+        type=_count(1),
+        metavar="N",
+        help="change at most N nodes at once (default: a quarter of the nodes to change, at "
+        "least 1)",
+    )
+    g.add_argument(
+        "--canary",
+        type=_count(0),
+        metavar="N",
+        help="change the first N nodes first, alone, and stop if any of them fails (default 0)",
+    )
+    g.add_argument(
+        "--max-failed-nodes",
+        type=_count(0),
+        metavar="M",
+        help="start no new node once more than M nodes failed; the ones under way finish "
+        "(default 0: the first failure)",
+    )
+    g.add_argument(
+        "--qps",
+        type=_rate,
+        default=DEFAULT_QPS,
+        metavar="N",
+        help="at most N requests a second to the API server, all nodes together, after a burst "
+        "(default %(default)g, kube-controller-manager's)",
+    )
+    g.add_argument(
+        "--burst",
+        type=_count(1),
+        default=DEFAULT_BURST,
+        metavar="N",
+        help="requests allowed at once above --qps (default %(default)s, kube-controller-"
+        "manager's)",
+    )
+
+
+def rollout_flags(ns: argparse.Namespace) -> Rollout:
+    """The rollout policy the command line gives (None where a flag is not given)."""
+    return Rollout(
+        max_parallel=getattr(ns, "max_parallel", None),
+        canary=getattr(ns, "canary", None),
+        max_failed_nodes=getattr(ns, "max_failed_nodes", None),
+    )
+
+
+def _count(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected at least {least}")
+        return value
+
+    return parse
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number")
+    return value

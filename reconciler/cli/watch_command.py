@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reconciler.cli.commands import add_adopt_option, add_apply_options, add_partial_option
-from reconciler.cli.delegation import add_delegate_option, delegating
+from reconciler.cli.delegation import (
+    add_delegate_option,
+    add_rollout_options,
+    delegating,
+    rollout_flags,
+)
 from reconciler.cli.host import Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.model import UsageError
@@ -115,6 +120,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
     add_partial_option(p)
     add_apply_options(p)
     add_delegate_option(p)
+    add_rollout_options(p)
     lease = p.add_argument_group(
         "delegate mode (--delegate harvester)",
         "One replica acts at a time, elected through a coordination.k8s.io Lease; the others "
@@ -299,6 +305,7 @@ def _watch_delegate(
     from prometheus_client import disable_created_metrics
 
     from reconciler.apply.lease import LeaderLease
+    from reconciler.apply.throttle import TokenBucket
     from reconciler.kube.events import EventRecorder
     from reconciler.watch.clusterwatch import ClusterWatch, delegate_collections
     from reconciler.watch.delegate import DelegateWatchLoop
@@ -361,6 +368,8 @@ def _watch_delegate(
             step_timeout=ns.timeout,
             events=EventRecorder(api, component="vgpuctl-delegate", node=election.identity),
             refresh_watches=files.refresh,
+            rollout=rollout_flags(ns),
+            bucket=TokenBucket(ns.qps, ns.burst),
         )
         endpoint = _endpoint(ns, listen, loop, metrics)
         _log().info(

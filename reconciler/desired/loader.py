@@ -35,6 +35,7 @@ from reconciler.model import (
     SourceLocation,
     ValidationError,
 )
+from reconciler.model.desired import Rollout
 
 #: Problems reported per file: the first ones in file order, then how many more there are. A
 #: broken file gives a few lines to act on, not a log line per key.
@@ -201,6 +202,18 @@ def _combine(
             problems.extend(findings.problems)
             unchecked.extend(findings.unchecked)
     problems.extend(group_problems(groups))
+    rollout: Rollout | None = None
+    for file in entries:
+        if file.rollout is None:
+            continue
+        if rollout is not None:
+            message = (
+                f"spec.rollout is already given at {rollout.location}: a desired state paces "
+                "its rollout in one file"
+            )
+            problems.append(Problem(message, file=file.file))
+            continue
+        rollout = file.rollout
 
     if problems:
         return None, _capped(problems, files=files, incomplete=incomplete)
@@ -212,6 +225,7 @@ def _combine(
         files=files,
         notes=notes,
         groups=tuple(g.group for g in groups),
+        rollout=rollout,
     )
     return desired, []
 

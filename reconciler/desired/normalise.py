@@ -32,6 +32,7 @@ from reconciler.model import (
     VfKey,
     VgpuMode,
 )
+from reconciler.model.desired import Rollout
 from reconciler.model.record import field, record
 
 
@@ -76,6 +77,8 @@ class FileEntry:
     nodes: tuple[NodeEntry, ...] = ()
     problems: tuple[Problem, ...] = field(default=())
     groups: tuple[GroupEntry, ...] = ()
+    #: ``spec.rollout`` (None: not given), its location where it was written.
+    rollout: Rollout | None = None
 
 
 def normalise(
@@ -120,7 +123,31 @@ def normalise(
         nodes=tuple(nodes),
         problems=tuple(problems),
         groups=tuple(groups),
+        rollout=_rollout(document, spec, broken),
     )
+
+
+def _rollout(document: Document, spec: object, broken: Collection[JsonPath]) -> Rollout | None:
+    """``spec.rollout``, as the schema checked it (a field it rejected is not read)."""
+    raw = spec.get("rollout") if isinstance(spec, dict) else None
+    path: JsonPath = ("spec", "rollout")
+    if not isinstance(raw, dict) or _touches(path, broken):
+        return None
+
+    def count(key: str) -> int | None:
+        value = raw.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return Rollout(
+        max_parallel=count("maxParallel"),
+        canary=count("canary"),
+        max_failed_nodes=count("maxFailedNodes"),
+        location=_where(document.location(path, key=True)),
+    )
+
+
+def _where(location: SourceLocation) -> str:
+    return str(location) if location.line else location.file
 
 
 def _group(

@@ -261,6 +261,38 @@ class DesiredNode:
 
 
 @record(frozen=True, slots=True)
+class Rollout:
+    """How a delegate-mode rollout paces the nodes (``spec.rollout``; ``--max-parallel``,
+    ``--canary``, ``--max-failed-nodes``): each field None when not given, so a command-line
+    flag, the desired state and the default can be layered (:meth:`over`)."""
+
+    #: At most this many nodes changed at once.
+    max_parallel: int | None = None
+    #: The first this many nodes (in the plan's order) run first, alone: any failure among
+    #: them stops the rollout before another node starts.
+    canary: int | None = None
+    #: No new node is started once more than this many nodes failed.
+    max_failed_nodes: int | None = None
+    #: Where it was written (``file:line:col``), for messages; "" from the command line.
+    location: str = ""
+
+    def over(self, other: Rollout | None) -> Rollout:
+        """This policy's fields where given, else ``other``'s."""
+        if other is None:
+            return self
+        return Rollout(
+            max_parallel=self.max_parallel if self.max_parallel is not None else other.max_parallel,
+            canary=self.canary if self.canary is not None else other.canary,
+            max_failed_nodes=(
+                self.max_failed_nodes
+                if self.max_failed_nodes is not None
+                else other.max_failed_nodes
+            ),
+            location=self.location or other.location,
+        )
+
+
+@record(frozen=True, slots=True)
 class Desired:
     """A whole desired-state document (one or more files merged)."""
 
@@ -270,6 +302,8 @@ class Desired:
     #: What validation could not check offline and accepted (names the catalogue lacks).
     notes: tuple[str, ...] = ()
     groups: tuple[NodeGroup, ...] = ()
+    #: ``spec.rollout``: the pace of a delegate-mode rollout (None: not given).
+    rollout: Rollout | None = None
 
     def node(self, name: str, labels: Mapping[str, str] | None = None) -> DesiredNode | None:
         """What the desired state wants of node ``name`` (None: nothing).

@@ -42,13 +42,22 @@ MIG_CONFIGURATION_PLURAL = "migconfigurations"
 
 
 def observe_harvester_nodes(
-    api: ClusterApi, nodes: Iterable[str] | None
+    api: ClusterApi, nodes: Iterable[str] | None, *, label_selector: str = ""
 ) -> dict[str, HarvesterNode]:
     """Each of ``nodes`` as Harvester's objects show it (a node without objects is empty);
     ``None``: every node that has an ``SRIOVGPUDevice`` or a ``VGPUDevice`` (``status
-    --delegate``)."""
-    gpus = _by_node(api.list_objects(group=GROUP, version=VERSION, plural=SRIOV_GPU_PLURAL))
-    vfs = _by_node(api.list_objects(group=GROUP, version=VERSION, plural=VGPU_PLURAL))
+    --delegate``). ``label_selector`` narrows the SRIOVGPUDevice and VGPUDevice lists
+    (:func:`observe_harvester_node`)."""
+    gpus = _by_node(
+        api.list_objects(
+            group=GROUP, version=VERSION, plural=SRIOV_GPU_PLURAL, label_selector=label_selector
+        )
+    )
+    vfs = _by_node(
+        api.list_objects(
+            group=GROUP, version=VERSION, plural=VGPU_PLURAL, label_selector=label_selector
+        )
+    )
     wanted = sorted(set(nodes) if nodes is not None else {*gpus, *vfs})
     vms = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VM_PLURAL)
     vmis = api.list_objects(group=KUBEVIRT_GROUP, version=KUBEVIRT_VERSION, plural=VMI_PLURAL)
@@ -67,6 +76,15 @@ def observe_harvester_nodes(
         for node in wanted
     }
     return _with_driver_pods(api, found)
+
+
+def observe_harvester_node(api: ClusterApi, node: str) -> HarvesterNode:
+    """``node`` alone, as a rollout's worker plans it again after each of its rounds: its
+    SRIOVGPUDevices and VGPUDevices listed by the ``nodename`` label pcidevices-controller puts
+    on both (pkg/util/gpuhelper/gpuhelper.go ``generateSRIOVGPUDevice``,
+    ``generateVGPUDevice``), so a round of one node does not read every node's objects; the
+    other lists as :func:`observe_harvester_nodes`."""
+    return observe_harvester_nodes(api, [node], label_selector=f"{NODE_LABEL}={node}")[node]
 
 
 def devices_in_use(api: ClusterApi, node: str) -> Mapping[str, str]:

@@ -35,11 +35,13 @@ from collections.abc import Callable
 from reconciler.apply import EventSink, Outcome, OutcomeStatus
 from reconciler.apply.cluster import EVENT_MESSAGE_MAX
 from reconciler.apply.delegate import DEFAULT_POLL, DEFAULT_TIMEOUT
+from reconciler.apply.throttle import RateLimitedApi, TokenBucket
 from reconciler.catalog import Catalog
 from reconciler.engine.delegate import Converged, Result, converge, plan_all
 from reconciler.model import ActionKind, Desired, Plan, ReconcilerError
 from reconciler.model.cluster import SRIOV_GPU_KIND, VGPU_KIND
 from reconciler.model.clusterapi import ClusterApi
+from reconciler.model.desired import Rollout
 from reconciler.plan.delegate import WAITING
 from reconciler.watch.changes import ClusterDrift, DesiredFiles
 from reconciler.watch.endpoint import Verdict
@@ -71,6 +73,8 @@ class DelegateWatchLoop(Worker):
         poll: float = DEFAULT_POLL,
         events: EventSink | None = None,
         refresh_watches: Callable[[], None] | None = None,
+        rollout: Rollout | None = None,
+        bucket: TokenBucket | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
@@ -82,6 +86,11 @@ class DelegateWatchLoop(Worker):
         self.step_timeout = step_timeout
         self.poll = poll
         self.events = events
+        #: The command line's rollout flags: each one given wins over ``spec.rollout``.
+        self.rollout = rollout or Rollout()
+        #: The rate limit on a reconcile's requests (the Lease's renewals are not held up by
+        #: it: a rollout that saturates it must not cost the leadership).
+        self.rollout_api: ClusterApi = api if bucket is None else RateLimitedApi(api, bucket)
         self._schedule(
             settings or WatchSettings(action_budget=step_timeout + 60.0), clock=clock, rng=rng
         )
@@ -170,13 +179,15 @@ class DelegateWatchLoop(Worker):
             self.report.plan(planned.plans)
             done = converge(
                 desired,
-                self.api,
+                self.rollout_api,
                 self.catalog,
                 first=planned,
                 timeout=self.step_timeout,
                 poll=self.poll,
                 guard=self._guard,
                 on_outcome=self._outcome,
+                policy=self.rollout.over(desired.rollout),
+                hold=False,
             )
         else:
             done = Converged(Result.BLOCKED if planned.blocked else Result.CONVERGED, planned, ())
