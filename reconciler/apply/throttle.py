@@ -19,9 +19,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reconciler.model.clusterapi import ClusterApi, ObjectList, WatchStream
+if TYPE_CHECKING:  # annotations only: a cold node-local plan imports no cluster port
+    from reconciler.model.clusterapi import ClusterApi, ObjectList, WatchStream
 
 #: kube-controller-manager's client defaults (k8s.io/kubernetes v1.37.2
 #: pkg/controller/apis/config/v1alpha1/defaults.go: ``ClientConnection.QPS = 20.0``, ``Burst =
