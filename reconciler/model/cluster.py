@@ -200,7 +200,9 @@ class KubeObject:
         own = _taken if take else _owned
         meta = raw.get("metadata") or {}
         get = meta.get
-        retained = {k: meta[k] for k in RETAINED_METADATA if get(k)}
+        retained = _EMPTY  # most objects have none: no mapping made for them
+        if get("finalizers") or get("ownerReferences"):  # RETAINED_METADATA
+            retained = MappingProxyType({k: meta[k] for k in RETAINED_METADATA if get(k)})
         return cls(  # positional: a fleet reads a quarter of a million objects
             str(raw.get("kind", "")),
             str(get("name", "")),
@@ -209,7 +211,7 @@ class KubeObject:
             own(raw.get("spec")),
             own(raw.get("status")),
             str(get("resourceVersion", "")),
-            MappingProxyType(retained) if retained else _EMPTY,
+            retained,
         )
 
 

@@ -339,12 +339,16 @@ class _Records:
             labels = meta.get("labels")
             if type(labels) is dict and labels:
                 meta["labels"] = self._label_set(labels)
-        spec = item.get("spec")
-        if type(spec) is dict:
-            self._share(spec, 1)
-        status = item.get("status")
-        if type(status) is dict:
-            self._share(status, 1)
+        texts = self._texts
+        for section in (item.get("spec"), item.get("status")):
+            if section and type(section) is dict:  # _share's loop, inlined: once an item
+                for key, value in section.items():
+                    kind = type(value)
+                    if kind is str:
+                        if len(value) <= SHARED_TEXT:
+                            section[key] = texts.setdefault(value, value)
+                    elif kind is dict or kind is list:
+                        self._share(value, 2)
         return KubeObject.from_json(item, take=True)
 
     def _label_set(self, labels: dict[str, Any]) -> Mapping[str, Any]:
