@@ -301,34 +301,20 @@ def _our_objects(api: ClusterApi, kind: str, *, label_selector: str = "") -> lis
     )
 
 
-#: The longest text a list reader shares among the objects that hold it (a label value is at
-#: most 63 characters; a node name, a PCI address, a vGPU type name, an object name, a status
-#: word are shorter).
-SHARED_TEXT = 64
-#: How deep in ``spec`` and ``status`` a list reader looks for texts to share (a
-#: VGPUNodeState's ``status.gpus[].sriov.vfDevice`` is four deep); what lies deeper is kept
-#: as read.
-SHARED_DEPTH = 4
-
-
 class _Records:
-    """The records of one list's items, their repeated values held once. A fleet's objects
-    repeat most of what they hold: each GPU's 32 VGPUDevices have the same labels, every
-    object its node's name, every node the same PCI addresses (in its VGPUDevices' specs, its
-    SRIOVGPUDevices' ``vfAddresses``, its VGPUNodeState), the same type names and status words;
-    each is one object here, not one per item (``docs/performance.md``: 1,000 nodes' objects
-    in less than half the memory). Equal values, so nothing read differs: a label set whose
-    values are all texts is shared as one read-only view, and a text of at most
-    :data:`SHARED_TEXT` characters in ``spec`` or ``status`` (at most :data:`SHARED_DEPTH`
-    deep) as one string. Anything else (a hostile value of another type, a long text, a deeper
-    one) is kept as read. The tables live as long as the list is read."""
+    """The records of one list's items, their repeated label sets held once. A fleet's objects
+    repeat much of what they hold: each GPU's 32 VGPUDevices have the same labels; a label set
+    whose values are all texts is shared as one read-only view (equal values, so nothing read
+    differs; anything else, a hostile value of another type, is kept as read). The table
+    lives as long as the list is read. Sharing equal short texts too (node names, addresses,
+    type names) took peak memory of a 1,000-node plan from 515 to 411 MiB but made it 18 %
+    slower, which this item's "no slower than today" rules out (docs/performance.md)."""
 
-    __slots__ = ("_kind", "_labels", "_texts")
+    __slots__ = ("_kind", "_labels")
 
     def __init__(self, kind: str) -> None:
         self._kind = kind
         self._labels: dict[tuple[tuple[str, Any], ...], Mapping[str, Any]] = {}
-        self._texts: dict[str, str] = {}
 
     def __call__(self, item: dict[str, Any]) -> KubeObject:
         # The item is ours (decoded for this call): kept, not copied. List items normally
@@ -339,16 +325,6 @@ class _Records:
             labels = meta.get("labels")
             if type(labels) is dict and labels:
                 meta["labels"] = self._label_set(labels)
-        texts = self._texts
-        for section in (item.get("spec"), item.get("status")):
-            if section and type(section) is dict:  # _share's loop, inlined: once an item
-                for key, value in section.items():
-                    kind = type(value)
-                    if kind is str:
-                        if len(value) <= SHARED_TEXT:
-                            section[key] = texts.setdefault(value, value)
-                    elif kind is dict or kind is list:
-                        self._share(value, 2)
         return KubeObject.from_json(item, take=True)
 
     def _label_set(self, labels: dict[str, Any]) -> Mapping[str, Any]:
@@ -363,19 +339,6 @@ class _Records:
                 return labels
             shared = self._labels[key] = MappingProxyType(labels)
         return shared
-
-    def _share(self, node: Any, depth: int) -> None:
-        """Each short text of ``node`` (and below, to :data:`SHARED_DEPTH`) replaced by the
-        equal one seen first; no key is added or removed, so the iteration is safe."""
-        texts = self._texts
-        pairs: Iterable[tuple[Any, Any]] = node.items() if type(node) is dict else enumerate(node)
-        for key, value in pairs:
-            kind = type(value)
-            if kind is str:
-                if len(value) <= SHARED_TEXT:
-                    node[key] = texts.setdefault(value, value)
-            elif (kind is dict or kind is list) and depth < SHARED_DEPTH:
-                self._share(value, depth + 1)
 
 
 def _node_of(obj: KubeObject) -> str:
