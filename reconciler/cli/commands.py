@@ -362,12 +362,15 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
         labels = all_node_labels(api) if desired.groups else {}
         names = desired.selected(labels)
         observed = reader.observe(names)
+        del reader  # what it read is in ``observed`` now, and nowhere else
         unread = {n: o for n, o in observed.items() if isinstance(o, ReconcilerError)}
         fleet = plan_fleet(
             (
                 FleetMember(desired.node(name, labels.get(name, {})), *seen)
                 for name in names
-                if not isinstance(seen := observed[name], ReconcilerError)
+                # Taken out as planned: a node's objects are let go once its plan is made (a
+                # plan keeps none of them), so the fleet's do not all outlive their planning.
+                if not isinstance(seen := observed.pop(name), ReconcilerError)
             ),
             catalog=host.catalog,
             adopt=ns.adopt,

@@ -172,6 +172,10 @@ def _release(response: Any) -> None:
 _MAX_EVENT = 16 << 20
 
 
+def _itself(item: dict[str, Any]) -> dict[str, Any]:
+    return item
+
+
 class _ObjectGone(Exception):
     """A request named an object the server does not have (404 naming it)."""
 
@@ -219,7 +223,27 @@ class KubernetesApi:
     ) -> list[dict[str, Any]]:
         """Every item, read in pages (:meth:`list_collection`)."""
         req = Request("list", group, version, plural, namespace)
-        return self._paged(req, label_selector, field_selector).items
+        return self._paged(req, label_selector, field_selector, _itself)[0]
+
+    def list_each(
+        self,
+        convert: Callable[[dict[str, Any]], T],
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+    ) -> list[T]:
+        """Every item, each given to ``convert`` as soon as its page is decoded (the item is
+        the caller's), and what ``convert`` made of it: the list of those, in the list's order.
+        Read as :meth:`list_collection` reads (pages, their bound, a list read again from the
+        start when its version expired: what was made of the first reading is dropped). No
+        more than one page of decoded items is alive at once, so a caller that keeps a small
+        record of each item never holds the collection as JSON (a fleet's 256,000
+        VGPUDevices: ``docs/performance.md``)."""
+        req = Request("list", group, version, plural, namespace)
+        return self._paged(req, label_selector, "", convert)[0]
 
     def list_collection(
         self,
@@ -236,17 +260,26 @@ class KubernetesApi:
         version expired between two pages (410) is read again from the start, once; a
         collection of more than :data:`MAX_ITEMS` items is refused (work is bounded)."""
         req = Request("list", group, version, plural, namespace)
-        return self._paged(req, label_selector, "")
+        return ObjectList(*self._paged(req, label_selector, "", _itself))
 
-    def _paged(self, req: Request, label_selector: str, field_selector: str) -> ObjectList:
-        """Every page of a list. The next page is asked for as soon as its ``continue`` token
-        shows in this page's body (:func:`continue_hint`), on a thread of its own, while this
-        page is decoded: the server's time on one page overlaps the client's on the one before
-        (a fleet's 128 pages of VGPUDevices: most of a second). The token decoded from the page
-        is the one followed; a request made on a hint that proves wrong is dropped, so a
-        wrong hint costs a request, never an item. At most one page is asked for ahead."""
+    def _paged(
+        self,
+        req: Request,
+        label_selector: str,
+        field_selector: str,
+        convert: Callable[[dict[str, Any]], T],
+    ) -> tuple[list[T], str]:
+        """Every page of a list, each item given to ``convert`` as its page is decoded (the
+        page is dropped before the next one is: only the converted items accumulate), and the
+        list's resourceVersion. The
+        next page is asked for as soon as its ``continue`` token shows in this page's body
+        (:func:`continue_hint`), on a thread of its own, while this page is decoded: the
+        server's time on one page overlaps the client's on the one before (a fleet's 128 pages
+        of VGPUDevices: most of a second). The token decoded from the page is the one followed;
+        a request made on a hint that proves wrong is dropped, so a wrong hint costs a request,
+        never an item. At most one page is asked for ahead."""
         for attempt in (1, 2):
-            items: list[dict[str, Any]] = []
+            items: list[T] = []
             token = ""
             ahead: tuple[str, Future[bytes]] | None = None  # (its token, its body)
             while True:
@@ -265,16 +298,21 @@ class KubernetesApi:
                     ask = functools.partial(self._page, req, label_selector, field_selector, hint)
                     ahead = (hint, in_background(ask, name="vgpuctl-page"))
                 page = self._json_object(body, f"list {req.resource}")
-                items.extend(item for item in _items(page, req, self.server))
-                if len(items) > MAX_ITEMS:
+                del body
+                raw = _items(page, req, self.server)
+                meta = page.get("metadata")
+                del page  # the items are converted one by one and dropped as they go
+                if len(items) + len(raw) > MAX_ITEMS:
                     raise ClusterError(
                         f"list {req.resource}: more than {MAX_ITEMS} items; refusing to read on"
                     )
-                meta = page.get("metadata")
+                raw.reverse()  # popped from the end: each raw item freed once converted
+                while raw:
+                    items.append(convert(raw.pop()))
                 meta = meta if isinstance(meta, dict) else {}
                 token = str(meta.get("continue") or "")
                 if not token:
-                    return ObjectList(items, str(meta.get("resourceVersion") or ""))
+                    return items, str(meta.get("resourceVersion") or "")
         raise AssertionError("unreachable")  # pragma: no cover
 
     def watch_objects(

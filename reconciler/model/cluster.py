@@ -195,11 +195,14 @@ class KubeObject:
         """The object of an API body. Its top-level mappings are copied once (``raw`` stays
         the caller's); values below them are shared with ``raw``. With ``take``, ``raw`` is
         given up (a list item just decoded): its ``dict`` mappings are kept behind read-only
-        views instead of copied, and the caller must not change ``raw`` afterwards."""
+        views instead of copied (read-only views as they are), and the caller must not change
+        ``raw`` afterwards."""
         own = _taken if take else _owned
         meta = raw.get("metadata") or {}
         get = meta.get
-        retained = {k: meta[k] for k in RETAINED_METADATA if get(k)}
+        retained = _EMPTY  # most objects have none: no mapping made for them
+        if get("finalizers") or get("ownerReferences"):  # RETAINED_METADATA
+            retained = MappingProxyType({k: meta[k] for k in RETAINED_METADATA if get(k)})
         return cls(  # positional: a fleet reads a quarter of a million objects
             str(raw.get("kind", "")),
             str(get("name", "")),
@@ -208,7 +211,7 @@ class KubeObject:
             own(raw.get("spec")),
             own(raw.get("status")),
             str(get("resourceVersion", "")),
-            MappingProxyType(retained) if retained else _EMPTY,
+            retained,
         )
 
 
@@ -218,9 +221,13 @@ def _owned(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def _taken(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """A read-only view of ``m`` when it is a ``dict`` given up by its owner; a copy else."""
+    """A read-only view of ``m`` when it is a ``dict`` given up by its owner, or ``m`` itself
+    when it is a read-only view already (a list reader shares one among objects: the labels of
+    a GPU's VGPUDevices, ``observe.cluster``); a copy else."""
     if type(m) is dict:
         return MappingProxyType(m) if m else _EMPTY
+    if type(m) is MappingProxyType:
+        return m
     return _owned(m)
 
 

@@ -7,14 +7,19 @@ at an API-server emulator over HTTP. Bodies are the API's JSON as plain dicts. E
 ``ConflictError`` (409: stale resourceVersion or already exists; a JSON patch whose ``test``
 failed), ``ClusterError`` (anything else, an admission policy's denial included).
 A missing object on ``get_object`` is ``None``, not an error.
+
+A large collection read to be kept goes through :func:`list_each`: each item made into what the
+caller keeps of it as soon as its page is read, where the adapter can (:class:`ListsEach`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from reconciler.model.record import field, record
+
+T = TypeVar("T")
 
 
 @record(frozen=True, slots=True)
@@ -159,3 +164,55 @@ class ClusterApi(Protocol):
     ) -> None:
         """DELETE with a resourceVersion precondition when given; a missing object is fine."""
         ...
+
+
+@runtime_checkable
+class ListsEach(Protocol):
+    """An adapter that converts a list's items page by page (``reconciler.kube``): the items
+    of one page are all that is held as JSON at any time, not the whole collection."""
+
+    def list_each(
+        self,
+        convert: Callable[[dict[str, Any]], T],
+        *,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str = "",
+    ) -> list[T]:
+        """``[convert(item) for item in list_objects(...)]``, each item converted as soon as
+        its page is read (the item is ``convert``'s to keep or change)."""
+        ...
+
+
+def list_each(
+    api: ClusterApi,
+    convert: Callable[[dict[str, Any]], T],
+    *,
+    group: str,
+    version: str,
+    plural: str,
+    namespace: str | None = None,
+    label_selector: str = "",
+) -> list[T]:
+    """What ``convert`` makes of each item of a collection, in the list's order: page by page
+    where the adapter can (:class:`ListsEach`), else from :meth:`ClusterApi.list_objects`
+    (a fake's list is in memory already). The same items either way."""
+    if isinstance(api, ListsEach):
+        return api.list_each(
+            convert,
+            group=group,
+            version=version,
+            plural=plural,
+            namespace=namespace,
+            label_selector=label_selector,
+        )
+    items = api.list_objects(
+        group=group,
+        version=version,
+        plural=plural,
+        namespace=namespace,
+        label_selector=label_selector,
+    )
+    return [convert(item) for item in items]

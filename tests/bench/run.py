@@ -544,7 +544,14 @@ def summary(results: dict[str, Any]) -> str:
                     f"({size['objects']} objects) against the emulator: "
                     f"{min(size['plan_s'])} s (runs {size['plan_s']}; target <= "
                     f"{cluster['target_plan_s']} s at 1,000), peak RSS {size['peak_rss_mib']} MiB"
+                    f" (target <= {cluster['target_peak_rss_mib']} MiB at 1,000)"
                 )
+        if "meets_target_peak_rss_mib" in cluster:
+            lines.append(
+                "cluster plan of 1,000 nodes meets its targets: time "
+                f"{'yes' if cluster['meets_target_plan_s'] else 'NO'}, peak RSS "
+                f"{'yes' if cluster['meets_target_peak_rss_mib'] else 'NO'}"
+            )
         if "time_ratio" in cluster:
             lines.append(
                 f"cluster plan time 1,000 / 100 nodes: {cluster['time_ratio']} "
