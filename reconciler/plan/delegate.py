@@ -123,7 +123,8 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
                 )
             )
             continue
-        refused = _mig_refusals(want, hg, observed, catalog)
+        mig = _mig_capable(want, hg, observed, catalog)
+        refused = _mig_refusals(want, mig, observed.node, catalog)
         if refused:
             problems.extend(refused)
             continue
@@ -136,7 +137,6 @@ def plan_delegate(desired: DesiredNode, observed: HarvesterNode, *, catalog: Cat
             continue
         if want.sriov and not hg.enabled:
             first.append(_gpu_step(SriovGpuDeviceEnable, hg, node, "SR-IOV is off; desired on"))
-            mig = _mig_capable(want, hg, observed, catalog)
             if mig is not None:
                 # Nothing refused (no profile asked), but the enable changes the GPU's mode.
                 notes.append(
@@ -308,15 +308,14 @@ def _model(want: DesiredGpu, vfs: Sequence[HarvesterVf], catalog: Catalog) -> Gp
 
 
 def _mig_refusals(
-    want: DesiredGpu, hg: HarvesterGpu, observed: HarvesterNode, catalog: Catalog
+    want: DesiredGpu, capable: str | None, node: str, catalog: Catalog
 ) -> list[Problem]:
     """The profiles of ``want`` delegate mode refuses (``plan/mig.py``): MIG-backed ones, and
-    time-sliced ones on a MIG-capable GPU, before anything is written for it."""
+    time-sliced ones on a MIG-capable GPU (``capable``: why it is, from :func:`_mig_capable`),
+    before anything is written for it."""
     group = f" (node group '{want.group}')" if want.group is not None else ""
-    ref = f"{want.address} on node {observed.node}{group}"
-    return mig_problems(
-        want, ref, capable=_mig_capable(want, hg, observed, catalog), catalog=catalog
-    )
+    ref = f"{want.address} on node {node}{group}"
+    return mig_problems(want, ref, capable=capable, catalog=catalog)
 
 
 def _mig_capable(
