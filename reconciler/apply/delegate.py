@@ -22,9 +22,10 @@ A ``vgpudevice-enable`` of the profile an enabled VF hosts while its spec asks a
 change the controller ignores) writes the spec back to that profile: one JSON patch testing
 ``enabled`` and the type it replaces, no wait (the status already shows it).
 
-Consecutive ``vgpudevice-enable`` steps on one GPU go out together: each one's checks (1) and
-write (2), then the waits (3), so the first wait covers the others
-(:meth:`DelegateExecutor._enable_together`, which cites why pcidevices allows it).
+Consecutive ``vgpudevice-enable`` steps on one GPU, and consecutive ``vgpudevice-disable``
+steps of one node, go out together: each one's checks (1) and write (2), then the waits (3),
+so the first wait covers the others (:meth:`DelegateExecutor._run_together`, which cites why
+pcidevices allows it).
 
 A step already in effect is a no-op. A step whose spec is written but whose status does not
 show it (``pending``, or an earlier run's write the controller has not carried out) is not
@@ -111,9 +112,9 @@ class DelegateExecutor:
         actions = list(plan.actions)
         i = 0
         while i < len(actions):
-            batch = _enables_together(actions, i)
+            batch = _together(actions, i)
             if len(batch) > 1:
-                done = self._enable_together(batch)
+                done = self._run_together(batch)
             else:
                 done = [self._outcome(actions[i], self.clock(), partial(self._step, actions[i]))]
             for outcome in done:
@@ -151,31 +152,50 @@ class DelegateExecutor:
                 seconds=self.clock() - started,
             )
 
-    def _enable_together(self, batch: Sequence[VgpuDeviceEnable]) -> list[Outcome]:
-        """Enables of one GPU's VFs written one after the other, then waited for: the webhook
-        admits each against its own object's ``status.availableTypes`` (pkg/webhook/vgpu.go
-        ``Update``, ``validateVGPUProfiles`` on the old object) and the controller carries
-        each out on its own (vgpu_controller.go ``OnVGPUChange``: that object's sysfs status,
-        ``enableVGPU`` of that object), so nothing in pcidevices orders one VF's enable after
-        another's; they share the GPU's size (a delegate layout is equal-size: a plan only
-        lines up enables of the size the GPU ends with), which the driver hosts side by side.
-        Each enable's own checks still run before its write (the object made as predicted,
-        the profile offered), and its wait after all the writes: the first wait covers the
-        others. A failed check or write stops the writes there; the enables written are still
-        waited for and reported, the ones after the failure are not run."""
+    def _run_together(self, batch: Sequence[VgpuDeviceEnable | VgpuDeviceDisable]) -> list[Outcome]:
+        """Steps that go out together (:func:`_together`): each one's checks and write in the
+        plan's order, then each one's wait. A failed check or write stops the writes there;
+        the steps written are still waited for and reported, the ones after the failure are
+        not run. The first wait covers the others: they are carried out side by side.
+
+        Enables of one GPU's VFs: the webhook admits each against its own object's
+        ``status.availableTypes`` (pkg/webhook/vgpu.go ``Update``, ``validateVGPUProfiles``
+        on the old object) and the controller carries each out on its own
+        (vgpu_controller.go ``OnVGPUChange``: that object's sysfs status, ``enableVGPU`` of
+        that object), so nothing in pcidevices orders one VF's enable after another's; they
+        share the GPU's size (a delegate layout is equal-size: a plan only lines up enables
+        of the size the GPU ends with), which the driver hosts side by side.
+
+        Disables of one node's VFs: the webhook judges each on its own object alone
+        (pkg/webhook/vgpu.go ``Update``: ``checkVGPUUsage`` of that VGPUDevice's name) and
+        the controller removes each VF's vGPU on its own (vgpu_controller.go ``disableVGPU``:
+        ``0`` written to that VF's ``nvidia/current_vgpu_type``, then that object's
+        ``UpdateStatus``; ``reconcileDisabledVGPUStatus`` only requeues disabled siblings to
+        refresh their ``availableTypes``). Who uses each VF is read again right before its
+        own write, so a VM that takes one while the others are written still blocks it."""
         started = self.clock()
         results: list[Outcome | None] = []
         for a in batch:
-            first = self._outcome(a, started, partial(self._start_enable, a))
+            first = self._outcome(a, started, partial(self._start, a))
             if first.status is OutcomeStatus.FAILED:
                 results.append(first)
                 break
             results.append(None if first.status is OutcomeStatus.SKIPPED else first)
         # The failed one, if any, is the last: the steps after it are not run.
         return [
-            self._outcome(a, started, partial(self._finish_enable, a)) if r is None else r
+            self._outcome(a, started, partial(self._finish, a)) if r is None else r
             for a, r in zip(batch, results, strict=False)
         ]
+
+    def _start(self, a: VgpuDeviceEnable | VgpuDeviceDisable) -> tuple[OutcomeStatus, str]:
+        if isinstance(a, VgpuDeviceEnable):
+            return self._start_enable(a)
+        return self._start_disable(a)
+
+    def _finish(self, a: VgpuDeviceEnable | VgpuDeviceDisable) -> tuple[OutcomeStatus, str]:
+        if isinstance(a, VgpuDeviceEnable):
+            return self._finish_enable(a)
+        return self._finish_disable(a)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -302,12 +322,25 @@ class DelegateExecutor:
             )
 
     def _disable_vf(self, a: VgpuDeviceDisable) -> tuple[OutcomeStatus, str]:
+        started = self._start_disable(a)
+        if started[0] is not OutcomeStatus.SKIPPED:
+            return started
+        return self._finish_disable(a)
+
+    def _start_disable(self, a: VgpuDeviceDisable) -> tuple[OutcomeStatus, str]:
+        """A disable's check (no VM uses the VF, read now) and its write; SKIPPED: its wait is
+        left to :meth:`_finish_disable` (written now, or written earlier and not carried out
+        yet)."""
         vf = self._vf(a.target)
         if vf.enabled:
             self._refuse_if_used((a.target,))
             self._set_enabled(VGPU_PLURAL, a.target, False)
         elif not vf.configured:
             return OutcomeStatus.NOOP, "already disabled"
+        return OutcomeStatus.SKIPPED, "written"
+
+    def _finish_disable(self, a: VgpuDeviceDisable) -> tuple[OutcomeStatus, str]:
+        """Waits until the VF hosts no vGPU."""
         self._wait(
             lambda: self._vf(a.target),
             lambda v: not v.configured,
@@ -438,19 +471,28 @@ class DelegateExecutor:
         raise AssertionError("unreachable: poll_delays never ends")  # pragma: no cover
 
 
-def _enables_together(actions: Sequence[Action], start: int) -> list[VgpuDeviceEnable]:
-    """The enables from ``start`` on that go out together: consecutive ``vgpudevice-enable``
-    steps on one GPU of one node (:meth:`DelegateExecutor._enable_together`); any other step
-    goes alone (``[]`` when ``actions[start]`` is not an enable)."""
+def _together(actions: Sequence[Action], start: int) -> list[VgpuDeviceEnable | VgpuDeviceDisable]:
+    """The steps from ``start`` on that go out together (:meth:`DelegateExecutor._run_together`):
+    consecutive ``vgpudevice-enable`` steps on one GPU of one node, or consecutive
+    ``vgpudevice-disable`` steps of one node; any other step goes alone (``[]``). The plan's
+    order between kinds is kept: a batch ends at the first step of another kind, and is done
+    (written and waited for) before that step starts."""
     first = actions[start]
-    if not isinstance(first, VgpuDeviceEnable):
-        return []
-    batch = [first]
-    for a in actions[start + 1 :]:
-        if not isinstance(a, VgpuDeviceEnable) or (a.node, a.gpu) != (first.node, first.gpu):
-            break
-        batch.append(a)
-    return batch
+    if isinstance(first, VgpuDeviceEnable):
+        batch: list[VgpuDeviceEnable | VgpuDeviceDisable] = [first]
+        for a in actions[start + 1 :]:
+            if not isinstance(a, VgpuDeviceEnable) or (a.node, a.gpu) != (first.node, first.gpu):
+                break
+            batch.append(a)
+        return batch
+    if isinstance(first, VgpuDeviceDisable):
+        batch = [first]
+        for b in actions[start + 1 :]:
+            if not isinstance(b, VgpuDeviceDisable) or b.node != first.node:
+                break
+            batch.append(b)
+        return batch
+    return []
 
 
 #: How a wait for an enabled GPU's VGPUDevices ends its message when nothing more is known.
