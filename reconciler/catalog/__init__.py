@@ -88,6 +88,10 @@ class GpuModel:
     profiles: tuple[Profile, ...]
     #: The public captures this model's facts were checked against.
     sources: tuple[str, ...] = ()
+    #: Where the catalogue's profile list was checked to be the whole list (a driver's own
+    #: list of every type the model has); empty: the list may lack names a driver offers.
+    #: ``vgpuctl validate`` refuses a name outside a whole list (``--lenient``: a note).
+    profiles_complete: str = ""
 
     def profile(self, name: str) -> Profile | None:
         for p in self.profiles:
@@ -187,6 +191,7 @@ def _load_models(raw: Mapping[str, object]) -> tuple[GpuModel, ...]:
                 if m.get("multiVgpuSeries") is None
                 else tuple(m["multiVgpuSeries"]),
                 sources=tuple(m.get("sources", [])),
+                profiles_complete=m.get("profilesComplete", ""),
                 profiles=tuple(
                     Profile(
                         name=p["name"],

@@ -67,10 +67,14 @@ def _err(text: str) -> None:
 # ---------------------------------------------------------------- shared steps
 
 
-def load(paths: Sequence[str], host: Host) -> Desired:
+def load(paths: Sequence[str], host: Host, *, strict: bool = False) -> Desired:
+    """The desired state of ``paths``: files, and directories standing for their ``*.yaml``
+    and ``*.yml`` files (as ``watch`` reads one). ``strict``: see ``load_desired``."""
     from reconciler.desired import load_desired
 
-    return load_desired([Path(p) for p in paths], catalog=host.catalog)
+    return load_desired(
+        [Path(p) for p in paths], catalog=host.catalog, directories=True, strict=strict
+    )
 
 
 def select_node(desired: Desired, node: str, host: Host) -> DesiredNode:
@@ -119,11 +123,24 @@ def _add_validate(sub: Subparsers) -> argparse.ArgumentParser:
         help="check desired-state files offline (schema and catalogue rules)",
         description="Check desired-state files against the schema and the profile rules the "
         "catalogue knows (equal size, maxima, VF counts), without a host. Problems are "
-        "printed as file:line:col: message. With --explain NODE, also show which entry "
-        "configures that node: its own entry under spec.nodes, or the node groups that select "
-        "it and their GPU entries.",
+        "printed as file:line:col: message. A profile name the catalogue does not know is an "
+        "error for a model whose every profile it lists (a typo: 'did you mean'), a note "
+        "otherwise (plan checks it against the host). With --explain NODE, also show which "
+        "entry configures that node: its own entry under spec.nodes, or the node groups that "
+        "select it and their GPU entries.",
     )
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="desired-state files, or directories (their *.yaml and *.yml files)",
+    )
+    p.add_argument(
+        "--lenient",
+        action="store_true",
+        help="accept, with a note, profile names the catalogue does not list even for a model "
+        "it lists in full (hosts whose driver is newer than the catalogue)",
+    )
     p.add_argument(
         "--explain",
         metavar="NODE",
@@ -170,7 +187,7 @@ def cmd_validate(ns: argparse.Namespace, options: GlobalOptions) -> int:
 
         inventory = read_inventory(Path(ns.inventory))
     host = Host(options)
-    desired = load(ns.files, host)
+    desired = load(ns.files, host, strict=not ns.lenient)
     if ns.delegate == "harvester":
         from reconciler.plan.mig import offline_problems
 
@@ -220,7 +237,12 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
         description="Observe this node, compare it with the desired state and print the ordered "
         "actions that would converge it: + create, - remove, -/+ replace, ! blocked.",
     )
-    p.add_argument("file", metavar="FILE", nargs="+", help="desired-state file(s)")
+    p.add_argument(
+        "file",
+        metavar="FILE",
+        nargs="+",
+        help="desired-state files, or directories (their *.yaml and *.yml files)",
+    )
     p.add_argument(
         "-o",
         "--output",

@@ -103,11 +103,47 @@ class Hint:
 
 @record(frozen=True, slots=True)
 class Unchecked:
-    """A name the catalogue does not know, accepted as written: the host decides at plan time."""
+    """A name the catalogue does not know, accepted as written: the host decides at plan time
+    (a note), unless it is written for a model whose every profile the catalogue lists and the
+    check is strict (:func:`unknown_profile`)."""
 
     what: str  # "'NVIDIA RTX 5880 Ada-48C'", "model 'NVIDIA RTX 5880 Ada'"
     location: SourceLocation
     hint: Hint = Hint()  # "did you mean 'NVIDIA A2-4Q'?"
+    #: The model the name is written for when the catalogue lists all of its profiles
+    #: (``GpuModel.profiles_complete``): the name is none of them.
+    listed_in_full: GpuModel | None = None
+    #: The name as read (vendor prefix added), to suggest a close one of that model's.
+    name: str = ""
+
+
+def unknown_profile(u: Unchecked, model: GpuModel) -> Problem:
+    """The problem a strict check (``vgpuctl validate`` without ``--lenient``) makes of a name
+    outside a model's whole list: a typo, most likely, which the host would refuse at plan
+    time; a driver newer than the catalogue may still add names, hence ``--lenient``.
+    ``model``: ``u.listed_in_full``."""
+    parsed = parse_profile_name(u.name) if u.name else None
+    sizes = sorted(
+        {
+            p.framebuffer_mib // 1024
+            for p in model.time_sliced_profiles
+            if parsed and p.series == parsed.series
+        }
+    )
+    if parsed is not None and not parsed.suffix and not parsed.mig_slices and sizes:
+        # A well-formed name of a size the model does not have (``A2-3Q``): no near miss to
+        # suggest, the sizes it has are the answer.
+        listed = ", ".join(f"{size}" for size in sizes[:-1]) + f" and {sizes[-1]}"
+        listed = listed if len(sizes) > 1 else f"{sizes[0]}"
+        tail = f"its {parsed.series} profiles are of {listed} GB"
+    else:
+        suggestion = did_you_mean(u.name, [p.name for p in model.profiles]) if u.name else None
+        tail = f"did you mean '{suggestion}'?" if suggestion else f"its profiles: {_offer(model)}"
+    return problem_at(
+        u.location,
+        f"unknown profile {u.what}: not one of {model.name}'s, which the catalogue lists in "
+        f"full; {tail} (--lenient accepts a name a newer driver adds)",
+    )
 
 
 @record(frozen=True, slots=True)
@@ -134,8 +170,14 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
     def report(location: SourceLocation | None, message: str) -> None:
         problems.append(problem_at(location or entry.location, message))
 
-    def accept(location: SourceLocation | None, what: str, hint: Hint = Hint()) -> None:
-        unchecked.append(Unchecked(what, location or entry.location, hint))
+    def accept(
+        location: SourceLocation | None,
+        what: str,
+        hint: Hint = Hint(),
+        whole: GpuModel | None = None,
+        name: str = "",
+    ) -> None:
+        unchecked.append(Unchecked(what, location or entry.location, hint, whole, name))
 
     entries = [
         _Entry(key, profile, 1, entry.locations[key]) for key, profile in (gpu.vgpus or {}).items()
@@ -183,13 +225,9 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         if parsed is not None:
             named.append(_Named(e, parsed))
             continue
-        # A shape this parser does not know: carried as it is, the host has the last word.
+        # A shape this parser does not know: carried as it is, the host has the last word
+        # (accepted below, once the model is known).
         unparsed.append(e)
-        accept(
-            e.location,
-            quoted(entry.written.get(e.key, e.profile)),
-            Hint(e.profile, partial(_all_profile_names, catalog)),
-        )
 
     model = _model(entry, catalog=catalog, accept=accept, report=report)
     if model is None and isinstance(gpu, GroupGpu) and gpu.match.device_id is not None:
@@ -212,13 +250,19 @@ def gpu_problems(entry: GpuEntry, *, catalog: Catalog) -> GpuFindings:
         if groups:
             model = catalog.model(named[0].name.gpu)
 
+    # A model whose whole list the catalogue has: a name outside it is most likely a typo.
+    whole = model if model is not None and model.profiles_complete else None
+    for e in unparsed:
+        written = quoted(entry.written.get(e.key, e.profile))
+        hint = Hint(e.profile, partial(_all_profile_names, catalog))
+        accept(e.location, written, hint, whole, e.profile)
     if model is not None:
         _check_vfs(ref, address, model, entries, report=report)
         for n in named:
             # A profile of another model is the rules' to refuse (``model:`` names the GPU).
             if catalog.model(n.name.gpu) is model and model.profile(n.profile) is None:
                 # Catalogues lag drivers (L40S-3B came with vGPU 16): the host's list decides.
-                accept(n.location, quoted(n.profile), Hint(model=model))
+                accept(n.location, quoted(n.profile), Hint(model=model), whole, n.profile)
     elif named and catalog.model(named[0].name.gpu) is None:
         for n in named:
             accept(n.location, quoted(n.profile))

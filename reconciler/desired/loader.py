@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from reconciler.catalog import Catalog
-from reconciler.desired.checks import Unchecked, gpu_problems
+from reconciler.desired.checks import Unchecked, gpu_problems, unknown_profile
 from reconciler.desired.groups import group_problems
 from reconciler.desired.normalise import FileEntry, GpuEntry, normalise
 from reconciler.desired.shape import MAX_SHAPE_PROBLEMS, shape_problems
@@ -45,21 +45,26 @@ MAX_PROBLEMS_PER_FILE = 20
 MAX_FILES = 1000
 
 
-def load_desired(paths: Sequence[Path], *, catalog: Catalog, directories: bool = False) -> Desired:
+def load_desired(
+    paths: Sequence[Path], *, catalog: Catalog, directories: bool = False, strict: bool = False
+) -> Desired:
     """The desired state the files describe together (nodes merge across files).
 
     With ``directories``, a directory stands for its desired-state files (see
-    :func:`directory_files`); without, a directory is reported as a problem.
-    Raises :class:`ValidationError` whose ``problems`` are every problem found, in file order.
+    :func:`directory_files`); without, a directory is reported as a problem. With ``strict``
+    (``vgpuctl validate``: no host to ask), a profile name outside the whole list the
+    catalogue has of its model is a problem (:func:`~reconciler.desired.checks.unknown_profile`),
+    not a note. Raises :class:`ValidationError` whose ``problems`` are every problem found, in
+    file order.
     """
-    return _raise_if_invalid(*_load(paths, catalog=catalog, directories=directories))
+    return _raise_if_invalid(*_load(paths, catalog=catalog, directories=directories, strict=strict))
 
 
 def validate_files(
-    paths: Sequence[Path], *, catalog: Catalog, directories: bool = False
+    paths: Sequence[Path], *, catalog: Catalog, directories: bool = False, strict: bool = False
 ) -> list[Problem]:
     """Every problem in the files (empty when they are valid): ``vgpuctl validate``."""
-    return _load(paths, catalog=catalog, directories=directories)[1]
+    return _load(paths, catalog=catalog, directories=directories, strict=strict)[1]
 
 
 def load_document(document: Mapping[str, Any], *, source: str, catalog: Catalog) -> Desired:
@@ -82,7 +87,7 @@ def _raise_if_invalid(desired: Desired | None, problems: list[Problem]) -> Desir
 
 
 def _load(
-    paths: Sequence[Path], *, catalog: Catalog, directories: bool = False
+    paths: Sequence[Path], *, catalog: Catalog, directories: bool = False, strict: bool = False
 ) -> tuple[Desired | None, list[Problem]]:
     if not paths:
         return None, [Problem("no desired-state files given")]
@@ -107,7 +112,9 @@ def _load(
         return None, [*problems, too_many]
     # One file read at a time: only its normalised entries outlive the next file's parse.
     read = (read_document(path, directory=listed_in.get(path)) for path in files)
-    desired, found = _combine(read, files=tuple(str(p) for p in files), catalog=catalog)
+    desired, found = _combine(
+        read, files=tuple(str(p) for p in files), catalog=catalog, strict=strict
+    )
     if problems:
         return None, problems + found
     return desired, found
@@ -145,6 +152,7 @@ def _combine(
     *,
     files: tuple[str, ...],
     catalog: Catalog,
+    strict: bool = False,
 ) -> tuple[Desired | None, list[Problem]]:
     problems: list[Problem] = []
     entries: list[FileEntry] = []
@@ -202,6 +210,15 @@ def _combine(
             problems.extend(findings.problems)
             unchecked.extend(findings.unchecked)
     problems.extend(group_problems(groups))
+    if strict:
+        # A name outside a model's whole list: a problem (a typo, most likely), not a note.
+        kept: list[Unchecked] = []
+        for u in unchecked:
+            if u.listed_in_full is None:
+                kept.append(u)
+            else:
+                problems.append(unknown_profile(u, u.listed_in_full))
+        unchecked = kept
     rollout: Rollout | None = None
     for file in entries:
         if file.rollout is None:
