@@ -47,7 +47,7 @@ from tests.api_servers import (
 )
 from tests.cluster_node import ClusterNode
 from tests.doubles.admission import UserInfo
-from tests.real_apiserver import IDENTITIES
+from tests.real_apiserver import IDENTITIES, RealApiServer
 from tests.simnode import NODE, SEED, make_sim
 
 GROUP, VERSION = "devices.harvesterhci.io", "v1beta1"
@@ -82,6 +82,64 @@ def refused(name: str) -> str:
     )
 
 
+#: The real servers this module put deploy/'s policy on (one per process).
+_POLICED: list[RealApiServer] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _policy_removed_after_the_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The real server is shared by every test of the process: this module's policy, and the
+    binding giving Harvester's account cluster-admin, go when it ends, so a later module's agent
+    (the static token: no node claim) is not refused its device objects."""
+    yield
+    for server in _POLICED:
+        _unpolice(server, tmp_path_factory.mktemp("unpoliced"))
+    _POLICED.clear()
+
+
+def _unpolice(server: RealApiServer, directory: Path) -> None:
+    """deploy/'s policy and binding, and Harvester's test binding, deleted; waits until the
+    agent's static token may create its own node's VGPUDevice again."""
+    api = new_client_from_config(config_file=str(server.kubeconfig(directory / "admin")))
+    agent_api = new_client_from_config(
+        config_file=str(server.kubeconfig(directory / "agent", "agent"))
+    )
+    try:
+        admission = client.AdmissionregistrationV1Api(api)
+        for delete, name in (
+            (admission.delete_validating_admission_policy_binding, "vgpuctl-agent"),
+            (admission.delete_validating_admission_policy, "vgpuctl-agent"),
+            (
+                client.RbacAuthorizationV1Api(api).delete_cluster_role_binding,
+                "vgpuctl-test-harvester",
+            ),
+        ):
+            try:
+                delete(name)
+            except client.ApiException as error:
+                if error.status != 404:
+                    raise
+        probe = node_object("vgpudevices", name=f"{NODE}-unpoliced", node=NODE)
+        custom = client.CustomObjectsApi(agent_api)
+
+        def admitted() -> bool:
+            try:
+                custom.create_cluster_custom_object(GROUP, VERSION, "vgpudevices", probe)
+            except client.ApiException as error:
+                if NO_CLAIM not in (error.body or ""):
+                    raise
+                return False
+            client.CustomObjectsApi(api).delete_cluster_custom_object(
+                GROUP, VERSION, "vgpudevices", probe["metadata"]["name"]
+            )
+            return True
+
+        wait_until(admitted, "the policy never went")
+    finally:
+        api.close()
+        agent_api.close()
+
+
 def policed(served: Served, tmp_path: Path) -> Path:
     """deploy/'s RBAC and admission policy in force; the agent's kubeconfig for ``NODE``."""
     harvester_cluster(served)
@@ -94,6 +152,8 @@ def policed(served: Served, tmp_path: Path) -> Path:
         )
         return served.emulator.kubeconfig(tmp_path / "agent", user=agent(NODE))
     assert served.real is not None
+    if served.real not in _POLICED:
+        _POLICED.append(served.real)
     install_rbac(served, rbac.RBAC)
     admission = client.AdmissionregistrationV1Api(served.api)
     policy, binding = shipped(POLICY_KINDS)
