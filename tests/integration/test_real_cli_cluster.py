@@ -125,6 +125,20 @@ def test_the_agents_shipped_role_is_enough_for_the_seed(tmp_path: Path, api_serv
     assert {r[:4] for r in made} == SEED_REQUESTS
 
 
+#: What CI's two plans ask for (verb, group, resource, subresource), each a rule of
+#: examples/gitops/ci-rbac.yaml: the pcidevices-controller guard's three gets, the lists of
+#: the device objects, the summaries, the KubeVirt CR and VMIs, and (the node group) the Nodes.
+CI_REQUESTS = {
+    ("get", "harvesterhci.io", "addons", None),
+    ("get", "apps", "daemonsets", None),
+    ("get", "admissionregistration.k8s.io", "validatingwebhookconfigurations", None),
+    ("list", DEVICES, "sriovgpudevices", None),
+    ("list", DEVICES, "vgpudevices", None),
+    ("list", NODE_STATES, "vgpunodestates", None),
+    ("list", "kubevirt.io", "kubevirts", None),
+    ("list", "kubevirt.io", "virtualmachineinstances", None),
+    ("list", "", "nodes", None),
+}
 #: The seed's layout as a node group that selects the node by its name: CI's plan of it lists
 #: the cluster's Nodes to expand the group (examples/gitops/ci-rbac.yaml's ``nodes`` rule).
 GROUPED = (
@@ -193,3 +207,4 @@ def test_the_ci_identity_plans_from_the_cluster_with_only_its_role(
     granted = rbac.grants(rbac.CI_RBAC, rbac.CI_ACCOUNT)
     assert [r for r in made if not rbac.allows(granted, Request(*r))] == []
     assert rbac.unused(granted, [Request(*r) for r in made]) == set()
+    assert {r[:4] for r in made} == CI_REQUESTS
