@@ -124,7 +124,7 @@ def test_assert_with_a_kubeconfig_matches_then_names_a_hand_edit_on_the_cluster(
 ) -> None:
     """The seed's node, applied: ``assert`` says it matches (exit 0). An admin then changes one
     VGPUDevice's profile on the cluster: ``assert`` (reading the cluster) says the node has
-    drifted, exit 2, naming that object; the host is as it was."""
+    drifted, exit 2, naming that object (and nothing is written: assert plans only)."""
     harvester_cluster(api_server)
     node = node_of(tmp_path, api_server)
     node.ok("apply", SEED, "--yes")
@@ -145,6 +145,8 @@ def test_assert_with_a_kubeconfig_matches_then_names_a_hand_edit_on_the_cluster(
         f"  cr-update {NODE}: VGPUNodeState for node {NODE}: status differs from the host",
     ]
     assert drift.stderr == ""
+    after = api_server.custom.get_cluster_custom_object(GROUP, VERSION, "vgpudevices", name)
+    assert after["spec"]["vGPUTypeName"] == "NVIDIA A2-4C"
 
 
 # -- capacity -----------------------------------------------------------------------------------
