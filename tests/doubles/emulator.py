@@ -1111,6 +1111,13 @@ class ApiServerEmulator:
         self._check_namespace(resource, target, meta)
         if resource.custom and resource.status_subresource:
             body.pop("status", None)  # status is written through the subresource only
+        elif (resource.group, resource.plural) == ("", "pods"):
+            # A Pod is created Pending whatever status it was sent with (kubernetes
+            # pkg/registry/core/pod/strategy.go, podStrategy.PrepareForCreate; the kubelet
+            # writes the rest through /status). Kube-apiserver v1.37.2 answered a create
+            # without status with {"phase": "Pending"}, where this emulator had no status
+            # (tests/integration/test_real_cli_commands.py, the capacity test).
+            body["status"] = {"phase": "Pending"}
         self._conform(resource, body, meta["name"])
         self._call_hook(request)
         with self._cond:
@@ -1121,6 +1128,16 @@ class ApiServerEmulator:
                     details={"name": target.namespace, "kind": "namespaces"},
                 )
             key = (target.namespace or "", meta["name"])
+            for field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
+                meta.pop(field, None)
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+            body["apiVersion"], body["kind"] = resource.api_version, resource.kind
+            # Admission judges a create before the store finds its name taken (k8s.io/apiserver
+            # pkg/registry/generic/registry/store.go, Store.Create: createValidation, then
+            # Storage.Create's AlreadyExists). Kube-apiserver v1.37.2 answered an agent's create
+            # of another node's existing VGPUDevice with the policy's 422 where this emulator
+            # answered 409 (tests/security/test_real_admission.py, another node's objects).
+            self._admit("CREATE", resource, target, user, new=body, old=None)
             if key in self._bucket(resource):
                 raise ApiError(
                     409,
@@ -1128,11 +1145,6 @@ class ApiServerEmulator:
                     reason="AlreadyExists",
                     details=self._details(resource, meta["name"]),
                 )
-            for field in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
-                meta.pop(field, None)
-            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
-            body["apiVersion"], body["kind"] = resource.api_version, resource.kind
-            self._admit("CREATE", resource, target, user, new=body, old=None)
             return copy.deepcopy(self._write(resource, key, body, None))
 
     def _update(

@@ -11,11 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from tests import rbac
-from tests.api_servers import Served, harvester_cluster, install_rbac, node_of
+from tests.api_servers import (
+    Served,
+    create_ignoring_conflict,
+    harvester_cluster,
+    install_rbac,
+    node_of,
+)
 from tests.doubles.emulator import Request
-from tests.simnode import REPO, SEED, run_vgpuctl
+from tests.simnode import NODE, REPO, SEED, run_vgpuctl
 
 SEED_FIXTURES = REPO / "tests" / "fixtures" / "crds"
 GROUP, VERSION = "devices.harvesterhci.io", "v1beta1"
@@ -118,13 +125,46 @@ def test_the_agents_shipped_role_is_enough_for_the_seed(tmp_path: Path, api_serv
     assert {r[:4] for r in made} == SEED_REQUESTS
 
 
+#: What CI's two plans ask for (verb, group, resource, subresource), each a rule of
+#: examples/gitops/ci-rbac.yaml: the pcidevices-controller guard's three gets, the lists of
+#: the device objects, the summaries, the KubeVirt CR and VMIs, and (the node group) the Nodes.
+CI_REQUESTS = {
+    ("get", "harvesterhci.io", "addons", None),
+    ("get", "apps", "daemonsets", None),
+    ("get", "admissionregistration.k8s.io", "validatingwebhookconfigurations", None),
+    ("list", DEVICES, "sriovgpudevices", None),
+    ("list", DEVICES, "vgpudevices", None),
+    ("list", NODE_STATES, "vgpunodestates", None),
+    ("list", "kubevirt.io", "kubevirts", None),
+    ("list", "kubevirt.io", "virtualmachineinstances", None),
+    ("list", "", "nodes", None),
+}
+#: The seed's layout as a node group that selects the node by its name: CI's plan of it lists
+#: the cluster's Nodes to expand the group (examples/gitops/ci-rbac.yaml's ``nodes`` rule).
+GROUPED = (
+    "apiVersion: vgpu.reconciler.dev/v1alpha1\nkind: VGPUDesiredState\n"
+    "metadata: {name: lab}\nspec:\n  nodeGroups:\n    - name: a2\n"
+    '      selector: {names: ["harvester-*"]}\n'
+    '      gpus:\n        - match: {address: "0000:08:00.0"}\n          sriov: enabled\n'
+    '          vgpus: {"0000:08:00.4": NVIDIA A2-4A, "0000:08:00.5": NVIDIA A2-4Q,\n'
+    '                  "0000:08:00.6": NVIDIA A2-4A, "0000:08:00.7": NVIDIA A2-4Q}\n'
+)
+
+
 def test_the_ci_identity_plans_from_the_cluster_with_only_its_role(
     tmp_path: Path, api_server: Served
 ) -> None:
     """After the seed's apply, CI's ``plan --observed cluster`` (examples/gitops/ci-rbac.yaml's
-    read-only identity, no host) finds nothing to do, reading only."""
+    read-only identity, no host; examples/gitops/.github/workflows/vgpuctl.yml runs it, and
+    ``validate``, which reads nothing) finds nothing to do, of the seed's file and of the same
+    layout as a node group, reading only: every request is one the role grants, and together
+    they use every rule it grants (on the real server, as its audit log records them)."""
     harvester_cluster(api_server)
     node_of(tmp_path, api_server).ok("apply", SEED, "--yes")
+    core = client.CoreV1Api(api_server.api)
+    create_ignoring_conflict(core.create_node, {"metadata": {"name": NODE}})
+    grouped = tmp_path / "grouped.yaml"
+    grouped.write_text(GROUPED)
     if api_server.emulator is not None:
         role = rbac.enforce(api_server.emulator, rbac.CI_RBAC, rbac.CI_ACCOUNT)
         kubeconfig = api_server.emulator.kubeconfig(tmp_path / "ci", user=role.user)
@@ -137,12 +177,27 @@ def test_the_ci_identity_plans_from_the_cluster_with_only_its_role(
             assert time.monotonic() < deadline, "the CI ClusterRoleBinding never applied"
             time.sleep(0.1)
         mark = api_server.real.audit_mark()
-    res = run_vgpuctl(
-        "plan", SEED, "--observed", "cluster", "--kubeconfig", kubeconfig,
-        "--detailed-exitcode", "--sysfs-root", tmp_path / "no-such-host",
-    )  # fmt: skip
+    try:
+        plans = {}
+        for desired in (SEED, grouped):
+            plans[desired] = run_vgpuctl(
+                "plan", desired, "--observed", "cluster", "--kubeconfig", kubeconfig,
+                "--detailed-exitcode", "--sysfs-root", tmp_path / "no-such-host",
+            )  # fmt: skip
+    finally:
+        core.delete_node(NODE)
+    res = plans[SEED]
     assert res.returncode == 0, res.stdout + res.stderr
     assert "No changes." in res.stdout
+    # The group gives the GPU the seed's vGPUs; only the summary's fingerprint of the desired
+    # state changes (another file, with a match instead of the model, configures it now).
+    res = plans[grouped]
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "node group 'a2' (" in res.stdout
+    assert "Cluster plan: 1 node, 1 with changes; 0 to create, 1 to change, 0 to remove" in (
+        res.stdout
+    )
+    assert "~ status.desiredFingerprint: " in res.stdout
     if api_server.emulator is not None:
         made = [tuple(r) for r in role.requests]
     else:
@@ -151,3 +206,5 @@ def test_the_ci_identity_plans_from_the_cluster_with_only_its_role(
     assert made and {r[0] for r in made} <= {"get", "list"}
     granted = rbac.grants(rbac.CI_RBAC, rbac.CI_ACCOUNT)
     assert [r for r in made if not rbac.allows(granted, Request(*r))] == []
+    assert rbac.unused(granted, [Request(*r) for r in made]) == set()
+    assert {r[:4] for r in made} == CI_REQUESTS

@@ -15,6 +15,9 @@ evaluated by cel-python). Attacks and their expected failures:
   what it touches fails the write cleanly;
 - nothing is read that the job does not need: no pods, Events only where they are written;
 - other users (an administrator, another service account) are not affected.
+
+tests/security/test_real_admission.py runs the same attacks against the real kube-apiserver's
+CEL as well as this emulator (``just test-real``).
 """
 
 from __future__ import annotations
