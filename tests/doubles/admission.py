@@ -21,8 +21,12 @@ filter in plugin/cel/filter.go):
   AdmissionRequest: ``userInfo.extra`` is omitted when empty, as its JSON tag says) as plain
   JSON values, the way the API server hands them over (unstructured maps, not typed objects).
 
-The CEL is cel-python's (``celpy``): standard CEL. Kubernetes' own CEL libraries (``split``,
-``authorizer``, quantities, …) are not available, nor are ``params``, namespace and object
+The CEL is cel-python's (``celpy``): standard CEL, plus ``split`` and ``trim`` of the strings
+library the API server adds (k8s.io/apiserver pkg/cel/environment/base.go: cel-go's
+``ext.Strings``, version 2 since Kubernetes 1.29; their semantics are cel-go's ext/strings.go:
+Go's ``strings.Split``, and trimming Unicode white space as Go's ``unicode.IsSpace`` tells it).
+Kubernetes' other CEL libraries (the rest of the strings library, ``authorizer``, quantities,
+…) are not available, nor are ``params``, namespace and object
 selectors, ``messageExpression``, and the audit and warn actions (a policy using them is
 refused here, loudly). Where cel-python differs from cel-go (the API server's CEL):
 
@@ -306,6 +310,30 @@ class Failed:
 
 
 _PROGRAMS: dict[str, Any] = {}
+#: What Go's ``unicode.IsSpace`` calls white space (cel-go's ``trim`` strips it).
+_GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+    "\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+def _split(text: Any, separator: Any) -> Any:
+    """cel-go ext ``<string>.split(<string>)``: Go's ``strings.Split`` (an empty separator
+    splits after each character; an empty text is one empty string)."""
+    from celpy import celtypes
+
+    parts = list(str(text)) if str(separator) == "" else str(text).split(str(separator))
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def _trim(text: Any) -> Any:
+    """cel-go ext ``<string>.trim()``: leading and trailing white space removed."""
+    from celpy import celtypes
+
+    return celtypes.StringType(str(text).strip(_GO_SPACE))
+
+
+_K8S_FUNCTIONS: dict[str, Any] = {"split": _split, "trim": _trim}
 
 
 def compile_expression(expression: str) -> Any:
@@ -315,7 +343,7 @@ def compile_expression(expression: str) -> Any:
         import celpy
 
         env = celpy.Environment()
-        program = env.program(env.compile(expression))
+        program = env.program(env.compile(expression), functions=_K8S_FUNCTIONS)
         _PROGRAMS[expression] = program
     return program
 

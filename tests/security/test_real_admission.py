@@ -531,6 +531,99 @@ def test_the_agents_token_may_allow_list_a_vfio_profile_and_mark_it_retiring(
             assert annotations.get("vgpu.reconciler.dev/retiring") == op.get("value"), op
 
 
+#: The policy's words for a removal of an entry vgpuctl does not own, and for a claim of one.
+NOT_OWNED = "may remove from the KubeVirt CR's allow-lists only the entries its ownership"
+NOT_ADDED = "may add to its ownership annotations only the entries it adds in the same write"
+OWNED_MDEV = "/metadata/annotations/vgpu.reconciler.dev~1mediated-devices"
+
+
+def owning(mdev: str = "", pci: str = "") -> dict[str, Any]:
+    """The op giving the CR (which has no annotations: tests/cluster_node.py ``kubevirt_cr``)
+    vgpuctl's ownership annotations naming ``mdev`` and ``pci``."""
+    names = {
+        "vgpu.reconciler.dev/mediated-devices": mdev,
+        "vgpu.reconciler.dev/pci-host-devices": pci,
+    }
+    return {
+        "op": "add",
+        "path": "/metadata/annotations",
+        "value": {k: v for k, v in names.items() if v},
+    }
+
+
+#: Someone else's entries in the CR tests/cluster_node.py's ``kubevirt_cr`` writes (each the
+#: first of its list): KubeVirt's virt-handler removes the mdevs of a type no longer listed.
+THEIR_MDEV = {"mdevNameSelector": "GRID T4-2Q", "resourceName": "nvidia.com/GRID_T4-2Q"}
+THEIR_PCI = {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/A10"}
+
+
+@pytest.mark.parametrize(
+    ("ops", "refusal"),
+    [
+        # Someone else's entries removed outright.
+        ([{"op": "test", "path": f"{PERMITTED}/mediatedDevices/0", "value": THEIR_MDEV},
+          {"op": "remove", "path": f"{PERMITTED}/mediatedDevices/0"}], NOT_OWNED),
+        ([{"op": "test", "path": f"{PERMITTED}/pciHostDevices/0", "value": THEIR_PCI},
+          {"op": "remove", "path": f"{PERMITTED}/pciHostDevices/0"}], NOT_OWNED),
+        # Claimed and removed in one write: the annotation before the write is what counts.
+        ([owning(mdev="GRID T4-2Q"),
+          {"op": "remove", "path": f"{PERMITTED}/mediatedDevices/0"}], NOT_OWNED),
+        # Claimed, to be removed by a later write: an entry vgpuctl did not add is not its.
+        ([owning(mdev="GRID T4-2Q")], NOT_ADDED),
+        ([owning(pci="nvidia.com/A10")], NOT_ADDED),
+        # Claimed beside an entry of its own added in the same write.
+        ([{"op": "add", "path": f"{PERMITTED}/mediatedDevices/-", "value": GOOD_MDEV},
+          owning(mdev="GRID T4-2Q,NVIDIA A2-4Q")], NOT_ADDED),
+    ],
+    ids=[
+        "remove-theirs-mdev", "remove-theirs-pci", "claim-and-remove", "claim-theirs-mdev",
+        "claim-theirs-pci", "claim-beside-its-own",
+    ],
+)  # fmt: skip
+def test_the_agents_token_cannot_take_someone_elses_entry_off_the_allow_list(
+    tmp_path: Path, api_server: Served, ops: list[dict[str, Any]], refusal: str
+) -> None:
+    """A stolen token must not make virt-handler remove other profiles' vGPUs (in use by a VM
+    or not: docs/domain.md §10) on every node: the entries vgpuctl may remove are the ones
+    its ownership annotations named before the write, and it may name only entries it adds."""
+    kubeconfig = policed(api_server, tmp_path)
+    before = kubevirt_view(api_server)
+    lists = before["spec"]["configuration"][PERMITTED_KEY]
+    assert (lists["mediatedDevices"][0], lists["pciHostDevices"][0]) == (THEIR_MDEV, THEIR_PCI)
+    with as_kubeconfig(kubeconfig) as api, pytest.raises(ClusterError) as err:
+        api.patch_object(**KV, name="kubevirt", patch=ops)
+    assert denied_by_policy(err.value.message, refusal), err.value.message
+    assert kubevirt_view(api_server) == before
+
+
+def test_the_agent_removes_what_it_owns_even_when_the_annotation_was_hand_spaced(
+    tmp_path: Path, api_server: Served
+) -> None:
+    """Its own entry, added and claimed; an administrator rewrites the annotation with spaces
+    after the comma; the agent's removal of its entry (and of the name) still goes through,
+    and someone else's entry stays."""
+    kubeconfig = policed(api_server, tmp_path)
+    with as_kubeconfig(kubeconfig) as api:
+        api.patch_object(**KV, name="kubevirt", patch=[
+            {"op": "add", "path": f"{PERMITTED}/mediatedDevices/-", "value": GOOD_MDEV},
+            owning(mdev="NVIDIA A2-4Q"),
+        ])  # fmt: skip
+        stored = stored_kubevirt(api_server)
+        stored["metadata"]["annotations"]["vgpu.reconciler.dev/mediated-devices"] = (
+            " NVIDIA A2-4Q ,  "
+        )
+        api_server.custom.replace_namespaced_custom_object(
+            "kubevirt.io", "v1", KV_NS, "kubevirts", "kubevirt", stored
+        )
+        api.patch_object(**KV, name="kubevirt", patch=[
+            {"op": "test", "path": f"{PERMITTED}/mediatedDevices/1", "value": GOOD_MDEV},
+            {"op": "remove", "path": f"{PERMITTED}/mediatedDevices/1"},
+            {"op": "remove", "path": OWNED_MDEV},
+        ])  # fmt: skip
+    lists = stored_kubevirt(api_server)["spec"]["configuration"][PERMITTED_KEY]
+    assert lists["mediatedDevices"] == [THEIR_MDEV]
+
+
 NODE_KINDS = {
     "vgpudevices": {
         "kind": "VGPUDevice", "name": f"{OTHER}-000008004",

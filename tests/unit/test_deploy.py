@@ -520,10 +520,16 @@ def test_the_admission_policy_covers_every_write_the_role_grants() -> None:
 
 
 def test_the_annotation_the_policy_allows_is_vgpuctls() -> None:
-    from reconciler.model.cluster import KUBEVIRT_OWNED_ANNOTATION, NODE_LABEL
+    from reconciler.model.cluster import (
+        KUBEVIRT_OWNED_ANNOTATION,
+        KUBEVIRT_OWNED_PCI_ANNOTATION,
+        NODE_LABEL,
+    )
 
     text = (DEPLOY / "admission-policy.yaml").read_text("utf-8")
-    assert text.count(f"'{KUBEVIRT_OWNED_ANNOTATION}'") == 2
+    # Twice in the annotations it may change, four times where the owned names are read.
+    assert text.count(f"'{KUBEVIRT_OWNED_ANNOTATION}'") == 6
+    assert text.count(f"'{KUBEVIRT_OWNED_PCI_ANNOTATION}'") == 6
     assert f"'{NODE_LABEL}' in object.metadata.labels" in text
 
 
