@@ -123,7 +123,7 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
 
     api = _api(host)
     style = _style(host.options)
-    events = getattr(ns, "output", None) == "json"
+    events = getattr(ns, "rollout_output", None) == "json"
     if events and not ns.yes:
         raise UsageError("-o json needs --yes: the plans are not shown to confirm (nothing was "
                          "changed)")  # fmt: skip

@@ -62,7 +62,8 @@ def delegating(
     return chosen
 
 
-_PROGRESS_FLAGS = {"--progress": "progress", "--output": "output"}
+#: ``plan`` has an ``--output`` of its own (every mode): apply's is kept apart by its dest.
+_PROGRESS_FLAGS = {"--progress": "progress", "--output": "rollout_output"}
 
 _ROLLOUT_FLAGS = {
     "--max-parallel": "max_parallel",
@@ -156,6 +157,7 @@ def add_progress_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "-o",
         "--output",
+        dest="rollout_output",
         choices=("text", "json"),
         help="text (default): the plans on stdout before the rollout; json: instead, the "
         "rollout's events on stdout as JSON Lines, one object per event "

@@ -152,7 +152,9 @@ class DelegateWatchLoop(Worker):
             return verdict
         rollout = f"rollout: {_counts(t)}"
         if self.over_budget:
-            return Verdict(False, f"rollout stopped: {self.over_budget}; {rollout}")
+            return Verdict(
+                False, f"rollout stopped: {self.over_budget}; {verdict.reason}; {rollout}"
+            )
         return Verdict(verdict.ok, f"{verdict.reason}; {rollout}")
 
     def _rollout_event(self, event: RolloutEvent) -> None:
@@ -320,7 +322,8 @@ def _budget_text(t: Tally) -> str:
     if t.canary_failed:
         return "a canary node failed"
     failed = t.counts[NodeState.FAILED]
-    return f"{failed} nodes failed, more than maxFailedNodes {t.max_failed_nodes}"
+    nodes = "node" if failed == 1 else "nodes"
+    return f"{failed} {nodes} failed, more than maxFailedNodes {t.max_failed_nodes}"
 
 
 class _Stopping(ReconcilerError):
