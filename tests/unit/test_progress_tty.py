@@ -67,3 +67,49 @@ def test_a_node_name_with_an_escape_is_shown_escaped_never_raw() -> None:
         "[████████████████░░░░░░░░] 2/3: 1 done, 0 in flight, 1 waiting, 0 blocked, 1 failed"
         " · 4.0 s",
     ]
+
+
+CROWDED = """
+import sys
+from reconciler.cli.progress import TtyProgress
+from reconciler.engine.rollout import NodeStarted, RolloutEnded, RolloutStarted
+
+show = TtyProgress(sys.stderr, tick=0)
+nodes = tuple((f"node-{i}", 1) for i in range(8))
+show(RolloutStarted(at=0.0, nodes=nodes, parallel=8, canary=0, max_failed_nodes=0))
+for name, _ in nodes:
+    show(NodeStarted(at=0.0, node=name))
+print("--- frame ---", file=sys.stderr, flush=True)
+"""
+
+
+def test_more_nodes_in_flight_than_the_screen_holds_are_counted_not_drawn() -> None:
+    """On a screen 6 rows high the block keeps to 4 lines (the height less two): a block taller
+    than the screen would scroll, and moving the cursor up over it would then miss."""
+    run = run_in_pty(["-c", CROWDED], python=True, size=(6, 80))
+    assert run.returncode == 0, run.output
+    screen = run.screen()
+    block = screen[: screen.index("--- frame ---")][-4:]
+    assert block[0].startswith("  node-0  planning  ")
+    assert block[1].startswith("  node-1  planning  ")
+    assert block[2] == "  … and 6 more in flight"
+    assert block[3].startswith("[▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒▒] 0/8: 0 done, 8 in flight, 0 waiting,")
+
+
+def test_auto_is_a_terminal_s_block_unless_ci_or_a_dumb_terminal() -> None:
+    """``--progress auto`` through the command's own choice (cli/progress.py ``choose``), on a
+    pty: CI set to anything but empty/0/false, or TERM=dumb, gives lines."""
+    program = (
+        "import sys\nfrom reconciler.cli.progress import choose\n"
+        "print(choose(None, sys.stderr), choose('auto', sys.stderr), choose('none', sys.stderr))\n"
+    )
+    for env, expected in (
+        ({}, "tty tty none"),
+        ({"CI": "false"}, "tty tty none"),
+        ({"CI": "0"}, "tty tty none"),
+        ({"CI": "true"}, "lines lines none"),
+        ({"CI": "1"}, "lines lines none"),
+        ({"TERM": "dumb"}, "lines lines none"),
+    ):
+        run = run_in_pty(["-c", program], python=True, env=env)
+        assert run.output.strip() == expected, env
