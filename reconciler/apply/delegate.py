@@ -100,6 +100,8 @@ class DelegateExecutor:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     on_outcome: Callable[[Outcome], None] | None = None
+    #: Told of each step as it begins (its checks, write and wait), before it is run.
+    on_step: Callable[[Action], None] | None = None
     #: Asked right before every write; raises (a :class:`ReconcilerError`) to stop the run
     #: there (the watch's leadership: a replica that lost its Lease writes nothing more).
     guard: Callable[[], None] | None = None
@@ -116,6 +118,7 @@ class DelegateExecutor:
             if len(batch) > 1:
                 done = self._run_together(batch)
             else:
+                self._begin(actions[i])
                 done = [self._outcome(actions[i], self.clock(), partial(self._step, actions[i]))]
             for outcome in done:
                 outcomes.append(outcome)
@@ -127,6 +130,10 @@ class DelegateExecutor:
                 return ApplyResult(plan.node, run_id, tuple(outcomes), tuple(actions[ran:]))
             i += max(1, len(batch))
         return ApplyResult(plan.node, run_id, tuple(outcomes))
+
+    def _begin(self, action: Action) -> None:
+        if self.on_step is not None:
+            self.on_step(action)
 
     def _outcome(
         self, action: Action, started: float, step: Callable[[], tuple[OutcomeStatus, str]]
@@ -176,6 +183,7 @@ class DelegateExecutor:
         started = self.clock()
         results: list[Outcome | None] = []
         for a in batch:
+            self._begin(a)
             first = self._outcome(a, started, partial(self._start, a))
             if first.status is OutcomeStatus.FAILED:
                 results.append(first)

@@ -14,7 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reconciler.cli.delegation import add_delegate_option, add_rollout_options, delegating
+from reconciler.cli.delegation import (
+    add_delegate_option,
+    add_progress_options,
+    add_rollout_options,
+    delegating,
+)
 from reconciler.cli.host import DEFAULT_WRITE_TIMEOUT, Host
 from reconciler.cli.options import GlobalOptions
 from reconciler.cli.render import (
@@ -500,6 +505,7 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     add_apply_options(p)
     add_delegate_option(p)
     add_rollout_options(p)
+    add_progress_options(p)
     p.set_defaults(handler=cmd_apply)
     return p
 

@@ -25,7 +25,16 @@ from reconciler.cli.commands import (
 )
 from reconciler.cli.delegation import rollout_flags
 from reconciler.cli.host import Host
+from reconciler.cli.progress import (
+    JsonProgress,
+    LineProgress,
+    NoProgress,
+    Progress,
+    TtyProgress,
+    choose,
+)
 from reconciler.cli.render import plan_text, safe
+from reconciler.engine.rollout import RolloutEnded, RolloutEvent
 from reconciler.model import AbsentError, Desired, Plan, UsageError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.plan import FORMAT_VERSION
@@ -114,13 +123,28 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
 
     api = _api(host)
     style = _style(host.options)
+    events = getattr(ns, "rollout_output", None) == "json"
+    if events and not ns.yes:
+        raise UsageError("-o json needs --yes: the plans are not shown to confirm (nothing was "
+                         "changed)")  # fmt: skip
     desired = load(ns.file, host)
     planned = _plan_all(desired, host, api)
-    _show(planned, host, verbose=ns.verbose)
+    if not events:
+        _show(planned, host, verbose=ns.verbose)
     if planned.failures:
+        for name, error in planned.failures.items() if events else ():
+            for line in map(safe, error.lines()):
+                _err(f"error: node {safe(name)}: {line}")
+        _json_end(events, "unplannable", "; ".join(
+            f"node {n}: {e.message}" for n, e in planned.failures.items()
+        ))  # fmt: skip
         return EXIT_ERROR
     if planned.steps == 0:
-        return EXIT_CHANGES if planned.blocked else EXIT_OK
+        if planned.blocked:
+            _json_end(events, "blocked", f"{planned.blocked} blocked steps, nothing to do")
+            return EXIT_CHANGES
+        _json_end(events, "converged", "converged: every node matches the desired state")
+        return EXIT_OK
     if not ns.yes:
         _confirm_all(planned.steps, len([p for p in planned.plans if p.actions]))
 
@@ -131,20 +155,35 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
     if nodes > 1:
         _err(style.bold(f"Rolling out to {nodes} nodes: {_pace_text(rollout, nodes)}."))
     limited = RateLimitedApi(api, TokenBucket(ns.qps, ns.burst))
+    mode = choose(getattr(ns, "progress", None), sys.stderr)
+    shown = _renderer(mode, host)
+    listeners: list[Progress] = [shown]
+    if events:
+        listeners.append(JsonProgress(_out))
 
     def announce(plan: Plan, round_number: int) -> None:
         _err(style.bold(f"node {safe(plan.node)}, round {round_number}:"))
 
-    done = converge(
-        desired,
-        limited,
-        host.catalog,
-        first=planned,
-        timeout=timeout,
-        on_outcome=_progress(style),
-        on_round=announce,
-        policy=policy,
-    )
+    def tell(event: RolloutEvent) -> None:
+        for listener in listeners:
+            listener(event)
+
+    steps = mode == "lines"  # the steps' own lines: a log's (a terminal has the live block)
+    try:
+        done = converge(
+            desired,
+            limited,
+            host.catalog,
+            first=planned,
+            timeout=timeout,
+            on_outcome=_progress(style) if steps else None,
+            on_round=announce if steps else None,
+            on_event=tell,
+            policy=policy,
+        )
+    finally:
+        for listener in listeners:
+            listener.close()
     if done.stopped:
         _err(f"Rollout stopped: {safe(done.stopped)}.")
     if done.not_started:
@@ -152,26 +191,48 @@ def cmd_apply_delegate(ns: argparse.Namespace, host: Host) -> int:
         _err(f"Not started ({len(done.not_started)}): {names}.")
     if len(done.failed_nodes) > 1:
         _err(f"Failed nodes ({len(done.failed_nodes)}): {', '.join(map(safe, done.failed_nodes))}.")
+    show_left = not events
     match done.result:
         case Result.FAILED:
             _err(f"error: {safe(done.message)}")
             return EXIT_ERROR
         case Result.UNPLANNABLE:
-            _show(done.plans, host, verbose=False)
+            if show_left:
+                _show(done.plans, host, verbose=False)
             return EXIT_ERROR
         case Result.CONTROLLER_SILENT:
             _err(f"Not converged: pcidevices-controller made no VGPUDevices within {timeout:g} s.")
-            _show(done.plans, host, verbose=False)
+            if show_left:
+                _show(done.plans, host, verbose=False)
             return EXIT_ERROR
         case Result.NOT_CONVERGED:
             _err(f"Not converged: {safe(done.message)}.")
-            _show(done.plans, host, verbose=False)
+            if show_left:
+                _show(done.plans, host, verbose=False)
             return EXIT_ERROR
         case Result.BLOCKED:
             _err(f"{safe(done.message[0].upper() + done.message[1:])}.")
             return EXIT_CHANGES
     _err("Converged: every node matches the desired state.")
     return EXIT_OK
+
+
+def _renderer(mode: str, host: Host) -> Progress:
+    """``--progress``'s renderer on stderr (cli/progress.py)."""
+    if mode == "tty":
+        return TtyProgress(sys.stderr, style=_style(host.options, sys.stderr))
+    if mode == "lines":
+        return LineProgress(_err)
+    return NoProgress()
+
+
+def _json_end(events: bool, result: str, message: str) -> None:
+    """With ``-o json``, the one event of a run that starts no rollout (nothing to do, or a node
+    that cannot be planned)."""
+    if events:
+        import time
+
+        JsonProgress(_out)(RolloutEnded(at=time.monotonic(), result=result, message=message))
 
 
 def _pace_text(rollout: Pace, nodes: int) -> str:

@@ -53,8 +53,17 @@ def delegating(
             f"{given[0]} paces a rollout across nodes in delegate mode (--delegate harvester); "
             "this run acts on this node's host alone"
         )
+    shown = [flag for flag, value in _PROGRESS_FLAGS.items() if getattr(ns, value, None)]
+    if not chosen and shown:
+        raise UsageError(
+            f"{shown[0]} shows a rollout across nodes in delegate mode (--delegate harvester); "
+            "this run acts on this node's host alone"
+        )
     return chosen
 
+
+#: ``plan`` has an ``--output`` of its own (every mode): apply's is kept apart by its dest.
+_PROGRESS_FLAGS = {"--progress": "progress", "--output": "rollout_output"}
 
 _ROLLOUT_FLAGS = {
     "--max-parallel": "max_parallel",
@@ -130,6 +139,29 @@ def add_rollout_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="requests allowed at once above --qps (default %(default)s, kube-controller-"
         "manager's)",
+    )
+
+
+def add_progress_options(p: argparse.ArgumentParser) -> None:
+    """How ``apply --delegate harvester`` shows a rollout (docs/delegate.md "Progress")."""
+    g = p.add_argument_group("delegate rollouts' progress (--delegate harvester)")
+    g.add_argument(
+        "--progress",
+        choices=("auto", "tty", "lines", "none"),
+        help="how the rollout's progress is shown on stderr. tty: a live line per node in "
+        "flight (its current step, how long it has run) and a bar for the fleet (done, in "
+        "flight, waiting, blocked, failed, ETA), redrawn in place; lines: each step as it "
+        "ends and a line per node when it finishes (CI, logs); none: only the summary at the "
+        "end. auto (default): tty when stderr is a terminal and CI is not set, else lines",
+    )
+    g.add_argument(
+        "-o",
+        "--output",
+        dest="rollout_output",
+        choices=("text", "json"),
+        help="text (default): the plans on stdout before the rollout; json: instead, the "
+        "rollout's events on stdout as JSON Lines, one object per event "
+        "(schemas/rollout-event.schema.json); needs --yes",
     )
 
 

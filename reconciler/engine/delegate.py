@@ -51,7 +51,19 @@ from reconciler.apply.delegate import (
 )
 from reconciler.apply.executor import Outcome, OutcomeStatus
 from reconciler.catalog import Catalog
-from reconciler.model import Desired, Plan, ReconcilerError
+from reconciler.engine.rollout import (
+    NodeEnded,
+    NodeStarted,
+    NodeState,
+    NodeWaiting,
+    RolloutEnded,
+    RolloutEvent,
+    RolloutStarted,
+    StepEnded,
+    StepStarted,
+    applied,
+)
+from reconciler.model import Action, Desired, Plan, ReconcilerError
 from reconciler.model.clusterapi import ClusterApi
 from reconciler.model.desired import Rollout
 from reconciler.model.record import field, record
@@ -197,6 +209,7 @@ def converge(
     on_outcome: Callable[[Outcome], None] | None = None,
     on_round: Callable[[Plan, int], None] | None = None,
     on_node: Callable[[NodeRun], None] | None = None,
+    on_event: Callable[[RolloutEvent], None] | None = None,
     policy: Rollout | None = None,
     hold: bool | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -214,10 +227,15 @@ def converge(
     time, so what is said of two nodes never interleaves. ``hold`` False: always as they happen,
     from the workers' threads (the watch: each log line is whole and names its object, and
     each outcome is a heartbeat ``/healthz`` must see when it happens).
+    ``on_event`` is told of every turn of the rollout (``engine/rollout.py``) as it happens,
+    whatever ``hold``, one event at a time.
     """
     plans = first if first is not None else plan_all(desired, api, catalog)
+    emit = _Events(on_event, clock)
     if plans.failures:
-        return Converged(Result.UNPLANNABLE, plans, ())
+        unplannable = Converged(Result.UNPLANNABLE, plans, ())
+        emit(partial(RolloutEnded, result=unplannable.result.value, message=unplannable.message))
+        return unplannable
     work = [p for p in plans.plans if p.actions]
     rollout = pace(policy, len(work))
     workers = min(rollout.parallel, len(work)) or 1
@@ -225,9 +243,21 @@ def converge(
     say = _Say(live, on_outcome, on_round, on_node)
     stop = _Stop(guard)
     node_labels = dict(plans.labels)
+    canaries = {p.node for p in work[: rollout.canary]}
+    emit(
+        partial(
+            RolloutStarted,
+            nodes=tuple((p.node, len(p.actions)) for p in work),
+            parallel=workers,
+            canary=min(rollout.canary, len(work)),
+            max_failed_nodes=rollout.max_failed_nodes,
+        )
+    )
 
     def run(plan: Plan) -> NodeRun:
         told = say.node()
+        began = clock()
+        emit(partial(NodeStarted, node=plan.node, canary=plan.node in canaries))
         done = _Node(
             desired,
             api,
@@ -240,8 +270,19 @@ def converge(
             on_round=told.round,
             clock=clock,
             sleep=sleep,
+            emit=emit,
         ).converge(plan)
-        told.end(done)
+        ended = partial(
+            NodeEnded,
+            node=done.node,
+            result=done.result.value,
+            state=done.state,
+            seconds=clock() - began,
+            applied=applied(done.outcomes),
+            message=done.message,
+        )
+        # After the node's held calls, with them: a log's line for the node follows its steps'.
+        told.end(done, then=partial(emit, ended))
         return done
 
     runs: dict[str, NodeRun] = {}
@@ -273,7 +314,17 @@ def converge(
                     f"{_failures(runs)} nodes failed, more than --max-failed-nodes "
                     f"{rollout.max_failed_nodes}"
                 )
-    return _gather(plans, runs, rollout, stopped)
+    ended = _gather(plans, runs, rollout, stopped)
+    emit(
+        partial(
+            RolloutEnded,
+            result=ended.result.value,
+            message=ended.message,
+            stopped=stopped,
+            not_started=ended.not_started,
+        )
+    )
+    return ended
 
 
 def _bounded(
@@ -359,6 +410,37 @@ class NodeRun:
         VM blocks are no failure, and hold nothing up)."""
         return self.result not in (Result.CONVERGED, Result.BLOCKED)
 
+    @property
+    def state(self) -> NodeState:
+        """Where the node ended, as a rollout's tally counts it (``engine/rollout.py``)."""
+        if self.result is Result.CONVERGED:
+            return NodeState.DONE
+        return NodeState.BLOCKED if self.result is Result.BLOCKED else NodeState.FAILED
+
+    @property
+    def message(self) -> str:
+        """One line: why the node failed, or what blocks it ("" when it converged)."""
+        match self.result:
+            case Result.CONVERGED:
+                return ""
+            case Result.BLOCKED:
+                n = len(self.plan.blocked)
+                first = self.plan.blocked[0] if self.plan.blocked else None
+                why = f": {first.kind.value} {first.target}: {first.reason}" if first else ""
+                return f"{n} blocked step{'s' * (n != 1)}{why}"
+            case Result.FAILED:
+                f = self.failed
+                return "a step failed" if f is None else (
+                    f"{f.action.kind.value} {f.action.target}: {f.message}"
+                )  # fmt: skip
+            case Result.UNPLANNABLE:
+                return self.error.message if self.error is not None else "could not be planned"
+            case Result.CONTROLLER_SILENT:
+                return "pcidevices-controller made no VGPUDevices in time"
+            case Result.NOT_CONVERGED:
+                n = len(self.plan.actions)
+                return f"{n} step{'s' * (n != 1)} left after {MAX_ROUNDS} rounds"
+
 
 @record
 class _Node:
@@ -375,10 +457,19 @@ class _Node:
     on_round: Callable[[Plan, int], None]
     clock: Callable[[], float]
     sleep: Callable[[float], None]
+    emit: _Events
 
     def converge(self, plan: Plan) -> NodeRun:
         outcomes: list[Outcome] = []
         node = plan.node
+
+        def step_started(round_number: int, action: Action) -> None:
+            self.emit(partial(StepStarted, node=node, action=action, round=round_number))
+
+        def step_ended(outcome: Outcome) -> None:
+            self.emit(partial(StepEnded, node=node, outcome=outcome))
+            self.on_outcome(outcome)
+
         for round_number in range(1, MAX_ROUNDS + 1):
             self.on_round(plan, round_number)
             executor = DelegateExecutor(
@@ -388,7 +479,8 @@ class _Node:
                 poll=self.poll,
                 clock=self.clock,
                 sleep=self.sleep,
-                on_outcome=self.on_outcome,
+                on_outcome=step_ended,
+                on_step=partial(step_started, round_number),
                 guard=self.guard,
                 driver=partial(driver_not_ready, self.api, node),
             )
@@ -423,6 +515,13 @@ class _Node:
     def wait_for_controller(self, node: str) -> Plan:
         """Plans again until no GPU waits for pcidevices-controller's objects, or the timeout."""
         deadline = self.clock() + self.timeout
+        self.emit(
+            partial(
+                NodeWaiting,
+                node=node,
+                reason="waiting for pcidevices-controller to make the VGPUDevice objects",
+            )
+        )
         for delay in poll_delays(self.poll):
             plan = self.plan(node)
             if not waits_for_controller(plan) or self.clock() >= deadline:
@@ -484,6 +583,24 @@ class _Stop:
             raise
 
 
+class _Events:
+    """``converge``'s ``on_event``: each event stamped with the clock and told one at a time
+    (the workers' events never overlap), or nothing when no one listens."""
+
+    def __init__(
+        self, on_event: Callable[[RolloutEvent], None] | None, clock: Callable[[], float]
+    ) -> None:
+        self.on_event = on_event
+        self.clock = clock
+        self.lock = threading.Lock()
+
+    def __call__(self, make: Callable[..., RolloutEvent]) -> None:
+        if self.on_event is None:
+            return
+        with self.lock:
+            self.on_event(make(at=self.clock()))
+
+
 class _Say:
     """What :func:`converge` tells its caller, live with one worker, else a node at a time."""
 
@@ -525,10 +642,13 @@ class _Told:
         if self.say.on_round is not None:
             self._call(partial(self.say.on_round, plan, number))
 
-    def end(self, run: NodeRun) -> None:
+    def end(self, run: NodeRun, *, then: Callable[[], None] | None = None) -> None:
+        """The node ended: its held calls are made, then ``then``, together."""
         if self.say.on_node is not None:
             self._call(partial(self.say.on_node, run))
         with self.say.lock:
             for call in self.held:
                 call()
+            if then is not None:
+                then()
         self.held.clear()

@@ -17,6 +17,13 @@ Harvester's SRIOVGPUDevices and VGPUDevices changing (list then watch, ``cluster
 compared at each rescan with no request); steps a VM blocks (planned again at every rescan);
 winning the Lease; a failure's retry.
 
+The rollout (``engine/rollout.py``'s events): ``vgpuctl_rollout_nodes{state}`` counts its
+nodes by state as it goes, ``vgpuctl_rollout_node_results_total{result}`` each node's end, and
+``/readyz`` says how far it got. The leader is not ready from the moment a rollout has more
+failed nodes than its ``maxFailedNodes`` (or a canary failed: it starts no other node) until a
+later reconcile ends within the budget (a rollout that does, or nothing left to do); otherwise
+the node agent's rule holds (:meth:`DelegateWatchLoop.readiness`).
+
 Events: a step that failed is a Warning Event on its object (a webhook's denial in its words),
 and a step newly blocked by a VM is one too, so ``kubectl describe vgpudevice …`` tells why.
 
@@ -38,6 +45,14 @@ from reconciler.apply.delegate import DEFAULT_POLL, DEFAULT_TIMEOUT
 from reconciler.apply.throttle import RateLimitedApi, TokenBucket
 from reconciler.catalog import Catalog
 from reconciler.engine.delegate import Converged, Result, converge, plan_all
+from reconciler.engine.rollout import (
+    NodeEnded,
+    NodeState,
+    RolloutEnded,
+    RolloutEvent,
+    RolloutTally,
+    Tally,
+)
 from reconciler.model import ActionKind, Desired, Plan, ReconcilerError
 from reconciler.model.cluster import SRIOV_GPU_KIND, VGPU_KIND
 from reconciler.model.clusterapi import ClusterApi
@@ -105,6 +120,11 @@ class DelegateWatchLoop(Worker):
             cluster_signature, metrics=metrics, what="Harvester's SRIOVGPUDevices or VGPUDevices"
         )
         self.probes = self._health()
+        #: The current rollout's nodes by state (or the last one's).
+        self.rollout_tally = RolloutTally()
+        #: Why the leader is not ready: a rollout went beyond its failure budget ("" when none
+        #: did since a reconcile last ended within it).
+        self.over_budget = ""
         self.report = Reporting(
             scheduler=self.scheduler,
             probes=self.probes,
@@ -126,7 +146,33 @@ class DelegateWatchLoop(Worker):
                 return Verdict(False, f"cannot read or renew the Lease: {failure}")
             holder = self.leadership.holder
             return Verdict(True, f"standby: {holder or 'no replica'} holds the Lease")
-        return self.probes.readiness()
+        verdict = self.probes.readiness()
+        t = self.rollout_tally.snapshot()
+        if t.started_at is None:
+            return verdict
+        rollout = f"rollout: {_counts(t)}"
+        if self.over_budget:
+            return Verdict(
+                False, f"rollout stopped: {self.over_budget}; {verdict.reason}; {rollout}"
+            )
+        return Verdict(verdict.ok, f"{verdict.reason}; {rollout}")
+
+    def _rollout_event(self, event: RolloutEvent) -> None:
+        """The rollout's state in the metrics and readiness (the module docstring)."""
+        self.rollout_tally.add(event)
+        t = self.rollout_tally.snapshot()
+        gauge = self.metrics.rollout_nodes
+        if gauge is not None:
+            for state, n in t.counts.items():
+                gauge.labels(state=state.value).set(n)
+        if isinstance(event, NodeEnded):
+            self.probes.beat()
+            if self.metrics.node_results is not None:
+                self.metrics.node_results.labels(result=event.result).inc()
+        if t.over_budget and not self.over_budget:
+            self.over_budget = _budget_text(t)
+        elif isinstance(event, RolloutEnded) and not t.over_budget:
+            self.over_budget = ""
 
     # -- the worker's hooks (worker.py) --------------------------------------------------------
 
@@ -188,9 +234,11 @@ class DelegateWatchLoop(Worker):
                 on_outcome=self._outcome,
                 policy=self.rollout.over(desired.rollout),
                 hold=False,
+                on_event=self._rollout_event,
             )
         else:
             done = Converged(Result.BLOCKED if planned.blocked else Result.CONVERGED, planned, ())
+            self.over_budget = ""
         self._report(done, started, triggers)
 
     def _guard(self) -> None:
@@ -263,6 +311,19 @@ class DelegateWatchLoop(Worker):
             object_kind, target, reason=reason, message=message[:EVENT_MESSAGE_MAX],
             type="Warning",
         )  # fmt: skip
+
+
+def _counts(t: Tally) -> str:
+    c = t.counts
+    return ", ".join(f"{n} {state.value.replace('_', ' ')}" for state, n in c.items())
+
+
+def _budget_text(t: Tally) -> str:
+    if t.canary_failed:
+        return "a canary node failed"
+    failed = t.counts[NodeState.FAILED]
+    nodes = "node" if failed == 1 else "nodes"
+    return f"{failed} {nodes} failed, more than maxFailedNodes {t.max_failed_nodes}"
 
 
 class _Stopping(ReconcilerError):

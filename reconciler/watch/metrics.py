@@ -31,6 +31,18 @@ ERROR_KINDS = (
 )
 #: ``vgpuctl_drift_detected_total{source}``.
 DRIFT_SOURCES = ("desired", "host", "cluster")
+#: ``vgpuctl_rollout_nodes{state}`` (delegate mode): ``engine/rollout.py`` ``NodeState``.
+ROLLOUT_STATES = ("done", "in_flight", "waiting", "blocked", "failed")
+#: ``vgpuctl_rollout_node_results_total{result}`` (delegate mode): how a node's part of a
+#: rollout ended (``engine/delegate.py`` ``Result``).
+NODE_RESULTS = (
+    "converged",
+    "blocked",
+    "failed",
+    "unplannable",
+    "controller-silent",
+    "not-converged",
+)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -112,6 +124,31 @@ class WatchMetrics:
                 registry=r,
             )
             self.leader.set(0)
+        #: Delegate mode's watch only: its current rollout (or its last one).
+        self.rollout_nodes: Gauge | None = None
+        self.node_results: Counter | None = None
+        if delegate:
+            self.rollout_nodes = Gauge(
+                "vgpuctl_rollout_nodes",
+                "The nodes of the current rollout (or of the last one) by state: done "
+                "(matches the desired state), in_flight, waiting (not started yet, or not "
+                "started at all when the rollout stopped), blocked (only steps a VM or a driver "
+                "pod holds up remain), failed.",
+                ["state"],
+                registry=r,
+            )
+            self.node_results = Counter(
+                "vgpuctl_rollout_node_results_total",
+                "Nodes whose part of a rollout ended, by result: converged, blocked, failed (a "
+                "step failed), unplannable, controller-silent (no VGPUDevices in time), "
+                "not-converged (steps left after the last round).",
+                ["result"],
+                registry=r,
+            )
+            for state in ROLLOUT_STATES:
+                self.rollout_nodes.labels(state=state).set(0)
+            for result in NODE_RESULTS:
+                self.node_results.labels(result=result)
         for result in RESULTS:
             self.reconciles.labels(result=result)
         for kind in ERROR_KINDS:
