@@ -13,11 +13,15 @@ The controller (:class:`PciDevicesController`)
     through the unmodified ``kubernetes`` client over HTTP, one request per Go client call
     (``Create``, ``Update``, ``UpdateStatus``, ``Delete``), with the objects shaped as Go's JSON
     encoding of its types shapes them (spec fields always present, status fields ``omitempty``).
-    Its informer caches are the emulator's store read directly (``get_object``/``objects``),
-    reads the API server never sees, as with a real informer; but the object a handler is
-    given is the one its informer last delivered (below), as lasso's ``syncHandler``
-    (rancher/lasso pkg/controller/controller.go) takes it from the informer's store by key
-    when the key is processed.
+    Its informer caches are informers over HTTP (``tests/doubles/informer.py``: a list, then a
+    watch from its resourceVersion, the cache kept from the events, as client-go's reflector
+    keeps them), so it runs against any API server, the emulator or the real kube-apiserver;
+    the object a handler is given is the one its informer last delivered (below), as lasso's
+    ``syncHandler`` (rancher/lasso pkg/controller/controller.go) takes it from the informer's
+    store by key when the key is processed. A step a test calls (:meth:`resync`,
+    :meth:`reconcile_once`) first waits until the caches hold what the API server holds
+    (:meth:`~PciDevicesController.sync`); the thread of :meth:`start` does not (its caches lag
+    by the watch, as a real controller's do).
 
     It is driven step by step: :meth:`~PciDevicesController.resync` is the node controller's
     periodic reconcile (``reconcileNodeDevices``, every 30 s in the real one: PCIDevices, then
@@ -66,11 +70,15 @@ The controller (:class:`PciDevicesController`)
     requeued (as any handler error), until a retry finds the container running. Create one
     with :func:`driver_pod` and seed it (``tests/harvester_node.py``).
 
-The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
+The webhook (:class:`PciDevicesWebhook`)
     is the validating webhook ``pcidevices.harvesterhci.io`` of the configuration
     ``pcidevices-validator`` (pkg/webhook/server.go, failurePolicy Ignore), for the two
     validators of vGPUs: ``vgpuValidator`` (pkg/webhook/vgpu.go) and ``sriovGPUValidator``
-    (pkg/webhook/sriovgpudevices.go). Their errors are plain Go errors, which Harvester's
+    (pkg/webhook/sriovgpudevices.go). On the emulator :func:`install` registers it in-process
+    (the emulator runs judges under its lock: their caches are its store); on any API server
+    :func:`serve_webhook` serves it over HTTPS as a real admission webhook (AdmissionReview v1,
+    :class:`WebhookServer`, its VM and Node caches informers over HTTP) and registers the
+    configuration pointing at it. Their errors are plain Go errors, which Harvester's
     ``AdmissionHandler.admit`` (harvester/harvester pkg/webhook/types/admission.go) turns into
     ``werror.NewInternalError``: the client sees 500, reason InternalError, and
     ``admission webhook "pcidevices.harvesterhci.io" denied the request: <error>``. A VM "uses"
@@ -98,9 +106,9 @@ the pod's state decides only whether the exec fails), the PCIDeviceClaim control
 are created and deleted, never acted on), device plugins, USB and SR-IOV NIC devices, the
 management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object, pci.ids names (a
 PCIDevice's description and resource name take ghw's unknown-product forms), the other
-validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and caches that lag behind the
-store for the handlers' other reads (the VGPUDevice list of ``reconcileDisabledVGPUStatus``,
-the PCIDevice and SRIOVGPUDevice gets, and the node resync's lists read the store).
+validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and the Service and certificate
+rotation of the real webhook (:func:`serve_webhook` registers a URL and a certificate made for
+the run).
 """
 
 from __future__ import annotations

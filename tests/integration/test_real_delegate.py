@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes.client import ApiException
 
 from tests.api_servers import Served
+from tests.doubles.pcidevices import VGPUS
 from tests.harvester_node import (
     NODE,
     SEED,
@@ -101,6 +103,32 @@ def test_a_disable_the_webhook_refuses_is_reported_in_the_servers_words(
     (node_plan,) = plan["plans"]
     assert node_plan["actions"] == []
     assert "in use by VM default/win11" in node_plan["blocked"][0]["reason"]
+
+
+def test_the_webhooks_denial_as_the_server_words_it(harvester: ServedHarvester) -> None:
+    """An admin's own disable of a VGPUDevice a VM uses: the webhook's error (vgpu.go
+    ``checkVGPUUsage``, a plain error: harvester's AdmissionHandler answers it as an internal
+    error, 500) as the API server returns it (statuserror.go ``ToStatusErr``: the webhook's
+    code and reason, its message after ``admission webhook "<name>" denied the request: ``),
+    and nothing written."""
+    harvester.ok("apply", SEED, *DELEGATE, "--yes")
+    name = harvester.vm_holds(VFS[1])
+    patch = [{"op": "replace", "path": "/spec/enabled", "value": False}]
+    with pytest.raises(ApiException) as caught:
+        harvester.served.custom.patch_cluster_custom_object(
+            *VGPUS, name, patch, _content_type="application/json-patch+json"
+        )
+    body = json.loads(caught.value.body or "{}")
+    assert (caught.value.status, body["code"], body["reason"], body["status"]) == (
+        500, 500, "InternalError", "Failure"
+    )  # fmt: skip
+    assert set(body) == {"kind", "apiVersion", "metadata", "status", "message", "reason", "code"}
+    assert body["message"] == (
+        f'admission webhook "pcidevices.harvesterhci.io" denied the request: device {name} is '
+        "in use with VM win11 in namespace default"
+    )
+    assert harvester.vgpu(name)["spec"]["enabled"] is True
+    harvester.delete_vm()
 
 
 def test_an_enable_the_host_refuses_after_admission_is_pending_not_success(
@@ -187,7 +215,8 @@ def test_the_delegate_role_is_enough_and_every_rule_is_used(
         for verb, group, resource, sub in asked()
     }
     granted = {(g.verb, g.group, g.resource) for g in grants(DELEGATE_RBAC, DELEGATE_ACCOUNT)}
-    assert granted - used == set()
+    assert used - granted == set()  # nothing asked beyond the role (each flow succeeded too)
+    assert granted - used == set()  # and every rule of it asked for
 
 
 class _Replica:
