@@ -1764,7 +1764,6 @@ def serve_webhook(api: Any, kubeconfig: Path, directory: Path) -> WebhookServer:
                 "failurePolicy": "Ignore",
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1", "v1beta1"],
-                "timeoutSeconds": 10,
             }
         ],
     }
