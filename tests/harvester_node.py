@@ -9,6 +9,7 @@ Shared by ``tests/integration/test_cli_delegate.py`` and ``test_watch_delegate.p
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,6 +46,7 @@ from tests.doubles.pcidevices import (
     vm,
 )
 from tests.rbac import DELEGATE_ACCOUNT, DELEGATE_RBAC, enforce
+from tests.real_apiserver import IDENTITIES
 from tests.simnode import REPO, run_vgpuctl
 
 NODE = "harvester-kgd9c"
@@ -368,6 +370,16 @@ def delegate_kubeconfig(
         since = real.audit_mark()
 
         def asked_real() -> list[tuple[str, str, str, str | None]]:
+            user = IDENTITIES["delegate"][0]
+            lines = real.audit_log.read_text().splitlines()[since:]
+            events = [json.loads(line) for line in lines]
+            refused = [
+                (e["verb"], e.get("objectRef"))
+                for e in events
+                if e.get("user", {}).get("username") == user
+                and (e.get("responseStatus") or {}).get("code") == 403
+            ]
+            assert refused == [], f"refused by the RBAC authorizer: {refused}"
             return [r[:4] for r in real.requests("delegate", since)]
 
         return kubeconfig, asked_real

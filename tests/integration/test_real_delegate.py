@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes.client import ApiException
+from kubernetes.client import ApiException, CustomObjectsApi
 
-from tests.api_servers import Served
+from tests.api_servers import Served, new_client_from_config
 from tests.doubles.pcidevices import VGPUS
 from tests.harvester_node import (
     NODE,
@@ -217,6 +217,18 @@ def test_the_delegate_role_is_enough_and_every_rule_is_used(
     granted = {(g.verb, g.group, g.resource) for g in grants(DELEGATE_RBAC, DELEGATE_ACCOUNT)}
     assert used - granted == set()  # nothing asked beyond the role (each flow succeeded too)
     assert granted - used == set()  # and every rule of it asked for
+    # The role is what judges the identity: a write it does not grant (a whole-object update;
+    # vgpuctl only patches) is refused.
+    api = new_client_from_config(config_file=str(kubeconfig))
+    try:
+        custom = CustomObjectsApi(api)
+        name = vgpu_name(VFS[0])
+        obj = custom.get_cluster_custom_object(*VGPUS, name)
+        with pytest.raises(ApiException) as caught:
+            custom.replace_cluster_custom_object(*VGPUS, name, obj)
+        assert caught.value.status == 403
+    finally:
+        api.close()
 
 
 class _Replica:
