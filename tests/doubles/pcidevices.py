@@ -430,6 +430,22 @@ class PciDevicesWebhook:
 CONFLICT = "please apply your changes to the latest version and try again"
 
 
+class _Writer:
+    """A client API whose every call marks the controller as having written (``_dirty``)."""
+
+    def __init__(self, api: Any, controller: PciDevicesController) -> None:
+        self._api, self._controller = api, controller
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._api, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._controller._dirty = True
+            return method(*args, **kwargs)
+
+        return call
+
+
 @dataclass
 class HandlerError:
     """A handler's error, as wrangler logs it before requeueing the key (a conflict is requeued
@@ -470,8 +486,11 @@ class PciDevicesController:
         for res in (SRIOVGPUS, VGPUS, PODS, PCIDEVICES, PCIDEVICECLAIMS, MIGCONFIGURATIONS, NODES):
             self._informers.add(res)
         self._informers.start()
-        self._custom: Any = client.CustomObjectsApi(self._api)
-        self._core: Any = client.CoreV1Api(self._api)
+        #: Whether the double wrote since its caches were last synced (every call through
+        #: ``_custom`` and ``_core`` is a write: the reads are the informers').
+        self._dirty = False
+        self._custom: Any = _Writer(client.CustomObjectsApi(self._api), self)
+        self._core: Any = _Writer(client.CoreV1Api(self._api), self)
         self._queue = _Queue()
         #: The resourceVersion of every object the informers have delivered, by key.
         self._seen: dict[str, str] = {}
@@ -507,6 +526,7 @@ class PciDevicesController:
     def sync(self) -> None:
         """Wait until the informers hold what the API server holds now (``informer.py``): a
         test stepping the double has its writes, and the double's own, seen by the next step."""
+        self._dirty = False
         self._informers.sync()
 
     def _stepped(self) -> None:
@@ -622,6 +642,13 @@ class PciDevicesController:
             clock = 0.0
             while not self._stopping.is_set():
                 if clock >= next_resync:
+                    if self._dirty:
+                        # The node resync comes every 30 s in the real controller, long after
+                        # its writes reach its caches; here every ``resync_seconds``: it waits
+                        # for its own writes to be seen first, as the real one in effect does
+                        # (else a loaded machine has it create what it made, 409).
+                        with contextlib.suppress(Exception):  # an outage: resync fails anyway
+                            self.sync()
                     self.resync()
                     next_resync = clock + resync_seconds
                 if self.reconcile_once() is None:
