@@ -8,19 +8,45 @@ Shared by ``tests/integration/test_cli_delegate.py`` and ``test_watch_delegate.p
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
+from kubernetes import client
 
 from reconciler.catalog import Catalog, default_catalog
 from reconciler.sim import SimHost, build_host
+from tests.api_servers import (
+    Served,
+    create_ignoring_conflict,
+    harvester_cluster,
+    install_rbac,
+    preserving_crd,
+)
 from tests.doubles.emulator import ApiServerEmulator, Request
-from tests.doubles.pcidevices import PciDevicesController, driver_pod, install, node_object, vm
+from tests.doubles.pcidevices import (
+    VGPUS,
+    VMS,
+    PciDevicesController,
+    PciDevicesWebhook,
+    WebhookServer,
+    driver_pod,
+    install,
+    install_crds,
+    node_object,
+    serve_webhook,
+    stop_webhook,
+    vm,
+)
+from tests.rbac import DELEGATE_ACCOUNT, DELEGATE_RBAC, enforce
+from tests.real_apiserver import IDENTITIES
 from tests.simnode import REPO, run_vgpuctl
 
 NODE = "harvester-kgd9c"
@@ -215,3 +241,155 @@ def harvester_fleet(
         for cluster in clusters.values():
             cluster.ctl.start(resync_seconds=0.5)
         yield Fleet(emu, clusters, kubeconfig)
+
+
+# --- the same node on either API server (issue 32): the emulator or the real kube-apiserver ---
+
+
+@dataclass
+class ServedHarvester:
+    """The seed's Harvester node on a :class:`tests.api_servers.Served` server: Harvester's
+    CRDs, KubeVirt's CR, the double of pcidevices-controller acting on a simulated A2 through
+    its informers over HTTP, and its webhook: on the real server an HTTPS admission webhook the
+    server calls (``pcidevices-validator``), on the emulator the same validators in-process."""
+
+    served: Served
+    host: SimHost
+    ctl: PciDevicesController
+    #: The validators (in-process on the emulator, behind :attr:`webhook` on the real server).
+    validator: PciDevicesWebhook
+    webhook: WebhookServer | None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.served.kubeconfig_path
+
+    def run(
+        self, *args: str | Path, kubeconfig: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return run_vgpuctl(*args, "--kubeconfig", kubeconfig or self.kubeconfig, timeout=300)
+
+    def ok(
+        self, *args: str | Path, kubeconfig: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        res = self.run(*args, kubeconfig=kubeconfig)
+        assert res.returncode == 0, f"{args}: exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+        return res
+
+    def types(self) -> dict[str, str]:
+        """Each VF's current_vgpu_type that is not 0, as the host has it."""
+        return Cluster.types(self)  # type: ignore[arg-type]
+
+    def vgpu(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.served.custom.get_cluster_custom_object(*VGPUS, name)
+        return found
+
+    def vm_holds(self, vf: str) -> str:
+        """:func:`vm_holds` on this server: a VM ``default/win11`` listing ``vf``'s VGPUDevice
+        under ``hostdevices``; the webhook's caches have it when this returns."""
+        name = f"{NODE}-0000{vf[5:7]}{vf[8:10]}{vf[11]}"
+        body = vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [name]})
+        self.served.custom.create_namespaced_custom_object(*VMS[:2], "default", VMS[2], body)
+        if self.webhook is not None:
+            self.webhook.sync()
+        return name
+
+    def vm_appears_on_disable(self, vf: str) -> str:
+        """The moment the webhook is asked to admit the disable of ``vf``'s VGPUDevice (after
+        vgpuctl's last look at the VMs), a VM takes it (:meth:`vm_holds`): the webhook
+        refuses the write. Returns the VGPUDevice's name."""
+        name = f"{NODE}-0000{vf[5:7]}{vf[8:10]}{vf[11]}"
+        taken: list[bool] = []
+
+        def take(operation: str, resource: str, target: str) -> None:
+            if (operation, resource, target) != ("UPDATE", "vgpudevices", name) or taken:
+                return
+            taken.append(True)
+            body = vm("win11", "default", hostdevices={"nvidia.com/NVIDIA_A2-4Q": [name]})
+            if self.served.emulator is not None:  # the judge runs under the emulator's lock
+                self.served.emulator.seed(body)
+                return
+            self.vm_holds(vf)
+
+        self.validator.before_review = take
+        return name
+
+    def delete_vm(self) -> None:
+        with contextlib.suppress(client.ApiException):
+            self.served.custom.delete_namespaced_custom_object(*VMS[:2], "default", VMS[2], "win11")
+        if self.webhook is not None:
+            self.webhook.sync()
+
+
+@contextmanager
+def served_harvester_node(served: Served, tmp_path: Path) -> Iterator[ServedHarvester]:
+    """:func:`harvester_node` on ``served`` (the ``api_server`` fixture's): SR-IOV off, the
+    double's first resync done and its thread running; everything it made is deleted after
+    (``Served.clean``: the real server is shared by the tests of a process)."""
+    harvester_cluster(served)
+    install_crds(served.install_crd)
+    served.install_crd(preserving_crd(*VMS[:2], VMS[2], "VirtualMachine"))
+    core: Any = client.CoreV1Api(served.api)
+    create_ignoring_conflict(core.create_node, node_object(NODE))
+    webhook = None
+    if served.emulator is not None:
+        validator = install(served.emulator)
+    else:
+        webhook = serve_webhook(served.api, served.kubeconfig_path, tmp_path / "webhook")
+        validator = webhook.webhook
+    gpu = {"model": "A2", "address": "0000:08:00.0", "interface": "vfio", "sriov": "disabled"}
+    host = build_host(tmp_path / "host", {"gpus": [gpu]}, catalog=default_catalog())
+    try:
+        with PciDevicesController(None, host, NODE, served.kubeconfig_path) as ctl:
+            ctl.resync()
+            ctl.run_until_idle()
+            ctl.start(resync_seconds=0.5)
+            yield ServedHarvester(served, host, ctl, validator, webhook)
+            ctl.stop()
+    finally:
+        if webhook is not None:
+            stop_webhook(served.api, webhook)
+
+
+def delegate_kubeconfig(
+    harvester: ServedHarvester, path: Path
+) -> tuple[Path, Callable[[], list[tuple[str, str, str, str | None]]]]:
+    """A kubeconfig of the delegate's own identity (``system:serviceaccount:vgpuctl-delegate:
+    vgpuctl-delegate``) with only its shipped role (deploy/harvester/rbac.yaml) granting it
+    anything: on the real server the role installed and judged by the RBAC authorizer, on the
+    emulator judged by ``tests/rbac.py``'s model of it. Also a function giving what that
+    identity has asked since: (verb, group, resource, subresource) of each request."""
+    served = harvester.served
+    core: Any = client.CoreV1Api(served.api)
+    for namespace in ("vgpuctl-delegate", "default"):  # the Lease's, the Events'
+        create_ignoring_conflict(core.create_namespace, {"metadata": {"name": namespace}})
+    if served.real is not None:
+        install_rbac(served, DELEGATE_RBAC)
+        real = served.real
+        kubeconfig = real.kubeconfig(path, "delegate")
+        since = real.audit_mark()
+
+        def asked_real() -> list[tuple[str, str, str, str | None]]:
+            user = IDENTITIES["delegate"][0]
+            lines = real.audit_log.read_text().splitlines()[since:]
+            events = [json.loads(line) for line in lines]
+            refused = [
+                (e["verb"], e.get("objectRef"))
+                for e in events
+                if e.get("user", {}).get("username") == user
+                and (e.get("responseStatus") or {}).get("code") == 403
+            ]
+            assert refused == [], f"refused by the RBAC authorizer: {refused}"
+            return [r[:4] for r in real.requests("delegate", since)]
+
+        return kubeconfig, asked_real
+    assert served.emulator is not None
+    role = enforce(served.emulator, DELEGATE_RBAC, DELEGATE_ACCOUNT)
+    kubeconfig = served.emulator.kubeconfig(path, user=role.user)
+
+    def asked_emulated() -> list[tuple[str, str, str, str | None]]:
+        refused = role.refused()
+        assert refused == [], f"refused by the role: {refused}"
+        return [(r.verb, r.group, r.resource, r.subresource) for r in role.requests]
+
+    return kubeconfig, asked_emulated

@@ -33,7 +33,10 @@ pcidevices-controller double: what it models
   branch, with mig.go's commands (``nvidia-smi`` through ``/bin/sh -c`` on the simulated host,
   as the driver pod's executor runs them) and parsing; the MigConfiguration it creates.
 
-``PciDevicesWebhook`` (registered by ``pcidevices.install``) follows ``pkg/webhook/vgpu.go`` and
+Its informers list and watch over HTTP (``informer.py``), so it runs against the emulator or
+the real kube-apiserver. ``PciDevicesWebhook`` (registered in-process by ``pcidevices.install``
+on the emulator, served over HTTPS as a real admission webhook by ``pcidevices.serve_webhook``)
+follows ``pkg/webhook/vgpu.go`` and
 ``pkg/webhook/sriovgpudevices.go`` (Update and Delete), ``indexer.go`` ``isNodeDeleted`` and
 ``pkg/util/common/common.go`` ``VMByHostDeviceName``, with harvester/harvester's
 ``AdmissionHandler`` turning their errors into 500 InternalError denials.
@@ -44,6 +47,5 @@ instances for an enabled MigConfiguration, which vgpuctl never writes), the NVID
 and its readiness check, the PCIDeviceClaim controller and device plugins (claims are
 written, never acted on), USB and SR-IOV NIC devices and the management-NIC skip list, pci.ids
 names, the devices.harvesterhci.io Node object, the other validators of the same webhook
-(PCIDeviceClaim, VM, USB, MIG), the mutating webhook, and informer lag (the double's caches are
-the emulator's store, always current).
+(PCIDeviceClaim, VM, USB, MIG), and the mutating webhook.
 """

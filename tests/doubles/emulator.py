@@ -34,8 +34,11 @@ reason), and the client gets what k8s.io/apiserver v0.34's ``webhookerrors.ToSta
 (pkg/admission/plugin/webhook/errors/statuserror.go) makes of it: the webhook's code (below
 400: 400), its reason as given, the message ``admission webhook "<name>" denied the request:
 <message>`` (``… denied the request without explanation`` when it gave none), and nothing is
-written. (Kubernetes master since has ToStatusErr prefix ``<resource> "<name>" is forbidden: ``
-and default 403; the clusters modelled here, Harvester 1.8 on v1.34, do not.) A judge raising
+written. v0.37.2's ``ToStatusErr``, the real tier's kube-apiserver, is the same (no
+``<resource> "<name>" is forbidden: `` prefix, no 403 default): a denial's code, reason, status
+and message agree field for field with the real server's
+(tests/integration/test_real_delegate.py ``test_the_webhooks_denial_as_the_server_words_it``,
+a pcidevices webhook served over HTTPS to the real server). A judge raising
 ``WebhookUnavailable`` is a webhook the API server cannot call: ``failure_policy="Ignore"``
 admits, ``"Fail"`` (the default) answers 500 ``Internal error occurred: failed calling webhook
 "<name>": <why>``. Judges run under the emulator's lock: they read other objects through

@@ -13,11 +13,15 @@ The controller (:class:`PciDevicesController`)
     through the unmodified ``kubernetes`` client over HTTP, one request per Go client call
     (``Create``, ``Update``, ``UpdateStatus``, ``Delete``), with the objects shaped as Go's JSON
     encoding of its types shapes them (spec fields always present, status fields ``omitempty``).
-    Its informer caches are the emulator's store read directly (``get_object``/``objects``),
-    reads the API server never sees, as with a real informer; but the object a handler is
-    given is the one its informer last delivered (below), as lasso's ``syncHandler``
-    (rancher/lasso pkg/controller/controller.go) takes it from the informer's store by key
-    when the key is processed.
+    Its informer caches are informers over HTTP (``tests/doubles/informer.py``: a list, then a
+    watch from its resourceVersion, the cache kept from the events, as client-go's reflector
+    keeps them), so it runs against any API server, the emulator or the real kube-apiserver;
+    the object a handler is given is the one its informer last delivered (below), as lasso's
+    ``syncHandler`` (rancher/lasso pkg/controller/controller.go) takes it from the informer's
+    store by key when the key is processed. A step a test calls (:meth:`resync`,
+    :meth:`reconcile_once`) first waits until the caches hold what the API server holds
+    (:meth:`~PciDevicesController.sync`); the thread of :meth:`start` does not (its caches lag
+    by the watch, as a real controller's do).
 
     It is driven step by step: :meth:`~PciDevicesController.resync` is the node controller's
     periodic reconcile (``reconcileNodeDevices``, every 30 s in the real one: PCIDevices, then
@@ -66,11 +70,15 @@ The controller (:class:`PciDevicesController`)
     requeued (as any handler error), until a retry finds the container running. Create one
     with :func:`driver_pod` and seed it (``tests/harvester_node.py``).
 
-The webhook (:class:`PciDevicesWebhook`, installed by :func:`install`)
+The webhook (:class:`PciDevicesWebhook`)
     is the validating webhook ``pcidevices.harvesterhci.io`` of the configuration
     ``pcidevices-validator`` (pkg/webhook/server.go, failurePolicy Ignore), for the two
     validators of vGPUs: ``vgpuValidator`` (pkg/webhook/vgpu.go) and ``sriovGPUValidator``
-    (pkg/webhook/sriovgpudevices.go). Their errors are plain Go errors, which Harvester's
+    (pkg/webhook/sriovgpudevices.go). On the emulator :func:`install` registers it in-process
+    (the emulator runs judges under its lock: their caches are its store); on any API server
+    :func:`serve_webhook` serves it over HTTPS as a real admission webhook (AdmissionReview v1,
+    :class:`WebhookServer`, its VM and Node caches informers over HTTP) and registers the
+    configuration pointing at it. Their errors are plain Go errors, which Harvester's
     ``AdmissionHandler.admit`` (harvester/harvester pkg/webhook/types/admission.go) turns into
     ``werror.NewInternalError``: the client sees 500, reason InternalError, and
     ``admission webhook "pcidevices.harvesterhci.io" denied the request: <error>``. A VM "uses"
@@ -98,23 +106,26 @@ the pod's state decides only whether the exec fails), the PCIDeviceClaim control
 are created and deleted, never acted on), device plugins, USB and SR-IOV NIC devices, the
 management-NIC skip list, the ``nodes.devices.harvesterhci.io`` object, pci.ids names (a
 PCIDevice's description and resource name take ghw's unknown-product forms), the other
-validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and caches that lag behind the
-store for the handlers' other reads (the VGPUDevice list of ``reconcileDisabledVGPUStatus``,
-the PCIDevice and SRIOVGPUDevice gets, and the node resync's lists read the store).
+validators of the webhook (PCIDeviceClaims, VMs, USB, MIG), and the Service and certificate
+rotation of the real webhook (:func:`serve_webhook` registers a URL and a certificate made for
+the run).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import json
 import os
+import ssl
 import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +135,7 @@ from kubernetes import client, config
 from reconciler.sim import SimHost
 from tests.doubles.admission import Attributes
 from tests.doubles.emulator import ApiServerEmulator, WebhookDenial
+from tests.doubles.informer import Informers
 
 JsonObject = dict[str, Any]
 # The client is only partly typed: its entry points are used as Any.
@@ -203,6 +215,21 @@ def resource_name_of_type(type_name: str) -> str:
 # --- installing -----------------------------------------------------------------------------
 
 
+#: The rules of ``pcidevices-validator`` for the two modelled validators: server.go
+#: ``buildRules`` of each ``Resource()`` (vgpu.go, sriovgpudevices.go: UPDATE and DELETE of the
+#: cluster-scoped kind in devices.harvesterhci.io/v1beta1).
+RULES = [
+    {
+        "operations": ["UPDATE", "DELETE"],
+        "apiGroups": [GROUP],
+        "apiVersions": [VERSION],
+        "resources": [plural],
+        "scope": "Cluster",
+    }
+    for plural in ("vgpudevices", "sriovgpudevices")
+]
+
+
 def install(emu: ApiServerEmulator) -> PciDevicesWebhook:
     """Serve what the double writes beyond Harvester's two vGPU CRDs (PCIDevice, PCIDeviceClaim,
     KubeVirt's VirtualMachine), store the ``pcidevices-validator`` configuration as the
@@ -214,17 +241,8 @@ def install(emu: ApiServerEmulator) -> PciDevicesWebhook:
             emu.register_crd(crd)
     if not emu.serves(*VMS):
         emu.register(*VMS, "VirtualMachine", True, True)
-    webhook = PciDevicesWebhook(emu)
-    rules = [
-        {
-            "operations": ["UPDATE", "DELETE"],
-            "apiGroups": [GROUP],
-            "apiVersions": [VERSION],
-            "resources": [plural],
-            "scope": "Cluster",
-        }
-        for plural in ("vgpudevices", "sriovgpudevices")
-    ]
+    webhook = PciDevicesWebhook({res: _StoreCache(emu, res) for res in (VMS, NODES)})
+    rules = RULES
     emu.seed(
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -256,30 +274,69 @@ def install(emu: ApiServerEmulator) -> PciDevicesWebhook:
 # --- the webhook ----------------------------------------------------------------------------
 
 
+class _StoreCache:
+    """The emulator's store of one resource as a webhook judge's cache: the emulator runs its
+    judges under its lock, so they read the store, never over HTTP (emulator.py)."""
+
+    def __init__(self, emu: ApiServerEmulator, res: tuple[str, str, str]) -> None:
+        self._emu, self._res = emu, res
+
+    def get(self, name: str, namespace: str = "") -> JsonObject | None:
+        return self._emu.get_object(*self._res, name, namespace or None)
+
+    def list(self) -> list[JsonObject]:
+        return self._emu.objects(*self._res)
+
+
 class PciDevicesWebhook:
     """``vgpuValidator`` and ``sriovGPUValidator`` (pkg/webhook/vgpu.go, sriovgpudevices.go)
-    over the emulator's store (their informer caches: VMs, core Nodes)."""
+    over their caches of VMs and core Nodes (pkg/webhook/validation.go ``Validation`` hands
+    each the ``VirtualMachine`` and ``Node`` caches): the emulator's store when the emulator
+    runs it in-process (:func:`install`), informers kept over HTTP when it is served as a real
+    admission webhook (:class:`WebhookServer`, :func:`serve_webhook`)."""
 
-    def __init__(self, emu: ApiServerEmulator) -> None:
-        self._emu = emu
+    def __init__(self, caches: Mapping[tuple[str, str, str], Any]) -> None:
+        self._caches = caches
+        #: A test's hook, called with (operation, resource, name) before each review: what
+        #: happens in the cluster between a writer's last read and its write (a VM taking a
+        #: device), in time for the validators' caches to have it.
+        self.before_review: Callable[[str, str, str], None] | None = None
 
     def __call__(self, a: Attributes) -> WebhookDenial | None:
+        return self.review(a.resource, a.subresource, a.operation, a.object, a.old_object)
+
+    def review(
+        self,
+        resource: str,
+        subresource: str,
+        operation: str,
+        obj: JsonObject | None,
+        old: JsonObject | None,
+    ) -> WebhookDenial | None:
+        """One admission request: None to admit, else the AdmissionResponse's Status."""
+        if subresource:  # the rules name the main resources only
+            return None
+        if self.before_review is not None:
+            name = _str(((obj or old or {}).get("metadata") or {}).get("name"))
+            self.before_review(operation, resource, name)
         try:
-            self._validate(a)
+            self._validate(resource, operation, obj, old)
         except _GoError as error:
             # admission.go: a plain error becomes werror.NewInternalError (500, InternalError).
             return WebhookDenial(str(error), code=500, reason="InternalError")
         return None
 
-    def _validate(self, a: Attributes) -> None:
-        if a.resource == "vgpudevices" and a.operation == "UPDATE":
-            self._vgpu_update(_need(a.old_object), _need(a.object))
-        elif a.resource == "vgpudevices" and a.operation == "DELETE":
-            self._vgpu_delete(_need(a.old_object))
-        elif a.resource == "sriovgpudevices" and a.operation == "UPDATE":
-            self._gpu_update(_need(a.old_object), _need(a.object))
-        elif a.resource == "sriovgpudevices" and a.operation == "DELETE":
-            self._gpu_delete(_need(a.old_object))
+    def _validate(
+        self, resource: str, operation: str, obj: JsonObject | None, old: JsonObject | None
+    ) -> None:
+        if resource == "vgpudevices" and operation == "UPDATE":
+            self._vgpu_update(_need(old), _need(obj))
+        elif resource == "vgpudevices" and operation == "DELETE":
+            self._vgpu_delete(_need(old))
+        elif resource == "sriovgpudevices" and operation == "UPDATE":
+            self._gpu_update(_need(old), _need(obj))
+        elif resource == "sriovgpudevices" and operation == "DELETE":
+            self._gpu_delete(_need(old))
 
     def _vgpu_update(self, old: JsonObject, new: JsonObject) -> None:
         """vgpu.go ``vgpuValidator.Update``: nothing when the specs are equal (as Go structs);
@@ -337,7 +394,7 @@ class PciDevicesWebhook:
         error; with failurePolicy Ignore the webhook's absence admits everything): the double
         refuses instead (fail closed) with the indexer's error text."""
         users: list[tuple[str, str]] = []
-        for vm in self._emu.objects(*VMS):
+        for vm in self._caches[VMS].list():
             meta = vm.get("metadata") or {}
             details = (meta.get("annotations") or {}).get(ALLOCATION_ANNOTATION)
             if details is None:
@@ -359,7 +416,7 @@ class PciDevicesWebhook:
 
     def _node_deleted(self, node: str) -> bool:
         """indexer.go ``isNodeDeleted``: no such Node, or one being deleted."""
-        found = self._emu.get_object(*NODES, node)
+        found = self._caches[NODES].get(node)
         return found is None or bool((found.get("metadata") or {}).get("deletionTimestamp"))
 
 
@@ -371,6 +428,22 @@ class PciDevicesWebhook:
 #: (rancher/lasso pkg/controller/controller.go, ``processNextWorkItem``): a write raced by
 #: another writer is expected, and retried with the object read again.
 CONFLICT = "please apply your changes to the latest version and try again"
+
+
+class _Writer:
+    """A client API whose every call marks the controller as having written (``_dirty``)."""
+
+    def __init__(self, api: Any, controller: PciDevicesController) -> None:
+        self._api, self._controller = api, controller
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._api, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._controller._dirty = True
+            return method(*args, **kwargs)
+
+        return call
 
 
 @dataclass
@@ -397,13 +470,27 @@ class _Queue:
 class PciDevicesController:
     """pcidevices-controller's GPU handlers for one node on a simulated host."""
 
-    def __init__(self, emu: ApiServerEmulator, host: SimHost, node: str, kubeconfig: Path):
+    def __init__(
+        self, emu: ApiServerEmulator | None, host: SimHost, node: str, kubeconfig: Path
+    ) -> None:
+        """``emu`` is not read (kept for the callers that pass it): every read is an
+        informer's over HTTP (``informer.py``), on the API server ``kubeconfig`` names."""
+        del emu
         self.node = node
         self.host = host
-        self._emu = emu
         self._api = _new_client_from_config(config_file=str(kubeconfig))
-        self._custom: Any = client.CustomObjectsApi(self._api)
-        self._core: Any = client.CoreV1Api(self._api)
+        #: The informers ``Register`` (gpu_controller.go, vgpu_controller.go) and the node
+        #: controller's listers use: the two vGPU kinds, every Pod, PCIDevices, their claims,
+        #: MigConfigurations, and core Nodes.
+        self._informers = Informers(self._api)
+        for res in (SRIOVGPUS, VGPUS, PODS, PCIDEVICES, PCIDEVICECLAIMS, MIGCONFIGURATIONS, NODES):
+            self._informers.add(res)
+        self._informers.start()
+        #: Whether the double wrote since its caches were last synced (every call through
+        #: ``_custom`` and ``_core`` is a write: the reads are the informers').
+        self._dirty = False
+        self._custom: Any = _Writer(client.CustomObjectsApi(self._api), self)
+        self._core: Any = _Writer(client.CoreV1Api(self._api), self)
         self._queue = _Queue()
         #: The resourceVersion of every object the informers have delivered, by key.
         self._seen: dict[str, str] = {}
@@ -433,7 +520,19 @@ class PciDevicesController:
 
     def close(self) -> None:
         self.stop()
+        self._informers.stop()
         self._api.close()
+
+    def sync(self) -> None:
+        """Wait until the informers hold what the API server holds now (``informer.py``): a
+        test stepping the double has its writes, and the double's own, seen by the next step."""
+        self._dirty = False
+        self._informers.sync()
+
+    def _stepped(self) -> None:
+        """A step called by a test (not by the thread of :meth:`start`): the caches synced."""
+        if threading.current_thread() is not self._thread:
+            self.sync()
 
     def __enter__(self) -> PciDevicesController:
         return self
@@ -449,6 +548,7 @@ class PciDevicesController:
         ``SetupVGPUDevices``, ``checkAndUpdateNodeLabels``, stopping at the first error (kept
         in ``errors`` under ``node/<node>``). Keys waiting after an error are retried."""
         with self._lock:
+            self._stepped()
             self.retry()
             for step, what in (
                 (self._reconcile_pci_devices, "error reconciling pcidevices for node"),
@@ -467,6 +567,7 @@ class PciDevicesController:
         """Queue what the informers saw change, then handle one key (``sriovgpudevices/<name>``
         or ``vgpudevices/<name>``); the key handled, or None when there was nothing to do."""
         with self._lock:
+            self._stepped()
             self._observe()
             if not self._queue.keys:
                 return None
@@ -494,7 +595,7 @@ class PciDevicesController:
             try:
                 if kind == "pods":
                     namespace, _, pod = key.partition("/")[2].partition("/")
-                    self.setup_remote_executor(self._emu.get_object(*PODS, pod, namespace))
+                    self.setup_remote_executor(self._informers[PODS].get(pod, namespace))
                 else:
                     self.on_vgpu_change(copy.deepcopy(self._cache.get(key)))
             except _GoError as error:
@@ -541,6 +642,13 @@ class PciDevicesController:
             clock = 0.0
             while not self._stopping.is_set():
                 if clock >= next_resync:
+                    if self._dirty:
+                        # The node resync comes every 30 s in the real controller, long after
+                        # its writes reach its caches; here every ``resync_seconds``: it waits
+                        # for its own writes to be seen first, as the real one in effect does
+                        # (else a loaded machine has it create what it made, 409).
+                        with contextlib.suppress(Exception):  # an outage: resync fails anyway
+                            self.sync()
                     self.resync()
                     next_resync = clock + resync_seconds
                 if self.reconcile_once() is None:
@@ -565,11 +673,11 @@ class PciDevicesController:
         current: dict[str, str] = {}
         stored: dict[str, JsonObject] = {}
         for plural, res in (("sriovgpudevices", SRIOVGPUS), ("vgpudevices", VGPUS)):
-            for obj in self._emu.objects(*res):
+            for obj in self._informers[res].list():
                 key = f"{plural}/{_name(obj)}"
                 current[key] = str(obj["metadata"].get("resourceVersion"))
                 stored[key] = obj
-        for pod in self._emu.objects(*PODS):  # the pod informer (``Register``: every pod)
+        for pod in self._informers[PODS].list():  # the pod informer (``Register``: every pod)
             key = f"pods/{pod['metadata'].get('namespace', '')}/{_name(pod)}"
             current[key] = str(pod["metadata"].get("resourceVersion"))
             stored[key] = pod
@@ -669,7 +777,7 @@ class PciDevicesController:
         if spec["enabled"]:
             self._setup_mig_configuration(gpu, spec)
             return
-        if self._emu.get_object(*MIGCONFIGURATIONS, _name(gpu)) is None:
+        if self._informers[MIGCONFIGURATIONS].get(_name(gpu)) is None:
             return  # IsNotFound: nothing to do
         self._delete(MIGCONFIGURATIONS, _name(gpu))
 
@@ -700,7 +808,7 @@ class PciDevicesController:
             self._nvidia_smi(f"nvidia-smi -i {pf} -mig 1")
         except _GoError as error:
             raise _GoError(f"error enable MIG Mode: {error}") from None
-        if self._emu.get_object(*MIGCONFIGURATIONS, name) is not None:
+        if self._informers[MIGCONFIGURATIONS].get(name) is not None:
             return
         profile_command = f"nvidia-smi mig -i {pf} -lgip"
         try:
@@ -819,7 +927,7 @@ class PciDevicesController:
         if self.executor_pod is None:
             return None
         namespace, name = self.executor_pod
-        pod = self._emu.get_object(*PODS, name, namespace)
+        pod = self._informers[PODS].get(name, namespace)
         if pod is None:
             return f'pods "{name}" not found'
         phase = _str(_status(pod).get("phase"))
@@ -890,7 +998,7 @@ class PciDevicesController:
         except client.ApiException as error:
             if error.status != 404:
                 raise _GoError(_api_message(error)) from None
-        pd = self._emu.get_object(*PCIDEVICES, name)
+        pd = self._informers[PCIDEVICES].get(name)
         if pd is None:
             raise _GoError(
                 f"error looking up pcidevice {name} in cleanupPCIDeviceSpec: "
@@ -925,7 +1033,7 @@ class PciDevicesController:
         """``reconcileDisabledVGPUStatus``: every other disabled VGPUDevice of the same parent
         GPU (by the parent label) is queued, so their ``availableTypes`` narrow or widen."""
         parent = device_name(_vgpu_spec(vgpu)["parentGPUDeviceAddress"], self.node)
-        for other in self._emu.objects(*VGPUS):
+        for other in self._informers[VGPUS].list():
             labels = other["metadata"].get("labels") or {}
             if labels.get(PARENT_LABEL) != parent:
                 continue
@@ -940,7 +1048,7 @@ class PciDevicesController:
         created (AlreadyExists is fine)."""
         name = _name(vgpu)
         resource = resource_name_of_type(spec["vGPUTypeName"])
-        pd = self._emu.get_object(*PCIDEVICES, name)
+        pd = self._informers[PCIDEVICES].get(name)
         if pd is None:
             raise _GoError(
                 "error creating pcideviceclaim for associated vgpu device: error looking up "
@@ -1000,7 +1108,7 @@ class PciDevicesController:
                 continue
             present.add(address)
             name = device_name(address, self.node)
-            pd = self._emu.get_object(*PCIDEVICES, name)
+            pd = self._informers[PCIDEVICES].get(name)
             if pd is None:
                 pd = self._create(
                     PCIDEVICES,
@@ -1019,7 +1127,7 @@ class PciDevicesController:
             override = (pd["metadata"].get("annotations") or {}).get(OVERRIDE_RESOURCE_NAME, "")
             status = _pci_status(dev, self.node, groups.get(address), override)
             self._update_status(PCIDEVICES, pd, {**(pd.get("status") or {}), **status})
-        for pd in self._emu.objects(*PCIDEVICES):
+        for pd in self._informers[PCIDEVICES].list():
             if (pd["metadata"].get("labels") or {}).get(NODE_LABEL) != self.node:
                 continue
             if (pd.get("status") or {}).get("address") not in present:
@@ -1033,12 +1141,12 @@ class PciDevicesController:
         found = self._identify_sriov_gpus()
         for gpu in found:
             name = _name(gpu)
-            if self._emu.get_object(*PCIDEVICECLAIMS, name) is not None:
+            if self._informers[PCIDEVICECLAIMS].get(name) is not None:
                 continue
-            if self._emu.get_object(*SRIOVGPUS, name) is None:
+            if self._informers[SRIOVGPUS].get(name) is None:
                 self._create(SRIOVGPUS, gpu)
         names = {_name(g) for g in found}
-        for gpu in self._emu.objects(*SRIOVGPUS):
+        for gpu in self._informers[SRIOVGPUS].list():
             labels = gpu["metadata"].get("labels") or {}
             if labels.get(NODE_LABEL) == self.node and _name(gpu) not in names:
                 try:
@@ -1089,7 +1197,7 @@ class PciDevicesController:
         except _GoError as error:
             raise _GoError(f"error identifying vgpu devices: {error}") from None
         for vgpu in found:
-            existing = self._emu.get_object(*VGPUS, _name(vgpu))
+            existing = self._informers[VGPUS].get(_name(vgpu))
             if existing is None:
                 self._create(VGPUS, vgpu)
                 continue
@@ -1101,17 +1209,17 @@ class PciDevicesController:
             if wanted != status:
                 self._update_status(VGPUS, existing, _vgpu_status_json(wanted))
         names = {_name(v) for v in found}
-        for vgpu in self._emu.objects(*VGPUS):
+        for vgpu in self._informers[VGPUS].list():
             if (vgpu["metadata"].get("labels") or {}).get(NODE_LABEL) != self.node:
                 continue
-            parent = self._emu.get_object(
-                *SRIOVGPUS, device_name(_vgpu_spec(vgpu)["parentGPUDeviceAddress"], self.node)
+            parent = self._informers[SRIOVGPUS].get(
+                device_name(_vgpu_spec(vgpu)["parentGPUDeviceAddress"], self.node)
             )
             parent_enabled = parent is not None and _gpu_spec(parent)["enabled"]
             if not parent_enabled and _name(vgpu) not in names:
                 self._delete(VGPUS, _name(vgpu))
         for vgpu in found:
-            pd = self._emu.get_object(*PCIDEVICES, _name(vgpu))
+            pd = self._informers[PCIDEVICES].get(_name(vgpu))
             if pd is None:
                 continue
             changed = copy.deepcopy(pd)
@@ -1195,9 +1303,9 @@ class PciDevicesController:
         loses it when it has none (an update of the Node)."""
         has_gpus = any(
             (g["metadata"].get("labels") or {}).get(NODE_LABEL) == self.node
-            for g in self._emu.objects(*SRIOVGPUS)
+            for g in self._informers[SRIOVGPUS].list()
         )
-        node = self._emu.get_object(*NODES, self.node)
+        node = self._informers[NODES].get(self.node)
         if node is None:
             raise _GoError(f'nodes "{self.node}" not found')
         labels = dict(node["metadata"].get("labels") or {})
@@ -1546,14 +1654,187 @@ def node_object(name: str) -> JsonObject:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}}}
 
 
+# --- the webhook served over HTTPS, for any API server --------------------------------------
+
+#: server.go ``validationPath``.
+VALIDATION_PATH = "/v1/webhook/validation"
+
+
+class WebhookServer:
+    """:class:`PciDevicesWebhook` as a real validating admission webhook: an HTTPS server on
+    127.0.0.1 (a certificate made for the run with openssl, its own authority) answering
+    AdmissionReview v1 at ``/v1/webhook/validation`` (server.go ``validationPath``), its VM and
+    Node caches informers over HTTP (``informer.py``). The API server calls it as it calls
+    Harvester's (harvester/harvester pkg/webhook/types/admission.go ``AdmissionHandler``
+    answers a denial with ``allowed: false`` and the error's Status in ``result``)."""
+
+    def __init__(self, kubeconfig: Path, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._cert, key = directory / "webhook.crt", directory / "webhook.key"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+             "-keyout", str(key), "-out", str(self._cert)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self._api = _new_client_from_config(config_file=str(kubeconfig))
+        self._informers = Informers(self._api)
+        for res in (VMS, NODES):
+            self._informers.add(res)
+        self._informers.start()
+        self.webhook = PciDevicesWebhook({VMS: self._informers[VMS], NODES: self._informers[NODES]})
+        #: Every AdmissionRequest answered: (operation, resource, name, allowed).
+        self.reviews: list[tuple[str, str, str, bool]] = []
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2  # server.go: MinVersion TLS 1.2
+        context.load_cert_chain(self._cert, key)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _review_handler(self))
+        self._httpd.daemon_threads = True
+        self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="pcidevices-webhook", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self._httpd.server_address[1]}{VALIDATION_PATH}"
+
+    @property
+    def ca_bundle(self) -> str:
+        """The certificate, base64 PEM, as a configuration's ``caBundle``."""
+        return base64.b64encode(self._cert.read_bytes()).decode()
+
+    def sync(self) -> None:
+        """Wait until the VM and Node caches hold what the API server holds now."""
+        self._informers.sync()
+
+    def answer(self, review: JsonObject) -> JsonObject:
+        """The AdmissionReview v1 answering ``review``."""
+        request = review.get("request") or {}
+        resource = (request.get("resource") or {}).get("resource", "")
+        denial = self.webhook.review(
+            str(resource),
+            str(request.get("subResource") or ""),
+            str(request.get("operation") or ""),
+            request.get("object"),
+            request.get("oldObject"),
+        )
+        self.reviews.append(
+            (str(request.get("operation")), str(resource), str(request.get("name")), not denial)
+        )
+        response: JsonObject = {"uid": request.get("uid", ""), "allowed": denial is None}
+        if denial is not None:
+            response["status"] = {
+                "status": "Failure",
+                "message": denial.message,
+                "reason": denial.reason,
+                "code": denial.code,
+            }
+        return {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": response,
+        }
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._informers.stop()
+        self._api.close()
+
+
+def _review_handler(server: WebhookServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if self.path.split("?", 1)[0] != VALIDATION_PATH or length > 3 * 1024 * 1024:
+                self.send_error(404 if length <= 3 * 1024 * 1024 else 413)
+                return
+            try:
+                review = json.loads(self.rfile.read(length))
+                body = json.dumps(server.answer(review)).encode()
+            except (ValueError, AttributeError, TypeError) as error:
+                self.send_error(400, str(error))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+def serve_webhook(api: Any, kubeconfig: Path, directory: Path) -> WebhookServer:
+    """Serve the webhook (:class:`WebhookServer`) and register it on the API server ``api``
+    (a ``kubernetes`` ApiClient, an admin's) as server.go registers it: the
+    ValidatingWebhookConfiguration ``pcidevices-validator``, one webhook
+    ``pcidevices.harvesterhci.io``, failurePolicy Ignore, sideEffects None, review versions v1
+    and v1beta1, :data:`RULES`; created, or replaced when there (``apply.ApplyObjects``). Its
+    ``clientConfig`` is the server's URL where Harvester's names its Service (nothing here
+    routes a Service). Close the server with :func:`stop_webhook`."""
+    server = WebhookServer(kubeconfig, directory)
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    body: JsonObject = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIGURATION},
+        "webhooks": [
+            {
+                "name": WEBHOOK,
+                "clientConfig": {"url": server.url, "caBundle": server.ca_bundle},
+                "rules": RULES,
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1", "v1beta1"],
+            }
+        ],
+    }
+    try:
+        admission.create_validating_webhook_configuration(body)
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+        current = admission.read_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        admission.replace_validating_webhook_configuration(WEBHOOK_CONFIGURATION, body)
+    return server
+
+
+def stop_webhook(api: Any, server: WebhookServer) -> None:
+    """Unregister ``pcidevices-validator`` (its absence admits everything, as failurePolicy
+    Ignore would) and close the server."""
+    admission: Any = client.AdmissionregistrationV1Api(api)
+    try:
+        admission.delete_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+    server.close()
+
+
+def install_crds(install_crd: Any) -> None:
+    """Harvester's CRDs the double writes beyond the two vGPU kinds (:data:`_CRDS`), through
+    ``install_crd`` (``Served.install_crd``: any server)."""
+    for path in _CRDS:
+        install_crd(yaml.safe_load(path.read_text()))
+
+
 __all__ = [
     "MIGCONFIGURATIONS",
     "PciDevicesController",
     "PciDevicesWebhook",
+    "WebhookServer",
     "device_name",
     "driver_pod",
     "install",
     "node_object",
     "resource_name_of_type",
+    "serve_webhook",
+    "stop_webhook",
     "vm",
 ]
