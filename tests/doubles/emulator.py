@@ -593,6 +593,10 @@ class ApiServerEmulator:
         #: version of its last event (what its bookmarks carry). :meth:`_rebuild_watch_cache`.
         self._cache_floor: dict[tuple[str, str], int] = {}
         self._cache_epoch: dict[tuple[str, str], int] = {}
+        self._cache_ended: dict[tuple[str, str], int] = {}  # watches of older epochs end
+        #: How long a rebuilt watch cache's old watches go on (the real API server's tearDown
+        #: waits a second before it destroys the old storage).
+        self.crd_teardown_s = 1.0
         self._cache_rv: dict[tuple[str, str], int] = {}
         #: The spec of each CRD installed, by name: installed again with another, its
         #: resources' watch caches are rebuilt.
@@ -746,14 +750,18 @@ class ApiServerEmulator:
         return served
 
     def _rebuild_watch_cache(self, store: tuple[str, str]) -> None:
-        """A resource's watch cache built again, as a CRD update makes the API server do: its
-        open watches end (k8s.io/apiserver pkg/storage/cacher/cacher.go ``Stop`` terminates
-        every watcher) and the new cache starts from a list at the current version: a watch
-        from an older version gets ``410 Expired`` ``too old resource version: <rv> (<list
-        rv>)`` (watch_cache_history.go ``GetIntervalLocked``: with no event dropped since the
-        list, the oldest deliverable is the list's version + 1, and ``resourceVersion <
-        oldest-1`` is too old). Not emulated: the few hundred milliseconds the real cache
-        answers 429 ``storage is (re)initializing`` first.
+        """A resource's watch cache built again, as a CRD update makes the API server do. New
+        watches go to the new cache at once; it starts from a list at the current version, so a
+        watch from an older version gets ``410 Expired`` ``too old resource version: <rv> (<list
+        rv>)`` (k8s.io/apiserver v0.37 pkg/storage/cacher/watch_cache_history.go
+        ``GetIntervalLocked``: with no event dropped since the list, the oldest deliverable is
+        the list's version + 1, and ``resourceVersion < oldest-1`` is too old). The old
+        storage's watches go on delivering events for :attr:`crd_teardown_s` (a second:
+        apiextensions-apiserver customresource_handler.go ``tearDown`` sleeps one before it
+        destroys the old storage, whose cacher ``Stop`` then terminates every watcher: a clean
+        end of stream). A watch that saw an event after the update so resumes without 410.
+        Not emulated: the few hundred milliseconds the real new cache answers 429 ``storage is
+        (re)initializing`` first.
 
         The CRD's own update is a write to storage (its resourceVersion is one of the cluster's):
         the new cache lists after it, so every version given out before the update is older."""
@@ -761,8 +769,16 @@ class ApiServerEmulator:
             self._rv += 1
             self._cache_floor[store] = self._rv
             self._cache_rv[store] = self._rv
-            self._cache_epoch[store] = self._cache_epoch.get(store, 0) + 1
-            self._cond.notify_all()
+            epoch = self._cache_epoch[store] = self._cache_epoch.get(store, 0) + 1
+
+        def tear_down() -> None:
+            with self._cond:
+                self._cache_ended[store] = max(self._cache_ended.get(store, 0), epoch)
+                self._cond.notify_all()
+
+        timer = threading.Timer(self.crd_teardown_s, tear_down)
+        timer.daemon = True
+        timer.start()
 
     def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the resource is served (built in, registered or by an installed CRD)."""
@@ -1376,6 +1392,7 @@ class ApiServerEmulator:
         with self._cond:
             epoch = self._epoch
             cache_epoch = self._cache_epoch.get(store, 0)
+            floor = self._cache_floor.get(store, 0)  # where this watch's cache began
             if since in ("", "0"):
                 # Start from now, with the current state as synthetic ADDED events
                 bucket = self._bucket(resource)
@@ -1397,9 +1414,8 @@ class ApiServerEmulator:
                 while not pending:
                     if self._epoch != epoch:
                         raise ConnectionAbortedError("the emulator was stopped")
-                    if self._cache_epoch.get(store, 0) != cache_epoch:
+                    if self._cache_ended.get(store, 0) > cache_epoch:
                         return  # the resource's watch cache was rebuilt: the watch ends
-                    floor = self._cache_floor.get(store, 0)
                     if cursor < self._floor:
                         message = f"too old resource version: {cursor} ({self._floor + 1})"
                         expired = ApiError(410, message, reason="Expired")
