@@ -585,6 +585,7 @@ class ApiServerEmulator:
         self._rv = 0
         self._history: deque[_Change] = deque(maxlen=history)
         self._floor = 0  # watches from a resourceVersion below this get 410 Gone
+        self._compacted = 0  # the part of that history compaction dropped (:meth:`compact`)
         #: How often a watch that asked for bookmarks gets one while nothing else happens (the
         #: API server's watch cache sends one about every minute).
         self.bookmark_interval = 60.0
@@ -851,7 +852,7 @@ class ApiServerEmulator:
         """Forget the watch history, as etcd compaction does: older resourceVersions get 410."""
         with self._cond:
             self._history.clear()
-            self._floor = self._rv
+            self._floor = self._compacted = self._rv
 
     @property
     def resource_version(self) -> str:
@@ -1416,8 +1417,17 @@ class ApiServerEmulator:
                         raise ConnectionAbortedError("the emulator was stopped")
                     if self._cache_ended.get(store, 0) > cache_epoch:
                         return  # the resource's watch cache was rebuilt: the watch ends
+                    if cursor < self._compacted:
+                        # etcd's answer, read without a watch cache (k8s.io/apiserver v0.37
+                        # pkg/storage/etcd3/errors.go, interpretWatchError: ErrCompacted);
+                        # kube-apiserver v1.37.2 said so where this emulator gave the watch
+                        # cache's words (tests/integration/test_real_watch.py, the compaction)
+                        message = "The resourceVersion for the provided watch is too old."
+                        expired = ApiError(410, message, reason="Expired")
+                        break
                     if cursor < self._floor:
-                        message = f"too old resource version: {cursor} ({self._floor + 1})"
+                        # the bounded history: a watch cache's window (watch_cache_history.go)
+                        message = f"too old resource version: {cursor} ({self._floor})"
                         expired = ApiError(410, message, reason="Expired")
                         break
                     if cursor < floor:
