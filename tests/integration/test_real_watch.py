@@ -28,6 +28,7 @@ import pytest
 
 from reconciler.kube import connect
 from reconciler.model.errors import ClusterError, ExpiredError
+from reconciler.watch import clusterwatch
 from reconciler.watch.clusterwatch import ClusterWatch
 from tests.api_servers import (
     WATCH_PROBES,
@@ -256,5 +257,53 @@ def test_the_agents_watch_lists_again_when_the_crd_is_reapplied_and_misses_nothi
         assert vgpus.lists == lists  # by the watch
     finally:
         held.release()
+        watch.stop()
+        api.close()
+
+
+class RecordedWatches:
+    """The kube adapter, each watch of ``plural`` recorded: the version it starts from."""
+
+    def __init__(self, api: Any, plural: str) -> None:
+        self.api, self.plural = api, plural
+        self.versions: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+    def watch_objects(self, **query: Any) -> Any:
+        if query["plural"] == self.plural:
+            self.versions.append(query["resource_version"])
+        return self.api.watch_objects(**query)
+
+
+def test_the_agents_watch_resumes_from_the_version_a_bookmark_carried(
+    api_server: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's follower of its node's VGPUDevices, its watches ended by the server after
+    4 s: another node's VGPUDevice created meanwhile moves no object it holds, but the
+    bookmark sent 2 s before the deadline carries its version, and the next watch starts from
+    there, not from the list's version (no list again)."""
+    monkeypatch.setattr(clusterwatch, "WATCH_TIMEOUT_S", 4)
+    harvester_cluster(api_server)
+    custom = api_server.custom
+    custom.create_cluster_custom_object(DEVICES, V1BETA1, "vgpudevices", vgpu(f"{NODE}-000008004"))
+    api = connect(api_server.kubeconfig_path, timeout=30)
+    recorded = RecordedWatches(api, "vgpudevices")
+    watch = ClusterWatch(recorded, node=NODE, rng=lambda: 0.5)
+    try:
+        watch.start(wait=PATIENCE_S)
+        vgpus = next(f for f in watch.followers if f.spec.plural == "vgpudevices")
+        eventually(lambda: len(recorded.versions) >= 1, "the VGPUDevices watched")
+        before = watch.signature()
+        theirs = custom.create_cluster_custom_object(
+            DEVICES, V1BETA1, "vgpudevices", vgpu("harvester-other-000008004", "harvester-other")
+        )["metadata"]["resourceVersion"]
+        eventually(lambda: len(recorded.versions) >= 2, "the VGPUDevices watched again")
+        assert recorded.versions[1] == theirs, recorded.versions
+        assert int(recorded.versions[0]) < int(theirs)
+        assert vgpus.lists == 1
+        assert watch.signature() == before
+    finally:
         watch.stop()
         api.close()
