@@ -3,7 +3,7 @@ every rule in it is used, judged by the real kube-apiserver's RBAC authorizer an
 by the emulator's model of both (the ``api_server`` fixture; the real one is ``just test-real``).
 
 The agent's identity is its service account's token bound to a pod on its node, with
-deploy/admission-policy.yaml in force too (``api_servers.police_agent``). Its flows: ``apply``
+deploy/admission-policy.yaml in force too (``api_servers.PolicedAgent``). Its flows: ``apply``
 (a first apply racing an admin who creates two of its objects meanwhile: 409, re-read, re-plan),
 ``plan``, ``watch`` (which follows the cluster by watches and resets hand edits of every kind
 of its objects), ``apply`` of a GPU with SR-IOV disabled (its VGPUDevices deleted), ``apply`` on
@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from tests import rbac
 from tests.api_servers import (
+    PolicedAgent,
     Served,
     agent_mark,
     agent_requests,
     create_ignoring_conflict,
     harvester_cluster,
     node_of,
-    police_agent,
 )
 from tests.cluster_node import ClusterNode
 from tests.doubles.emulator import Request
@@ -189,12 +190,23 @@ def watched_hand_edits(
     assert watch.stop(signal.SIGTERM, timeout=PATIENCE_S) == 0
 
 
-def test_every_flow_of_the_agent_is_allowed_and_uses_every_rule_of_its_role(
-    tmp_path: Path, api_server: Served, start_watch: Callable[..., Watch]
-) -> None:
+@pytest.fixture
+def agent_kubeconfig(api_server: Served, tmp_path: Path) -> Iterator[Path]:
+    """Harvester's cluster, and the agent's kubeconfig with deploy/'s role and policy in force
+    (taken away again afterwards)."""
     harvester_cluster(api_server)
+    with PolicedAgent(api_server, tmp_path / "agent") as path:
+        yield path
+
+
+def test_every_flow_of_the_agent_is_allowed_and_uses_every_rule_of_its_role(
+    tmp_path: Path,
+    api_server: Served,
+    agent_kubeconfig: Path,
+    start_watch: Callable[..., Watch],
+) -> None:
     node = node_of(tmp_path, api_server)
-    node.kubeconfig = police_agent(api_server, tmp_path / "agent")
+    node.kubeconfig = agent_kubeconfig
     mark = agent_mark(api_server)
 
     raced_first_apply(api_server, node)
@@ -228,7 +240,14 @@ def test_every_flow_of_the_agent_is_allowed_and_uses_every_rule_of_its_role(
     grouped.write_text(SEED.read_text().split("spec:")[0] + (
         "spec:\n  nodeGroups:\n    - name: vdi\n      selector: {labels: {example.com/pool: vdi}}\n"
         "      gpus: [{match: {model: A2}, sriov: disabled}]\n"))  # fmt: skip
-    pulled.ok("plan", grouped)
+    try:
+        pulled.ok("plan", grouped)
+    finally:  # the real server's Node outlives the test
+        core.patch_node(
+            NODE,
+            {"metadata": {"labels": {"example.com/pool": None}}},
+            _content_type="application/merge-patch+json",
+        )
 
     made = agent_requests(api_server, since=mark)
     granted = rbac.grants()

@@ -15,11 +15,13 @@ reset); SIGTERM stops it cleanly (exit 0)."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.api_servers import Served, harvester_cluster, node_of, police_agent, reapply_crd
+import pytest
+
+from tests.api_servers import PolicedAgent, Served, harvester_cluster, node_of, reapply_crd
 from tests.simnode import NODE
 from tests.watch_agent import Watch, seed_text, wait_for
 
@@ -66,12 +68,23 @@ def type_of(served: Served, name: str) -> object:
     return None if found is None else found["spec"].get("vGPUTypeName")
 
 
-def test_the_agent_converges_follows_the_cluster_and_stops_on_sigterm(
-    tmp_path: Path, api_server: Served, start_watch: Callable[..., Watch]
-) -> None:
+@pytest.fixture
+def agent_kubeconfig(api_server: Served, tmp_path: Path) -> Iterator[Path]:
+    """Harvester's cluster, and the agent's kubeconfig with deploy/'s role and policy in force
+    (taken away again afterwards)."""
     harvester_cluster(api_server)
+    with PolicedAgent(api_server, tmp_path / "agent") as path:
+        yield path
+
+
+def test_the_agent_converges_follows_the_cluster_and_stops_on_sigterm(
+    tmp_path: Path,
+    api_server: Served,
+    agent_kubeconfig: Path,
+    start_watch: Callable[..., Watch],
+) -> None:
     node = node_of(tmp_path, api_server)
-    node.kubeconfig = police_agent(api_server, tmp_path / "agent")
+    node.kubeconfig = agent_kubeconfig
     desired = tmp_path / "desired.yaml"
     desired.write_text(seed_text())
     watch = start_watch(node, desired)
