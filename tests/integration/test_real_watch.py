@@ -135,13 +135,17 @@ def test_a_bookmark_carries_what_the_selector_left_out_and_is_a_place_to_resume(
     seen = [(e.type, e.resource_version, time.monotonic() - started) for e in stream]
     ended = time.monotonic() - started
     assert seen, "no bookmark"
-    assert {(kind, rv) for kind, rv, _ in seen} == {("BOOKMARK", theirs)}
+    # (the resource's last event: that change, unless the cache learnt of a later revision
+    # from etcd meanwhile, which only moves it on)
+    assert {kind for kind, _, _ in seen} == {"BOOKMARK"}
+    assert int(seen[0][1]) >= int(theirs), seen
     assert seen[0][2] < ended - 1.0, f"the bookmark came with the end of the stream: {seen}"
 
     # Nothing newer than the bookmark's version: the next watch, from it, gets no bookmark;
     # this node's object edited meanwhile is its one event.
+    resume = seen[-1][1]
     stream = api.watch_objects(
-        **where, label_selector=mine, resource_version=theirs, timeout_seconds=4
+        **where, label_selector=mine, resource_version=resume, timeout_seconds=4
     )
     time.sleep(0.5)
     edited = custom.patch_cluster_custom_object(
@@ -300,7 +304,7 @@ def test_the_agents_watch_resumes_from_the_version_a_bookmark_carried(
             DEVICES, V1BETA1, "vgpudevices", vgpu("harvester-other-000008004", "harvester-other")
         )["metadata"]["resourceVersion"]
         eventually(lambda: len(recorded.versions) >= 2, "the VGPUDevices watched again")
-        assert recorded.versions[1] == theirs, recorded.versions
+        assert int(recorded.versions[1]) >= int(theirs), recorded.versions
         assert int(recorded.versions[0]) < int(theirs)
         assert vgpus.lists == 1
         assert watch.signature() == before
