@@ -259,3 +259,146 @@ def install_rbac(served: Served, path: Path) -> None:
 #: The tests' own resource, served by the real server without a watch cache
 #: (real_apiserver.UNCACHED): (group, version, plural).
 WATCH_PROBES = ("realapi.vgpuctl.invalid", "v1", "watchprobes")
+
+
+class PolicedAgent:
+    """deploy/rbac.yaml's role and deploy/admission-policy.yaml's policy in force, and a
+    kubeconfig of the node agent for ``node``: on the real server its service account's token
+    bound to a pod on ``node`` (:func:`agent_pod_token`), on the emulator the identity
+    ``tests/agent_cluster.py`` gives such a token. Entered once the real server's authorizer
+    lets the agent read and its policy judges the agent's writes (both load from informers);
+    at exit the policy is taken away again and no longer judges (the real server is shared by
+    a process's tests: a later one may use the agent's static token, which has no node claim).
+    Needs Harvester's VGPUDevice CRD (:func:`harvester_cluster`)."""
+
+    def __init__(self, served: Served, directory: Path, node: str = NODE) -> None:
+        self.served, self.directory, self.node = served, directory, node
+        self._installed: list[dict[str, Any]] = []
+        self._agent: Any = None
+
+    def __enter__(self) -> Path:
+        from tests import rbac
+        from tests.agent_cluster import AGENT, POLICY_KINDS, agent, shipped
+
+        served = self.served
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if served.emulator is not None:
+            for doc in shipped(POLICY_KINDS):
+                served.emulator.seed(doc)
+            granted = rbac.grants()
+            served.emulator.authorize_with(
+                lambda request, user: user.username != AGENT or rbac.allows(granted, request)
+            )
+            return served.emulator.kubeconfig(
+                self.directory / "agent-kubeconfig", user=agent(self.node)
+            )
+        assert served.real is not None
+        install_rbac(served, rbac.RBAC)
+        admission = client.AdmissionregistrationV1Api(served.api)
+        policy, binding = shipped(POLICY_KINDS)
+        if create_ignoring_conflict(admission.create_validating_admission_policy, policy):
+            self._installed.append(policy)  # installed here: taken away at exit
+        if create_ignoring_conflict(admission.create_validating_admission_policy_binding, binding):
+            self._installed.append(binding)
+        path = served.real.kubeconfig(
+            self.directory / "agent-kubeconfig", "agent", token=agent_pod_token(served, self.node)
+        )
+        self._agent = new_client_from_config(config_file=str(path))
+        _wait_for_policy(served, client.CustomObjectsApi(self._agent), self.node, judging=True)
+        return path
+
+    def __exit__(self, *exc: object) -> None:
+        if self._agent is None:
+            return
+        admission = client.AdmissionregistrationV1Api(self.served.api)
+        try:
+            for doc in reversed(self._installed):
+                if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+                    admission.delete_validating_admission_policy_binding(doc["metadata"]["name"])
+                else:
+                    admission.delete_validating_admission_policy(doc["metadata"]["name"])
+            if self._installed:
+                _wait_for_policy(
+                    self.served, client.CustomObjectsApi(self._agent), self.node, judging=False
+                )
+        finally:
+            self._agent.close()
+
+
+def _wait_for_policy(served: Served, agent: Any, node: str, *, judging: bool) -> None:
+    """Until the agent may read VGPUDevices and the policy refuses (``judging``) or lets in
+    (not) its create of another node's VGPUDevice, a probe deleted again."""
+    group, version, plural = "devices.harvesterhci.io", "v1beta1", "vgpudevices"
+    other = f"{node}-other"
+    probe = {
+        "apiVersion": f"{group}/{version}",
+        "kind": "VGPUDevice",
+        "metadata": {"name": f"{node}-policy-probe", "labels": {"nodename": other}},
+        "spec": {"address": "0000:08:00.4", "enabled": False, "nodeName": other},
+    }
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, (
+            f"the agent's policy never {'judged' if judging else 'went'}"
+        )
+        try:
+            agent.list_cluster_custom_object(group, version, plural)
+            agent.create_cluster_custom_object(group, version, plural, probe)
+        except client.ApiException as error:
+            if (
+                judging
+                and error.status == 422
+                and "may write only its own node" in (error.body or "")
+            ):
+                return  # read allowed, another node's write refused by the policy
+        else:  # the policy does not judge: the probe got in
+            served.custom.delete_cluster_custom_object(
+                group, version, plural, probe["metadata"]["name"]
+            )
+            if not judging:
+                return
+        time.sleep(0.2)
+
+
+def agent_mark(served: Served) -> int:
+    """Where the record of requests ends now: :func:`agent_requests` ``since`` it."""
+    if served.emulator is not None:
+        return len(served.emulator.calls)
+    assert served.real is not None
+    return served.real.audit_mark()
+
+
+def agent_requests(
+    served: Served, since: int = 0
+) -> list[tuple[str, str, str, str | None, str | None, str | None]]:
+    """The node agent's requests since ``since`` (:func:`agent_mark`): (verb, group, resource,
+    subresource, namespace, name), from the emulator's record or the real server's audit log."""
+    if served.emulator is not None:
+        from tests.agent_cluster import AGENT
+
+        return [tuple(c.request) for c in served.emulator.calls[since:] if c.user == AGENT]  # type: ignore[misc]
+    assert served.real is not None
+    return served.real.requests("agent", since)
+
+
+def reapply_crd(served: Served, plural: str) -> None:
+    """Change the spec of the installed CRD of ``plural`` (one more category), as an
+    installer re-applying a changed CRD does (Harvester's pcidevices-controller re-applies its
+    own at every start): the API server rebuilds the resource's storage and watch cache
+    (k8s.io/apiextensions-apiserver customresource_handler.go updateCustomResourceDefinition),
+    its open watches end and a watch from an older resourceVersion is 410 Gone."""
+    crd = next(c for c in served._crds if c["spec"]["names"]["plural"] == plural)
+    name = f"{plural}.{crd['spec']['group']}"
+    if served.emulator is not None:
+        changed = yaml.safe_load(yaml.safe_dump(dict(crd)))
+        names = changed["spec"]["names"]
+        categories = list(names.get("categories") or [])
+        names["categories"] = [*categories, f"reapplied{len(categories)}"]
+        served.emulator.register_crd(changed)
+        served._crds[served._crds.index(crd)] = changed
+        return
+    extensions = client.ApiextensionsV1Api(served.api)
+    stored = extensions.read_custom_resource_definition(name)
+    categories = list(stored.spec.names.categories or [])
+    stored.spec.names.categories = [*categories, f"reapplied{len(categories)}"]
+    extensions.replace_custom_resource_definition(name, stored)

@@ -3,11 +3,13 @@
 Each collection a node's reconcile depends on is kept current in memory by a thread of its own,
 the way client-go's reflector does it: a list (in pages) gives the objects and the version to
 watch from; the watch's events keep the copy current and move that version on (bookmarks move
-it while nothing changes); a ``410 Gone`` (the version was compacted) lists again; a lost
-connection or a refused request waits (exponential backoff with jitter, 1 s doubling to 60 s)
-and watches again from the last version. The server ends every watch after
-:data:`WATCH_TIMEOUT_S` and the thread watches again from where it was, so a watch never
-outlives a silently dead connection by long.
+it while only objects the watch does not select change: the API server's watch cache sends one
+2 s before the watch's deadline and about every minute, with the version of the resource's last
+event); a ``410 Gone`` (the version was compacted, or is older than the resource's watch cache,
+which a change to its CRD rebuilds) lists again; a lost connection or a refused request waits
+(exponential backoff with jitter, 1 s doubling to 60 s) and watches again from the last version.
+The server ends every watch after :data:`WATCH_TIMEOUT_S` and the thread watches again from
+where it was, so a watch never outlives a silently dead connection by long.
 
 Collections (issue 12, item 5):
 

@@ -7,7 +7,10 @@ resourceVersion; 201 on create (409 AlreadyExists on a duplicate); optimistic co
 the status subresource split from the main resource (status dropped on create and ignored on
 PUT of a custom resource, only status taken on PUT of ``/status``); generation bumped only when
 the spec changes; label and field selectors; watches resumable from a resourceVersion with a
-bounded history (410 Gone when too old); 404 NotFound for a resource whose CRD is not installed.
+bounded history (410 Gone when too old; a CRD installed again with another spec rebuilds its
+resource's watch cache: open watches end, older versions are 410, as the real API server does),
+bookmarks when and as the real watch cache sends them (``_watch_events``); 404 NotFound for a
+resource whose CRD is not installed.
 A CRD installed with its ``openAPIV3Schema`` prunes and validates every write to its resource as
 the API server does (``structural.py``): a field the schema does not declare is dropped at any
 depth, a wrong type, a missing required field, a value outside an enum or a pattern is 422
@@ -177,6 +180,14 @@ def _list_body(resource: Resource, metadata: JsonObject, items: bytes) -> bytes:
     return b'{"apiVersion":%s,"items":[%s],"kind":%s,"metadata":%s}' % (
         api_version, items, kind, meta,
     )  # fmt: skip
+
+
+def _next_bookmark(now: float, interval: float, deadline: float) -> float | None:
+    """When a watch's next bookmark is due: ``interval`` from ``now``, or 2 s before the
+    watch's deadline if that is sooner; None once that is past (k8s.io/apiserver v0.37
+    pkg/storage/cacher/cache_watcher.go ``nextBookmarkTime``)."""
+    due = min(now + interval, deadline - 2.0)
+    return None if due <= now else due
 
 
 def _continue_token(rv: int, start: int) -> str:
@@ -577,9 +588,23 @@ class ApiServerEmulator:
         self._rv = 0
         self._history: deque[_Change] = deque(maxlen=history)
         self._floor = 0  # watches from a resourceVersion below this get 410 Gone
+        self._compacted = 0  # the part of that history compaction dropped (:meth:`compact`)
         #: How often a watch that asked for bookmarks gets one while nothing else happens (the
         #: API server's watch cache sends one about every minute).
         self.bookmark_interval = 60.0
+        #: Each resource's watch cache (by store): the version it was (re)built at (a watch from
+        #: an older one is 410), how many times it was rebuilt (its open watches end), the
+        #: version of its last event (what its bookmarks carry). :meth:`_rebuild_watch_cache`.
+        self._cache_floor: dict[tuple[str, str], int] = {}
+        self._cache_epoch: dict[tuple[str, str], int] = {}
+        self._cache_ended: dict[tuple[str, str], int] = {}  # watches of older epochs end
+        #: How long a rebuilt watch cache's old watches go on (the real API server's tearDown
+        #: waits a second before it destroys the old storage).
+        self.crd_teardown_s = 1.0
+        self._cache_rv: dict[tuple[str, str], int] = {}
+        #: The spec of each CRD installed, by name: installed again with another, its
+        #: resources' watch caches are rebuilt.
+        self._crd_specs: dict[str, JsonObject] = {}
         #: Stored objects as JSON, by identity (:meth:`_encoded`).
         self._encodings: dict[int, tuple[JsonObject, bytes]] = {}
         #: Paged lists in progress: the collection at a version, by (group, plural, version,
@@ -688,8 +713,21 @@ class ApiServerEmulator:
 
     def register_crd(self, crd: Mapping[str, Any]) -> list[Resource]:
         """Serve every served version of a CustomResourceDefinition manifest; its schema then
-        prunes and validates every write (``tests/doubles/structural.py``)."""
+        prunes and validates every write (``tests/doubles/structural.py``).
+
+        A CRD installed again with another spec (an update, as Harvester's pcidevices-controller
+        re-applies its CRDs at every start) rebuilds its resource's watch cache, as the real
+        API server does: k8s.io/apiextensions-apiserver pkg/apiserver/customresource_handler.go
+        ``updateCustomResourceDefinition`` drops the resource's storage when the spec changed
+        and ``tearDown`` destroys it (its cacher stopped: every open watch of the resource ends,
+        a clean end of stream); the new storage's cacher lists at the current version, so a
+        watch from an older one is 410 (:meth:`_rebuild_watch_cache`)."""
         spec = crd["spec"]
+        name = str((crd.get("metadata") or {}).get("name") or "")
+        name = name or f"{spec['names']['plural']}.{spec['group']}"
+        with self._cond:
+            before = self._crd_specs.get(name)
+            self._crd_specs[name] = copy.deepcopy(dict(spec))
         served = []
         for version in spec["versions"]:
             if not version.get("served", True):
@@ -711,7 +749,40 @@ class ApiServerEmulator:
                 structural.check_schema(schema)
                 self._schemas[resource] = copy.deepcopy(schema)
             served.append(resource)
+        if before is not None and before != spec:
+            self._rebuild_watch_cache((spec["group"], spec["names"]["plural"]))
         return served
+
+    def _rebuild_watch_cache(self, store: tuple[str, str]) -> None:
+        """A resource's watch cache built again, as a CRD update makes the API server do. New
+        watches go to the new cache at once; it starts from a list at the current version, so a
+        watch from an older version gets ``410 Expired`` ``too old resource version: <rv> (<list
+        rv>)`` (k8s.io/apiserver v0.37 pkg/storage/cacher/watch_cache_history.go
+        ``GetIntervalLocked``: with no event dropped since the list, the oldest deliverable is
+        the list's version + 1, and ``resourceVersion < oldest-1`` is too old). The old
+        storage's watches go on delivering events for :attr:`crd_teardown_s` (a second:
+        apiextensions-apiserver customresource_handler.go ``tearDown`` sleeps one before it
+        destroys the old storage, whose cacher ``Stop`` then terminates every watcher: a clean
+        end of stream). A watch that saw an event after the update so resumes without 410.
+        Not emulated: the few hundred milliseconds the real new cache answers 429 ``storage is
+        (re)initializing`` first.
+
+        The CRD's own update is a write to storage (its resourceVersion is one of the cluster's):
+        the new cache lists after it, so every version given out before the update is older."""
+        with self._cond:
+            self._rv += 1
+            self._cache_floor[store] = self._rv
+            self._cache_rv[store] = self._rv
+            epoch = self._cache_epoch[store] = self._cache_epoch.get(store, 0) + 1
+
+        def tear_down() -> None:
+            with self._cond:
+                self._cache_ended[store] = max(self._cache_ended.get(store, 0), epoch)
+                self._cond.notify_all()
+
+        timer = threading.Timer(self.crd_teardown_s, tear_down)
+        timer.daemon = True
+        timer.start()
 
     def serves(self, group: str, version: str, plural: str) -> bool:
         """Whether the resource is served (built in, registered or by an installed CRD)."""
@@ -784,7 +855,7 @@ class ApiServerEmulator:
         """Forget the watch history, as etcd compaction does: older resourceVersions get 410."""
         with self._cond:
             self._history.clear()
-            self._floor = self._rv
+            self._floor = self._compacted = self._rv
 
     @property
     def resource_version(self) -> str:
@@ -1320,10 +1391,24 @@ class ApiServerEmulator:
         *,
         bookmarks: bool = False,
     ) -> Iterator[JsonObject]:
+        """The events of one watch, as the API server's watch cache (k8s.io/apiserver v0.37
+        pkg/storage/cacher) sends them: the changes after ``since``; ``410 Expired`` (an ERROR
+        event, then the end) from a version compacted away or older than the resource's watch
+        cache (:meth:`_rebuild_watch_cache`); a clean end when that cache is rebuilt.
+
+        Bookmarks (``allowWatchBookmarks``) follow cache_watcher.go: one is due
+        ``bookmark_interval`` after the last (a minute, ``defaultBookmarkFrequency``) or 2 s
+        before the watch's deadline, whichever comes first (``nextBookmarkTime``; none once
+        that is past, so none at the end of the stream), and carries the version of the
+        resource's last event (cacher.go ``dispatchEvents``' ``lastProcessedResourceVersion``:
+        a change to an object the watch's selector leaves out moves it too); it is sent only
+        when that version is newer than the one the watch started from (``process``: "only
+        send events newer than resourceVersion"), so an idle resource sends none."""
         store = (resource.group, resource.plural)
-        next_bookmark = time.monotonic() + self.bookmark_interval
         with self._cond:
             epoch = self._epoch
+            cache_epoch = self._cache_epoch.get(store, 0)
+            floor = self._cache_floor.get(store, 0)  # where this watch's cache began
             if since in ("", "0"):
                 # Start from now, with the current state as synthetic ADDED events
                 bucket = self._bucket(resource)
@@ -1335,6 +1420,9 @@ class ApiServerEmulator:
                 cursor = self._rv
             else:
                 cursor, pending = int(since), []
+        start = cursor
+        now = time.monotonic()
+        next_bookmark: float | None = _next_bookmark(now, self.bookmark_interval, deadline)
         while True:
             yield from pending  # never while holding the lock: the client may be slow
             pending, expired = [], None
@@ -1342,8 +1430,23 @@ class ApiServerEmulator:
                 while not pending:
                     if self._epoch != epoch:
                         raise ConnectionAbortedError("the emulator was stopped")
+                    if self._cache_ended.get(store, 0) > cache_epoch:
+                        return  # the resource's watch cache was rebuilt: the watch ends
+                    if cursor < self._compacted:
+                        # etcd's answer, read without a watch cache (k8s.io/apiserver v0.37
+                        # pkg/storage/etcd3/errors.go, interpretWatchError: ErrCompacted);
+                        # kube-apiserver v1.37.2 said so where this emulator gave the watch
+                        # cache's words (tests/integration/test_real_watch.py, the compaction)
+                        message = "The resourceVersion for the provided watch is too old."
+                        expired = ApiError(410, message, reason="Expired")
+                        break
                     if cursor < self._floor:
-                        message = f"too old resource version: {cursor} ({self._floor + 1})"
+                        # the bounded history: a watch cache's window (watch_cache_history.go)
+                        message = f"too old resource version: {cursor} ({self._floor})"
+                        expired = ApiError(410, message, reason="Expired")
+                        break
+                    if cursor < floor:
+                        message = f"too old resource version: {cursor} ({floor})"
                         expired = ApiError(410, message, reason="Expired")
                         break
                     now = time.monotonic()
@@ -1353,19 +1456,23 @@ class ApiServerEmulator:
                     changes = [c for c in self._history if c.rv > cursor and c.store == store]
                     cursor = self._rv
                     pending = [e for c in changes if (e := self._event_for(c, selection))]
-                    if not pending and bookmarks and now >= next_bookmark:
-                        pending = [self._bookmark(resource, cursor)]
-                        next_bookmark = now + self.bookmark_interval
+                    if (
+                        not pending
+                        and bookmarks
+                        and next_bookmark is not None
+                        and now >= next_bookmark
+                    ):
+                        rv = self._cache_rv.get(store, 0)
+                        if rv > start:
+                            pending = [self._bookmark(resource, rv)]
+                        next_bookmark = _next_bookmark(now, self.bookmark_interval, deadline)
                     if not pending:
                         wait = remaining
-                        if bookmarks:
+                        if bookmarks and next_bookmark is not None:
                             wait = min(wait, max(next_bookmark - now, 0.001))
                         self._cond.wait(wait)
             if not pending and expired is None:
-                # The watch timed out: a last bookmark says where it ended, as real servers do.
-                if bookmarks:
-                    yield self._bookmark(resource, cursor)
-                return
+                return  # the watch timed out (its last bookmark, if any, came 2 s before)
             if expired is not None:
                 # Tell the client, then end the stream, as real servers do
                 yield {"type": "ERROR", "object": expired.status()}
@@ -1390,6 +1497,9 @@ class ApiServerEmulator:
         with self._cond:
             self._resources[(resource.group, resource.version, resource.plural)] = resource
             self._store.setdefault((resource.group, resource.plural), {})
+            # The watch cache lists when the resource is first served: its bookmarks carry
+            # that version until the resource's first event (cacher.go dispatchEvents).
+            self._cache_rv.setdefault((resource.group, resource.plural), self._rv)
 
     def _lookup(self, group: str, version: str, plural: str) -> Resource:
         try:
@@ -1455,6 +1565,7 @@ class ApiServerEmulator:
         self._history.append(
             _Change(self._rv, kind, (resource.group, resource.plural), copy.deepcopy(obj), old)
         )
+        self._cache_rv[(resource.group, resource.plural)] = self._rv
         self._cond.notify_all()
 
     def _replace(

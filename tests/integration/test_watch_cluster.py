@@ -1,9 +1,10 @@
 """``vgpuctl watch`` with a cluster: the API-server emulator in this process, the agent in a
 subprocess with ``--kubeconfig``.
 
-Cluster drift is found by polling the resourceVersions of this node's objects and of the
-KubeVirt CR at each rescan (list calls: no ``watch`` verb, so the ClusterRole does not
-change); a hand edit is reset, an invalid desired state becomes a Warning Event.
+Cluster drift is found by watches (list once, then watch: this node's objects, every node's
+VGPUNodeState and the KubeVirt CR; a rescan makes no request); a hand edit is reset, an invalid
+desired state becomes a Warning Event. The same agent against the real kube-apiserver, as its
+pod-bound token under deploy/'s role and policy: ``test_real_watch_cluster.py``.
 """
 
 from __future__ import annotations
