@@ -234,7 +234,9 @@ class SlotBudget:
         # Our own first: a restarted agent takes its slot back rather than a second one.
         ours = [n for n in names if n in seen and _holder(seen[n]) == self.identity]
         for name in ours + [n for n in names if n not in ours]:
-            if self._lease(name).acquire_or_renew_seen(seen.get(name)):
+            if not self._lease(name).acquire_or_renew_seen(seen.get(name)):
+                continue
+            try:
                 log.info(
                     "took the rollout slot %s/%s (%d slot(s), spec.rollout.maxParallel %d)",
                     self.namespace,
@@ -248,6 +250,9 @@ class SlotBudget:
                     renew_deadline=self.renew_deadline,
                     waited=waited,
                 )
+            except BaseException:  # SIGTERM's SystemExit before the caller has it: give it up
+                self._lease(name).release()
+                raise
         holders = tuple(
             printable(self._lease(n).seen_holder) or "(being taken)" for n in names if n in seen
         )

@@ -344,8 +344,8 @@ class _Run:
             or not any(a.kind.is_host for a in planned.plan.actions)
         ):
             return self._decide(planned, expected, review)
-        self.slot = self.budget.acquire(max_parallel)
         try:
+            self.slot = self.budget.acquire(max_parallel)
             if self.slot.waited:
                 # The host (or the cluster) may have changed while this node waited.
                 planned = observe_and_plan(
@@ -357,7 +357,8 @@ class _Run:
                 refuse_if_another_controller(planned)
             return self._decide(planned, expected, review)
         finally:
-            self.slot.release()
+            if self.slot is not None:
+                self.slot.release()
 
     def _decide(
         self,

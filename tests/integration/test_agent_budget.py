@@ -13,6 +13,7 @@ default; a released slot has no holder).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -312,3 +313,34 @@ def test_without_a_cluster_there_is_no_budget(tmp_path: Path, cluster: ApiServer
     assert res.returncode == 0, res.stderr
     assert "Converged" in res.stdout
     assert vgpu_count(node) == 4
+
+
+def test_sigterm_ends_apply_and_releases_its_slot(
+    tmp_path: Path, cluster: ApiServerEmulator
+) -> None:
+    calls = tmp_path / "calls.log"
+    node = slowed(tmp_path, cluster, "node-a", calls)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(desired(("node-a",), LAYOUT, max_parallel=1))
+    assert run_vgpuctl("sim", "fail", node.dir, "--sriov", "hang").returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", "apply", str(path), "--yes", *slow_flags(node)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        # In the host phase: its sriov-manage call started (and hangs).
+        wait_for(lambda: calls.read_text().startswith("start node-a"), "the host phase", 30)
+        assert slots(cluster)["vgpuctl-rollout-0"]["holderIdentity"] == "node-a"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # what is left of the hung sriov-manage
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "terminated: stopping (the node lock and any rollout slot are released)" in err
+    # Released on the way out: the next node need not wait out the lease.
+    assert slots(cluster)["vgpuctl-rollout-0"].get("holderIdentity", "") == "", err
