@@ -246,9 +246,13 @@ def install_rbac(served: Served, path: Path) -> None:
             body["metadata"]["namespace"], body
         ),
     }
+    core = client.CoreV1Api(served.api)
     for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
         if doc["kind"] == "ServiceAccount":  # its tokens are the static ones (IDENTITIES)
             continue
+        namespace = doc["metadata"].get("namespace")
+        if namespace is not None:  # a Role in the agents' own namespace (its rollout slots)
+            create_ignoring_conflict(core.create_namespace, {"metadata": {"name": namespace}})
         try:
             create[doc["kind"]](doc)
         except client.ApiException as error:

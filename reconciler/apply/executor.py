@@ -159,6 +159,9 @@ class _Context:
     wait_until: Callable[[Callable[[], bool]], bool]
     #: What the run may touch; None: unchecked (the executor's own unit tests).
     mandate: HostMandate | None = None
+    #: Called before each action; raises (a ``ReconcilerError``) when the run may no longer
+    #: act: a node agent's rollout slot it could not renew (``slots.py``).
+    guard: Callable[[], None] | None = None
 
 
 class _Step(Protocol):
@@ -551,6 +554,7 @@ def execute(
     run_id: str | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
     mandate: HostMandate | None = None,
+    guard: Callable[[], None] | None = None,
 ) -> ApplyResult:
     """Apply ``plan`` through ``driver``, journaling each step; stop at the first failure.
 
@@ -558,6 +562,8 @@ def execute(
     ``mandate`` (every apply and watch run passes one) is what the run may touch: each action's
     GPU is checked against it before anything runs, and each removal's vGPU is checked to be
     unused right before it is removed (a violation fails that action and stops the run).
+    ``guard`` is asked before each action; a ``ReconcilerError`` it raises fails that action
+    (nothing of it is done) and stops the run.
 
     An action failure is an outcome in the result, not an exception. Raises ``ApplyError``
     before touching anything when an action's fields do not fit together, ``MandateError``
@@ -593,7 +599,11 @@ def execute(
         return True
 
     ctx = _Context(
-        driver=driver, verify_timeout=verify_timeout, wait_until=wait_until, mandate=mandate
+        driver=driver,
+        verify_timeout=verify_timeout,
+        wait_until=wait_until,
+        mandate=mandate,
+        guard=guard,
     )
     journal.record(
         run=run,
@@ -695,6 +705,8 @@ def _run_step(
     rec.intent(action)
     started = clock()
     try:
+        if ctx.guard is not None:
+            ctx.guard()
         noop = step.precheck(ctx)
         if noop is not None:
             return rec.outcome(action, OutcomeStatus.NOOP, noop, seconds=clock() - started)

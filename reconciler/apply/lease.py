@@ -69,6 +69,11 @@ class LeaderLease:
         current = self.api.get_object(
             group=GROUP, version=VERSION, plural=PLURAL, name=self.name, namespace=self.namespace
         )
+        return self.acquire_or_renew_seen(current)
+
+    def acquire_or_renew_seen(self, current: Mapping[str, Any] | None) -> bool:
+        """:meth:`try_acquire_or_renew` from the Lease as the caller just read it (None: there
+        is none), e.g. an item of a list of Leases (``slots.py`` reads every slot at once)."""
         stamp = _micro(self.now())
         if current is None:
             body = self._body(stamp, acquired=stamp, transitions=0)

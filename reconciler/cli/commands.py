@@ -10,10 +10,12 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reconciler.cli.budget import EXIT_NO_SLOT, add_budget_options
 from reconciler.cli.delegation import (
     add_delegate_option,
     add_progress_options,
@@ -46,6 +48,7 @@ from reconciler.model.plan import FORMAT_VERSION
 
 if TYPE_CHECKING:
     from reconciler.apply import Outcome
+    from reconciler.apply.slots import SlotsBusy
     from reconciler.cli.planfile import SavedPlan
     from reconciler.engine import Expected, Planned, Reconciled, Verification
     from reconciler.model.clusterapi import ClusterApi
@@ -506,6 +509,7 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     add_delegate_option(p)
     add_rollout_options(p)
     add_progress_options(p)
+    add_budget_options(p, waits=True)
     p.set_defaults(handler=cmd_apply)
     return p
 
@@ -522,13 +526,36 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
     # a host the first one is still changing, and the plan shown (and confirmed) is the one
     # the engine runs, planned under the lock.
     command = " ".join(["vgpuctl", *sys.argv[1:]])
-    with NodeLock(host.state_dir, options.node, command=command):
+    with NodeLock(host.state_dir, options.node, command=command), _terminable():
         return _apply_locked(ns, options, host, command=command)
+
+
+@contextmanager
+def _terminable() -> Iterator[None]:
+    """SIGTERM ends the run as SIGINT does, unwinding: the node lock and a rollout slot held
+    are released on the way out (exit 143), instead of the slot waiting out its lease."""
+    import signal
+
+    def terminate(signum: int, frame: object) -> None:
+        _err("terminated: stopping (the node lock and any rollout slot are released)")
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread (a test calling main): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _apply_locked(
     ns: argparse.Namespace, options: GlobalOptions, host: Host, *, command: str
 ) -> int:
+    from reconciler.apply.slots import SlotUnavailableError
+    from reconciler.cli.budget import node_budget
     from reconciler.cli.planfile import read_saved_plan
     from reconciler.engine import RunSettings, reconcile
 
@@ -550,20 +577,32 @@ def _apply_locked(
             _confirm(plan)
         return True
 
-    result = reconcile(
-        host.ports(command_timeout=ns.timeout, write_timeout=ns.write_timeout),
-        node,
-        settings=RunSettings(
-            adopt=ns.adopt,
-            partial=ns.partial,
-            verify_timeout=ns.verify_timeout,
-            command=command,
-        ),
-        expected=expected,
-        review=review,
-        on_outcome=_progress(style),
-        lock_held=True,
-    )
+    said: list[str] = []
+
+    def waiting(busy: SlotsBusy) -> None:
+        if busy.message not in said:  # once per distinct set of holders
+            said.append(busy.message)
+            _err(f"{safe(busy.message[0].upper() + busy.message[1:])}…")
+
+    try:
+        result = reconcile(
+            host.ports(command_timeout=ns.timeout, write_timeout=ns.write_timeout),
+            node,
+            settings=RunSettings(
+                adopt=ns.adopt,
+                partial=ns.partial,
+                verify_timeout=ns.verify_timeout,
+                command=command,
+            ),
+            expected=expected,
+            review=review,
+            on_outcome=_progress(style),
+            lock_held=True,
+            budget=node_budget(ns, host, wait=ns.slot_timeout, on_wait=waiting),
+        )
+    except SlotUnavailableError as exc:
+        _err(style.red(f"error: {safe(exc.message)}"))
+        return EXIT_NO_SLOT
     if not result.ran:
         return EXIT_CHANGES if result.planned.plan.blocked else EXIT_OK
     if not _report_run(result, style):

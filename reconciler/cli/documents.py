@@ -50,7 +50,12 @@ def node_document(node: DesiredNode) -> dict[str, Any]:
         if g.profiles is not None:
             entry["profiles"] = dict(g.profiles)
         gpus.append(entry)
-    return _document(node.name, {node.name: {"gpus": gpus}})
+    doc = _document(node.name, {node.name: {"gpus": gpus}})
+    if node.max_parallel is not None:
+        # The node agents' fleet budget it was planned under: a saved plan applied later
+        # takes a rollout slot as the files would have it do.
+        doc["spec"]["rollout"] = {"maxParallel": node.max_parallel}
+    return doc
 
 
 def export_document(inventory: Inventory, *, name: str) -> dict[str, Any]:
@@ -100,7 +105,10 @@ def node_from_document(doc: object, catalog: Catalog, source: str) -> DesiredNod
     desired = load_document(doc, source=source, catalog=catalog)
     if len(desired.nodes) != 1:
         raise ValidationError(f"{source}: the saved plan's desired state must name one node")
-    return next(iter(desired.nodes.values()))
+    node = desired.node(next(iter(desired.nodes)))
+    if node is None:  # pragma: no cover - the node has its own entry
+        raise ValidationError(f"{source}: the saved plan's desired state names no node")
+    return node
 
 
 def crd_objects(inventory: Inventory, catalog: Catalog) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """``vgpuctl`` entry point: parse, dispatch, turn errors into one line and an exit code.
 
 Exit codes everywhere: 0 success (no changes), 1 error (usage errors too, never 2),
-2 changes present (``plan --detailed-exitcode``, ``assert``, an ``apply`` that left blocked work).
+2 changes present (``plan --detailed-exitcode``, ``assert``, an ``apply`` that left blocked work),
+75 no rollout slot became free within ``apply --slot-timeout`` (``cli/budget.py``).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Declarative reconciliation of NVIDIA SR-IOV vGPUs: validate a desired "
         "state, plan the changes a node needs, apply them safely, and report what is there.",
         epilog="Exit codes: 0 success/no changes, 1 error, 2 changes present "
-        "(plan --detailed-exitcode, assert).",
+        "(plan --detailed-exitcode, assert), 75 no rollout slot free (apply --slot-timeout).",
     )
     parser.add_argument("--version", action="version", version=f"vgpuctl {__version__}")
     add_global_options(parser, suppress=False)

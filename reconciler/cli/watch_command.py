@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from reconciler.cli.budget import add_budget_options, node_budget
 from reconciler.cli.commands import add_adopt_option, add_apply_options, add_partial_option
 from reconciler.cli.delegation import (
     add_delegate_option,
@@ -121,6 +122,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
     add_apply_options(p)
     add_delegate_option(p)
     add_rollout_options(p)
+    add_budget_options(p, waits=False)
     lease = p.add_argument_group(
         "delegate mode (--delegate harvester)",
         "One replica acts at a time, elected through a coordination.k8s.io Lease; the others "
@@ -257,6 +259,7 @@ def _watch(
             settings=settings,
             refresh_watches=files.refresh,
             node_labels=None if api is None else partial(node_labels, api, options.node),
+            budget=node_budget(ns, host, wait=None),
         )
         endpoint = _endpoint(ns, listen, loop, metrics)
         if plugins is not None:

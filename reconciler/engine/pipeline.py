@@ -37,6 +37,15 @@ host again → cluster phase → device plugins → verify.
   then, as their own named outcomes (:attr:`Verification.refreshed`). Anything else left is
   "not converged".
 
+**Rollout budget** (node agents with a cluster, ``spec.rollout.maxParallel`` given: the
+desired node's ``max_parallel``): a plan with a host action runs only while this node holds one
+of the fleet's rollout slots (``budget``, ``apply/slots.py``), taken under the lock after the
+plan, held (renewed) through the host phase and released when the run ends, however it ends. A
+plan with only cluster writes, or none, takes no slot. No free slot: the budget raises (a
+transient error: the watch requeues) or, for ``apply``, waits; a node that waited plans again
+before acting (the host may have changed meanwhile). The host executor asks the slot before
+each host action: a slot not renewed for its renew deadline stops the run there.
+
 A cluster that cannot be read stops the run before any host action. So does one where
 Harvester's pcidevices-controller runs, or might (``observe/harvester.py``): every plan the run
 acts on is checked first, and the run refused with ``ForeignControllerError`` before the lock,
@@ -59,7 +68,7 @@ from reconciler.apply.lock import NodeLock
 from reconciler.apply.mandate import ClusterMandate, HostMandate, InUse
 from reconciler.engine.expect import Expected
 from reconciler.engine.observe import Planned, observe_and_plan
-from reconciler.engine.ports import DevicePlugins, NodePorts
+from reconciler.engine.ports import DevicePlugins, NodePorts, RolloutBudget, RolloutSlot
 from reconciler.engine.predicted import host_differences
 from reconciler.model import (
     Action,
@@ -228,6 +237,7 @@ def reconcile(
     on_outcome: Callable[[Outcome], None] | None = None,
     plugins: DevicePlugins | None = None,
     lock_held: bool = False,
+    budget: RolloutBudget | None = None,
 ) -> Reconciled:
     """Run the pipeline once for ``desired`` (see the module docstring).
 
@@ -236,12 +246,14 @@ def reconcile(
     ``review`` is called under the lock with the plan about to run (even an empty one); False
     stops the run there, with nothing done. Raises ``ApplyError`` when the fresh plan breaks
     ``expected``, ``MandateError`` when an action is outside what the run may touch, and the
-    observer's and planner's errors.
+    observer's and planner's errors. ``budget``: the fleet's rollout slots (see the module
+    docstring); its ``acquire`` raises when no slot is free.
     """
     settings = settings or RunSettings()
     started = time.monotonic()
     if lock_held:
-        return _Run(ports, desired, settings, plugins, on_outcome, started).locked(expected, review)
+        run = _Run(ports, desired, settings, plugins, on_outcome, started, budget=budget)
+        return run.locked(expected, review)
     try:
         first: Planned | None = observe_and_plan(
             ports, desired, adopt=settings.adopt, partial=settings.partial
@@ -252,7 +264,7 @@ def reconcile(
         first = None
     if first is not None:
         refuse_if_another_controller(first)
-    run = _Run(ports, desired, settings, plugins, on_outcome, started)
+    run = _Run(ports, desired, settings, plugins, on_outcome, started, budget=budget)
     if first is not None and not first.plan.actions and expected is None:
         return run.nothing_to_do(first)
     with NodeLock(ports.state_dir, ports.node, command=settings.command):
@@ -313,6 +325,9 @@ class _Run:
     #: allow-list phase's KubeVirt write, then the cluster phase's removals planned from the
     #: same version): the cluster executor's way to tell its own write from someone else's.
     versions: dict[str, str] = field(default_factory=dict)
+    budget: RolloutBudget | None = None
+    #: The rollout slot held while the host changes (None: none needed, or none yet).
+    slot: RolloutSlot | None = None
 
     def locked(
         self, expected: Expected | None, review: Callable[[Planned], bool] | None
@@ -321,6 +336,36 @@ class _Run:
             self.ports, self.desired, adopt=self.settings.adopt, partial=self.settings.partial
         )
         refuse_if_another_controller(planned)
+        max_parallel = self.desired.max_parallel
+        if (
+            self.budget is None
+            or max_parallel is None
+            or self.ports.cluster_api is None
+            or not any(a.kind.is_host for a in planned.plan.actions)
+        ):
+            return self._decide(planned, expected, review)
+        try:
+            self.slot = self.budget.acquire(max_parallel)
+            if self.slot.waited:
+                # The host (or the cluster) may have changed while this node waited.
+                planned = observe_and_plan(
+                    self.ports,
+                    self.desired,
+                    adopt=self.settings.adopt,
+                    partial=self.settings.partial,
+                )
+                refuse_if_another_controller(planned)
+            return self._decide(planned, expected, review)
+        finally:
+            if self.slot is not None:
+                self.slot.release()
+
+    def _decide(
+        self,
+        planned: Planned,
+        expected: Expected | None,
+        review: Callable[[Planned], bool] | None,
+    ) -> Reconciled:
         if expected is not None:
             expected.check(planned.plan, adopt=self.settings.adopt)
         if review is not None and not review(planned):
@@ -362,6 +407,7 @@ class _Run:
                 ),
                 in_use=_in_use(ports, planned),
             ),
+            guard=None if self.slot is None else self.slot.guard,
         )
         removed = removed_vgpus(host.outcomes)
         after: Inventory | None = planned.inventory

@@ -71,6 +71,28 @@ class NodePorts:
     allow_list_grace: float = DEFAULT_ALLOW_LIST_GRACE
 
 
+class RolloutSlot(Protocol):
+    """A rollout slot this node holds while it changes its host (``apply/slots.py``)."""
+
+    #: The node waited for it: what it planned before may be stale.
+    waited: bool
+
+    def guard(self) -> None:
+        """Raise a ``ReconcilerError`` when the slot may no longer be counted on (asked before
+        each host action)."""
+        ...
+
+    def release(self) -> None: ...
+
+
+class RolloutBudget(Protocol):
+    """The node agents' fleet budget (``spec.rollout.maxParallel``): a slot to hold while this
+    node's host changes. ``acquire`` raises a transient ``ReconcilerError`` when none is free
+    (after waiting, for ``apply``)."""
+
+    def acquire(self, max_parallel: int) -> RolloutSlot: ...
+
+
 class DevicePlugins(Protocol):
     """The node's kubelet device plugins (``reconciler.deviceplugin.PluginManager``) as the
     engine tells them what changed: the host as observed after the run, and the vGPUs the run

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from reconciler.model.address import PciAddress
 from reconciler.model.errors import UsageError
 from reconciler.model.mode import VgpuMode
-from reconciler.model.record import field, record
+from reconciler.model.record import field, record, replace
 
 if TYPE_CHECKING:
     from reconciler.model.inventory import Gpu
@@ -252,6 +252,10 @@ class DesiredNode:
     #: they configure is known once the host is observed (``plan.groups.resolve`` makes them
     #: ``gpus``). Empty for a node's own entry, which replaces every group.
     matched: tuple[GroupGpu, ...] = ()
+    #: ``spec.rollout.maxParallel`` of the desired state it came from: the node agents' fleet
+    #: budget, at most this many nodes changing their hosts at once (``apply/slots.py``; None:
+    #: no budget). Set by :meth:`Desired.node`.
+    max_parallel: int | None = None
 
     def gpu(self, address: PciAddress) -> DesiredGpu | None:
         for g in self.gpus:
@@ -313,6 +317,13 @@ class Desired:
         not known, and a group that selects by labels and admits the name raises
         :class:`UsageError` (guessing could configure a node no group meant).
         """
+        found = self._node(name, labels)
+        max_parallel = self.rollout.max_parallel if self.rollout is not None else None
+        if found is None or max_parallel is None:
+            return found
+        return replace(found, max_parallel=max_parallel)
+
+    def _node(self, name: str, labels: Mapping[str, str] | None) -> DesiredNode | None:
         own = self.nodes.get(name)
         if own is not None:
             return own

@@ -8,7 +8,8 @@ Each is a plain attribute write or read, atomic in Python: a probe never waits f
   outcome) within ``stale_after`` seconds, or within ``action_budget`` while it is busy (one
   action may legitimately take that long);
 - ready: a reconcile settled the node once (converged, or only changes a VM blocks remain);
-  failing afterwards leaves it ready, with the failure as its reason.
+  failing afterwards leaves it ready, with the failure as its reason; so does waiting for a
+  rollout slot (``waiting for a rollout slot (2 of 2 held by: node-a, node-b)``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class Health:
         self._last_error: str | None = None
         #: The changes the last successful reconcile found blocked, one line each.
         self.blocked: tuple[str, ...] = ()
+        #: Why the last reconcile did not act: no rollout slot was free (None: it was not so).
+        self.waiting: str | None = None
 
     # -- written by the worker -----------------------------------------------------------------
 
@@ -76,6 +79,7 @@ class Health:
         says something new (another blocked set, the end of a failure, the first settling)."""
         news = blocked != self.blocked or self._last_error is not None or not self._ready
         self._last_error = None
+        self.waiting = None
         self.blocked = blocked
         self._converged = converged
         self._ready = True
@@ -84,6 +88,13 @@ class Health:
     def failed(self, message: str) -> None:
         """A reconcile failed with ``message``."""
         self._last_error = message
+        self._converged = False
+        self.waiting = None
+
+    def wait_for_slot(self, message: str) -> None:
+        """A reconcile found changes to make and no free rollout slot: nothing was done, and
+        it is tried again soon (``message`` says who holds the slots)."""
+        self.waiting = message
         self._converged = False
 
     # -- read by the probes (any thread) -------------------------------------------------------
@@ -106,6 +117,8 @@ class Health:
         """Ready once a reconcile settled the node (converged, or only changes a VM blocks)."""
         if self._ready:
             return Verdict(True, f"ready: {self._state()}")
+        if self.waiting is not None:
+            return Verdict(False, f"not converged yet: {self.waiting}")
         if self._desired.current is None:
             if self._desired.invalid:
                 return Verdict(False, f"no valid desired state yet: {self._desired.invalid[0]}")
@@ -115,6 +128,8 @@ class Health:
         return Verdict(False, "waiting for the first reconcile")
 
     def _state(self) -> str:
+        if self.waiting is not None:
+            return self.waiting
         if self._last_error is not None:
             return f"the last reconcile failed: {self._last_error}"
         if self.blocked:

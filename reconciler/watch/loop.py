@@ -46,6 +46,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from reconciler.catalog import Catalog
 from reconciler.engine import DevicePlugins, NodePorts, RunSettings
@@ -56,6 +57,9 @@ from reconciler.watch.reconcile import ReconcileRunner
 from reconciler.watch.scheduler import Trigger
 from reconciler.watch.source import DesiredSource
 from reconciler.watch.worker import WatchSettings, Worker
+
+if TYPE_CHECKING:
+    from reconciler.apply.slots import NodeBudget
 
 log = logging.getLogger("vgpuctl.watch")
 
@@ -82,6 +86,7 @@ class WatchLoop(Worker):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
+        budget: NodeBudget | None = None,
     ) -> None:
         self.source = source
         self.node = node
@@ -118,6 +123,8 @@ class WatchLoop(Worker):
             metrics=self.metrics,
             clock=clock,
             wall_clock=wall_clock,
+            budget=budget,
+            rng=rng,
         )
 
     # -- the worker's hooks (worker.py) -----------------------------------------------------

@@ -14,6 +14,10 @@ Around the run it keeps the books:
 - metrics: reconciles by result, actions applied, errors by kind, the duration, the converged
   and blocked gauges, the last success;
 - the probes (``health.py``): busy while it runs, a beat at each action, settled or failed;
+- the rollout budget (``apply/slots.py``: ``spec.rollout.maxParallel`` with a cluster): a run
+  with host changes and no free slot does nothing and is tried again within seconds (not a
+  failure: no backoff), said in the log, the readiness probe and
+  ``vgpuctl_rollout_slot_waiting``;
 - the scheduler (``scheduler.py``): a success, or a failure and its retry (a transient error
   with backoff; a permanent one waits for a change of an input or the resync);
 - the drift baselines (``changes.py``): the host's and the cluster's fingerprints taken just
@@ -27,11 +31,15 @@ reconcile is due.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from reconciler.apply import Outcome, OutcomeStatus
 from reconciler.apply.cluster import EVENT_MESSAGE_MAX
+from reconciler.apply.lease import DEFAULT_DURATION, DEFAULT_RETRY_PERIOD
+from reconciler.apply.slots import SlotUnavailableError
 from reconciler.engine import NodePorts, Planned, RunSettings, reconcile
 from reconciler.engine.pipeline import Convergence
 from reconciler.model import (
@@ -53,7 +61,10 @@ from reconciler.watch.advertising import Advertising
 from reconciler.watch.changes import ClusterDrift, HostDrift
 from reconciler.watch.health import Health
 from reconciler.watch.metrics import WatchMetrics
-from reconciler.watch.scheduler import Scheduler, is_transient
+from reconciler.watch.scheduler import Scheduler, Trigger, is_transient
+
+if TYPE_CHECKING:
+    from reconciler.apply.slots import NodeBudget
 
 log = logging.getLogger("vgpuctl.watch")
 
@@ -86,8 +97,26 @@ class ReconcileRunner:
         metrics: WatchMetrics,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        budget: NodeBudget | None = None,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self._ports = ports
+        self._budget = budget
+        self._rng = rng
+        #: Runs in a row that found no free rollout slot, and what the last one said.
+        self._slot_waits = 0
+        self._slot_said = ""
+        self._slot_waiting = None
+        if budget is not None:
+            from prometheus_client import Gauge
+
+            self._slot_waiting = Gauge(
+                "vgpuctl_rollout_slot_waiting",
+                "1 while this node has host changes to make and waits for a rollout slot "
+                "(spec.rollout.maxParallel: every slot held by other nodes), else 0.",
+                registry=metrics.registry,
+            )
+            self._slot_waiting.set(0)
         self._settings = settings
         self._scheduler = scheduler
         self._host = host
@@ -113,8 +142,12 @@ class ReconcileRunner:
         a failure is reported and its retry scheduled."""
         started = self._clock()
         self._probes.busy_since = started
+        waiting = False
         try:
             final, applied = self._converge(desired)
+        except SlotUnavailableError as exc:
+            waiting = True
+            self._wait_for_slot(exc, triggers)
         except LockHeldError as exc:
             self.report.failed("lock", exc.message, exc, started, triggers, level=logging.WARNING)
         except _Failed as exc:
@@ -150,6 +183,34 @@ class ReconcileRunner:
         finally:
             self._probes.busy_since = None
             self._metrics.reconcile_duration.observe(self._clock() - started)
+            if not waiting:
+                self._slot_waits, self._slot_said = 0, ""
+                if self._slot_waiting is not None:
+                    self._slot_waiting.set(0)
+
+    def _wait_for_slot(self, error: SlotUnavailableError, triggers: str) -> None:
+        """No rollout slot is free: nothing was changed. Tried again after a short pause that
+        grows with the waits in a row up to a lease duration (jittered: the waiting nodes do
+        not all ask at once), never the failure backoff's minute."""
+        period, longest = DEFAULT_RETRY_PERIOD, DEFAULT_DURATION
+        if self._budget is not None:  # (only a budget raises it)
+            period, longest = self._budget.slots.retry_period, self._budget.slots.duration
+        self._slot_waits += 1
+        pause = min(period * self._slot_waits, longest)
+        delay = pause * (0.5 + self._rng() / 2)
+        self._scheduler.want(Trigger.SLOT, at=self._clock() + delay)
+        self._probes.wait_for_slot(error.message)
+        if self._slot_waiting is not None:
+            self._slot_waiting.set(1)
+        level = logging.INFO if error.message != self._slot_said else logging.DEBUG
+        self._slot_said = error.message
+        log.log(
+            level,
+            "%s: nothing changed; trying again in %.1f s",
+            error.message,
+            delay,
+            extra={"reason": triggers, "holders": list(error.busy.holders)},
+        )
 
     def _record_absent(self, node: str, error: AbsentError) -> None:
         """A Warning Event ``DesiredGpuAbsent`` on the node's VGPUNodeState, naming what the
@@ -195,6 +256,7 @@ class ReconcileRunner:
             review=self._review,
             on_outcome=self.report.outcome,
             plugins=self._advertising.plugins,
+            budget=self._budget,
         )
         self._advertising.engine_told(result)
         self.planned_for = result.planned.desired

@@ -68,6 +68,8 @@ class Trigger(enum.StrEnum):
     RETRY = "retry"
     #: Delegate mode's watch: this replica became the leader.
     LEADER = "leader"
+    #: The node agent waits for a rollout slot (``apply/slots.py``): it tries again.
+    SLOT = "slot"
 
 
 def is_transient(error: BaseException | None) -> bool:

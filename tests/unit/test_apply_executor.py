@@ -574,3 +574,37 @@ def test_a_vf_whose_removal_is_under_way_gets_nothing_new(tmp_path: Path) -> Non
     assert again.failed is not None
     assert again.failed.message.startswith(f"vGPU {UUID_A} on {VF0} is already being removed")
     assert host.kernel.writes == []
+
+
+def test_a_guard_that_refuses_fails_the_action_before_it_acts_and_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """A node agent's rollout slot is asked before each host action (``apply/slots.py``): once
+    it could not be renewed, the next action fails untouched and nothing after it runs."""
+    from reconciler.apply.slots import SlotLostError
+
+    host = Host(tmp_path)
+    asked: list[int] = []
+
+    def guard() -> None:
+        asked.append(len(asked))
+        if len(asked) > 1:
+            raise SlotLostError("the rollout slot could not be renewed")
+
+    plan = Plan(
+        node=NODE,
+        interface="mdev",
+        observed=Observation("sha256:x"),
+        actions=(enable(1), create(2, VF0, 0, UUID_A), create(3, VF1, 1, UUID_B)),
+    )
+    result = execute(
+        plan, driver=host.driver, journal=host.journal, verify_timeout=5.0, poll_interval=0.5,
+        clock=host.time.clock, sleep=host.time.sleep, guard=guard,
+    )  # fmt: skip
+    assert statuses(result) == [
+        (1, "done", "enabled 4 VFs"),
+        (2, "failed", "the rollout slot could not be renewed"),
+    ]
+    assert result.outcomes[1].transient
+    assert [a.seq for a in result.not_run] == [3]
+    assert host.driver.vgpu_on(VF0) is None

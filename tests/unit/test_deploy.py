@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Iterator, Mapping
@@ -67,6 +68,16 @@ EXPECTED_GRANTS = {
         "pcidevices-validator",
     ),
     Grant("", "events", "create", "default"),
+    # The node agents' rollout slots (spec.rollout.maxParallel), in the agents' namespace: one
+    # list per try and a create of a missing slot (neither can be limited to names), get and
+    # update of the 32 slots by name.
+    Grant("coordination.k8s.io", "leases", "list", NAMESPACE),
+    Grant("coordination.k8s.io", "leases", "create", NAMESPACE),
+    *(
+        Grant("coordination.k8s.io", "leases", verb, NAMESPACE, f"vgpuctl-rollout-{i}")
+        for verb in ("get", "update")
+        for i in range(32)
+    ),
 }
 # Verbs a node agent may ever hold; escalate, bind, impersonate and deletecollection are never
 # needed. patch only for the KubeVirt CR (a JSON patch naming our entries); our own objects are
@@ -222,7 +233,9 @@ def test_kustomize_builds_the_base() -> None:
         ("Namespace", NAMESPACE),
         ("NetworkPolicy", "vgpuctl"),
         ("Role", "vgpuctl-events"),
+        ("Role", "vgpuctl-rollout"),
         ("RoleBinding", "vgpuctl-events"),
+        ("RoleBinding", "vgpuctl-rollout"),
         ("ServiceAccount", "vgpuctl"),
         ("ValidatingAdmissionPolicy", "vgpuctl-agent"),
         ("ValidatingAdmissionPolicyBinding", "vgpuctl-agent"),
@@ -414,6 +427,21 @@ def _rules() -> list[dict[str, Any]]:
 
 def test_the_roles_grant_exactly_the_recorded_requests() -> None:
     assert grants(DEPLOY / "rbac.yaml") == EXPECTED_GRANTS
+
+
+def test_the_slots_granted_by_name_are_the_slots_the_code_uses() -> None:
+    from reconciler.apply.slots import MAX_SLOTS, slot_name
+
+    named = {g.name for g in grants(DEPLOY / "rbac.yaml") if g.resource == "leases" and g.name}
+    assert named == {slot_name(i) for i in range(MAX_SLOTS)}
+    # The admission policy's pattern of the names an agent may write admits exactly those.
+    policy = (DEPLOY / "admission-policy.yaml").read_text("utf-8")
+    (pattern,) = re.findall(r"request\.name\.matches\('([^']*)'\)", policy)
+    admitted = {
+        f"vgpuctl-rollout-{i}" for i in range(100) if re.fullmatch(pattern, f"vgpuctl-rollout-{i}")
+    }
+    assert admitted == named
+    assert not re.fullmatch(pattern, "vgpuctl-rollout-01")
 
 
 def test_the_roles_have_no_wildcards_and_no_dangerous_verbs() -> None:

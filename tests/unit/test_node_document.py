@@ -34,3 +34,16 @@ def test_a_node_survives_its_document(mode: VgpuMode) -> None:
     assert [g.get("mode") for g in written] == [
         None if mode is VgpuMode.EQUAL_SIZE else "mixed-size"
     ] * 2
+
+
+@pytest.mark.parametrize("max_parallel", [None, 3])
+def test_the_fleet_budget_survives_the_document(max_parallel: int | None) -> None:
+    """``spec.rollout.maxParallel``, the node agents' fleet budget, goes with the node: a saved
+    plan applied later takes a rollout slot as the files would have it do."""
+    node = DesiredNode("node-1", (want(A2, {0: "A2-4Q"}),), max_parallel=max_parallel)
+    document = node_document(node)
+    assert document["spec"].get("rollout") == (
+        None if max_parallel is None else {"maxParallel": max_parallel}
+    )
+    loaded = node_from_document(document, CATALOG, "plan.json#desiredState")
+    assert loaded.max_parallel == max_parallel
