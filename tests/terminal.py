@@ -116,7 +116,9 @@ def run_in_pty(
     """``python -m reconciler ARGS`` (``python ARGS`` with ``python``) on a pty of ``size``
     (rows, columns); all it wrote."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUCTL_")}
-    for name in ("CI", "NO_COLOR", "NODE_NAME"):
+    # COLUMNS and LINES would win over the pty's own size (shutil.get_terminal_size reads
+    # them first), and pytest-xdist's workers have them set (80 × 24).
+    for name in ("CI", "NO_COLOR", "NODE_NAME", "COLUMNS", "LINES"):
         full_env.pop(name, None)
     full_env["TERM"] = "xterm-256color"
     full_env.update(env or {})

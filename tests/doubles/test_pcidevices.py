@@ -176,6 +176,10 @@ def test_the_first_resync_creates_the_gpu_disabled_and_labels_the_node(
     assert gpu["spec"] == {"address": "0000:08:00.0", "nodeName": NODE, "enabled": False}
     assert gpu.get("status", {}) == {}  # no VFs: both lists omitted
     assert harvester.emu.objects(*VGPUS) == []
+    # checkAndUpdateNodeLabels (node_controller.go) lists SRIOVGPUDevices from the informer's
+    # cache: the GPU created moments before in the same resync may not be there yet (a busy
+    # machine), and then the label comes with the next resync, as in Harvester.
+    harvester.ctl.resync()
     node = harvester.stored(NODES, NODE)
     assert node["metadata"]["labels"] == {"sriovgpu.harvesterhci.io/driver-needed": "true"}
     # A PCIDevice per device but the root ports (PCI bridges, class 0604).

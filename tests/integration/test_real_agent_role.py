@@ -6,7 +6,8 @@ The agent's identity is its service account's token bound to a pod on its node, 
 deploy/admission-policy.yaml in force too (``api_servers.PolicedAgent``). Its flows: ``apply``
 (a first apply racing an admin who creates two of its objects meanwhile: 409, re-read, re-plan),
 ``plan``, ``watch`` (which follows the cluster by watches and resets hand edits of every kind
-of its objects), ``apply`` of a GPU with SR-IOV disabled (its VGPUDevices deleted), ``apply`` on
+of its objects), ``apply`` of a GPU with SR-IOV disabled under a rollout budget (its VGPUDevices
+deleted while it holds a rollout slot, a Lease), ``apply`` on
 a host the GPU has left (its SRIOVGPUDevice deleted) and ``plan`` of a node group selected by
 labels (the agent's own Node read). ``status`` and the device plugin never talk to the API
 server. The union of what those flows ask for is every (verb, resource) the role grants,
@@ -76,6 +77,12 @@ AGENT_REQUESTS = {
     ("create", NODE_STATES, "vgpunodestates", None),
     ("update", NODE_STATES, "vgpunodestates", None),
     ("update", NODE_STATES, "vgpunodestates", "status"),
+    # its rollout slot (spec.rollout.maxParallel): the slots listed, one created, read by name
+    # at each renewal and at the release, renewed and released (updates)
+    ("list", "coordination.k8s.io", "leases", None),
+    ("create", "coordination.k8s.io", "leases", None),
+    ("get", "coordination.k8s.io", "leases", None),
+    ("update", "coordination.k8s.io", "leases", None),
     # the KubeVirt CR: found (list), followed (watch), read and patched (its allow-list)
     ("list", "kubevirt.io", "kubevirts", None),
     ("watch", "kubevirt.io", "kubevirts", None),
@@ -216,8 +223,14 @@ def test_every_flow_of_the_agent_is_allowed_and_uses_every_rule_of_its_role(
 
     # SR-IOV disabled: the VGPUDevices go, then the GPU leaves the host: its SRIOVGPUDevice.
     disabled = tmp_path / "disabled.yaml"
+    # Under a rollout budget of one (spec.rollout.maxParallel): the host change takes, renews
+    # and releases a slot, a Lease in the agents' namespace (reconciler/apply/slots.py).
+    create_ignoring_conflict(
+        client.CoreV1Api(api_server.api).create_namespace, {"metadata": {"name": "vgpuctl-system"}}
+    )
     disabled.write_text(
         SEED.read_text().replace("sriov: enabled", "sriov: disabled").split("vgpus:")[0]
+        + "\n  rollout:\n    maxParallel: 1\n"
     )
     node.ok("apply", disabled, "--yes")
     assert cluster_object(api_server, "vgpudevices", VF4) is None
@@ -253,7 +266,10 @@ def test_every_flow_of_the_agent_is_allowed_and_uses_every_rule_of_its_role(
     granted = rbac.grants()
     assert [r for r in made if not rbac.allows(granted, Request(*r))] == []
     assert {r[:4] for r in made} == AGENT_REQUESTS
-    assert rbac.unused(granted, [Request(*r) for r in made]) == set()
+    unused = rbac.unused(granted, [Request(*r) for r in made])
+    # One slot is used: the other 31 are granted the same verbs by name, in the same rule.
+    unused -= {g for g in unused if g.resource == "leases" and g.name != "vgpuctl-rollout-0"}
+    assert unused == set()
     # Narrow as it reads: no pod, Events in one namespace only, the guard's three by name.
     assert not [r for r in made if r[2] == "pods"]
     assert {r[4] for r in made if r[2] == "events"} == {"default"}
