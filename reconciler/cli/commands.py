@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from reconciler.model import (
     Desired,
     DesiredNode,
     Inventory,
+    ObserveError,
     Plan,
     UsageError,
     ValidationError,
@@ -85,14 +86,28 @@ def load(paths: Sequence[str], host: Host, *, strict: bool = False) -> Desired:
     )
 
 
-def select_node(desired: Desired, node: str, host: Host) -> DesiredNode:
+def select_node(
+    desired: Desired, node: str, host: Host, labels: Mapping[str, str] | None = None
+) -> DesiredNode:
     """What ``desired`` wants of ``node``: its own entry, else what the node groups that
-    select it say (its labels read from the cluster when a group selects by labels)."""
-    labels = None
-    if desired.needs_labels(node) and host.cluster_api is not None:
-        from reconciler.observe.nodes import node_labels
+    select it say. With a cluster, a node groups may select must be a Node of it (one get,
+    which gives its labels): a mistyped name a glob admits would otherwise plan a group's
+    layout onto the host (README, "Node groups"). Without one, ``labels`` (``--labels``)
+    stand for the cluster's."""
+    api = host.cluster_api
+    if api is not None and desired.may_select(node):
+        from reconciler.observe.nodes import read_node
 
-        labels = node_labels(host.cluster_api, node)
+        labels = read_node(api, node)
+        if labels is None:
+            from reconciler.desired.shape import did_you_mean
+
+            close = did_you_mean(node, desired.nodes)
+            hint = f"; did you mean {close!r}?" * (close is not None)
+            raise UsageError(
+                f"no Node named {node!r} in the cluster{hint} (node groups select among the "
+                "cluster's Nodes: pass --node NAME or set NODE_NAME)"
+            )
     found = desired.node(node, labels)
     if found is None:
         names = ", ".join(sorted(desired.nodes)) or "none"
@@ -105,6 +120,30 @@ def select_node(desired: Desired, node: str, host: Host) -> DesiredNode:
     return found
 
 
+def add_labels_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--labels",
+        metavar="K=V[,K=V…]",
+        help="without a cluster: this node's labels, for node groups that select by labels "
+        "(with one, its Node's labels decide)",
+    )
+
+
+def given_labels(ns: argparse.Namespace, host: Host) -> Mapping[str, str] | None:
+    """``--labels`` as a mapping (None: not given); a usage error with a cluster, whose Node's
+    labels are the ones node groups select by."""
+    if ns.labels is None:
+        return None
+    if host.has_cluster:
+        raise UsageError(
+            "--labels stands for a node's labels where there is no cluster; with a cluster, "
+            "its Node's labels decide (label the Node instead)"
+        )
+    from reconciler.cli.explain import parse_labels
+
+    return parse_labels(ns.labels)
+
+
 def plan_for(
     node: DesiredNode, host: Host, *, adopt: bool = False, partial: bool = False
 ) -> Planned:
@@ -115,10 +154,16 @@ def plan_for(
 
 
 def plan_files(
-    files: Sequence[str], host: Host, *, adopt: bool = False, partial: bool = False
+    files: Sequence[str],
+    host: Host,
+    *,
+    adopt: bool = False,
+    partial: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> Planned:
-    """Load the desired state, pick this node, observe, plan."""
-    node = select_node(load(files, host), host.options.node, host)
+    """Load the desired state, pick this node (``labels``: see :func:`select_node`), observe,
+    plan."""
+    node = select_node(load(files, host), host.options.node, host, labels)
     return plan_for(node, host, adopt=adopt, partial=partial)
 
 
@@ -275,6 +320,7 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
     )
     add_adopt_option(p)
     add_partial_option(p, planning=True)
+    add_labels_option(p)
     add_delegate_option(p)
     p.set_defaults(handler=cmd_plan)
     return p
@@ -282,13 +328,14 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
 
 def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
+    labels = given_labels(ns, host)
     if ns.observed == "cluster":
         return _plan_from_cluster(ns, host)
     if delegating(ns, host):
         from reconciler.cli.delegate import cmd_plan_delegate
 
         return cmd_plan_delegate(ns, host)
-    planned = plan_files(ns.file, host, adopt=ns.adopt, partial=ns.partial)
+    planned = plan_files(ns.file, host, adopt=ns.adopt, partial=ns.partial, labels=labels)
     plan, inventory = planned.plan, planned.inventory
     if ns.out:
         # The desired GPUs as planned: a node group's entries made this host's GPUs.
@@ -394,6 +441,8 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
         observed = reader.observe(names)
         del reader  # what it read is in ``observed`` now, and nowhere else
         unread = {n: o for n, o in observed.items() if isinstance(o, ReconcilerError)}
+        if unread:
+            _name_missing_nodes(unread, labels if desired.groups else None, api)
         fleet = plan_fleet(
             (
                 FleetMember(desired.node(name, labels.get(name, {})), *seen)
@@ -452,6 +501,31 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     return EXIT_CHANGES if ns.detailed_exitcode and changed else EXIT_OK
 
 
+def _name_missing_nodes(
+    unread: dict[str, ObserveError],
+    nodes: Mapping[str, object] | None,
+    api: ClusterApi,
+) -> None:
+    """Each node of ``unread`` the cluster has no Node of gets that as its error (a node of the
+    files vgpuctl cannot have reconciled): ``nodes`` the cluster's (None: not listed yet; then
+    one list, only now, and the errors are left as they are if it fails)."""
+    from reconciler.desired.shape import did_you_mean
+    from reconciler.observe.nodes import all_node_labels
+
+    if nodes is None:
+        try:
+            nodes = all_node_labels(api)
+        except ReconcilerError:
+            return
+    for name in [n for n in unread if n not in nodes]:
+        close = did_you_mean(name, nodes)
+        hint = f"; did you mean {close!r}?" * (close is not None)
+        unread[name] = ObserveError(
+            f"no Node named {name!r} in the cluster{hint} (the desired state names it: a "
+            "mistyped name, or a node not joined yet)"
+        )
+
+
 def _is_located(line: str) -> bool:
     head = line.split(": ", 1)[0]
     return head.rsplit(":", 1)[-1].isdigit()
@@ -506,6 +580,7 @@ def _add_apply(sub: Subparsers) -> argparse.ArgumentParser:
     add_partial_option(p)
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
     add_apply_options(p)
+    add_labels_option(p)
     add_delegate_option(p)
     add_rollout_options(p)
     add_progress_options(p)
@@ -518,6 +593,7 @@ def cmd_apply(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.apply import NodeLock
 
     host = Host(options)
+    given_labels(ns, host)  # a usage error before the lock
     if delegating(ns, host):
         from reconciler.cli.delegate import cmd_apply_delegate
 
@@ -561,10 +637,13 @@ def _apply_locked(
 
     saved = read_saved_plan(Path(ns.file[0])) if len(ns.file) == 1 else None
     expected: Expected | None = None
+    labels = given_labels(ns, host)
     if saved is not None:
+        if labels is not None:
+            raise UsageError("--labels goes with a desired state: a saved plan carries its GPUs")
         node, expected = _saved_promise(saved, host)
     else:
-        node = select_node(load(ns.file, host), host.options.node, host)
+        node = select_node(load(ns.file, host), host.options.node, host, labels)
 
     style = _style(options)
 

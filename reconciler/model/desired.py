@@ -346,12 +346,17 @@ class Desired:
             matched=tuple(gpu for g in selecting for gpu in g.gpus),
         )
 
+    def may_select(self, name: str) -> tuple[NodeGroup, ...]:
+        """The groups that may configure node ``name``: none when the node has its own entry,
+        else every group whose selector admits its name (whatever its labels turn out to be)."""
+        if name in self.nodes:
+            return ()
+        return tuple(g for g in self.groups if g.selector.admits_name(name))
+
     def needs_labels(self, name: str) -> tuple[NodeGroup, ...]:
         """The groups whose say on node ``name`` depends on its labels (none when the node has
         its own entry, or no group both admits its name and selects by labels)."""
-        if name in self.nodes:
-            return ()
-        return tuple(g for g in self.groups if g.selector.labels and g.selector.admits_name(name))
+        return tuple(g for g in self.may_select(name) if g.selector.labels)
 
     def selected(self, nodes: Mapping[str, Mapping[str, str]]) -> list[str]:
         """The names the desired state concerns among ``nodes`` (name → labels), with every

@@ -1,8 +1,10 @@
 """The labels of Kubernetes nodes, which node groups select by (``spec.nodeGroups[].selector``).
 
-A node agent reads its own Node (one ``get``); ``plan --observed cluster`` lists them all
-(paginated). Both only when the desired state has a group that selects by labels and could
-select the node: a desired state without such groups never reads a Node. The objects are the
+A node agent reads its own Node (one ``get``) when a group may select it (its name admitted):
+the Node must be there (``cli.commands.select_node``) and its labels decide a label selector.
+``plan --observed cluster`` lists them all (paginated) when the desired state has groups, or
+when a node of the files could not be planned (is it a Node at all?). A node configured by its
+own entry alone never reads a Node. The objects are the
 API server's, so their labels are checked as untrusted data: a label that is not text to text
 is left out (no selector can ask for it), and a Node whose ``metadata.labels`` is no mapping
 has none.
@@ -24,12 +26,18 @@ MAX_LABELS = 1024
 def node_labels(api: ClusterApi, node: str) -> Mapping[str, str]:
     """Node ``node``'s labels. Raises :class:`ObserveError` when the cluster has no such node
     (a group cannot be decided for a node that is not there)."""
-    raw = api.get_object(group="", version="v1", plural="nodes", name=node)
-    if raw is None:
+    labels = read_node(api, node)
+    if labels is None:
         raise ObserveError(
             f"node {node} is not in the cluster: its labels decide which node groups configure it"
         )
-    return labels_of(raw)
+    return labels
+
+
+def read_node(api: ClusterApi, node: str) -> Mapping[str, str] | None:
+    """Node ``node``'s labels, or None when the cluster has no Node of that name (one get)."""
+    raw = api.get_object(group="", version="v1", plural="nodes", name=node)
+    return None if raw is None else labels_of(raw)
 
 
 def all_node_labels(api: ClusterApi) -> Mapping[str, Mapping[str, str]]:

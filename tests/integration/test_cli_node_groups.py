@@ -199,13 +199,19 @@ def test_the_node_agent_reads_its_labels_from_its_node(
     assert sum(1 for o in emu.objects(*VGPUS) if o["spec"].get("vGPUTypeName")) == 8
 
 
-def test_the_node_agent_reads_no_node_without_label_groups(
+def test_the_node_agent_reads_its_node_only_where_a_group_may_select_it(
     tmp_path: Path, emu: ApiServerEmulator
 ) -> None:
+    """Groups by names only: the agent of a node a glob admits gets its Node (one get: it must
+    be a Node of the cluster: README, "Node groups"); one with its own entry reads none."""
+    emu.seed(_node("gpu-1", {}))
     node = cluster_node(tmp_path, emu, "gpu-1")
     fleet = _write(tmp_path, FLEET.replace("labels: {example.com/pool: vdi}", "names: [vdi-*]"))
     emu.requests.clear()
     node.ok("plan", fleet)
+    assert [(r.verb, r.name) for r in emu.requests if r.resource == "nodes"] == [("get", "gpu-1")]
+    emu.requests.clear()
+    cluster_node(tmp_path, emu, "n-special").ok("plan", fleet)
     assert not [r for r in emu.requests if r.resource == "nodes"]
 
 
