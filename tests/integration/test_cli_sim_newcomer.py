@@ -58,6 +58,7 @@ def test_sim_init_prints_an_export_line_the_next_commands_use(tmp_path: Path) ->
         f"VGPUCTL_NODE={NODE}\n"
     )
     assert "Paste the export line below" in res.stderr
+    assert _env_of(res.stdout)["VGPUCTL_SYSFS_ROOT"] == f"{host}/sys"
 
 
 def test_the_readme_demo_commands_paste_as_they_are(tmp_path: Path) -> None:
@@ -107,14 +108,16 @@ def _env_of(export_line: str) -> dict[str, str]:
 def test_watch_on_a_simulated_host_needs_no_device_plugin_flag(tmp_path: Path) -> None:
     """No --no-device-plugin: a simulated host has no kubelet, so none are served, one line
     says so, and the node converges; SIGTERM ends it with 0."""
-    res = run_vgpuctl("sim", "init", tmp_path / "host", "--gpu", f"A2@{GPU}", "--node", NODE)
-    assert res.returncode == 0, res.stderr
-    proc = _watch(_env_of(res.stdout))
+    node = make_sim(tmp_path / "host", [f"A2@{GPU}"])
+    proc = _watch({"VGPUCTL_SYSFS_ROOT": str(node.dir / "sys"), "VGPUCTL_NODE": NODE})
     lines: list[dict[str, object]] = []
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
     for raw in proc.stderr:
-        lines.append(json.loads(raw))
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:  # a line that is no log record: an error at start
+            lines.append({"msg": raw})
         if "converged" in str(lines[-1].get("msg")) or time.monotonic() > deadline:
             break
     proc.send_signal(signal.SIGTERM)
