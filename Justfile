@@ -5,30 +5,30 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 python := env_var_or_default("PYTHON", "python3")
 
 # Build a simulated A2 node (the seed's), check it, plan, apply, show status, re-plan to "No changes."
+# Each command is shown as it runs: `sim init`'s export line points the others at the simulated
+# host, so they can be pasted into a shell as they are (README.md, "What `just demo` shows").
 demo:
     #!/usr/bin/env bash
     set -euo pipefail
     dir=$(mktemp -d -t vgpuctl-demo.XXXXXX)
     trap 'rm -rf "$dir"' EXIT
-    export VGPUCTL_NODE=harvester-kgd9c
-    host=(--sysfs-root "$dir/sys" --sriov-manage "$dir/bin/sriov-manage")
     say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
-    say vgpuctl sim init "$dir" --gpu A2@0000:08:00.0
-    vgpuctl sim init "$dir" --gpu A2@0000:08:00.0
+    say "eval \"\$(vgpuctl sim init $dir --gpu A2@0000:08:00.0 --node harvester-kgd9c)\""
+    eval "$(vgpuctl sim init "$dir" --gpu A2@0000:08:00.0 --node harvester-kgd9c)"
     say vgpuctl doctor
-    vgpuctl doctor "${host[@]}"
+    vgpuctl doctor
     say vgpuctl validate desired-state/harvester-kgd9c.yaml
     vgpuctl validate desired-state/harvester-kgd9c.yaml
     say vgpuctl plan desired-state/harvester-kgd9c.yaml
-    vgpuctl plan desired-state/harvester-kgd9c.yaml "${host[@]}"
+    vgpuctl plan desired-state/harvester-kgd9c.yaml
     say vgpuctl apply desired-state/harvester-kgd9c.yaml --yes
-    vgpuctl apply desired-state/harvester-kgd9c.yaml --yes "${host[@]}"
+    vgpuctl apply desired-state/harvester-kgd9c.yaml --yes
     say vgpuctl status
-    vgpuctl status "${host[@]}"
-    say "vgpuctl status -o crds   # the SRIOVGPUDevice and the first of 16 VGPUDevices"
-    vgpuctl status -o crds "${host[@]}" | awk '/^---$/ { n++ } n < 2'
+    vgpuctl status
+    say "vgpuctl status -o crds | awk '/^---\$/ { n++ } n < 2'   # the SRIOVGPUDevice and the first of 16 VGPUDevices"
+    vgpuctl status -o crds | awk '/^---$/ { n++ } n < 2'
     say vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode
-    vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode "${host[@]}"
+    vgpuctl plan desired-state/harvester-kgd9c.yaml --detailed-exitcode
 
 # Lint and type-check, then run the whole test suite, and then the real-API tier (`just
 # test-real`) when its binaries are built (else a line says how to build them). Temporary trees go to tmpfs when there is

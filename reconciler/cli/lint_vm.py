@@ -12,10 +12,13 @@ Per VM (``spec.template.spec.domain.devices.gpus`` of a VirtualMachine,
   are enabled unless set false): a second ramFB is an error. ``--fix`` writes
   ``virtualGPUOptions.display.ramFB.enabled: false`` on every GPU but the first that has one,
   keeping the file's comments, order and quoting (ruamel.yaml's round trip), written
-  atomically.
+  atomically, one ``file:line:col: fixed: …`` line per change; ``--diff`` prints that change as
+  a unified diff instead, writing nothing.
 
-Findings as ``file:line:col: error|warning: …``; exit 1 when there is an error (after
-``--fix``, when one is left). Files are untrusted: read as the desired state's files are (a
+Findings as ``file:line:col: error|warning: …``, sorted by file and position; exit 1 when there
+is an error (after ``--fix``, when one is left). A deviceName not on offer while nothing is
+says why nothing is: no node, no node with a device plugin's ``nvidia.com/`` resource, or a
+desired state naming no profile. Files are untrusted: read as the desired state's files are (a
 regular file only, non-blocking, at most 4 MiB; ``cli/files.py``), their nesting bounded before
 the recursive loader runs, loaded without any tag a document could use to build an object.
 """
@@ -23,6 +26,7 @@ the recursive loader runs, loaded without any tag a document could use to build 
 from __future__ import annotations
 
 import argparse
+import difflib
 import io
 import sys
 from collections.abc import Iterator, Mapping
@@ -31,7 +35,7 @@ from typing import Any
 
 from reconciler.catalog import Catalog, default_catalog, parse_profile_name
 from reconciler.cli.options import GlobalOptions
-from reconciler.cli.render import safe
+from reconciler.cli.render import safe, safe_lines
 from reconciler.model import DesiredGpu, GroupGpu, UsageError
 from reconciler.model.cluster import resource_name
 from reconciler.model.clusterapi import ClusterApi
@@ -51,11 +55,24 @@ class Finding:
     file: str
     line: int  # 1-based
     column: int  # 1-based
-    severity: str  # "error" | "warning"
+    severity: str  # "error" | "warning" | "fixed" (--fix made the change)
     message: str
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}: {self.severity}: {self.message}"
+
+
+@record(frozen=True, slots=True)
+class Offer:
+    """The resources on offer, and when there are none, why (said after "offered: nothing")."""
+
+    names: frozenset[str]
+    why_none: str = ""
+
+    def __str__(self) -> str:
+        if self.names:
+            return ", ".join(sorted(self.names))
+        return f"nothing: {self.why_none}" if self.why_none else "nothing"
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -74,11 +91,17 @@ def register(sub: Any) -> argparse.ArgumentParser:
         action="append",
         help="offline: the resources on offer are this desired state's profiles (repeatable)",
     )
-    p.add_argument(
+    fixing = p.add_mutually_exclusive_group()
+    fixing.add_argument(
         "--fix",
         action="store_true",
         help="disable ramFB on every GPU but the first that has one, in place, keeping "
-        "comments, order and quoting",
+        "comments, order and quoting; a 'fixed' line per change",
+    )
+    fixing.add_argument(
+        "--diff",
+        action="store_true",
+        help="print what --fix would change as a unified diff on stdout, writing nothing",
     )
     p.set_defaults(handler=cmd_lint_vm)
     return p
@@ -88,7 +111,7 @@ def cmd_lint_vm(ns: argparse.Namespace, options: GlobalOptions) -> int:
     from reconciler.cli.host import Host
 
     catalog = default_catalog()
-    offered: frozenset[str] | None
+    offered: Offer | None
     if ns.desired:
         from reconciler.desired import load_desired
 
@@ -97,10 +120,13 @@ def cmd_lint_vm(ns: argparse.Namespace, options: GlobalOptions) -> int:
             *(gpu for node in desired.nodes.values() for gpu in node.gpus),
             *(gpu for group in desired.groups for gpu in group.gpus),
         ]
-        offered = frozenset(
-            resource_name(profile)
-            for gpu in layouts
-            for profile in (*(gpu.vgpus or {}).values(), *(gpu.profiles or {}))
+        offered = Offer(
+            frozenset(
+                resource_name(profile)
+                for gpu in layouts
+                for profile in (*(gpu.vgpus or {}).values(), *(gpu.profiles or {}))
+            ),
+            f"{', '.join(ns.desired)} names no vGPU profile on any node or node group",
         )
     else:
         api = Host(options).cluster_api
@@ -110,24 +136,57 @@ def cmd_lint_vm(ns: argparse.Namespace, options: GlobalOptions) -> int:
                 "lint-vm needs what is on offer: --kubeconfig (the cluster's nodes) or "
                 "--desired FILE"
             )
-    errors = 0
+    findings: list[Finding] = []
     for name in ns.files:
-        findings = lint_file(Path(name), offered=offered, catalog=catalog, fix=ns.fix)
-        for f in findings:
-            print(safe(str(f)), file=sys.stderr)
-            errors += f.severity == "error"
-    return EXIT_ERRORS if errors else EXIT_OK
+        linted = lint_file(Path(name), offered=offered, catalog=catalog, fix=ns.fix)
+        findings += linted.findings
+        if ns.fix and linted.fixed is not None:
+            _replace(Path(name), linted.fixed)
+        if ns.diff:
+            # The findings are the file's as it stays (nothing is written); the diff is what
+            # --fix would write.
+            would = lint_file(Path(name), offered=offered, catalog=catalog, fix=True)
+            if would.fixed is not None:
+                sys.stdout.write(safe_lines(_diff(name, would.original, would.fixed)))
+    # By file and position (stable: two findings at one place keep the order they were found).
+    findings.sort(key=lambda f: (f.file, f.line, f.column))
+    for f in findings:
+        print(safe(str(f)), file=sys.stderr)
+    return EXIT_ERRORS if any(f.severity == "error" for f in findings) else EXIT_OK
 
 
-def _offered_by_cluster(api: ClusterApi) -> frozenset[str]:
+def _diff(name: str, before: str, after: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=name,
+        tofile=name,
+    )
+    # A last line without its newline is marked as diff(1) marks it.
+    return "".join(
+        line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n" for line in lines
+    )
+
+
+def _offered_by_cluster(api: ClusterApi) -> Offer:
     names = set()
+    nodes = 0
     for node in api.list_objects(group="", version="v1", plural="nodes"):
-        status = node.get("status")
+        nodes += 1
+        status = node.get("status") if isinstance(node, Mapping) else None
         for field in ("allocatable", "capacity"):
             values = status.get(field) if isinstance(status, Mapping) else None
             if isinstance(values, Mapping):
                 names |= {k for k in values if isinstance(k, str) and k.startswith(PREFIX)}
-    return frozenset(names)
+    if nodes == 0:
+        why = "the cluster has no node"
+    else:
+        why = (
+            f"no node of the cluster's {nodes} has an {PREFIX} resource in its allocatable or "
+            "capacity (no device plugin registered one: is vgpuctl watch running there, with "
+            "vGPUs made?)"
+        )
+    return Offer(frozenset(names), why)
 
 
 def _yaml() -> Any:
@@ -142,10 +201,18 @@ def _yaml() -> Any:
     return y
 
 
-def lint_file(
-    path: Path, *, offered: frozenset[str], catalog: Catalog, fix: bool = False
-) -> list[Finding]:
-    """The findings of one file (``fix``: ramFB disabled where it is an error, in place)."""
+@record(frozen=True, slots=True)
+class Linted:
+    """One file's findings; with ``fix``, its text as read and as fixed (None: no change)."""
+
+    findings: list[Finding]
+    original: str = ""
+    fixed: str | None = None
+
+
+def lint_file(path: Path, *, offered: Offer, catalog: Catalog, fix: bool = False) -> Linted:
+    """The findings of one file (``fix``: ramFB disabled where it is an error, each change a
+    ``fixed`` finding, and the fixed text returned, not written)."""
     from ruamel.yaml.error import YAMLError
 
     from reconciler.desired.source import read_file
@@ -161,10 +228,12 @@ def lint_file(
         text = data.decode("utf-8")
         deep = _too_deep(y, text)
         if deep is not None:
-            return [Finding(str(path), *deep, "error", f"nested deeper than {MAX_DEPTH} levels")]
+            return Linted(
+                [Finding(str(path), *deep, "error", f"nested deeper than {MAX_DEPTH} levels")]
+            )
         docs = list(y.load_all(text))
     except (YAMLError, UnicodeDecodeError) as exc:
-        return [Finding(str(path), 1, 1, "error", f"not YAML: {exc}".splitlines()[0])]
+        return Linted([Finding(str(path), 1, 1, "error", f"not YAML: {exc}".splitlines()[0])])
     findings: list[Finding] = []
     changed = False
     for doc in docs:
@@ -175,8 +244,8 @@ def lint_file(
     if fix and changed:
         out = io.StringIO()
         y.dump_all(docs, out)
-        _replace(path, out.getvalue())
-    return findings
+        return Linted(findings, text, out.getvalue())
+    return Linted(findings, text)
 
 
 def _too_deep(y: Any, text: str) -> tuple[int, int] | None:
@@ -246,7 +315,7 @@ def _enabled(options: Any, *path: str) -> bool:
 
 
 def _check_vm(
-    path: Path, gpus: list[Any], offered: frozenset[str], catalog: Catalog, *, fix: bool
+    path: Path, gpus: list[Any], offered: Offer, catalog: Catalog, *, fix: bool
 ) -> tuple[list[Finding], bool]:
     findings: list[Finding] = []
     file = str(path)
@@ -261,20 +330,24 @@ def _check_vm(
         if not isinstance(device, str) or not device:
             findings.append(Finding(file, line, col, "error", "a GPU without a deviceName"))
             continue
-        if device not in offered:
+        if device not in offered.names:
             findings.append(Finding(file, line, col, "error",
-                                    f"{device} is not on offer (offered: "
-                                    f"{', '.join(sorted(offered)) or 'nothing'})"))  # fmt: skip
+                                    f"{device} is not on offer (offered: {offered})"))  # fmt: skip
         profiles.append((device, line, col))
         options = gpu.get("virtualGPUOptions")
         if _enabled(options, "display") and _enabled(options, "display", "ramFB"):
             with_ramfb += 1
             if with_ramfb > 1:
+                gl, gc = _at(gpu)
                 if fix:
                     _disable_ramfb(gpu)
                     fixed = True
+                    findings.append(Finding(
+                        file, gl, gc, "fixed",
+                        f"GPU {gpu.get('name', '?')!s}: set virtualGPUOptions.display.ramFB"
+                        ".enabled: false (an earlier GPU of this VM has a display with ramFB)",
+                    ))  # fmt: skip
                 else:
-                    gl, gc = _at(gpu)
                     findings.append(Finding(
                         file, gl, gc, "error",
                         f"GPU {gpu.get('name', '?')!s} has a display with ramFB, as an earlier "

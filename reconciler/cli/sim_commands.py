@@ -1,13 +1,15 @@
 """``vgpuctl sim …``: build and drive the built-in NVIDIA host simulator.
 
-``sim init DIR`` makes ``DIR/sys``, ``DIR/bin/sriov-manage`` and ``DIR/bin/nvidia-smi``; every
-other command then drives it with ``--sysfs-root DIR/sys --sriov-manage DIR/bin/sriov-manage``,
-through the same code that drives a real host.
+``sim init DIR`` makes ``DIR/sys``, ``DIR/bin/sriov-manage`` and ``DIR/bin/nvidia-smi``, and
+prints the ``export VGPUCTL_SYSFS_ROOT=… VGPUCTL_SRIOV_MANAGE=… VGPUCTL_NVIDIA_SMI=…`` line
+(``reconciler/cli/options.py``'s variables) after which every other command drives it without a
+flag (``eval "$(vgpuctl sim init …)"``), through the same code that drives a real host.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -100,6 +102,19 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_release)
 
     p = ssub.add_parser(
+        "remove",
+        help="remove a vGPU by hand (drift), as an administrator's echo 1 > remove would",
+        description="Remove the vGPU on the VF at ADDRESS (or the vGPU UUID) behind vgpuctl's "
+        "back, as a person at the host would (an mdev's remove, a vfio VF's "
+        "current_vgpu_type set 0): drift that the next plan shows and a watch puts back. "
+        "Refused while a simulated VM holds it (the kernel would block the write until the VM "
+        "lets go: 'sim release' first). Injected faults are left for vgpuctl's own writes.",
+    )
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("vgpu", metavar="ADDRESS|UUID", help="the VF's address, or the vGPU's UUID")
+    p.set_defaults(handler=cmd_remove)
+
+    p = ssub.add_parser(
         "fail",
         help="inject faults into the next writes or sriov-manage call",
         description="One-shot faults: --writes N fails the next N sysfs writes with EIO; "
@@ -157,13 +172,22 @@ def cmd_init(ns: argparse.Namespace, options: GlobalOptions) -> int:
         extra_devices=not ns.no_extra_devices,
         passthrough=ns.passthrough,
     )
-    root = ns.dir / "sys"
-    print(f"Simulated host ready in {ns.dir}. Drive it with:", file=sys.stderr)
-    bin_dir = ns.dir / "bin"
+    # Absolute, so that the line still names this host after a cd; quoted for the shell.
+    directory = ns.dir.absolute()
+    variables = {
+        "VGPUCTL_SYSFS_ROOT": directory / "sys",
+        "VGPUCTL_SRIOV_MANAGE": directory / "bin" / "sriov-manage",
+        "VGPUCTL_NVIDIA_SMI": directory / "bin" / "nvidia-smi",
+    }
+    if ns.node:  # given on this command line: the next commands are that node too
+        variables["VGPUCTL_NODE"] = ns.node
     print(
-        f"  --sysfs-root {root} --sriov-manage {bin_dir / 'sriov-manage'} "
-        f"--nvidia-smi {bin_dir / 'nvidia-smi'}"
+        f"Simulated host ready in {ns.dir}. Paste the export line below (or run "
+        f"'eval \"$(vgpuctl sim init …)\"') and the next commands drive it with no flag; "
+        f"or give them --sysfs-root {shlex.quote(str(directory / 'sys'))}.",
+        file=sys.stderr,
     )
+    print("export " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in variables.items()))
     return EXIT_OK
 
 
@@ -183,6 +207,17 @@ def cmd_release(ns: argparse.Namespace, options: GlobalOptions) -> int:
 
     _simulator_call(release, ns.dir, ns.uuid)
     print(f"vGPU {ns.uuid} is released", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_remove(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    from reconciler.sim import remove
+
+    removed: list[tuple[str, str, str]] = []
+    _simulator_call(lambda: removed.append(remove(ns.dir, ns.vgpu)))
+    uuid, vf, type_name = removed[0]
+    what = f"vGPU {uuid}" if uuid != vf else "vGPU"
+    print(f"{what} ({type_name}) on VF {vf} removed by hand", file=sys.stderr)
     return EXIT_OK
 
 

@@ -237,7 +237,7 @@ def _watch(
         verify_timeout=ns.verify_timeout,
         action_budget=max(ns.timeout, ns.write_timeout) + ns.verify_timeout + 60.0,
     )
-    plugins = _device_plugins(ns, options, kubelet_dir=host.kubelet_dir)
+    plugins = _device_plugins(ns, options, host=host)
     loop: WatchLoop | None = None
 
     def changed() -> None:
@@ -444,13 +444,27 @@ def api_timeout(api: object) -> float:
 
 
 def _device_plugins(
-    ns: argparse.Namespace, options: GlobalOptions, *, kubelet_dir: Path
+    ns: argparse.Namespace, options: GlobalOptions, *, host: Host
 ) -> PluginManager | None:
+    """The device plugins, unless ``--no-device-plugin``. A simulated host has no kubelet of
+    its own unless one was given it: with neither ``--plugin-dir`` nor ``--kubelet-dir`` and
+    no ``DIR/kubelet/device-plugins``, none are served and a line says so (``sim init`` makes
+    a plain KVM host, as ``doctor`` reads it). On a real host a missing directory stays an
+    error: an agent whose kubelet mount is wrong must not run on without its plugins, or the
+    vGPUs it makes are never allocatable and nothing says why."""
     if ns.no_device_plugin:
         return None
     from reconciler.deviceplugin import PluginDirError, PluginManager
 
-    plugin_dir = Path(ns.plugin_dir) if ns.plugin_dir else kubelet_dir / "device-plugins"
+    plugin_dir = Path(ns.plugin_dir) if ns.plugin_dir else host.kubelet_dir / "device-plugins"
+    given = ns.plugin_dir or options.kubelet_dir is not None
+    if not given and host.simulated and not plugin_dir.exists():
+        _log().info(
+            "device plugins: not served: this simulated host has no kubelet (%s does not "
+            "exist; create it, or pass --plugin-dir, to serve them)",
+            plugin_dir,
+        )
+        return None
     try:
         return PluginManager(plugin_dir=plugin_dir, node=options.node)
     except PluginDirError as exc:

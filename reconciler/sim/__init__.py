@@ -2,9 +2,9 @@
 
 ``init_host``/``build_host`` make ``DIR/sys``, ``DIR/bin/sriov-manage`` and ``DIR/bin/nvidia-smi``;
 ``SimHost.open`` recognises such a tree and supplies the kernel writer (plugged into apply's
-sysfs-writer port), a hold probe for the observer, and counters. ``hold``/``release``/``fail``/
-``reboot`` act on the host as a VM, a flaky driver or a power cycle would. Nothing here is used
-on a real host.
+sysfs-writer port), a hold probe for the observer, and counters. ``hold``/``release``/``remove``/
+``fail``/``reboot`` act on the host as a VM, an administrator, a flaky driver or a power cycle
+would. Nothing here is used on a real host.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         init_host,
         reboot,
         release,
+        remove,
     )
     from reconciler.sim.kernel import SimSysfsWriter
 
@@ -33,7 +34,17 @@ _HOMES = {
     "SimHoldProbe": "reconciler.sim.holds",
     "SimSysfsWriter": "reconciler.sim.kernel",
     **dict.fromkeys(
-        ("SimGpu", "SimHost", "build_host", "fail", "hold", "init_host", "reboot", "release"),
+        (
+            "SimGpu",
+            "SimHost",
+            "build_host",
+            "fail",
+            "hold",
+            "init_host",
+            "reboot",
+            "release",
+            "remove",
+        ),
         "reconciler.sim.host",
     ),
 }
@@ -53,4 +64,5 @@ __all__ = [
     "init_host",
     "reboot",
     "release",
+    "remove",
 ]

@@ -740,6 +740,34 @@ def release(directory: Path, uuid: str) -> None:
         save_state(root, state)
 
 
+def remove(directory: Path, vgpu: str) -> tuple[str, str, str]:
+    """Remove a vGPU by hand, behind vgpuctl's back (drift): the one on the VF at address
+    ``vgpu``, or the one whose id (mdev UUID) it is. What the kernel does for an mdev's
+    ``remove`` or a vfio VF's ``current_vgpu_type`` set 0 (:func:`driver.remove_vgpu`),
+    without counting as a write of vgpuctl's nor taking a fault armed for them
+    (:func:`fail`). A vGPU a simulated VM holds is refused: the kernel would block the write
+    until the VM lets go (``kernel.py``), and a command waiting for ever helps nobody.
+    Returns (vGPU id, VF address, type name)."""
+    root = _root_of(directory)
+    with locked(root):
+        state = load_state(root)
+        wanted = vgpu.strip().lower()
+        key = next((k for k, rec in state.vgpus.items() if rec.vf == wanted), None)
+        if key is None:
+            if state.vf_owner(wanted) is not None:
+                raise ValueError(f"VF {wanted} hosts no vGPU")
+            key = _vgpu_key(state, vgpu)
+        rec = state.vgpus[key]
+        if key in state.held or key in state.removing:
+            raise ValueError(
+                f"vGPU {key} on VF {rec.vf} is held by {state.held.get(key, 'a VM')}: the "
+                "kernel would block this removal until it lets go ('vgpuctl sim release' first)"
+            )
+        driver.remove_vgpu(state, SysfsTree(root), key)
+        save_state(root, state)
+    return key, rec.vf, rec.type
+
+
 def _end_process(root: Path, state: SimState, key: str) -> None:
     pid = state.by_process.pop(key, None)
     if pid is not None:

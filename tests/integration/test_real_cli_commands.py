@@ -235,12 +235,12 @@ def test_lint_vm_checks_what_the_clusters_nodes_offer(
         "virtualGPUOptions.display.ramFB.enabled: false, or run with --fix)"
     )
     series = "NVIDIA A2 allows several vGPUs in one VM only for series Q, not A"
-    assert res.stderr.splitlines() == [
+    assert res.stderr.splitlines() == [  # by position (issue 34, item 6)
         f"{vms}:16:15: error: GPU gpu2 {ramfb}",
-        f"{vms}:38:23: error: nvidia.com/NVIDIA_L40S-8Q is not on offer (offered: {A}, {Q})",
-        f"{vms}:37:11: error: GPU c {ramfb}",
         f"{vms}:31:23: error: {A}: {series}",
         f"{vms}:36:23: error: {A}: {series}",
+        f"{vms}:37:11: error: GPU c {ramfb}",
+        f"{vms}:38:23: error: nvidia.com/NVIDIA_L40S-8Q is not on offer (offered: {A}, {Q})",
         f"{vms}:38:23: warning: nvidia.com/NVIDIA_L40S-8Q: whether NVIDIA L40S allows several "
         "vGPUs per VM is not known to the catalogue",
     ]
