@@ -20,6 +20,7 @@ from reconciler.model import ReconcilerError, UsageError
 
 if TYPE_CHECKING:
     from reconciler.catalog import Catalog
+    from reconciler.model import Desired
     from reconciler.model.clusterapi import ClusterApi
     from reconciler.observe.capacity import Capacity, Requirement
 
@@ -109,14 +110,19 @@ def cmd_capacity(ns: argparse.Namespace, options: GlobalOptions) -> int:
     if ns.any_node and not ns.require:
         raise UsageError("--any-node says how several --require are checked: give --require")
     wanted = requirements(ns.require or (), host.catalog)
+    desired = None
+    if ns.desired:
+        from reconciler.cli.commands import load
+
+        desired = load(ns.desired, host)  # a bad file is said before the cluster is read
     api = host.cluster_api
     if api is None:
         raise UsageError("capacity reads the cluster: pass --kubeconfig")
     capacity = observe_capacity(api)
     errors: dict[str, ReconcilerError] = {}
     landing: list[str] = []
-    if ns.desired:
-        capacity, landing, errors = landed(ns.desired, capacity, api, host)
+    if desired is not None:
+        capacity, landing, errors = landed(desired, capacity, api, host)
     # A planned node's vGPUs are all advertised once landed: only the others can be warned of.
     warnings = [*capacity.unadvertised(), *landing]
     verdict = None
@@ -173,9 +179,9 @@ def cmd_capacity(ns: argparse.Namespace, options: GlobalOptions) -> int:
 
 
 def landed(
-    files: Sequence[str], now: Capacity, api: ClusterApi, host: Host
+    desired: Desired, now: Capacity, api: ClusterApi, host: Host
 ) -> tuple[Capacity, list[str], dict[str, ReconcilerError]]:
-    """``now`` as it will be once the desired state of ``files`` has landed, the warnings it
+    """``now`` as it will be once ``desired`` has landed, the warnings it
     gives, and the nodes it names that cannot be planned (the error saying why). Nothing is
     written.
 
@@ -188,7 +194,6 @@ def landed(
     that the layout keeps is still held, one it removes was let go. A resource the node's
     vGPUs do not make (none configured now, none planned) keeps what the node advertises.
     Every other node is as it is now."""
-    from reconciler.cli.commands import load
     from reconciler.model.cluster import resource_name
     from reconciler.model.record import replace
     from reconciler.observe import FleetReader
@@ -198,7 +203,6 @@ def landed(
     from reconciler.plan.planner import plan_node
 
     reader = FleetReader(api, kubevirt_namespace=host.options.kubevirt_namespace)
-    desired = load(files, host)
     labels = all_node_labels(api) if desired.groups else {}
     names = desired.selected(labels)
     observed = reader.observe(names)

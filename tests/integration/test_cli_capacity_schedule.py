@@ -262,10 +262,13 @@ def test_desired_answers_once_the_change_has_landed(emu: ApiServerEmulator, tmp_
 def test_desired_names_a_node_it_cannot_plan(emu: ApiServerEmulator, tmp_path: Path) -> None:
     """gpu-2 has no VGPUNodeState (vgpuctl never ran there): the cluster does not say what its
     host has, so what it will have cannot be said: an error naming it, exit 1; gpu-1 is
-    answered."""
+    answered. Its pods ask four A2-4Q, the change leaves three: a warning (the change cannot
+    land while they keep them). A desired state that cannot be read is said before the
+    cluster is read."""
     cluster_node(tmp_path, emu, "gpu-1").ok(
-        "apply", fleet(tmp_path / "now.yaml", "{A2-4Q: 2}", "{A2-4Q: 1}"), "--yes"
+        "apply", fleet(tmp_path / "now.yaml", "{A2-4Q: 4}", "{A2-4Q: 1}"), "--yes"
     )
+    emu.seed(pod("vm1", "gpu-1", {Q: "4"}))
     kc = emu.kubeconfig(tmp_path / "kubeconfig")
     res = run_vgpuctl(
         "capacity", "--kubeconfig", kc, "--desired",
@@ -274,7 +277,20 @@ def test_desired_names_a_node_it_cannot_plan(emu: ApiServerEmulator, tmp_path: P
     assert res.returncode == 1
     assert rows(res.stdout) == [
         HEADER,
-        ["gpu-1", Q, "3", "3", "0", "0", "3"],
-        ["(cluster)", Q, "3", "3", "0", "0", "3"],
+        ["gpu-1", Q, "3", "3", "4", "0", "0"],
+        ["(cluster)", Q, "3", "3", "4", "0", "0"],
     ]
-    assert "error: node gpu-2: node gpu-2 has no VGPUNodeState" in res.stderr
+    assert res.stderr.splitlines() == [
+        f"warning: node gpu-1: 4 {Q} requested by its pods but 3 once the change has landed: "
+        "it cannot land while they keep them",
+        "error: node gpu-2: node gpu-2 has no VGPUNodeState: vgpuctl has not reconciled it yet, "
+        "so the cluster does not say what its host has (run vgpuctl apply or watch on it)",
+    ]
+    emu.requests.clear()
+    missing = run_vgpuctl("capacity", "--kubeconfig", kc, "--desired", tmp_path / "none.yaml")
+    assert missing.returncode == 1
+    assert (
+        missing.stderr.strip()
+        == f"error: {tmp_path / 'none.yaml'}: cannot read: No such file or directory"
+    )
+    assert emu.requests == []
