@@ -98,23 +98,29 @@ def test_the_table_per_node_and_the_cluster(cluster: Path) -> None:
     assert res.returncode == 0, res.stderr
     rows = [line.split() for line in res.stdout.splitlines()]
     assert rows == [
-        ["NODE", "RESOURCE", "CONFIGURED", "ALLOCATABLE", "REQUESTED", "FREE"],
-        ["node-a", Q, "4", "4", "3", "1"],  # vm1 1 + vm2 2 (its limit); finished pods not
-        ["node-b", A, "2", "2", "2", "0"],  # vm3's init peak
-        ["node-b", Q, "2", "2", "0", "2"],
-        ["(cluster)", A, "2", "2", "2", "0"],
-        ["(cluster)", Q, "6", "6", "3", "3"],
+        ["NODE", "RESOURCE", "CONFIGURED", "ALLOCATABLE", "REQUESTED", "HELD", "FREE"],
+        ["node-a", Q, "4", "4", "3", "0", "1"],  # vm1 1 + vm2 2 (its limit); finished pods not
+        ["node-b", A, "2", "2", "2", "0", "0"],  # vm3's init peak
+        ["node-b", Q, "2", "2", "0", "0", "2"],
+        ["(cluster)", A, "2", "2", "2", "0", "0"],
+        ["(cluster)", Q, "6", "6", "3", "0", "3"],
     ]
 
 
 def test_json_and_require(cluster: Path) -> None:
     doc = json.loads(capacity(cluster, "-o", "json", "--require", f"{Q}=2").stdout)
     assert doc["totals"] == [
-        {"resource": A, "configured": 2, "allocatable": 2, "requested": 2, "free": 0},
-        {"resource": Q, "configured": 6, "allocatable": 6, "requested": 3, "free": 3},
+        {"resource": A, "configured": 2, "allocatable": 2, "requested": 2, "held": 0, "free": 0},
+        {"resource": Q, "configured": 6, "allocatable": 6, "requested": 3, "held": 0, "free": 3},
     ]
-    assert doc["require"] == {"resource": Q, "count": 2, "satisfied": True,
-                              "message": f"node node-b has 2 {Q} free (needed 2)"}  # fmt: skip
+    assert doc["require"] == {
+        "mode": "joint",
+        "satisfied": True,
+        "requirements": [
+            {"resource": Q, "count": 2, "node": "node-b", "free": 2, "satisfied": True}
+        ],
+        "messages": [f"node node-b has 2 {Q} free (needed 2)"],
+    }
 
     # Three free in the cluster, but no single node has three: a VM cannot span nodes.
     short = capacity(cluster, "--require", f"{Q}=3")
@@ -126,7 +132,7 @@ def test_json_and_require(cluster: Path) -> None:
     assert (none.returncode, none.stderr.strip()) == (2, "no node offers nvidia.com/NVIDIA_L40S-8Q")
     bad = capacity(cluster, "--require", "A2-4Q")
     assert bad.returncode == 1
-    assert "expected RESOURCE=N, as nvidia.com/NVIDIA_A2-4Q=3" in bad.stderr
+    assert "--require 'A2-4Q': expected PROFILE=N (N from 1), as A2-4Q=3" in bad.stderr
 
 
 def test_without_a_cluster_it_says_so(tmp_path: Path) -> None:
@@ -151,7 +157,7 @@ def test_a_type_harvester_names_with_a_run_of_spaces_is_counted_under_its_resour
     assert res.returncode == 0, res.stderr
     rows = [line.split() for line in res.stdout.splitlines()]
     assert rows == [
-        ["NODE", "RESOURCE", "CONFIGURED", "ALLOCATABLE", "REQUESTED", "FREE"],
-        ["node-c", Q, "2", "2", "0", "2"],
-        ["(cluster)", Q, "2", "2", "0", "2"],
+        ["NODE", "RESOURCE", "CONFIGURED", "ALLOCATABLE", "REQUESTED", "HELD", "FREE"],
+        ["node-c", Q, "2", "2", "0", "0", "2"],
+        ["(cluster)", Q, "2", "2", "0", "0", "2"],
     ]

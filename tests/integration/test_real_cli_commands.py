@@ -197,22 +197,81 @@ def test_capacity_from_the_clusters_nodes_pods_and_objects(
     res = run_vgpuctl("capacity", "--kubeconfig", kubeconfig)
     assert res.returncode == 0, res.stdout + res.stderr
     assert [line.split() for line in res.stdout.splitlines()] == [
-        ["NODE", "RESOURCE", "CONFIGURED", "ALLOCATABLE", "REQUESTED", "FREE"],
-        ["cap-a", Q, "4", "4", "3", "1"],
-        ["cap-b", A, "2", "2", "2", "0"],
-        ["cap-b", Q, "2", "2", "0", "2"],
-        ["(cluster)", A, "2", "2", "2", "0"],
-        ["(cluster)", Q, "6", "6", "3", "3"],
+        ["NODE", "RESOURCE", "CONFIGURED", "ALLOCATABLE", "REQUESTED", "HELD", "FREE"],
+        ["cap-a", Q, "4", "4", "3", "0", "1"],
+        ["cap-b", A, "2", "2", "2", "0", "0"],
+        ["cap-b", Q, "2", "2", "0", "0", "2"],
+        ["(cluster)", A, "2", "2", "2", "0", "0"],
+        ["(cluster)", Q, "6", "6", "3", "0", "3"],
     ]
     doc = json.loads(
         run_vgpuctl("capacity", "--kubeconfig", kubeconfig, "-o", "json", "--require", f"{Q}=2")
         .stdout
     )  # fmt: skip
-    assert doc["require"] == {"resource": Q, "count": 2, "satisfied": True,
-                              "message": f"node cap-b has 2 {Q} free (needed 2)"}  # fmt: skip
+    assert doc["require"]["satisfied"] is True
+    assert doc["require"]["messages"] == [f"node cap-b has 2 {Q} free (needed 2)"]
     short = run_vgpuctl("capacity", "--kubeconfig", kubeconfig, "--require", f"{Q}=3")
     assert short.returncode == 2, short.stdout + short.stderr
     assert short.stderr.strip() == f"no node has 3 {Q} free: the best, cap-b, has 2 (short by 1)"
+
+
+def test_capacity_counts_a_vgpu_held_without_a_pod_and_checks_requirements_jointly(
+    tmp_path: Path, api_server: Served, core: Core
+) -> None:
+    """hold-a's summary (its status written through /status, as the agent writes it) lists
+    three A2-4Q and one A2-4A, all advertised: one A2-4Q held by a QEMU no pod was allocated
+    (not free), one by vm1's launcher pod (its request counts it), vm1 asking one. A2-4Q free:
+    3 - 1 requested - 1 held = 1; A2-4A free 1. An A2-4Q and an A2-4A fit at once (short
+    names); two A2-4Q and an A2-4A do not (short by one A2-4Q)."""
+    harvester_cluster(api_server)
+    core.node(
+        "hold-a",
+        {"allocatable": {"cpu": "8", Q: "3", A: "1"}, "capacity": {"cpu": "8", Q: "3", A: "1"}},
+    )
+    holders = ["pid 4242 (qemu-system-x86)", "VM vms/vm1 (pod uid-1)", None, None]
+    profiles = ["NVIDIA A2-4Q"] * 3 + ["NVIDIA A2-4A"]
+    state = {
+        "apiVersion": "vgpu.reconciler.dev/v1alpha1", "kind": "VGPUNodeState",
+        "metadata": {"name": "hold-a"}, "spec": {"nodeName": "hold-a"},
+        "status": {
+            "vgpus": [
+                {"gpu": "0000:08:00.0", "vf": f"0000:08:00.{4 + i}", "vfIndex": i,
+                 "profile": profile, "uuid": f"uuid-{i}", "inUse": holder is not None,
+                 **({"holder": holder} if holder else {})}
+                for i, (holder, profile) in enumerate(zip(holders, profiles, strict=True))
+            ],
+            "profiles": [
+                {"name": "NVIDIA A2-4A", "resourceName": A, "wanted": 1, "vgpus": 1,
+                 "inUse": 0, "creatable": 0},
+                {"name": "NVIDIA A2-4Q", "resourceName": Q, "wanted": 3, "vgpus": 3,
+                 "inUse": 2, "creatable": 0},
+            ],
+        },
+    }  # fmt: skip
+    create_status(api_server, STATES, state)
+    core.pod("vm1", "hold-a", "Running", {"containers": [container("compute", {Q: "1"})]})
+
+    kubeconfig = api_server.kubeconfig_path
+    fits = run_vgpuctl("capacity", "--kubeconfig", kubeconfig, "--require", "A2-4Q=1",
+                       "--require", "NVIDIA A2-4A=1")  # fmt: skip
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    assert [line.split() for line in fits.stdout.splitlines()] == [
+        ["NODE", "RESOURCE", "CONFIGURED", "ALLOCATABLE", "REQUESTED", "HELD", "FREE"],
+        ["hold-a", A, "1", "1", "0", "0", "1"],
+        ["hold-a", Q, "3", "3", "1", "1", "1"],
+        ["(cluster)", A, "1", "1", "0", "0", "1"],
+        ["(cluster)", Q, "3", "3", "1", "1", "1"],
+    ]
+    assert fits.stderr.strip() == (
+        f"node hold-a has them all free at once: 1 {Q} (needed 1), 1 {A} (needed 1)"
+    )
+    short = run_vgpuctl("capacity", "--kubeconfig", kubeconfig, "--require", "A2-4Q=2",
+                        "--require", "A2-4A=1")  # fmt: skip
+    assert short.returncode == 2, short.stdout + short.stderr
+    assert short.stderr.strip() == (
+        f"no node has 2 {Q} and 1 {A} free at once: the best, hold-a, has 1 {Q} and 1 {A} "
+        f"(short by 1 {Q})"
+    )
 
 
 # -- lint-vm ------------------------------------------------------------------------------------
