@@ -420,6 +420,7 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     """Plan every node of the desired state from the CR statuses in the cluster (CI)."""
     from reconciler.engine.observe import with_refusal_note
     from reconciler.observe import FleetReader
+    from reconciler.observe.cluster import NoNodeStateError
     from reconciler.observe.harvester import observe_pcidevices_controller
     from reconciler.observe.nodes import all_node_labels
     from reconciler.plan.fleet import FleetMember, collector_batch, plan_fleet
@@ -441,8 +442,14 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
         observed = reader.observe(names)
         del reader  # what it read is in ``observed`` now, and nowhere else
         unread = {n: o for n, o in observed.items() if isinstance(o, ReconcilerError)}
-        if unread:
-            _name_missing_nodes(unread, labels if desired.groups else None, api)
+        # A node without a VGPUNodeState may be one the cluster does not have (a typo): said so.
+        # Any other error of a node's objects is its own, and kept.
+        stateless: dict[str, ObserveError] = {
+            n: o for n, o in unread.items() if isinstance(o, NoNodeStateError)
+        }
+        if stateless:
+            _name_missing_nodes(stateless, labels if desired.groups else None, api)
+            unread.update(stateless)
         fleet = plan_fleet(
             (
                 FleetMember(desired.node(name, labels.get(name, {})), *seen)

@@ -87,6 +87,11 @@ VGPU_RESOURCE_PREFIX = "nvidia.com/"
 FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
+class NoNodeStateError(ObserveError):
+    """A node has no VGPUNodeState: vgpuctl has not reconciled it, or the cluster has no such
+    node (the CLI tells the two apart by the cluster's Nodes)."""
+
+
 def observe_cluster(
     api: ClusterApi,
     *,
@@ -750,7 +755,7 @@ def inventory_from_cluster(
     its line; its host is not known), and every other node is.
     """
     if node_state is None:
-        raise ObserveError(
+        raise NoNodeStateError(
             f"node {node} has no {NODE_STATE_KIND}: vgpuctl has not reconciled it yet, so the "
             "cluster does not say what its host has (run vgpuctl apply or watch on it)"
         )

@@ -26,7 +26,7 @@ def sim(tmp_path: Path, interface: str) -> SimNode:
         "sim", "init", tmp_path / "host", "--gpu", f"L40S@{GPU}", "--interface", interface
     )
     assert res.returncode == 0, res.stderr
-    assert "--nvidia-smi" in res.stdout  # sim init says how to drive it
+    assert "VGPUCTL_NVIDIA_SMI=" in res.stdout  # sim init says how to drive it
     return SimNode(tmp_path / "host")
 
 
