@@ -156,6 +156,12 @@ def _configs(document: Document) -> dict[str, list[Any]]:
 
     if not isinstance(data, dict):
         raise fail((), "expected a mapping with 'version: v1' and 'vgpu-configs'")
+    if data.get("kind") == "ConfigMap":
+        raise fail(
+            ("kind",),
+            "a ConfigMap, not the config it holds: take its config.yaml out first, as "
+            "kubectl get configmap NAME -o jsonpath='{.data.config\\.yaml}' > config.yaml",
+        )
     for key in data:
         if key not in ("version", "vgpu-configs"):
             raise fail((key,), f"unexpected field {quoted(key)} (spec.go Spec)", key=True)
@@ -387,7 +393,7 @@ class _Converter:
         return tuple(out)
 
     def filters(self, path: JsonPath, raw: object) -> list[tuple[JsonPath, str]] | None:
-        if raw is None or raw == "":
+        if raw is None or raw in ("", []):  # MatchesDeviceFilter: none, every GPU
             return []
         if isinstance(raw, str):
             return [(path, raw)]

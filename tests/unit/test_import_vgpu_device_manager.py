@@ -188,6 +188,10 @@ HEAD = "version: v1\nvgpu-configs:\n  a:\n"
             "c.yaml:5:21: time-sliced and MIG-backed",
         ),
         (
+            "apiVersion: v1\nkind: ConfigMap\ndata:\n  config.yaml: |\n    version: v1\n",
+            "c.yaml:2:7: a ConfigMap, not the config it holds: take its config.yaml out first",
+        ),
+        (
             HEAD + "    - device-filter: 25B610DE\n      devices: all\n"
             "      vgpu-devices: {A2-4Q: 4}\n",
             "c.yaml:4:22: device filter '25B610DE' is not",
@@ -268,9 +272,17 @@ vgpu-configs:
     - device-filter: "0x223610DE"
       devices: all
       vgpu-devices: {A10-8Q: 3}
+  no-filter:
+    - device-filter: []
+      devices: all
+      vgpu-devices: {A10-8Q: 3}
 """
     )
-    (group,) = conversion.groups
+    # An empty filter list filters nothing (helpers.go MatchesDeviceFilter): every GPU.
+    assert conversion.groups[1]["gpus"] == [
+        {"match": {"all": True}, "sriov": "enabled", "profiles": {"NVIDIA A10-8Q": 3}}
+    ]
+    (group,) = conversion.groups[:1]
     assert group["gpus"] == [
         {"match": {"deviceId": "2236"}, "sriov": "enabled", "profiles": {"NVIDIA A10-8Q": 3}}
     ]
