@@ -227,7 +227,8 @@ class _Converter:
 
     def config(self, name: str, entries: list[Any]) -> None:
         path: JsonPath = ("vgpu-configs", name)
-        if not _LABEL_VALUE.match(name):
+        # An empty value is the same to vgpu-device-manager as no label (its default config).
+        if not name or not _LABEL_VALUE.match(name):
             self.refuse(
                 path,
                 f"config {quoted(name)}: no node can select it, as the label {CONFIG_LABEL}'s "
