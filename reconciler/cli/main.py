@@ -74,6 +74,7 @@ _REGISTERED_IN = {
     "lint-vm": "lint_vm",
     "device-plugin": "deviceplugin_command",
     "sim": "sim_commands",
+    "import": "import_command",
 }
 
 
@@ -109,6 +110,7 @@ def _registers(command: str | None) -> tuple[Callable[[Any], argparse.ArgumentPa
         from reconciler.cli import (
             capacity_command,
             deviceplugin_command,
+            import_command,
             lint_vm,
             sim_commands,
             watch_command,
@@ -121,6 +123,7 @@ def _registers(command: str | None) -> tuple[Callable[[Any], argparse.ArgumentPa
             lint_vm.register,
             deviceplugin_command.register,
             sim_commands.register,
+            import_command.register,
         )
     module = _REGISTERED_IN.get(command)
     if module is None:

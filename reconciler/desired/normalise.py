@@ -211,7 +211,9 @@ def _group_gpu(
         device_id = str(raw_match["deviceId"]).lower().removeprefix("0x")
     problems: list[Problem] = []
     layout = _layout(document, path, raw, catalog=catalog, problems=problems)
-    match = GpuMatch(model=model, device_id=device_id, address=address)
+    match = GpuMatch(
+        model=model, device_id=device_id, address=address, all=raw_match.get("all") is True
+    )
     if address is None:
         # Each GPU a model or device ID matches has VFs of its own addresses: only an index
         # names "the same VF" on all of them.

@@ -6,8 +6,9 @@ spelling wins at plan time); VF keys are an address or an index. Every entry car
 was written, so a plan-time error can name the file, line and column.
 
 Node groups (``spec.nodeGroups``) configure many nodes at once: a :class:`NodeGroup` selects
-nodes by name globs and labels and its GPUs by model, PCI device ID or address. Which groups
-apply to a node is :meth:`Desired.node`'s to say (a node's own entry replaces every group);
+nodes by name globs and labels and its GPUs by model, PCI device ID or address, or all of
+them. Which groups apply to a node is :meth:`Desired.node`'s to say (a node's own entry
+replaces every group);
 which GPU of the node each group entry configures is known only once the host is observed
 (``plan.groups.resolve``).
 """
@@ -82,6 +83,9 @@ class GpuMatch:
     #: The PF's PCI device ID, four lower-case hex digits (``25b6``).
     device_id: str | None = None
     address: PciAddress | None = None
+    #: ``all: true``: every GPU of the node (vgpu-device-manager's ``devices: all``); the
+    #: other criteria, where given, still narrow it.
+    all: bool = False
 
     def matches(self, gpu: Gpu) -> bool:
         return self.matches_identity(gpu.address, gpu.model, gpu.device_id)
@@ -98,6 +102,8 @@ class GpuMatch:
     def __str__(self) -> str:
         """``matching model 'NVIDIA A2'``: messages say ``GPU matching …`` of it."""
         parts = []
+        if self.all and self.model is None and self.device_id is None and self.address is None:
+            return "matching all GPUs"
         if self.model is not None:
             parts.append(f"model '{self.model}'")
         if self.device_id is not None:

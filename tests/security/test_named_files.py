@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[Callable[[Path], list[str | Path]], str]] = {
         lambda path: ["validate", SEED, "--explain", NODE, "--inventory", path],
         "--inventory {path}",
     ),
+    "import": (lambda path: ["import", "vgpu-device-manager", path], "{path}"),
 }
 
 

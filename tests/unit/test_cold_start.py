@@ -144,6 +144,7 @@ COMMAND_LINES = [
     ["lint-vm", "vm.yaml"],
     ["device-plugin", "--help"],
     ["sim", "hold", "d", "x"],
+    ["import", "vgpu-device-manager", "c.yaml", "--gpu-address", "0=0000:08:00.0"],
 ]
 
 
