@@ -92,12 +92,17 @@ def agent_kubeconfig(tmp_path: Path, api_server: Served) -> Iterator[Path]:
         create_ignoring_conflict(admission.create_validating_admission_policy_binding, binding)
         path = api_server.real.kubeconfig(tmp_path / "agent", "agent", token=token)
         _until_judged(api_server, path)
+    leases = client.CoordinationV1Api(api_server.api)
+
+    def no_slots() -> None:
+        for item in leases.list_namespaced_lease(NAMESPACE).items:
+            leases.delete_namespaced_lease(item.metadata.name, NAMESPACE)
+
+    no_slots()  # the real server is shared: another test's released slots may be there
     try:
         yield path
     finally:
-        leases = client.CoordinationV1Api(api_server.api)
-        for item in leases.list_namespaced_lease(NAMESPACE).items:
-            leases.delete_namespaced_lease(item.metadata.name, NAMESPACE)
+        no_slots()
 
 
 def _until_judged(served: Served, path: Path) -> None:
