@@ -194,3 +194,118 @@ def test_bad_arguments_are_one_clear_line(tmp_path: Path, args: list[str], messa
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "sim" / "kubeconfig").exists()
     assert time.monotonic() - started < 60
+
+
+# -- a snapshot: plans without cluster credentials ------------------------------------------------
+
+#: The example with node-1 and node-3 (pool=small) down from four A2-4Q to two: each of them
+#: loses two vGPUs, node-2 (pool=big) is unchanged.
+SMALLER = FLEET.read_text().replace("profiles: {A2-4Q: 4}", "profiles: {A2-4Q: 2}")
+
+
+def _snapshot_of(running: Running, tmp_path: Path) -> Path:
+    kubeconfig = running.kubeconfig
+    for node in ("node-1", "node-2", "node-3"):
+        host = running.dir / "nodes" / node
+        _ok("apply", FLEET, "--yes", "--node", node, "--sysfs-root", host / "sys",
+            "--kubeconfig", kubeconfig)  # fmt: skip
+    res = _ok("export", "--observed", "cluster", "-o", "snapshot", "--kubeconfig", kubeconfig)
+    snapshot = tmp_path / "snapshot.json"
+    snapshot.write_text(res.stdout)
+    return snapshot
+
+
+def test_a_snapshot_plans_as_the_cluster_did_with_no_cluster(
+    sim_cluster: Running, tmp_path: Path
+) -> None:
+    snapshot = _snapshot_of(sim_cluster, tmp_path)
+    doc = json.loads(snapshot.read_text())
+    assert doc["apiVersion"] == "vgpu.reconciler.dev/v1alpha1"
+    assert doc["kind"] == "ClusterSnapshot"
+    taken = time.mktime(time.strptime(doc["takenAt"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    assert abs(time.time() - taken) < 120
+    smaller = tmp_path / "smaller.yaml"
+    smaller.write_text(SMALLER)
+    live = _plan(smaller, "--observed", "cluster", "--kubeconfig", sim_cluster.kubeconfig)
+    code, err = _stop(sim_cluster)  # the cluster is gone: the snapshot alone plans
+    assert code == 0, err
+
+    from_file = _plan(smaller, "--observed", snapshot)
+    assert from_file.returncode == live.returncode == 2  # --detailed-exitcode: changes
+    assert from_file.stdout == live.stdout
+    summary = from_file.stdout.splitlines()[-1]
+    assert summary.startswith("Cluster plan: 3 nodes, 2 with changes; 0 to create, ")
+    assert summary.endswith(" 4 to remove, 0 blocked.")
+    assert f"Planned from the snapshot {snapshot}, taken at {doc['takenAt']} (" in (
+        from_file.stderr
+    )
+    as_json = _plan(smaller, "--observed", snapshot, "-o", "json")
+    assert json.loads(as_json.stdout)["snapshotTakenAt"] == doc["takenAt"]
+
+
+def _plan(desired: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    res = run_vgpuctl("plan", desired, "--detailed-exitcode", *args)
+    assert "Traceback" not in res.stderr
+    return res
+
+
+def _aged(snapshot: Path, seconds: float, tmp_path: Path) -> Path:
+    doc = json.loads(snapshot.read_text())
+    doc["takenAt"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds))
+    aged = tmp_path / f"aged-{int(seconds)}.json"
+    aged.write_text(json.dumps(doc))
+    return aged
+
+
+def test_a_stale_snapshot_is_refused_saying_how_old(sim_cluster: Running, tmp_path: Path) -> None:
+    snapshot = _snapshot_of(sim_cluster, tmp_path)
+    _stop(sim_cluster)
+    old = _aged(snapshot, 2 * 3600 + 5 * 60 + 30, tmp_path)  # 2h 5m
+    res = _plan(FLEET, "--observed", old)
+    assert res.returncode == 1
+    assert "2h 5m ago, older than --max-snapshot-age 1h: take it again" in res.stderr
+    res = _plan(FLEET, "--observed", old, "--max-snapshot-age", "3h")
+    assert res.returncode == 0, res.stderr
+    assert "Cluster plan: 3 nodes, 0 with changes" in res.stdout
+    future = _aged(snapshot, -3630, tmp_path)
+    res = _plan(FLEET, "--observed", future)
+    assert res.returncode == 1
+    assert "1h in the future" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "not JSON"),
+        ('{"kind": "ClusterSnapshot"}', "not a vgpuctl cluster snapshot"),
+        (
+            '{"apiVersion": "vgpu.reconciler.dev/v1alpha1", "kind": "ClusterSnapshot", '
+            '"takenAt": "2026-01-01T00:00:00Z", "resources": [{"group": "", "version": "v1", '
+            '"plural": "nodes", "served": true, "complete": true, "items": [{"metadata": 7}]}]}',
+            "resources[0].items[0]: expected an object with metadata.name",
+        ),
+        (
+            '{"apiVersion": "vgpu.reconciler.dev/v1alpha1", "kind": "ClusterSnapshot", '
+            '"takenAt": "yesterday", "resources": []}',
+            "['takenAt']",
+        ),
+    ],
+)
+def test_a_file_that_is_no_snapshot_is_one_clear_line(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "snapshot.json"
+    path.write_text(content)
+    res = _plan(FLEET, "--observed", path)
+    assert res.returncode == 1
+    assert f"--observed {path}: " in res.stderr
+    assert message in res.stderr
+
+
+def test_snapshot_flags_go_together(tmp_path: Path) -> None:
+    res = run_vgpuctl("export", "-o", "snapshot")
+    assert res.returncode == 1
+    assert "export --observed cluster -o snapshot" in res.stderr
+    res = run_vgpuctl("plan", FLEET, "--observed", "cluster", "--max-snapshot-age", "1h")
+    assert res.returncode == 1
+    assert "--max-snapshot-age goes with --observed FILE" in res.stderr
