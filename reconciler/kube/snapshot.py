@@ -28,9 +28,9 @@ from reconciler.model.errors import ClusterError, ForbiddenError, ResourceMissin
 
 API_VERSION = "vgpu.reconciler.dev/v1alpha1"
 KIND = "ClusterSnapshot"
-#: The largest snapshot file read (a 1,000-node fleet's is about 200 MB: README, "Performance").
+#: The largest snapshot file read (1,000 nodes of 256 VGPUDevices each: a few hundred MB).
 MAX_SNAPSHOT_BYTES = 1 << 30
-#: ``plan --max-snapshot-age``'s default: README, "Plans from a snapshot".
+#: ``plan --max-snapshot-age``'s default (examples/gitops/snapshot.md says why).
 DEFAULT_MAX_AGE_S = 3600.0
 #: A snapshot from this far in the future is refused (clocks of the job and the runner differ
 #: by less than this, or the file's time is wrong).
