@@ -1,5 +1,10 @@
 """An in-process Kubernetes API server for tests: the unmodified ``kubernetes`` client talks to it.
 
+It is also what ``vgpuctl sim cluster`` serves (``fleet.py``), so it lives in the package and
+needs nothing the package does not depend on (the ``kubernetes`` client least of all: it is the
+server; ``cel-python`` only for ValidatingAdmissionPolicies, which a simulated cluster has
+none of). The tests import it as ``tests.doubles.emulator`` (an alias of this module).
+
 The kube adapter, cluster observer and cluster executor are tested against this emulator, so it
 enforces what real API servers do and our code relies on: a global, monotonically increasing
 resourceVersion; 201 on create (409 AlreadyExists on a duplicate); optimistic concurrency on PUT
