@@ -505,7 +505,9 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     elif ns.output == "markdown":
         from reconciler.cli.markdown import plans_markdown
 
-        _out(plans_markdown(plans, failures=failures, observed="cluster"))
+        # A reviewer reads how old the state planned from is (examples/gitops/snapshot.md).
+        where = f"cluster snapshot of {snapshot[0]}" if snapshot else "cluster"
+        _out(plans_markdown(plans, failures=failures, observed=where))
     else:
         style = _style(host.options)
         for p in plans:

@@ -241,6 +241,9 @@ def test_a_snapshot_plans_as_the_cluster_did_with_no_cluster(
     )
     as_json = _plan(smaller, "--observed", snapshot, "-o", "json")
     assert json.loads(as_json.stdout)["snapshotTakenAt"] == doc["takenAt"]
+    # A pull request's comment says what it was planned from, and when that was.
+    markdown = _plan(smaller, "--observed", snapshot, "-o", "markdown").stdout
+    assert markdown.splitlines()[2].endswith(f" (observed: cluster snapshot of {doc['takenAt']})")
 
 
 def _plan(desired: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
