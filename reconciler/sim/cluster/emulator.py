@@ -726,7 +726,7 @@ class ApiServerEmulator:
 
     def register_crd(self, crd: Mapping[str, Any]) -> list[Resource]:
         """Serve every served version of a CustomResourceDefinition manifest; its schema then
-        prunes and validates every write (``tests/doubles/structural.py``).
+        prunes and validates every write (``structural.py``).
 
         A CRD installed again with another spec (an update, as Harvester's pcidevices-controller
         re-applies its CRDs at every start) rebuilds its resource's watch cache, as the real
