@@ -313,10 +313,16 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is unchanged")
     p.add_argument(
         "--observed",
-        choices=("host", "cluster"),
+        metavar="host|cluster|FILE",
         default="host",
         help="where the current state comes from: this node's host (default), or the "
-        "cluster's CR statuses — plans every node in the file, touching no host (for CI)",
+        "cluster's CR statuses — plans every node in the file, touching no host (for CI) — or "
+        "a snapshot FILE of them ('export --observed cluster -o snapshot'; no cluster needed)",
+    )
+    p.add_argument(
+        "--max-snapshot-age",
+        metavar="DURATION",
+        help="with --observed FILE: refuse a snapshot older than this (default 1h)",
     )
     add_adopt_option(p)
     add_partial_option(p, planning=True)
@@ -329,7 +335,9 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
 def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
     labels = given_labels(ns, host)
-    if ns.observed == "cluster":
+    if ns.max_snapshot_age is not None and ns.observed in ("host", "cluster"):
+        raise UsageError("--max-snapshot-age goes with --observed FILE (a snapshot)")
+    if ns.observed != "host":
         return _plan_from_cluster(ns, host)
     if delegating(ns, host):
         from reconciler.cli.delegate import cmd_plan_delegate
@@ -425,9 +433,25 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     from reconciler.observe.nodes import all_node_labels
     from reconciler.plan.fleet import FleetMember, collector_batch, plan_fleet
 
-    api = host.cluster_api
-    if api is None:
-        raise UsageError("--observed cluster needs a cluster: pass --kubeconfig")
+    snapshot: tuple[str, float] | None = None
+    api: ClusterApi
+    if ns.observed == "cluster":
+        live = host.cluster_api
+        if live is None:
+            raise UsageError("--observed cluster needs a cluster: pass --kubeconfig")
+        api = live
+    else:  # a snapshot file: the cluster as it was, no credentials
+        from reconciler.cli.snapshot_command import age_text, max_age, read_snapshot
+
+        now = time.time()
+        api, taken = read_snapshot(
+            Path(ns.observed), limit_age=max_age(ns.max_snapshot_age), now=now
+        )
+        snapshot = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(taken)), now - taken)
+        _err(
+            f"Planned from the snapshot {safe(ns.observed)}, taken at {snapshot[0]} "
+            f"({age_text(max(0.0, snapshot[1]))} ago): the cluster may have changed since."
+        )
     if ns.out:
         raise UsageError("--out saves a plan for one node's apply; not with --observed cluster")
     # A fleet's desired state and objects are read and planned in one batch, the cyclic
@@ -479,6 +503,7 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
         doc = {
             "formatVersion": FORMAT_VERSION,
             "observed": "cluster",
+            **({"snapshotTakenAt": snapshot[0]} if snapshot else {}),
             "plans": [plan_to_json(p) for p in plans],
             "errors": {n: e.lines() for n, e in failures.items()},
             "summary": {"nodes": len(names), "nodesWithChanges": len(changed), **totals},
@@ -487,7 +512,9 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
     elif ns.output == "markdown":
         from reconciler.cli.markdown import plans_markdown
 
-        _out(plans_markdown(plans, failures=failures, observed="cluster"))
+        # A reviewer reads how old the state planned from is (examples/gitops/snapshot.md).
+        where = f"cluster snapshot of {snapshot[0]}" if snapshot else "cluster"
+        _out(plans_markdown(plans, failures=failures, observed=where))
     else:
         style = _style(host.options)
         for p in plans:
@@ -910,6 +937,21 @@ def _add_export(sub: Subparsers) -> argparse.ArgumentParser:
         "against the same host gives 'No changes.'",
     )
     p.add_argument("--name", default=None, help="metadata.name (default: the node name)")
+    p.add_argument(
+        "--observed",
+        choices=("host", "cluster"),
+        default="host",
+        help="this node's host (default), or the cluster: with -o snapshot, every node's "
+        "observed state as 'plan --observed cluster' reads it, for 'plan --observed FILE'",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "snapshot"),
+        default="yaml",
+        help="yaml: a desired-state file (default); snapshot: a cluster snapshot (JSON, "
+        "schemas/cluster-snapshot.schema.json)",
+    )
     p.set_defaults(handler=cmd_export)
     return p
 
@@ -919,6 +961,13 @@ def cmd_export(ns: argparse.Namespace, options: GlobalOptions) -> int:
 
     from reconciler.cli.documents import export_document, unexportable
 
+    if (ns.observed == "cluster") != (ns.output == "snapshot"):
+        raise UsageError("a snapshot is of the cluster: export --observed cluster -o snapshot")
+    if ns.output == "snapshot":
+        from reconciler.cli.snapshot_command import snapshot_document
+
+        _out(snapshot_document(Host(options)))
+        return EXIT_OK
     inventory = Host(options).observe_all()
     doc = export_document(inventory, name=ns.name or inventory.node)
     for gpu in inventory.gpus:

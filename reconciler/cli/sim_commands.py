@@ -150,6 +150,39 @@ def register(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS")
     p.add_argument("--once", action="store_true", help="one heartbeat, then exit")
     p.set_defaults(handler=cmd_virt_handler)
+
+    p = ssub.add_parser(
+        "cluster",
+        help="serve a local API server with Harvester's and KubeVirt's kinds and N simulated "
+        "nodes, until Ctrl-C",
+        description="Start a local Kubernetes API server (127.0.0.1, in this process) serving "
+        "Harvester's SRIOVGPUDevice and VGPUDevice, vgpuctl's VGPUNodeState, KubeVirt's CR "
+        "(harvester-system/kubevirt) and one Node per simulated host (node-1 … node-N, each "
+        "built under DIR/nodes/<name> as 'sim init' builds one). Writes DIR/kubeconfig, prints "
+        "how to point vgpuctl at it, and serves until SIGINT or SIGTERM (exit 0). The cluster "
+        "lives in memory; the hosts stay in DIR.",
+    )
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument(
+        "--nodes", type=int, default=3, metavar="N", help="how many nodes (1 to 1000; default 3)"
+    )
+    p.add_argument(
+        "--labels",
+        dest="node_labels",
+        metavar="[NODE:]K=V[,K=V…]",
+        action="append",
+        default=[],
+        help="labels of every Node, or with NODE: of that one (repeat: --labels zone=a "
+        "--labels node-2:pool=big)",
+    )
+    p.add_argument(
+        "--gpu",
+        dest="gpus",
+        metavar="MODEL[@ADDRESS][:mdev|:vfio]",
+        action="append",
+        help="each node's GPUs, as for 'sim init' (repeat for more; default A2@0000:08:00.0)",
+    )
+    p.set_defaults(handler=cmd_cluster)
     return sim
 
 
@@ -267,3 +300,74 @@ def cmd_virt_handler(ns: argparse.Namespace, options: GlobalOptions) -> int:
         if ns.once:
             return 1 if result.lost else EXIT_OK
         time.sleep(ns.interval)
+
+
+def _cluster_labels(
+    specs: list[str],
+) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """``--labels``: those of every Node, and those of one (``NODE:K=V,…``; a label key has no
+    colon, so the prefix is unambiguous)."""
+    from reconciler.cli.explain import parse_labels
+
+    common: dict[str, str] = {}
+    per_node: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        node, colon, rest = spec.partition(":")
+        if colon:
+            per_node.setdefault(node, {}).update(parse_labels(rest))
+        else:
+            common.update(parse_labels(spec))
+    return common, per_node
+
+
+def cmd_cluster(ns: argparse.Namespace, options: GlobalOptions) -> int:
+    import signal
+    import threading
+
+    from reconciler.sim.cluster.fleet import MAX_NODES, start_cluster
+
+    if not 1 <= ns.nodes <= MAX_NODES:
+        raise UsageError(f"sim cluster: --nodes must be between 1 and {MAX_NODES}, got {ns.nodes}")
+    common, per_node = _cluster_labels(ns.node_labels)
+    stop = threading.Event()
+
+    def stopping(signum: int, frame: object) -> None:
+        stop.set()
+
+    # Before the server starts: a SIGTERM sent as soon as the kubeconfig appears stops cleanly.
+    signal.signal(signal.SIGTERM, stopping)
+    signal.signal(signal.SIGINT, stopping)
+    cluster: list[Any] = []
+    _simulator_call(
+        lambda: cluster.append(
+            start_cluster(
+                ns.dir,
+                nodes=ns.nodes,
+                gpus=ns.gpus or ("A2@0000:08:00.0",),
+                labels=common,
+                node_labels=per_node,
+            )
+        )
+    )
+    sim = cluster[0]
+    try:
+        kubeconfig = sim.kubeconfig.absolute()
+        first, *_ = sim.hosts.items()
+        print(
+            f"Simulated cluster at {sim.url}: {len(sim.hosts)} nodes (node-1 … "
+            f"node-{len(sim.hosts)}), hosts under {ns.dir / 'nodes'}, kubeconfig {kubeconfig}.\n"
+            "Paste the export line below in another shell, then e.g.:\n"
+            f"  vgpuctl apply FILE --node {first[0]} --sysfs-root "
+            f"{shlex.quote(str(first[1].absolute() / 'sys'))}   # each node in turn\n"
+            "  vgpuctl plan FILE --observed cluster\n"
+            "  vgpuctl capacity\n"
+            "Ctrl-C (or SIGTERM) stops it.",
+            file=sys.stderr,
+        )
+        print(f"export VGPUCTL_KUBECONFIG={shlex.quote(str(kubeconfig))}", flush=True)
+        while not stop.wait(3600):
+            pass
+    finally:
+        sim.stop()
+    print("Simulated cluster stopped.", file=sys.stderr)
+    return EXIT_OK
