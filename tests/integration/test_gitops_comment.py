@@ -89,12 +89,15 @@ def test_a_second_push_marks_then_updates_the_same_comment(
     repo = gitops_repository(tmp_path / "repo", fleet.replace("{A2-4Q: 2}", "{A2-4Q: 3}"))
     kubeconfig = emu.kubeconfig(tmp_path / "ci.kubeconfig")
     with fake_github() as github:
-        # Someone else's comment with the marker: not ours, left alone.
+        # Someone else's comment with the marker: not ours, left alone; then a long discussion,
+        # so that ours is on the second page of the listing (100 a page).
         github.add(f"{MARKER}\nlooks like a plan", login="mallory")
+        for i in range(120):
+            github.add(f"comment {i}", login="alice")
         supersede, plan = _push(repo, kubeconfig, github, SHA1)
         assert not plan.failed, plan.logs
-        assert len(github.comments) == 2
-        ours = github.comments[1]
+        assert len(github.comments) == 122
+        ours = github.comments[121]
         first = ours["body"]
         assert first.startswith(f"{MARKER}\n<!-- commit: {SHA1} -->\n## vgpuctl plan\n")
         assert "1 to create" in first
@@ -105,7 +108,7 @@ def test_a_second_push_marks_then_updates_the_same_comment(
         values = _values(kubeconfig, SHA2)
         supersede = run_job("supersede", repo, values, github_api=github.url)
         assert not supersede.failed, supersede.logs
-        assert len(github.comments) == 2 and github.comments[1]["id"] == ours["id"]
+        assert len(github.comments) == 122 and github.comments[121]["id"] == ours["id"]
         marked = ours["body"]
         assert marked.startswith(
             f"{MARKER}\n<!-- commit: {SHA1} -->\n> [!IMPORTANT]\n> **Outdated:** this plan is "
@@ -115,7 +118,7 @@ def test_a_second_push_marks_then_updates_the_same_comment(
         # Then its plan replaces it: the same comment, no new one.
         plan = run_job("plan", repo, values, github_api=github.url)
         assert not plan.failed, plan.logs
-        assert [c["id"] for c in github.comments] == [github.comments[0]["id"], ours["id"]]
+        assert len(github.comments) == 122 and github.comments[121]["id"] == ours["id"]
         second = ours["body"]
         assert second.startswith(f"{MARKER}\n<!-- commit: {SHA2} -->\n## vgpuctl plan\n")
         assert "Outdated" not in second and "2 to create" in second
@@ -204,3 +207,23 @@ def _resources() -> list[tuple[str, str, str]]:
 def _strip(obj: dict[str, Any]) -> None:
     for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
         obj["metadata"].pop(key, None)
+
+
+def test_a_plan_that_writes_nothing_still_yields_a_comment_saying_so(tmp_path: Path) -> None:
+    """vgpuctl fails before any plan (the API server does not answer): the comment says the
+    plan failed and where to read why, and the job fails."""
+    repo = gitops_repository(tmp_path / "repo", HEAD + _node("gpu-node-1"))
+    kubeconfig = tmp_path / "dead.kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n"
+    )
+    with fake_github() as github:
+        _, plan = _push(repo, kubeconfig, github, SHA1)
+        (comment,) = github.comments
+    assert plan.failed and [code for _, code in plan.ran][-1] == 0, plan.logs
+    assert comment["body"].startswith(
+        f"{MARKER}\n<!-- commit: {SHA1} -->\n> [!CAUTION]\n> `vgpuctl plan` exited 1: the job "
+        "fails; it wrote no plan: the job's log says why.\n"
+    )

@@ -70,7 +70,9 @@ def find() -> dict[str, Any] | None:
     author = os.environ.get("VGPUCTL_COMMENT_AUTHOR") or "github-actions[bot]"
     page = 1
     while True:
-        comments = request("GET", f"/repos/{repo}/issues/{number}/comments?per_page=100&page={page}")
+        comments = request(
+            "GET", f"/repos/{repo}/issues/{number}/comments?per_page=100&page={page}"
+        )
         if not isinstance(comments, list):
             raise Failure(f"listing the comments of #{number}: not a list")
         for comment in comments:
