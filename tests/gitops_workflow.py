@@ -4,7 +4,8 @@ step as a GitHub runner runs a job's steps, not on GitHub: each ``run:`` script 
 ``.github/`` and a ``desired-state/`` directory, with the step's ``env:`` (its ``${{ }}``
 expressions given their values by the test: an expression the test does not know fails it),
 ``GITHUB_OUTPUT`` read back as ``steps.<id>.outputs``, and ``if:`` as GitHub evaluates the
-two forms the file uses (none: only while no step has failed; ``${{ !cancelled() }}``: always).
+two forms the file uses (none: only while no step has failed; ``${{ !cancelled() }}``: always);
+a step with ``continue-on-error: true`` fails no job.
 
 Steps that ``uses:`` an action are not run (checkout: the copy is the checkout; setup-python:
 the test's interpreter; upload-artifact: the job's result names the file it would keep), nor
@@ -116,7 +117,7 @@ def run_job(
             run.outputs[step["id"]] = dict(
                 line.split("=", 1) for line in output.read_text().splitlines() if "=" in line
             )
-        if result.returncode != 0:
+        if result.returncode != 0 and not step.get("continue-on-error"):
             run.failed = True
     return run
 

@@ -342,7 +342,7 @@ def add_markdown_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-bytes",
         type=_byte_count,
-        default=60_000,
+        default=60_000,  # markdown.DEFAULT_MAX_BYTES (not imported: plan's start stays light)
         metavar="N",
         help="-o markdown: at most N bytes of UTF-8 (default %(default)s, within GitHub's "
         "65,536-character comment; 0: no bound). Detail is left out to fit (device-plugin "

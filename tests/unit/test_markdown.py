@@ -255,3 +255,12 @@ def test_a_long_list_field_is_said_as_what_changed() -> None:
     # Short values as they are.
     assert describe_change(FieldChange("spec.enabled", False, True)) == "spec.enabled: false → true"
     assert describe_change(FieldChange("a", "x", None)) == 'a: "x" → null'
+
+
+def test_the_default_bound_is_the_renderers_and_fits_githubs_limit() -> None:
+    from reconciler.cli.main import build_parser
+    from reconciler.cli.markdown import DEFAULT_MAX_BYTES, GITHUB_COMMENT_LIMIT
+
+    assert build_parser().parse_args(["plan", "f.yaml"]).max_bytes == DEFAULT_MAX_BYTES
+    # Room for what the example's comment script adds (marker, commit, caution, foot).
+    assert DEFAULT_MAX_BYTES + 2_000 <= GITHUB_COMMENT_LIMIT == 65_536
