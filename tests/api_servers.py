@@ -250,6 +250,8 @@ def install_rbac(served: Served, path: Path) -> None:
     for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
         if doc["kind"] == "ServiceAccount":  # its tokens are the static ones (IDENTITIES)
             continue
+        if doc["kind"] == "Namespace":  # made below, for the objects in it
+            continue
         namespace = doc["metadata"].get("namespace")
         if namespace is not None:  # a Role in the agents' own namespace (its rollout slots)
             create_ignoring_conflict(core.create_namespace, {"metadata": {"name": namespace}})

@@ -305,6 +305,7 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
         "comment: summary first, a table per node, blocked steps highlighted)",
     )
     p.add_argument("--out", metavar="PLANFILE", help="also save the plan (JSON) for 'apply'")
+    add_markdown_options(p)
     p.add_argument(
         "--detailed-exitcode",
         action="store_true",
@@ -332,6 +333,41 @@ def _add_plan(sub: Subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _byte_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 (no bound) or more bytes")
+    return value
+
+
+def add_markdown_options(p: argparse.ArgumentParser) -> None:
+    """``-o markdown``'s bound (cli/markdown.py says what it leaves out, in which order)."""
+    p.add_argument(
+        "--max-bytes",
+        type=_byte_count,
+        default=60_000,  # markdown.DEFAULT_MAX_BYTES (not imported: plan's start stays light)
+        metavar="N",
+        help="-o markdown: at most N bytes of UTF-8 (default %(default)s, within GitHub's "
+        "65,536-character comment; 0: no bound). Detail is left out to fit (device-plugin "
+        "refreshes, cluster writes, notes, GPU steps not blocked, then node sections), with a "
+        "note saying what; every blocked step and every node's counts are kept",
+    )
+    p.add_argument(
+        "--full-plan",
+        metavar="WHERE",
+        help="-o markdown: where the full plan is, for the note of a shortened comment (e.g. "
+        "'the JSON plan, artifact vgpuctl-plan of this workflow run')",
+    )
+
+
+def markdown_bounds(ns: argparse.Namespace) -> dict[str, Any]:
+    """``plans_markdown``'s bound arguments from the command line."""
+    return {"max_bytes": ns.max_bytes, "full_plan": ns.full_plan}
+
+
 def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     host = Host(options)
     labels = given_labels(ns, host)
@@ -355,7 +391,11 @@ def cmd_plan(ns: argparse.Namespace, options: GlobalOptions) -> int:
     elif ns.output == "markdown":
         from reconciler.cli.markdown import plans_markdown
 
-        _out(plans_markdown([plan], inventories={plan.node: inventory}, observed="host"))
+        _out(
+            plans_markdown(
+                [plan], inventories={plan.node: inventory}, observed="host", **markdown_bounds(ns)
+            )
+        )
     else:
         _out(plan_text(plan, inventory=inventory, style=_style(options), verbose=ns.verbose))
         if ns.out:
@@ -514,7 +554,7 @@ def _plan_from_cluster(ns: argparse.Namespace, host: Host) -> int:
 
         # A reviewer reads how old the state planned from is (examples/gitops/snapshot.md).
         where = f"cluster snapshot of {snapshot[0]}" if snapshot else "cluster"
-        _out(plans_markdown(plans, failures=failures, observed=where))
+        _out(plans_markdown(plans, failures=failures, observed=where, **markdown_bounds(ns)))
     else:
         style = _style(host.options)
         for p in plans:

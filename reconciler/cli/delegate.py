@@ -22,6 +22,7 @@ from reconciler.cli.commands import (
     _progress,
     _style,
     load,
+    markdown_bounds,
 )
 from reconciler.cli.delegation import rollout_flags
 from reconciler.cli.host import Host
@@ -85,7 +86,14 @@ def cmd_plan_delegate(ns: argparse.Namespace, host: Host) -> int:
     elif ns.output == "markdown":
         from reconciler.cli.markdown import plans_markdown
 
-        _out(plans_markdown(planned.plans, failures=planned.failures, observed="harvester"))
+        _out(
+            plans_markdown(
+                planned.plans,
+                failures=planned.failures,
+                observed="harvester",
+                **markdown_bounds(ns),
+            )
+        )
     else:
         _show(planned, host, verbose=ns.verbose)
     if planned.failures:

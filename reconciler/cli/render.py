@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from reconciler.model import (
     UNKNOWN_HOLDER,
@@ -143,9 +143,10 @@ def gpu_sections(
     return sections
 
 
-def cluster_lines(plan: Plan) -> list[str]:
-    """The plan's cluster writes, plain (one per object, its field changes and reason)."""
-    return _cluster_lines(plan.actions, PLAIN)
+def cluster_lines(plan: Plan, *, describe: Callable[[FieldChange], str] | None = None) -> list[str]:
+    """The plan's cluster writes, plain (one per object, its field changes and reason);
+    ``describe`` says a field change (default: ``path: old → new``, values as JSON)."""
+    return _cluster_lines(plan.actions, PLAIN, describe)
 
 
 def plugin_lines(plan: Plan) -> list[str]:
@@ -247,14 +248,25 @@ def _value(v: object) -> str:
     return safe(json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else f'"{v}"')
 
 
-def _change_lines(changes: Iterable[FieldChange], style: Style, indent: str) -> list[str]:
-    return [
-        style.yellow(f"{indent}~ {safe(c.path)}: {_value(c.old)} → {_value(c.new)}")
-        for c in changes
-    ]
+def _change_text(c: FieldChange) -> str:
+    return f"{safe(c.path)}: {_value(c.old)} → {_value(c.new)}"
 
 
-def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
+def _change_lines(
+    changes: Iterable[FieldChange],
+    style: Style,
+    indent: str,
+    describe: Callable[[FieldChange], str] | None = None,
+) -> list[str]:
+    describe = describe or _change_text
+    return [style.yellow(f"{indent}~ {describe(c)}") for c in changes]
+
+
+def _cluster_lines(
+    actions: Sequence[Action],
+    style: Style,
+    describe: Callable[[FieldChange], str] | None = None,
+) -> list[str]:
     """Cluster writes: one line per object, with its field-level changes under it."""
     out: list[str] = []
     for a in actions:
@@ -281,7 +293,7 @@ def _cluster_lines(actions: Sequence[Action], style: Style) -> list[str]:
             case CrUpdate():
                 reset = " (reset: changed outside vgpuctl)" if a.drift else ""
                 out.append(f"    {style.yellow('~')} {safe(a.object.kind)} {target}{reset}")
-                out.extend(_change_lines(a.changes, style, "        "))
+                out.extend(_change_lines(a.changes, style, "        ", describe))
             case _:
                 continue
         out.append(style.dim(f"        {safe(a.reason)}"))

@@ -392,7 +392,9 @@ def test_cluster_only_planning_of_three_nodes(tmp_path: Path, emu: ApiServerEmul
     assert md.startswith("## vgpuctl plan\n\n**3 nodes, 1 with changes: ")
     assert "(observed: cluster)" in md.splitlines()[2]
     assert md.count("### Node ") == 1
-    assert "### Node gpu-node-1: 1 to create, " in md
+    # The heading counts the table's row apart from the objects written (KubeVirt, VGPUDevice,
+    # VGPUNodeState).
+    assert "### Node gpu-node-1: 1 GPU step (1 to create) · 3 cluster writes (3 to change)\n" in md
     assert "<summary>2 nodes without changes</summary>\n\ngpu-node-2, gpu-node-3\n" in md
     assert "<summary>Cluster objects</summary>" in md
 

@@ -32,7 +32,8 @@ EXPECTED = "\n".join(
         "**1 node, 1 with changes: 5 to create, 0 to change, 0 to remove, 0 blocked** "
         "(observed: host)",
         "",
-        "### Node harvester-kgd9c: 5 to create, 0 to change, 0 to remove, 0 blocked",
+        # The heading counts the table's rows (its GPU steps), its cluster writes apart.
+        "### Node harvester-kgd9c: 5 GPU steps (5 to create) · 0 cluster writes",
         "",
         "| | GPU | Change | Why |",
         "| :-: | --- | --- | --- |",

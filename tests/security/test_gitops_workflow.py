@@ -13,10 +13,12 @@ environment ``cluster-read``, which the example's README tells how to protect.
 from __future__ import annotations
 
 import re
+import subprocess
 from typing import Any
 
 import yaml
 
+from tests.actionlint import actionlint
 from tests.simnode import REPO
 
 EXAMPLE = REPO / "examples" / "gitops"
@@ -94,3 +96,28 @@ def test_the_readme_says_how_to_protect_the_environment() -> None:
     for words in ("Required reviewers", "Prevent self-review", "Environment secrets"):
         assert words in readme, words
     assert "`VGPUCTL_KUBECONFIG`" in readme
+
+
+def test_the_workflow_passes_actionlint() -> None:
+    """actionlint checks what GitHub would only say when the workflow runs: expressions and
+    their contexts (``steps.plan.outputs.status`` of a step with that id), ``needs:`` naming
+    jobs, ``if:`` syntax, each action's inputs, and the ``run:`` scripts with shellcheck where
+    it is installed (issue 34, item 1)."""
+    result = subprocess.run(
+        [actionlint(), "-no-color", str(WORKFLOW)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=EXAMPLE,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_namespace_is_made_and_the_install_line_is_a_placeholder() -> None:
+    docs = [d for d in yaml.safe_load_all((EXAMPLE / "ci-rbac.yaml").read_text()) if d]
+    (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")
+    assert namespace["metadata"]["name"] == account["metadata"]["namespace"]
+    # The same object as the agents' (a `kubectl apply` of one drops labels the other set).
+    agents = yaml.safe_load((REPO / "deploy" / "namespace.yaml").read_text())
+    assert namespace["metadata"] == agents["metadata"]
+    text = WORKFLOW.read_text()
+    before = text[: text.index("  VGPUCTL: ")]
+    assert "PLACEHOLDER, replace it" in before.splitlines()[-3]
