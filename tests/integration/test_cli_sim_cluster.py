@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
-import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,57 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim_cluster import Running, start_sim_cluster, stop_sim_cluster
 from tests.simnode import REPO, run_vgpuctl
 
 #: The README's example for it (its groups: pool=small four A2-4Q, pool=big two A2-8Q).
 FLEET = REPO / "desired-state" / "examples" / "sim-cluster.yaml"
 
 
-class Running:
-    def __init__(self, proc: subprocess.Popen[str], export: str, directory: Path) -> None:
-        self.proc = proc
-        self.export = export
-        self.dir = directory
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.dir / "kubeconfig"
-
-    @property
-    def url(self) -> str:
-        config = json.loads(self.kubeconfig.read_text())
-        server: str = config["clusters"][0]["cluster"]["server"]
-        return server
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPUCTL_")}
-    env.pop("NODE_NAME", None)
-    return env
-
-
-def _start(directory: Path, *args: str) -> Running:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "reconciler", "sim", "cluster", str(directory), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-    )
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout=60):
-            proc.kill()
-            pytest.fail("sim cluster printed nothing in 60 s")
-    line = proc.stdout.readline()
-    return Running(proc, line, directory)
-
-
 @pytest.fixture
 def sim_cluster(tmp_path: Path) -> Iterator[Running]:
-    running = _start(
+    running = start_sim_cluster(
         tmp_path / "sim", "--nodes", "3", "--labels", "pool=small", "--labels", "node-2:pool=big"
     )
     yield running
@@ -82,23 +38,13 @@ def sim_cluster(tmp_path: Path) -> Iterator[Running]:
         running.proc.wait()
 
 
-def _stop(running: Running) -> tuple[int, str]:
-    running.proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = running.proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        running.proc.kill()
-        pytest.fail("sim cluster did not stop within 30 s of SIGTERM")
-    return running.proc.returncode, err
-
-
 def _ok(*args: str | Path) -> subprocess.CompletedProcess[str]:
     res = run_vgpuctl(*args)
     assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     return res
 
 
-def test_a_fleet_to_try_plan_apply_capacity_on_then_a_clean_stop(
+def test_a_fleet_to_try_plan_apply_capacity_on_then_a_cleanstop_sim_cluster(
     sim_cluster: Running, tmp_path: Path
 ) -> None:
     running = sim_cluster
@@ -145,7 +91,7 @@ def test_a_fleet_to_try_plan_apply_capacity_on_then_a_clean_stop(
     assert "no node of the cluster's 3" in res.stdout + res.stderr
 
     pid = running.proc.pid
-    code, err = _stop(running)
+    code, err = stop_sim_cluster(running)
     assert code == 0, err
     assert "Traceback" not in err
     with pytest.raises(ProcessLookupError):
@@ -172,7 +118,7 @@ def test_it_answers_only_its_kubeconfigs_token(sim_cluster: Running) -> None:
         "node-2": {"kubernetes.io/hostname": "node-2", "pool": "big"},
         "node-3": {"kubernetes.io/hostname": "node-3", "pool": "small"},
     }
-    code, err = _stop(sim_cluster)
+    code, err = stop_sim_cluster(sim_cluster)
     assert code == 0, err
 
 
@@ -227,7 +173,7 @@ def test_a_snapshot_plans_as_the_cluster_did_with_no_cluster(
     smaller = tmp_path / "smaller.yaml"
     smaller.write_text(SMALLER)
     live = _plan(smaller, "--observed", "cluster", "--kubeconfig", sim_cluster.kubeconfig)
-    code, err = _stop(sim_cluster)  # the cluster is gone: the snapshot alone plans
+    code, err = stop_sim_cluster(sim_cluster)  # the cluster is gone: the snapshot alone plans
     assert code == 0, err
 
     from_file = _plan(smaller, "--observed", snapshot)
@@ -262,7 +208,7 @@ def _aged(snapshot: Path, seconds: float, tmp_path: Path) -> Path:
 
 def test_a_stale_snapshot_is_refused_saying_how_old(sim_cluster: Running, tmp_path: Path) -> None:
     snapshot = _snapshot_of(sim_cluster, tmp_path)
-    _stop(sim_cluster)
+    stop_sim_cluster(sim_cluster)
     old = _aged(snapshot, 2 * 3600 + 5 * 60 + 30, tmp_path)  # 2h 5m
     res = _plan(FLEET, "--observed", old)
     assert res.returncode == 1

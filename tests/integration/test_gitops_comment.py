@@ -22,6 +22,8 @@ from tests.cluster_node import NODE_STATES, cluster_node, stored
 from tests.doubles.emulator import ApiServerEmulator
 from tests.fake_github import BOT, TOKEN, FakeGitHub, fake_github
 from tests.gitops_workflow import gitops_repository, run_job
+from tests.sim_cluster import start_sim_cluster, stop_sim_cluster
+from tests.simnode import run_vgpuctl
 
 MARKER = "<!-- vgpuctl-plan -->"
 SHA1 = "1111111111111111111111111111111111111111"
@@ -227,3 +229,46 @@ def test_a_plan_that_writes_nothing_still_yields_a_comment_saying_so(tmp_path: P
         f"{MARKER}\n<!-- commit: {SHA1} -->\n> [!CAUTION]\n> `vgpuctl plan` exited 1: the job "
         "fails; it wrote no plan: the job's log says why.\n"
     )
+
+
+def test_the_workflow_against_vgpuctl_sim_cluster(tmp_path: Path) -> None:
+    """Issue 34's acceptance, as a new user tries it: ``vgpuctl sim cluster`` running as its own
+    process, node-1 applied on its simulated host, then the example's steps on a pull request
+    that changes node-1 and names node-9, which the cluster does not have: the plan exits 1,
+    the comment arrives with the CAUTION for node-9 and node-1's change, and the job fails;
+    the next push updates that same comment."""
+    running = start_sim_cluster(tmp_path / "sim", "--nodes", "1")
+    try:
+        applied = HEAD + _node("node-1")
+        host = running.dir / "nodes" / "node-1" / "sys"
+        res = run_vgpuctl(
+            "apply", _desired(tmp_path, applied), "--yes", "--node", "node-1",
+            "--sysfs-root", host, "--kubeconfig", running.kubeconfig,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+        fleet = HEAD + _node("node-1", "{A2-4Q: 3}") + _node("node-9")
+        repo = gitops_repository(tmp_path / "repo", fleet)
+        with fake_github() as github:
+            _, plan = _push(repo, running.kubeconfig, github, SHA1)
+            assert plan.failed, plan.logs
+            assert [code for _, code in plan.ran] == [1, 0], plan.logs
+            (comment,) = github.comments
+            body = comment["body"]
+            assert body.startswith(f"{MARKER}\n<!-- commit: {SHA1} -->\n> [!CAUTION]\n")
+            assert "> [!CAUTION]\n> Could not be planned: node-9.\n" in body
+            assert "no Node named 'node-9' in the cluster; did you mean 'node-1'?" in body
+            assert "### Node node-1: 1 GPU step (1 to create) · " in body
+            # The second push: the same comment, now of the new commit.
+            (repo / "desired-state" / "fleet.yaml").write_text(
+                HEAD + _node("node-1", "{A2-4Q: 4}") + _node("node-9")
+            )
+            _, plan = _push(repo, running.kubeconfig, github, SHA2)
+            assert plan.failed, plan.logs
+            assert len(github.comments) == 1 and github.comments[0]["id"] == comment["id"]
+            second = github.comments[0]["body"]
+            assert second.startswith(f"{MARKER}\n<!-- commit: {SHA2} -->\n")
+            assert "### Node node-1: 2 GPU steps (2 to create) · " in second
+            assert [r[0] for r in github.requests].count("POST") == 1
+    finally:
+        code, err = stop_sim_cluster(running)
+    assert code == 0, err
