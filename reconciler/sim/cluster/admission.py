@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from reconciler.model.record import field, record
 
 JsonObject = dict[str, Any]
 
@@ -57,7 +58,7 @@ _REASON_CODES = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class UserInfo:
     """Who sends a request: what the authenticator found in the bearer token."""
 
@@ -78,7 +79,7 @@ class UserInfo:
         return out
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Attributes:
     """One write as admission sees it."""
 
@@ -126,7 +127,7 @@ class Attributes:
         return out
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Denial:
     code: int
     reason: str
@@ -302,7 +303,7 @@ class _CelError(Exception):
     pass
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Failed:
     """A variable whose expression failed: using it fails the expression that does."""
 

@@ -77,7 +77,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
-import dataclasses
 import json
 import re
 import secrets
@@ -88,7 +87,6 @@ import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -96,6 +94,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
+from reconciler.model.record import record, replace
 from reconciler.sim.cluster import jsonpatch, structural, tables
 from reconciler.sim.cluster.admission import Attributes, UserInfo, admit, rule_matches
 
@@ -221,7 +220,7 @@ class Request(NamedTuple):
     name: str | None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Resource:
     """A served resource: what a CRD (or the core API) declares."""
 
@@ -310,7 +309,7 @@ class _WebhookError(ApiError):
         self.given_reason = reason
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WebhookDenial:
     """A validating webhook's refusal: the ``result`` Status of its AdmissionResponse."""
 
@@ -328,7 +327,7 @@ class WebhookUnavailable(Exception):
 WebhookJudge = Callable[[Attributes], "WebhookDenial | None"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Webhook:
     name: str
     judge: WebhookJudge
@@ -336,7 +335,7 @@ class _Webhook:
     failure_policy: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Change:
     """One write, kept in the bounded history that watches resume from."""
 
@@ -358,7 +357,7 @@ _EXISTS = re.compile(_KEY)
 _FIELD_TERM = re.compile(r"([A-Za-z][A-Za-z.]*)\s*(==|=|!=)\s*(.*)")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LabelRequirement:
     key: str
     op: str  # in notin exists !exists (equality is "in" with one value, "!=" is "notin")
@@ -439,7 +438,7 @@ def _field_value(obj: JsonObject, field: str) -> str:
     return "" if value is None else str(value)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Selection:
     namespace: str | None
     labels: tuple[LabelRequirement, ...]
@@ -534,7 +533,7 @@ def _core_resources() -> list[Resource]:
 # --- the server ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Target:
     """A parsed resource URL."""
 
@@ -1691,7 +1690,7 @@ class ApiServerEmulator:
         for hook in list(self._webhooks):
             if not any(rule_matches(rule, attributes) for rule in hook.rules):
                 continue
-            review = dataclasses.replace(
+            review = replace(
                 attributes,
                 object=copy.deepcopy(attributes.object),
                 old_object=copy.deepcopy(attributes.old_object),

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from reconciler.model.record import record
 from reconciler.sim.cluster.admission import UserInfo
 from reconciler.sim.cluster.emulator import ApiServerEmulator
 from reconciler.sim.cluster.kubevirt_crd import kubevirt_crd
@@ -81,7 +81,7 @@ def node_object(name: str, labels: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-@dataclass
+@record
 class SimCluster:
     """A running simulated cluster: its API server, kubeconfig and hosts (``stop()`` ends it)."""
 
