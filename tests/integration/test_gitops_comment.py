@@ -4,11 +4,12 @@ Before: a node that could not be planned made ``vgpuctl plan`` exit 1, the step 
 the job stopped before posting, so the CAUTION callout made for reviewers was never seen; every
 push added one more comment (``gh pr comment``); and a fleet's comment was over GitHub's limit
 (65,536 characters), so it was refused. Here the example's own steps (tests/gitops_workflow.py:
-its ``run:`` scripts in bash, as a runner runs them) plan against the API-server emulator and
-post to a fake GitHub API (tests/fake_github.py) that records the comments: the comment is
-posted whatever the plan's exit code and the job fails after; a second push marks the comment
-outdated, then updates that same comment; a 1,000-node first rollout fits the limit with every
-blocked step and every node's counts in it.
+its ``run:`` scripts in bash, as a runner runs them) plan against the API-server emulator (in
+the test's process, or as ``vgpuctl sim cluster`` ships it, a process of its own) and post to a
+fake GitHub API (tests/fake_github.py) that records the comments: the comment is posted
+whatever the plan's exit code and the job fails after; a second push marks the comment
+outdated, then updates that same comment; a 1,000-node first rollout on ``vgpuctl sim cluster``
+fits the limit with every blocked step and every node's counts in it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tests.cluster_node import NODE_STATES, cluster_node, stored
+from kubernetes import client, config
+
+from tests.cluster_node import NODE_STATES, cluster_node
 from tests.doubles.emulator import ApiServerEmulator
 from tests.fake_github import BOT, TOKEN, FakeGitHub, fake_github
 from tests.gitops_workflow import gitops_repository, run_job
-from tests.sim_cluster import start_sim_cluster, stop_sim_cluster
+from tests.sim_cluster import Running, start_sim_cluster, stop_sim_cluster
 from tests.simnode import run_vgpuctl
 
 MARKER = "<!-- vgpuctl-plan -->"
@@ -138,40 +141,85 @@ def _desired(tmp_path: Path, text: str) -> Path:
 #: One A2 a node (docs/domain.md §1: 16 VFs), the first rollout of four 4Q vGPUs.
 ROLLOUT = "{A2-4Q: 4}"
 NODES = 1000
-BLOCKED = ("gpu-node-0100", "gpu-node-0500", "gpu-node-0999")
+BLOCKED = ("node-100", "node-500", "node-999")
+# The client is only partly typed: its untyped entry points are used as Any
+new_client_from_config: Any = config.new_client_from_config
+PLURALS = {
+    "SRIOVGPUDevice": "sriovgpudevices",
+    "VGPUDevice": "vgpudevices",
+    "VGPUNodeState": "vgpunodestates",
+}
 
 
 def test_a_1000_node_first_rollout_fits_with_every_blocked_step_and_node_count(
-    tmp_path: Path, emu: ApiServerEmulator
+    tmp_path: Path,
 ) -> None:
-    """A thousand nodes whose agents have reported their A2 (SR-IOV off, no vGPU yet), three
-    of them already running two 4A and two 4Q vGPUs, their 4A ones in use by VMs (the
-    rollout's 4Q there is blocked)."""
-    names = [f"gpu-node-{i:04d}" for i in range(1, NODES + 1)]
-    template_node = "gpu-node-0001"
-    node = cluster_node(tmp_path, emu, template_node)
-    node.ok("apply", _desired(tmp_path, HEAD + _node(template_node, "{}").replace(
-        "sriov: enabled", "sriov: disabled")), "--yes")  # fmt: skip
-    template = json.dumps(
-        [o for res in _resources() for o in emu.objects(*res) if template_node in json.dumps(o)]
+    """A thousand nodes of a running ``vgpuctl sim cluster`` whose agents have reported their A2
+    (SR-IOV off, no vGPU yet), three of them already running two 4A and two 4Q vGPUs, their 4A
+    ones in use by VMs (the rollout's 4Q there is blocked). The first node and the three are
+    applied on their simulated hosts; the other nodes' objects are the first's, written through
+    the API as their agents would have written them."""
+    running = start_sim_cluster(tmp_path / "sim", "--nodes", str(NODES))
+    try:
+        _a_1000_node_first_rollout(tmp_path, running)
+    finally:
+        code, err = stop_sim_cluster(running)
+    assert code == 0, err
+
+
+def _a_1000_node_first_rollout(tmp_path: Path, running: Running) -> None:
+    names = [f"node-{i}" for i in range(1, NODES + 1)]
+    kubeconfig = running.kubeconfig
+
+    def apply_on(name: str, desired: str) -> None:
+        host = running.dir / "nodes" / name / "sys"
+        res = run_vgpuctl(
+            "apply", _desired(tmp_path, desired), "--yes", "--node", name,
+            "--sysfs-root", host, "--kubeconfig", kubeconfig,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+
+    template_node = names[0]
+    apply_on(
+        template_node,
+        HEAD + _node(template_node, "{}").replace("sriov: enabled", "sriov: disabled"),
     )
-    for name in names[1:]:
-        if name not in BLOCKED:
-            for obj in json.loads(template.replace(template_node, name)):
+    api = new_client_from_config(config_file=str(kubeconfig))
+    try:
+        custom = client.CustomObjectsApi(api)
+        listed = [
+            item
+            for group, version, plural in _resources()
+            for item in custom.list_cluster_custom_object(group, version, plural)["items"]
+        ]
+        template = json.dumps([o for o in listed if template_node in json.dumps(o)])
+        for name in names[1:]:
+            if name in BLOCKED:
+                continue
+            # Each name its own: "node-1" is a prefix of "node-10" and of "node-100".
+            text = re.sub(r"\bnode-1\b", name, template)
+            for obj in json.loads(text):
                 _strip(obj)
-                emu.seed(obj)
-    for name in BLOCKED:
-        blocked = cluster_node(tmp_path, emu, name)
-        blocked.ok("apply", _desired(tmp_path, HEAD + _node(name, "{A2-4A: 2, A2-4Q: 2}")),
-                   "--yes")  # fmt: skip
-        state = stored(emu, NODE_STATES, name)
-        for vgpu in state["status"]["vgpus"]:
-            if vgpu["profile"] == "NVIDIA A2-4A":
-                vgpu["inUse"] = True
-        emu.seed(state)
+                group, version = obj["apiVersion"].split("/")
+                plural = PLURALS[obj["kind"]]
+                made = custom.create_cluster_custom_object(group, version, plural, obj)
+                if obj.get("status"):
+                    made["status"] = obj["status"]
+                    custom.replace_cluster_custom_object_status(
+                        group, version, plural, obj["metadata"]["name"], made
+                    )
+        for name in BLOCKED:
+            apply_on(name, HEAD + _node(name, "{A2-4A: 2, A2-4Q: 2}"))
+            group, version, plural = NODE_STATES
+            state = custom.get_cluster_custom_object(group, version, plural, name)
+            for vgpu in state["status"]["vgpus"]:
+                if vgpu["profile"] == "NVIDIA A2-4A":
+                    vgpu["inUse"] = True
+            custom.replace_cluster_custom_object_status(group, version, plural, name, state)
+    finally:
+        api.close()
     fleet = HEAD + "".join(_node(name, ROLLOUT) for name in names)
     repo = gitops_repository(tmp_path / "repo", fleet)
-    kubeconfig = emu.kubeconfig(tmp_path / "ci.kubeconfig")
     with fake_github() as github:
         _, plan = _push(repo, kubeconfig, github, SHA1)
         (comment,) = github.comments
@@ -189,9 +237,9 @@ def test_a_1000_node_first_rollout_fits_with_every_blocked_step_and_node_count(
     for name in BLOCKED:
         assert f"### Node {name}: " in body
     # Every node's counts: a heading, or its name on the line of its counts.
-    counted = set(re.findall(r"### Node (gpu-node-\d+): ", body))
+    counted = set(re.findall(r"### Node (node-\d+): ", body))
     for line in body.splitlines():
-        if line.startswith("- ") and " GPU step" in line and ": gpu-node-" in line:
+        if line.startswith("- ") and " GPU step" in line and ": node-" in line:
             counted |= set(line.split(": ", 1)[1].split(", "))
     assert counted == set(names)
     # A rollout node: SR-IOV enable and four creates on the GPU; its cluster writes apart.
