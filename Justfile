@@ -51,9 +51,12 @@ test-real:
     tests/realapi/build >/dev/null
     just python={{python}} _test-real
 
+# Each worker process starts its own etcd and kube-apiserver (about 0.5 GB together), so at
+# most four: on 2 cores, 74 tests took 149 s in one process, 97 s in two, 86 s in four.
 _test-real:
     if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi; \
-    VGPUCTL_REQUIRE_REALAPI=1 {{python}} -m pytest -q -m realapi
+    cores=$(nproc 2>/dev/null || echo 2); workers=$(( cores * 2 > 4 ? 4 : cores * 2 )); \
+    VGPUCTL_REQUIRE_REALAPI=1 {{python}} -m pytest -q -n "$workers" --dist worksteal -m realapi
 
 # ruff, mypy --strict and the import-linter layer contracts.
 lint:

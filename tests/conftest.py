@@ -174,14 +174,36 @@ def real_api(
             f"({server.version.get('goVersion')}, etcd {real_apiserver.ETCD_VERSION}) at "
             f"{server.url}"
         )
+        worker_output = getattr(pytestconfig, "workeroutput", None)
         reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
         capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
-        if reporter is not None and capture is not None:
+        if worker_output is not None:
+            # A worker of pytest-xdist: its controller prints it (pytest_terminal_summary).
+            worker_output[_REAL_API_LINE] = line.rsplit(" at ", 1)[0]
+        elif reporter is not None and capture is not None:
             with capture.global_and_fixture_disabled():  # past the capture of the setup
                 reporter.write_line(f"\n{line}")
         else:
-            print(line)  # a worker of pytest-xdist: in the captured output
+            print(line)
         yield server
+
+
+#: What each pytest-xdist worker's real API server said it is (the controller's to print).
+_REAL_API_LINE = "vgpuctl_real_api_server"
+_REAL_API_SEEN: dict[str, int] = {}
+
+
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist: a worker ended; keep the real API server it started, if any."""
+    line = getattr(node, "workeroutput", {}).get(_REAL_API_LINE)
+    if line:
+        _REAL_API_SEEN[line] = _REAL_API_SEEN.get(line, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The real API servers the workers ran the tests against, with their version."""
+    for line, workers in sorted(_REAL_API_SEEN.items()):
+        terminalreporter.write_line(f"{line}: one in each of {workers} worker processes")
 
 
 @pytest.fixture(params=["emulator", pytest.param("real", marks=pytest.mark.realapi)])

@@ -44,7 +44,7 @@ def _ok(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return res
 
 
-def test_a_fleet_to_try_plan_apply_capacity_on_then_a_cleanstop_sim_cluster(
+def test_a_fleet_to_try_plan_apply_capacity_on_then_a_clean_stop(
     sim_cluster: Running, tmp_path: Path
 ) -> None:
     running = sim_cluster

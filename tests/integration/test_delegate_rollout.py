@@ -139,7 +139,7 @@ def test_spec_rollout_paces_the_apply_and_a_flag_given_wins(fleet3: Fleet, tmp_p
     # (A longer wait here: node-b and node-c must converge, and the double's informers follow
     # the API server by watch, which a loaded machine slows.)
     res = fleet3.run(
-        "apply", desired, "--yes", "--timeout", "6", "--canary", "0", "--max-failed-nodes", "1"
+        "apply", desired, "--yes", "--timeout", "4", "--canary", "0", "--max-failed-nodes", "1"
     )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "Not started" not in res.stderr
