@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from tests import real_apiserver
-from tests.api_servers import Served, served_emulator, served_real
+from tests.api_servers import (
+    PolicedAgent,
+    Served,
+    harvester_cluster,
+    served_emulator,
+    served_real,
+)
 from tests.cluster_node import kubevirt_cr, register_crds
 from tests.doubles.emulator import ApiServerEmulator
 from tests.simnode import REPO, SimNode, make_sim
@@ -223,3 +229,12 @@ def api_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Serve
     finally:
         served.clean()
         served.api.close()
+
+
+@pytest.fixture
+def agent_kubeconfig(api_server: Served, tmp_path: Path) -> Iterator[Path]:
+    """Harvester's cluster on each server (``api_server``), and the agent's kubeconfig with
+    deploy/'s role and policy in force (taken away again afterwards)."""
+    harvester_cluster(api_server)
+    with PolicedAgent(api_server, tmp_path / "agent") as path:
+        yield path

@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 
 from tests import rbac
 from tests.api_servers import (
-    PolicedAgent,
     Served,
     agent_mark,
     agent_requests,
     create_ignoring_conflict,
-    harvester_cluster,
     node_of,
 )
 from tests.cluster_node import ClusterNode
@@ -195,15 +192,6 @@ def watched_hand_edits(
 
     wait_for(reset, "the three hand edits reset", PATIENCE_S)
     assert watch.stop(signal.SIGTERM, timeout=PATIENCE_S) == 0
-
-
-@pytest.fixture
-def agent_kubeconfig(api_server: Served, tmp_path: Path) -> Iterator[Path]:
-    """Harvester's cluster, and the agent's kubeconfig with deploy/'s role and policy in force
-    (taken away again afterwards)."""
-    harvester_cluster(api_server)
-    with PolicedAgent(api_server, tmp_path / "agent") as path:
-        yield path
 
 
 def test_every_flow_of_the_agent_is_allowed_and_uses_every_rule_of_its_role(

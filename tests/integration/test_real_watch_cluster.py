@@ -15,13 +15,11 @@ reset); SIGTERM stops it cleanly (exit 0)."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.api_servers import PolicedAgent, Served, harvester_cluster, node_of, reapply_crd
+from tests.api_servers import Served, node_of, reapply_crd
 from tests.simnode import NODE
 from tests.watch_agent import Watch, seed_text, wait_for
 
@@ -66,15 +64,6 @@ def mediated(served: Served) -> list[str]:
 def type_of(served: Served, name: str) -> object:
     found = device(served, "vgpudevices", name)
     return None if found is None else found["spec"].get("vGPUTypeName")
-
-
-@pytest.fixture
-def agent_kubeconfig(api_server: Served, tmp_path: Path) -> Iterator[Path]:
-    """Harvester's cluster, and the agent's kubeconfig with deploy/'s role and policy in force
-    (taken away again afterwards)."""
-    harvester_cluster(api_server)
-    with PolicedAgent(api_server, tmp_path / "agent") as path:
-        yield path
 
 
 def test_the_agent_converges_follows_the_cluster_and_stops_on_sigterm(
